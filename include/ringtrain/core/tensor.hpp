@@ -1,0 +1,87 @@
+#pragma once
+// Tensor: shape, dtype, device, and a shared storage with an element offset.
+// Always contiguous (row-major); views share storage. Owning tensors allocate
+// through the device's Allocator; non-owning views wrap memory owned elsewhere
+// (the parameter arena, a fusion buffer, a loader's batch).
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ringtrain/core/device.hpp"
+#include "ringtrain/core/dtype.hpp"
+#include "ringtrain/core/error.hpp"
+
+namespace ringtrain {
+
+using Shape = std::vector<std::int64_t>;
+std::int64_t shape_numel(const Shape& s);
+std::string shape_str(const Shape& s);  // "[64, 1, 28, 28]"
+
+class Storage {
+ public:
+  Storage(std::size_t bytes, Device dev);                   // owning
+  Storage(void* data, std::size_t bytes, Device dev);       // non-owning
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+  void* data() const { return data_; }
+  std::size_t bytes() const { return bytes_; }
+  Device device() const { return dev_; }
+
+ private:
+  void* data_ = nullptr;
+  std::size_t bytes_ = 0;
+  Device dev_;
+  bool owned_ = false;
+};
+
+class Tensor {
+ public:
+  Tensor() = default;
+  // Uninitialised owning tensor.
+  static Tensor empty(const Shape& shape, DType dt = DType::f32, Device dev = Device::cpu());
+  static Tensor zeros(const Shape& shape, DType dt = DType::f32, Device dev = Device::cpu());
+  // Non-owning view of external memory (must outlive every view of it).
+  static Tensor wrap(void* data, const Shape& shape, DType dt, Device dev = Device::cpu());
+
+  bool defined() const { return storage_ != nullptr; }
+  const Shape& shape() const { return shape_; }
+  std::int64_t dim(int i) const;  // negative i counts from the end
+  int ndim() const { return static_cast<int>(shape_.size()); }
+  std::int64_t numel() const { return numel_; }
+  std::size_t nbytes() const { return static_cast<std::size_t>(numel_) * dtype_size(dtype_); }
+  DType dtype() const { return dtype_; }
+  Device device() const { return storage_ ? storage_->device() : Device::cpu(); }
+
+  void* raw() const;
+  template <typename T>
+  T* data() const {
+    RT_CHECK(dtype_of<T>::value == dtype_, "tensor of dtype ", dtype_name(dtype_),
+             " accessed as ", dtype_name(dtype_of<T>::value));
+    return static_cast<T*>(raw());
+  }
+
+  // Same storage, new shape with the same element count.
+  Tensor reshape(const Shape& shape) const;
+  // Rows [begin, end) of dimension 0, sharing storage.
+  Tensor slice_rows(std::int64_t begin, std::int64_t end) const;
+  // Elements [offset, offset + n) as a flat view.
+  Tensor flat_view(std::int64_t offset, std::int64_t n) const;
+
+  Tensor clone() const;              // deep copy on the same device
+  Tensor to(Device dev) const;       // deep copy onto dev (self if already there? no: always a copy)
+  void copy_from(const Tensor& src); // same numel and dtype; any devices
+  void zero_();
+  void fill_(double value);          // CPU only for now
+
+ private:
+  std::shared_ptr<Storage> storage_;
+  std::size_t offset_ = 0;  // in elements
+  Shape shape_;
+  std::int64_t numel_ = 0;
+  DType dtype_ = DType::f32;
+};
+
+}  // namespace ringtrain

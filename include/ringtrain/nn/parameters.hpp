@@ -1,0 +1,66 @@
+#pragma once
+// ParamArena: every parameter and its gradient live in one flat buffer per
+// dtype, with per-parameter views, in registration order. That order is the
+// model's construction order, identical on every rank, so the fusion engine,
+// optimizers, checkpoints and broadcasts can all work on spans of the arena.
+//
+// Rules: register everything (add) before finalize(); views stay valid for the
+// arena's lifetime; each parameter starts on a 64-byte boundary so kernels can
+// use aligned vector loads on any view.
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "ringtrain/core/tensor.hpp"
+
+namespace ringtrain {
+
+struct ParamInfo {
+  std::string name;        // "conv1.weight"
+  Shape shape;
+  DType dtype = DType::f32;
+  std::size_t offset = 0;  // in elements, within the flat buffer of its dtype
+  bool decay = true;       // weight decay / LARS trust ratio apply (false for biases and norms)
+  int layer = -1;          // index of the owning layer in the model
+};
+
+class ParamArena {
+ public:
+  // Registers a parameter; returns its index. Only before finalize().
+  std::size_t add(std::string name, Shape shape, DType dt = DType::f32, bool decay = true, int layer = -1);
+  // Allocates the flat parameter and gradient buffers (zeroed) on `dev`.
+  void finalize(Device dev = Device::cpu());
+  bool finalized() const { return finalized_; }
+
+  std::size_t size() const { return infos_.size(); }
+  const ParamInfo& info(std::size_t i) const { return infos_.at(i); }
+  const std::vector<ParamInfo>& infos() const { return infos_; }
+  std::size_t index_of(const std::string& name) const;  // throws Error naming it
+
+  Tensor param(std::size_t i) const;
+  Tensor grad(std::size_t i) const;
+  // The whole flat buffer of one dtype (including alignment padding, which stays zero).
+  Tensor params_flat(DType dt = DType::f32) const;
+  Tensor grads_flat(DType dt = DType::f32) const;
+  std::vector<DType> dtypes() const;  // dtypes present, in a fixed order
+  std::int64_t numel() const;         // parameters only, without padding
+  Device device() const { return device_; }
+
+  void zero_grads();
+
+ private:
+  struct Flat {
+    DType dtype;
+    std::size_t elems = 0;
+    Tensor params, grads;
+  };
+  Flat& flat(DType dt);
+  const Flat& flat(DType dt) const;
+
+  std::vector<ParamInfo> infos_;
+  std::vector<Flat> flats_;
+  Device device_ = Device::cpu();
+  bool finalized_ = false;
+};
+
+}  // namespace ringtrain

@@ -1,0 +1,95 @@
+#include "ringtrain/comm/communicator.hpp"
+
+#include "ringtrain/core/error.hpp"
+#include "ringtrain/core/log.hpp"
+
+namespace ringtrain {
+
+MpiRuntime::MpiRuntime(int* argc, char*** argv) {
+  int inited = 0;
+  MPI_Initialized(&inited);
+  if (inited) {
+    MPI_Query_thread(&provided_);
+    return;
+  }
+  MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided_);
+  owns_ = true;
+  // Errors become return codes, so they turn into ringtrain::Error with a message.
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  log::set_rank(rank, size);
+  if (provided_ < MPI_THREAD_MULTIPLE)
+    log::warn("MPI provides thread level ", provided_, " < MPI_THREAD_MULTIPLE; the fusion engine ",
+              "will serialise its MPI calls with the main thread's");
+}
+
+MpiRuntime::~MpiRuntime() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (owns_ && !finalized) MPI_Finalize();
+}
+
+Communicator::State::~State() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!closed && comm != MPI_COMM_NULL && !finalized) MPI_Comm_free(&comm);
+}
+
+Communicator Communicator::dup_of(MPI_Comm comm, std::string name) {
+  Communicator c;
+  c.state_ = std::make_shared<State>();
+  auto& s = *c.state_;
+  RT_CHECK(MPI_Comm_dup(comm, &s.comm) == MPI_SUCCESS, "MPI_Comm_dup failed for communicator '", name, "'");
+  MPI_Comm_set_errhandler(s.comm, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(s.comm, &s.rank);
+  MPI_Comm_size(s.comm, &s.size);
+  MPI_Comm local;
+  MPI_Comm_split_type(s.comm, MPI_COMM_TYPE_SHARED, s.rank, MPI_INFO_NULL, &local);
+  MPI_Comm_rank(local, &s.local_rank);
+  MPI_Comm_size(local, &s.local_size);
+  MPI_Comm_free(&local);
+  s.name = std::move(name);
+  return c;
+}
+
+#define RT_STATE_CHECK(what)                                                                \
+  RT_CHECK(state_ != nullptr, what, ": the communicator was never initialised");           \
+  RT_CHECK(!state_->closed, what, ": communicator '", state_->name, "' is closed")
+
+int Communicator::rank() const { RT_STATE_CHECK("rank()"); return state_->rank; }
+int Communicator::size() const { RT_STATE_CHECK("size()"); return state_->size; }
+int Communicator::local_rank() const { RT_STATE_CHECK("local_rank()"); return state_->local_rank; }
+int Communicator::local_size() const { RT_STATE_CHECK("local_size()"); return state_->local_size; }
+const std::string& Communicator::name() const { RT_STATE_CHECK("name()"); return state_->name; }
+
+MPI_Comm Communicator::handle(const char* what) const {
+  RT_STATE_CHECK(what);
+  return state_->comm;
+}
+
+Communicator Communicator::split(int color, int key, std::string name) const {
+  MPI_Comm sub;
+  RT_CHECK(MPI_Comm_split(handle("split"), color, key, &sub) == MPI_SUCCESS,
+           "MPI_Comm_split of '", state_->name, "' failed");
+  Communicator c = dup_of(sub, std::move(name));
+  MPI_Comm_free(&sub);
+  return c;
+}
+
+Communicator Communicator::dup(std::string name) const { return dup_of(handle("dup"), std::move(name)); }
+
+void Communicator::close() {
+  if (!state_ || state_->closed) return;
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Comm_free(&state_->comm);
+  state_->closed = true;
+}
+
+void Communicator::barrier() const {
+  RT_CHECK(MPI_Barrier(handle("barrier")) == MPI_SUCCESS, "MPI_Barrier on '", state_->name, "' failed");
+}
+
+}  // namespace ringtrain

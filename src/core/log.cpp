@@ -1,0 +1,54 @@
+#include "ringtrain/core/log.hpp"
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+
+namespace ringtrain::log {
+namespace {
+
+struct State {
+  std::mutex mu;
+  int rank = 0;
+  int size = 1;
+  std::atomic<int> level{static_cast<int>(Level::info)};
+  std::atomic<bool> all_ranks{false};
+  State() {
+    if (const char* v = std::getenv("RINGTRAIN_LOG")) {
+      if (!std::strcmp(v, "debug")) level = static_cast<int>(Level::debug);
+      else if (!std::strcmp(v, "warn")) level = static_cast<int>(Level::warn);
+      else if (!std::strcmp(v, "error")) level = static_cast<int>(Level::error);
+    }
+  }
+};
+
+State& state() {
+  static State s;
+  return s;
+}
+
+}  // namespace
+
+void set_rank(int rank, int size) {
+  std::lock_guard lk(state().mu);
+  state().rank = rank;
+  state().size = size;
+}
+void set_level(Level l) { state().level = static_cast<int>(l); }
+void set_all_ranks(bool all) { state().all_ranks = all; }
+
+void write(Level l, const std::string& msg) {
+  auto& s = state();
+  if (static_cast<int>(l) < s.level) return;
+  if (l <= Level::info && s.rank != 0 && !s.all_ranks) return;
+  static const char* tags[] = {"debug", "info", "warning", "error"};
+  std::lock_guard lk(s.mu);
+  if (s.size > 1) std::fprintf(stderr, "[rank %d] ", s.rank);
+  if (l == Level::info) std::fprintf(stderr, "%s\n", msg.c_str());
+  else std::fprintf(stderr, "%s: %s\n", tags[static_cast<int>(l)], msg.c_str());
+  std::fflush(stderr);
+}
+
+}  // namespace ringtrain::log

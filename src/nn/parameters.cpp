@@ -1,0 +1,79 @@
+#include "ringtrain/nn/parameters.hpp"
+
+#include <algorithm>
+
+namespace ringtrain {
+
+std::size_t ParamArena::add(std::string name, Shape shape, DType dt, bool decay, int layer) {
+  RT_CHECK(!finalized_, "parameter '", name, "' added after the arena was finalised");
+  for (const auto& p : infos_) RT_CHECK(p.name != name, "parameter '", name, "' registered twice");
+  Flat& f = flat(dt);
+  std::size_t align = std::max<std::size_t>(1, 64 / dtype_size(dt));
+  f.elems = (f.elems + align - 1) / align * align;
+  ParamInfo info{std::move(name), std::move(shape), dt, f.elems, decay, layer};
+  f.elems += static_cast<std::size_t>(shape_numel(info.shape));
+  infos_.push_back(std::move(info));
+  return infos_.size() - 1;
+}
+
+ParamArena::Flat& ParamArena::flat(DType dt) {
+  for (auto& f : flats_)
+    if (f.dtype == dt) return f;
+  flats_.push_back(Flat{dt});
+  return flats_.back();
+}
+
+const ParamArena::Flat& ParamArena::flat(DType dt) const {
+  for (const auto& f : flats_)
+    if (f.dtype == dt) return f;
+  RT_FAIL("the parameter arena holds no ", dtype_name(dt), " parameters");
+}
+
+void ParamArena::finalize(Device dev) {
+  RT_CHECK(!finalized_, "parameter arena finalised twice");
+  device_ = dev;
+  for (auto& f : flats_) {
+    f.params = Tensor::zeros({static_cast<std::int64_t>(f.elems)}, f.dtype, dev);
+    f.grads = Tensor::zeros({static_cast<std::int64_t>(f.elems)}, f.dtype, dev);
+  }
+  finalized_ = true;
+}
+
+std::size_t ParamArena::index_of(const std::string& name) const {
+  for (std::size_t i = 0; i < infos_.size(); ++i)
+    if (infos_[i].name == name) return i;
+  RT_FAIL("no parameter named '", name, "'");
+}
+
+Tensor ParamArena::param(std::size_t i) const {
+  RT_CHECK(finalized_, "parameter view requested before the arena was finalised");
+  const auto& p = infos_.at(i);
+  return flat(p.dtype).params.flat_view(static_cast<std::int64_t>(p.offset), shape_numel(p.shape)).reshape(p.shape);
+}
+
+Tensor ParamArena::grad(std::size_t i) const {
+  RT_CHECK(finalized_, "gradient view requested before the arena was finalised");
+  const auto& p = infos_.at(i);
+  return flat(p.dtype).grads.flat_view(static_cast<std::int64_t>(p.offset), shape_numel(p.shape)).reshape(p.shape);
+}
+
+Tensor ParamArena::params_flat(DType dt) const { return flat(dt).params; }
+Tensor ParamArena::grads_flat(DType dt) const { return flat(dt).grads; }
+
+std::vector<DType> ParamArena::dtypes() const {
+  std::vector<DType> out;
+  for (const auto& f : flats_) out.push_back(f.dtype);
+  return out;
+}
+
+std::int64_t ParamArena::numel() const {
+  std::int64_t n = 0;
+  for (const auto& p : infos_) n += shape_numel(p.shape);
+  return n;
+}
+
+void ParamArena::zero_grads() {
+  for (auto& f : flats_) f.grads.zero_();
+}
+
+}  // namespace ringtrain
