@@ -1,0 +1,155 @@
+#pragma once
+// Backend: the per-device implementation of the layer math. Layers check
+// shapes once (Caffe style) and then call a kernel object that the backend of
+// their device created for them; the kernel owns whatever per-layer state the
+// device needs (oneDNN primitives cached per input shape, cuDNN descriptors,
+// workspaces) and is opaque to the layer.
+//
+// Rules kept by every backend:
+//  - Tensors passed in are contiguous, plain row-major (NCHW for images), on the
+//    backend's device, with the dtype the kernel was created for. Outputs are
+//    preallocated by the caller with the right shape; kernels never allocate
+//    outputs, only their own cached scratch (once per shape).
+//  - Input gradients (dx) are overwritten. Parameter gradients (dw, db, ...)
+//    are overwritten when `accumulate` is false and added to when it is true,
+//    so gradient accumulation over micro-batches works by not zeroing.
+//  - A kernel may keep state between forward and the matching backward (saved
+//    batch statistics, pooling indices); calls come as forward, backward pairs
+//    with the same input shape, or forward only (eval).
+//  - Registration: register_backend() is the one place a device kind is wired
+//    in. The CPU backend (src/backend/cpu) is built in; the CUDA backend
+//    registers itself from cuda/ at static-initialisation time.
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "ringtrain/core/device.hpp"
+#include "ringtrain/core/tensor.hpp"
+
+namespace ringtrain {
+
+// ---- layer specifications (device-neutral) --------------------------------
+struct Conv2dSpec {
+  std::int64_t in_channels = 0, out_channels = 0;
+  std::int64_t kernel_h = 3, kernel_w = 3;
+  std::int64_t stride_h = 1, stride_w = 1;
+  std::int64_t pad_h = 0, pad_w = 0;
+  std::int64_t dilation_h = 1, dilation_w = 1;  // 1 = dense (PyTorch convention)
+  bool bias = true;
+  bool fuse_relu = false;  // y = relu(conv(x)); backward then needs y
+  DType dtype = DType::f32;
+};
+
+struct LinearSpec {
+  std::int64_t in_features = 0, out_features = 0;
+  bool bias = true;
+  bool fuse_relu = false;
+  DType dtype = DType::f32;
+};
+
+struct BatchNormSpec {
+  std::int64_t channels = 0;
+  double eps = 1e-5;
+  double momentum = 0.1;  // running = (1 - momentum) * running + momentum * batch (PyTorch)
+  DType dtype = DType::f32;
+};
+
+enum class PoolKind { max, avg };
+struct Pool2dSpec {
+  PoolKind kind = PoolKind::max;
+  std::int64_t kernel_h = 2, kernel_w = 2;
+  std::int64_t stride_h = 2, stride_w = 2;
+  std::int64_t pad_h = 0, pad_w = 0;  // avg pooling counts padding (PyTorch default)
+  DType dtype = DType::f32;
+};
+
+enum class Eltwise { relu, gelu };  // gelu = exact erf form (PyTorch default)
+
+// ---- kernels ----------------------------------------------------------------
+// Output shapes follow PyTorch: out = (in + 2 pad - dil (k - 1) - 1) / stride + 1.
+class Conv2dKernel {
+ public:
+  virtual ~Conv2dKernel() = default;
+  // x [N,Cin,H,W], w [Cout,Cin,kh,kw], b [Cout] or undefined, y [N,Cout,OH,OW].
+  virtual void forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y) = 0;
+  // y is forward's output (used to mask dy when fuse_relu); dx undefined = not needed.
+  virtual void backward(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& dy, Tensor& dx,
+                        Tensor& dw, Tensor& db, bool accumulate) = 0;
+};
+
+class LinearKernel {
+ public:
+  virtual ~LinearKernel() = default;
+  // x [N,in], w [out,in], b [out] or undefined, y [N,out]: y = x w^T + b.
+  virtual void forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y) = 0;
+  virtual void backward(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& dy, Tensor& dx,
+                        Tensor& dw, Tensor& db, bool accumulate) = 0;
+};
+
+class BatchNormKernel {
+ public:
+  virtual ~BatchNormKernel() = default;
+  // Train: normalise with batch statistics (biased variance), update running
+  // stats with the unbiased variance (PyTorch). Eval: use running stats.
+  virtual void forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& running_mean,
+                       Tensor& running_var, bool train, Tensor& y) = 0;
+  // After a train-mode forward only.
+  virtual void backward(const Tensor& x, const Tensor& gamma, const Tensor& dy, Tensor& dx, Tensor& dgamma,
+                        Tensor& dbeta, bool accumulate) = 0;
+};
+
+class Pool2dKernel {
+ public:
+  virtual ~Pool2dKernel() = default;
+  virtual void forward(const Tensor& x, Tensor& y, bool train) = 0;
+  virtual void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx) = 0;
+};
+
+class EltwiseKernel {
+ public:
+  virtual ~EltwiseKernel() = default;
+  virtual void forward(const Tensor& x, Tensor& y) = 0;
+  // x and y are forward's input and output (either may be used).
+  virtual void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx) = 0;
+};
+
+// ---- the backend ------------------------------------------------------------
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual DeviceKind kind() const = 0;
+  virtual std::string name() const = 0;  // "cpu (oneDNN 2.6 + OpenBLAS)"
+
+  virtual std::unique_ptr<Conv2dKernel> conv2d(const Conv2dSpec& s) = 0;
+  virtual std::unique_ptr<LinearKernel> linear(const LinearSpec& s) = 0;
+  virtual std::unique_ptr<BatchNormKernel> batchnorm(const BatchNormSpec& s) = 0;
+  virtual std::unique_ptr<Pool2dKernel> pool2d(const Pool2dSpec& s) = 0;
+  virtual std::unique_ptr<EltwiseKernel> eltwise(Eltwise op, DType dt) = 0;
+
+  // out = a + b (same shape; out may alias a or b).
+  virtual void add(const Tensor& a, const Tensor& b, Tensor& out) = 0;
+  // y += alpha * x (same numel): plain SGD steps, gradient accumulation.
+  virtual void axpy(double alpha, const Tensor& x, Tensor& y) = 0;
+  // Inverted dropout: keep element i iff dropout_keep(seed, stream, i, p)
+  // (nn/rng.hpp, identical on every device); y = keep ? x / (1 - p) : 0.
+  // mask (u8, x's shape) records keep for the backward.
+  virtual void dropout_forward(const Tensor& x, double p, std::uint64_t seed, std::uint64_t stream, Tensor& mask,
+                               Tensor& y) = 0;
+  virtual void dropout_backward(const Tensor& dy, const Tensor& mask, double p, Tensor& dx) = 0;
+  // Softmax cross-entropy, mean over the batch. logits [N,K] float, labels [N]
+  // i32 or i64 in [0,K). With smoothing s the target is (1-s) onehot + s/K.
+  // Writes dlogits [N,K] (d mean-loss / d logits) when defined; returns the loss.
+  virtual double softmax_xent(const Tensor& logits, const Tensor& labels, double smoothing, Tensor& dlogits) = 0;
+  // Number of rows whose argmax (first maximum) equals the label.
+  virtual std::int64_t count_correct(const Tensor& logits, const Tensor& labels) = 0;
+};
+
+// The one registration point per device kind. Throws Error naming the kind
+// when nothing is registered (e.g. cuda in a CPU-only build).
+void register_backend(DeviceKind kind, std::unique_ptr<Backend> b);
+bool has_backend(DeviceKind kind);
+Backend& backend_for(DeviceKind kind);
+inline Backend& backend_for(Device d) { return backend_for(d.kind); }
+
+}  // namespace ringtrain

@@ -1,0 +1,100 @@
+#pragma once
+// Layer: the unit of forward/backward and of gradient readiness.
+//
+// Rules:
+//  - Life cycle: construct -> register_params(arena) (construction order is the
+//    arena order) -> arena.finalize(device) -> bind(ctx) -> init(seed) ->
+//    forward/backward pairs. Model drives all of it.
+//  - forward()/backward() are non-virtual: they check the input shape against
+//    the layer (error names the layer) and then dispatch to do_forward /
+//    do_backward, which call the device's kernels (nn/backend.hpp).
+//  - Outputs live in buffers owned by the layer and are reused while the input
+//    shape is unchanged: a returned Tensor is valid until the layer's next
+//    forward (resp. backward). No allocation per step after the first.
+//  - forward keeps a reference to its input for the backward; the caller must
+//    not overwrite the input in between (Model never does).
+//  - backward overwrites dx and writes parameter gradients into the arena's
+//    grad views: overwrite when accumulate is false, add when true.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ringtrain/core/tensor.hpp"
+#include "ringtrain/nn/backend.hpp"
+#include "ringtrain/nn/parameters.hpp"
+
+namespace ringtrain {
+
+enum class Mode { train, eval };
+
+// Weight initialisation; biases start at zero, BatchNorm at gamma 1, beta 0.
+enum class Init {
+  kaiming_normal,   // N(0, 2 / fan_in): layers followed by ReLU
+  kaiming_uniform,  // U(+-sqrt(6 / fan_in))
+  xavier_uniform,   // U(+-sqrt(6 / (fan_in + fan_out))): layers feeding a softmax
+  xavier_normal,    // N(0, 2 / (fan_in + fan_out))
+};
+
+// A running statistic or other non-trainable state that checkpoints keep.
+struct NamedBuffer {
+  std::string name;  // "bn1.running_mean"
+  Tensor tensor;     // on the model's device
+};
+
+// What bind() needs: the device's backend, the finalised arena, the model seed.
+struct BindContext {
+  Backend& backend;
+  Device device;
+  const ParamArena& arena;
+  std::uint64_t seed = 0;
+};
+
+class Layer {
+ public:
+  explicit Layer(std::string name) : name_(std::move(name)) {}
+  virtual ~Layer() = default;
+  Layer(const Layer&) = delete;
+  Layer& operator=(const Layer&) = delete;
+
+  const std::string& name() const { return name_; }
+  virtual const char* type() const = 0;  // "Conv2d"
+
+  // Registers this layer's parameters under "<prefix><name>.<param>", tagged
+  // with the owning top-level layer index.
+  virtual void register_params(ParamArena& arena, int layer_index, const std::string& prefix) {}
+  // After the arena is finalised: parameter views, kernels, buffers.
+  virtual void bind(const BindContext& ctx) {}
+  // Writes initial values (host-generated from a counter RNG, copied to the device).
+  virtual void init(const ParamArena& arena, std::uint64_t seed) {}
+  // Output shape for an input shape; throws Error naming the layer if invalid.
+  virtual Shape output_shape(const Shape& in) const = 0;
+  virtual std::vector<NamedBuffer> buffers() const { return {}; }
+
+  // Arena indices of this layer's parameters (children included), in order.
+  const std::vector<std::size_t>& params() const { return params_; }
+
+  Tensor forward(const Tensor& x, Mode mode);
+  // Returns dx (undefined when need_dx is false: the first layer skips it).
+  Tensor backward(const Tensor& dy, bool need_dx, bool accumulate);
+
+ protected:
+  virtual Tensor do_forward(const Tensor& x, Mode mode) = 0;
+  virtual Tensor do_backward(const Tensor& dy, bool need_dx, bool accumulate) = 0;
+
+  // Registers one parameter and remembers its index.
+  std::size_t add_param(ParamArena& arena, const std::string& prefix, const std::string& pname, Shape shape,
+                        DType dt, bool decay, int layer_index);
+  // Returns `slot`, reallocated only when shape/dtype/device changed.
+  static Tensor& ensure(Tensor& slot, const Shape& shape, DType dt, Device dev);
+
+  std::string name_;
+  std::vector<std::size_t> params_;
+  Shape in_shape_;     // of the last forward
+  Mode last_mode_ = Mode::eval;
+  bool has_forward_ = false;
+};
+
+using LayerPtr = std::unique_ptr<Layer>;
+
+}  // namespace ringtrain

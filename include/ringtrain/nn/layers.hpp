@@ -1,0 +1,204 @@
+#pragma once
+// The concrete layers. Each checks its input once per forward and dispatches
+// to the kernel its device's backend created in bind(). Shapes are NCHW for
+// images and [N, features] for Linear; a Flatten sits between them.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ringtrain/nn/layer.hpp"
+
+namespace ringtrain {
+
+class Linear : public Layer {
+ public:
+  Linear(std::string name, LinearSpec spec, Init init = Init::kaiming_normal);
+  const char* type() const override { return spec_.fuse_relu ? "Linear+ReLU" : "Linear"; }
+  const LinearSpec& spec() const { return spec_; }
+  void register_params(ParamArena& arena, int layer_index, const std::string& prefix) override;
+  void bind(const BindContext& ctx) override;
+  void init(const ParamArena& arena, std::uint64_t seed) override;
+  Shape output_shape(const Shape& in) const override;
+
+ protected:
+  Tensor do_forward(const Tensor& x, Mode mode) override;
+  Tensor do_backward(const Tensor& dy, bool need_dx, bool accumulate) override;
+
+ private:
+  LinearSpec spec_;
+  Init init_;
+  std::size_t w_ = 0, b_ = 0;
+  Tensor w, b, dw, db, x_, y_, dx_;
+  std::unique_ptr<LinearKernel> k_;
+};
+
+class Conv2d : public Layer {
+ public:
+  Conv2d(std::string name, Conv2dSpec spec, Init init = Init::kaiming_normal);
+  const char* type() const override { return spec_.fuse_relu ? "Conv2d+ReLU" : "Conv2d"; }
+  const Conv2dSpec& spec() const { return spec_; }
+  void register_params(ParamArena& arena, int layer_index, const std::string& prefix) override;
+  void bind(const BindContext& ctx) override;
+  void init(const ParamArena& arena, std::uint64_t seed) override;
+  Shape output_shape(const Shape& in) const override;
+
+ protected:
+  Tensor do_forward(const Tensor& x, Mode mode) override;
+  Tensor do_backward(const Tensor& dy, bool need_dx, bool accumulate) override;
+
+ private:
+  Conv2dSpec spec_;
+  Init init_;
+  std::size_t w_ = 0, b_ = 0;
+  Tensor w, b, dw, db, x_, y_, dx_;
+  std::unique_ptr<Conv2dKernel> k_;
+};
+
+class BatchNorm2d : public Layer {
+ public:
+  BatchNorm2d(std::string name, BatchNormSpec spec);
+  const char* type() const override { return "BatchNorm2d"; }
+  void register_params(ParamArena& arena, int layer_index, const std::string& prefix) override;
+  void bind(const BindContext& ctx) override;
+  void init(const ParamArena& arena, std::uint64_t seed) override;
+  Shape output_shape(const Shape& in) const override;
+  std::vector<NamedBuffer> buffers() const override;  // running_mean, running_var
+
+ protected:
+  Tensor do_forward(const Tensor& x, Mode mode) override;
+  Tensor do_backward(const Tensor& dy, bool need_dx, bool accumulate) override;
+
+ private:
+  BatchNormSpec spec_;
+  std::string prefix_;
+  std::size_t g_ = 0, b_ = 0;
+  Tensor gamma, beta, dgamma, dbeta, running_mean, running_var, x_, y_, dx_;
+  std::unique_ptr<BatchNormKernel> k_;
+};
+
+// ReLU or GELU as its own layer (Conv2d/Linear can also fuse ReLU).
+class Activation : public Layer {
+ public:
+  Activation(std::string name, Eltwise op) : Layer(std::move(name)), op_(op) {}
+  const char* type() const override { return op_ == Eltwise::relu ? "ReLU" : "GELU"; }
+  void bind(const BindContext& ctx) override;
+  Shape output_shape(const Shape& in) const override { return in; }
+
+ protected:
+  Tensor do_forward(const Tensor& x, Mode mode) override;
+  Tensor do_backward(const Tensor& dy, bool need_dx, bool accumulate) override;
+
+ private:
+  Eltwise op_;
+  Tensor x_, y_, dx_;
+  std::unique_ptr<EltwiseKernel> k_;
+};
+
+// MaxPool2d / AvgPool2d; global_avg=true pools the whole H x W (kernel set per input).
+class Pool2d : public Layer {
+ public:
+  Pool2d(std::string name, Pool2dSpec spec, bool global_avg = false);
+  const char* type() const override;
+  void bind(const BindContext& ctx) override;
+  Shape output_shape(const Shape& in) const override;
+
+ protected:
+  Tensor do_forward(const Tensor& x, Mode mode) override;
+  Tensor do_backward(const Tensor& dy, bool need_dx, bool accumulate) override;
+
+ private:
+  Pool2dSpec spec_;
+  bool global_;
+  Backend* be_ = nullptr;
+  Shape kernel_for_;  // input shape the kernel was made for (global pooling)
+  Tensor x_, y_, dx_;
+  std::unique_ptr<Pool2dKernel> k_;
+};
+
+// Inverted dropout, deterministic: the mask depends on (model seed, layer
+// stream, forward call count, element index) only. Identity in eval mode.
+class Dropout : public Layer {
+ public:
+  Dropout(std::string name, double p);
+  const char* type() const override { return "Dropout"; }
+  void bind(const BindContext& ctx) override;
+  Shape output_shape(const Shape& in) const override { return in; }
+  double p() const { return p_; }
+  // Next train-mode forward uses this call index (checkpoint resume).
+  void set_call_count(std::uint64_t n) { calls_ = n; }
+  std::uint64_t call_count() const { return calls_; }
+
+ protected:
+  Tensor do_forward(const Tensor& x, Mode mode) override;
+  Tensor do_backward(const Tensor& dy, bool need_dx, bool accumulate) override;
+
+ private:
+  double p_;
+  Backend* be_ = nullptr;
+  std::uint64_t seed_ = 0, stream_ = 0, calls_ = 0;
+  bool identity_ = true;  // last forward was eval (or p == 0)
+  Tensor mask_, y_, dx_;
+};
+
+// [N, ...] -> [N, prod(...)]: a view, no copy.
+class Flatten : public Layer {
+ public:
+  explicit Flatten(std::string name) : Layer(std::move(name)) {}
+  const char* type() const override { return "Flatten"; }
+  Shape output_shape(const Shape& in) const override;
+
+ protected:
+  Tensor do_forward(const Tensor& x, Mode mode) override;
+  Tensor do_backward(const Tensor& dy, bool need_dx, bool accumulate) override;
+};
+
+// Children run in order; parameters are named "<prefix><name>.<child>...".
+class Sequential : public Layer {
+ public:
+  Sequential(std::string name, std::vector<LayerPtr> children);
+  const char* type() const override { return "Sequential"; }
+  void register_params(ParamArena& arena, int layer_index, const std::string& prefix) override;
+  void bind(const BindContext& ctx) override;
+  void init(const ParamArena& arena, std::uint64_t seed) override;
+  Shape output_shape(const Shape& in) const override;
+  std::vector<NamedBuffer> buffers() const override;
+  const std::vector<LayerPtr>& children() const { return children_; }
+
+ protected:
+  Tensor do_forward(const Tensor& x, Mode mode) override;
+  Tensor do_backward(const Tensor& dy, bool need_dx, bool accumulate) override;
+
+ private:
+  std::vector<LayerPtr> children_;
+};
+
+// y = post(body(x) + shortcut(x)); an empty shortcut is the identity and post
+// is an optional ReLU: the ResNet BasicBlock. The residual Add lives here.
+class Residual : public Layer {
+ public:
+  Residual(std::string name, std::vector<LayerPtr> body, std::vector<LayerPtr> shortcut, bool relu_after = true);
+  const char* type() const override { return "Residual"; }
+  void register_params(ParamArena& arena, int layer_index, const std::string& prefix) override;
+  void bind(const BindContext& ctx) override;
+  void init(const ParamArena& arena, std::uint64_t seed) override;
+  Shape output_shape(const Shape& in) const override;
+  std::vector<NamedBuffer> buffers() const override;
+
+ protected:
+  Tensor do_forward(const Tensor& x, Mode mode) override;
+  Tensor do_backward(const Tensor& dy, bool need_dx, bool accumulate) override;
+
+ private:
+  Sequential body_;
+  std::unique_ptr<Sequential> shortcut_;  // null = identity
+  std::unique_ptr<Activation> post_;      // null = none
+  Backend* be_ = nullptr;
+  Tensor sum_, dx_;
+};
+
+// ResNet BasicBlock: conv3x3(stride)-BN-ReLU-conv3x3-BN (+ 1x1 conv-BN shortcut
+// when the shape changes), add, ReLU.
+LayerPtr basic_block(const std::string& name, std::int64_t in_ch, std::int64_t out_ch, std::int64_t stride);
+
+}  // namespace ringtrain
