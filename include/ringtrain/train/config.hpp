@@ -1,0 +1,90 @@
+#pragma once
+// TrainConfig: everything a run needs, read from a TOML file and overridden by
+// command-line flags (`--set section.key=value` or the named shortcuts). Every
+// key is declared once in config.cpp's field table, which drives parsing,
+// validation, `--set`, printing and the copy stored in checkpoints, so an
+// unknown or mistyped key is an error naming it — never silently ignored.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ringtrain {
+
+struct TrainConfig {
+  struct Model {
+    std::string name = "cnn";      // mlp | cnn | resnet
+    int depth = 20;                // resnet: 6n+2
+    int width = 16;                // resnet: channels of the first stage
+    double dropout = 0.0;
+  } model;
+  struct Data {
+    std::string train = "data/fashion-mnist/train.h5";  // file, or a shard pattern/dir
+    std::string test = "data/fashion-mnist/test.h5";
+    int batch_size = 64;           // per rank
+    bool drop_last = true;
+    bool augment = false;          // random crop (pad 2) + horizontal flip
+    int prefetch = 4;              // batches queued ahead
+    bool mpi_io = false;           // parallel HDF5 collective reads
+  } data;
+  struct Train {
+    int epochs = 10;
+    std::uint64_t seed = 42;
+    int threads = 0;               // 0: OMP_NUM_THREADS or 1 per rank
+    int accumulation = 1;          // micro-batches per optimizer step
+    std::string device = "auto";   // auto | cpu | cuda
+    std::string precision = "fp32";  // fp32 | bf16 | fp16 (GPU)
+    int max_steps = 0;             // stop after this many optimizer steps (0: no limit)
+    int verify_every = 0;          // check parameters are bitwise identical every N steps (0: off)
+    double target_accuracy = 0.0;  // log when the test accuracy first reaches this
+  } train;
+  struct Optimizer {
+    std::string name = "sgd";      // sgd | adam | adamw | lars | lamb
+    double lr = 0.05;
+    double momentum = 0.9;
+    bool nesterov = false;
+    double weight_decay = 5e-4;
+    double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+    double trust_coefficient = 0.001;  // LARS
+    double clip_norm = 0.0;            // global gradient-norm clipping (0: off)
+  } optimizer;
+  struct Schedule {
+    std::string name = "cosine";   // constant | step | cosine
+    double warmup_epochs = 0.0;
+    double step_epochs = 30;       // step: decay every N epochs
+    double gamma = 0.1;
+    double min_lr = 0.0;
+    bool scale_lr = false;         // linear scaling rule: lr × global batch / 256
+  } schedule;
+  struct Comm {
+    std::string algorithm = "auto";     // auto | ring | tree | mpi
+    std::int64_t fusion_threshold = 64 << 20;  // bytes; 0 disables fusion
+    double cycle_time_ms = 1.0;
+    bool fp16_allreduce = false;
+    std::string timeline;               // Chrome trace file ("" = off)
+    double stall_warning_s = 60.0;
+    double stall_shutdown_s = 0.0;
+  } comm;
+  struct Checkpoint {
+    std::string dir;               // "" = no checkpoints
+    int every_epochs = 1;
+    int keep = 3;
+  } checkpoint;
+  struct Log {
+    std::string format = "auto";   // auto (bar on a terminal, plain otherwise) | bar | plain
+    std::string metrics = "";      // JSON-lines file ("" = <checkpoint.dir>/metrics.jsonl or none)
+    int interval = 50;             // plain log line every N steps
+  } log;
+
+  // Loads a TOML file on top of the defaults; throws Error naming the file and key.
+  void load_toml(const std::string& path);
+  // Applies "section.key=value"; throws Error naming the key on unknown key or bad value.
+  void set(const std::string& assignment);
+  // Cross-field checks (positive batch, known names, ...); throws Error naming the key.
+  void validate() const;
+  // The whole configuration as TOML text (stored in checkpoints, printed by --print-config).
+  std::string to_toml() const;
+  // Keys, for help text.
+  static std::vector<std::string> keys();
+};
+
+}  // namespace ringtrain

@@ -1,0 +1,49 @@
+#pragma once
+// What a run tells people: a progress bar on a terminal, plain periodic lines
+// when not on one (sbatch logs), and one JSON object per epoch in a metrics
+// file for plots and scaling studies. Only the root rank reports.
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+namespace ringtrain {
+
+struct EpochMetrics {
+  int epoch = 0;
+  std::int64_t step = 0;          // optimizer steps so far
+  double lr = 0;
+  double train_loss = 0, train_accuracy = 0;
+  double test_loss = 0, test_accuracy = 0;
+  double images_per_s = 0;        // global (all ranks)
+  double time_s = 0;              // wall time of the epoch's training part
+  double compute_s = 0;           // forward + backward + optimizer (root rank)
+  double comm_exposed_s = 0;      // time blocked on gradient all-reduce, not hidden by compute
+  double data_wait_s = 0;         // time blocked on the loader
+  double eval_s = 0;
+};
+
+class Reporter {
+ public:
+  // format: auto | bar | plain. metrics_path "" = no metrics file.
+  Reporter(bool root, const std::string& format, int interval, const std::string& metrics_path, int epochs,
+           std::int64_t steps_per_epoch);
+  ~Reporter();
+  Reporter(const Reporter&) = delete;
+  Reporter& operator=(const Reporter&) = delete;
+
+  void epoch_start(int epoch);
+  void step(std::int64_t step_in_epoch, double loss, double images_per_s);
+  void epoch_end(const EpochMetrics& m);
+  // A JSON object written as one line of the metrics file (e.g. the run's header).
+  void json_line(const std::string& json);
+
+ private:
+  bool root_, bar_;
+  int interval_, epochs_, epoch_ = 0;
+  std::int64_t steps_;
+  std::FILE* metrics_ = nullptr;
+  std::chrono::steady_clock::time_point epoch_t0_;
+};
+
+}  // namespace ringtrain

@@ -1,0 +1,254 @@
+#include "ringtrain/train/config.hpp"
+
+#include <toml++/toml.h>
+
+#include <charconv>
+#include <cmath>
+#include <functional>
+#include <sstream>
+#include <variant>
+
+#include "ringtrain/core/error.hpp"
+
+namespace ringtrain {
+namespace {
+
+using FieldPtr = std::variant<std::string*, int*, std::int64_t*, std::uint64_t*, double*, bool*>;
+
+struct Field {
+  const char* key;
+  std::function<FieldPtr(TrainConfig&)> get;
+  const char* help;
+};
+
+#define RT_FIELD(sec, name, help) \
+  Field{#sec "." #name, [](TrainConfig& c) -> FieldPtr { return &c.sec.name; }, help}
+
+const std::vector<Field>& fields() {
+  static const std::vector<Field> f = {
+      RT_FIELD(model, name, "mlp | cnn | resnet"),
+      RT_FIELD(model, depth, "resnet depth (6n+2)"),
+      RT_FIELD(model, width, "resnet channels of the first stage"),
+      RT_FIELD(model, dropout, "dropout before the classifier (0 = none)"),
+      RT_FIELD(data, train, "training set: HDF5 file, or shard directory/pattern"),
+      RT_FIELD(data, test, "test set: HDF5 file, or shard directory/pattern"),
+      RT_FIELD(data, batch_size, "samples per rank per micro-batch"),
+      RT_FIELD(data, drop_last, "drop the epoch's last partial global batch"),
+      RT_FIELD(data, augment, "random crop (pad 2) and horizontal flip"),
+      RT_FIELD(data, prefetch, "batches prepared ahead by the loader thread"),
+      RT_FIELD(data, mpi_io, "parallel HDF5 collective reads"),
+      RT_FIELD(train, epochs, "epochs to train"),
+      RT_FIELD(train, seed, "seed for initialisation, shuffling, dropout"),
+      RT_FIELD(train, threads, "compute threads per rank (0 = OMP_NUM_THREADS or 1)"),
+      RT_FIELD(train, accumulation, "micro-batches per optimizer step"),
+      RT_FIELD(train, device, "auto | cpu | cuda"),
+      RT_FIELD(train, precision, "fp32 | bf16 | fp16 (GPU only)"),
+      RT_FIELD(train, max_steps, "stop after this many optimizer steps (0 = no limit)"),
+      RT_FIELD(train, verify_every, "verify bitwise-identical parameters every N steps (0 = off)"),
+      RT_FIELD(train, target_accuracy, "report when test accuracy first reaches this (0..1)"),
+      RT_FIELD(optimizer, name, "sgd | adam | adamw | lars | lamb"),
+      RT_FIELD(optimizer, lr, "base learning rate"),
+      RT_FIELD(optimizer, momentum, "SGD/LARS momentum"),
+      RT_FIELD(optimizer, nesterov, "Nesterov momentum (SGD)"),
+      RT_FIELD(optimizer, weight_decay, "weight decay (not applied to biases and norms)"),
+      RT_FIELD(optimizer, beta1, "Adam/LAMB beta1"),
+      RT_FIELD(optimizer, beta2, "Adam/LAMB beta2"),
+      RT_FIELD(optimizer, eps, "Adam/LAMB epsilon"),
+      RT_FIELD(optimizer, trust_coefficient, "LARS trust coefficient"),
+      RT_FIELD(optimizer, clip_norm, "clip the global gradient norm (0 = off)"),
+      RT_FIELD(schedule, name, "constant | step | cosine"),
+      RT_FIELD(schedule, warmup_epochs, "linear warm-up length in epochs"),
+      RT_FIELD(schedule, step_epochs, "step schedule: decay every N epochs"),
+      RT_FIELD(schedule, gamma, "step schedule: decay factor"),
+      RT_FIELD(schedule, min_lr, "cosine: final learning rate"),
+      RT_FIELD(schedule, scale_lr, "linear scaling rule: lr x global batch / 256"),
+      RT_FIELD(comm, algorithm, "all-reduce algorithm: auto | ring | tree | mpi"),
+      RT_FIELD(comm, fusion_threshold, "fusion buffer bytes (0 disables fusion)"),
+      RT_FIELD(comm, cycle_time_ms, "fusion engine cycle time in ms"),
+      RT_FIELD(comm, fp16_allreduce, "compress gradients to fp16 on the wire"),
+      RT_FIELD(comm, timeline, "Chrome-trace timeline file (empty = off)"),
+      RT_FIELD(comm, stall_warning_s, "warn when a tensor waits for other ranks this long"),
+      RT_FIELD(comm, stall_shutdown_s, "fail the job when a tensor waits this long (0 = never)"),
+      RT_FIELD(checkpoint, dir, "checkpoint directory (empty = no checkpoints)"),
+      RT_FIELD(checkpoint, every_epochs, "write a checkpoint every N epochs"),
+      RT_FIELD(checkpoint, keep, "keep the last K checkpoints"),
+      RT_FIELD(log, format, "auto | bar | plain"),
+      RT_FIELD(log, metrics, "JSON-lines metrics file (empty = <checkpoint.dir>/metrics.jsonl)"),
+      RT_FIELD(log, interval, "steps between plain log lines"),
+  };
+  return f;
+}
+#undef RT_FIELD
+
+const Field& find_field(const std::string& key) {
+  for (const auto& f : fields())
+    if (key == f.key) return f;
+  std::string known;
+  for (const auto& f : fields()) known += std::string(known.empty() ? "" : ", ") + f.key;
+  RT_FAIL("unknown configuration key '", key, "' (known keys: ", known, ")");
+}
+
+template <typename T>
+T parse_number(const std::string& key, const std::string& v) {
+  T out{};
+  const char* b = v.data();
+  const char* e = v.data() + v.size();
+  std::from_chars_result r;
+  if constexpr (std::is_floating_point_v<T>) {
+    try {
+      std::size_t pos = 0;
+      out = static_cast<T>(std::stod(v, &pos));
+      RT_CHECK(pos == v.size() && std::isfinite(out), "");
+      return out;
+    } catch (...) {
+      RT_FAIL("configuration key '", key, "': '", v, "' is not a number");
+    }
+  } else {
+    r = std::from_chars(b, e, out);
+    RT_CHECK(r.ec == std::errc() && r.ptr == e, "configuration key '", key, "': '", v,
+             "' is not an integer", std::is_unsigned_v<T> ? " >= 0" : "");
+  }
+  return out;
+}
+
+void assign_text(const Field& f, TrainConfig& c, const std::string& v) {
+  std::visit(
+      [&](auto* p) {
+        using T = std::remove_pointer_t<decltype(p)>;
+        if constexpr (std::is_same_v<T, std::string>) *p = v;
+        else if constexpr (std::is_same_v<T, bool>) {
+          if (v == "true" || v == "1" || v == "yes" || v == "on") *p = true;
+          else if (v == "false" || v == "0" || v == "no" || v == "off") *p = false;
+          else RT_FAIL("configuration key '", f.key, "': '", v, "' is not a boolean (true/false)");
+        } else *p = parse_number<T>(f.key, v);
+      },
+      f.get(c));
+}
+
+void assign_toml(const Field& f, TrainConfig& c, const toml::node& n, const std::string& file) {
+  std::visit(
+      [&](auto* p) {
+        using T = std::remove_pointer_t<decltype(p)>;
+        auto bad = [&](const char* want) {
+          RT_FAIL(file, ": key '", f.key, "' must be ", want, " (line ", n.source().begin.line, ")");
+        };
+        if constexpr (std::is_same_v<T, std::string>) {
+          if (!n.is_string()) bad("a string");
+          *p = *n.value<std::string>();
+        } else if constexpr (std::is_same_v<T, bool>) {
+          if (!n.is_boolean()) bad("true or false");
+          *p = *n.value<bool>();
+        } else if constexpr (std::is_floating_point_v<T>) {
+          if (!n.is_number()) bad("a number");
+          *p = *n.value<double>();
+        } else {
+          if (!n.is_integer()) bad("an integer");
+          std::int64_t v = *n.value<std::int64_t>();
+          if (std::is_unsigned_v<T> && v < 0) bad("an integer >= 0");
+          *p = static_cast<T>(v);
+        }
+      },
+      f.get(c));
+}
+
+}  // namespace
+
+void TrainConfig::load_toml(const std::string& path) {
+  toml::table tbl;
+  try {
+    tbl = toml::parse_file(path);
+  } catch (const toml::parse_error& e) {
+    if (e.source().begin.line == 0 && !e.source().path)
+      RT_FAIL("cannot read config file '", path, "': ", e.description());
+    RT_FAIL("config file '", path, "' line ", e.source().begin.line, ": ", e.description());
+  }
+  for (auto& [section, node] : tbl) {
+    auto* sub = node.as_table();
+    RT_CHECK(sub != nullptr, path, ": top-level key '", section.str(), "' must be a [section]");
+    for (auto& [key, value] : *sub) {
+      std::string full = std::string(section.str()) + "." + std::string(key.str());
+      try {
+        assign_toml(find_field(full), *this, value, path);
+      } catch (const Error& e) {
+        std::string m = e.what();
+        if (m.find(path) == std::string::npos) RT_FAIL(path, ": ", m);
+        throw;
+      }
+    }
+  }
+}
+
+void TrainConfig::set(const std::string& assignment) {
+  auto eq = assignment.find('=');
+  RT_CHECK(eq != std::string::npos && eq > 0, "override '", assignment, "' must look like section.key=value");
+  assign_text(find_field(assignment.substr(0, eq)), *this, assignment.substr(eq + 1));
+}
+
+void TrainConfig::validate() const {
+  auto one_of = [](const std::string& key, const std::string& v, std::initializer_list<const char*> ok) {
+    std::string list;
+    for (auto* o : ok) {
+      if (v == o) return;
+      list += std::string(list.empty() ? "" : ", ") + o;
+    }
+    RT_FAIL("configuration key '", key, "': '", v, "' is not one of ", list);
+  };
+  one_of("model.name", model.name, {"mlp", "cnn", "resnet"});
+  RT_CHECK(model.name != "resnet" || (model.depth >= 8 && (model.depth - 2) % 6 == 0),
+           "configuration key 'model.depth': resnet depth must be 6n+2 >= 8, got ", model.depth);
+  RT_CHECK(model.width > 0, "configuration key 'model.width' must be > 0");
+  RT_CHECK(model.dropout >= 0 && model.dropout < 1, "configuration key 'model.dropout' must be in [0, 1)");
+  RT_CHECK(data.batch_size > 0, "configuration key 'data.batch_size' must be > 0, got ", data.batch_size);
+  RT_CHECK(data.prefetch >= 1, "configuration key 'data.prefetch' must be >= 1");
+  RT_CHECK(train.epochs > 0, "configuration key 'train.epochs' must be > 0, got ", train.epochs);
+  RT_CHECK(train.threads >= 0, "configuration key 'train.threads' must be >= 0");
+  RT_CHECK(train.accumulation >= 1, "configuration key 'train.accumulation' must be >= 1");
+  RT_CHECK(train.max_steps >= 0, "configuration key 'train.max_steps' must be >= 0");
+  one_of("train.device", train.device, {"auto", "cpu", "cuda"});
+  one_of("train.precision", train.precision, {"fp32", "bf16", "fp16"});
+  one_of("optimizer.name", optimizer.name, {"sgd", "adam", "adamw", "lars", "lamb"});
+  RT_CHECK(optimizer.lr > 0, "configuration key 'optimizer.lr' must be > 0");
+  one_of("schedule.name", schedule.name, {"constant", "step", "cosine"});
+  RT_CHECK(schedule.warmup_epochs >= 0, "configuration key 'schedule.warmup_epochs' must be >= 0");
+  one_of("comm.algorithm", comm.algorithm, {"auto", "automatic", "ring", "tree", "mpi"});
+  RT_CHECK(comm.fusion_threshold >= 0, "configuration key 'comm.fusion_threshold' must be >= 0");
+  RT_CHECK(comm.cycle_time_ms > 0, "configuration key 'comm.cycle_time_ms' must be > 0");
+  RT_CHECK(checkpoint.every_epochs >= 1, "configuration key 'checkpoint.every_epochs' must be >= 1");
+  RT_CHECK(checkpoint.keep >= 1, "configuration key 'checkpoint.keep' must be >= 1");
+  one_of("log.format", log.format, {"auto", "bar", "plain"});
+  RT_CHECK(log.interval >= 1, "configuration key 'log.interval' must be >= 1");
+}
+
+std::string TrainConfig::to_toml() const {
+  TrainConfig copy = *this;
+  std::ostringstream os;
+  std::string section;
+  for (const auto& f : fields()) {
+    std::string key = f.key;
+    auto dot = key.find('.');
+    if (key.substr(0, dot) != section) {
+      section = key.substr(0, dot);
+      os << (os.tellp() > 0 ? "\n" : "") << '[' << section << "]\n";
+    }
+    os << key.substr(dot + 1) << " = ";
+    std::visit(
+        [&](auto* p) {
+          using T = std::remove_pointer_t<decltype(p)>;
+          if constexpr (std::is_same_v<T, std::string>) os << toml::value<std::string>(*p);
+          else if constexpr (std::is_same_v<T, bool>) os << (*p ? "true" : "false");
+          else if constexpr (std::is_floating_point_v<T>) os << toml::value<double>(*p);
+          else os << *p;
+        },
+        f.get(copy));
+    os << "\n";
+  }
+  return os.str();
+}
+
+std::vector<std::string> TrainConfig::keys() {
+  std::vector<std::string> out;
+  for (const auto& f : fields()) out.push_back(std::string(f.key) + "  — " + f.help);
+  return out;
+}
+
+}  // namespace ringtrain

@@ -1,0 +1,94 @@
+#include "ringtrain/train/report.hpp"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "ringtrain/core/error.hpp"
+
+namespace ringtrain {
+
+Reporter::Reporter(bool root, const std::string& format, int interval, const std::string& metrics_path,
+                   int epochs, std::int64_t steps_per_epoch)
+    : root_(root), interval_(interval), epochs_(epochs), steps_(steps_per_epoch) {
+  bar_ = format == "bar" || (format == "auto" && ::isatty(STDERR_FILENO));
+  if (root_ && !metrics_path.empty()) {
+    auto parent = std::filesystem::path(metrics_path).parent_path();
+    if (!parent.empty()) std::filesystem::create_directories(parent);
+    metrics_ = std::fopen(metrics_path.c_str(), "a");
+    RT_CHECK(metrics_ != nullptr, "cannot open metrics file '", metrics_path, "' for appending");
+  }
+}
+
+Reporter::~Reporter() {
+  if (metrics_) std::fclose(metrics_);
+}
+
+void Reporter::epoch_start(int epoch) {
+  epoch_ = epoch;
+  epoch_t0_ = std::chrono::steady_clock::now();
+}
+
+static std::string hms(double s) {
+  int t = static_cast<int>(s + 0.5);
+  char buf[32];
+  if (t >= 3600) std::snprintf(buf, sizeof buf, "%d:%02d:%02d", t / 3600, t / 60 % 60, t % 60);
+  else std::snprintf(buf, sizeof buf, "%d:%02d", t / 60, t % 60);
+  return buf;
+}
+
+void Reporter::step(std::int64_t s, double loss, double images_per_s) {
+  if (!root_) return;
+  double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_t0_).count();
+  double eta = s > 0 ? elapsed / s * (steps_ - s) : 0;
+  if (bar_) {
+    const int width = 30;
+    int filled = steps_ ? static_cast<int>(width * s / steps_) : width;
+    std::string bar(filled, '#');
+    bar.resize(width, '.');
+    std::fprintf(stderr, "\repoch %d/%d [%s] %3d%% loss %.4f %7.0f img/s ETA %s   ", epoch_ + 1, epochs_,
+                 bar.c_str(), steps_ ? static_cast<int>(100 * s / steps_) : 100, loss, images_per_s,
+                 hms(eta).c_str());
+    std::fflush(stderr);
+  } else if (s % interval_ == 0 || s == steps_) {
+    std::fprintf(stderr, "epoch %d/%d step %lld/%lld loss %.4f %.0f img/s ETA %s\n", epoch_ + 1, epochs_,
+                 static_cast<long long>(s), static_cast<long long>(steps_), loss, images_per_s, hms(eta).c_str());
+  }
+}
+
+void Reporter::epoch_end(const EpochMetrics& m) {
+  if (!root_) return;
+  if (bar_) std::fprintf(stderr, "\n");
+  std::fprintf(stderr,
+               "epoch %d/%d: train loss %.4f acc %.2f%% | test loss %.4f acc %.2f%% | %.0f img/s | "
+               "compute %.1fs, exposed comm %.2fs, data wait %.2fs | lr %.4g\n",
+               m.epoch + 1, epochs_, m.train_loss, 100 * m.train_accuracy, m.test_loss, 100 * m.test_accuracy,
+               m.images_per_s, m.compute_s, m.comm_exposed_s, m.data_wait_s, m.lr);
+  std::fflush(stderr);
+  if (metrics_) {
+    nlohmann::json j = {{"event", "epoch"},
+                        {"epoch", m.epoch + 1},
+                        {"step", m.step},
+                        {"lr", m.lr},
+                        {"train_loss", m.train_loss},
+                        {"train_accuracy", m.train_accuracy},
+                        {"test_loss", m.test_loss},
+                        {"test_accuracy", m.test_accuracy},
+                        {"images_per_s", m.images_per_s},
+                        {"time_s", m.time_s},
+                        {"compute_s", m.compute_s},
+                        {"comm_exposed_s", m.comm_exposed_s},
+                        {"data_wait_s", m.data_wait_s},
+                        {"eval_s", m.eval_s}};
+    json_line(j.dump());
+  }
+}
+
+void Reporter::json_line(const std::string& json) {
+  if (!metrics_) return;
+  std::fprintf(metrics_, "%s\n", json.c_str());
+  std::fflush(metrics_);
+}
+
+}  // namespace ringtrain
