@@ -1,0 +1,105 @@
+// LARS and LAMB on the CPU: per-tensor norms (deterministic chunked sums in
+// double), then the element update from update_math.hpp.
+#include "cpu_loops.hpp"
+#include "ringtrain/optim/optimizer.hpp"
+
+namespace ringtrain {
+
+using namespace optim_math;
+using optim_detail::chunked_reduce;
+using optim_detail::dispatch_floating;
+using optim_detail::parallel_chunks;
+
+Lars::Lars(ParamArena& arena, OptimizerConfig cfg) : Optimizer(arena, std::move(cfg)) {
+  add_state("momentum_buffer");
+}
+
+void Lars::update(double lr, std::int64_t) {
+  const OptimizerConfig& c = config();
+  for (std::size_t i = 0; i < arena().size(); ++i) {
+    const ParamInfo& info = arena().info(i);
+    dispatch_floating(info.dtype, "lars", [&](auto tag) {
+      using T = decltype(tag);
+      using C = compute_t<T>;
+      const std::int64_t n = shape_numel(info.shape);
+      T* p = arena().params_flat(info.dtype).template data<T>() + info.offset;
+      const T* g = arena().grads_flat(info.dtype).template data<T>() + info.offset;
+      C* v = state_flat("momentum_buffer", info.dtype).template data<C>() + info.offset;
+      double local_lr = lr, wd = 0.0;
+      if (decays(i)) {
+        wd = c.weight_decay;
+        local_lr = lr * lars_trust_ratio(optim_detail::norm(p, n), optim_detail::norm(g, n), c.trust_coefficient, wd);
+      }
+      const LarsCoeffs<C> k{C(local_lr), C(wd), C(c.momentum)};
+      parallel_chunks(n, [&](std::int64_t b, std::int64_t e) {
+        for (std::int64_t j = b; j < e; ++j) {
+          C pj = load(p[j]);
+          lars_update(pj, load(g[j]), v[j], k);
+          store(p[j], pj);
+        }
+      });
+    });
+  }
+}
+
+Lamb::Lamb(ParamArena& arena, OptimizerConfig cfg) : Optimizer(arena, std::move(cfg)) {
+  add_state("exp_avg");
+  add_state("exp_avg_sq");
+}
+
+namespace {
+struct Sums {
+  double w = 0.0, u = 0.0;
+  Sums& operator+=(const Sums& o) {
+    w += o.w;
+    u += o.u;
+    return *this;
+  }
+};
+}  // namespace
+
+void Lamb::update(double lr, std::int64_t t) {
+  const OptimizerConfig& c = config();
+  for (std::size_t i = 0; i < arena().size(); ++i) {
+    const ParamInfo& info = arena().info(i);
+    dispatch_floating(info.dtype, "lamb", [&](auto tag) {
+      using T = decltype(tag);
+      using C = compute_t<T>;
+      const std::int64_t n = shape_numel(info.shape);
+      T* p = arena().params_flat(info.dtype).template data<T>() + info.offset;
+      const T* g = arena().grads_flat(info.dtype).template data<T>() + info.offset;
+      C* m = state_flat("exp_avg", info.dtype).template data<C>() + info.offset;
+      C* v = state_flat("exp_avg_sq", info.dtype).template data<C>() + info.offset;
+      const bool dec = decays(i);
+      const auto k = make_lamb_coeffs<C>(c.beta1, c.beta2, c.eps, dec ? c.weight_decay : 0.0, c.bias_correction, t);
+      double ratio = 1.0;
+      if (dec) {
+        // Pass 1: moments, and the norms of w and of the update direction u.
+        Sums s = chunked_reduce<Sums>(n, [&](std::int64_t b, std::int64_t e) {
+          double sw = 0.0, su = 0.0;
+#pragma omp simd reduction(+ : sw, su)
+          for (std::int64_t j = b; j < e; ++j) {
+            C pj = load(p[j]);
+            lamb_moments(load(g[j]), m[j], v[j], k);
+            double u = static_cast<double>(lamb_direction(pj, m[j], v[j], k));
+            sw += static_cast<double>(pj) * static_cast<double>(pj);
+            su += u * u;
+          }
+          return Sums{sw, su};
+        });
+        ratio = lamb_trust_ratio(std::sqrt(s.w), std::sqrt(s.u), c.max_trust_ratio);
+      }
+      const C scaled_lr = C(lr * ratio);
+      parallel_chunks(n, [&](std::int64_t b, std::int64_t e) {
+        for (std::int64_t j = b; j < e; ++j) {
+          C pj = load(p[j]);
+          if (!dec) lamb_moments(load(g[j]), m[j], v[j], k);
+          lamb_apply(pj, lamb_direction(pj, m[j], v[j], k), scaled_lr);
+          store(p[j], pj);
+        }
+      });
+    });
+  }
+}
+
+}  // namespace ringtrain
