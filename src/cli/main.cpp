@@ -1,3 +1,238 @@
-// ringtrain command line: train, eval, prepare.
+// ringtrain: the command line. Subcommands train, eval and prepare; each has
+// --help. Runs under mpirun/srun (one rank per device) or as a single process.
+#include <CLI/CLI.hpp>
+#include <mpi.h>
+
+#include <chrono>
 #include <cstdio>
-int main() { std::puts("ringtrain: under construction"); return 0; }
+#include <thread>
+
+#include "ringtrain/comm/communicator.hpp"
+#include "ringtrain/core/error.hpp"
+#include "ringtrain/core/log.hpp"
+#include "ringtrain/data/prepare.hpp"
+#include "ringtrain/train/config.hpp"
+#include "ringtrain/train/trainer.hpp"
+
+using namespace ringtrain;
+
+namespace {
+
+struct TrainArgs {
+  std::string config;
+  std::vector<std::string> sets;
+  std::string resume;
+  bool no_eval = false, print_config = false, list_keys = false;
+};
+
+// Shortcuts for the most used keys; each becomes a --set.
+void add_shortcuts(CLI::App* app, std::vector<std::string>& sets) {
+  auto shortcut = [&](const char* flag, const char* key, const char* help) {
+    app->add_option_function<std::string>(flag, [&sets, key](const std::string& v) { sets.push_back(std::string(key) + "=" + v); },
+                                          std::string(help) + " (= --set " + key + "=...)");
+  };
+  shortcut("--model", "model.name", "mlp | cnn | resnet");
+  shortcut("--train-data", "data.train", "training split: .h5 file or prepared directory");
+  shortcut("--test-data", "data.test", "test split: .h5 file or prepared directory");
+  shortcut("--batch-size", "data.batch_size", "samples per rank per micro-batch");
+  shortcut("--epochs", "train.epochs", "epochs");
+  shortcut("--max-steps", "train.max_steps", "stop after this many optimizer steps");
+  shortcut("--seed", "train.seed", "random seed");
+  shortcut("--threads", "train.threads", "compute threads per rank");
+  shortcut("--device", "train.device", "auto | cpu | cuda");
+  shortcut("--optimizer", "optimizer.name", "sgd | adam | adamw | lars | lamb");
+  shortcut("--lr", "optimizer.lr", "base learning rate");
+  shortcut("--algorithm", "comm.algorithm", "all-reduce: auto | ring | tree | mpi");
+  shortcut("--fusion-threshold", "comm.fusion_threshold", "fusion buffer bytes, 0 = off");
+  shortcut("--cycle-time", "comm.cycle_time_ms", "fusion engine cycle in ms");
+  shortcut("--timeline", "comm.timeline", "write a Chrome-trace timeline here");
+  shortcut("--checkpoint-dir", "checkpoint.dir", "checkpoint directory");
+  shortcut("--metrics", "log.metrics", "JSON-lines metrics file");
+  shortcut("--log-format", "log.format", "auto | bar | plain");
+}
+
+TrainConfig load_config(const std::string& path, const std::vector<std::string>& sets) {
+  TrainConfig cfg;
+  if (!path.empty()) cfg.load_toml(path);
+  for (const auto& s : sets) cfg.set(s);
+  cfg.validate();
+  return cfg;
+}
+
+int run_train(const TrainArgs& a, const Communicator& world) {
+  if (a.list_keys) {
+    if (world.rank() == 0)
+      for (const auto& k : TrainConfig::keys()) std::printf("  %s\n", k.c_str());
+    return 0;
+  }
+  TrainConfig cfg = load_config(a.config, a.sets);
+  if (a.print_config) {
+    if (world.rank() == 0) std::printf("%s", cfg.to_toml().c_str());
+    return 0;
+  }
+  TrainerHooks hooks;
+  hooks.evaluate = !a.no_eval;
+  Trainer trainer(cfg, world, hooks);
+  if (!a.resume.empty()) trainer.resume(a.resume);
+  TrainResult r = trainer.fit();
+  if (world.rank() == 0) {
+    log::info("done: ", r.steps, " steps, final test accuracy ", 100 * r.last.test_accuracy, "%, best ",
+              100 * r.best_test_accuracy, "%");
+    if (cfg.train.target_accuracy > 0) {
+      if (r.target_epoch > 0)
+        log::info("target test accuracy ", 100 * cfg.train.target_accuracy, "% reached at epoch ", r.target_epoch,
+                  " after ", r.target_time_s, " s");
+      else
+        log::info("target test accuracy ", 100 * cfg.train.target_accuracy, "% NOT reached");
+    }
+  }
+  return 0;
+}
+
+struct EvalArgs {
+  std::string config, checkpoint, data;
+  std::vector<std::string> sets;
+};
+
+int run_eval(const EvalArgs& a, const Communicator& world) {
+  TrainConfig cfg = load_config(a.config, a.sets);
+  if (!a.data.empty()) cfg.data.test = a.data;
+  TrainerHooks hooks;
+  hooks.report = false;
+  Trainer trainer(cfg, world, hooks);
+  trainer.load_weights(a.checkpoint);
+  EvalResult r = trainer.evaluate(cfg.data.test);
+  if (world.rank() == 0)
+    std::printf("eval %s on %s: loss %.4f accuracy %.2f%% (%lld samples)\n", a.checkpoint.c_str(),
+                cfg.data.test.c_str(), r.loss, 100 * r.accuracy, static_cast<long long>(r.samples));
+  return 0;
+}
+
+struct PrepareArgs {
+  std::string dataset = "fashion-mnist", input, out;
+  int shards = 1, chunk = 0, deflate = 0;
+  // synthetic
+  std::int64_t samples = 1024, test_samples = 256, channels = 3, height = 224, width = 224, classes = 10;
+  std::uint64_t seed = 1;
+};
+
+int run_prepare(const PrepareArgs& a, const Communicator& world) {
+  data::StorageOptions st;
+  st.num_shards = a.shards;
+  st.chunk_samples = a.chunk;
+  st.deflate = a.deflate;
+  data::PreparedDataset ds;
+  if (a.dataset == "synthetic") {
+    data::SyntheticOptions o;
+    o.output = a.out;
+    o.train_samples = a.samples;
+    o.test_samples = a.test_samples;
+    o.channels = a.channels;
+    o.height = a.height;
+    o.width = a.width;
+    o.num_classes = a.classes;
+    o.seed = a.seed;
+    o.storage = st;
+    ds = data::generate_synthetic(o, world);
+  } else {
+    data::PrepareOptions o;
+    o.output = a.out;
+    o.storage = st;
+    if (a.dataset == "fashion-mnist") {
+      o.input = a.input.empty() ? "/usr/share/datasets/fashion-mnist" : a.input;
+      o.format = data::SourceFormat::idx;
+      o.name = "fashion-mnist";
+    } else if (a.dataset == "mnist" || a.dataset == "idx") {
+      RT_CHECK(!a.input.empty(), "prepare --dataset ", a.dataset, " needs --input DIR with the IDX files");
+      o.input = a.input;
+      o.format = data::SourceFormat::idx;
+      if (a.dataset == "mnist") o.name = "mnist";
+    } else if (a.dataset == "cifar10") {
+      RT_CHECK(!a.input.empty(), "prepare --dataset cifar10 needs --input DIR with data_batch_*.bin");
+      o.input = a.input;
+      o.format = data::SourceFormat::cifar10;
+      o.name = "cifar10";
+    } else {
+      RT_FAIL("prepare: unknown --dataset '", a.dataset, "' (fashion-mnist, mnist, idx, cifar10, synthetic)");
+    }
+    ds = data::prepare_dataset(o, world);
+  }
+  if (world.rank() == 0) {
+    std::printf("prepared %s: %lld train samples [%lld, %lld, %lld] in %zu file(s), %zu test file(s) under %s\n",
+                ds.train.name.c_str(), static_cast<long long>(ds.train.total_count),
+                static_cast<long long>(ds.train.channels), static_cast<long long>(ds.train.height),
+                static_cast<long long>(ds.train.width), ds.train_files.size(), ds.test_files.size(), a.out.c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MpiRuntime mpi(&argc, &argv);
+  Communicator world = Communicator::world();
+
+  CLI::App app{"ringtrain: data-parallel neural-network training under MPI (ring/tree all-reduce, tensor fusion)"};
+  app.require_subcommand(1);
+  app.footer("Run under MPI: mpirun -np 4 ringtrain train --config jobs/fashion_cnn.toml\n"
+             "Environment: RINGTRAIN_FUSION_THRESHOLD, RINGTRAIN_CYCLE_TIME, RINGTRAIN_TIMELINE,\n"
+             "RINGTRAIN_TREE_THRESHOLD, RINGTRAIN_COLLECTIVE_TIMEOUT, RINGTRAIN_LOG=debug|info|warn");
+
+  TrainArgs ta;
+  auto* train = app.add_subcommand("train", "train a model data-parallel (one rank per device)");
+  train->add_option("-c,--config", ta.config, "TOML configuration (see jobs/*.toml; defaults otherwise)")
+      ->check(CLI::ExistingFile);
+  train->add_option("--set", ta.sets, "override a key: --set section.key=value (repeatable)");
+  train->add_option("--resume", ta.resume, "continue from a checkpoint file or the newest in a directory");
+  train->add_flag("--no-eval", ta.no_eval, "skip the per-epoch test-set evaluation");
+  train->add_flag("--print-config", ta.print_config, "print the effective configuration as TOML and exit");
+  train->add_flag("--list-keys", ta.list_keys, "list every configuration key and exit");
+  add_shortcuts(train, ta.sets);
+
+  EvalArgs ea;
+  auto* eval = app.add_subcommand("eval", "evaluate a checkpoint on a test split (spread across ranks)");
+  eval->add_option("--checkpoint", ea.checkpoint, "checkpoint file, or a directory (newest)")->required();
+  eval->add_option("-c,--config", ea.config, "TOML configuration (model and data); default: as in training")
+      ->check(CLI::ExistingFile);
+  eval->add_option("--data", ea.data, "test split: .h5 file or prepared directory (default data.test)");
+  eval->add_option("--set", ea.sets, "override a key: --set section.key=value");
+
+  PrepareArgs pa;
+  auto* prep = app.add_subcommand("prepare", "convert a data set to ringtrain's HDF5 schema (data/SCHEMA.md)");
+  prep->add_option("--dataset", pa.dataset, "fashion-mnist | mnist | idx | cifar10 | synthetic", true);
+  prep->add_option("--input", pa.input, "directory with the raw files (default for fashion-mnist: Debian's)");
+  prep->add_option("--out", pa.out, "output directory")->required();
+  prep->add_option("--shards", pa.shards, "files per split (1 = single file; 0 = one per rank)", true);
+  prep->add_option("--chunk", pa.chunk, "samples per HDF5 chunk (0 = automatic)", true);
+  prep->add_option("--deflate", pa.deflate, "gzip level 0-9 (0 = none)", true)->check(CLI::Range(0, 9));
+  prep->add_option("--samples", pa.samples, "synthetic: train samples", true);
+  prep->add_option("--test-samples", pa.test_samples, "synthetic: test samples", true);
+  prep->add_option("--channels", pa.channels, "synthetic: channels", true);
+  prep->add_option("--height", pa.height, "synthetic: height", true);
+  prep->add_option("--width", pa.width, "synthetic: width", true);
+  prep->add_option("--classes", pa.classes, "synthetic: classes", true);
+  prep->add_option("--seed", pa.seed, "synthetic: seed", true);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int rc = world.rank() == 0 ? app.exit(e) : (e.get_exit_code() == 0 ? 0 : 2);
+    return rc;
+  }
+
+  try {
+    if (*train) return run_train(ta, world);
+    if (*eval) return run_eval(ea, world);
+    if (*prep) return run_prepare(pa, world);
+  } catch (const std::exception& e) {
+    log::error(e.what());
+    if (world.size() > 1) {
+      // Errors found by every rank (bad config or data) are printed by each; an
+      // error on one rank ends the job so that the others never wait for it.
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    return 1;
+  }
+  return 0;
+}

@@ -11,6 +11,7 @@
 
 #include "ringtrain/core/allocator.hpp"
 #include "ringtrain/core/error.hpp"
+#include "ringtrain/data/schema.hpp"
 
 namespace fs = std::filesystem;
 
@@ -76,6 +77,8 @@ void fsync_path(const std::string& path, bool directory) {
 }  // namespace
 
 void write_checkpoint(const std::string& path, const CheckpointData& data) {
+  // HDF5 1.10 is not thread-safe and the loader's prefetch thread reads concurrently.
+  std::lock_guard lock(data::hdf5_mutex());
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
   fs::path target(path);
   if (target.has_parent_path()) fs::create_directories(target.parent_path());
@@ -114,6 +117,7 @@ void write_checkpoint(const std::string& path, const CheckpointData& data) {
 }
 
 CheckpointData read_checkpoint(const std::string& path) {
+  std::lock_guard lock(data::hdf5_mutex());
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
   RT_CHECK(fs::exists(path), "checkpoint '", path, "' does not exist");
   H5 file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);

@@ -1,0 +1,71 @@
+#pragma once
+// Trainer: data-parallel training of one model per rank. The step reads like
+// the algorithm (see Trainer::train_step in trainer.cpp):
+//
+//   for each micro-batch:  logits = model.forward(x)
+//                          loss, dlogits = cross_entropy(logits, y)
+//                          model.backward(dlogits, on_ready = engine.allreduce_async)
+//   engine.wait(all)       # gradients averaged across ranks, mostly while backward ran
+//   optimizer.step(schedule.lr(step))
+//
+// Rules: every rank runs the same number of steps (the loader guarantees equal
+// batch counts); rank 0's initial parameters and optimizer state are broadcast
+// before the first step; a failure on one rank becomes an Error on every rank
+// (collective checks) or ends the job with a message naming the rank.
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "ringtrain/comm/communicator.hpp"
+#include "ringtrain/train/config.hpp"
+#include "ringtrain/train/report.hpp"
+
+namespace ringtrain {
+
+class Model;
+class Optimizer;
+
+struct EvalResult {
+  double loss = 0, accuracy = 0;
+  std::int64_t samples = 0;
+};
+
+struct TrainResult {
+  EpochMetrics last;
+  double best_test_accuracy = 0;
+  int target_epoch = -1;      // first epoch (1-based) reaching train.target_accuracy, -1 if never
+  double target_time_s = 0;   // wall time from start of training until then
+  std::int64_t steps = 0;
+};
+
+struct TrainerHooks {
+  bool evaluate = true;       // evaluate on the test split after every epoch
+  bool report = true;         // progress output and metrics file
+  // Called on every rank after each optimizer step with the global mean loss.
+  std::function<void(std::int64_t step, double loss)> on_step;
+};
+
+class Trainer {
+ public:
+  Trainer(TrainConfig cfg, Communicator world, TrainerHooks hooks = {});
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  // Continues from a checkpoint file, or the newest in a directory.
+  void resume(const std::string& path);
+  TrainResult fit();
+  // Evaluates the current parameters on a split, spread across ranks.
+  EvalResult evaluate(const std::string& path);
+  // Loads parameters (and buffers) from a checkpoint file or directory.
+  void load_weights(const std::string& path);
+
+  Model& model();
+  const TrainConfig& config() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ringtrain
