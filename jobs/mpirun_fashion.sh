@@ -8,7 +8,7 @@ NP=${1:-2}; shift || true
 BIN=${BIN:-build/ringtrain}
 CONFIG=${CONFIG:-jobs/fashion_cnn.toml}
 [ -x "$BIN" ] || make build
-[ -f data/fashion-mnist/train.h5 ] || "$BIN" prepare --dataset fashion-mnist --out data/fashion-mnist
+[ -f data/fashion-mnist/fashion-mnist-train.h5 ] || "$BIN" prepare --dataset fashion-mnist --out data/fashion-mnist
 args=(--allow-run-as-root --bind-to none)
 [ "$NP" -gt "$(nproc)" ] && args+=(--oversubscribe)
 [ -n "${HOSTFILE:-}" ] && args+=(--hostfile "$HOSTFILE")

@@ -15,7 +15,7 @@ export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}
 BIN=${BIN:-build/ringtrain}
 CONFIG=${CONFIG:-jobs/fashion_cnn.toml}
 # Prepare once, before the parallel step (a no-op when the files exist).
-[ -f data/fashion-mnist/train.h5 ] || "$BIN" prepare --dataset fashion-mnist --out data/fashion-mnist
+[ -f data/fashion-mnist/fashion-mnist-train.h5 ] || "$BIN" prepare --dataset fashion-mnist --out data/fashion-mnist
 # ringtrain selects the GPU by node-local rank; srun starts the MPI ranks (PMIx).
 # Log lines are plain (no terminal); metrics go to the checkpoint directory.
 srun --mpi=pmix --cpu-bind=cores "$BIN" train --config "$CONFIG" \

@@ -16,7 +16,7 @@ MODEL=${MODEL:-cnn}
 OUT=runs/scaling
 LAUNCH=${LAUNCH:-mpirun --allow-run-as-root --oversubscribe --bind-to none}
 mkdir -p "$OUT"
-[ -f data/fashion-mnist/train.h5 ] || "$BIN" prepare --dataset fashion-mnist --out data/fashion-mnist
+[ -f data/fashion-mnist/fashion-mnist-train.h5 ] || "$BIN" prepare --dataset fashion-mnist --out data/fashion-mnist
 echo "mode,ranks,batch_per_rank,global_batch,images_per_s" > "$OUT/scaling.csv"
 for mode in strong weak; do
   for np in "${RANKS[@]}"; do

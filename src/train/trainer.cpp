@@ -193,7 +193,7 @@ struct Trainer::Impl {
 
       const bool last = micro == k - 1;
       model->backward(dlogits, [&](int, std::span<const std::size_t> params) {
-        if (!last) return;  // accumulation: no communication until the last micro-batch
+        if (!last || hooks.skip_allreduce) return;  // accumulation: no communication until the last micro-batch
         for (std::size_t p : params)
           handles.push_back(engine->allreduce_async(model->arena().info(p).name, model->arena().grad(p)));
       });

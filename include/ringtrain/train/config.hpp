@@ -18,8 +18,8 @@ struct TrainConfig {
     double dropout = 0.0;
   } model;
   struct Data {
-    std::string train = "data/fashion-mnist/train.h5";  // file, or a shard pattern/dir
-    std::string test = "data/fashion-mnist/test.h5";
+    std::string train = "data/fashion-mnist";  // file, or a shard pattern/dir
+    std::string test = "data/fashion-mnist";
     int batch_size = 64;           // per rank
     bool drop_last = true;
     bool augment = false;          // random crop (pad 2) + horizontal flip

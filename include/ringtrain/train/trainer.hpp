@@ -41,6 +41,8 @@ struct TrainResult {
 struct TrainerHooks {
   bool evaluate = true;       // evaluate on the test split after every epoch
   bool report = true;         // progress output and metrics file
+  // Benchmarks only: skip the gradient all-reduce (compute-alone baseline).
+  bool skip_allreduce = false;
   // Called on every rank after each optimizer step with the global mean loss.
   std::function<void(std::int64_t step, double loss)> on_step;
 };

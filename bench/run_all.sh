@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Runs every CPU benchmark with the settings quoted in README.md. Results (CSV/JSON)
+# go to runs/bench/. Usage: bench/run_all.sh [build-dir]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+B=${1:-build}
+OUT=runs/bench
+mkdir -p "$OUT"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+MPIRUN="mpirun --oversubscribe --bind-to none"
+run() { echo; echo "== $*"; "$@"; }
+run $MPIRUN -np 2 "$B/bench/bench_comm_allreduce_sweep" -b 8 -e 256M -f 4 -c 1 --csv "$OUT/allreduce_np2.csv"
+run "$B/bench/bench_gb_comm_reduce" --benchmark_min_time=0.2
+run env OMP_NUM_THREADS=1 "$B/bench/bench_nn_throughput" --json "$OUT/nn_throughput.json"
+run "$B/bench/bench_data_loader_throughput" --json "$OUT/loader.json"
+run $MPIRUN -np 2 "$B/bench/bench_engine_fusion"
+run $MPIRUN -np 2 "$B/bench/bench_train_ddp_throughput" --model cnn --json "$OUT/ddp_cnn.json"
+run $MPIRUN -np 2 "$B/bench/bench_train_ddp_throughput" --model resnet --steps 20 --warmup 3 --no-torch --no-single \
+  --json "$OUT/ddp_resnet.json"

@@ -1,0 +1,52 @@
+#pragma once
+// Shared fixtures for trainer tests: a small learnable synthetic data set in
+// the `cnn` input shape, written once per test binary into a temp directory.
+#include <unistd.h>
+
+#include <filesystem>
+#include <string>
+
+#include "ringtrain/comm/communicator.hpp"
+#include "ringtrain/data/prepare.hpp"
+#include "ringtrain/train/config.hpp"
+
+namespace ringtrain::testing {
+
+// Collective: rank 0's pid names the directory, so every rank uses the same one.
+inline std::string synthetic_mnist_like(const Communicator& world, const std::string& tag, std::int64_t train,
+                                        std::int64_t test) {
+  long long pid = ::getpid();
+  MPI_Bcast(&pid, 1, MPI_LONG_LONG, 0, world.handle());
+  auto dir = std::filesystem::temp_directory_path() / ("rt-" + tag + "-" + std::to_string(pid));
+  data::SyntheticOptions o;
+  o.output = dir.string();
+  o.name = "synthetic";
+  o.train_samples = train;
+  o.test_samples = test;
+  o.channels = 1;
+  o.height = 28;
+  o.width = 28;
+  o.num_classes = 10;
+  o.seed = 7;
+  data::generate_synthetic(o, world);
+  return dir.string();
+}
+
+inline TrainConfig small_config(const std::string& dir) {
+  TrainConfig c;
+  c.model.name = "cnn";
+  c.data.train = dir;
+  c.data.test = dir;
+  c.train.threads = 1;
+  c.train.epochs = 1;
+  c.optimizer.name = "sgd";
+  c.optimizer.lr = 0.05;
+  c.optimizer.momentum = 0.9;
+  c.optimizer.weight_decay = 5e-4;
+  c.schedule.name = "cosine";
+  c.log.format = "plain";
+  c.log.interval = 1000000;
+  return c;
+}
+
+}  // namespace ringtrain::testing
