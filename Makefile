@@ -47,11 +47,13 @@ test-gpu: build
 bench: build
 	bench/run_all.sh $(BUILD)
 
-prepare: build
-	$(BUILD)/ringtrain prepare --dataset fashion-mnist --out data/fashion-mnist
+FASHION := data/fashion-mnist/fashion-mnist-train.h5
 
-run: build prepare
-	$(MPIRUN) -np $(NP) $(BUILD)/ringtrain train --config $(CONFIG)
+prepare: build
+	@[ -f $(FASHION) ] || $(BUILD)/ringtrain prepare --dataset fashion-mnist --out data/fashion-mnist
+
+run: prepare
+	OMP_NUM_THREADS=1 $(MPIRUN) -np $(NP) --bind-to none $(BUILD)/ringtrain train --config $(CONFIG) $(ARGS)
 
 clean:
 	rm -rf $(BUILD)
