@@ -1,0 +1,69 @@
+#pragma once
+// Dataset preparation (`ringtrain prepare`): raw IDX / CIFAR-10 batches, or a
+// synthetic generator, to the HDF5 schema of data/SCHEMA.md.
+// Rules kept:
+//  - collective over `comm`: shard s of a split is written by rank s % p, the
+//    single file by rank 0; an error on any rank is raised on every rank;
+//  - every file is written to "<final>.tmp-<pid>" and renamed into place only
+//    when complete, so a killed prepare never leaves a half file under a final name;
+//  - mean/std are computed over the whole train split (exactly, reduced over
+//    ranks for the synthetic generator) and stored in both splits.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ringtrain/comm/communicator.hpp"
+#include "ringtrain/data/schema.hpp"
+
+namespace ringtrain::data {
+
+enum class SourceFormat { auto_detect, idx, cifar10 };
+
+struct StorageOptions {
+  // Files per split: 1 = single-file layout ("<name>-<split>.h5", each rank reads
+  // its samples by hyperslab); K > 1 = shard layout. 0 = one shard per rank.
+  int num_shards = 1;
+  // Samples per HDF5 chunk along N; 0 = automatic (about 256 KiB per chunk,
+  // i.e. 334 Fashion-MNIST images): big enough for sequential batch reads,
+  // small enough that a scattered (globally shuffled) read touches little extra.
+  int chunk_samples = 0;
+  int deflate = 0;  // 0 = uncompressed (fastest scattered reads), 1..9 = gzip level (+shuffle filter)
+};
+
+struct PrepareOptions {
+  std::string input;   // directory holding the raw files
+  std::string output;  // directory for the .h5 files (created)
+  SourceFormat format = SourceFormat::auto_detect;
+  std::string name;    // data set name; "" = guessed ("fashion-mnist", "mnist", "cifar10")
+  std::vector<std::string> class_names;  // "" = known names for the guessed data set, else "0".."K-1"
+  // IDX file names inside `input` ("" = the standard MNIST names, with or without .gz).
+  std::string train_images, train_labels, test_images, test_labels;
+  StorageOptions storage;
+};
+
+struct PreparedDataset {
+  std::vector<std::string> train_files, test_files;  // shard order
+  FileInfo train;                                     // attributes of the train split (shard 0)
+};
+
+PreparedDataset prepare_dataset(const PrepareOptions& opt, const Communicator& comm);
+
+// Synthetic, learnable images: class k has a smooth mean pattern (per-channel
+// sinusoids whose frequency and phase depend on k) plus uniform noise of
+// amplitude `noise`; labels are uniform over classes. Content depends only on
+// (seed, global sample index), never on the shard count or the rank count.
+struct SyntheticOptions {
+  std::string output;
+  std::string name = "synthetic";
+  std::int64_t train_samples = 1024, test_samples = 0;
+  std::int64_t channels = 3, height = 224, width = 224;
+  std::int64_t num_classes = 10;
+  std::uint64_t seed = 1;
+  int noise = 48;              // 0..255
+  bool embed_index = false;    // bytes 0..7 of each image = little-endian global index (tests)
+  StorageOptions storage;
+};
+
+PreparedDataset generate_synthetic(const SyntheticOptions& opt, const Communicator& comm);
+
+}  // namespace ringtrain::data

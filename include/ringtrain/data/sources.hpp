@@ -1,0 +1,36 @@
+#pragma once
+// Readers for the raw formats `ringtrain prepare` converts: MNIST-style IDX
+// files (gzip or raw: zlib's gzread reads both) and CIFAR-10 binary batches.
+// Rules: every malformed input (bad magic, unsupported element type,
+// truncated payload, image/label count mismatch) is an Error naming the file
+// and the problem; nothing is trusted before it is checked.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ringtrain::data {
+
+// An IDX array of unsigned bytes (element type 0x08), dims as in the header.
+struct IdxArray {
+  std::vector<std::int64_t> dims;
+  std::vector<std::uint8_t> data;
+};
+IdxArray read_idx(const std::string& path);
+
+// Whole file contents through zlib (gzip or plain). Throws Error naming the file.
+std::vector<std::uint8_t> read_gz_or_raw(const std::string& path);
+
+// Images in NCHW uint8 with their labels.
+struct ImageSet {
+  std::int64_t count = 0, channels = 0, height = 0, width = 0;
+  std::vector<std::uint8_t> pixels;  // count * C * H * W
+  std::vector<std::int64_t> labels;  // count
+  std::vector<std::string> sources;  // file names it came from
+};
+
+// IDX images [N,H,W] (or [N,C,H,W]) + IDX labels [N]; C = 1 for rank-3 images.
+ImageSet read_idx_pair(const std::string& images, const std::string& labels);
+// CIFAR-10 binary batches (records of 1 label byte + 3*32*32 pixels, CHW), concatenated.
+ImageSet read_cifar10(const std::vector<std::string>& batches);
+
+}  // namespace ringtrain::data

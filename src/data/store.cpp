@@ -1,0 +1,127 @@
+#include "store.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+
+namespace ringtrain::data {
+
+std::int64_t SampleStore::bytes_for(const std::vector<FileInfo>& infos, const std::vector<int>& shards) {
+  std::int64_t n = 0;
+  for (int s : shards) n += infos[s].count * infos[s].sample_bytes();
+  return n;
+}
+
+SampleStore::SampleStore(const std::vector<FileInfo>& infos, const std::vector<int>& shards, bool cache, bool mpio,
+                         const Communicator& comm)
+    : infos_(infos), sb_(infos.front().sample_bytes()), cached_(cache), mpio_(mpio) {
+  std::lock_guard lk(hdf5_mutex());
+  h5::silence_errors();
+  h5::Handle fapl(H5Pcreate(H5P_FILE_ACCESS));
+  dxpl_ = h5::Handle(H5Pcreate(H5P_DATASET_XFER));
+  if (mpio) {
+    RT_CHECK(infos.size() == 1, "MPI-IO collective reads need the single-file layout, got ", infos.size(), " files");
+    io_comm_ = comm.dup("data-mpio");
+    h5::check(H5Pset_fapl_mpio(fapl, io_comm_.handle("data loader MPI-IO"), MPI_INFO_NULL), infos[0].path,
+              "H5Pset_fapl_mpio");
+    h5::check(H5Pset_dxpl_mpio(dxpl_, H5FD_MPIO_COLLECTIVE), infos[0].path, "H5Pset_dxpl_mpio");
+  }
+  files_.resize(infos_.size());
+  for (int s : shards) {
+    auto f = std::make_unique<File>();
+    f->info = &infos_[s];
+    const std::string& path = f->info->path;
+    f->file = h5::open_file(path, fapl);
+    // Chunk cache: a few chunks per file, enough for a sequential batch to hit every chunk once.
+    h5::Handle dapl(H5Pcreate(H5P_DATASET_ACCESS));
+    H5Pset_chunk_cache(dapl, 521, 16 << 20, 1.0);
+    f->images = h5::Handle(h5::check_id(H5Dopen2(f->file, kImages, dapl), path, "opening /images"));
+    h5::Handle lb(h5::check_id(H5Dopen2(f->file, kLabels, H5P_DEFAULT), path, "opening /labels"));
+    f->labels.resize(f->info->count);
+    h5::check(H5Dread(lb, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, mpio ? dxpl_.get() : H5P_DEFAULT, f->labels.data()),
+              path, "reading /labels");
+    for (std::int64_t i = 0; i < f->info->count; ++i)
+      RT_CHECK(f->labels[i] >= 0 && f->labels[i] < f->info->num_classes, path, ": label out of range: sample ", i,
+               " has label ", f->labels[i], " but the data set has ", f->info->num_classes, " classes");
+    if (cache) {
+      f->pixels.resize(std::size_t(f->info->count * sb_));
+      h5::check(H5Dread(f->images, H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, mpio ? dxpl_.get() : H5P_DEFAULT,
+                        f->pixels.data()),
+                path, "reading /images (truncated or corrupt data?)");
+    }
+    files_[s] = std::move(f);
+  }
+}
+
+SampleStore::~SampleStore() {
+  std::lock_guard lk(hdf5_mutex());
+  files_.clear();  // H5Fclose: collective under MPI-IO, all ranks destroy their loaders
+  dxpl_.reset();
+}
+
+const SampleStore::File& SampleStore::file_of(std::int64_t id, std::int64_t& local) const {
+  // Shards are few; the last shard whose first_index <= id holds it.
+  auto it = std::upper_bound(infos_.begin(), infos_.end(), id,
+                             [](std::int64_t v, const FileInfo& f) { return v < f.first_index; });
+  RT_ASSERT(it != infos_.begin());
+  std::size_t s = std::size_t(it - infos_.begin() - 1);
+  RT_CHECK(files_[s] != nullptr, "sample ", id, " is in shard ", s, ", which this rank did not open");
+  local = id - infos_[s].first_index;
+  return *files_[s];
+}
+
+SampleStore::File& SampleStore::file_of(std::int64_t id, std::int64_t& local) {
+  return const_cast<File&>(static_cast<const SampleStore*>(this)->file_of(id, local));
+}
+
+std::int64_t SampleStore::label(std::int64_t id) const {
+  std::int64_t local = 0;
+  return file_of(id, local).labels[local];
+}
+
+void SampleStore::read(const std::int64_t* ids, std::int64_t n, std::uint8_t* dst) {
+  if (cached_) {
+    for (std::int64_t i = 0; i < n; ++i) {
+      std::int64_t local = 0;
+      const File& f = file_of(ids[i], local);
+      std::memcpy(dst + i * sb_, f.pixels.data() + local * sb_, std::size_t(sb_));
+    }
+    return;
+  }
+  // Sort (dedupe) the ids, read each file's runs with one H5Dread, scatter back.
+  uniq_.assign(ids, ids + n);
+  std::sort(uniq_.begin(), uniq_.end());
+  uniq_.erase(std::unique(uniq_.begin(), uniq_.end()), uniq_.end());
+  scratch_.resize(uniq_.size() * std::size_t(sb_));
+  std::lock_guard lk(hdf5_mutex());
+  std::size_t i = 0;
+  while (i < uniq_.size()) {
+    std::int64_t local = 0;
+    File& f = file_of(uniq_[i], local);
+    const std::string& path = f.info->path;
+    const std::int64_t end_id = f.info->first_index + f.info->count;
+    h5::Handle fs(H5Dget_space(f.images));
+    H5Sselect_none(fs);
+    std::size_t j = i;
+    while (j < uniq_.size() && uniq_[j] < end_id) {  // one run of consecutive ids
+      std::size_t k = j + 1;
+      while (k < uniq_.size() && uniq_[k] == uniq_[k - 1] + 1 && uniq_[k] < end_id) ++k;
+      hsize_t start[4] = {hsize_t(uniq_[j] - f.info->first_index), 0, 0, 0};
+      hsize_t count[4] = {hsize_t(k - j), hsize_t(f.info->channels), hsize_t(f.info->height),
+                          hsize_t(f.info->width)};
+      h5::check(H5Sselect_hyperslab(fs, H5S_SELECT_OR, start, nullptr, count, nullptr), path, "selecting samples");
+      j = k;
+    }
+    hsize_t mdims = hsize_t(j - i) * hsize_t(sb_);
+    h5::Handle ms(H5Screate_simple(1, &mdims, nullptr));
+    h5::check(H5Dread(f.images, H5T_NATIVE_UINT8, ms, fs, dxpl_, scratch_.data() + i * sb_), path,
+              "reading /images (truncated or corrupt data?)");
+    i = j;
+  }
+  for (std::int64_t q = 0; q < n; ++q) {
+    std::size_t at = std::size_t(std::lower_bound(uniq_.begin(), uniq_.end(), ids[q]) - uniq_.begin());
+    std::memcpy(dst + q * sb_, scratch_.data() + at * sb_, std::size_t(sb_));
+  }
+}
+
+}  // namespace ringtrain::data
