@@ -94,7 +94,7 @@ class BatchNormKernel {
   // stats with the unbiased variance (PyTorch). Eval: use running stats.
   virtual void forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& running_mean,
                        Tensor& running_var, bool train, Tensor& y) = 0;
-  // After a train-mode forward only.
+  // After a forward in either mode (eval: gradients through the fixed running stats).
   virtual void backward(const Tensor& x, const Tensor& gamma, const Tensor& dy, Tensor& dx, Tensor& dgamma,
                         Tensor& dbeta, bool accumulate) = 0;
 };

@@ -70,6 +70,8 @@ class Layer {
   // Output shape for an input shape; throws Error naming the layer if invalid.
   virtual Shape output_shape(const Shape& in) const = 0;
   virtual std::vector<NamedBuffer> buffers() const { return {}; }
+  // Multiply-add FLOPs (2 per FMA) of conv/linear math in one forward.
+  virtual double forward_flops(const Shape& in) const { return 0; }
 
   // Arena indices of this layer's parameters (children included), in order.
   const std::vector<std::size_t>& params() const { return params_; }

@@ -20,6 +20,7 @@ class Linear : public Layer {
   void bind(const BindContext& ctx) override;
   void init(const ParamArena& arena, std::uint64_t seed) override;
   Shape output_shape(const Shape& in) const override;
+  double forward_flops(const Shape& in) const override;
 
  protected:
   Tensor do_forward(const Tensor& x, Mode mode) override;
@@ -42,6 +43,7 @@ class Conv2d : public Layer {
   void bind(const BindContext& ctx) override;
   void init(const ParamArena& arena, std::uint64_t seed) override;
   Shape output_shape(const Shape& in) const override;
+  double forward_flops(const Shape& in) const override;
 
  protected:
   Tensor do_forward(const Tensor& x, Mode mode) override;
@@ -163,6 +165,7 @@ class Sequential : public Layer {
   void init(const ParamArena& arena, std::uint64_t seed) override;
   Shape output_shape(const Shape& in) const override;
   std::vector<NamedBuffer> buffers() const override;
+  double forward_flops(const Shape& in) const override;
   const std::vector<LayerPtr>& children() const { return children_; }
 
  protected:
@@ -184,15 +187,16 @@ class Residual : public Layer {
   void init(const ParamArena& arena, std::uint64_t seed) override;
   Shape output_shape(const Shape& in) const override;
   std::vector<NamedBuffer> buffers() const override;
+  double forward_flops(const Shape& in) const override;
 
  protected:
   Tensor do_forward(const Tensor& x, Mode mode) override;
   Tensor do_backward(const Tensor& dy, bool need_dx, bool accumulate) override;
 
  private:
-  Sequential body_;
-  std::unique_ptr<Sequential> shortcut_;  // null = identity
-  std::unique_ptr<Activation> post_;      // null = none
+  std::vector<LayerPtr> body_;
+  std::vector<LayerPtr> shortcut_;     // empty = identity
+  std::unique_ptr<Activation> post_;   // null = none
   Backend* be_ = nullptr;
   Tensor sum_, dx_;
 };

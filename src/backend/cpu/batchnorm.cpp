@@ -1,0 +1,163 @@
+// BatchNorm2d on oneDNN (plain NCHW). Train: batch statistics from the forward
+// primitive, running statistics updated here with PyTorch's rule (unbiased
+// variance). Eval: oneDNN with global statistics. The eval-mode backward (rare:
+// frozen-BN fine-tuning) is a direct formula, since it is just an affine map.
+#include <cmath>
+#include <map>
+#include <vector>
+
+#include "cpu_backend.hpp"
+
+namespace ringtrain::cpu {
+namespace {
+
+using namespace dnnl;
+using nf = normalization_flags;
+
+class CpuBatchNorm final : public BatchNormKernel {
+ public:
+  CpuBatchNorm(const BatchNormSpec& s, DnnlPtr d) : s_(s), d_(std::move(d)) {
+    RT_CHECK(s.dtype == DType::f32, "cpu BatchNorm2d: only float32 is supported, got ", dtype_name(s.dtype));
+    const memory::dims c{s.channels};
+    mean_ = memory(plain_md(c, tag::x), d_->eng);
+    var_ = memory(plain_md(c, tag::x), d_->eng);
+    dscale_ = memory(plain_md(c, tag::x), d_->eng);
+    dshift_ = memory(plain_md(c, tag::x), d_->eng);
+  }
+
+  void forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& rmean, Tensor& rvar, bool train,
+               Tensor& y) override {
+    Plan& p = plan(x.shape());
+    auto& st = d_->strm;
+    auto wrap = [&](const Tensor& t, const memory::desc& md) { return memory(md, d_->eng, t.raw()); };
+    const auto cmd = plain_md({s_.channels}, tag::x);
+    std::unordered_map<int, memory> args{{DNNL_ARG_SRC, wrap(x, p.md)},
+                                         {DNNL_ARG_DST, wrap(y, p.md)},
+                                         {DNNL_ARG_SCALE, wrap(gamma, cmd)},
+                                         {DNNL_ARG_SHIFT, wrap(beta, cmd)}};
+    train_ = train;
+    if (train) {
+      args.emplace(DNNL_ARG_MEAN, mean_);
+      args.emplace(DNNL_ARG_VARIANCE, var_);
+      args.emplace(DNNL_ARG_SCRATCHPAD, p.scratch_t);
+      p.fwd_train.execute(st, args);
+      st.wait();
+      // PyTorch: running = (1 - m) running + m batch, with the unbiased variance.
+      const double cnt = double(x.numel() / s_.channels), m = s_.momentum;
+      const float* bm = static_cast<float*>(mean_.get_data_handle());
+      const float* bv = static_cast<float*>(var_.get_data_handle());
+      float* rm = rmean.data<float>();
+      float* rv = rvar.data<float>();
+      for (std::int64_t c = 0; c < s_.channels; ++c) {
+        rm[c] = static_cast<float>((1 - m) * rm[c] + m * bm[c]);
+        rv[c] = static_cast<float>((1 - m) * rv[c] + m * bv[c] * cnt / (cnt - 1));
+      }
+    } else {
+      args.emplace(DNNL_ARG_MEAN, wrap(rmean, cmd));
+      args.emplace(DNNL_ARG_VARIANCE, wrap(rvar, cmd));
+      args.emplace(DNNL_ARG_SCRATCHPAD, p.scratch_e);
+      p.fwd_eval.execute(st, args);
+      st.wait();
+      eval_mean_ = rmean;
+      eval_var_ = rvar;
+    }
+  }
+
+  void backward(const Tensor& x, const Tensor& gamma, const Tensor& dy, Tensor& dx, Tensor& dgamma, Tensor& dbeta,
+                bool accumulate) override {
+    Plan& p = plan(x.shape());
+    if (!train_) return eval_backward(x, gamma, dy, dx, dgamma, dbeta, accumulate);
+    auto& st = d_->strm;
+    auto wrap = [&](const Tensor& t, const memory::desc& md) { return memory(md, d_->eng, t.raw()); };
+    const auto cmd = plain_md({s_.channels}, tag::x);
+    memory dsc = accumulate ? dscale_ : wrap(dgamma, cmd), dsh = accumulate ? dshift_ : wrap(dbeta, cmd);
+    p.bwd.execute(st, {{DNNL_ARG_SRC, wrap(x, p.md)},
+                       {DNNL_ARG_MEAN, mean_},
+                       {DNNL_ARG_VARIANCE, var_},
+                       {DNNL_ARG_DIFF_DST, wrap(dy, p.md)},
+                       {DNNL_ARG_SCALE, wrap(gamma, cmd)},
+                       {DNNL_ARG_SHIFT, dshift_},  // unused by the math, required by oneDNN 2.6's argument check
+                       {DNNL_ARG_DIFF_SRC, wrap(dx, p.md)},
+                       {DNNL_ARG_DIFF_SCALE, dsc},
+                       {DNNL_ARG_DIFF_SHIFT, dsh},
+                       {DNNL_ARG_SCRATCHPAD, p.scratch_b}});
+    st.wait();
+    if (accumulate) {
+      add_into(dgamma.data<float>(), static_cast<float*>(dscale_.get_data_handle()), s_.channels);
+      add_into(dbeta.data<float>(), static_cast<float*>(dshift_.get_data_handle()), s_.channels);
+    }
+  }
+
+ private:
+  struct Plan {
+    memory::desc md;
+    batch_normalization_forward fwd_train, fwd_eval;
+    batch_normalization_backward bwd;
+    memory scratch_t, scratch_e, scratch_b;
+  };
+
+  // y = gamma (x - rm) / sqrt(rv + eps) + beta: an affine map per channel.
+  void eval_backward(const Tensor& x, const Tensor& gamma, const Tensor& dy, Tensor& dx, Tensor& dgamma,
+                     Tensor& dbeta, bool accumulate) {
+    const std::int64_t n = x.dim(0), c = x.dim(1), hw = x.dim(2) * x.dim(3);
+    const float *px = x.data<float>(), *pd = dy.data<float>(), *g = gamma.data<float>();
+    const float *rm = eval_mean_.data<float>(), *rv = eval_var_.data<float>();
+    float* pdx = dx.data<float>();
+    float* dg = dgamma.data<float>();
+    float* db = dbeta.data<float>();
+#pragma omp parallel for schedule(static)
+    for (std::int64_t ch = 0; ch < c; ++ch) {
+      const double inv = 1.0 / std::sqrt(double(rv[ch]) + s_.eps);
+      double sg = 0, sb = 0;
+      for (std::int64_t i = 0; i < n; ++i) {
+        const std::int64_t o = (i * c + ch) * hw;
+        for (std::int64_t k = 0; k < hw; ++k) {
+          sb += pd[o + k];
+          sg += pd[o + k] * (px[o + k] - rm[ch]) * inv;
+          pdx[o + k] = static_cast<float>(pd[o + k] * g[ch] * inv);
+        }
+      }
+      dg[ch] = static_cast<float>((accumulate ? dg[ch] : 0.0) + sg);
+      db[ch] = static_cast<float>((accumulate ? db[ch] : 0.0) + sb);
+    }
+  }
+
+  Plan& plan(const Shape& xs) {
+    auto it = plans_.find(xs);
+    if (it != plans_.end()) return it->second;
+    auto& eng = d_->eng;
+    Plan p;
+    p.md = plain_md(dims4(xs), tag::nchw);
+    const float eps = static_cast<float>(s_.eps);
+    primitive_attr attr;
+    attr.set_scratchpad_mode(scratchpad_mode::user);
+    batch_normalization_forward::primitive_desc tpd(
+        {prop_kind::forward_training, p.md, eps, nf::use_scale | nf::use_shift}, attr, eng);
+    batch_normalization_forward::primitive_desc epd(
+        {prop_kind::forward_inference, p.md, eps, nf::use_scale | nf::use_shift | nf::use_global_stats}, attr, eng);
+    batch_normalization_backward::primitive_desc bpd(
+        {prop_kind::backward, p.md, p.md, eps, nf::use_scale | nf::use_shift}, attr, eng, tpd);
+    p.fwd_train = batch_normalization_forward(tpd);
+    p.fwd_eval = batch_normalization_forward(epd);
+    p.bwd = batch_normalization_backward(bpd);
+    p.scratch_t = make_scratch(tpd, eng);
+    p.scratch_e = make_scratch(epd, eng);
+    p.scratch_b = make_scratch(bpd, eng);
+    return plans_.emplace(xs, std::move(p)).first->second;
+  }
+
+  BatchNormSpec s_;
+  DnnlPtr d_;
+  memory mean_, var_, dscale_, dshift_;
+  Tensor eval_mean_, eval_var_;
+  bool train_ = true;
+  std::map<Shape, Plan> plans_;
+};
+
+}  // namespace
+
+std::unique_ptr<BatchNormKernel> make_batchnorm(const BatchNormSpec& s, DnnlPtr d) {
+  return std::make_unique<CpuBatchNorm>(s, std::move(d));
+}
+
+}  // namespace ringtrain::cpu

@@ -1,0 +1,207 @@
+// The CPU backend: oneDNN for convolution, pooling, batch norm and eltwise,
+// OpenBLAS for Linear, simple OpenMP loops for the element-wise rest.
+// Threads follow OMP_NUM_THREADS (oneDNN uses the OpenMP runtime; OpenBLAS
+// is set to the same count, so OMP_NUM_THREADS=1 makes everything serial).
+#include "cpu_backend.hpp"
+
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "ringtrain/nn/rng.hpp"
+
+namespace ringtrain {
+namespace cpu {
+
+Arg::Arg(const dnnl::memory::desc& plain, const dnnl::memory::desc& want, const dnnl::engine& eng, bool input,
+         bool force_copy) {
+  user_ = dnnl::memory(plain, eng, DNNL_MEMORY_NONE);
+  separate_ = force_copy || plain != want;
+  if (!separate_) return;
+  inner_ = dnnl::memory(want, eng);
+  if (input) {
+    to_ = dnnl::reorder(user_, inner_);
+  } else {
+    to_ = dnnl::reorder(inner_, user_);
+    dnnl::post_ops po;
+    po.append_sum(1.f);
+    dnnl::primitive_attr attr;
+    attr.set_post_ops(po);
+    to_add_ = dnnl::reorder(dnnl::reorder::primitive_desc(inner_, user_, attr));
+  }
+}
+
+dnnl::memory& Arg::in(const void* p, dnnl::stream& s) {
+  user_.set_data_handle(const_cast<void*>(p));
+  if (!separate_) return user_;
+  to_.execute(s, user_, inner_);
+  return inner_;
+}
+
+dnnl::memory& Arg::out(void* p) {
+  user_.set_data_handle(p);
+  return separate_ ? inner_ : user_;
+}
+
+void Arg::finish(dnnl::stream& s, bool accumulate) {
+  if (!separate_) return;
+  (accumulate ? to_add_ : to_).execute(s, inner_, user_);
+}
+
+dnnl::memory make_scratch(const dnnl::primitive_desc_base& pd, const dnnl::engine& eng) {
+  return dnnl::memory(pd.scratchpad_desc(), eng);
+}
+
+void relu_mask(const float* y, const float* dy, float* dst, std::int64_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (std::int64_t i = 0; i < n; ++i) dst[i] = y[i] > 0.f ? dy[i] : 0.f;
+}
+
+void add_into(float* out, const float* a, std::int64_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (std::int64_t i = 0; i < n; ++i) out[i] += a[i];
+}
+
+namespace {
+
+void check_f32(const Tensor& t, const char* what) {
+  RT_CHECK(t.dtype() == DType::f32, "cpu backend: ", what, " must be float32, got ", dtype_name(t.dtype()));
+  RT_CHECK(t.device().is_cpu(), "cpu backend: ", what, " is on ", t.device().str());
+}
+
+template <typename L>
+std::int64_t label_at(const Tensor& labels, std::int64_t i) {
+  return static_cast<std::int64_t>(labels.data<L>()[i]);
+}
+
+std::int64_t get_label(const Tensor& labels, std::int64_t i, std::int64_t k) {
+  std::int64_t y = labels.dtype() == DType::i32 ? label_at<std::int32_t>(labels, i) : label_at<std::int64_t>(labels, i);
+  RT_CHECK(y >= 0 && y < k, "label ", y, " at row ", i, " is outside [0, ", k, ")");
+  return y;
+}
+
+class CpuBackend final : public Backend {
+ public:
+  CpuBackend() : d_(std::make_shared<Dnnl>()) {
+    openblas_set_num_threads(std::max(1, omp_get_max_threads()));
+  }
+  DeviceKind kind() const override { return DeviceKind::cpu; }
+  std::string name() const override {
+    const dnnl_version_t* v = dnnl_version();
+    return cat("cpu (oneDNN ", v->major, ".", v->minor, ".", v->patch, " + OpenBLAS, ", omp_get_max_threads(),
+               " threads)");
+  }
+
+  std::unique_ptr<Conv2dKernel> conv2d(const Conv2dSpec& s) override { return cpu::make_conv2d(s, d_); }
+  std::unique_ptr<LinearKernel> linear(const LinearSpec& s) override { return cpu::make_linear(s, d_); }
+  std::unique_ptr<BatchNormKernel> batchnorm(const BatchNormSpec& s) override { return cpu::make_batchnorm(s, d_); }
+  std::unique_ptr<Pool2dKernel> pool2d(const Pool2dSpec& s) override { return cpu::make_pool2d(s, d_); }
+  std::unique_ptr<EltwiseKernel> eltwise(Eltwise op, DType dt) override {
+    RT_CHECK(dt == DType::f32, "cpu backend: eltwise supports float32 only, got ", dtype_name(dt));
+    return cpu::make_eltwise(op, d_);
+  }
+
+  void add(const Tensor& a, const Tensor& b, Tensor& out) override {
+    check_f32(a, "add input");
+    check_f32(b, "add input");
+    check_f32(out, "add output");
+    RT_CHECK(a.numel() == b.numel() && a.numel() == out.numel(), "add: sizes differ: ", shape_str(a.shape()), ", ",
+             shape_str(b.shape()), ", ", shape_str(out.shape()));
+    const float *pa = a.data<float>(), *pb = b.data<float>();
+    float* po = out.data<float>();
+    const std::int64_t n = a.numel();
+#pragma omp parallel for simd schedule(static)
+    for (std::int64_t i = 0; i < n; ++i) po[i] = pa[i] + pb[i];
+  }
+
+  void axpy(double alpha, const Tensor& x, Tensor& y) override {
+    check_f32(x, "axpy x");
+    check_f32(y, "axpy y");
+    RT_CHECK(x.numel() == y.numel(), "axpy: sizes differ: ", x.numel(), " vs ", y.numel());
+    cblas_saxpy(static_cast<blasint>(x.numel()), static_cast<float>(alpha), x.data<float>(), 1, y.data<float>(), 1);
+  }
+
+  void dropout_forward(const Tensor& x, double p, std::uint64_t seed, std::uint64_t stream, Tensor& mask,
+                       Tensor& y) override {
+    check_f32(x, "dropout input");
+    RT_CHECK(mask.dtype() == DType::u8 && mask.numel() == x.numel() && y.numel() == x.numel(),
+             "dropout: mask (u8) and output must match the input");
+    const float *px = x.data<float>();
+    float* py = y.data<float>();
+    std::uint8_t* pm = mask.data<std::uint8_t>();
+    const float pf = static_cast<float>(p), scale = static_cast<float>(1.0 / (1.0 - p));
+    const std::int64_t n = x.numel();
+#pragma omp parallel for schedule(static)
+    for (std::int64_t i = 0; i < n; ++i) {
+      bool keep = dropout_keep(seed, stream, static_cast<std::uint64_t>(i), pf);
+      pm[i] = keep;
+      py[i] = keep ? px[i] * scale : 0.f;
+    }
+  }
+
+  void dropout_backward(const Tensor& dy, const Tensor& mask, double p, Tensor& dx) override {
+    check_f32(dy, "dropout gradient");
+    const float* pd = dy.data<float>();
+    const std::uint8_t* pm = mask.data<std::uint8_t>();
+    float* px = dx.data<float>();
+    const float scale = static_cast<float>(1.0 / (1.0 - p));
+    const std::int64_t n = dy.numel();
+#pragma omp parallel for simd schedule(static)
+    for (std::int64_t i = 0; i < n; ++i) px[i] = pm[i] ? pd[i] * scale : 0.f;
+  }
+
+  double softmax_xent(const Tensor& logits, const Tensor& labels, double smoothing, Tensor& dlogits) override {
+    check_f32(logits, "logits");
+    const std::int64_t n = logits.dim(0), k = logits.dim(1);
+    const float* z = logits.data<float>();
+    float* dz = dlogits.defined() ? dlogits.data<float>() : nullptr;
+    std::vector<std::int64_t> y(static_cast<std::size_t>(n));
+    for (std::int64_t i = 0; i < n; ++i) y[static_cast<std::size_t>(i)] = get_label(labels, i, k);
+    const double off = smoothing / double(k), on = 1.0 - smoothing + off;
+    double total = 0;
+#pragma omp parallel for reduction(+ : total) schedule(static)
+    for (std::int64_t i = 0; i < n; ++i) {
+      const float* zi = z + i * k;
+      double m = zi[0];
+      for (std::int64_t j = 1; j < k; ++j) m = std::max(m, double(zi[j]));
+      double s = 0;
+      for (std::int64_t j = 0; j < k; ++j) s += std::exp(double(zi[j]) - m);
+      const double lse = m + std::log(s);
+      const std::int64_t yi = y[static_cast<std::size_t>(i)];
+      double li = 0;
+      for (std::int64_t j = 0; j < k; ++j) {
+        const double t = j == yi ? on : off;
+        li -= t * (double(zi[j]) - lse);
+        if (dz) dz[i * k + j] = static_cast<float>((std::exp(double(zi[j]) - lse) - t) / double(n));
+      }
+      total += li;
+    }
+    return total / double(n);
+  }
+
+  std::int64_t count_correct(const Tensor& logits, const Tensor& labels) override {
+    check_f32(logits, "logits");
+    const std::int64_t n = logits.dim(0), k = logits.dim(1);
+    const float* z = logits.data<float>();
+    std::int64_t c = 0;
+    for (std::int64_t i = 0; i < n; ++i) {
+      const float* zi = z + i * k;
+      std::int64_t best = std::max_element(zi, zi + k) - zi;  // first maximum
+      c += best == get_label(labels, i, k);
+    }
+    return c;
+  }
+
+ private:
+  DnnlPtr d_;
+};
+
+}  // namespace
+}  // namespace cpu
+
+std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<cpu::CpuBackend>(); }
+
+}  // namespace ringtrain

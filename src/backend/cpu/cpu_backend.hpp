@@ -1,0 +1,70 @@
+#pragma once
+// Internal to the CPU backend: the oneDNN engine/stream every kernel shares and
+// small helpers around oneDNN memory. Not a public header.
+//
+// Rules: public tensors are plain (nchw / oihw / nc); a kernel may run its
+// primitives in oneDNN's preferred blocked formats, with the reorders created
+// once per input shape and cached with the primitives.
+#include <dnnl.hpp>
+#include <memory>
+
+#include "ringtrain/nn/backend.hpp"
+
+namespace ringtrain {
+
+std::unique_ptr<Backend> make_cpu_backend();
+
+namespace cpu {
+
+struct Dnnl {
+  dnnl::engine eng{dnnl::engine::kind::cpu, 0};
+  dnnl::stream strm{eng};
+};
+using DnnlPtr = std::shared_ptr<Dnnl>;
+
+using dt = dnnl::memory::data_type;
+using tag = dnnl::memory::format_tag;
+
+inline dnnl::memory::desc plain_md(const dnnl::memory::dims& d, tag t) { return {d, dt::f32, t}; }
+inline dnnl::memory::dims dims4(const Shape& s) { return {s[0], s[1], s[2], s[3]}; }
+
+// One primitive argument seen from the caller (plain layout, caller's pointer)
+// and from the primitive (its preferred layout). When they differ, a buffer of
+// the preferred layout and the reorder between the two are kept here.
+class Arg {
+ public:
+  Arg() = default;
+  // input: the reorder goes plain -> inner; output: inner -> plain, and
+  // `accumulating` outputs get a second reorder that adds into the plain data.
+  Arg(const dnnl::memory::desc& plain, const dnnl::memory::desc& want, const dnnl::engine& eng, bool input,
+      bool force_copy = false);
+  // Inputs: point at the caller's data, reorder if needed; returns what the primitive reads.
+  dnnl::memory& in(const void* p, dnnl::stream& s);
+  // Outputs: point at the caller's data; returns what the primitive writes.
+  dnnl::memory& out(void* p);
+  // Outputs: after the primitive ran, move into the caller's layout (adding if accumulate).
+  void finish(dnnl::stream& s, bool accumulate);
+  dnnl::memory& inner() { return separate_ ? inner_ : user_; }
+  bool separate() const { return separate_; }
+
+ private:
+  dnnl::memory user_, inner_;
+  dnnl::reorder to_, to_add_;
+  bool separate_ = false;
+};
+
+dnnl::memory make_scratch(const dnnl::primitive_desc_base& pd, const dnnl::engine& eng);
+
+// dst[i] = y[i] > 0 ? dy[i] : 0 (ReLU backward from the ReLU's output).
+void relu_mask(const float* y, const float* dy, float* dst, std::int64_t n);
+// out[i] += a[i] (n elements).
+void add_into(float* out, const float* a, std::int64_t n);
+
+std::unique_ptr<Conv2dKernel> make_conv2d(const Conv2dSpec& s, DnnlPtr d);
+std::unique_ptr<LinearKernel> make_linear(const LinearSpec& s, DnnlPtr d);
+std::unique_ptr<BatchNormKernel> make_batchnorm(const BatchNormSpec& s, DnnlPtr d);
+std::unique_ptr<Pool2dKernel> make_pool2d(const Pool2dSpec& s, DnnlPtr d);
+std::unique_ptr<EltwiseKernel> make_eltwise(Eltwise op, DnnlPtr d);
+
+}  // namespace cpu
+}  // namespace ringtrain

@@ -1,0 +1,163 @@
+// Sequential and Residual: composite layers. Their children are bound to the
+// same backend; a composite reports its gradients ready once, after all of its
+// children (the Model hook works on top-level layers).
+#include "ringtrain/nn/layers.hpp"
+
+namespace ringtrain {
+namespace {
+
+Tensor chain_forward(const std::vector<LayerPtr>& ls, Tensor x, Mode mode) {
+  for (auto& l : ls) x = l->forward(x, mode);
+  return x;
+}
+
+Tensor chain_backward(const std::vector<LayerPtr>& ls, Tensor g, bool need_dx, bool accumulate) {
+  for (std::size_t i = ls.size(); i-- > 0;) g = ls[i]->backward(g, i > 0 || need_dx, accumulate);
+  return g;
+}
+
+Shape chain_shape(const std::vector<LayerPtr>& ls, Shape s) {
+  for (auto& l : ls) s = l->output_shape(s);
+  return s;
+}
+
+double chain_flops(const std::vector<LayerPtr>& ls, Shape s) {
+  double f = 0;
+  for (auto& l : ls) {
+    f += l->forward_flops(s);
+    s = l->output_shape(s);
+  }
+  return f;
+}
+
+void append_buffers(const std::vector<LayerPtr>& ls, std::vector<NamedBuffer>& out) {
+  for (auto& l : ls)
+    for (auto& b : l->buffers()) out.push_back(b);
+}
+
+}  // namespace
+
+// ---- Sequential -------------------------------------------------------------
+Sequential::Sequential(std::string name, std::vector<LayerPtr> children)
+    : Layer(std::move(name)), children_(std::move(children)) {
+  RT_CHECK(!children_.empty(), "Sequential '", name_, "': needs at least one layer");
+}
+
+void Sequential::register_params(ParamArena& arena, int li, const std::string& prefix) {
+  for (auto& c : children_) {
+    c->register_params(arena, li, prefix + name_ + ".");
+    params_.insert(params_.end(), c->params().begin(), c->params().end());
+  }
+}
+
+void Sequential::bind(const BindContext& ctx) {
+  for (auto& c : children_) c->bind(ctx);
+}
+void Sequential::init(const ParamArena& arena, std::uint64_t seed) {
+  for (auto& c : children_) c->init(arena, seed);
+}
+Shape Sequential::output_shape(const Shape& in) const { return chain_shape(children_, in); }
+double Sequential::forward_flops(const Shape& in) const { return chain_flops(children_, in); }
+std::vector<NamedBuffer> Sequential::buffers() const {
+  std::vector<NamedBuffer> out;
+  append_buffers(children_, out);
+  return out;
+}
+Tensor Sequential::do_forward(const Tensor& x, Mode mode) { return chain_forward(children_, x, mode); }
+Tensor Sequential::do_backward(const Tensor& dy, bool need_dx, bool accumulate) {
+  return chain_backward(children_, dy, need_dx, accumulate);
+}
+
+// ---- Residual ---------------------------------------------------------------
+Residual::Residual(std::string name, std::vector<LayerPtr> body, std::vector<LayerPtr> shortcut, bool relu_after)
+    : Layer(std::move(name)), body_(std::move(body)), shortcut_(std::move(shortcut)) {
+  RT_CHECK(!body_.empty(), "Residual '", name_, "': needs a non-empty body");
+  if (relu_after) post_ = std::make_unique<Activation>("relu", Eltwise::relu);
+}
+
+void Residual::register_params(ParamArena& arena, int li, const std::string& prefix) {
+  for (auto& c : body_) c->register_params(arena, li, prefix + name_ + ".");
+  for (auto& c : shortcut_) c->register_params(arena, li, prefix + name_ + ".shortcut.");
+  for (auto* v : {&body_, &shortcut_})
+    for (auto& c : *v) params_.insert(params_.end(), c->params().begin(), c->params().end());
+}
+
+void Residual::bind(const BindContext& ctx) {
+  be_ = &ctx.backend;
+  for (auto& c : body_) c->bind(ctx);
+  for (auto& c : shortcut_) c->bind(ctx);
+  if (post_) post_->bind(ctx);
+}
+
+void Residual::init(const ParamArena& arena, std::uint64_t seed) {
+  for (auto& c : body_) c->init(arena, seed);
+  for (auto& c : shortcut_) c->init(arena, seed);
+}
+
+Shape Residual::output_shape(const Shape& in) const {
+  Shape a = chain_shape(body_, in);
+  Shape b = chain_shape(shortcut_, in);
+  RT_CHECK(a == b, "Residual '", name_, "': body gives ", shape_str(a), " but the shortcut gives ", shape_str(b),
+           " for input ", shape_str(in));
+  return a;
+}
+
+double Residual::forward_flops(const Shape& in) const {
+  return chain_flops(body_, in) + chain_flops(shortcut_, in);
+}
+
+std::vector<NamedBuffer> Residual::buffers() const {
+  std::vector<NamedBuffer> out;
+  append_buffers(body_, out);
+  append_buffers(shortcut_, out);
+  return out;
+}
+
+Tensor Residual::do_forward(const Tensor& x, Mode mode) {
+  Tensor h = chain_forward(body_, x, mode);
+  Tensor s = chain_forward(shortcut_, x, mode);
+  ensure(sum_, h.shape(), h.dtype(), h.device());
+  be_->add(h, s, sum_);
+  return post_ ? post_->forward(sum_, mode) : sum_;
+}
+
+Tensor Residual::do_backward(const Tensor& dy, bool need_dx, bool accumulate) {
+  Tensor g = post_ ? post_->backward(dy, true, accumulate) : dy;
+  Tensor db = chain_backward(body_, g, need_dx, accumulate);
+  Tensor ds = chain_backward(shortcut_, g, need_dx, accumulate);
+  if (!need_dx) return {};
+  ensure(dx_, db.shape(), db.dtype(), db.device());
+  be_->add(db, ds, dx_);
+  return dx_;
+}
+
+LayerPtr basic_block(const std::string& name, std::int64_t in_ch, std::int64_t out_ch, std::int64_t stride) {
+  auto conv = [](const char* n, std::int64_t ci, std::int64_t co, std::int64_t k, std::int64_t st) {
+    Conv2dSpec s;
+    s.in_channels = ci;
+    s.out_channels = co;
+    s.kernel_h = s.kernel_w = k;
+    s.stride_h = s.stride_w = st;
+    s.pad_h = s.pad_w = k / 2;
+    s.bias = false;  // BatchNorm follows
+    return std::make_unique<Conv2d>(n, s);
+  };
+  auto bn = [](const char* n, std::int64_t c) {
+    BatchNormSpec s;
+    s.channels = c;
+    return std::make_unique<BatchNorm2d>(n, s);
+  };
+  std::vector<LayerPtr> body, shortcut;
+  body.push_back(conv("conv1", in_ch, out_ch, 3, stride));
+  body.push_back(bn("bn1", out_ch));
+  body.push_back(std::make_unique<Activation>("relu1", Eltwise::relu));
+  body.push_back(conv("conv2", out_ch, out_ch, 3, 1));
+  body.push_back(bn("bn2", out_ch));
+  if (stride != 1 || in_ch != out_ch) {
+    shortcut.push_back(conv("conv", in_ch, out_ch, 1, stride));
+    shortcut.push_back(bn("bn", out_ch));
+  }
+  return std::make_unique<Residual>(name, std::move(body), std::move(shortcut), true);
+}
+
+}  // namespace ringtrain

@@ -1,0 +1,16 @@
+#pragma once
+// Host-side parameter initialisation from the counter RNG (nn/rng.hpp): values
+// depend on (seed, parameter index, element index) only, so every rank, thread
+// count and device gets identical starting weights.
+#include <cstdint>
+
+#include "ringtrain/nn/layer.hpp"
+
+namespace ringtrain::detail {
+
+void init_weight(const ParamArena& arena, std::size_t index, Init kind, double fan_in, double fan_out,
+                 std::uint64_t seed);
+void fill_param(const ParamArena& arena, std::size_t index, double value);
+void fill_tensor(Tensor& t, double value);  // any device (staged through the host)
+
+}  // namespace ringtrain::detail

@@ -1,0 +1,36 @@
+#include "ringtrain/nn/layer.hpp"
+
+namespace ringtrain {
+
+Tensor Layer::forward(const Tensor& x, Mode mode) {
+  RT_CHECK(x.defined(), "layer '", name_, "' (", type(), "): forward got an undefined tensor");
+  output_shape(x.shape());  // throws naming this layer when the shape does not fit
+  in_shape_ = x.shape();
+  last_mode_ = mode;
+  has_forward_ = true;
+  return do_forward(x, mode);
+}
+
+Tensor Layer::backward(const Tensor& dy, bool need_dx, bool accumulate) {
+  RT_CHECK(has_forward_, "layer '", name_, "' (", type(), "): backward called before forward");
+  RT_CHECK(dy.defined(), "layer '", name_, "' (", type(), "): backward got an undefined gradient");
+  Shape expect = output_shape(in_shape_);
+  RT_CHECK(dy.shape() == expect, "layer '", name_, "' (", type(), "): gradient has shape ", shape_str(dy.shape()),
+           ", the forward output had ", shape_str(expect));
+  return do_backward(dy, need_dx, accumulate);
+}
+
+std::size_t Layer::add_param(ParamArena& arena, const std::string& prefix, const std::string& pname, Shape shape,
+                             DType dt, bool decay, int layer_index) {
+  std::size_t i = arena.add(prefix + name_ + "." + pname, std::move(shape), dt, decay, layer_index);
+  params_.push_back(i);
+  return i;
+}
+
+Tensor& Layer::ensure(Tensor& slot, const Shape& shape, DType dt, Device dev) {
+  if (!slot.defined() || slot.shape() != shape || slot.dtype() != dt || slot.device() != dev)
+    slot = Tensor::empty(shape, dt, dev);
+  return slot;
+}
+
+}  // namespace ringtrain

@@ -1,0 +1,117 @@
+// Linear and Conv2d: shape checks, parameter registration and initialisation;
+// the math is the backend kernel's.
+#include "init.hpp"
+#include "ringtrain/nn/layers.hpp"
+
+namespace ringtrain {
+
+// ---- Linear -----------------------------------------------------------------
+Linear::Linear(std::string name, LinearSpec spec, Init init) : Layer(std::move(name)), spec_(spec), init_(init) {
+  RT_CHECK(spec_.in_features > 0 && spec_.out_features > 0, "Linear '", name_, "': features must be positive, got ",
+           spec_.in_features, " -> ", spec_.out_features);
+}
+
+void Linear::register_params(ParamArena& arena, int li, const std::string& prefix) {
+  w_ = add_param(arena, prefix, "weight", {spec_.out_features, spec_.in_features}, spec_.dtype, true, li);
+  if (spec_.bias) b_ = add_param(arena, prefix, "bias", {spec_.out_features}, spec_.dtype, false, li);
+}
+
+void Linear::bind(const BindContext& ctx) {
+  w = ctx.arena.param(w_);
+  dw = ctx.arena.grad(w_);
+  if (spec_.bias) {
+    b = ctx.arena.param(b_);
+    db = ctx.arena.grad(b_);
+  }
+  k_ = ctx.backend.linear(spec_);
+}
+
+void Linear::init(const ParamArena& arena, std::uint64_t seed) {
+  detail::init_weight(arena, w_, init_, double(spec_.in_features), double(spec_.out_features), seed);
+  if (spec_.bias) detail::fill_param(arena, b_, 0.0);
+}
+
+Shape Linear::output_shape(const Shape& in) const {
+  RT_CHECK(in.size() == 2 && in[1] == spec_.in_features, "Linear '", name_, "': expects input [N, ",
+           spec_.in_features, "], got ", shape_str(in));
+  return {in[0], spec_.out_features};
+}
+
+double Linear::forward_flops(const Shape& in) const {
+  return 2.0 * double(in[0]) * double(spec_.in_features) * double(spec_.out_features);
+}
+
+Tensor Linear::do_forward(const Tensor& x, Mode) {
+  x_ = x;
+  ensure(y_, {x.dim(0), spec_.out_features}, spec_.dtype, x.device());
+  k_->forward(x, w, b, y_);
+  return y_;
+}
+
+Tensor Linear::do_backward(const Tensor& dy, bool need_dx, bool accumulate) {
+  Tensor dx;
+  if (need_dx) dx = ensure(dx_, x_.shape(), spec_.dtype, x_.device());
+  k_->backward(x_, w, y_, dy, dx, dw, db, accumulate);
+  return dx;
+}
+
+// ---- Conv2d -----------------------------------------------------------------
+Conv2d::Conv2d(std::string name, Conv2dSpec spec, Init init) : Layer(std::move(name)), spec_(spec), init_(init) {
+  const auto& s = spec_;
+  RT_CHECK(s.in_channels > 0 && s.out_channels > 0 && s.kernel_h > 0 && s.kernel_w > 0 && s.stride_h > 0 &&
+               s.stride_w > 0 && s.pad_h >= 0 && s.pad_w >= 0 && s.dilation_h > 0 && s.dilation_w > 0,
+           "Conv2d '", name_, "': channels, kernel, stride and dilation must be positive and padding >= 0");
+}
+
+void Conv2d::register_params(ParamArena& arena, int li, const std::string& prefix) {
+  w_ = add_param(arena, prefix, "weight", {spec_.out_channels, spec_.in_channels, spec_.kernel_h, spec_.kernel_w},
+                 spec_.dtype, true, li);
+  if (spec_.bias) b_ = add_param(arena, prefix, "bias", {spec_.out_channels}, spec_.dtype, false, li);
+}
+
+void Conv2d::bind(const BindContext& ctx) {
+  w = ctx.arena.param(w_);
+  dw = ctx.arena.grad(w_);
+  if (spec_.bias) {
+    b = ctx.arena.param(b_);
+    db = ctx.arena.grad(b_);
+  }
+  k_ = ctx.backend.conv2d(spec_);
+}
+
+void Conv2d::init(const ParamArena& arena, std::uint64_t seed) {
+  double rf = double(spec_.kernel_h * spec_.kernel_w);
+  detail::init_weight(arena, w_, init_, rf * double(spec_.in_channels), rf * double(spec_.out_channels), seed);
+  if (spec_.bias) detail::fill_param(arena, b_, 0.0);
+}
+
+Shape Conv2d::output_shape(const Shape& in) const {
+  const auto& s = spec_;
+  RT_CHECK(in.size() == 4 && in[1] == s.in_channels, "Conv2d '", name_, "': expects input [N, ", s.in_channels,
+           ", H, W], got ", shape_str(in));
+  std::int64_t oh = (in[2] + 2 * s.pad_h - s.dilation_h * (s.kernel_h - 1) - 1) / s.stride_h + 1;
+  std::int64_t ow = (in[3] + 2 * s.pad_w - s.dilation_w * (s.kernel_w - 1) - 1) / s.stride_w + 1;
+  RT_CHECK(oh > 0 && ow > 0, "Conv2d '", name_, "': input ", shape_str(in), " is smaller than the dilated kernel");
+  return {in[0], s.out_channels, oh, ow};
+}
+
+double Conv2d::forward_flops(const Shape& in) const {
+  Shape o = output_shape(in);
+  return 2.0 * double(shape_numel(o)) * double(spec_.in_channels * spec_.kernel_h * spec_.kernel_w);
+}
+
+Tensor Conv2d::do_forward(const Tensor& x, Mode) {
+  x_ = x;
+  ensure(y_, output_shape(x.shape()), spec_.dtype, x.device());
+  k_->forward(x, w, b, y_);
+  return y_;
+}
+
+Tensor Conv2d::do_backward(const Tensor& dy, bool need_dx, bool accumulate) {
+  Tensor dx;
+  if (need_dx) dx = ensure(dx_, x_.shape(), spec_.dtype, x_.device());
+  k_->backward(x_, w, y_, dy, dx, dw, db, accumulate);
+  return dx;
+}
+
+}  // namespace ringtrain

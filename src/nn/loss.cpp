@@ -1,0 +1,56 @@
+#include "ringtrain/nn/loss.hpp"
+
+#include "ringtrain/nn/backend.hpp"
+
+namespace ringtrain {
+namespace {
+
+void check(const Tensor& logits, const Tensor& labels) {
+  RT_CHECK(logits.defined() && logits.ndim() == 2 && logits.dim(0) > 0 && logits.dim(1) > 0,
+           "softmax cross-entropy: logits must be [N, K], got ",
+           logits.defined() ? shape_str(logits.shape()) : std::string("undefined"));
+  RT_CHECK(logits.dtype() == DType::f32, "softmax cross-entropy: logits must be float32, got ",
+           dtype_name(logits.dtype()));
+  RT_CHECK(labels.defined() && labels.ndim() == 1 && labels.dim(0) == logits.dim(0),
+           "softmax cross-entropy: labels must be [", logits.dim(0), "], got ",
+           labels.defined() ? shape_str(labels.shape()) : std::string("undefined"));
+  RT_CHECK(labels.dtype() == DType::i32 || labels.dtype() == DType::i64,
+           "softmax cross-entropy: labels must be int32 or int64, got ", dtype_name(labels.dtype()));
+  RT_CHECK(labels.device() == logits.device(), "softmax cross-entropy: labels on ", labels.device().str(),
+           " but logits on ", logits.device().str());
+}
+
+}  // namespace
+
+double softmax_cross_entropy(const Tensor& logits, const Tensor& labels, double smoothing, Tensor& dlogits) {
+  check(logits, labels);
+  RT_CHECK(smoothing >= 0 && smoothing < 1, "label smoothing must be in [0, 1), got ", smoothing);
+  if (dlogits.defined())
+    RT_CHECK(dlogits.shape() == logits.shape() && dlogits.dtype() == logits.dtype() &&
+                 dlogits.device() == logits.device(),
+             "softmax cross-entropy: dlogits must match the logits ", shape_str(logits.shape()));
+  return backend_for(logits.device()).softmax_xent(logits, labels, smoothing, dlogits);
+}
+
+LossResult softmax_cross_entropy(const Tensor& logits, const Tensor& labels, double smoothing) {
+  LossResult r;
+  r.dlogits = Tensor::empty(logits.defined() ? logits.shape() : Shape{0}, DType::f32, logits.device());
+  r.loss = softmax_cross_entropy(logits, labels, smoothing, r.dlogits);
+  return r;
+}
+
+double softmax_cross_entropy_loss(const Tensor& logits, const Tensor& labels, double smoothing) {
+  Tensor none;
+  return softmax_cross_entropy(logits, labels, smoothing, none);
+}
+
+std::int64_t count_correct(const Tensor& logits, const Tensor& labels) {
+  check(logits, labels);
+  return backend_for(logits.device()).count_correct(logits, labels);
+}
+
+double top1_accuracy(const Tensor& logits, const Tensor& labels) {
+  return double(count_correct(logits, labels)) / double(logits.dim(0));
+}
+
+}  // namespace ringtrain

@@ -1,0 +1,106 @@
+// The model zoo: mlp, cnn and resnet (ResNet-20 style), built by name.
+// ReLUs that directly follow a Conv2d or Linear are fused into it (the
+// backend then applies them in the same pass); the math is unchanged.
+#include <cmath>
+
+#include "ringtrain/nn/layers.hpp"
+#include "ringtrain/nn/model.hpp"
+
+namespace ringtrain {
+namespace {
+
+LayerPtr linear(const char* name, std::int64_t in, std::int64_t out, bool relu) {
+  LinearSpec s;
+  s.in_features = in;
+  s.out_features = out;
+  s.fuse_relu = relu;
+  return std::make_unique<Linear>(name, s, relu ? Init::kaiming_normal : Init::xavier_uniform);
+}
+
+LayerPtr conv(const char* name, std::int64_t in, std::int64_t out, std::int64_t k, std::int64_t stride, bool bias,
+              bool relu) {
+  Conv2dSpec s;
+  s.in_channels = in;
+  s.out_channels = out;
+  s.kernel_h = s.kernel_w = k;
+  s.stride_h = s.stride_w = stride;
+  s.pad_h = s.pad_w = k / 2;
+  s.bias = bias;
+  s.fuse_relu = relu;
+  return std::make_unique<Conv2d>(name, s);
+}
+
+LayerPtr maxpool(const char* name) { return std::make_unique<Pool2d>(name, Pool2dSpec{}); }
+
+std::vector<LayerPtr> build_layers(const ModelConfig& c) {
+  RT_CHECK(c.in_channels > 0 && c.height > 0 && c.width > 0, "model '", c.name,
+           "': in_channels, height and width must be positive");
+  RT_CHECK(c.classes > 1, "model '", c.name, "': needs at least 2 classes, got ", c.classes);
+  RT_CHECK(c.dropout >= 0 && c.dropout < 1, "model '", c.name, "': dropout must be in [0, 1), got ", c.dropout);
+  std::vector<LayerPtr> L;
+  if (c.name == "mlp") {
+    L.push_back(std::make_unique<Flatten>("flatten"));
+    L.push_back(linear("fc1", c.in_channels * c.height * c.width, 256, true));
+    L.push_back(linear("fc2", 256, 128, true));
+    if (c.dropout > 0) L.push_back(std::make_unique<Dropout>("dropout", c.dropout));
+    L.push_back(linear("fc3", 128, c.classes, false));
+  } else if (c.name == "cnn") {
+    RT_CHECK(c.height >= 4 && c.width >= 4, "model 'cnn': input must be at least 4x4, got ", c.height, "x", c.width);
+    L.push_back(conv("conv1", c.in_channels, 32, 3, 1, true, true));
+    L.push_back(maxpool("pool1"));
+    L.push_back(conv("conv2", 32, 64, 3, 1, true, true));
+    L.push_back(maxpool("pool2"));
+    L.push_back(std::make_unique<Flatten>("flatten"));
+    L.push_back(linear("fc1", 64 * (c.height / 2 / 2) * (c.width / 2 / 2), 128, true));
+    if (c.dropout > 0) L.push_back(std::make_unique<Dropout>("dropout", c.dropout));
+    L.push_back(linear("fc2", 128, c.classes, false));
+  } else if (c.name == "resnet") {
+    RT_CHECK(c.depth >= 8 && (c.depth - 2) % 6 == 0, "model 'resnet': depth must be 6n+2 (20, 32, 44, 56, ...), got ",
+             c.depth);
+    RT_CHECK(c.base_width > 0, "model 'resnet': base_width must be positive, got ", c.base_width);
+    const int n = (c.depth - 2) / 6;
+    const std::int64_t w = c.base_width;
+    L.push_back(conv("conv1", c.in_channels, w, 3, 1, false, false));
+    BatchNormSpec bs;
+    bs.channels = w;
+    L.push_back(std::make_unique<BatchNorm2d>("bn1", bs));
+    L.push_back(std::make_unique<Activation>("relu", Eltwise::relu));
+    std::int64_t in = w;
+    for (int stage = 0; stage < 3; ++stage) {
+      std::int64_t out = w << stage;
+      for (int b = 0; b < n; ++b) {
+        std::int64_t stride = (stage > 0 && b == 0) ? 2 : 1;
+        L.push_back(basic_block(cat("layer", stage + 1, ".", b), in, out, stride));
+        in = out;
+      }
+    }
+    L.push_back(std::make_unique<Pool2d>("avgpool", Pool2dSpec{}, true));
+    L.push_back(std::make_unique<Flatten>("flatten"));
+    if (c.dropout > 0) L.push_back(std::make_unique<Dropout>("dropout", c.dropout));
+    L.push_back(linear("fc", in, c.classes, false));
+  } else {
+    RT_FAIL("unknown model '", c.name, "' (known: mlp, cnn, resnet)");
+  }
+  return L;
+}
+
+}  // namespace
+
+std::unique_ptr<Model> build_model(const ModelConfig& cfg, Device dev) {
+  auto m = std::make_unique<Model>(cfg.name, dev);
+  for (auto& l : build_layers(cfg)) m->add(std::move(l));
+  m->finalize({cfg.in_channels, cfg.height, cfg.width}, cfg.seed);
+  return m;
+}
+
+double model_flops_per_sample(const ModelConfig& cfg) {
+  Shape s = {1, cfg.in_channels, cfg.height, cfg.width};
+  double f = 0;
+  for (auto& l : build_layers(cfg)) {
+    f += l->forward_flops(s);
+    s = l->output_shape(s);
+  }
+  return 3.0 * f;  // backward = data + weight gradients, each about one forward
+}
+
+}  // namespace ringtrain

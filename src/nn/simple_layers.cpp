@@ -1,0 +1,122 @@
+// Parameter-free layers: activations, pooling, dropout, flatten.
+#include <functional>
+
+#include "ringtrain/nn/layers.hpp"
+#include "ringtrain/nn/rng.hpp"
+
+namespace ringtrain {
+
+// ---- Activation -------------------------------------------------------------
+void Activation::bind(const BindContext& ctx) { k_ = ctx.backend.eltwise(op_, DType::f32); }
+
+Tensor Activation::do_forward(const Tensor& x, Mode) {
+  x_ = x;
+  ensure(y_, x.shape(), x.dtype(), x.device());
+  k_->forward(x, y_);
+  return y_;
+}
+
+Tensor Activation::do_backward(const Tensor& dy, bool need_dx, bool) {
+  if (!need_dx) return {};
+  ensure(dx_, x_.shape(), x_.dtype(), x_.device());
+  k_->backward(x_, y_, dy, dx_);
+  return dx_;
+}
+
+// ---- Pool2d -----------------------------------------------------------------
+Pool2d::Pool2d(std::string name, Pool2dSpec spec, bool global_avg)
+    : Layer(std::move(name)), spec_(spec), global_(global_avg) {
+  if (global_) spec_.kind = PoolKind::avg;
+  else
+    RT_CHECK(spec_.kernel_h > 0 && spec_.kernel_w > 0 && spec_.stride_h > 0 && spec_.stride_w > 0 &&
+                 spec_.pad_h >= 0 && spec_.pad_w >= 0 && 2 * spec_.pad_h <= spec_.kernel_h &&
+                 2 * spec_.pad_w <= spec_.kernel_w,
+             "Pool2d '", name_, "': kernel and stride must be positive and padding at most half the kernel");
+}
+
+const char* Pool2d::type() const {
+  if (global_) return "GlobalAvgPool";
+  return spec_.kind == PoolKind::max ? "MaxPool2d" : "AvgPool2d";
+}
+
+void Pool2d::bind(const BindContext& ctx) {
+  be_ = &ctx.backend;
+  if (!global_) k_ = ctx.backend.pool2d(spec_);
+}
+
+Shape Pool2d::output_shape(const Shape& in) const {
+  RT_CHECK(in.size() == 4 && in[2] > 0 && in[3] > 0, type(), " '", name_, "': expects input [N, C, H, W], got ",
+           shape_str(in));
+  if (global_) return {in[0], in[1], 1, 1};
+  std::int64_t oh = (in[2] + 2 * spec_.pad_h - spec_.kernel_h) / spec_.stride_h + 1;
+  std::int64_t ow = (in[3] + 2 * spec_.pad_w - spec_.kernel_w) / spec_.stride_w + 1;
+  RT_CHECK(oh > 0 && ow > 0, type(), " '", name_, "': input ", shape_str(in), " is smaller than the kernel");
+  return {in[0], in[1], oh, ow};
+}
+
+Tensor Pool2d::do_forward(const Tensor& x, Mode mode) {
+  if (global_ && (kernel_for_.size() != 2 || kernel_for_[0] != x.dim(2) || kernel_for_[1] != x.dim(3))) {
+    Pool2dSpec s = spec_;
+    s.kernel_h = s.stride_h = x.dim(2);
+    s.kernel_w = s.stride_w = x.dim(3);
+    s.pad_h = s.pad_w = 0;
+    k_ = be_->pool2d(s);
+    kernel_for_ = {x.dim(2), x.dim(3)};
+  }
+  x_ = x;
+  ensure(y_, output_shape(x.shape()), x.dtype(), x.device());
+  k_->forward(x, y_, mode == Mode::train);
+  return y_;
+}
+
+Tensor Pool2d::do_backward(const Tensor& dy, bool need_dx, bool) {
+  if (!need_dx) return {};
+  ensure(dx_, x_.shape(), x_.dtype(), x_.device());
+  k_->backward(x_, y_, dy, dx_);
+  return dx_;
+}
+
+// ---- Dropout ----------------------------------------------------------------
+Dropout::Dropout(std::string name, double p) : Layer(std::move(name)), p_(p) {
+  RT_CHECK(p >= 0 && p < 1, "Dropout '", name_, "': probability must be in [0, 1), got ", p);
+}
+
+void Dropout::bind(const BindContext& ctx) {
+  be_ = &ctx.backend;
+  seed_ = ctx.seed;
+  stream_ = mix64(std::hash<std::string>{}(name_)) << 20;  // each layer its own streams
+}
+
+Tensor Dropout::do_forward(const Tensor& x, Mode mode) {
+  identity_ = mode == Mode::eval || p_ == 0;
+  if (identity_) return x;
+  ensure(mask_, x.shape(), DType::u8, x.device());
+  ensure(y_, x.shape(), x.dtype(), x.device());
+  be_->dropout_forward(x, p_, seed_, stream_ + calls_++, mask_, y_);
+  return y_;
+}
+
+Tensor Dropout::do_backward(const Tensor& dy, bool need_dx, bool) {
+  if (!need_dx) return {};
+  if (identity_) return dy;
+  ensure(dx_, dy.shape(), dy.dtype(), dy.device());
+  be_->dropout_backward(dy, mask_, p_, dx_);
+  return dx_;
+}
+
+// ---- Flatten ----------------------------------------------------------------
+Shape Flatten::output_shape(const Shape& in) const {
+  RT_CHECK(in.size() >= 2, "Flatten '", name_, "': expects at least [N, ...], got ", shape_str(in));
+  std::int64_t rest = 1;
+  for (std::size_t i = 1; i < in.size(); ++i) rest *= in[i];
+  return {in[0], rest};
+}
+
+Tensor Flatten::do_forward(const Tensor& x, Mode) { return x.reshape(output_shape(x.shape())); }
+
+Tensor Flatten::do_backward(const Tensor& dy, bool need_dx, bool) {
+  if (!need_dx) return {};
+  return dy.reshape(in_shape_);
+}
+
+}  // namespace ringtrain
