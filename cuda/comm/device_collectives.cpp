@@ -1,0 +1,123 @@
+// DeviceCollectives: the host path's ring/tree/chain algorithms run over the
+// device transport and reducer; Algorithm::mpi is MPI_Allreduce on device
+// pointers (CUDA-aware MPI) or staged whole through pinned memory.
+#include "ringtrain/comm/algorithms.hpp"
+#include "ringtrain/comm/host_backend.hpp"
+#include "ringtrain/cuda/check.hpp"
+#include "ringtrain/cuda/collectives.hpp"
+#include "ringtrain/cuda/kernels.hpp"
+#include "ringtrain/cuda/mpi_support.hpp"
+
+namespace ringtrain::cuda {
+namespace {
+
+MPI_Datatype mpi_type(DType dt) {
+  switch (dt) {
+    case DType::f32: return MPI_FLOAT;
+    case DType::f64: return MPI_DOUBLE;
+    case DType::i32: return MPI_INT32_T;
+    case DType::i64: return MPI_INT64_T;
+    default: return MPI_DATATYPE_NULL;  // f16/bf16: MPI has no arithmetic for them
+  }
+}
+
+MPI_Op mpi_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::min: return MPI_MIN;
+    case ReduceOp::max: return MPI_MAX;
+    default: return MPI_SUM;
+  }
+}
+
+}  // namespace
+
+DeviceCollectives::DeviceCollectives(CudaContext& ctx)
+    : ctx_(ctx), cuda_aware_(use_device_pointers_in_mpi()), reducer_(ctx.comm()), ws_(ctx.device_index()) {}
+
+DeviceCollectives::~DeviceCollectives() { cudaStreamSynchronize(ctx_.comm()); }
+
+void DeviceCollectives::mpi_allreduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
+                                      const Communicator& comm) {
+  MPI_Comm c = comm.handle("allreduce");
+  MPI_Datatype t = mpi_type(dtype);
+  std::size_t bytes = count * dtype_size(dtype);
+  RT_CHECK(count <= static_cast<std::size_t>(INT32_MAX), "allreduce: count ", count, " too large for MPI");
+  cudaStream_t s = ctx_.comm();
+  if (cuda_aware_) {
+    RT_CUDA(cudaStreamSynchronize(s));
+    MPI_Allreduce(send == recv ? MPI_IN_PLACE : send, recv, static_cast<int>(count), t, mpi_op(op), c);
+  } else {
+    whole_.reserve(bytes);
+    RT_CUDA(cudaMemcpyAsync(whole_.data(), send, bytes, cudaMemcpyDeviceToHost, s));
+    RT_CUDA(cudaStreamSynchronize(s));
+    MPI_Allreduce(MPI_IN_PLACE, whole_.data(), static_cast<int>(count), t, mpi_op(op), c);
+    RT_CUDA(cudaMemcpyAsync(recv, whole_.data(), bytes, cudaMemcpyHostToDevice, s));
+  }
+  if (op == ReduceOp::avg) cuda::divide(recv, count, dtype, comm.size(), s);
+}
+
+void DeviceCollectives::allreduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
+                                  const Communicator& comm, const CollectiveOptions& opt) {
+  RT_CHECK(opt.device.is_cuda() && opt.device.index == ctx_.device_index(), "allreduce: buffers on ",
+           opt.device.str(), " but this DeviceCollectives serves cuda:", ctx_.device_index());
+  RT_CHECK(count == 0 || (send && recv), "allreduce: null device buffer with count ", count);
+  RT_CHECK(dtype != DType::u8, "allreduce: dtype uint8 is not a collective dtype");
+  if (count == 0) return;
+  ctx_.make_current();
+  const int p = comm.size();
+  std::size_t bytes = count * dtype_size(dtype);
+  Algorithm algo = choose_algorithm(bytes, p, opt);
+  if (algo == Algorithm::mpi && mpi_type(dtype) == MPI_DATATYPE_NULL) algo = Algorithm::ring;
+  if (p == 1) {
+    if (send != recv) RT_CUDA(cudaMemcpyAsync(recv, send, bytes, cudaMemcpyDeviceToDevice, ctx_.comm()));
+    RT_CUDA(cudaStreamSynchronize(ctx_.comm()));
+    return;
+  }
+  if (algo == Algorithm::mpi) {
+    mpi_allreduce(send, recv, count, dtype, op, comm);
+    RT_CUDA(cudaStreamSynchronize(ctx_.comm()));
+    return;
+  }
+  const bool tree = algo == Algorithm::tree;
+  MpiTransport mpi(comm.handle("allreduce"), tree ? kTagTree : kTagRing, "allreduce", comm.name(),
+                   collective_timeout_from_env());
+  StagedTransport staged(mpi, pool_, ctx_.comm());
+  Transport& t = cuda_aware_ ? static_cast<Transport&>(mpi) : static_cast<Transport&>(staged);
+  Primitives::Config cfg;
+  cfg.dtype = dtype;
+  cfg.op = op;
+  cfg.segment_bytes = effective_segment_bytes(opt);
+  {
+    Primitives P(t, reducer_, ws_, cfg);
+    int divisor = op == ReduceOp::avg ? p : 1;
+    if (tree) tree_allreduce(P, send, recv, count, divisor);
+    else ring_allreduce(P, send, recv, count, divisor);
+    P.finish();
+  }
+  RT_CUDA(cudaStreamSynchronize(ctx_.comm()));  // the last H2D copies / reductions
+}
+
+void DeviceCollectives::broadcast(void* buf, std::size_t count, DType dtype, int root, const Communicator& comm,
+                                  const CollectiveOptions& opt) {
+  RT_CHECK(opt.device.is_cuda() && opt.device.index == ctx_.device_index(), "broadcast: buffers on ",
+           opt.device.str(), " but this DeviceCollectives serves cuda:", ctx_.device_index());
+  RT_CHECK(root >= 0 && root < comm.size(), "broadcast: root ", root, " out of range for ", comm.size(), " ranks");
+  if (count == 0 || comm.size() == 1) return;
+  ctx_.make_current();
+  MpiTransport mpi(comm.handle("broadcast"), kTagBroadcast, "broadcast", comm.name(), collective_timeout_from_env());
+  StagedTransport staged(mpi, pool_, ctx_.comm());
+  Transport& t = cuda_aware_ ? static_cast<Transport&>(mpi) : static_cast<Transport&>(staged);
+  Primitives::Config cfg;
+  cfg.dtype = dtype;
+  cfg.segment_bytes = effective_segment_bytes(opt);
+  {
+    Primitives P(t, reducer_, ws_, cfg);
+    std::size_t bytes = count * dtype_size(dtype);
+    if (bytes <= static_cast<std::size_t>(effective_tree_threshold(opt))) binomial_broadcast(P, buf, count, root);
+    else chain_broadcast(P, buf, count, root);
+    P.finish();
+  }
+  RT_CUDA(cudaStreamSynchronize(ctx_.comm()));
+}
+
+}  // namespace ringtrain::cuda

@@ -1,0 +1,155 @@
+// CudaBackend: the Backend object registered for DeviceKind::cuda. Layer
+// kernels come from conv.cpp, linear.cpp, bn_pool.cpp; the element-wise ops,
+// dropout and the loss use our kernels (kernels/*.cu) on the compute stream.
+#include "nn/common.hpp"
+#include "ringtrain/cuda/kernels.hpp"
+#include "ringtrain/cuda/memory.hpp"
+
+namespace ringtrain::cuda {
+namespace nnimpl {
+namespace {
+
+class CudaEltwise final : public EltwiseKernel {
+ public:
+  CudaEltwise(SharedPtr sh, Eltwise op, DType dt) : sh_(std::move(sh)), op_(op), dt_(dt) {}
+  void forward(const Tensor& x, Tensor& y) override {
+    expect_cuda(x, dt_, "eltwise forward", "x");
+    expect_cuda(y, dt_, "eltwise forward", "y");
+    RT_CHECK(x.numel() == y.numel(), "eltwise forward: x has ", x.numel(), " elements, y ", y.numel());
+    cudaStream_t s = sh_->ctx(x).compute();
+    if (op_ == Eltwise::relu) relu_forward(y.raw(), x.raw(), x.numel(), dt_, s);
+    else gelu_forward(y.raw(), x.raw(), x.numel(), dt_, s);
+  }
+  void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx) override {
+    expect_cuda(dy, dt_, "eltwise backward", "dy");
+    expect_cuda(dx, dt_, "eltwise backward", "dx");
+    cudaStream_t s = sh_->ctx(dy).compute();
+    if (op_ == Eltwise::relu) relu_backward(dx.raw(), dy.raw(), y.raw(), dy.numel(), dt_, s);
+    else gelu_backward(dx.raw(), dy.raw(), x.raw(), dy.numel(), dt_, s);
+  }
+
+ private:
+  SharedPtr sh_;
+  Eltwise op_;
+  DType dt_;
+};
+
+// Loss results come back through pinned memory: one stream sync per call.
+struct LossSlots {
+  float loss;
+  int correct;
+  int bad_label;
+};
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(const BackendOptions& o) : sh_(std::make_shared<Shared>(o)) {}
+
+  DeviceKind kind() const override { return DeviceKind::cuda; }
+  std::string name() const override {
+    int v = cudnnGetVersion();
+    return cat("cuda (cuDNN ", v / 10000, ".", (v / 100) % 100, " + cuBLAS", sh_->opt.tf32 ? ", TF32" : "", ")");
+  }
+  std::unique_ptr<Conv2dKernel> conv2d(const Conv2dSpec& s) override { return make_conv2d(sh_, s); }
+  std::unique_ptr<LinearKernel> linear(const LinearSpec& s) override { return make_linear(sh_, s); }
+  std::unique_ptr<BatchNormKernel> batchnorm(const BatchNormSpec& s) override { return make_batchnorm(sh_, s); }
+  std::unique_ptr<Pool2dKernel> pool2d(const Pool2dSpec& s) override { return make_pool2d(sh_, s); }
+  std::unique_ptr<EltwiseKernel> eltwise(Eltwise op, DType dt) override {
+    return std::make_unique<CudaEltwise>(sh_, op, dt);
+  }
+
+  void add(const Tensor& a, const Tensor& b, Tensor& out) override {
+    expect_cuda(a, a.dtype(), "add", "a");
+    expect_cuda(b, a.dtype(), "add", "b");
+    expect_cuda(out, a.dtype(), "add", "out");
+    RT_CHECK(a.numel() == b.numel() && a.numel() == out.numel(), "add: sizes differ (", a.numel(), ", ", b.numel(),
+             ", ", out.numel(), ")");
+    axpby(out.raw(), a.raw(), b.raw(), 1.0f, 1.0f, a.numel(), a.dtype(), sh_->ctx(a).compute());
+  }
+  void axpy(double alpha, const Tensor& x, Tensor& y) override {
+    expect_cuda(x, y.dtype(), "axpy", "x");
+    expect_cuda(y, y.dtype(), "axpy", "y");
+    RT_CHECK(x.numel() == y.numel(), "axpy: x has ", x.numel(), " elements, y ", y.numel());
+    axpby(y.raw(), x.raw(), y.raw(), static_cast<float>(alpha), 1.0f, y.numel(), y.dtype(), sh_->ctx(y).compute());
+  }
+  void dropout_forward(const Tensor& x, double p, std::uint64_t seed, std::uint64_t stream, Tensor& mask,
+                       Tensor& y) override {
+    expect_cuda(x, x.dtype(), "dropout forward", "x");
+    expect_cuda(mask, DType::u8, "dropout forward", "mask");
+    expect_cuda(y, x.dtype(), "dropout forward", "y");
+    RT_CHECK(mask.numel() == x.numel() && y.numel() == x.numel(), "dropout forward: x, mask, y sizes differ");
+    cuda::dropout_forward(y.raw(), mask.data<std::uint8_t>(), x.raw(), x.numel(), x.dtype(), static_cast<float>(p),
+                          seed, stream, sh_->ctx(x).compute());
+  }
+  void dropout_backward(const Tensor& dy, const Tensor& mask, double p, Tensor& dx) override {
+    expect_cuda(dy, dy.dtype(), "dropout backward", "dy");
+    expect_cuda(mask, DType::u8, "dropout backward", "mask");
+    expect_cuda(dx, dy.dtype(), "dropout backward", "dx");
+    cuda::dropout_backward(dx.raw(), dy.raw(), mask.data<std::uint8_t>(), dy.numel(), dy.dtype(),
+                           static_cast<float>(p), sh_->ctx(dy).compute());
+  }
+  double softmax_xent(const Tensor& logits, const Tensor& labels, double smoothing, Tensor& dlogits) override {
+    return run_xent(logits, labels, smoothing, dlogits.defined() ? &dlogits : nullptr).loss;
+  }
+  std::int64_t count_correct(const Tensor& logits, const Tensor& labels) override {
+    return run_xent(logits, labels, 0.0, nullptr).correct;
+  }
+
+  CudaContext& context(int device) { return sh_->ctx(device); }
+
+ private:
+  LossSlots run_xent(const Tensor& logits, const Tensor& labels, double smoothing, Tensor* dlogits) {
+    const char* what = "softmax_xent";
+    expect_cuda(logits, logits.dtype(), what, "logits");
+    expect_cuda(labels, labels.dtype(), what, "labels");
+    RT_CHECK(logits.ndim() == 2 && labels.ndim() == 1 && labels.dim(0) == logits.dim(0), what, ": logits ",
+             shape_str(logits.shape()), " and labels ", shape_str(labels.shape()), " do not match ([N, K] and [N])");
+    CudaContext& c = sh_->ctx(logits);
+    int rows = static_cast<int>(logits.dim(0));
+    XentArgs a;
+    a.logits = logits.raw();
+    a.logits_dtype = logits.dtype();
+    a.labels = labels.raw();
+    a.labels_dtype = labels.dtype();
+    a.rows = rows;
+    a.classes = static_cast<int>(logits.dim(1));
+    a.smoothing = static_cast<float>(smoothing);
+    if (dlogits) {
+      expect_cuda(*dlogits, logits.dtype(), what, "dlogits");
+      a.dlogits = dlogits->raw();
+    }
+    char* dev = static_cast<char*>(scratch_.get(xent_scratch_bytes(rows) + 64, logits.device()));
+    auto* slots = reinterpret_cast<LossSlots*>(dev);
+    RT_CUDA(cudaMemsetAsync(slots, 0, sizeof(LossSlots), c.compute()));
+    a.loss = &slots->loss;
+    a.correct = &slots->correct;
+    a.bad_label = &slots->bad_label;
+    cuda::softmax_xent(a, dev + 64, c.compute());
+    host_.reserve(sizeof(LossSlots));  // lazily: no CUDA work before select_device
+    RT_CUDA(cudaMemcpyAsync(host_.data(), slots, sizeof(LossSlots), cudaMemcpyDeviceToHost, c.compute()));
+    c.sync_compute();
+    LossSlots r = *host_.as<LossSlots>();
+    RT_CHECK(!r.bad_label, what, ": a label is outside [0, ", a.classes, ")");
+    return r;
+  }
+
+  SharedPtr sh_;
+  Scratch scratch_;
+  PinnedBuffer host_;
+};
+
+}  // namespace
+}  // namespace nnimpl
+
+std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& opt) {
+  return std::make_unique<nnimpl::CudaBackend>(opt);
+}
+
+CudaContext& backend_context(int device) {
+  auto& b = backend_for(DeviceKind::cuda);
+  auto* cb = dynamic_cast<nnimpl::CudaBackend*>(&b);
+  RT_CHECK(cb != nullptr, "the backend registered for cuda is not ringtrain's CUDA backend");
+  return cb->context(device);
+}
+
+}  // namespace ringtrain::cuda

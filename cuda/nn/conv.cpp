@@ -1,0 +1,163 @@
+// Conv2d on cuDNN: descriptors and algorithms chosen once per input shape
+// (cudnnGet*_v7 heuristics, first algorithm whose workspace fits the limit),
+// bias via cudnnAddTensor / BackwardBias, fused ReLU via our kernels.
+#include <map>
+
+#include "nn/common.hpp"
+#include "ringtrain/cuda/kernels.hpp"
+
+namespace ringtrain::cuda::nnimpl {
+namespace {
+
+struct ConvPlan {
+  TensorDesc x, y, b;
+  cudnnFilterDescriptor_t w = nullptr;
+  cudnnConvolutionDescriptor_t conv = nullptr;
+  cudnnConvolutionFwdAlgo_t fwd{};
+  cudnnConvolutionBwdDataAlgo_t bwd_data{};
+  cudnnConvolutionBwdFilterAlgo_t bwd_filter{};
+  std::size_t ws_fwd = 0, ws_data = 0, ws_filter = 0;
+  ~ConvPlan() {
+    if (w) cudnnDestroyFilterDescriptor(w);
+    if (conv) cudnnDestroyConvolutionDescriptor(conv);
+  }
+};
+
+template <typename Perf, typename Get>
+Perf pick(Get get, int max_algos, std::size_t limit, const char* what) {
+  std::vector<Perf> perf(max_algos);
+  int found = 0;
+  RT_CUDNN(get(max_algos, &found, perf.data()));
+  for (int i = 0; i < found; ++i)
+    if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= limit) return perf[i];
+  RT_FAIL(what, ": no cuDNN algorithm fits the workspace limit of ", limit, " bytes");
+}
+
+class CudnnConv final : public Conv2dKernel {
+ public:
+  CudnnConv(SharedPtr sh, const Conv2dSpec& s) : sh_(std::move(sh)), s_(s) {
+    RT_CHECK(s.in_channels > 0 && s.out_channels > 0, "conv2d: channels must be positive");
+    cudnn_type(s.dtype, "conv2d");
+  }
+
+  void forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y) override {
+    expect_cuda(x, s_.dtype, "conv2d forward", "x");
+    expect_cuda(w, s_.dtype, "conv2d forward", "w");
+    expect_cuda(y, s_.dtype, "conv2d forward", "y");
+    CudaContext& c = sh_->ctx(x);
+    ConvPlan& p = plan(x, c);
+    float one = 1.0f, zero = 0.0f;
+    double oned = 1.0, zerod = 0.0;
+    const void* a1 = s_.dtype == DType::f64 ? static_cast<const void*>(&oned) : &one;
+    const void* a0 = s_.dtype == DType::f64 ? static_cast<const void*>(&zerod) : &zero;
+    RT_CUDNN(cudnnConvolutionForward(c.cudnn(), a1, p.x.d, x.raw(), p.w, w.raw(), p.conv, p.fwd,
+                                     c.workspace(p.ws_fwd), p.ws_fwd, a0, p.y.d, y.raw()));
+    if (b.defined()) {
+      expect_cuda(b, s_.dtype, "conv2d forward", "b");
+      RT_CUDNN(cudnnAddTensor(c.cudnn(), a1, p.b.d, b.raw(), a1, p.y.d, y.raw()));
+    }
+    if (s_.fuse_relu) relu_forward(y.raw(), y.raw(), y.numel(), s_.dtype, c.compute());
+  }
+
+  void backward(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& dy, Tensor& dx, Tensor& dw,
+                Tensor& db, bool accumulate) override {
+    expect_cuda(dy, s_.dtype, "conv2d backward", "dy");
+    CudaContext& c = sh_->ctx(x);
+    ConvPlan& p = plan(x, c);
+    const void* g = dy.raw();
+    if (s_.fuse_relu) {  // dy masked by the forward output, into cached scratch
+      expect_cuda(y, s_.dtype, "conv2d backward", "y");
+      void* m = masked_.get(dy.nbytes(), dy.device());
+      relu_backward(m, dy.raw(), y.raw(), dy.numel(), s_.dtype, c.compute());
+      g = m;
+    }
+    float one = 1.0f, zero = 0.0f;
+    double oned = 1.0, zerod = 0.0;
+    bool dbl = s_.dtype == DType::f64;
+    const void* a1 = dbl ? static_cast<const void*>(&oned) : &one;
+    const void* a0 = dbl ? static_cast<const void*>(&zerod) : &zero;
+    const void* bacc = accumulate ? a1 : a0;
+    if (dw.defined()) {
+      expect_cuda(dw, s_.dtype, "conv2d backward", "dw");
+      RT_CUDNN(cudnnConvolutionBackwardFilter(c.cudnn(), a1, p.x.d, x.raw(), p.y.d, g, p.conv, p.bwd_filter,
+                                              c.workspace(p.ws_filter), p.ws_filter, bacc, p.w, dw.raw()));
+    }
+    if (db.defined()) {
+      expect_cuda(db, s_.dtype, "conv2d backward", "db");
+      RT_CUDNN(cudnnConvolutionBackwardBias(c.cudnn(), a1, p.y.d, g, bacc, p.b.d, db.raw()));
+    }
+    if (dx.defined()) {
+      expect_cuda(dx, s_.dtype, "conv2d backward", "dx");
+      RT_CUDNN(cudnnConvolutionBackwardData(c.cudnn(), a1, p.w, w.raw(), p.y.d, g, p.conv, p.bwd_data,
+                                            c.workspace(p.ws_data), p.ws_data, a0, p.x.d, dx.raw()));
+    }
+  }
+
+ private:
+  ConvPlan& plan(const Tensor& x, CudaContext& c) {
+    RT_CHECK(x.ndim() == 4 && x.dim(1) == s_.in_channels, "conv2d: input ", shape_str(x.shape()),
+             " is not [N, ", s_.in_channels, ", H, W]");
+    auto key = shape4(x);
+    auto it = plans_.find(key);
+    if (it != plans_.end()) return *it->second;
+    auto p = std::make_unique<ConvPlan>();
+    const char* what = "conv2d";
+    cudnnDataType_t dt = cudnn_type(s_.dtype, what);
+    p->x.set4(s_.dtype, key[0], key[1], key[2], key[3], what);
+    RT_CUDNN(cudnnCreateFilterDescriptor(&p->w));
+    RT_CUDNN(cudnnSetFilter4dDescriptor(p->w, dt, CUDNN_TENSOR_NCHW, (int)s_.out_channels, (int)s_.in_channels,
+                                        (int)s_.kernel_h, (int)s_.kernel_w));
+    RT_CUDNN(cudnnCreateConvolutionDescriptor(&p->conv));
+    cudnnDataType_t compute = s_.dtype == DType::f64 ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT;
+    RT_CUDNN(cudnnSetConvolution2dDescriptor(p->conv, (int)s_.pad_h, (int)s_.pad_w, (int)s_.stride_h,
+                                             (int)s_.stride_w, (int)s_.dilation_h, (int)s_.dilation_w,
+                                             CUDNN_CROSS_CORRELATION, compute));
+    cudnnMathType_t math = CUDNN_FMA_MATH;  // strict fp32: no silent TF32
+    if (s_.dtype == DType::f16 || s_.dtype == DType::bf16) math = CUDNN_TENSOR_OP_MATH;
+    else if (s_.dtype == DType::f32 && sh_->opt.tf32) math = CUDNN_DEFAULT_MATH;  // allows TF32 tensor cores
+    RT_CUDNN(cudnnSetConvolutionMathType(p->conv, math));
+    int n, co, oh, ow;
+    RT_CUDNN(cudnnGetConvolution2dForwardOutputDim(p->conv, p->x.d, p->w, &n, &co, &oh, &ow));
+    p->y.set4(s_.dtype, n, co, oh, ow, what);
+    p->b.set4(s_.dtype, 1, co, 1, 1, what);
+    std::size_t lim = sh_->opt.conv_workspace_limit;
+    cudnnHandle_t h = c.cudnn();
+    auto f = pick<cudnnConvolutionFwdAlgoPerf_t>(
+        [&](int m, int* k, cudnnConvolutionFwdAlgoPerf_t* r) {
+          return cudnnGetConvolutionForwardAlgorithm_v7(h, p->x.d, p->w, p->conv, p->y.d, m, k, r);
+        },
+        CUDNN_CONVOLUTION_FWD_ALGO_COUNT, lim, "conv2d forward");
+    auto d = pick<cudnnConvolutionBwdDataAlgoPerf_t>(
+        [&](int m, int* k, cudnnConvolutionBwdDataAlgoPerf_t* r) {
+          return cudnnGetConvolutionBackwardDataAlgorithm_v7(h, p->w, p->y.d, p->conv, p->x.d, m, k, r);
+        },
+        CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, lim, "conv2d backward data");
+    auto w = pick<cudnnConvolutionBwdFilterAlgoPerf_t>(
+        [&](int m, int* k, cudnnConvolutionBwdFilterAlgoPerf_t* r) {
+          return cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, p->x.d, p->y.d, p->conv, p->w, m, k, r);
+        },
+        CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, lim, "conv2d backward filter");
+    p->fwd = f.algo;
+    p->ws_fwd = f.memory;
+    p->bwd_data = d.algo;
+    p->ws_data = d.memory;
+    p->bwd_filter = w.algo;
+    p->ws_filter = w.memory;
+    auto& ref = *p;
+    plans_.emplace(key, std::move(p));
+    return ref;
+  }
+
+  SharedPtr sh_;
+  Conv2dSpec s_;
+  std::map<std::array<std::int64_t, 4>, std::unique_ptr<ConvPlan>> plans_;
+  Scratch masked_;
+};
+
+}  // namespace
+
+std::unique_ptr<Conv2dKernel> make_conv2d(SharedPtr sh, const Conv2dSpec& s) {
+  return std::make_unique<CudnnConv>(std::move(sh), s);
+}
+
+}  // namespace ringtrain::cuda::nnimpl

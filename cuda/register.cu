@@ -1,0 +1,72 @@
+// The CUDA backend's registration unit — the one place that decides at run
+// time what CUDA provides. If a CUDA device is present at start-up, the caching
+// device allocator is registered for DeviceKind::cuda (and, as the other
+// helpers publish their registries, the device collectives and the cuDNN/cuBLAS
+// backend). Without a GPU nothing is registered and everything CUDA reports
+// "not available" through the registry. Open MPI's CUDA extension is queried
+// here (an #ifdef is allowed only in this unit).
+#include <cuda_runtime.h>
+#include <mpi.h>
+#if __has_include(<mpi-ext.h>)
+#include <mpi-ext.h>
+#endif
+
+#include <memory>
+
+#include <cstdio>
+
+#include "ringtrain/core/allocator.hpp"
+#include "ringtrain/core/error.hpp"
+#include "ringtrain/cuda/context.hpp"
+#include "ringtrain/cuda/memory.hpp"
+#include "ringtrain/cuda/backend.hpp"
+#include "ringtrain/cuda/mpi_support.hpp"
+
+namespace ringtrain::cuda {
+namespace {
+
+CachingDeviceAllocator* g_allocator = nullptr;  // owned by the allocator registry
+
+bool register_cuda() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    (void)cudaGetLastError();  // clear the sticky "no device" error
+    return false;
+  }
+  auto a = std::make_unique<CachingDeviceAllocator>();
+  g_allocator = a.get();
+  register_allocator(DeviceKind::cuda, std::move(a));
+  // A static initialiser must not throw: a bad RINGTRAIN_TF32 falls back to
+  // the defaults with a message (the CLI validates it again and fails properly).
+  BackendOptions opt;
+  try {
+    opt = BackendOptions::from_env();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ringtrain: %s; using the CUDA backend defaults\n", e.what());
+  }
+  register_backend(DeviceKind::cuda, make_cuda_backend(opt));
+  return true;
+}
+
+const bool registered = register_cuda();
+
+}  // namespace
+
+bool available() { return registered; }
+
+CachingDeviceAllocator& device_allocator() {
+  RT_CHECK(g_allocator != nullptr, "the CUDA device allocator is not available (no GPU present)");
+  return *g_allocator;
+}
+
+bool mpi_cuda_aware() {
+#if defined(MPIX_CUDA_AWARE_SUPPORT)
+  // Compile-time support says the library *can* be CUDA-aware; the run-time
+  // query says whether this run's transport actually is.
+  return MPIX_Query_cuda_support() == 1;
+#else
+  return false;
+#endif
+}
+
+}  // namespace ringtrain::cuda

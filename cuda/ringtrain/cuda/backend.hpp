@@ -1,0 +1,36 @@
+#pragma once
+// The CUDA implementation of nn/backend.hpp: cuDNN for convolution, pooling and
+// batch norm, cuBLAS (GemmEx) for Linear, our kernels for element-wise ops,
+// dropout and softmax cross-entropy. Registered for DeviceKind::cuda by
+// register.cu when a GPU is present.
+//
+// Rules kept:
+//  - Every kernel runs on its device's CudaContext compute stream; no
+//    device-wide synchronisation. softmax_xent/count_correct return host
+//    numbers, so they wait for the compute stream (once per step).
+//  - Per-layer state (cuDNN descriptors, chosen algorithms, workspace sizes,
+//    masked-gradient scratch) is created once per input shape and cached.
+//  - Precision: f32 layers compute in strict fp32 (cuDNN FMA math, cuBLAS
+//    32F) unless TF32 is enabled (BackendOptions::tf32 or RINGTRAIN_TF32=1);
+//    f16/bf16 layers use tensor cores with fp32 accumulation.
+#include <memory>
+
+#include "ringtrain/cuda/context.hpp"
+#include "ringtrain/nn/backend.hpp"
+
+namespace ringtrain::cuda {
+
+struct BackendOptions {
+  bool tf32 = false;                            // RINGTRAIN_TF32=1
+  std::size_t conv_workspace_limit = 256 << 20;  // per cuDNN call, bytes
+  static BackendOptions from_env();
+};
+
+std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& opt);
+
+// The context (streams, handles) the registered CUDA backend uses on `device`;
+// created on first use. Trainers use it for their own kernels and for
+// DeviceCollectives so that all of a rank's GPU work shares its streams.
+CudaContext& backend_context(int device);
+
+}  // namespace ringtrain::cuda

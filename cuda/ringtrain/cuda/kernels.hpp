@@ -1,0 +1,80 @@
+#pragma once
+// Our CUDA kernels, for what cuDNN/cuBLAS do not provide. Every function
+// enqueues on `stream` and returns at once (no host synchronisation); sizes
+// and dtypes are checked on the host and a bad combination is an Error naming
+// the function. Pointers are device pointers unless stated otherwise.
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "ringtrain/comm/collectives.hpp"
+#include "ringtrain/core/dtype.hpp"
+
+namespace ringtrain::cuda {
+
+// ---- reductions (collectives) ------------------------------------------------
+// dst[i] = reduce_one_div<op>(a[i], b[i], divisor) (comm/reduce_math.hpp) for
+// f32,f64,f16,bf16,i32,i64; avg combines as sum; dst may alias a or b.
+void reduce(void* dst, const void* a, const void* b, std::size_t n, DType dt, ReduceOp op, int divisor,
+            cudaStream_t stream);
+// x[i] /= divisor in the element type's arithmetic (integer division for i32/i64).
+void divide(void* x, std::size_t n, DType dt, int divisor, cudaStream_t stream);
+
+// ---- casts and fills ---------------------------------------------------------
+// Between f32, f64, f16 and bf16 (round to nearest even); also i32/i64 -> f32.
+void cast(void* dst, DType dst_dt, const void* src, DType src_dt, std::size_t n, cudaStream_t stream);
+void fill(void* x, std::size_t n, DType dt, double value, cudaStream_t stream);
+// x[i] *= factor (floating dtypes).
+void scale(void* x, std::size_t n, DType dt, double factor, cudaStream_t stream);
+
+// ---- elementwise layers ------------------------------------------------------
+// dst = alpha * a + beta * b (floating dtypes; dst may alias a or b).
+void axpby(void* dst, const void* a, const void* b, float alpha, float beta, std::size_t n, DType dt,
+           cudaStream_t stream);
+void relu_forward(void* y, const void* x, std::size_t n, DType dt, cudaStream_t stream);
+void relu_backward(void* dx, const void* dy, const void* y, std::size_t n, DType dt, cudaStream_t stream);
+void gelu_forward(void* y, const void* x, std::size_t n, DType dt, cudaStream_t stream);
+void gelu_backward(void* dx, const void* dy, const void* x, std::size_t n, DType dt, cudaStream_t stream);
+// Inverted dropout: mask[i] = dropout_keep(seed, offset, i, p) (nn/rng.hpp, the
+// CPU backend's rule, so masks match across devices), y = x * mask / (1-p).
+void dropout_forward(void* y, std::uint8_t* mask, const void* x, std::size_t n, DType dt, float p,
+                     std::uint64_t seed, std::uint64_t offset, cudaStream_t stream);
+void dropout_backward(void* dx, const void* dy, const std::uint8_t* mask, std::size_t n, DType dt, float p,
+                      cudaStream_t stream);
+
+// ---- non-finite detection ----------------------------------------------------
+// Sets *flag = 1 if any element of x is inf or NaN (never clears it).
+void check_finite(const void* x, std::size_t n, DType dt, int* flag, cudaStream_t stream);
+
+// ---- softmax cross-entropy ---------------------------------------------------
+// Mean over the batch of -sum_c q_c log softmax(z)_c with q = (1-eps) onehot(y) + eps/C.
+struct XentArgs {
+  const void* logits = nullptr;  // [rows, classes], f32/f16/bf16
+  DType logits_dtype = DType::f32;
+  const void* labels = nullptr;  // [rows], i32 or i64, each in [0, classes)
+  DType labels_dtype = DType::i32;
+  int rows = 0, classes = 0;
+  float smoothing = 0.0f;
+  void* dlogits = nullptr;             // optional: (softmax - q) * grad_scale / rows, logits' dtype
+  const float* grad_scale = nullptr;   // optional device scalar (the loss scale); 1 when null
+  float* loss = nullptr;               // device scalar: the mean loss (written, not accumulated)
+  int* correct = nullptr;              // optional device scalar: rows whose argmax == label
+  int* bad_label = nullptr;            // optional device flag: set to 1 on an out-of-range label
+};
+// `scratch` holds at least xent_scratch_bytes(rows) device bytes (per-row
+// losses, so the mean is summed in a fixed order: deterministic).
+std::size_t xent_scratch_bytes(int rows);
+void softmax_xent(const XentArgs& a, void* scratch, cudaStream_t stream);
+
+// ---- fusion buffer pack / unpack --------------------------------------------
+struct CopyEntry {
+  const void* src;
+  void* dst;
+  std::size_t bytes;
+};
+// Copies every entry of a device-resident table in one launch. `table` is a
+// device array of `entries` CopyEntry; `total_bytes` = sum of the sizes.
+void batched_copy(const CopyEntry* table, int entries, std::size_t total_bytes, cudaStream_t stream);
+
+}  // namespace ringtrain::cuda
