@@ -155,6 +155,9 @@ Loader::Loader(LoaderOptions opt, const Communicator& comm) : impl_(std::make_un
     s.ids.reserve(std::size_t(I.b));
     I.free_slots.push_back(int(i));
   }
+  // Start filling now so the first batch is ready when the training loop asks. Not under
+  // MPI-IO: a later set_epoch() would have to drain the whole started epoch collectively.
+  if (!o.mpio) I.start();
 }
 
 Loader::~Loader() = default;
