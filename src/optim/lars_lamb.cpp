@@ -10,6 +10,64 @@ using optim_detail::chunked_reduce;
 using optim_detail::dispatch_floating;
 using optim_detail::parallel_chunks;
 
+namespace {
+struct Sums {
+  double w = 0.0, u = 0.0;
+  Sums& operator+=(const Sums& o) {
+    w += o.w;
+    u += o.u;
+    return *this;
+  }
+};
+
+// Element loops over [b, e): restrict pointers and by-value coefficients let GCC vectorise.
+template <typename T, typename C>
+void lars_kernel(T* __restrict p, const T* __restrict g, C* __restrict v, std::int64_t b, std::int64_t e,
+                 LarsCoeffs<C> k) {
+  for (std::int64_t j = b; j < e; ++j) {
+    C pj = load(p[j]);
+    lars_update(pj, load(g[j]), v[j], k);
+    store(p[j], pj);
+  }
+}
+// LAMB pass 1: moments, and the sums of w² and u² for the trust ratio.
+template <typename T, typename C>
+Sums lamb_pass1(const T* __restrict p, const T* __restrict g, C* __restrict m, C* __restrict v, std::int64_t b,
+                std::int64_t e, LambCoeffs<C> k) {
+  double sw = 0.0, su = 0.0;
+#pragma omp simd reduction(+ : sw, su)
+  for (std::int64_t j = b; j < e; ++j) {
+    C pj = load(p[j]);
+    lamb_moments(load(g[j]), m[j], v[j], k);
+    double u = static_cast<double>(lamb_direction(pj, m[j], v[j], k));
+    sw += static_cast<double>(pj) * static_cast<double>(pj);
+    su += u * u;
+  }
+  return Sums{sw, su};
+}
+// LAMB pass 2: w −= lr·r·u with u recomputed from the updated moments.
+template <typename T, typename C>
+void lamb_pass2(T* __restrict p, const C* __restrict m, const C* __restrict v, std::int64_t b, std::int64_t e,
+                LambCoeffs<C> k, C scaled_lr) {
+  for (std::int64_t j = b; j < e; ++j) {
+    C pj = load(p[j]);
+    lamb_apply(pj, lamb_direction(pj, m[j], v[j], k), scaled_lr);
+    store(p[j], pj);
+  }
+}
+// Without decay (r = 1): moments and update in one pass.
+template <typename T, typename C>
+void lamb_single_pass(T* __restrict p, const T* __restrict g, C* __restrict m, C* __restrict v, std::int64_t b,
+                      std::int64_t e, LambCoeffs<C> k, C scaled_lr) {
+  for (std::int64_t j = b; j < e; ++j) {
+    C pj = load(p[j]);
+    lamb_moments(load(g[j]), m[j], v[j], k);
+    lamb_apply(pj, lamb_direction(pj, m[j], v[j], k), scaled_lr);
+    store(p[j], pj);
+  }
+}
+}  // namespace
+
 Lars::Lars(ParamArena& arena, OptimizerConfig cfg) : Optimizer(arena, std::move(cfg)) {
   add_state("momentum_buffer");
 }
@@ -31,13 +89,7 @@ void Lars::update(double lr, std::int64_t) {
         local_lr = lr * lars_trust_ratio(optim_detail::norm(p, n), optim_detail::norm(g, n), c.trust_coefficient, wd);
       }
       const LarsCoeffs<C> k{C(local_lr), C(wd), C(c.momentum)};
-      parallel_chunks(n, [&](std::int64_t b, std::int64_t e) {
-        for (std::int64_t j = b; j < e; ++j) {
-          C pj = load(p[j]);
-          lars_update(pj, load(g[j]), v[j], k);
-          store(p[j], pj);
-        }
-      });
+      parallel_chunks(n, [&](std::int64_t b, std::int64_t e) { lars_kernel(p, g, v, b, e, k); });
     });
   }
 }
@@ -46,17 +98,6 @@ Lamb::Lamb(ParamArena& arena, OptimizerConfig cfg) : Optimizer(arena, std::move(
   add_state("exp_avg");
   add_state("exp_avg_sq");
 }
-
-namespace {
-struct Sums {
-  double w = 0.0, u = 0.0;
-  Sums& operator+=(const Sums& o) {
-    w += o.w;
-    u += o.u;
-    return *this;
-  }
-};
-}  // namespace
 
 void Lamb::update(double lr, std::int64_t t) {
   const OptimizerConfig& c = config();
@@ -75,28 +116,13 @@ void Lamb::update(double lr, std::int64_t t) {
       double ratio = 1.0;
       if (dec) {
         // Pass 1: moments, and the norms of w and of the update direction u.
-        Sums s = chunked_reduce<Sums>(n, [&](std::int64_t b, std::int64_t e) {
-          double sw = 0.0, su = 0.0;
-#pragma omp simd reduction(+ : sw, su)
-          for (std::int64_t j = b; j < e; ++j) {
-            C pj = load(p[j]);
-            lamb_moments(load(g[j]), m[j], v[j], k);
-            double u = static_cast<double>(lamb_direction(pj, m[j], v[j], k));
-            sw += static_cast<double>(pj) * static_cast<double>(pj);
-            su += u * u;
-          }
-          return Sums{sw, su};
-        });
+        Sums s = chunked_reduce<Sums>(n, [&](std::int64_t b, std::int64_t e) { return lamb_pass1(p, g, m, v, b, e, k); });
         ratio = lamb_trust_ratio(std::sqrt(s.w), std::sqrt(s.u), c.max_trust_ratio);
       }
       const C scaled_lr = C(lr * ratio);
       parallel_chunks(n, [&](std::int64_t b, std::int64_t e) {
-        for (std::int64_t j = b; j < e; ++j) {
-          C pj = load(p[j]);
-          if (!dec) lamb_moments(load(g[j]), m[j], v[j], k);
-          lamb_apply(pj, lamb_direction(pj, m[j], v[j], k), scaled_lr);
-          store(p[j], pj);
-        }
+        if (dec) lamb_pass2(p, m, v, b, e, k, scaled_lr);
+        else lamb_single_pass(p, g, m, v, b, e, k, scaled_lr);
       });
     });
   }
