@@ -1,0 +1,88 @@
+"""PyTorch twins of ringtrain's model zoo (mlp, cnn, resnet) with the same
+parameter names and order as ringtrain's ParamArena, so weights can be copied
+across by position. Used by the gradient cross-check and the throughput bench."""
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class MLP(nn.Module):
+    def __init__(self, cin, h, w, classes):
+        super().__init__()
+        self.fc1 = nn.Linear(cin * h * w, 256)
+        self.fc2 = nn.Linear(256, 128)
+        self.fc3 = nn.Linear(128, classes)
+
+    def forward(self, x):
+        x = torch.flatten(x, 1)
+        return self.fc3(F.relu(self.fc2(F.relu(self.fc1(x)))))
+
+
+class CNN(nn.Module):
+    def __init__(self, cin, h, w, classes):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, 32, 3, padding=1)
+        self.conv2 = nn.Conv2d(32, 64, 3, padding=1)
+        self.fc1 = nn.Linear(64 * (h // 4) * (w // 4), 128)
+        self.fc2 = nn.Linear(128, classes)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        return self.fc2(F.relu(self.fc1(torch.flatten(x, 1))))
+
+
+class Shortcut(nn.Module):
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.conv = nn.Conv2d(cin, cout, 1, stride=stride, bias=False)
+        self.bn = nn.BatchNorm2d(cout)
+
+    def forward(self, x):
+        return self.bn(self.conv(x))
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.shortcut = Shortcut(cin, cout, stride) if (stride != 1 or cin != cout) else None
+
+    def forward(self, x):
+        h = self.bn2(self.conv2(F.relu(self.bn1(self.conv1(x)))))
+        return F.relu(h + (self.shortcut(x) if self.shortcut is not None else x))
+
+
+class ResNet(nn.Module):
+    def __init__(self, cin, classes, depth=20, width=16):
+        super().__init__()
+        n = (depth - 2) // 6
+        self.conv1 = nn.Conv2d(cin, width, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(width)
+        cin_ = width
+        for s in range(3):
+            blocks = []
+            for b in range(n):
+                cout = width << s
+                blocks.append(BasicBlock(cin_, cout, 2 if (s > 0 and b == 0) else 1))
+                cin_ = cout
+            setattr(self, "layer%d" % (s + 1), nn.Sequential(*blocks))
+        self.fc = nn.Linear(cin_, classes)
+
+    def forward(self, x):
+        x = F.relu(self.bn1(self.conv1(x)))
+        x = self.layer3(self.layer2(self.layer1(x)))
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+
+def build(name, cin, h, w, classes, depth=20, width=16):
+    if name == "mlp":
+        return MLP(cin, h, w, classes)
+    if name == "cnn":
+        return CNN(cin, h, w, classes)
+    if name == "resnet":
+        return ResNet(cin, classes, depth, width)
+    raise SystemExit("unknown model %r" % name)

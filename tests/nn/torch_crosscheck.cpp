@@ -1,0 +1,176 @@
+// Cross-check against PyTorch (bench/reference/make_torch_reference.py run by
+// /usr/bin/python3): same weights, same batch -> loss, every parameter
+// gradient and (resnet) the BN running statistics. PyTorch computes in
+// float64, so the comparison measures ringtrain's float32 error. Criterion per
+// tensor: ||g - ref||_2 / ||ref||_2 <= 1e-5 (norm-wise relative error).
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "layer_harness.hpp"
+#include "ringtrain/nn/loss.hpp"
+#include "ringtrain/nn/model.hpp"
+
+using namespace ringtrain;
+using namespace rt_test;
+namespace fs = std::filesystem;
+
+namespace {
+
+bool have_torch() {  // asked once: importing torch takes seconds
+  static const bool ok = std::system("/usr/bin/python3 -c 'import torch, numpy' > /dev/null 2>&1") == 0;
+  return ok;
+}
+
+std::string script() {
+  const char* src = std::getenv("RINGTRAIN_SOURCE_DIR");
+  return std::string(src ? src : ".") + "/bench/reference/make_torch_reference.py";
+}
+
+template <typename T>
+std::vector<T> read_file(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  EXPECT_TRUE(f.is_open()) << p;
+  std::vector<char> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  std::vector<T> v(bytes.size() / sizeof(T));
+  std::memcpy(v.data(), bytes.data(), v.size() * sizeof(T));
+  return v;
+}
+
+void write_file(const fs::path& p, const void* data, std::size_t n) {
+  std::ofstream f(p, std::ios::binary);
+  f.write(static_cast<const char*>(data), static_cast<std::streamsize>(n));
+}
+
+// Norm-wise relative error of a float32 tensor against a float64 reference.
+double rel_err(const float* a, const double* ref, std::int64_t n) {
+  double num = 0, den = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    num += (a[i] - ref[i]) * (a[i] - ref[i]);
+    den += ref[i] * ref[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-300));
+}
+
+struct Case {
+  ModelConfig cfg;
+  std::int64_t batch;
+  double smoothing;
+  std::unique_ptr<Model> model;
+  Tensor x, y;
+  fs::path dir;
+};
+
+void prepare(Case& k) {
+  ModelConfig& c = k.cfg;
+  c.seed = 1234;
+  k.model = build_model(c);
+  Model& m = *k.model;
+  // Random biases too (they start at zero), so their gradients flow through every term.
+  for (std::size_t i = 0; i < m.arena().size(); ++i)
+    if (m.arena().info(i).name.find("bias") != std::string::npos && m.arena().info(i).name.find("bn") == std::string::npos)
+      m.arena().param(i).copy_from(random_tensor(m.arena().info(i).shape, 500 + i, 0.01, 0.1));
+  k.x = random_tensor({k.batch, c.in_channels, c.height, c.width}, 77, 0.0, 1.0);
+  k.y = Tensor::empty({k.batch}, DType::i64);
+  for (std::int64_t i = 0; i < k.batch; ++i) k.y.data<std::int64_t>()[i] = (i * 3 + 1) % c.classes;
+
+  k.dir = fs::temp_directory_path() /
+          ("rt_torch_ref_" + c.name + std::to_string(k.batch) + "_" + std::to_string(::getpid()));
+  fs::create_directories(k.dir);
+  nlohmann::json meta = {{"model", c.name}, {"in_channels", c.in_channels}, {"height", c.height},
+                         {"width", c.width}, {"classes", c.classes},        {"depth", c.depth},
+                         {"base_width", c.base_width}, {"batch", k.batch}, {"smoothing", k.smoothing}};
+  std::vector<float> params;
+  for (std::size_t i = 0; i < m.arena().size(); ++i) {
+    meta["params"].push_back({{"name", m.arena().info(i).name}, {"shape", m.arena().info(i).shape}});
+    Tensor p = m.arena().param(i);
+    params.insert(params.end(), p.data<float>(), p.data<float>() + p.numel());
+  }
+  std::ofstream(k.dir / "meta.json") << meta.dump();
+  write_file(k.dir / "params.bin", params.data(), params.size() * 4);
+  write_file(k.dir / "x.bin", k.x.raw(), k.x.nbytes());
+  write_file(k.dir / "labels.bin", k.y.raw(), k.y.nbytes());
+}
+
+void verify(Case& k) {
+  Model& m = *k.model;
+  m.zero_grad();
+  LossResult r = softmax_cross_entropy(m.forward(k.x, Mode::train), k.y, k.smoothing);
+  m.backward(r.dlogits);
+  double ref_loss = 0;
+  std::ifstream(k.dir / "ref_loss.txt") >> ref_loss;
+  EXPECT_NEAR(r.loss, ref_loss, 1e-5 * std::fabs(ref_loss)) << "loss";
+  auto ref = read_file<double>(k.dir / "ref_grads.bin");
+  ASSERT_EQ(static_cast<std::int64_t>(ref.size()), m.num_params());
+  std::size_t off = 0;
+  double worst = 0;
+  for (std::size_t i = 0; i < m.arena().size(); ++i) {
+    Tensor g = m.arena().grad(i);
+    double e = rel_err(g.data<float>(), ref.data() + off, g.numel());
+    worst = std::max(worst, e);
+    EXPECT_LE(e, 1e-5) << m.arena().info(i).name;
+    off += static_cast<std::size_t>(g.numel());
+  }
+  std::printf("[torch cross-check] %s: loss %.9f vs %.9f, worst gradient rel. error %.2e\n", k.cfg.name.c_str(),
+              r.loss, ref_loss, worst);
+  auto ref_buf = read_file<double>(k.dir / "ref_buffers.bin");
+  off = 0;
+  for (auto& b : m.buffers()) {
+    ASSERT_LE(off + static_cast<std::size_t>(b.tensor.numel()), ref_buf.size());
+    EXPECT_LE(rel_err(b.tensor.data<float>(), ref_buf.data() + off, b.tensor.numel()), 1e-5) << b.name;
+    off += static_cast<std::size_t>(b.tensor.numel());
+  }
+  EXPECT_EQ(off, ref_buf.size());
+}
+
+ModelConfig named(const char* n) {
+  ModelConfig c;
+  c.name = n;
+  return c;
+}
+
+}  // namespace
+
+// All cases share one Python start-up (importing torch takes seconds).
+class TorchCrossCheck : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (!have_torch()) return;
+    ModelConfig r = named("resnet");
+    r.in_channels = 3;
+    r.height = r.width = 16;
+    r.depth = 8;
+    r.base_width = 8;
+    cases_ = new std::vector<Case>();
+    cases_->push_back(Case{named("cnn"), 16, 0.0, {}, {}, {}, {}});
+    cases_->push_back(Case{named("cnn"), 8, 0.1, {}, {}, {}, {}});
+    cases_->push_back(Case{r, 8, 0.0, {}, {}, {}, {}});
+    cases_->push_back(Case{named("mlp"), 6, 0.0, {}, {}, {}, {}});
+    std::string cmd = "/usr/bin/python3 " + script();
+    for (auto& k : *cases_) {
+      prepare(k);
+      cmd += " " + k.dir.string();
+    }
+    script_ok_ = std::system(cmd.c_str()) == 0;
+  }
+  static void TearDownTestSuite() {
+    if (cases_)
+      for (auto& k : *cases_) fs::remove_all(k.dir);
+    delete cases_;
+    cases_ = nullptr;
+  }
+  void run(std::size_t i) {
+    if (!have_torch()) GTEST_SKIP() << "/usr/bin/python3 has no torch/numpy: PyTorch cross-check skipped";
+    ASSERT_TRUE(script_ok_) << "reference script " << script() << " failed";
+    verify((*cases_)[i]);
+  }
+  static inline std::vector<Case>* cases_ = nullptr;
+  static inline bool script_ok_ = false;
+};
+
+TEST_F(TorchCrossCheck, CnnLossAndGradients) { run(0); }
+TEST_F(TorchCrossCheck, CnnWithLabelSmoothing) { run(1); }
+TEST_F(TorchCrossCheck, ResnetTrainModeWithBatchNormAndRunningStats) { run(2); }
+TEST_F(TorchCrossCheck, Mlp) { run(3); }
