@@ -107,6 +107,8 @@ Loader::Loader(LoaderOptions opt, const Communicator& comm) : impl_(std::make_un
   // Phase 1, independent: metadata, options, sampler. Agreed before any collective I/O.
   run_agreed(comm, "data loader open", [&] {
     RT_CHECK(!o.files.empty(), "data loader: no files given");
+    RT_CHECK(!o.mpio || o.files.size() == 1, o.files.front(),
+             ": MPI-IO collective reads need the single-file layout (", o.files.size(), " shards given)");
     RT_CHECK(o.batch_size >= 1, "data loader: batch size ", o.batch_size, " must be >= 1");
     RT_CHECK(o.prefetch_depth >= 1, "data loader: prefetch_depth ", o.prefetch_depth, " must be >= 1");
     RT_CHECK(o.augment.crop_padding >= 0, "data loader: crop padding ", o.augment.crop_padding, " must be >= 0");
@@ -124,8 +126,6 @@ Loader::Loader(LoaderOptions opt, const Communicator& comm) : impl_(std::make_un
     } catch (const Error& e) {
       RT_FAIL(o.files.front(), (o.files.size() > 1 ? " (and its shards)" : ""), ": ", e.what());
     }
-    RT_CHECK(!o.mpio || o.files.size() == 1, o.files.front(),
-             ": MPI-IO collective reads need the single-file layout (", o.files.size(), " shards given)");
     std::int64_t need = SampleStore::bytes_for(I.infos, I.sampler->shards());
     cache = o.cache == CachePolicy::always ||
             (o.cache == CachePolicy::auto_ && !o.mpio && need < o.cache_limit_bytes);
@@ -254,15 +254,17 @@ std::optional<Batch> Loader::next() {
     I.held = -1;
     I.cv.notify_all();
   }
-  if (I.ready.empty() && !I.producing) {  // first call, after a seek, or an MPI-IO epoch ended
-    lk.unlock();
-    if (I.thread.joinable()) I.thread.join();
-    I.start();
-    lk.lock();
-  }
   auto t0 = std::chrono::steady_clock::now();
-  I.cv.wait(lk, [&] { return !I.ready.empty() || !I.producing; });
-  RT_CHECK(!I.ready.empty(), "data loader: the prefetch thread ended without a batch (internal error)");
+  while (I.ready.empty()) {
+    if (!I.producing) {  // first call, after a seek, or an MPI-IO epoch ended: (re)start the thread
+      lk.unlock();
+      if (I.thread.joinable()) I.thread.join();
+      I.start();
+      lk.lock();
+      continue;
+    }
+    I.cv.wait(lk, [&] { return !I.ready.empty() || !I.producing; });
+  }
   double w = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   Impl::Entry e = I.ready.front();
   I.ready.pop_front();
