@@ -82,12 +82,12 @@ int main(int argc, char** argv) {
   Communicator world = Communicator::world();
   Options o;
   CLI::App app{"ringtrain training throughput vs PyTorch DDP, single rank, compute alone and no fusion"};
-  app.add_option("--model", o.model, "cnn | resnet | mlp", true);
-  app.add_option("--data", o.data, "prepared data directory (prepared from Debian's Fashion-MNIST if missing)", true);
-  app.add_option("--batch", o.batch, "batch per rank", true);
-  app.add_option("--steps", o.steps, "timed steps", true);
-  app.add_option("--warmup", o.warmup, "untimed steps first", true);
-  app.add_option("--threads", o.threads, "threads per rank", true);
+  app.add_option("--model", o.model, "cnn | resnet | mlp")->capture_default_str();
+  app.add_option("--data", o.data, "prepared data directory (prepared from Debian's Fashion-MNIST if missing)")->capture_default_str();
+  app.add_option("--batch", o.batch, "batch per rank")->capture_default_str();
+  app.add_option("--steps", o.steps, "timed steps")->capture_default_str();
+  app.add_option("--warmup", o.warmup, "untimed steps first")->capture_default_str();
+  app.add_option("--threads", o.threads, "threads per rank")->capture_default_str();
   app.add_option("--json", o.json, "also write the results here");
   app.add_flag("!--no-torch", o.torch, "skip the PyTorch DDP reference");
   app.add_flag("!--no-overlap", o.overlap, "skip the compute-alone baseline");

@@ -199,19 +199,19 @@ int main(int argc, char** argv) {
 
   PrepareArgs pa;
   auto* prep = app.add_subcommand("prepare", "convert a data set to ringtrain's HDF5 schema (data/SCHEMA.md)");
-  prep->add_option("--dataset", pa.dataset, "fashion-mnist | mnist | idx | cifar10 | synthetic", true);
+  prep->add_option("--dataset", pa.dataset, "fashion-mnist | mnist | idx | cifar10 | synthetic")->capture_default_str();
   prep->add_option("--input", pa.input, "directory with the raw files (default for fashion-mnist: Debian's)");
   prep->add_option("--out", pa.out, "output directory")->required();
-  prep->add_option("--shards", pa.shards, "files per split (1 = single file; 0 = one per rank)", true);
-  prep->add_option("--chunk", pa.chunk, "samples per HDF5 chunk (0 = automatic)", true);
-  prep->add_option("--deflate", pa.deflate, "gzip level 0-9 (0 = none)", true)->check(CLI::Range(0, 9));
-  prep->add_option("--samples", pa.samples, "synthetic: train samples", true);
-  prep->add_option("--test-samples", pa.test_samples, "synthetic: test samples", true);
-  prep->add_option("--channels", pa.channels, "synthetic: channels", true);
-  prep->add_option("--height", pa.height, "synthetic: height", true);
-  prep->add_option("--width", pa.width, "synthetic: width", true);
-  prep->add_option("--classes", pa.classes, "synthetic: classes", true);
-  prep->add_option("--seed", pa.seed, "synthetic: seed", true);
+  prep->add_option("--shards", pa.shards, "files per split (1 = single file; 0 = one per rank)")->capture_default_str();
+  prep->add_option("--chunk", pa.chunk, "samples per HDF5 chunk (0 = automatic)")->capture_default_str();
+  prep->add_option("--deflate", pa.deflate, "gzip level 0-9 (0 = none)")->capture_default_str()->check(CLI::Range(0, 9));
+  prep->add_option("--samples", pa.samples, "synthetic: train samples")->capture_default_str();
+  prep->add_option("--test-samples", pa.test_samples, "synthetic: test samples")->capture_default_str();
+  prep->add_option("--channels", pa.channels, "synthetic: channels")->capture_default_str();
+  prep->add_option("--height", pa.height, "synthetic: height")->capture_default_str();
+  prep->add_option("--width", pa.width, "synthetic: width")->capture_default_str();
+  prep->add_option("--classes", pa.classes, "synthetic: classes")->capture_default_str();
+  prep->add_option("--seed", pa.seed, "synthetic: seed")->capture_default_str();
 
   try {
     app.parse(argc, argv);
