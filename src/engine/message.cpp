@@ -127,7 +127,10 @@ std::vector<Response> decode_responses(const std::uint8_t* data, std::size_t n) 
 
 std::string ranks_str(const std::vector<int>& ranks) {
   std::string s = ranks.size() == 1 ? "rank " : "ranks ";
-  for (std::size_t i = 0; i < ranks.size(); ++i) s += (i ? "," : "") + std::to_string(ranks[i]);
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    if (i) s += ',';
+    s += std::to_string(ranks[i]);
+  }
   return s;
 }
 

@@ -31,6 +31,7 @@ bool StallInspector::due(Clock::time_point now) const {
 StallInspector::Verdict StallInspector::check(const std::vector<Presence>& partial, Clock::time_point now) {
   Verdict v;
   if (!enabled()) return v;
+  int stalled = 0;
   for (const auto& p : partial) {
     auto it = entries_.find(p.name);
     if (it == entries_.end()) continue;
@@ -40,6 +41,7 @@ StallInspector::Verdict StallInspector::check(const std::vector<Presence>& parti
     if (missing.empty() || have.empty()) continue;
     double a = age(e, now);
     if (shutdown_s_ > 0 && a >= shutdown_s_) {
+      ++stalled;
       if (v.shutdown.empty())
         v.shutdown = cat("stall shutdown: allreduce '", p.name, "' was submitted by ", ranks_str(have),
                          " but not by ", ranks_str(missing), " for ", static_cast<int>(a * 10) / 10.0,
@@ -56,6 +58,7 @@ StallInspector::Verdict StallInspector::check(const std::vector<Presence>& parti
       e.last_warned = now;
     }
   }
+  if (stalled > 1) v.shutdown += cat(" (", stalled - 1, " more tensor(s) stalled as well)");
   // Names that were due but turned out complete or unknown this round must not
   // force a full round every cycle.
   for (auto& [n, e] : entries_)

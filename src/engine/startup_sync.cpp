@@ -73,7 +73,10 @@ std::string who_holds(std::uint64_t mine, MPI_Comm c, int size, bool hex) {
   for (auto& [val, ranks] : groups) {
     s += s.empty() ? "" : "; ";
     s += ranks.size() == 1 ? "rank " : "ranks ";
-    for (std::size_t i = 0; i < ranks.size(); ++i) s += (i ? "," : "") + std::to_string(ranks[i]);
+    for (std::size_t i = 0; i < ranks.size(); ++i) {
+    if (i) s += ',';
+    s += std::to_string(ranks[i]);
+  }
     std::ostringstream os;
     if (hex) os << std::hex;
     os << val;

@@ -5,7 +5,11 @@
 #include <mpi.h>
 
 #include <chrono>
+#include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <thread>
 #include <string>
 #include <vector>
 
