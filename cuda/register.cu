@@ -2,7 +2,7 @@
 // time what CUDA provides. If a CUDA device is present at start-up, the caching
 // device allocator is registered for DeviceKind::cuda (and, as the other
 // helpers publish their registries, the device collectives and the cuDNN/cuBLAS
-// backend). Without a GPU nothing is registered and everything CUDA reports
+// backend and the device collectives). Without a GPU nothing is registered and everything CUDA reports
 // "not available" through the registry. Open MPI's CUDA extension is queried
 // here (an #ifdef is allowed only in this unit).
 #include <cuda_runtime.h>
@@ -21,6 +21,7 @@
 #include "ringtrain/cuda/memory.hpp"
 #include "ringtrain/cuda/backend.hpp"
 #include "ringtrain/cuda/mpi_support.hpp"
+#include "ringtrain/cuda/registry.hpp"
 
 namespace ringtrain::cuda {
 namespace {
@@ -45,6 +46,7 @@ bool register_cuda() {
     std::fprintf(stderr, "ringtrain: %s; using the CUDA backend defaults\n", e.what());
   }
   register_backend(DeviceKind::cuda, make_cuda_backend(opt));
+  register_device_collectives(DeviceKind::cuda, make_device_collective_fns());
   return true;
 }
 

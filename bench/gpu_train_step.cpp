@@ -1,0 +1,158 @@
+// Training-step time on the GPU for `cnn` and `resnet` at batch 256, next to
+// PyTorch eager on the same GPU, model and batch, in one invocation:
+//   bench_gpu_train_step [--models cnn,resnet] [--batch 256] [--iters 30]
+//                        [--reference DIR] [--out results.json]
+// A step = zero_grad, forward, softmax cross-entropy (loss read back to the
+// host, as PyTorch's loss.item()), backward, SGD(momentum 0.9) update.
+// fp32 is strict fp32 on both sides (TF32 off). bf16: PyTorch autocast is
+// measured; ringtrain's model builder has no low-precision layers yet, so its
+// bf16 column says so instead of a number.
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "ringtrain/cuda/backend.hpp"
+#include "ringtrain/cuda/context.hpp"
+#include "ringtrain/cuda/memory.hpp"
+#include "ringtrain/cuda/optim.hpp"
+#include "ringtrain/nn/backend.hpp"
+#include "ringtrain/nn/model.hpp"
+
+using namespace ringtrain;
+using json = nlohmann::json;
+
+namespace {
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+ModelConfig config_for(const std::string& name) {
+  ModelConfig mc;
+  mc.name = name;
+  if (name == "resnet") {  // CIFAR-10 shape, ResNet-20
+    mc.in_channels = 3;
+    mc.height = mc.width = 32;
+  }
+  return mc;
+}
+
+json ringtrain_step(const ModelConfig& mc, int batch, int warmup, int iters) {
+  Device dev = Device::cuda(0);
+  auto model = build_model(mc, dev);
+  OptimizerConfig oc;
+  oc.momentum = 0.9;
+  auto& ctx = cuda::backend_context(0);
+  cuda::DeviceOptimizer opt(model->arena(), oc, ctx);
+  Tensor x = Tensor::empty({batch, mc.in_channels, mc.height, mc.width}, DType::f32, Device::cpu());
+  for (std::int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = static_cast<float>((i * 2654435761u) % 1000) / 500.0f - 1.0f;
+  Tensor y = Tensor::empty({batch}, DType::i32, Device::cpu());
+  for (int i = 0; i < batch; ++i) y.data<std::int32_t>()[i] = i % static_cast<int>(mc.classes);
+  Tensor xg = x.to(dev), yg = y.to(dev);
+  Tensor dl = Tensor::empty(model->output_shape(batch), DType::f32, dev);
+  Backend& be = backend_for(DeviceKind::cuda);
+  std::vector<double> ms;
+  double loss = 0.0;
+  std::uint64_t mallocs = 0;
+  for (int it = 0; it < warmup + iters; ++it) {
+    auto t0 = std::chrono::steady_clock::now();
+    model->zero_grad();
+    Tensor z = model->forward(xg, Mode::train);
+    loss = be.softmax_xent(z, yg, 0.0, dl);
+    model->backward(dl);
+    opt.step(0.01);
+    ctx.sync_compute();
+    double t = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    if (it == warmup - 1) mallocs = cuda::device_allocator().stats().device_mallocs;
+    if (it >= warmup) ms.push_back(t);
+  }
+  return {{"median_ms", median(ms)},
+          {"min_ms", *std::min_element(ms.begin(), ms.end())},
+          {"final_loss", loss},
+          {"mallocs_in_timed_steps", cuda::device_allocator().stats().device_mallocs - mallocs}};
+}
+
+json torch_step(const std::string& ref, const ModelConfig& mc, int batch, const std::string& precision, int warmup,
+                int iters) {
+  std::ostringstream cmd;
+  cmd << "python3 " << ref << "/torch_gpu_step.py --model " << mc.name << " --batch " << batch << " --precision "
+      << precision << " --warmup " << warmup << " --iters " << iters << " --in-channels " << mc.in_channels
+      << " --size " << mc.height << " --classes " << mc.classes << " --depth " << mc.depth << " --width "
+      << mc.base_width << " 2>&1";
+  FILE* p = popen(cmd.str().c_str(), "r");
+  if (!p) return {{"error", "popen failed"}};
+  std::string out, last;
+  char buf[4096];
+  while (fgets(buf, sizeof buf, p)) {
+    out += buf;
+    std::string line(buf);
+    if (!line.empty() && line[0] == '{') last = line;
+  }
+  int rc = pclose(p);
+  if (last.empty()) return {{"error", "no JSON from PyTorch (rc " + std::to_string(rc) + "): " + out.substr(0, 300)}};
+  try {
+    return json::parse(last);
+  } catch (const std::exception& e) {
+    return {{"error", std::string("bad JSON from PyTorch: ") + e.what()}};
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"ringtrain vs PyTorch: GPU training-step time"};
+  std::string models = "cnn,resnet", out, ref;
+  int batch = 256, iters = 30, warmup = 5;
+  bool no_torch = false;
+  app.add_option("--models", models, "comma-separated: cnn,resnet,mlp");
+  app.add_option("--batch", batch, "batch size")->check(CLI::PositiveNumber);
+  app.add_option("--iters", iters, "timed steps")->check(CLI::PositiveNumber);
+  app.add_option("--warmup", warmup, "untimed steps first")->check(CLI::PositiveNumber);
+  app.add_option("--reference", ref, "directory of torch_gpu_step.py (default: $RINGTRAIN_SOURCE_DIR/bench/reference)");
+  app.add_option("--out", out, "write results as JSON here");
+  app.add_flag("--no-torch", no_torch, "skip the PyTorch reference");
+  CLI11_PARSE(app, argc, argv);
+  if (ref.empty()) {
+    const char* src = std::getenv("RINGTRAIN_SOURCE_DIR");
+    ref = std::string(src ? src : ".") + "/bench/reference";
+  }
+  if (!cuda::available()) {
+    std::printf("SKIPPED: no CUDA device\n");
+    return 77;
+  }
+  json results = json::array();
+  std::printf("%-8s %-5s %6s %14s %14s %10s\n", "model", "prec", "batch", "ringtrain ms", "pytorch ms", "rt/torch");
+  std::stringstream ss(models);
+  for (std::string name; std::getline(ss, name, ',');) {
+    ModelConfig mc = config_for(name);
+    for (std::string prec : {"fp32", "bf16"}) {
+      json r = {{"model", name}, {"precision", prec}, {"batch", batch}};
+      try {
+        if (prec == "fp32") r["ringtrain"] = ringtrain_step(mc, batch, warmup, iters);
+        else r["ringtrain"] = {{"error", "ringtrain's model builder has no bf16 layers yet"}};
+      } catch (const std::exception& e) {
+        r["ringtrain"] = {{"error", e.what()}};
+      }
+      if (!no_torch) r["pytorch"] = torch_step(ref, mc, batch, prec, warmup, iters);
+      auto ms = [](const json& j) { return j.contains("median_ms") ? j["median_ms"].get<double>() : -1.0; };
+      double a = ms(r["ringtrain"]), b = r.contains("pytorch") ? ms(r["pytorch"]) : -1.0;
+      std::printf("%-8s %-5s %6d %14.3f %14.3f %10s\n", name.c_str(), prec.c_str(), batch, a, b,
+                  a > 0 && b > 0 ? std::to_string(a / b).substr(0, 5).c_str() : "-");
+      for (const char* side : {"ringtrain", "pytorch"})
+        if (r.contains(side) && r[side].contains("error"))
+          std::printf("    %s: %s\n", side, r[side]["error"].get<std::string>().c_str());
+      results.push_back(r);
+    }
+  }
+  if (!out.empty()) std::ofstream(out) << results.dump(2) << "\n";
+  return 0;
+}

@@ -1,0 +1,72 @@
+#!/usr/bin/env python3
+"""PyTorch eager training-step time on the GPU, the reference for
+bench/gpu_train_step.cpp: the same model (torch_models.build, shared with the
+CPU throughput reference), batch, SGD(momentum) and loss, fp32 (TF32 off) or
+bf16 (autocast, fp32 master weights). Prints one JSON object on stdout."""
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="cnn")
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--in-channels", type=int, default=1)
+    ap.add_argument("--size", type=int, default=28)
+    ap.add_argument("--classes", type=int, default=10)
+    ap.add_argument("--depth", type=int, default=20)
+    ap.add_argument("--width", type=int, default=16)
+    a = ap.parse_args()
+    try:
+        import torch
+        import torch_models
+    except ImportError as e:
+        print(json.dumps({"error": f"PyTorch unavailable: {e}"}))
+        return
+    if not torch.cuda.is_available():
+        print(json.dumps({"error": "torch.cuda is not available"}))
+        return
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cudnn.benchmark = True
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    model = torch_models.build(a.model, a.in_channels, a.size, a.size, a.classes, a.depth, a.width).to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    x = torch.randn(a.batch, a.in_channels, a.size, a.size, device=dev)
+    y = torch.randint(0, a.classes, (a.batch,), device=dev)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=a.precision == "bf16"):
+            loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    for _ in range(a.warmup):
+        step()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(a.iters):
+        t0 = time.perf_counter()
+        loss = step()
+        loss.item()  # one host sync per step, as ringtrain's loss read-back
+        times.append(time.perf_counter() - t0)
+    print(json.dumps({"model": a.model, "batch": a.batch, "precision": a.precision,
+                      "median_ms": 1e3 * statistics.median(times), "min_ms": 1e3 * min(times),
+                      "torch": torch.__version__, "gpu": torch.cuda.get_device_name(0)}))
+
+
+if __name__ == "__main__":
+    main()

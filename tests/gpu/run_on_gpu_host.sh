@@ -1,0 +1,228 @@
+#!/usr/bin/env bash
+# Run ringtrain's GPU tests and benchmarks on a bare GPU host (no MPI, HDF5,
+# oneDNN installed; no network) — see tests/gpu/README.md.
+#
+#   tests/gpu/run_on_gpu_host.sh bundle [--build DIR] [--with-cuda-libs] [--archive]
+#       (here, after building DIR, default build-cuda) copies the binaries
+#       (ringtrain, test_gpu_*, bench_gpu_*, plus test_comm_* as a non-GPU MPI
+#       smoke test) and every shared library they and Open MPI's plugins load
+#       into .gpu-bundle/ (libcuda and the NVIDIA driver libraries excluded: the
+#       host has its own driver; glibc excluded: the host's is used). Open MPI
+#       is relocated: mpirun/orted, the plugin dir (openmpi3), help files and
+#       PMIx go under .gpu-bundle/ompi and OPAL_PREFIX points there.
+#       --with-cuda-libs also bundles cudart/cuBLAS(Lt)/cuDNN 9 (all engine
+#       libraries, which cuDNN dlopens) and NVRTC from the toolkit, for hosts
+#       without a CUDA 13 toolkit. --archive writes .gpu-bundle/bundle.tar.xz.
+#   tests/gpu/run_on_gpu_host.sh check
+#       ldd every bundled ELF with only the bundle on LD_LIBRARY_PATH and list
+#       what is missing (libcuda is expected to be missing on a machine without a GPU).
+#   tests/gpu/run_on_gpu_host.sh run [--np 2] [--tests-only|--bench-only] [--filter REGEX]
+#       (on the GPU host, from the repository root) runs every GPU test (mpi_*
+#       at 1..np ranks sharing the GPUs) and the GPU benchmarks; logs and CSV/JSON
+#       go to .gpu-bundle/results/. Exit status: number of failed tests.
+#   tests/gpu/run_on_gpu_host.sh mpi-smoke
+#       runs 2 ranks of test_comm_* from the bundle's own mpirun (OPAL_PREFIX),
+#       to check the relocated Open MPI without a GPU.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+B="${RINGTRAIN_BUNDLE:-$ROOT/.gpu-bundle}"
+MPI_LIBDIR=/usr/lib/x86_64-linux-gnu/openmpi/lib
+PMIX_DIR=/usr/lib/x86_64-linux-gnu/pmix2
+CUDA_LIB=/usr/local/cuda/lib64
+
+# Libraries never bundled: the driver (the host's must match its kernel module)
+# and glibc (the host's loader must load it).
+is_excluded() {
+  case "$(basename "$1")" in
+    libcuda.so*|libnvidia-*|libnvcuvid*|libcudadebugger*) return 0 ;;
+    ld-linux*|libc.so*|libm.so*|libpthread.so*|libdl.so*|librt.so*|libresolv.so*|libutil.so*|libanl.so*|libnsl.so*) return 0 ;;
+  esac
+  return 1
+}
+is_cuda_toolkit() {
+  case "$(basename "$1")" in
+    libcudart.so*|libcublas*.so*|libcudnn*.so*|libnvrtc*.so*|libnvJitLink*.so*|libcufft*|libcurand*|libcusparse*|libcusolver*) return 0 ;;
+  esac
+  return 1
+}
+
+copy_deps() {  # copy_deps ELF... : resolved dependencies into $B/lib
+  local f dep
+  for f in "$@"; do
+    ldd "$f" 2>/dev/null | awk '/=> \//{print $3}' | while read -r dep; do
+      is_excluded "$dep" && continue
+      if is_cuda_toolkit "$dep" && [[ "$WITH_CUDA" != 1 ]]; then continue; fi
+      [[ -e "$B/lib/$(basename "$dep")" ]] || cp -L "$dep" "$B/lib/"
+    done
+  done
+}
+
+cmd_bundle() {
+  local build="$ROOT/build-cuda" archive=0
+  WITH_CUDA=0
+  while [[ $# -gt 0 ]]; do
+    case "$1" in
+      --build) build="$(cd "$2" && pwd)"; shift 2 ;;
+      --with-cuda-libs) WITH_CUDA=1; shift ;;
+      --archive) archive=1; shift ;;
+      *) echo "bundle: unknown option $1" >&2; exit 2 ;;
+    esac
+  done
+  [[ -d "$build" ]] || { echo "bundle: build dir $build not found (build with CUDA first)" >&2; exit 1; }
+  rm -rf "$B"
+  mkdir -p "$B/bin" "$B/lib" "$B/ompi/bin" "$B/ompi/share" "$B/results"
+  local bins=()
+  [[ -x "$build/ringtrain" ]] && bins+=("$build/ringtrain")
+  while IFS= read -r f; do bins+=("$f"); done < <(find "$build/tests" "$build/bench" -maxdepth 1 -type f -perm -u+x \
+      \( -name 'test_gpu_*' -o -name 'bench_gpu_*' -o -name 'test_comm_*' \) 2>/dev/null | sort)
+  [[ ${#bins[@]} -gt 0 ]] || { echo "bundle: no binaries in $build (build the test_gpu_* targets)" >&2; exit 1; }
+  cp "${bins[@]}" "$B/bin/"
+  echo "bundle: ${#bins[@]} binaries"
+  # Relocated Open MPI: same layout below OPAL_PREFIX as below /usr.
+  local rel_lib="$B/ompi/lib/x86_64-linux-gnu/openmpi/lib"
+  mkdir -p "$rel_lib" "$B/ompi/lib/x86_64-linux-gnu/pmix2"
+  cp -rL "$MPI_LIBDIR/openmpi3" "$rel_lib/"
+  cp -rL /usr/share/openmpi "$B/ompi/share/"
+  cp -rL "$PMIX_DIR/lib" "$PMIX_DIR/share" "$B/ompi/lib/x86_64-linux-gnu/pmix2/" 2>/dev/null || true
+  cp -L "$(readlink -f /usr/bin/orterun)" "$B/ompi/bin/orterun"
+  ln -sf orterun "$B/ompi/bin/mpirun"
+  ln -sf orterun "$B/ompi/bin/mpiexec"
+  cp -L /usr/bin/orted "$B/ompi/bin/orted"
+  copy_deps "$B"/bin/* "$B"/ompi/bin/orterun "$B"/ompi/bin/orted "$rel_lib"/openmpi3/*.so
+  # Open MPI opens its own libraries by name from libdir as well.
+  for l in "$MPI_LIBDIR"/lib*.so; do cp -L "$l" "$rel_lib/" 2>/dev/null || true; done
+  if [[ "$WITH_CUDA" == 1 ]]; then
+    # cuDNN 9 dlopens its engine libraries; NVRTC for runtime-compiled engines.
+    cp -L "$CUDA_LIB"/libcudnn*.so.9 "$CUDA_LIB"/libnvrtc*.so.* "$B/lib/" 2>/dev/null || true
+    copy_deps "$B"/lib/libcudnn*.so.9
+  fi
+  # The PyTorch reference for the benchmarks (runs with the host's python3).
+  mkdir -p "$B/reference" && cp "$ROOT"/bench/reference/*.py "$B/reference/" 2>/dev/null || true
+  cp "$ROOT/tests/gpu/run_on_gpu_host.sh" "$B/"
+  echo "bundle: $(ls "$B/lib" | wc -l) libraries, $(du -sh "$B" | cut -f1) in $B"
+  if [[ "$archive" == 1 ]]; then
+    tar -C "$B" -cJf "$B/../gpu-bundle.tar.xz" --exclude=results . && mv "$B/../gpu-bundle.tar.xz" "$B/bundle.tar.xz"
+    echo "bundle: archive $(du -sh "$B/bundle.tar.xz" | cut -f1) at $B/bundle.tar.xz"
+  fi
+  cmd_check || true
+}
+
+bundle_env() {
+  if [[ ! -d "$B/bin" && -f "$B/bundle.tar.xz" ]]; then tar -C "$B" -xJf "$B/bundle.tar.xz"; fi
+  [[ -d "$B/bin" ]] || { echo "no bundle at $B: run '$0 bundle' on the build machine first" >&2; exit 1; }
+  export LD_LIBRARY_PATH="$B/lib:$B/ompi/lib/x86_64-linux-gnu/openmpi/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export OPAL_PREFIX="$B/ompi"
+  export PMIX_INSTALL_PREFIX="$B/ompi/lib/x86_64-linux-gnu/pmix2"
+  export PATH="$B/ompi/bin:$PATH"
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  # Single node, possibly a container: shared memory without CMA, no IB/UCX probing.
+  export OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none
+  export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_osc=^ucx OMPI_MCA_mca_base_component_show_load_errors=0
+  export RINGTRAIN_SOURCE_DIR="$ROOT"
+}
+
+cmd_check() {
+  local missing=0 f out
+  for f in "$B"/bin/* "$B"/ompi/bin/orterun "$B"/ompi/bin/orted "$B"/lib/*.so* \
+           "$B"/ompi/lib/x86_64-linux-gnu/openmpi/lib/openmpi3/*.so; do
+    [[ -f "$f" ]] || continue
+    out=$(env -i PATH=/usr/bin:/bin LD_LIBRARY_PATH="$B/lib:$B/ompi/lib/x86_64-linux-gnu/openmpi/lib" ldd "$f" 2>&1 \
+          | grep "not found" || true)
+    if [[ -n "$out" ]]; then
+      echo "$(basename "$f"):"; echo "$out"
+      if echo "$out" | grep -qv "libcuda.so"; then missing=1; fi
+    fi
+  done
+  if [[ "$missing" == 0 ]]; then
+    echo "check: self-contained (at most libcuda.so, the driver, is missing)"
+  else
+    echo "check: libraries besides libcuda are missing (see above)"
+    [[ "${WITH_CUDA:-0}" == 1 ]] || echo "       (toolkit libraries are bundled only with --with-cuda-libs)"
+  fi
+  return "$missing"
+}
+
+cmd_mpi_smoke() {
+  bundle_env
+  local t
+  t=$(ls "$B"/bin/test_comm_mpi_* 2>/dev/null | head -1 || true)
+  [[ -n "$t" ]] || { echo "mpi-smoke: no test_comm_mpi_* binary bundled" >&2; exit 1; }
+  echo "mpi-smoke: $(command -v mpirun) -np 2 $(basename "$t")"
+  env -i HOME="$HOME" PATH="$PATH" LD_LIBRARY_PATH="$LD_LIBRARY_PATH" OPAL_PREFIX="$OPAL_PREFIX" \
+      PMIX_INSTALL_PREFIX="$PMIX_INSTALL_PREFIX" OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+      OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none \
+      RINGTRAIN_SOURCE_DIR="$ROOT" \
+      "$B/ompi/bin/mpirun" -np 2 --oversubscribe "$t" --gtest_brief=1
+}
+
+cmd_run() {
+  local np=2 tests=1 bench=1 filter=""
+  while [[ $# -gt 0 ]]; do
+    case "$1" in
+      --np) np="$2"; shift 2 ;;
+      --tests-only) bench=0; shift ;;
+      --bench-only) tests=0; shift ;;
+      --filter) filter="$2"; shift 2 ;;
+      *) echo "run: unknown option $1" >&2; exit 2 ;;
+    esac
+  done
+  bundle_env
+  local R="$B/results" failed=0 passed=0 skipped=0 t name n rc
+  mkdir -p "$R"
+  command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$R/gpu.csv"
+  if [[ "$tests" == 1 ]]; then
+    for t in "$B"/bin/test_gpu_*; do
+      name=$(basename "$t")
+      [[ -z "$filter" || "$name" =~ $filter ]] || continue
+      if [[ "$name" == test_gpu_mpi_* ]]; then
+        for ((n = 1; n <= np; n++)); do
+          echo "== $name at $n ranks"
+          set +e
+          timeout 600 mpirun -np "$n" --oversubscribe "$t" --rt-gpu > "$R/$name.np$n.log" 2>&1; rc=$?
+          set -e
+          report "$name np$n" "$rc" "$R/$name.np$n.log"
+        done
+      else
+        echo "== $name"
+        set +e
+        timeout 600 "$t" --rt-gpu > "$R/$name.log" 2>&1; rc=$?
+        set -e
+        report "$name" "$rc" "$R/$name.log"
+      fi
+    done
+    echo "tests: $passed passed, $failed failed, $skipped skipped (logs in $R)"
+  fi
+  if [[ "$bench" == 1 ]]; then
+    for t in "$B"/bin/bench_gpu_*; do
+      [[ -x "$t" ]] || continue
+      name=$(basename "$t")
+      [[ -z "$filter" || "$name" =~ $filter ]] || continue
+      echo "== $name"
+      set +e
+      if [[ "$name" == *allreduce* ]]; then
+        timeout 600 mpirun -np 2 --oversubscribe "$t" --out "$R/$name.json" 2>&1 | tee "$R/$name.log"
+      else
+        timeout 600 "$t" --reference "$B/reference" --out "$R/$name.json" 2>&1 | tee "$R/$name.log"
+      fi
+      set -e
+    done
+  fi
+  return "$failed"
+}
+
+report() {  # report NAME RC LOG
+  case "$2" in
+    0) passed=$((passed + 1)); echo "   passed" ;;
+    77) skipped=$((skipped + 1)); echo "   SKIPPED: $(grep -m1 SKIPPED "$3" || true)" ;;
+    *) failed=$((failed + 1)); echo "   FAILED (rc $2), last lines of $3:"; tail -20 "$3" ;;
+  esac
+}
+
+case "${1:-}" in
+  bundle) shift; cmd_bundle "$@" ;;
+  check) shift; cmd_check ;;
+  run) shift; cmd_run "$@" ;;
+  mpi-smoke) shift; cmd_mpi_smoke ;;
+  *) sed -n '2,30p' "$0"; exit 2 ;;
+esac
