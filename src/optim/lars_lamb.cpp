@@ -68,7 +68,8 @@ void lamb_single_pass(T* __restrict p, const T* __restrict g, C* __restrict m, C
 }
 }  // namespace
 
-Lars::Lars(ParamArena& arena, OptimizerConfig cfg) : Optimizer(arena, std::move(cfg)) {
+Lars::Lars(ParamArena& arena, OptimizerConfig cfg) : Optimizer(arena, std::move(cfg), "lars") {
+  require_cpu();
   add_state("momentum_buffer");
 }
 
@@ -94,7 +95,8 @@ void Lars::update(double lr, std::int64_t) {
   }
 }
 
-Lamb::Lamb(ParamArena& arena, OptimizerConfig cfg) : Optimizer(arena, std::move(cfg)) {
+Lamb::Lamb(ParamArena& arena, OptimizerConfig cfg) : Optimizer(arena, std::move(cfg), "lamb") {
+  require_cpu();
   add_state("exp_avg");
   add_state("exp_avg_sq");
 }

@@ -18,13 +18,46 @@ std::string canonical_optimizer_name(const std::string& name) {
   RT_FAIL("unknown optimizer '", name, "' (expected sgd, adam, adamw, lars or lamb)");
 }
 
-Optimizer::Optimizer(ParamArena& arena, OptimizerConfig cfg) : arena_(arena), cfg_(std::move(cfg)) {
+namespace {
+void check_range(bool ok, const std::string& opt, const char* field, double v, const char* want) {
+  RT_CHECK(ok, "optimizer '", opt, "': ", field, " = ", v, " is invalid (", want, ")");
+}
+
+void validate(const OptimizerConfig& cfg) {
+  const std::string& n = cfg.name;
+  auto fin = [](double x) { return std::isfinite(x); };
+  check_range(fin(cfg.weight_decay) && cfg.weight_decay >= 0, n, "weight_decay", cfg.weight_decay, "finite, >= 0");
+  check_range(fin(cfg.momentum) && cfg.momentum >= 0, n, "momentum", cfg.momentum, "finite, >= 0");
+  check_range(fin(cfg.dampening) && cfg.dampening >= 0 && cfg.dampening <= 1, n, "dampening", cfg.dampening, "in [0, 1]");
+  check_range(cfg.beta1 >= 0 && cfg.beta1 < 1, n, "beta1", cfg.beta1, "in [0, 1)");
+  check_range(cfg.beta2 >= 0 && cfg.beta2 < 1, n, "beta2", cfg.beta2, "in [0, 1)");
+  check_range(fin(cfg.eps) && cfg.eps >= 0, n, "eps", cfg.eps, "finite, >= 0");
+  check_range(fin(cfg.trust_coefficient) && cfg.trust_coefficient > 0, n, "trust_coefficient",
+              cfg.trust_coefficient, "finite, > 0");
+  check_range(fin(cfg.max_trust_ratio), n, "max_trust_ratio", cfg.max_trust_ratio, "finite; <= 0 disables the clip");
+  RT_CHECK(!cfg.nesterov || n == "sgd", "optimizer '", n, "': nesterov applies to sgd only");
+  RT_CHECK(!cfg.nesterov || (cfg.momentum > 0 && cfg.dampening == 0), "optimizer 'sgd': nesterov needs momentum > 0 "
+           "and dampening 0 (got momentum ", cfg.momentum, ", dampening ", cfg.dampening, ")");
+}
+
+OptimizerConfig named(OptimizerConfig cfg, const char* name) {
+  cfg.name = name;
+  return cfg;
+}
+}  // namespace
+
+Optimizer::Optimizer(ParamArena& arena, OptimizerConfig cfg, const char* name)
+    : arena_(arena), cfg_(named(std::move(cfg), name)) {
+  validate(cfg_);
   RT_CHECK(arena_.finalized(), "optimizer '", cfg_.name, "': the parameter arena is not finalised");
-  RT_CHECK(arena_.device().is_cpu(), "optimizer '", cfg_.name, "': this implementation updates a CPU arena, got ",
-           arena_.device().str());
   for (DType dt : arena_.dtypes())
     optim_detail::dispatch_floating(dt, "optimizer", [](auto) {});
   step_ = Tensor::zeros({1}, DType::i64);
+}
+
+void Optimizer::require_cpu() const {
+  RT_CHECK(arena_.device().is_cpu(), "optimizer '", cfg_.name, "': this implementation updates a CPU arena, got ",
+           arena_.device().str());
 }
 
 std::int64_t Optimizer::steps() const { return step_.data<std::int64_t>()[0]; }
@@ -83,32 +116,11 @@ void Optimizer::load_state(const NamedTensors& in) {
   RT_CHECK(steps() >= 0, "optimizer '", cfg_.name, "': loaded a negative step count ", steps());
 }
 
-namespace {
-void check_range(bool ok, const std::string& opt, const char* field, double v, const char* want) {
-  RT_CHECK(ok, "optimizer '", opt, "': ", field, " = ", v, " is invalid (", want, ")");
-}
-}  // namespace
-
-std::unique_ptr<Optimizer> make_optimizer(ParamArena& arena, const OptimizerConfig& in) {
-  OptimizerConfig cfg = in;
-  cfg.name = canonical_optimizer_name(in.name);
-  const std::string& n = cfg.name;
-  auto fin = [](double x) { return std::isfinite(x); };
-  check_range(fin(cfg.weight_decay) && cfg.weight_decay >= 0, n, "weight_decay", cfg.weight_decay, "finite, >= 0");
-  check_range(fin(cfg.momentum) && cfg.momentum >= 0, n, "momentum", cfg.momentum, "finite, >= 0");
-  check_range(fin(cfg.dampening) && cfg.dampening >= 0 && cfg.dampening <= 1, n, "dampening", cfg.dampening, "in [0, 1]");
-  check_range(cfg.beta1 >= 0 && cfg.beta1 < 1, n, "beta1", cfg.beta1, "in [0, 1)");
-  check_range(cfg.beta2 >= 0 && cfg.beta2 < 1, n, "beta2", cfg.beta2, "in [0, 1)");
-  check_range(fin(cfg.eps) && cfg.eps >= 0, n, "eps", cfg.eps, "finite, >= 0");
-  check_range(fin(cfg.trust_coefficient) && cfg.trust_coefficient > 0, n, "trust_coefficient",
-              cfg.trust_coefficient, "finite, > 0");
-  check_range(fin(cfg.max_trust_ratio), n, "max_trust_ratio", cfg.max_trust_ratio, "finite; <= 0 disables the clip");
-  RT_CHECK(!cfg.nesterov || n == "sgd", "optimizer '", n, "': nesterov applies to sgd only");
-  RT_CHECK(!cfg.nesterov || (cfg.momentum > 0 && cfg.dampening == 0), "optimizer 'sgd': nesterov needs momentum > 0 "
-           "and dampening 0 (got momentum ", cfg.momentum, ", dampening ", cfg.dampening, ")");
+std::unique_ptr<Optimizer> make_optimizer(ParamArena& arena, const OptimizerConfig& cfg) {
+  const std::string n = canonical_optimizer_name(cfg.name);
   if (n == "sgd") return std::make_unique<Sgd>(arena, cfg);
-  if (n == "adam") return std::make_unique<Adam>(arena, cfg, false);
-  if (n == "adamw") return std::make_unique<Adam>(arena, cfg, true);
+  if (n == "adam") return std::make_unique<Adam>(arena, cfg, /*decoupled=*/false);
+  if (n == "adamw") return std::make_unique<Adam>(arena, cfg, /*decoupled=*/true);
   if (n == "lars") return std::make_unique<Lars>(arena, cfg);
   return std::make_unique<Lamb>(arena, cfg);
 }

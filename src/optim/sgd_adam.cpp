@@ -40,7 +40,8 @@ void adam_kernel(T* __restrict p, const T* __restrict g, C* __restrict m, C* __r
 }
 }  // namespace
 
-Sgd::Sgd(ParamArena& arena, OptimizerConfig cfg) : Optimizer(arena, std::move(cfg)) {
+Sgd::Sgd(ParamArena& arena, OptimizerConfig cfg) : Optimizer(arena, std::move(cfg), "sgd") {
+  require_cpu();
   if (config().momentum != 0.0) add_state("momentum_buffer");
 }
 
@@ -65,7 +66,8 @@ void Sgd::update(double lr, std::int64_t t) {
 }
 
 Adam::Adam(ParamArena& arena, OptimizerConfig cfg, bool decoupled)
-    : Optimizer(arena, std::move(cfg)), decoupled_(decoupled) {
+    : Optimizer(arena, std::move(cfg), decoupled ? "adamw" : "adam"), decoupled_(decoupled) {
+  require_cpu();
   add_state("exp_avg");
   add_state("exp_avg_sq");
 }

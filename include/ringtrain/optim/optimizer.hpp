@@ -62,16 +62,20 @@ class Optimizer {
   bool decays(std::size_t param) const;  // weight decay / trust ratio apply to param
 
   // Named state: "<param dtype>.<kind>" flat buffers (e.g. "float32.exp_avg",
-  // dtype float32 or float64, same numel as arena.params_flat) and "step" (int64 [1]).
+  // dtype float32 or float64, same numel as arena.params_flat, on the arena's
+  // device) and "step" (int64 [1], on the host).
   // Views: writing into them changes the optimizer state. Fixed order on every rank.
   NamedTensors state() const;
   // Copies every named tensor in; names, dtypes and sizes must match state() exactly.
   void load_state(const NamedTensors& state);
 
  protected:
-  Optimizer(ParamArena& arena, OptimizerConfig cfg);
+  // Validates cfg (Error names the field and value); `name` replaces cfg.name.
+  // Any device: a backend's subclass keeps the same state layout.
+  Optimizer(ParamArena& arena, OptimizerConfig cfg, const char* name);
   // Applies step number t (1-based) with learning rate lr.
   virtual void update(double lr, std::int64_t t) = 0;
+  void require_cpu() const;  // for the CPU implementations below
   // Declares a zeroed state buffer `kind` for every parameter dtype; call in constructors.
   void add_state(const std::string& kind);
   // The flat state buffer `kind` for parameters of dtype `param_dtype`.
@@ -84,6 +88,15 @@ class Optimizer {
   NamedTensors buffers_;
 };
 
+// The CPU implementations. Exact formulas: update_math.hpp. In short, per tensor:
+//   sgd   torch.optim.SGD: d = g + wd·w; buf = μ·buf + (1 − dampening)·d (buf = d at step 1);
+//         d = nesterov ? d + μ·buf : buf; w −= lr·d
+//   adam  torch.optim.Adam (L2 in the gradient), adamw torch.optim.AdamW (w ·= 1 − lr·wd),
+//         bias-corrected, eps outside the sqrt
+//   lars  λ = η·||w||/(||g|| + wd·||w||) (1 if a norm is 0); v = μ·v + lr·λ·(g + wd·w); w −= v
+//   lamb  u = m̂/(sqrt(v̂) + eps) + wd·w; r = min(||w||/||u||, max_trust_ratio) (1 if a norm is 0);
+//         w −= lr·r·u
+// Tensors with decay=false (unless decay_all): wd = 0 and λ = r = 1.
 class Sgd final : public Optimizer {
  public:
   Sgd(ParamArena& arena, OptimizerConfig cfg);
@@ -118,8 +131,8 @@ class Lamb final : public Optimizer {
   void update(double lr, std::int64_t t) override;
 };
 
-// Builds the optimizer named by cfg.name over a finalised CPU arena; validates
-// every hyper-parameter (Error names the field and the value).
+// Builds the optimizer named by cfg.name (canonical_optimizer_name) over a
+// finalised CPU arena; every hyper-parameter is validated.
 std::unique_ptr<Optimizer> make_optimizer(ParamArena& arena, const OptimizerConfig& cfg);
 
 }  // namespace ringtrain
