@@ -109,11 +109,13 @@ void Optimizer::load_state(const NamedTensors& in) {
                                   : std::string("an undefined tensor"));
     src[k] = &it->second;
   }
+  const Tensor step_in = src.back()->to(Device::cpu());
+  RT_CHECK(step_in.data<std::int64_t>()[0] >= 0, "optimizer '", cfg_.name, "': load_state got a negative step count ",
+           step_in.data<std::int64_t>()[0]);
   for (std::size_t k = 0; k < mine.size(); ++k) {
     Tensor dst = mine[k].second;
     dst.copy_from(*src[k]);
   }
-  RT_CHECK(steps() >= 0, "optimizer '", cfg_.name, "': loaded a negative step count ", steps());
 }
 
 std::unique_ptr<Optimizer> make_optimizer(ParamArena& arena, const OptimizerConfig& cfg) {

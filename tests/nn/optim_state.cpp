@@ -177,6 +177,10 @@ TEST(OptimState, LoadStateRejectsMismatchesAndKeepsState) {
   auto wrong_dtype = good;
   wrong_dtype[4].second = Tensor::zeros({1}, DType::f32);
   expect_error(wrong_dtype, "'step' must be int64");
+  auto negative = good;
+  negative[4].second = Tensor::zeros({1}, DType::i64);
+  negative[4].second.data<std::int64_t>()[0] = -3;
+  expect_error(negative, "negative step count -3");
   auto too_few = good;
   too_few.pop_back();
   expect_error(too_few, "expected 5");
