@@ -39,6 +39,15 @@ struct Engine::Impl {
   void execute(const std::vector<OpPtr>& ready);
   void execute_batch(const engine::Batch& b);
   void complete(const OpPtr& op, const std::string& error);
+  // Ends the current inter-cycle sleep early: the caller is about to block,
+  // so everything it will submit before that is already queued.
+  void wake() {
+    {
+      std::lock_guard lk(sleep_mu);
+      flush = true;
+    }
+    sleep_cv.notify_all();
+  }
   FusionOps& ops_for(DeviceKind k) { return k == DeviceKind::cpu ? *cpu_ops : *opts.device_ops; }
   template <typename F>
   void with_stats(F&& f) {
@@ -67,6 +76,7 @@ struct Engine::Impl {
   std::mutex sleep_mu;
   std::condition_variable sleep_cv;
   std::atomic<bool> stop_requested{false}, running{true};
+  std::atomic<bool> flush{false};  // a caller blocks in wait(): start the next cycle now
   std::thread thread;
 };
 
@@ -164,6 +174,7 @@ void Engine::Impl::wait(const OpPtr& op) {
   RT_CHECK(op->owner == this, "Engine::wait('", op->name, "'): the handle belongs to another Engine");
   double blocked = 0;
   if (!op->done) {
+    wake();
     auto t0 = Clock::now();
     std::unique_lock lk(done_mu);
     done_cv.wait(lk, [&] { return op->done.load(); });
@@ -184,6 +195,7 @@ void Engine::Impl::wait(const OpPtr& op) {
 
 void Engine::Impl::synchronize() {
   auto t0 = Clock::now();
+  wake();
   std::vector<OpPtr> failed;
   {
     std::unique_lock lk(done_mu);
@@ -243,7 +255,7 @@ void Engine::Impl::loop() {
         break;
       }
       std::unique_lock lk(sleep_mu);
-      sleep_cv.wait_until(lk, start + cycle, [&] { return stop_requested.load(); });
+      sleep_cv.wait_until(lk, start + cycle, [&] { return stop_requested.load() || flush.exchange(false); });
     }
   } catch (const std::exception& e) {
     // Peers would block in this engine's next collective: a rank never dies alone.

@@ -157,7 +157,9 @@ class Engine {
   // the result; `input` is only read.
   Handle allreduce_async(std::string name, Tensor input, Tensor output, ReduceOp op = ReduceOp::avg);
 
-  // Blocks until the operation completed; rethrows its Error.
+  // Blocks until the operation completed; rethrows its Error. A wait that has
+  // to block also starts the engine's next cycle at once instead of at the end
+  // of the cycle time (what was submitted before it is all queued by then).
   void wait(const Handle& h);
   // True once the operation completed (successfully or not); never blocks.
   bool poll(const Handle& h) const;
