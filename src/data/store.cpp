@@ -32,10 +32,18 @@ SampleStore::SampleStore(const std::vector<FileInfo>& infos, const std::vector<i
     f->info = &infos_[s];
     const std::string& path = f->info->path;
     f->file = h5::open_file(path, fapl);
-    // Chunk cache: a few chunks per file, enough for a sequential batch to hit every chunk once.
-    h5::Handle dapl(H5Pcreate(H5P_DATASET_ACCESS));
-    H5Pset_chunk_cache(dapl, 521, 16 << 20, 1.0);
-    f->images = h5::Handle(h5::check_id(H5Dopen2(f->file, kImages, dapl), path, "opening /images"));
+    f->images = h5::Handle(h5::check_id(H5Dopen2(f->file, kImages, H5P_DEFAULT), path, "opening /images"));
+    if (!cache) {
+      // Chunk cache: uncompressed chunks are better read directly (only the selected
+      // samples' bytes: caching would read a whole 256 KiB chunk per 784-byte image);
+      // compressed chunks must be decoded whole, so keep many of them.
+      h5::Handle dcpl(H5Dget_create_plist(f->images));
+      bool filtered = H5Pget_nfilters(dcpl) > 0;
+      f->images.reset();  // an open handle would keep its cache settings for the reopen
+      h5::Handle dapl(H5Pcreate(H5P_DATASET_ACCESS));
+      H5Pset_chunk_cache(dapl, filtered ? 12421 : 0, filtered ? std::size_t(64) << 20 : 0, 1.0);
+      f->images = h5::Handle(h5::check_id(H5Dopen2(f->file, kImages, dapl), path, "opening /images"));
+    }
     h5::Handle lb(h5::check_id(H5Dopen2(f->file, kLabels, H5P_DEFAULT), path, "opening /labels"));
     f->labels.resize(f->info->count);
     h5::check(H5Dread(lb, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, mpio ? dxpl_.get() : H5P_DEFAULT, f->labels.data()),
@@ -88,40 +96,46 @@ void SampleStore::read(const std::int64_t* ids, std::int64_t n, std::uint8_t* ds
     }
     return;
   }
-  // Sort (dedupe) the ids, read each file's runs with one H5Dread, scatter back.
+  std::lock_guard lk(hdf5_mutex());
+  if (mpio_) {
+    // Collective: every rank must make the same number of calls, so one call per
+    // batch position (b on every rank), each reading one sample per rank.
+    for (std::int64_t q = 0; q < n; ++q) read_run(ids[q], 1, dst + q * sb_);
+    return;
+  }
+  // Independent: sort and dedupe, read each run of consecutive ids with one
+  // H5Dread (a plain hyperslab: HDF5 1.10 reads a union of many hyperslabs ~70x
+  // slower than the same samples read one by one), then scatter into batch order.
   uniq_.assign(ids, ids + n);
   std::sort(uniq_.begin(), uniq_.end());
   uniq_.erase(std::unique(uniq_.begin(), uniq_.end()), uniq_.end());
   scratch_.resize(uniq_.size() * std::size_t(sb_));
-  std::lock_guard lk(hdf5_mutex());
-  std::size_t i = 0;
-  while (i < uniq_.size()) {
+  for (std::size_t i = 0; i < uniq_.size();) {
     std::int64_t local = 0;
-    File& f = file_of(uniq_[i], local);
-    const std::string& path = f.info->path;
+    const File& f = file_of(uniq_[i], local);
     const std::int64_t end_id = f.info->first_index + f.info->count;
-    h5::Handle fs(H5Dget_space(f.images));
-    H5Sselect_none(fs);
-    std::size_t j = i;
-    while (j < uniq_.size() && uniq_[j] < end_id) {  // one run of consecutive ids
-      std::size_t k = j + 1;
-      while (k < uniq_.size() && uniq_[k] == uniq_[k - 1] + 1 && uniq_[k] < end_id) ++k;
-      hsize_t start[4] = {hsize_t(uniq_[j] - f.info->first_index), 0, 0, 0};
-      hsize_t count[4] = {hsize_t(k - j), hsize_t(f.info->channels), hsize_t(f.info->height),
-                          hsize_t(f.info->width)};
-      h5::check(H5Sselect_hyperslab(fs, H5S_SELECT_OR, start, nullptr, count, nullptr), path, "selecting samples");
-      j = k;
-    }
-    hsize_t mdims = hsize_t(j - i) * hsize_t(sb_);
-    h5::Handle ms(H5Screate_simple(1, &mdims, nullptr));
-    h5::check(H5Dread(f.images, H5T_NATIVE_UINT8, ms, fs, dxpl_, scratch_.data() + i * sb_), path,
-              "reading /images (truncated or corrupt data?)");
-    i = j;
+    std::size_t k = i + 1;
+    while (k < uniq_.size() && uniq_[k] == uniq_[k - 1] + 1 && uniq_[k] < end_id) ++k;
+    read_run(uniq_[i], std::int64_t(k - i), scratch_.data() + i * sb_);
+    i = k;
   }
   for (std::int64_t q = 0; q < n; ++q) {
     std::size_t at = std::size_t(std::lower_bound(uniq_.begin(), uniq_.end(), ids[q]) - uniq_.begin());
     std::memcpy(dst + q * sb_, scratch_.data() + at * sb_, std::size_t(sb_));
   }
+}
+
+void SampleStore::read_run(std::int64_t id, std::int64_t count, std::uint8_t* dst) {
+  std::int64_t local = 0;
+  File& f = file_of(id, local);
+  const std::string& path = f.info->path;
+  hsize_t start[4] = {hsize_t(local), 0, 0, 0};
+  hsize_t cnt[4] = {hsize_t(count), hsize_t(f.info->channels), hsize_t(f.info->height), hsize_t(f.info->width)};
+  h5::Handle fs(H5Dget_space(f.images));
+  h5::check(H5Sselect_hyperslab(fs, H5S_SELECT_SET, start, nullptr, cnt, nullptr), path, "selecting samples");
+  h5::Handle ms(H5Screate_simple(4, cnt, nullptr));
+  h5::check(H5Dread(f.images, H5T_NATIVE_UINT8, ms, fs, dxpl_, dst), path,
+            cat("reading /images samples [", local, ", ", local + count, ") (truncated or corrupt data?)"));
 }
 
 }  // namespace ringtrain::data

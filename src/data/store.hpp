@@ -41,6 +41,7 @@ class SampleStore {
     std::vector<std::uint8_t> pixels;  // when cached
   };
   File& file_of(std::int64_t id, std::int64_t& local);
+  void read_run(std::int64_t id, std::int64_t count, std::uint8_t* dst);  // holds hdf5_mutex()
   const File& file_of(std::int64_t id, std::int64_t& local) const;
 
   std::vector<FileInfo> infos_;
