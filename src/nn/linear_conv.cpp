@@ -61,6 +61,20 @@ Conv2d::Conv2d(std::string name, Conv2dSpec spec, Init init) : Layer(std::move(n
   RT_CHECK(s.in_channels > 0 && s.out_channels > 0 && s.kernel_h > 0 && s.kernel_w > 0 && s.stride_h > 0 &&
                s.stride_w > 0 && s.pad_h >= 0 && s.pad_w >= 0 && s.dilation_h > 0 && s.dilation_w > 0,
            "Conv2d '", name_, "': channels, kernel, stride and dilation must be positive and padding >= 0");
+  const auto& p = spec_.pool;
+  if (s.fuse_pool)
+    RT_CHECK(p.kernel_h > 0 && p.kernel_w > 0 && p.stride_h > 0 && p.stride_w > 0 && p.pad_h >= 0 && p.pad_w >= 0 &&
+                 2 * p.pad_h <= p.kernel_h && 2 * p.pad_w <= p.kernel_w,
+             "Conv2d '", name_, "': fused pooling needs a positive kernel and stride and padding at most half the kernel");
+}
+
+const char* Conv2d::type() const {
+  if (spec_.fuse_pool) {
+    const bool mx = spec_.pool.kind == PoolKind::max;
+    if (spec_.fuse_relu) return mx ? "Conv2d+ReLU+MaxPool2d" : "Conv2d+ReLU+AvgPool2d";
+    return mx ? "Conv2d+MaxPool2d" : "Conv2d+AvgPool2d";
+  }
+  return spec_.fuse_relu ? "Conv2d+ReLU" : "Conv2d";
 }
 
 void Conv2d::register_params(ParamArena& arena, int li, const std::string& prefix) {
@@ -86,6 +100,16 @@ void Conv2d::init(const ParamArena& arena, std::uint64_t seed) {
 }
 
 Shape Conv2d::output_shape(const Shape& in) const {
+  Shape o = conv_shape(in);
+  if (!spec_.fuse_pool) return o;
+  const auto& p = spec_.pool;
+  std::int64_t ph = (o[2] + 2 * p.pad_h - p.kernel_h) / p.stride_h + 1;
+  std::int64_t pw = (o[3] + 2 * p.pad_w - p.kernel_w) / p.stride_w + 1;
+  RT_CHECK(ph > 0 && pw > 0, "Conv2d '", name_, "': its output ", shape_str(o), " is smaller than the fused pooling");
+  return {o[0], o[1], ph, pw};
+}
+
+Shape Conv2d::conv_shape(const Shape& in) const {
   const auto& s = spec_;
   RT_CHECK(in.size() == 4 && in[1] == s.in_channels, "Conv2d '", name_, "': expects input [N, ", s.in_channels,
            ", H, W], got ", shape_str(in));
@@ -96,7 +120,7 @@ Shape Conv2d::output_shape(const Shape& in) const {
 }
 
 double Conv2d::forward_flops(const Shape& in) const {
-  Shape o = output_shape(in);
+  Shape o = conv_shape(in);
   return 2.0 * double(shape_numel(o)) * double(spec_.in_channels * spec_.kernel_h * spec_.kernel_w);
 }
 

@@ -1,6 +1,7 @@
 // The model zoo: mlp, cnn and resnet (ResNet-20 style), built by name.
-// ReLUs that directly follow a Conv2d or Linear are fused into it (the
-// backend then applies them in the same pass); the math is unchanged.
+// ReLUs (and in `cnn` the max pooling) that directly follow a Conv2d or
+// Linear are fused into it (the backend then applies them in the same pass and
+// keeps the large intermediate in its preferred layout); the math is unchanged.
 #include <cmath>
 
 #include "ringtrain/nn/layers.hpp"
@@ -30,7 +31,16 @@ LayerPtr conv(const char* name, std::int64_t in, std::int64_t out, std::int64_t 
   return std::make_unique<Conv2d>(name, s);
 }
 
-LayerPtr maxpool(const char* name) { return std::make_unique<Pool2d>(name, Pool2dSpec{}); }
+// Conv + ReLU + 2x2 max pooling in one layer (one kernel call on the backend).
+LayerPtr conv_relu_pool(const char* name, std::int64_t in, std::int64_t out) {
+  Conv2dSpec s;
+  s.in_channels = in;
+  s.out_channels = out;
+  s.pad_h = s.pad_w = 1;
+  s.fuse_relu = true;
+  s.fuse_pool = true;
+  return std::make_unique<Conv2d>(name, s);
+}
 
 std::vector<LayerPtr> build_layers(const ModelConfig& c) {
   RT_CHECK(c.in_channels > 0 && c.height > 0 && c.width > 0, "model '", c.name,
@@ -46,10 +56,8 @@ std::vector<LayerPtr> build_layers(const ModelConfig& c) {
     L.push_back(linear("fc3", 128, c.classes, false));
   } else if (c.name == "cnn") {
     RT_CHECK(c.height >= 4 && c.width >= 4, "model 'cnn': input must be at least 4x4, got ", c.height, "x", c.width);
-    L.push_back(conv("conv1", c.in_channels, 32, 3, 1, true, true));
-    L.push_back(maxpool("pool1"));
-    L.push_back(conv("conv2", 32, 64, 3, 1, true, true));
-    L.push_back(maxpool("pool2"));
+    L.push_back(conv_relu_pool("conv1", c.in_channels, 32));
+    L.push_back(conv_relu_pool("conv2", 32, 64));
     L.push_back(std::make_unique<Flatten>("flatten"));
     L.push_back(linear("fc1", 64 * (c.height / 2 / 2) * (c.width / 2 / 2), 128, true));
     if (c.dropout > 0) L.push_back(std::make_unique<Dropout>("dropout", c.dropout));

@@ -192,3 +192,57 @@ TEST(GradCheck, SequentialOfLayers) {
   gc.run(h, random_tensor({2, 2, 4, 6}, 32));
   EXPECT_EQ(h.arena.info(0).name, "seq.c.weight");
 }
+
+TEST(GradCheck, Conv2dFusedReluMaxPool) {
+  // Small, so that no weight perturbation moves a pooled maximum or a ReLU
+  // input across a kink (FusedConv.MatchesSeparateLayers covers big shapes).
+  Conv2dSpec s = conv_spec(3, 4, 3, 1, 1, 1, true, true);
+  s.fuse_pool = true;  // default pool: max 2x2 stride 2
+  Harness h(std::make_unique<Conv2d>("conv", s));
+  h.randomize_params(33);
+  GradCheck gc;
+  gc.eps = 1e-3;
+  Tensor x = random_tensor({1, 3, 4, 5}, 34);
+  gc.run(h, x);
+  EXPECT_EQ(h.layer->output_shape(x.shape()), (Shape{1, 4, 2, 2}));
+  EXPECT_STREQ(h.layer->type(), "Conv2d+ReLU+MaxPool2d");
+}
+
+TEST(GradCheck, Conv2dFusedAvgPoolNoRelu) {
+  Conv2dSpec s = conv_spec(2, 4, 3, 1, 0, 1, false, false);
+  s.fuse_pool = true;
+  s.pool = Pool2dSpec{PoolKind::avg, 3, 3, 2, 2, 1, 1};
+  Harness h(std::make_unique<Conv2d>("conv", s));
+  h.randomize_params(35);
+  GradCheck{}.run(h, random_tensor({2, 2, 8, 8}, 36));
+}
+
+// The fused layer computes exactly what the separate layers compute.
+class FusedConv : public ::testing::TestWithParam<std::tuple<int, int, int>> {};
+
+TEST_P(FusedConv, MatchesSeparateLayers) {
+  auto [cout, h, w] = GetParam();
+  Conv2dSpec s = conv_spec(3, cout, 3, 1, 1, 1, true, true);
+  Harness sep(std::make_unique<Conv2d>("c", s));
+  s.fuse_pool = true;
+  Harness fused(std::make_unique<Conv2d>("c", s));
+  sep.randomize_params(37);
+  fused.randomize_params(37);
+  Harness pool(std::make_unique<Pool2d>("p", Pool2dSpec{}));
+  Tensor x = random_tensor({4, 3, h, w}, 38);
+  Tensor y1 = pool.layer->forward(sep.layer->forward(x, Mode::train), Mode::train);
+  Tensor y2 = fused.layer->forward(x, Mode::train);
+  ASSERT_EQ(y1.shape(), y2.shape());
+  for (std::int64_t i = 0; i < y1.numel(); ++i) EXPECT_NEAR(y1.data<float>()[i], y2.data<float>()[i], 1e-5);
+  Tensor r = random_tensor(y1.shape(), 39);
+  Tensor dx1 = sep.layer->backward(pool.layer->backward(r, true, false), true, false);
+  Tensor dx2 = fused.layer->backward(r, true, false);
+  for (std::int64_t i = 0; i < dx1.numel(); ++i) EXPECT_NEAR(dx1.data<float>()[i], dx2.data<float>()[i], 1e-5);
+  for (std::size_t p = 0; p < 2; ++p)
+    for (std::int64_t i = 0; i < sep.arena.grad(p).numel(); ++i)
+      EXPECT_NEAR(sep.arena.grad(p).data<float>()[i], fused.arena.grad(p).data<float>()[i], 1e-4);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, FusedConv,
+                         ::testing::Values(std::make_tuple(16, 10, 10), std::make_tuple(8, 6, 7),
+                                           std::make_tuple(8, 7, 7), std::make_tuple(5, 6, 6)));

@@ -30,6 +30,15 @@
 namespace ringtrain {
 
 // ---- layer specifications (device-neutral) --------------------------------
+enum class PoolKind { max, avg };
+struct Pool2dSpec {
+  PoolKind kind = PoolKind::max;
+  std::int64_t kernel_h = 2, kernel_w = 2;
+  std::int64_t stride_h = 2, stride_w = 2;
+  std::int64_t pad_h = 0, pad_w = 0;  // avg pooling counts padding (PyTorch default)
+  DType dtype = DType::f32;
+};
+
 struct Conv2dSpec {
   std::int64_t in_channels = 0, out_channels = 0;
   std::int64_t kernel_h = 3, kernel_w = 3;
@@ -38,6 +47,11 @@ struct Conv2dSpec {
   std::int64_t dilation_h = 1, dilation_w = 1;  // 1 = dense (PyTorch convention)
   bool bias = true;
   bool fuse_relu = false;  // y = relu(conv(x)); backward then needs y
+  // y = pool(relu?(conv(x))): the pooling runs inside the kernel, so that the
+  // large pre-pool activation never leaves the device's preferred layout. The
+  // kernel keeps that activation (and pooling indices) for its backward.
+  bool fuse_pool = false;
+  Pool2dSpec pool;
   DType dtype = DType::f32;
 };
 
@@ -55,15 +69,6 @@ struct BatchNormSpec {
   DType dtype = DType::f32;
 };
 
-enum class PoolKind { max, avg };
-struct Pool2dSpec {
-  PoolKind kind = PoolKind::max;
-  std::int64_t kernel_h = 2, kernel_w = 2;
-  std::int64_t stride_h = 2, stride_w = 2;
-  std::int64_t pad_h = 0, pad_w = 0;  // avg pooling counts padding (PyTorch default)
-  DType dtype = DType::f32;
-};
-
 enum class Eltwise { relu, gelu };  // gelu = exact erf form (PyTorch default)
 
 // ---- kernels ----------------------------------------------------------------
@@ -74,6 +79,7 @@ class Conv2dKernel {
   // x [N,Cin,H,W], w [Cout,Cin,kh,kw], b [Cout] or undefined, y [N,Cout,OH,OW].
   virtual void forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y) = 0;
   // y is forward's output (used to mask dy when fuse_relu); dx undefined = not needed.
+  // With fuse_pool, y and dy have the pooled shape.
   virtual void backward(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& dy, Tensor& dx,
                         Tensor& dw, Tensor& db, bool accumulate) = 0;
 };

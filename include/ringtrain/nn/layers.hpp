@@ -37,7 +37,7 @@ class Linear : public Layer {
 class Conv2d : public Layer {
  public:
   Conv2d(std::string name, Conv2dSpec spec, Init init = Init::kaiming_normal);
-  const char* type() const override { return spec_.fuse_relu ? "Conv2d+ReLU" : "Conv2d"; }
+  const char* type() const override;
   const Conv2dSpec& spec() const { return spec_; }
   void register_params(ParamArena& arena, int layer_index, const std::string& prefix) override;
   void bind(const BindContext& ctx) override;
@@ -50,6 +50,7 @@ class Conv2d : public Layer {
   Tensor do_backward(const Tensor& dy, bool need_dx, bool accumulate) override;
 
  private:
+  Shape conv_shape(const Shape& in) const;  // before the fused pooling
   Conv2dSpec spec_;
   Init init_;
   std::size_t w_ = 0, b_ = 0;

@@ -1,9 +1,14 @@
-// Conv2d on oneDNN: forward (ReLU fused as a post-op), backward data and
-// backward weights (+bias). The primitives choose their memory formats
-// ("any"): on AVX2/AVX-512 that is nChw8c/16c with blocked weights; the
-// reorders to and from the caller's plain NCHW are built once per input shape.
-// The forward's reordered input is reused by backward-weights, and a reordered
-// output gradient is shared by backward-data and backward-weights.
+// Conv2d on oneDNN: forward (ReLU fused as a post-op, pooling optionally fused
+// after it), backward data and backward weights (+bias).
+//
+// The primitives choose their memory formats ("any"): on AVX2/AVX-512 that is
+// nChw8c/16c with blocked weights. Reorders to and from the caller's plain
+// NCHW are created once per input shape and cached with the primitives. With
+// fused pooling, the large pre-pool activation stays in the blocked format
+// (pooling, its backward and the ReLU mask run there) and only the pooled
+// tensor is reordered. The forward's reordered input is reused by
+// backward-weights, and one reordered output gradient feeds both backward
+// primitives when their formats agree.
 #include <map>
 
 #include "cpu_backend.hpp"
@@ -12,6 +17,26 @@ namespace ringtrain::cpu {
 namespace {
 
 using namespace dnnl;
+
+// A cached reorder between two oneDNN memories (no-op when formats agree).
+struct Convert {
+  memory dst;
+  reorder r;
+  bool needed = false;
+  Convert() = default;
+  Convert(const memory& src, const memory::desc& want, const engine& eng) {
+    needed = src.get_desc() != want;
+    if (needed) {
+      dst = memory(want, eng);
+      r = reorder(src, dst);
+    }
+  }
+  memory& operator()(memory& src, stream& s) {
+    if (!needed) return src;
+    r.execute(s, src, dst);
+    return dst;
+  }
+};
 
 class CpuConv2d final : public Conv2dKernel {
  public:
@@ -22,37 +47,68 @@ class CpuConv2d final : public Conv2dKernel {
   void forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y) override {
     Plan& p = plan(x.shape());
     auto& st = d_->strm;
+    memory& out = s_.fuse_pool ? p.act : p.dst.out(y.raw());
     std::unordered_map<int, memory> args{{DNNL_ARG_SRC, p.src.in(x.raw(), st)},
                                          {DNNL_ARG_WEIGHTS, p.wei.in(w.raw(), st)},
-                                         {DNNL_ARG_DST, p.dst.out(y.raw())},
+                                         {DNNL_ARG_DST, out},
                                          {DNNL_ARG_SCRATCHPAD, p.scratch_f}};
     if (s_.bias) args.emplace(DNNL_ARG_BIAS, p.bia.in(b.raw(), st));
     p.fwd.execute(st, args);
-    p.dst.finish(st, false);
-    p.src_valid = true;
+    if (s_.fuse_pool) {
+      std::unordered_map<int, memory> pargs{{DNNL_ARG_SRC, p.act}, {DNNL_ARG_DST, p.pdst.out(y.raw())}};
+      if (p.ws) pargs.emplace(DNNL_ARG_WORKSPACE, p.ws);
+      p.pfwd.execute(st, pargs);
+      p.pdst.finish(st, false);
+    } else {
+      p.dst.finish(st, false);
+    }
+    st.wait();
   }
 
   void backward(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& dy, Tensor& dx, Tensor& dw,
                 Tensor& db, bool accumulate) override {
     Plan& p = plan(x.shape());
     auto& st = d_->strm;
-    const void* g = dy.raw();
-    if (s_.fuse_relu) {
-      relu_mask(y.data<float>(), dy.data<float>(), p.masked.data<float>(), dy.numel());
-      g = p.masked.raw();
+    memory* g;  // output gradient of the convolution (after ReLU's mask)
+    if (s_.fuse_pool) {
+      // max(relu(z)) = relu(max(z)) with the same argmax wherever the gradient
+      // is non-zero, so the ReLU mask can be applied on the 4x smaller pooled
+      // gradient, before the pooling backward.
+      const bool mask_pooled = s_.fuse_relu && s_.pool.kind == PoolKind::max;
+      const void* gp = dy.raw();
+      if (mask_pooled) {
+        relu_mask(y.data<float>(), dy.data<float>(), p.masked.data<float>(), dy.numel());
+        gp = p.masked.raw();
+      }
+      std::unordered_map<int, memory> pargs{{DNNL_ARG_DIFF_DST, p.pddst.in(gp, st)}, {DNNL_ARG_DIFF_SRC, p.gact}};
+      if (p.ws) pargs.emplace(DNNL_ARG_WORKSPACE, p.ws);
+      p.pbwd.execute(st, pargs);
+      st.wait();
+      if (s_.fuse_relu && !mask_pooled) {
+        const auto n = static_cast<std::int64_t>(p.gact.get_desc().get_size() / sizeof(float));
+        float* ga = static_cast<float*>(p.gact.get_data_handle());
+        relu_mask(static_cast<const float*>(p.act.get_data_handle()), ga, ga, n);
+      }
+      g = &p.gact;
+    } else {
+      const void* gp = dy.raw();
+      if (s_.fuse_relu) {
+        relu_mask(y.data<float>(), dy.data<float>(), p.masked.data<float>(), dy.numel());
+        gp = p.masked.raw();
+      }
+      g = &p.gin.in(gp, st);
     }
-    memory& gd = p.ddst.in(g, st);  // shared by both backward primitives
     if (dx.defined()) {
-      p.bwd_data.execute(st, {{DNNL_ARG_DIFF_DST, p.ddst_bd_shared ? gd : p.ddst_bd.in(g, st)},
+      p.bwd_data.execute(st, {{DNNL_ARG_DIFF_DST, p.g_bd(*g, st)},
                               {DNNL_ARG_WEIGHTS, p.wei_bd.in(w.raw(), st)},
                               {DNNL_ARG_DIFF_SRC, p.dsrc.out(dx.raw())},
                               {DNNL_ARG_SCRATCHPAD, p.scratch_bd}});
       p.dsrc.finish(st, false);
     }
-    // The forward's reordered input is still there unless another forward ran.
-    memory& xs = (p.src_bw_shared && p.src_valid) ? p.src.inner() : p.src_bw.in(x.raw(), st);
+    // The forward's reordered input is still there: the layer passes the same x.
+    memory& xs = p.src_bw_shared ? p.src.inner() : p.src_bw.in(x.raw(), st);
     std::unordered_map<int, memory> args{{DNNL_ARG_SRC, xs},
-                                         {DNNL_ARG_DIFF_DST, gd},
+                                         {DNNL_ARG_DIFF_DST, p.g_bw(*g, st)},
                                          {DNNL_ARG_DIFF_WEIGHTS, p.dwei.out(dw.raw())},
                                          {DNNL_ARG_SCRATCHPAD, p.scratch_bw}};
     if (s_.bias) args.emplace(DNNL_ARG_DIFF_BIAS, p.dbia.out(db.raw()));
@@ -67,12 +123,17 @@ class CpuConv2d final : public Conv2dKernel {
     convolution_forward fwd;
     convolution_backward_data bwd_data;
     convolution_backward_weights bwd_w;
-    Arg src, wei, bia, dst;             // forward
-    Arg ddst, ddst_bd, wei_bd, dsrc;    // backward data (ddst in bwd-weights' format)
-    Arg src_bw, dwei, dbia;             // backward weights
-    bool ddst_bd_shared = false, src_bw_shared = false, src_valid = false;
+    Arg src, wei, bia, dst;           // forward (dst unused with fused pooling)
+    memory act, gact, ws;             // fused pooling: activation, its gradient, pooling indices
+    pooling_v2_forward pfwd;
+    pooling_v2_backward pbwd;
+    Arg pdst, pddst;                  // pooled output / its gradient, plain <-> blocked
+    Arg gin;                          // unpooled: plain output gradient -> backward format
+    Convert g_bd, g_bw;               // output gradient -> each backward primitive's format
+    Arg wei_bd, dsrc, src_bw, dwei, dbia;
+    bool src_bw_shared = false;
     memory scratch_f, scratch_bd, scratch_bw;
-    Tensor masked;  // ReLU-masked output gradient (plain)
+    Tensor masked;  // ReLU-masked output gradient (plain; pooled shape with fused max pooling)
   };
 
   Plan& plan(const Shape& xs) {
@@ -95,6 +156,8 @@ class CpuConv2d final : public Conv2dKernel {
       po.append_eltwise(1.f, algorithm::eltwise_relu, 0.f, 0.f);
       attr.set_post_ops(po);
     }
+    // Without fused pooling the output is the caller's: ask for it plain only
+    // if oneDNN would otherwise pick a blocked one anyway (it reorders either way).
     auto fd = s.bias ? convolution_forward::desc(prop_kind::forward_training, algorithm::convolution_direct,
                                                  any(src_d), any(wei_d), bia_p, any(dst_d), strides, dil, pad, pad)
                      : convolution_forward::desc(prop_kind::forward_training, algorithm::convolution_direct,
@@ -106,11 +169,7 @@ class CpuConv2d final : public Conv2dKernel {
         convolution_backward_data::desc(algorithm::convolution_direct, any(src_d), any(wei_d), any(dst_d), strides,
                                         dil, pad, pad),
         battr, eng, fpd);
-    auto bwd = s.bias ? convolution_backward_weights::desc(algorithm::convolution_direct, any(src_d), any(wei_d),
-                                                           bia_p, any(dst_d), strides, dil, pad, pad)
-                      : convolution_backward_weights::desc(algorithm::convolution_direct, any(src_d), any(wei_d),
-                                                           any(dst_d), strides, dil, pad, pad);
-    convolution_backward_weights::primitive_desc bwpd(bwd, battr, eng, fpd);
+    convolution_backward_weights::primitive_desc bwpd = weights_pd(src_d, wei_d, bia_p, dst_d, strides, dil, pad, fpd);
 
     Plan p;
     p.fwd = convolution_forward(fpd);
@@ -119,13 +178,39 @@ class CpuConv2d final : public Conv2dKernel {
     p.src = Arg(src_p, fpd.src_desc(), eng, true);
     p.wei = Arg(wei_p, fpd.weights_desc(), eng, true);
     if (s.bias) p.bia = Arg(bia_p, fpd.bias_desc(), eng, true);
-    p.dst = Arg(dst_p, fpd.dst_desc(), eng, false);
-    p.ddst = Arg(dst_p, bwpd.diff_dst_desc(), eng, true);
-    p.ddst_bd_shared = bdpd.diff_dst_desc() == bwpd.diff_dst_desc();
-    if (!p.ddst_bd_shared) p.ddst_bd = Arg(dst_p, bdpd.diff_dst_desc(), eng, true);
+    memory gsrc;  // what the conv backward receives before any format conversion
+    if (s.fuse_pool) {
+      const auto& q = s.pool;
+      const memory::dim ph = (oh + 2 * q.pad_h - q.kernel_h) / q.stride_h + 1;
+      const memory::dim pw = (ow + 2 * q.pad_w - q.kernel_w) / q.stride_w + 1;
+      memory::dims pd_d{xs[0], s.out_channels, ph, pw}, k{q.kernel_h, q.kernel_w}, st{q.stride_h, q.stride_w},
+          pdil{0, 0}, pl{q.pad_h, q.pad_w}, pr{(ph - 1) * q.stride_h + q.kernel_h - oh - q.pad_h,
+                                               (pw - 1) * q.stride_w + q.kernel_w - ow - q.pad_w};
+      const algorithm alg = q.kind == PoolKind::max ? algorithm::pooling_max : algorithm::pooling_avg_include_padding;
+      p.act = memory(fpd.dst_desc(), eng);
+      pooling_v2_forward::primitive_desc ppd(
+          {prop_kind::forward_training, alg, fpd.dst_desc(), any(pd_d), st, k, pdil, pl, pr}, eng);
+      pooling_v2_backward::primitive_desc pbpd({alg, fpd.dst_desc(), ppd.dst_desc(), st, k, pdil, pl, pr}, eng, ppd);
+      p.pfwd = pooling_v2_forward(ppd);
+      p.pbwd = pooling_v2_backward(pbpd);
+      if (ppd.workspace_desc().get_size() > 0) p.ws = memory(ppd.workspace_desc(), eng);
+      p.pdst = Arg(plain_md(pd_d, tag::nchw), ppd.dst_desc(), eng, false);
+      p.pddst = Arg(plain_md(pd_d, tag::nchw), pbpd.diff_dst_desc(), eng, true);
+      p.gact = memory(pbpd.diff_src_desc(), eng);
+      RT_ASSERT(pbpd.diff_src_desc() == fpd.dst_desc());  // the ReLU mask is element-wise in one layout
+      gsrc = p.gact;
+      if (s.fuse_relu) p.masked = Tensor::empty(pd_d);
+    } else {
+      p.dst = Arg(dst_p, fpd.dst_desc(), eng, false);
+      p.gin = Arg(dst_p, bwpd.diff_dst_desc(), eng, true);
+      gsrc = p.gin.inner();
+      if (s.fuse_relu) p.masked = Tensor::empty({xs[0], s.out_channels, oh, ow});
+    }
+    p.g_bw = Convert(gsrc, bwpd.diff_dst_desc(), eng);
+    p.g_bd = Convert(gsrc, bdpd.diff_dst_desc(), eng);
     p.wei_bd = Arg(wei_p, bdpd.weights_desc(), eng, true);
     p.dsrc = Arg(src_p, bdpd.diff_src_desc(), eng, false);
-    p.src_bw_shared = p.src.separate() && bwpd.src_desc() == fpd.src_desc();
+    p.src_bw_shared = bwpd.src_desc() == fpd.src_desc();
     p.src_bw = Arg(src_p, bwpd.src_desc(), eng, true);
     // Weight gradients always land in a separate buffer so that accumulation
     // is a reorder with a sum post-op.
@@ -134,8 +219,34 @@ class CpuConv2d final : public Conv2dKernel {
     p.scratch_f = make_scratch(fpd, eng);
     p.scratch_bd = make_scratch(bdpd, eng);
     p.scratch_bw = make_scratch(bwpd, eng);
-    if (s.fuse_relu) p.masked = Tensor::empty({xs[0], s.out_channels, oh, ow});
     return plans_.emplace(xs, std::move(p)).first->second;
+  }
+
+  // Few input channels (the first layer): blocked layouts would pad C up to
+  // the block, multiplying the weight-gradient work; take the input as is.
+  convolution_backward_weights::primitive_desc weights_pd(const memory::dims& src_d, const memory::dims& wei_d,
+                                                          const memory::desc& bia_p, const memory::dims& dst_d,
+                                                          const memory::dims& strides, const memory::dims& dil,
+                                                          const memory::dims& pad,
+                                                          const convolution_forward::primitive_desc& fpd) {
+    auto any = [](const memory::dims& d) { return memory::desc(d, dt::f32, tag::any); };
+    primitive_attr attr;
+    attr.set_scratchpad_mode(scratchpad_mode::user);
+    auto make = [&](const memory::desc& src) {
+      auto bwd = s_.bias ? convolution_backward_weights::desc(algorithm::convolution_direct, src, any(wei_d), bia_p,
+                                                              any(dst_d), strides, dil, pad, pad)
+                         : convolution_backward_weights::desc(algorithm::convolution_direct, src, any(wei_d),
+                                                              any(dst_d), strides, dil, pad, pad);
+      return convolution_backward_weights::primitive_desc(bwd, attr, d_->eng, fpd);
+    };
+    if (s_.in_channels < 8 && fpd.src_desc() == plain_md(src_d, tag::nchw)) {
+      try {
+        return make(plain_md(src_d, tag::nchw));
+      } catch (const dnnl::error&) {
+        // no implementation for a plain input: fall back to the preferred layout
+      }
+    }
+    return make(any(src_d));
   }
 
   Conv2dSpec s_;

@@ -1,0 +1,223 @@
+// bench_nn_throughput: images/s of one training step (forward + loss +
+// backward + plain SGD axpy on the arena) for the model zoo on the CPU, next
+// to PyTorch on the same model, batch and thread count, measured in the same
+// invocation (bench/reference/torch_throughput.py via /usr/bin/python3), in
+// alternating rounds so that background load hits both alike. Also prints the
+// achieved GFLOP/s of conv/linear math (3x forward FLOPs) against the core's
+// FMA peak, measured here with an FMA-bound loop.
+//
+//   bench_nn_throughput [--models cnn,resnet] [--batch 64] [--threads 1]
+//                       [--rounds 3] [--iters 20] [--warmup 5] [--profile]
+//                       [--json out.json] [--csv out.csv] [--no-torch]
+#include <immintrin.h>
+#include <omp.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "ringtrain/nn/loss.hpp"
+#include "ringtrain/nn/model.hpp"
+
+using namespace ringtrain;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+// FMA-bound loop: 12 independent 8-wide FMA chains (enough to cover latency x
+// throughput on 2 FMA pipes). Returns GFLOP/s of one thread.
+__attribute__((target("avx2,fma"))) double fma_peak_avx2() {
+  __m256 acc[12];
+  for (int i = 0; i < 12; ++i) acc[i] = _mm256_set1_ps(0.001f * float(i));
+  const __m256 a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
+  const long reps = 20'000'000;
+  auto t0 = Clock::now();
+  for (long r = 0; r < reps; ++r)
+    for (int i = 0; i < 12; ++i) acc[i] = _mm256_fmadd_ps(acc[i], a, b);
+  double s = seconds_since(t0);
+  float sink = 0;
+  for (int i = 0; i < 12; ++i) sink += _mm256_cvtss_f32(acc[i]);
+  if (sink == 12345.f) std::puts("");
+  return double(reps) * 12 * 8 * 2 / s / 1e9;
+}
+
+struct Result {
+  std::string model;
+  double rt_ips = 0, torch_ips = 0, gflop_per_image = 0;
+  std::vector<double> rt_rounds, torch_rounds;
+};
+
+ModelConfig config_for(const std::string& name) {
+  ModelConfig c;
+  c.name = name;
+  if (name == "resnet") {  // ResNet-20 on CIFAR-sized input
+    c.in_channels = 3;
+    c.height = c.width = 32;
+  }
+  return c;
+}
+
+// Per top-level layer forward/backward times (ms), one step, after warm-up.
+void profile(Model& m, const Tensor& x, const Tensor& y, int iters) {
+  std::vector<double> f(static_cast<std::size_t>(m.num_layers()), 0), b = f;
+  Tensor dl = Tensor::empty(m.output_shape(x.dim(0)));
+  for (int it = 0; it < iters; ++it) {
+    Tensor h = x;
+    for (int i = 0; i < m.num_layers(); ++i) {
+      auto t0 = Clock::now();
+      h = m.layer(i).forward(h, Mode::train);
+      f[std::size_t(i)] += seconds_since(t0);
+    }
+    softmax_cross_entropy(h, y, 0.0, dl);
+    Tensor g = dl;
+    for (int i = m.num_layers() - 1; i >= 0; --i) {
+      auto t0 = Clock::now();
+      g = m.layer(i).backward(g, i > 0, false);
+      b[std::size_t(i)] += seconds_since(t0);
+    }
+  }
+  std::printf("  per-layer ms (forward / backward), mean of %d steps:\n", iters);
+  for (int i = 0; i < m.num_layers(); ++i)
+    std::printf("    %-12s %-14s %8.3f / %8.3f\n", m.layer(i).name().c_str(), m.layer(i).type(),
+                1e3 * f[std::size_t(i)] / iters, 1e3 * b[std::size_t(i)] / iters);
+}
+
+double ringtrain_round(Model& m, const Tensor& x, const Tensor& y, int warmup, int iters, Backend& be) {
+  Tensor dl = Tensor::empty(m.output_shape(x.dim(0)));
+  Tensor params = m.arena().params_flat(), grads = m.arena().grads_flat();
+  std::vector<double> t;
+  for (int it = 0; it < warmup + iters; ++it) {
+    auto t0 = Clock::now();
+    m.zero_grad();
+    softmax_cross_entropy(m.forward(x, Mode::train), y, 0.0, dl);
+    m.backward(dl);
+    be.axpy(-0.01, grads, params);
+    if (it >= warmup) t.push_back(seconds_since(t0));
+  }
+  return double(x.dim(0)) / median(t);
+}
+
+double torch_round(const std::string& script, const ModelConfig& c, std::int64_t batch, int threads, int warmup,
+                   int iters) {
+  std::string cmd = "OMP_NUM_THREADS=" + std::to_string(threads) + " /usr/bin/python3 " + script +
+                    " --model " + c.name + " --batch " + std::to_string(batch) + " --threads " +
+                    std::to_string(threads) + " --warmup " + std::to_string(warmup) + " --iters " +
+                    std::to_string(iters) + " --in-channels " + std::to_string(c.in_channels) + " --size " +
+                    std::to_string(c.height) + " --depth " + std::to_string(c.depth) + " --width " +
+                    std::to_string(c.base_width) + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return 0;
+  std::string out, last;
+  char buf[4096];
+  while (std::fgets(buf, sizeof buf, p)) out += buf;
+  int rc = pclose(p);
+  auto pos = out.rfind('{');
+  if (rc != 0 || pos == std::string::npos) {
+    std::fprintf(stderr, "PyTorch reference failed (rc %d):\n%s\n", rc, out.c_str());
+    return 0;
+  }
+  return nlohmann::json::parse(out.substr(pos))["images_per_s"].get<double>();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"ringtrain CPU training-step throughput vs PyTorch"};
+  std::string models = "cnn,resnet", json_path, csv_path;
+  std::int64_t batch = 64;
+  int threads = 1, rounds = 3, iters = 20, warmup = 5;
+  bool no_torch = false, do_profile = false;
+  std::string script = (std::filesystem::path(__FILE__).parent_path() / "reference" / "torch_throughput.py").string();
+  app.add_option("--models", models, "comma-separated: mlp, cnn, resnet");
+  app.add_option("--batch", batch, "images per step");
+  app.add_option("--threads", threads, "OpenMP/OpenBLAS threads (both frameworks)");
+  app.add_option("--rounds", rounds, "alternating ringtrain/PyTorch measurement rounds");
+  app.add_option("--iters", iters, "timed steps per round (median taken)");
+  app.add_option("--warmup", warmup, "untimed steps per round");
+  app.add_option("--json", json_path, "write results as JSON");
+  app.add_option("--csv", csv_path, "write results as CSV");
+  app.add_option("--torch-script", script, "PyTorch reference script");
+  app.add_flag("--no-torch", no_torch, "skip the PyTorch reference");
+  app.add_flag("--profile", do_profile, "print per-layer forward/backward times");
+  CLI11_PARSE(app, argc, argv);
+
+  omp_set_num_threads(threads);  // before the backend exists: it sizes OpenBLAS from this
+  Backend& be = backend_for(DeviceKind::cpu);
+  const double peak = __builtin_cpu_supports("fma") ? fma_peak_avx2() : 0;
+  std::printf("backend: %s\n", be.name().c_str());
+  std::printf("FMA peak (measured, 1 thread, AVX2 8-wide fp32 FMA, 2 FLOP each): %.1f GFLOP/s/core%s\n", peak,
+              __builtin_cpu_supports("avx512f") ? " (AVX-512 present: oneDNN may exceed this)" : "");
+
+  std::vector<Result> results;
+  std::stringstream ms(models);
+  for (std::string name; std::getline(ms, name, ',');) {
+    ModelConfig c = config_for(name);
+    auto m = build_model(c);
+    std::mt19937_64 g(1);
+    std::normal_distribution<float> nd;
+    Tensor x = Tensor::empty({batch, c.in_channels, c.height, c.width});
+    for (std::int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = nd(g);
+    Tensor y = Tensor::empty({batch}, DType::i32);
+    for (std::int64_t i = 0; i < batch; ++i) y.data<std::int32_t>()[i] = static_cast<std::int32_t>(g() % 10);
+    Result r;
+    r.model = name;
+    r.gflop_per_image = model_flops_per_sample(c) / 1e9;
+    std::printf("\n%s: %lld params, batch %lld, %d thread(s), %.1f MFLOP/image per step\n", name.c_str(),
+                static_cast<long long>(m->num_params()), static_cast<long long>(batch), threads,
+                r.gflop_per_image * 1e3);
+    for (int round = 0; round < rounds; ++round) {
+      r.rt_rounds.push_back(ringtrain_round(*m, x, y, warmup, iters, be));
+      if (!no_torch) r.torch_rounds.push_back(torch_round(script, c, batch, threads, warmup, iters));
+      std::printf("  round %d: ringtrain %8.1f img/s", round, r.rt_rounds.back());
+      if (!no_torch) std::printf("   pytorch %8.1f img/s", r.torch_rounds.back());
+      std::printf("\n");
+      std::fflush(stdout);
+    }
+    r.rt_ips = median(r.rt_rounds);
+    r.torch_ips = no_torch ? 0 : median(r.torch_rounds);
+    const double gf = r.rt_ips * r.gflop_per_image;
+    std::printf("  ringtrain %.1f img/s (%.1f GFLOP/s = %.0f%% of peak)", r.rt_ips, gf, peak > 0 ? 100 * gf / peak : 0);
+    if (!no_torch && r.torch_ips > 0)
+      std::printf(" | pytorch %.1f img/s (%.1f GFLOP/s) | ratio %.2fx", r.torch_ips, r.torch_ips * r.gflop_per_image,
+                  r.rt_ips / r.torch_ips);
+    std::printf("\n");
+    if (do_profile) profile(*m, x, y, iters);
+    results.push_back(r);
+  }
+
+  if (!json_path.empty()) {
+    nlohmann::json j = {{"backend", be.name()}, {"threads", threads}, {"batch", batch}, {"fma_peak_gflops", peak}};
+    for (auto& r : results)
+      j["models"].push_back({{"model", r.model},
+                             {"ringtrain_images_per_s", r.rt_ips},
+                             {"pytorch_images_per_s", r.torch_ips},
+                             {"ratio", r.torch_ips > 0 ? r.rt_ips / r.torch_ips : 0},
+                             {"gflop_per_image", r.gflop_per_image},
+                             {"ringtrain_gflops", r.rt_ips * r.gflop_per_image},
+                             {"ringtrain_rounds", r.rt_rounds},
+                             {"pytorch_rounds", r.torch_rounds}});
+    std::ofstream(json_path) << j.dump(2) << "\n";
+  }
+  if (!csv_path.empty()) {
+    std::ofstream f(csv_path);
+    f << "model,batch,threads,ringtrain_images_per_s,pytorch_images_per_s,ratio,ringtrain_gflops,fma_peak_gflops\n";
+    for (auto& r : results)
+      f << r.model << "," << batch << "," << threads << "," << r.rt_ips << "," << r.torch_ips << ","
+        << (r.torch_ips > 0 ? r.rt_ips / r.torch_ips : 0) << "," << r.rt_ips * r.gflop_per_image << "," << peak
+        << "\n";
+  }
+  return 0;
+}

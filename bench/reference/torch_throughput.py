@@ -1,0 +1,56 @@
+#!/usr/bin/python3
+"""PyTorch side of bench_nn_throughput: images/s of forward + backward + plain
+SGD step on synthetic data, same model, batch and thread count as ringtrain.
+Prints one JSON object on the last line of stdout."""
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_models  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="cnn")
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--in-channels", type=int, default=1)
+    ap.add_argument("--size", type=int, default=28)
+    ap.add_argument("--classes", type=int, default=10)
+    ap.add_argument("--depth", type=int, default=20)
+    ap.add_argument("--width", type=int, default=16)
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(0)
+    m = torch_models.build(a.model, a.in_channels, a.size, a.size, a.classes, a.depth, a.width)
+    m.train()
+    opt = torch.optim.SGD(m.parameters(), lr=0.01)
+    x = torch.randn(a.batch, a.in_channels, a.size, a.size)
+    y = torch.randint(0, a.classes, (a.batch,))
+    times = []
+    for it in range(a.warmup + a.iters):
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        loss = F.cross_entropy(m(x), y)
+        loss.backward()
+        opt.step()
+        t = time.perf_counter() - t0
+        if it >= a.warmup:
+            times.append(t)
+    times.sort()
+    med = times[len(times) // 2]
+    print(json.dumps({"framework": "pytorch", "version": torch.__version__, "model": a.model, "batch": a.batch,
+                      "threads": torch.get_num_threads(), "median_s": med, "images_per_s": a.batch / med,
+                      "mkldnn": torch.backends.mkldnn.is_available()}))
+
+
+if __name__ == "__main__":
+    main()
