@@ -6,17 +6,29 @@
 // Semantics for every call: all ranks of `comm` call it with the same count,
 // dtype and op; send == recv means in place; count 0 is a no-op that still
 // validates arguments. Every rank ends with bitwise-identical results.
+// Argument errors throw ringtrain::Error naming the operation ("allreduce: ...").
+// Local checks (null buffer with count > 0, closed communicator, partial overlap
+// of send and recv, bad root/counts) are always on; with validate=true the ranks
+// also agree on count/dtype/op/algorithm (one small MPI_Allreduce), and a bad
+// argument on any rank raises an Error on every rank. Without validate a
+// mismatch can stall the collective: the transport then aborts the job after
+// RINGTRAIN_COLLECTIVE_TIMEOUT seconds (default 300) with a message.
+// avg = sum, then one division by the rank count (integers: truncating division);
+// float16/bfloat16 accumulate in float32 and round once per combine step.
+// Collectives on one communicator must not run concurrently (as in MPI).
 #include <cstddef>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "ringtrain/comm/communicator.hpp"
+#include "ringtrain/comm/reduce_math.hpp"
 #include "ringtrain/core/device.hpp"
 #include "ringtrain/core/dtype.hpp"
 
 namespace ringtrain {
 
-enum class ReduceOp { sum, avg, min, max };
+// ReduceOp {sum, avg, min, max} is defined in reduce_math.hpp (shared with CUDA code).
 enum class Algorithm { automatic, ring, tree, mpi };
 
 const char* op_name(ReduceOp op);
@@ -32,7 +44,19 @@ struct CollectiveOptions {
   long long tree_threshold = -1;
   // Check that count/dtype/op agree on all ranks (one small extra all-reduce).
   bool validate = false;
+  // Pipelining segment of the ring/chain; 0 means RINGTRAIN_SEGMENT_BYTES from the
+  // environment, else the built-in default. Must agree on all ranks.
+  std::size_t segment_bytes = 0;
 };
+
+// Defaults measured on the reference machine (see bench/comm_allreduce_sweep.cpp).
+constexpr long long kDefaultTreeThreshold = 32 * 1024;
+constexpr std::size_t kDefaultSegmentBytes = 512 * 1024;
+// The threshold/segment in effect for `opt` (option, else environment, else default).
+long long effective_tree_threshold(const CollectiveOptions& opt);
+std::size_t effective_segment_bytes(const CollectiveOptions& opt);
+// "4096", "64K", "1M", "2G" (powers of 1024) -> bytes; throws Error naming `what`.
+std::size_t parse_byte_size(const std::string& s, const char* what = "size");
 
 void allreduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
                const Communicator& comm, const CollectiveOptions& opt = {});
@@ -50,5 +74,18 @@ void reduce_scatter(const void* send, void* recv, const std::vector<std::size_t>
 
 // The algorithm `automatic` resolves to for this message.
 Algorithm choose_algorithm(std::size_t bytes, int ranks, const CollectiveOptions& opt);
+
+// Collectives on device buffers (opt.device not the CPU) are forwarded to the
+// functions the device's backend registered here (the CUDA backend does so from
+// cuda/register.cu); they run this file's ring/tree algorithms over a device
+// transport and reducer. allgather(v)/reduce_scatter are host-only for now.
+struct DeviceCollectiveFns {
+  std::function<void(const void*, void*, std::size_t, DType, ReduceOp, const Communicator&, const CollectiveOptions&)>
+      allreduce;
+  std::function<void(void*, std::size_t, DType, int, const Communicator&, const CollectiveOptions&)> broadcast;
+};
+void register_device_collectives(DeviceKind kind, DeviceCollectiveFns fns);
+// The registered functions, or an Error naming the device when none are.
+const DeviceCollectiveFns& device_collectives(Device dev, const char* what);
 
 }  // namespace ringtrain

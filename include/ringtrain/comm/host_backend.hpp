@@ -1,0 +1,83 @@
+#pragma once
+// The host backend of the primitives: MPI point-to-point transport, CPU
+// reduction kernels, and a reusable host workspace.
+// Rules:
+//  - MpiTransport sends raw bytes (MPI_BYTE) with one tag per algorithm in a
+//    range of tags reserved for ringtrain (kTagBase..), on the Communicator's own
+//    duplicated MPI communicator, so it never matches user traffic.
+//  - A wait polls MPI_Test (spinning first, then yielding the core) against a
+//    deadline; when it expires the job is aborted with a message naming the
+//    operation, the peer and the communicator: a stalled collective never hangs.
+//  - CpuReducer's kernels are the RT_HD math of reduce_math.hpp in vectorisable
+//    loops (AVX2/F16C clones chosen at load time); every element goes through the
+//    same code on every rank, so results are bitwise reproducible.
+#include <mpi.h>
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "ringtrain/comm/primitives.hpp"
+
+namespace ringtrain {
+
+// Tags ringtrain's collectives use (MPI guarantees tags up to 32767).
+enum CollectiveTag : int {
+  kTagBase = 0x5200,
+  kTagRing = kTagBase + 1,
+  kTagTree = kTagBase + 2,
+  kTagBroadcast = kTagBase + 3,
+  kTagAllgather = kTagBase + 4,
+  kTagReduceScatter = kTagBase + 5,
+};
+
+// RINGTRAIN_COLLECTIVE_TIMEOUT in seconds (default 300; 0 = wait forever).
+double collective_timeout_from_env();
+
+class MpiTransport final : public Transport {
+ public:
+  // `what` names the operation and `comm_name` the communicator in the stall message.
+  MpiTransport(MPI_Comm comm, int tag, const char* what, std::string comm_name, double timeout_s);
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  Request isend(const void* buf, std::size_t bytes, int peer) override;
+  Request irecv(void* buf, std::size_t bytes, int peer) override;
+  void wait(Request& r) override;
+  bool test(Request& r) override;
+
+ private:
+  [[noreturn]] void stalled(const Request& r, double waited_s) const;
+  MPI_Comm comm_;
+  int tag_, rank_ = 0, size_ = 1;
+  const char* what_;
+  std::string comm_name_;
+  double timeout_s_;
+};
+
+class CpuReducer final : public Reducer {
+ public:
+  void reduce(void* dst, const void* a, const void* b, std::size_t n, DType dtype, ReduceOp op,
+              int divisor) override;
+  void copy(void* dst, const void* src, std::size_t bytes) override;
+  void divide(void* buf, std::size_t n, DType dtype, int divisor) override;
+};
+
+// Grows, never shrinks; pages are touched once, not per collective.
+class HostWorkspace final : public Workspace {
+ public:
+  void* get(std::size_t bytes) override;
+
+ private:
+  struct Free {
+    void operator()(void* p) const;
+  };
+  std::unique_ptr<void, Free> buf_;
+  std::size_t bytes_ = 0;
+};
+
+// The workspace cached on an MPI communicator (an MPI attribute, freed with the
+// communicator). Collectives on one communicator must not run concurrently
+// (MPI's rule too), so one workspace per communicator suffices.
+HostWorkspace& host_workspace(MPI_Comm comm);
+
+}  // namespace ringtrain
