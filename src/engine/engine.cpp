@@ -63,6 +63,7 @@ struct Engine::Impl {
   std::unique_ptr<engine::Controller> controller;
   engine::FusionBufferManager buffers;
   std::unique_ptr<engine::Timeline> timeline;
+  std::string timeline_error;
   Clock::time_point origin = Clock::now();
 
   mutable std::mutex done_mu;
@@ -101,8 +102,18 @@ Engine::Impl::Impl(const Communicator& c, EngineOptions o) : opts(std::move(o)) 
       if (dot == std::string::npos || (slash != std::string::npos && dot < slash)) dot = path.size();
       path = path.substr(0, dot) + "." + std::to_string(rank) + path.substr(dot);
     }
-    timeline = std::make_unique<engine::Timeline>(path, rank, origin);
+    try {
+      timeline = std::make_unique<engine::Timeline>(path, rank, origin);
+    } catch (const Error& e) {
+      timeline_error = e.what();
+    }
   }
+  // Only some ranks open a timeline: agree on the outcome, so that a bad path
+  // is an Error on every rank instead of a peer waiting for this engine forever.
+  int bad = timeline_error.empty() ? size : rank;
+  MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MIN, comm.handle("Engine start-up"));
+  RT_CHECK(bad == size, "Engine: rank ", bad, " could not open its timeline (RINGTRAIN_TIMELINE='", opts.timeline,
+           "')", timeline_error.empty() ? "" : ": ", timeline_error);
   thread = std::thread([this] { loop(); });
 }
 

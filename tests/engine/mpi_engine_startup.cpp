@@ -135,11 +135,14 @@ TEST(EngineStartup, TimelineIsValidChromeTraceJson) {
 TEST(EngineStartup, TimelineUnwritablePathIsAnError) {
   EngineOptions o = test_options();
   o.timeline = "/nonexistent_dir_rt/timeline.json";
-  o.timeline_all_ranks = true;  // every rank fails the same way, none hangs
-  try {
-    Engine eng(Communicator::world(), o);
-    ADD_FAILURE() << "an unwritable timeline must throw";
-  } catch (const Error& e) {
-    EXPECT_TRUE(contains(e.what(), "/nonexistent_dir_rt/timeline")) << e.what();
+  for (bool all_ranks : {true, false}) {  // only rank 0 opens one: every rank must still throw
+    o.timeline_all_ranks = all_ranks;
+    try {
+      Engine eng(Communicator::world(), o);
+      ADD_FAILURE() << "an unwritable timeline must throw on every rank";
+    } catch (const Error& e) {
+      EXPECT_TRUE(contains(e.what(), "rank 0 could not open its timeline")) << e.what();
+      EXPECT_TRUE(contains(e.what(), "/nonexistent_dir_rt/timeline")) << e.what();
+    }
   }
 }
