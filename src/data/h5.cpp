@@ -153,6 +153,7 @@ std::vector<std::string> read_attr_strs(hid_t obj, const char* name, const std::
   if (n <= 0) return out;
   if (H5Tis_variable_str(ft) > 0) {
     Handle t = vlen_str_type();
+    H5Tset_cset(t, H5Tget_cset(ft));  // HDF5 will not convert between ASCII and UTF-8
     std::vector<char*> ptrs(static_cast<std::size_t>(n), nullptr);
     check(H5Aread(a, t, ptrs.data()), file, cat("reading attribute '", name, "'"));
     for (char* p : ptrs) out.emplace_back(p ? p : "");

@@ -10,6 +10,7 @@
 #include <set>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <thread>
 
 #include "fixtures.hpp"
@@ -413,6 +414,39 @@ TEST(LoaderBadInput, EachCaseNamesTheFileAndTheProblem) {
   m = error_of([&] { Loader l(o, Communicator::world()); });
   EXPECT_NE(m.find("batch larger than the shard: batch 31 > 30 samples in the shards of rank 0"), std::string::npos) << m;
   EXPECT_NE(m.find("ids-train-00000-of-00003.h5"), std::string::npos) << m;
+  // Corrupt compressed chunks (the file opens; the data does not decode): the cached read at open reports it.
+  {
+    SyntheticOptions so;
+    so.output = dir / "corrupt";
+    so.train_samples = 64;
+    so.channels = 1, so.height = 16, so.width = 16;
+    so.storage.deflate = 6;
+    so.storage.chunk_samples = 4;
+    auto cds = generate_synthetic(so, Communicator::world());
+    const std::string f = cds.train_files[0];
+    auto size = std::filesystem::file_size(f);
+    {
+      std::fstream io(f, std::ios::in | std::ios::out | std::ios::binary);
+      io.seekp(std::streamoff(size / 2));
+      std::vector<char> junk(2048, char(0x5a));
+      io.write(junk.data(), std::streamsize(junk.size()));
+    }
+    LoaderOptions co;
+    co.files = {f};
+    co.batch_size = 4;
+    co.cache = CachePolicy::always;
+    m = error_of([&] { Loader l(co, Communicator::world()); });
+    EXPECT_NE(m.find("synthetic-train.h5: reading /images (truncated or corrupt data?) failed"), std::string::npos) << m;
+    // Per-batch reads hit it in the prefetch thread: next() rethrows it on the consumer's thread.
+    co.cache = CachePolicy::never;
+    co.shuffle = false;
+    m = error_of([&] {
+      Loader l(co, Communicator::world());
+      while (l.next()) {
+      }
+    });
+    EXPECT_NE(m.find("synthetic-train.h5: reading /images samples ["), std::string::npos) << m;
+  }
   // find_split_files on an empty directory.
   std::filesystem::create_directories(dir / "empty");
   m = error_of([&] { find_split_files(dir / "empty", "train"); });
