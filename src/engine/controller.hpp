@@ -93,6 +93,7 @@ class Controller {
   int rank_, size_;
   ResponseCache cache_;
   std::uint64_t tick_ = 0;
+  double timeout_s_;
   // Coordinator state.
   StallInspector stall_;
   std::map<std::uint64_t, TableEntry> table_;  // by arrival sequence

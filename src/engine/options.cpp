@@ -69,11 +69,14 @@ EngineOptions EngineOptions::from_env(EngineOptions o) {
 void check_engine_settings_agree(const Communicator& comm, const EngineOptions& o) {
   const char* names[] = {"fusion_threshold (RINGTRAIN_FUSION_THRESHOLD)", "fp16_allreduce (RINGTRAIN_FP16_ALLREDUCE)",
                          "cache_capacity (RINGTRAIN_CACHE_CAPACITY)",
-                         "collective.algorithm (RINGTRAIN_ALLREDUCE_ALGORITHM)", "collective.tree_threshold",
+                         "collective.algorithm (RINGTRAIN_ALLREDUCE_ALGORITHM)",
+                         "collective tree threshold (RINGTRAIN_TREE_THRESHOLD)",
+                         "collective segment size (RINGTRAIN_SEGMENT_BYTES)",
                          "backward_passes_per_step (RINGTRAIN_BACKWARD_PASSES_PER_STEP)"};
   long long v[] = {static_cast<long long>(o.fusion_threshold), o.fp16_allreduce ? 1 : 0,
                    static_cast<long long>(o.cache_capacity), static_cast<long long>(o.collective.algorithm),
-                   o.collective.tree_threshold, o.backward_passes_per_step};
+                   effective_tree_threshold(o.collective),
+                   static_cast<long long>(effective_segment_bytes(o.collective)), o.backward_passes_per_step};
   constexpr int n = sizeof(v) / sizeof(v[0]);
   long long mm[2 * n];
   for (int i = 0; i < n; ++i) {

@@ -26,9 +26,13 @@
 //  - shutdown() on any rank stops the engines of all ranks at the next cycle;
 //    handles still outstanding then fail with an Error saying so. Call
 //    synchronize() first to finish what was submitted.
-//  - The engine's internal MPI/collective failures (not user errors) are not
-//    recoverable, because the peers would block in the engine's next collective:
-//    the engine logs the cause and calls MPI_Abort.
+//  - The stall shutdown is always clean (Errors, no abort): every rank's engine
+//    thread keeps cycling while its user code computes or waits, so the
+//    coordinator's decision reaches every rank. What cannot be handled that way
+//    is a peer whose engine no longer runs (process dead or hung) or an internal
+//    MPI/collective failure: peers would block in the engine's next collective,
+//    so the engine logs the cause and calls MPI_Abort (a control collective
+//    open for RINGTRAIN_COLLECTIVE_TIMEOUT seconds, default 300, counts as such).
 //
 // Averaging: op=avg sums on the wire and multiplies the sum by 1/size once,
 // after the all-reduce (every rank scales the same sum, so results stay
