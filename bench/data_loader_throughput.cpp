@@ -86,27 +86,40 @@ struct StepTest {
   double loader_step_s = 0, memory_step_s = 0, wait_fraction = 0;
 };
 
-StepTest step_test(const LoaderOptions& o, const Communicator& comm, double step_us, int steps) {
+// Alternating rounds (loader steps, then the same number of in-memory steps) so that
+// background load on a shared machine hits both alike; medians over rounds.
+StepTest step_test(const LoaderOptions& o, const Communicator& comm, double step_us, int steps, int rounds) {
   StepTest r;
   Loader l(o, comm);
   // Warm-up: the first batch (thread start, first read) is not a steady-state step.
   auto first = l.next();
   Tensor keep = first->images.clone();
-  double w0 = l.wait_seconds();
-  int done = 0;
-  auto t0 = Clock::now();
-  while (done < steps) {
-    auto b = l.next();
-    if (!b) continue;  // epoch boundary: the next call starts the next epoch
-    spin(step_us, b->images);
-    ++done;
+  const int per = std::max(1, steps / rounds);
+  std::vector<double> with_loader, in_memory, waits;
+  for (int round = 0; round < rounds; ++round) {
+    double w0 = l.wait_seconds();
+    int done = 0;
+    auto t0 = Clock::now();
+    while (done < per) {
+      auto b = l.next();
+      if (!b) continue;  // epoch boundary: the next call starts the next epoch
+      spin(step_us, b->images);
+      ++done;
+    }
+    double loader_s = since(t0);
+    waits.push_back((l.wait_seconds() - w0) / loader_s);
+    with_loader.push_back(loader_s / per);
+    auto t1 = Clock::now();
+    for (int i = 0; i < per; ++i) spin(step_us, keep);
+    in_memory.push_back(since(t1) / per);
   }
-  double loader_s = since(t0);
-  r.wait_fraction = (l.wait_seconds() - w0) / loader_s;
-  auto t1 = Clock::now();
-  for (int i = 0; i < steps; ++i) spin(step_us, keep);
-  r.memory_step_s = since(t1) / steps;
-  r.loader_step_s = loader_s / steps;
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  r.loader_step_s = median(with_loader);
+  r.memory_step_s = median(in_memory);
+  r.wait_fraction = median(waits);
   return r;
 }
 
@@ -117,7 +130,7 @@ int main(int argc, char** argv) {
   CLI::App app{"data loader throughput vs training consumption"};
   std::string fmnist = "/usr/share/datasets/fashion-mnist", workdir, json_out;
   std::int64_t synth = 1200, batch = 64;
-  int shards = 4, steps = 150;
+  int shards = 4, steps = 150, rounds = 5;
   double rate = 1300, step_us = 0, synth_rate = 100;
   bool keep = false;
   app.add_option("--fmnist", fmnist, "Fashion-MNIST IDX directory (\"\" to skip)");
@@ -128,7 +141,8 @@ int main(int argc, char** argv) {
   app.add_option("--step-us", step_us, "consumer compute per step in us (default batch / rate)");
   app.add_option("--synthetic-rate", synth_rate,
                  "training rate for 3x224x224 images, images/s/rank (a ResNet-sized model on CPU is far below 100)");
-  app.add_option("--steps", steps, "steps of the step-time test");
+  app.add_option("--steps", steps, "steps of the step-time test (split over --rounds)");
+  app.add_option("--rounds", rounds, "alternating loader/in-memory rounds of the step-time test");
   app.add_option("--workdir", workdir, "where to write the HDF5 files (default: a temp dir)");
   app.add_flag("--keep", keep, "keep the generated files");
   app.add_option("--json", json_out, "write the results as JSON");
@@ -209,8 +223,8 @@ int main(int argc, char** argv) {
     o.batch_size = batch;
     o.cache = s.cache;
     const double us = s.rate == rate ? step_us : 1e6 * double(batch) / s.rate;
-    const int n = s.rate == rate ? steps : std::max(10, int(steps * 2e6 / (us * 150)));  // ~2 s per 150 steps of cnn
-    StepTest r = step_test(o, comm, us, n);
+    const int n = s.rate == rate ? steps : std::max(rounds * 2, int(steps * 2e6 / (us * 150)));
+    StepTest r = step_test(o, comm, us, n, s.rate == rate ? rounds : std::min(rounds, n));
     if (root)
       std::printf("%-40s %9.1f %12.3f %12.3f %9.4f %7.2f%%\n", s.label.c_str(), us / 1e3, r.loader_step_s * 1e3,
                   r.memory_step_s * 1e3, r.loader_step_s / r.memory_step_s, 100 * r.wait_fraction);
