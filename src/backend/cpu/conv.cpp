@@ -9,6 +9,10 @@
 // tensor is reordered. The forward's reordered input is reused by
 // backward-weights, and one reordered output gradient feeds both backward
 // primitives when their formats agree.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
 #include <map>
 
 #include "cpu_backend.hpp"
@@ -38,6 +42,113 @@ struct Convert {
   }
 };
 
+// Strides of an [N, C, H, W] activation in a plain or channel-blocked oneDNN
+// layout (nchw, nhwc, nChw8c, nChw16c): offset = n sn + (c / B) sc + h sh + w sw + c % B.
+struct Layout {
+  memory::dim sn = 0, sc = 0, sh = 0, sw = 0, block = 1;
+  static bool of(const memory::desc& md, Layout& L) {
+    const auto& d = md.data;
+    if (d.format_kind != dnnl_blocked || d.ndims != 4) return false;
+    const auto& b = d.format_desc.blocking;
+    if (b.inner_nblks > 1 || (b.inner_nblks == 1 && b.inner_idxs[0] != 1)) return false;
+    L = {b.strides[0], b.strides[1], b.strides[2], b.strides[3], b.inner_nblks ? b.inner_blks[0] : 1};
+    return true;
+  }
+  bool operator==(const Layout&) const = default;
+};
+
+// Max-pooling backward from the forward's input and output, in a channel-
+// blocked layout (B = 8 or 16 lanes): each output's gradient goes to the first
+// window element equal to the output (the argmax oneDNN and PyTorch pick).
+// Branch-free over the lanes so it vectorises. Replaces oneDNN's
+// workspace-based backward, whose forward-training kernel costs ~3x the
+// inference one.
+// The common 2x2, stride 2, unpadded case: windows tile the input, so every
+// covered element is written once (no zero fill, no read-modify-write).
+// Lanes go 8 at a time: AVX2 compare/and masks where the CPU has them
+// (oneDNN itself needs AVX2 for its fast paths), portable code otherwise.
+struct Lanes8 {
+  static void portable(const float* p00, const float* p01, const float* p10, const float* y, const float* g,
+                       float* q00, float* q01, float* q10, float* q11) {
+    for (int l = 0; l < 8; ++l) {
+      const bool e00 = p00[l] == y[l], e01 = !e00 && p01[l] == y[l], e10 = !e00 && !e01 && p10[l] == y[l];
+      q00[l] = e00 ? g[l] : 0.f;
+      q01[l] = e01 ? g[l] : 0.f;
+      q10[l] = e10 ? g[l] : 0.f;
+      q11[l] = (e00 || e01 || e10) ? 0.f : g[l];  // the maximum is somewhere in the window
+    }
+  }
+  __attribute__((target("avx2"))) static void avx2(const float* p00, const float* p01, const float* p10,
+                                                   const float* y, const float* g, float* q00, float* q01,
+                                                   float* q10, float* q11) {
+    const __m256 yv = _mm256_loadu_ps(y), gv = _mm256_loadu_ps(g);
+    const __m256 m00 = _mm256_cmp_ps(_mm256_loadu_ps(p00), yv, _CMP_EQ_OQ);
+    const __m256 m01 = _mm256_andnot_ps(m00, _mm256_cmp_ps(_mm256_loadu_ps(p01), yv, _CMP_EQ_OQ));
+    const __m256 taken = _mm256_or_ps(m00, m01);
+    const __m256 m10 = _mm256_andnot_ps(taken, _mm256_cmp_ps(_mm256_loadu_ps(p10), yv, _CMP_EQ_OQ));
+    _mm256_storeu_ps(q00, _mm256_and_ps(m00, gv));
+    _mm256_storeu_ps(q01, _mm256_and_ps(m01, gv));
+    _mm256_storeu_ps(q10, _mm256_and_ps(m10, gv));
+    _mm256_storeu_ps(q11, _mm256_andnot_ps(_mm256_or_ps(taken, m10), gv));
+  }
+};
+
+template <int B>
+void maxpool2x2_backward(const float* act, const float* y, const float* dy, float* gact, std::size_t act_bytes,
+                         const Layout& La, const Layout& Ly, const memory::dims& ad, const memory::dims& yd) {
+  static_assert(B % 8 == 0);
+  if (ad[2] != 2 * yd[2] || ad[3] != 2 * yd[3]) std::memset(gact, 0, act_bytes);  // odd sizes: uncovered edge
+  const auto lanes = __builtin_cpu_supports("avx2") ? &Lanes8::avx2 : &Lanes8::portable;
+  const memory::dim cblocks = (ad[1] + B - 1) / B;
+#pragma omp parallel for collapse(2) schedule(static)
+  for (memory::dim n = 0; n < ad[0]; ++n)
+    for (memory::dim cb = 0; cb < cblocks; ++cb)
+      for (memory::dim oh = 0; oh < yd[2]; ++oh) {
+        const memory::dim a0 = n * La.sn + cb * La.sc + 2 * oh * La.sh, a1 = a0 + La.sh;
+        const memory::dim y0 = n * Ly.sn + cb * Ly.sc + oh * Ly.sh;
+        for (memory::dim ow = 0; ow < yd[3]; ++ow) {
+          const memory::dim yo = y0 + ow * Ly.sw;
+          const memory::dim i00 = a0 + 2 * ow * La.sw, i01 = i00 + La.sw, i10 = a1 + 2 * ow * La.sw, i11 = i10 + La.sw;
+          for (int l = 0; l < B; l += 8)
+            lanes(act + i00 + l, act + i01 + l, act + i10 + l, y + yo + l, dy + yo + l, gact + i00 + l,
+                  gact + i01 + l, gact + i10 + l, gact + i11 + l);
+        }
+      }
+}
+
+template <int B>
+void maxpool_backward(const float* act, const float* y, const float* dy, float* gact, std::size_t act_bytes,
+                      const Layout& La, const Layout& Ly, const memory::dims& ad, const memory::dims& yd,
+                      const Pool2dSpec& q) {
+  if (q.kernel_h == 2 && q.kernel_w == 2 && q.stride_h == 2 && q.stride_w == 2 && q.pad_h == 0 && q.pad_w == 0)
+    return maxpool2x2_backward<B>(act, y, dy, gact, act_bytes, La, Ly, ad, yd);
+  std::memset(gact, 0, act_bytes);
+  const memory::dim cblocks = (ad[1] + B - 1) / B;
+#pragma omp parallel for collapse(2) schedule(static)
+  for (memory::dim n = 0; n < ad[0]; ++n)
+    for (memory::dim cb = 0; cb < cblocks; ++cb)
+      for (memory::dim oh = 0; oh < yd[2]; ++oh)
+        for (memory::dim ow = 0; ow < yd[3]; ++ow) {
+          const memory::dim yo = n * Ly.sn + cb * Ly.sc + oh * Ly.sh + ow * Ly.sw;
+          float done[B] = {};
+          for (memory::dim kh = 0; kh < q.kernel_h; ++kh) {
+            const memory::dim ih = oh * q.stride_h - q.pad_h + kh;
+            if (ih < 0 || ih >= ad[2]) continue;
+            for (memory::dim kw = 0; kw < q.kernel_w; ++kw) {
+              const memory::dim iw = ow * q.stride_w - q.pad_w + kw;
+              if (iw < 0 || iw >= ad[3]) continue;
+              const memory::dim ai = n * La.sn + cb * La.sc + ih * La.sh + iw * La.sw;
+#pragma omp simd
+              for (int l = 0; l < B; ++l) {
+                const float hit = (done[l] == 0.f && act[ai + l] == y[yo + l]) ? 1.f : 0.f;
+                gact[ai + l] += hit * dy[yo + l];
+                done[l] += hit;
+              }
+            }
+          }
+        }
+}
+
 class CpuConv2d final : public Conv2dKernel {
  public:
   CpuConv2d(const Conv2dSpec& s, DnnlPtr d) : s_(s), d_(std::move(d)) {
@@ -56,7 +167,7 @@ class CpuConv2d final : public Conv2dKernel {
     p.fwd.execute(st, args);
     if (s_.fuse_pool) {
       std::unordered_map<int, memory> pargs{{DNNL_ARG_SRC, p.act}, {DNNL_ARG_DST, p.pdst.out(y.raw())}};
-      if (p.ws) pargs.emplace(DNNL_ARG_WORKSPACE, p.ws);
+      if (p.ws) pargs.emplace(DNNL_ARG_WORKSPACE, p.ws);  // only on the oneDNN-backward path
       p.pfwd.execute(st, pargs);
       p.pdst.finish(st, false);
     } else {
@@ -80,10 +191,20 @@ class CpuConv2d final : public Conv2dKernel {
         relu_mask(y.data<float>(), dy.data<float>(), p.masked.data<float>(), dy.numel());
         gp = p.masked.raw();
       }
-      std::unordered_map<int, memory> pargs{{DNNL_ARG_DIFF_DST, p.pddst.in(gp, st)}, {DNNL_ARG_DIFF_SRC, p.gact}};
-      if (p.ws) pargs.emplace(DNNL_ARG_WORKSPACE, p.ws);
-      p.pbwd.execute(st, pargs);
-      st.wait();
+      memory& gpool = p.pddst.in(gp, st);
+      if (p.own_maxpool_bwd) {
+        st.wait();
+        (p.act_layout.block == 8 ? maxpool_backward<8> : maxpool_backward<16>)(static_cast<const float*>(p.act.get_data_handle()),
+                         static_cast<const float*>(p.pdst.inner().get_data_handle()),
+                         static_cast<const float*>(gpool.get_data_handle()), static_cast<float*>(p.gact.get_data_handle()),
+                         p.gact.get_desc().get_size(), p.act_layout, p.pool_layout, p.act.get_desc().dims(),
+                         p.pddst.inner().get_desc().dims(), s_.pool);
+      } else {
+        std::unordered_map<int, memory> pargs{{DNNL_ARG_DIFF_DST, gpool}, {DNNL_ARG_DIFF_SRC, p.gact}};
+        if (p.ws) pargs.emplace(DNNL_ARG_WORKSPACE, p.ws);
+        p.pbwd.execute(st, pargs);
+        st.wait();
+      }
       if (s_.fuse_relu && !mask_pooled) {
         const auto n = static_cast<std::int64_t>(p.gact.get_desc().get_size() / sizeof(float));
         float* ga = static_cast<float*>(p.gact.get_data_handle());
@@ -128,6 +249,8 @@ class CpuConv2d final : public Conv2dKernel {
     pooling_v2_forward pfwd;
     pooling_v2_backward pbwd;
     Arg pdst, pddst;                  // pooled output / its gradient, plain <-> blocked
+    bool own_maxpool_bwd = false;     // max pooling: inference forward + maxpool_backward()
+    Layout act_layout, pool_layout;
     Arg gin;                          // unpooled: plain output gradient -> backward format
     Convert g_bd, g_bw;               // output gradient -> each backward primitive's format
     Arg wei_bd, dsrc, src_bw, dwei, dbia;
@@ -191,9 +314,18 @@ class CpuConv2d final : public Conv2dKernel {
       pooling_v2_forward::primitive_desc ppd(
           {prop_kind::forward_training, alg, fpd.dst_desc(), any(pd_d), st, k, pdil, pl, pr}, eng);
       pooling_v2_backward::primitive_desc pbpd({alg, fpd.dst_desc(), ppd.dst_desc(), st, k, pdil, pl, pr}, eng, ppd);
-      p.pfwd = pooling_v2_forward(ppd);
+      p.own_maxpool_bwd = q.kind == PoolKind::max && Layout::of(fpd.dst_desc(), p.act_layout) &&
+                          Layout::of(ppd.dst_desc(), p.pool_layout) &&
+                          (p.act_layout.block == 8 || p.act_layout.block == 16) &&
+                          p.act_layout.block == p.pool_layout.block && pbpd.diff_dst_desc() == ppd.dst_desc();
       p.pbwd = pooling_v2_backward(pbpd);
-      if (ppd.workspace_desc().get_size() > 0) p.ws = memory(ppd.workspace_desc(), eng);
+      if (p.own_maxpool_bwd || q.kind == PoolKind::avg) {  // no workspace needed
+        p.pfwd = pooling_v2_forward(pooling_v2_forward::primitive_desc(
+            {prop_kind::forward_inference, alg, fpd.dst_desc(), ppd.dst_desc(), st, k, pdil, pl, pr}, eng));
+      } else {
+        p.pfwd = pooling_v2_forward(ppd);
+        if (ppd.workspace_desc().get_size() > 0) p.ws = memory(ppd.workspace_desc(), eng);
+      }
       p.pdst = Arg(plain_md(pd_d, tag::nchw), ppd.dst_desc(), eng, false);
       p.pddst = Arg(plain_md(pd_d, tag::nchw), pbpd.diff_dst_desc(), eng, true);
       p.gact = memory(pbpd.diff_src_desc(), eng);
