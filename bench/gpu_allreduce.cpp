@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "ringtrain/comm/collectives.hpp"
+#include "ringtrain/core/tensor.hpp"
 #include "ringtrain/cuda/collectives.hpp"
 #include "ringtrain/cuda/context.hpp"
 #include "ringtrain/cuda/kernels.hpp"

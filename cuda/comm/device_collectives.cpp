@@ -79,7 +79,7 @@ void DeviceCollectives::allreduce(const void* send, void* recv, std::size_t coun
     return;
   }
   const bool tree = algo == Algorithm::tree;
-  MpiTransport mpi(comm.handle("allreduce"), tree ? kTagTree : kTagRing, "allreduce", comm.name(),
+  MpiTransport mpi(comm.handle("allreduce"), tree ? kTagTree : kTagRing, "allreduce", comm.name().c_str(),
                    collective_timeout_from_env());
   StagedTransport staged(mpi, pool_, ctx_.comm());
   Transport& t = cuda_aware_ ? static_cast<Transport&>(mpi) : static_cast<Transport&>(staged);
@@ -104,7 +104,7 @@ void DeviceCollectives::broadcast(void* buf, std::size_t count, DType dtype, int
   RT_CHECK(root >= 0 && root < comm.size(), "broadcast: root ", root, " out of range for ", comm.size(), " ranks");
   if (count == 0 || comm.size() == 1) return;
   ctx_.make_current();
-  MpiTransport mpi(comm.handle("broadcast"), kTagBroadcast, "broadcast", comm.name(), collective_timeout_from_env());
+  MpiTransport mpi(comm.handle("broadcast"), kTagBroadcast, "broadcast", comm.name().c_str(), collective_timeout_from_env());
   StagedTransport staged(mpi, pool_, ctx_.comm());
   Transport& t = cuda_aware_ ? static_cast<Transport&>(mpi) : static_cast<Transport&>(staged);
   Primitives::Config cfg;

@@ -1,6 +1,6 @@
 // Conv2d on cuDNN: descriptors and algorithms chosen once per input shape
 // (cudnnGet*_v7 heuristics, first algorithm whose workspace fits the limit),
-// bias via cudnnAddTensor / BackwardBias, fused ReLU via our kernels.
+// bias (+ fused ReLU) and the bias gradient via our kernels.
 #include <map>
 
 #include "nn/common.hpp"
@@ -10,7 +10,7 @@ namespace ringtrain::cuda::nnimpl {
 namespace {
 
 struct ConvPlan {
-  TensorDesc x, y, b;
+  TensorDesc x, y;
   cudnnFilterDescriptor_t w = nullptr;
   cudnnConvolutionDescriptor_t conv = nullptr;
   cudnnConvolutionFwdAlgo_t fwd{};
@@ -52,11 +52,14 @@ class CudnnConv final : public Conv2dKernel {
     const void* a0 = s_.dtype == DType::f64 ? static_cast<const void*>(&zerod) : &zero;
     RT_CUDNN(cudnnConvolutionForward(c.cudnn(), a1, p.x.d, x.raw(), p.w, w.raw(), p.conv, p.fwd,
                                      c.workspace(p.ws_fwd), p.ws_fwd, a0, p.y.d, y.raw()));
+    // Bias (+ ReLU) in one pass of our kernel: cudnnAddTensor lacks bf16 and
+    // would need a second pass for the ReLU.
     if (b.defined()) {
       expect_cuda(b, s_.dtype, "conv2d forward", "b");
-      RT_CUDNN(cudnnAddTensor(c.cudnn(), a1, p.b.d, b.raw(), a1, p.y.d, y.raw()));
+      bias_add(y.raw(), b.raw(), y.dim(0), y.dim(1), y.dim(2) * y.dim(3), s_.fuse_relu, s_.dtype, c.compute());
+    } else if (s_.fuse_relu) {
+      relu_forward(y.raw(), y.raw(), y.numel(), s_.dtype, c.compute());
     }
-    if (s_.fuse_relu) relu_forward(y.raw(), y.raw(), y.numel(), s_.dtype, c.compute());
   }
 
   void backward(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& dy, Tensor& dx, Tensor& dw,
@@ -84,7 +87,7 @@ class CudnnConv final : public Conv2dKernel {
     }
     if (db.defined()) {
       expect_cuda(db, s_.dtype, "conv2d backward", "db");
-      RT_CUDNN(cudnnConvolutionBackwardBias(c.cudnn(), a1, p.y.d, g, bacc, p.b.d, db.raw()));
+      bias_grad(db.raw(), g, dy.dim(0), dy.dim(1), dy.dim(2) * dy.dim(3), accumulate, s_.dtype, c.compute());
     }
     if (dx.defined()) {
       expect_cuda(dx, s_.dtype, "conv2d backward", "dx");
@@ -119,7 +122,6 @@ class CudnnConv final : public Conv2dKernel {
     int n, co, oh, ow;
     RT_CUDNN(cudnnGetConvolution2dForwardOutputDim(p->conv, p->x.d, p->w, &n, &co, &oh, &ow));
     p->y.set4(s_.dtype, n, co, oh, ow, what);
-    p->b.set4(s_.dtype, 1, co, 1, 1, what);
     std::size_t lim = sh_->opt.conv_workspace_limit;
     cudnnHandle_t h = c.cudnn();
     auto f = pick<cudnnConvolutionFwdAlgoPerf_t>(

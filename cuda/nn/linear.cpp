@@ -4,7 +4,7 @@
 //   dx' = w' dy'          gemm(N, N, in, N, out)
 //   dw' = x' dy'^T        gemm(N, T, in, out, N)   (beta = accumulate)
 //   db = dy' 1_N          gemm(N, N, out, 1, N)    (beta = accumulate)
-//   bias: y' += b 1_N^T   gemm(N, N, out, N, 1)
+//   bias (+ReLU): our bias_add kernel, one pass
 // f16/bf16 use tensor cores with fp32 accumulation; f32 is strict fp32 unless
 // TF32 is enabled.
 #include "nn/common.hpp"
@@ -33,11 +33,12 @@ class CublasLinear final : public LinearKernel {
     int N = static_cast<int>(x.dim(0)), in = static_cast<int>(s_.in_features), out = static_cast<int>(s_.out_features);
     CudaContext& c = sh_->ctx(x);
     gemm(c, CUBLAS_OP_T, CUBLAS_OP_N, out, N, in, w.raw(), in, x.raw(), in, false, y.raw(), out);
-    if (b.defined()) {
+    if (b.defined()) {  // y[n, o] += b[o], ReLU fused: one pass
       expect_cuda(b, s_.dtype, what, "b");
-      gemm(c, CUBLAS_OP_N, CUBLAS_OP_N, out, N, 1, b.raw(), out, ones(c, N), 1, true, y.raw(), out);
+      bias_add(y.raw(), b.raw(), N, out, 1, s_.fuse_relu, s_.dtype, c.compute());
+    } else if (s_.fuse_relu) {
+      relu_forward(y.raw(), y.raw(), y.numel(), s_.dtype, c.compute());
     }
-    if (s_.fuse_relu) relu_forward(y.raw(), y.raw(), y.numel(), s_.dtype, c.compute());
   }
 
   void backward(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& dy, Tensor& dx, Tensor& dw,

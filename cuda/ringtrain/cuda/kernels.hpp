@@ -43,6 +43,15 @@ void dropout_forward(void* y, std::uint8_t* mask, const void* x, std::size_t n, 
 void dropout_backward(void* dx, const void* dy, const std::uint8_t* mask, std::size_t n, DType dt, float p,
                       cudaStream_t stream);
 
+// ---- per-channel bias (NCHW) ---------------------------------------------------
+// y[n,c,i] = y[n,c,i] + b[c] (then max(.,0) when relu), i < inner (= H*W).
+void bias_add(void* y, const void* b, std::int64_t outer, std::int64_t channels, std::int64_t inner, bool relu,
+              DType dt, cudaStream_t stream);
+// db[c] (+)= sum over n, i of dy[n,c,i]: one block per channel, summed in float
+// in a fixed order (deterministic, identical on every rank).
+void bias_grad(void* db, const void* dy, std::int64_t outer, std::int64_t channels, std::int64_t inner,
+               bool accumulate, DType dt, cudaStream_t stream);
+
 // ---- non-finite detection ----------------------------------------------------
 // Sets *flag = 1 if any element of x is inf or NaN (never clears it).
 void check_finite(const void* x, std::size_t n, DType dt, int* flag, cudaStream_t stream);
