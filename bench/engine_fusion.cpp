@@ -10,6 +10,7 @@
 //
 //   mpirun -np 2 build/bench_engine_fusion [--steps 500] [--rounds 5] [--algorithm ring]
 #include <mpi.h>
+#include <sys/resource.h>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -19,6 +20,7 @@
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ringtrain/comm/communicator.hpp"
@@ -103,6 +105,27 @@ void run(Result& r, const std::vector<Param>& ps, int warmup, int steps) {
   add(r.stats, eng.stats());
 }
 
+// CPU seconds this process used (all threads).
+double cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_utime.tv_sec + u.ru_stime.tv_sec + 1e-6 * (u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
+// The engine's cost while nothing is submitted: CPU share of one core used by
+// a rank whose engine idles for `seconds` (the max over ranks).
+double idle_cpu_share(const EngineOptions& o, double seconds) {
+  auto comm = Communicator::world();
+  Engine eng(comm, o);
+  comm.barrier();
+  double c0 = cpu_seconds();
+  auto t0 = std::chrono::steady_clock::now();
+  std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+  double share = (cpu_seconds() - c0) / std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  MPI_Allreduce(MPI_IN_PLACE, &share, 1, MPI_DOUBLE, MPI_MAX, comm.handle("bench"));
+  return share;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -141,6 +164,7 @@ int main(int argc, char** argv) {
   for (int round = 0; round < rounds; ++round)
     for (auto& r : rs) run(r, ps, warmup, per_round);
   for (auto& r : rs) r.finish();
+  double idle = idle_cpu_share(base, 1.0);
 
   if (comm.rank() == 0) {
     std::printf("ResNet-20 gradients: %zu tensors, %lld float32 parameters (%.2f MiB), %d ranks, cycle %.2f ms, "
@@ -155,6 +179,7 @@ int main(int argc, char** argv) {
                   static_cast<unsigned long long>(r.stats.cache_hits), 1e3 * r.stats.allreduce_seconds / steps);
     std::printf("fusion speed-up (unfused / fused median step): %.2fx\n", rs[0].median_ms / rs[1].median_ms);
     std::printf("response cache speed-up (no-cache / fused median step): %.2fx\n", rs[2].median_ms / rs[1].median_ms);
+    std::printf("idle engine: %.1f%% of a core per rank (cycle %.2f ms)\n", 100 * idle, cycle_ms);
     if (!json_path.empty()) {
       std::ofstream f(json_path, std::ios::app);
       for (auto& r : rs)

@@ -9,7 +9,7 @@
 namespace ringtrain::engine {
 namespace {
 
-constexpr std::uint64_t kNoUncached = 1, kNoShutdown = 2, kNoForce = 4;
+constexpr std::uint64_t kNoUncached = 1, kNoShutdown = 2, kNoForce = 4, kNoPending = 8;
 
 // Waits for a nonblocking MPI operation without spinning a core: yields a few
 // times, then sleeps briefly between tests (ranks are often oversubscribed).
@@ -27,7 +27,8 @@ void wait_mpi(MPI_Request& req, const char* what, double timeout_s) {
       std::this_thread::yield();
       continue;
     }
-    std::this_thread::sleep_for(std::chrono::microseconds(spins < 512 ? 10 : 50));
+    // Back off: a peer that is not yet in this cycle is usually a whole cycle away.
+    std::this_thread::sleep_for(std::chrono::microseconds(spins < 128 ? 10 : spins < 1024 ? 50 : 100));
     if (timeout_s > 0 && (spins & 255) == 0 &&
         std::chrono::duration<double>(Clock::now() - t0).count() > timeout_s)
       RT_FAIL("fusion engine: ", what, " has not completed after ", timeout_s,
@@ -99,7 +100,8 @@ CycleResult Controller::cycle(const std::unordered_map<std::string, OpPtr>& pend
 
   // Step 2: the one small all-reduce.
   std::vector<std::uint64_t> v(1 + 2 * W);
-  v[0] = (uncached ? 0 : kNoUncached) | (want_shutdown ? 0 : kNoShutdown) | (force ? 0 : kNoForce);
+  v[0] = (uncached ? 0 : kNoUncached) | (want_shutdown ? 0 : kNoShutdown) | (force ? 0 : kNoForce) |
+         (pending.empty() ? kNoPending : 0);
   for (std::size_t w = 0; w < W; ++w) {
     v[1 + w] = mine[w];
     v[1 + W + w] = ~mine[w];
@@ -109,6 +111,7 @@ CycleResult Controller::cycle(const std::unordered_map<std::string, OpPtr>& pend
                         comm_.handle("engine bit-vector all-reduce"), &req),
          "MPI_Iallreduce of the readiness bits");
   wait_mpi(req, "MPI_Iallreduce of the readiness bits", timeout_s_);
+  res.synced_at = Clock::now();  // (almost) the same moment on every rank
 
   // Step 3: shutdown wins.
   if (!(v[0] & kNoShutdown)) {
@@ -139,6 +142,7 @@ CycleResult Controller::cycle(const std::unordered_map<std::string, OpPtr>& pend
     stall_.update(names, t0);
   }
 
+  res.all_idle = (v[0] & kNoPending) != 0;
   if ((v[0] & kNoUncached) && (v[0] & kNoForce)) {
     res.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     return res;  // steady state

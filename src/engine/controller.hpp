@@ -10,7 +10,8 @@
 //  2. ONE all-reduce (bitwise AND) of the word vector
 //        [status | bits(W words) | ~bits(W words)]
 //     where status holds inverted flags ("I have no uncached request", "I do
-//     not want shutdown", "I (the coordinator) do not need a full round"), so
+//     not want shutdown", "I (the coordinator) do not need a full round", "I
+//     have nothing pending": the engine's idle back-off), so
 //     AND gives their OR; AND of bits = ready on all ranks; AND of ~bits =
 //     ~(OR of bits) = ready on some rank. W = cache slots / 64, the same on all
 //     ranks because the cache changes only in step 7.
@@ -63,6 +64,8 @@ struct CycleResult {
   bool negotiated = false;  // this cycle ran a full round
   std::size_t cache_hits = 0, cache_misses = 0;
   double seconds = 0;       // spent in the control collectives
+  Clock::time_point synced_at{};  // when the bit-vector all-reduce completed
+  bool all_idle = false;          // no rank had anything pending (same on all ranks)
 };
 
 class Controller {

@@ -3,6 +3,7 @@
 // in controller.cpp, batching and buffers in fusion_buffer.cpp.
 #include "ringtrain/engine/engine.hpp"
 
+#include <algorithm>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
@@ -78,6 +79,7 @@ struct Engine::Impl {
   std::condition_variable sleep_cv;
   std::atomic<bool> stop_requested{false}, running{true};
   std::atomic<bool> flush{false};  // a caller blocks in wait(): start the next cycle now
+  std::atomic<bool> idle{false};   // the engine thread is in its idle back-off
   std::thread thread;
 };
 
@@ -164,6 +166,7 @@ OpPtr Engine::Impl::submit(std::string name, Tensor in, Tensor out, ReduceOp rop
     --outstanding;
     throw;
   }
+  if (idle.load()) wake();  // end a long idle pause: work is here
   return op;
 }
 
@@ -228,6 +231,7 @@ void Engine::Impl::synchronize() {
 
 void Engine::Impl::loop() {
   std::unordered_map<std::string, OpPtr> pending;
+  int idle_cycles = 0;
   const auto cycle = std::chrono::duration_cast<Clock::duration>(
       std::chrono::duration<double, std::milli>(opts.cycle_time_ms));
   std::string reason = "the engine was shut down";
@@ -266,7 +270,17 @@ void Engine::Impl::loop() {
         break;
       }
       std::unique_lock lk(sleep_mu);
-      sleep_cv.wait_until(lk, start + cycle, [&] { return stop_requested.load() || flush.exchange(false); });
+      // The next cycle starts one cycle time after this one's bit-vector
+      // all-reduce completed: that moment is shared by all ranks, so their
+      // cycles stay in phase and nobody polls for a peer that sleeps.
+      // Idle back-off: while no rank has anything pending (all ranks see the
+      // same AND, so they back off alike) the pause doubles every 4 cycles
+      // after 8, up to 32 cycle times; a submission ends it at once.
+      idle_cycles = r.all_idle ? idle_cycles + 1 : 0;
+      int factor = idle_cycles < 8 ? 1 : std::min(32, 2 << ((idle_cycles - 8) / 4));
+      idle.store(factor > 1);
+      sleep_cv.wait_until(lk, r.synced_at + cycle * factor,
+                          [&] { return stop_requested.load() || flush.exchange(false); });
     }
   } catch (const std::exception& e) {
     // Peers would block in this engine's next collective: a rank never dies alone.

@@ -287,3 +287,56 @@ TEST(EngineReduce, EnvironmentOverridesOptions) {
                         "RINGTRAIN_STALL_CHECK_TIME_SECONDS"})
     unsetenv(v);
 }
+
+TEST(EngineReduce, EngineTrafficNeverMatchesTheCallersCollectives) {
+  // Two engines and the main thread's own collectives on the same world
+  // communicator, all at once: each engine works on a private duplicate.
+  auto world = Communicator::world();
+  Engine a(world, test_options()), b(world, test_options());
+  int rank = world_rank();
+  std::vector<Tensor> ta, tb, ra, rb;
+  std::vector<Handle> ha, hb;
+  for (int i = 0; i < 10; ++i) {
+    ta.push_back(Tensor::empty({2000 + i}));
+    tb.push_back(Tensor::empty({2000 + i}));
+    fill(ta.back(), [&](std::int64_t j) { return exact_value(i, rank, j); });
+    fill(tb.back(), [&](std::int64_t j) { return exact_value(i + 50, rank, j); });
+    ra.push_back(reference_allreduce(ta.back(), ReduceOp::sum));
+    rb.push_back(reference_allreduce(tb.back(), ReduceOp::avg));
+  }
+  for (int i = 0; i < 10; ++i) {
+    ha.push_back(a.allreduce_async(cat("t", i), ta[i], ReduceOp::sum));  // same names in both engines
+    hb.push_back(b.allreduce_async(cat("t", i), tb[i], ReduceOp::avg));
+  }
+  Tensor mine = Tensor::empty({333});
+  fill(mine, [&](std::int64_t j) { return exact_value(99, rank, j); });
+  Tensor ref = reference_allreduce(mine, ReduceOp::sum);
+  allreduce(mine.raw(), mine.raw(), 333, DType::f32, ReduceOp::sum, world, test_options().collective);
+  EXPECT_TRUE(same_bytes(mine, ref));
+  for (int i = 0; i < 10; ++i) {
+    a.wait(ha[i]);
+    b.wait(hb[i]);
+    EXPECT_TRUE(same_bytes(ta[i], ra[i])) << i;
+    EXPECT_TRUE(same_bytes(tb[i], rb[i])) << i;
+  }
+  EXPECT_THROW(a.wait(hb[0]), Error) << "a handle belongs to the engine that issued it";
+}
+
+TEST(EngineReduce, IdleEngineBacksOffAndWakesOnSubmission) {
+  Engine eng(Communicator::world(), test_options());
+  Tensor t = Tensor::zeros({64});
+  eng.wait(eng.allreduce_async("warm", t));
+  MPI_Barrier(MPI_COMM_WORLD);
+  auto c0 = eng.stats().cycles;
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  auto idle_cycles = eng.stats().cycles - c0;
+  // 400 ms at a 1 ms cycle would be ~400 cycles without the back-off (32 ms pauses).
+  EXPECT_LT(idle_cycles, 120u) << "idle engine should back off";
+  EXPECT_GT(idle_cycles, 5u);
+  MPI_Barrier(MPI_COMM_WORLD);
+  auto t0 = std::chrono::steady_clock::now();
+  t.fill_(1.0);
+  eng.wait(eng.allreduce_async("warm", t, ReduceOp::sum));
+  EXPECT_LT(seconds_since(t0), 0.5) << "a submission must end the idle pause";
+  EXPECT_EQ(t.data<float>()[0], static_cast<float>(world_size()));
+}
