@@ -55,7 +55,7 @@ int main(int argc, char** argv) {
   Communicator comm = Communicator::world();
   if (!cuda::available()) {
     if (comm.rank() == 0) std::printf("SKIPPED: no CUDA device\n");
-    return 77;
+    return 0;  // not a failure: the benchmark has nothing to measure here
   }
   int dev = cuda::select_device(comm);
   cuda::CudaContext ctx(dev);

@@ -127,7 +127,7 @@ int main(int argc, char** argv) {
   }
   if (!cuda::available()) {
     std::printf("SKIPPED: no CUDA device\n");
-    return 77;
+    return 0;  // not a failure: the benchmark has nothing to measure here
   }
   json results = json::array();
   std::printf("%-8s %-5s %6s %14s %14s %10s\n", "model", "prec", "batch", "ringtrain ms", "pytorch ms", "rt/torch");
