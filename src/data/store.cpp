@@ -39,6 +39,9 @@ SampleStore::SampleStore(const std::vector<FileInfo>& infos, const std::vector<i
       // compressed chunks must be decoded whole, so keep many of them.
       h5::Handle dcpl(H5Dget_create_plist(f->images));
       bool filtered = H5Pget_nfilters(dcpl) > 0;
+      hsize_t chunk[4] = {1, 1, 1, 1};
+      if (H5Pget_layout(dcpl) == H5D_CHUNKED) H5Pget_chunk(dcpl, 4, chunk);
+      union_reads_ = chunk[0] > 1;
       f->images.reset();  // an open handle would keep its cache settings for the reopen
       h5::Handle dapl(H5Pcreate(H5P_DATASET_ACCESS));
       H5Pset_chunk_cache(dapl, filtered ? 12421 : 0, filtered ? std::size_t(64) << 20 : 0, 1.0);
@@ -97,9 +100,13 @@ void SampleStore::read(const std::int64_t* ids, std::int64_t n, std::uint8_t* ds
     return;
   }
   std::lock_guard lk(hdf5_mutex());
+  if (mpio_ && union_reads_) {
+    read_union(ids, n, dst);
+    return;
+  }
   if (mpio_) {
-    // Collective: every rank must make the same number of calls, so one call per
-    // batch position (b on every rank), each reading one sample per rank.
+    // Collective with one-image chunks (HDF5 1.10 handles unions over many chunks
+    // very slowly): one call per batch position, b on every rank, so calls match.
     for (std::int64_t q = 0; q < n; ++q) read_run(ids[q], 1, dst + q * sb_);
     return;
   }
@@ -119,6 +126,34 @@ void SampleStore::read(const std::int64_t* ids, std::int64_t n, std::uint8_t* ds
     read_run(uniq_[i], std::int64_t(k - i), scratch_.data() + i * sb_);
     i = k;
   }
+  for (std::int64_t q = 0; q < n; ++q) {
+    std::size_t at = std::size_t(std::lower_bound(uniq_.begin(), uniq_.end(), ids[q]) - uniq_.begin());
+    std::memcpy(dst + q * sb_, scratch_.data() + at * sb_, std::size_t(sb_));
+  }
+}
+
+// One collective H5Dread per batch: the union of the sorted unique ids' runs.
+void SampleStore::read_union(const std::int64_t* ids, std::int64_t n, std::uint8_t* dst) {
+  uniq_.assign(ids, ids + n);
+  std::sort(uniq_.begin(), uniq_.end());
+  uniq_.erase(std::unique(uniq_.begin(), uniq_.end()), uniq_.end());
+  scratch_.resize(uniq_.size() * std::size_t(sb_));
+  File& f = *files_[0];
+  const std::string& path = f.info->path;
+  h5::Handle fs(H5Dget_space(f.images));
+  H5Sselect_none(fs);
+  for (std::size_t i = 0; i < uniq_.size();) {
+    std::size_t k = i + 1;
+    while (k < uniq_.size() && uniq_[k] == uniq_[k - 1] + 1) ++k;
+    hsize_t start[4] = {hsize_t(uniq_[i]), 0, 0, 0};
+    hsize_t cnt[4] = {hsize_t(k - i), hsize_t(f.info->channels), hsize_t(f.info->height), hsize_t(f.info->width)};
+    h5::check(H5Sselect_hyperslab(fs, H5S_SELECT_OR, start, nullptr, cnt, nullptr), path, "selecting samples");
+    i = k;
+  }
+  hsize_t m[4] = {hsize_t(uniq_.size()), hsize_t(f.info->channels), hsize_t(f.info->height), hsize_t(f.info->width)};
+  h5::Handle ms(H5Screate_simple(4, m, nullptr));
+  h5::check(H5Dread(f.images, H5T_NATIVE_UINT8, ms, fs, dxpl_, scratch_.data()), path,
+            "reading /images (collective; truncated or corrupt data?)");
   for (std::int64_t q = 0; q < n; ++q) {
     std::size_t at = std::size_t(std::lower_bound(uniq_.begin(), uniq_.end(), ids[q]) - uniq_.begin());
     std::memcpy(dst + q * sb_, scratch_.data() + at * sb_, std::size_t(sb_));

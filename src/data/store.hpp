@@ -41,13 +41,15 @@ class SampleStore {
     std::vector<std::uint8_t> pixels;  // when cached
   };
   File& file_of(std::int64_t id, std::int64_t& local);
-  void read_run(std::int64_t id, std::int64_t count, std::uint8_t* dst);  // holds hdf5_mutex()
+  void read_run(std::int64_t id, std::int64_t count, std::uint8_t* dst);     // caller holds hdf5_mutex()
+  void read_union(const std::int64_t* ids, std::int64_t n, std::uint8_t* dst);  // caller holds hdf5_mutex()
   const File& file_of(std::int64_t id, std::int64_t& local) const;
 
   std::vector<FileInfo> infos_;
   std::vector<std::unique_ptr<File>> files_;  // by shard index; null if not opened
   std::int64_t sb_ = 0;
   bool cached_ = false, mpio_ = false;
+  bool union_reads_ = false;  // MPI-IO: one collective read per batch (chunks of > 1 image)
   Communicator io_comm_;
   h5::Handle dxpl_;
   // Scratch, reused across batches (no allocation after warm-up).

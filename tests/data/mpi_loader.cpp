@@ -40,7 +40,7 @@ struct SharedDir {
   std::string operator/(const std::string& n) const { return (path / n).string(); }
 };
 
-PreparedDataset ids_fixture(const std::string& out, std::int64_t n, int shards) {
+PreparedDataset ids_fixture(const std::string& out, std::int64_t n, int shards, int chunk = 6) {
   SyntheticOptions o;
   o.output = out;
   o.name = "ids";
@@ -50,7 +50,7 @@ PreparedDataset ids_fixture(const std::string& out, std::int64_t n, int shards) 
   o.seed = 21;
   o.embed_index = true;
   o.storage.num_shards = shards;
-  o.storage.chunk_samples = 6;
+  o.storage.chunk_samples = chunk;
   return generate_synthetic(o, world());
 }
 
@@ -203,33 +203,38 @@ TEST(MpiLoader, RankBatchesConcatenateToTheOneRankBatch) {
 
 TEST(MpiLoader, MpiIoCollectiveReadsMatchIndependentReads) {
   SharedDir dir("mpio");
-  auto ds = ids_fixture(dir.path.string(), 97, 1);
   LoaderOptions o;
-  o.files = ds.train_files;
-  o.batch_size = 3;
-  o.seed = 5;
-  o.cache = CachePolicy::never;
-  Loader plain(o, world());
-  o.mpio = true;
-  Loader coll(o, world());
-  EXPECT_FALSE(coll.cached());
-  for (std::int64_t epoch : {0, 1, 2}) {
-    plain.set_epoch(epoch);
-    coll.set_epoch(epoch);
-    std::int64_t step = 0;
-    while (auto a = plain.next()) {
-      auto c = coll.next();
-      ASSERT_TRUE(c);
-      ASSERT_EQ(*a->ids, *c->ids);
-      ASSERT_EQ(std::memcmp(a->images.raw(), c->images.raw(), a->images.nbytes()), 0);
-      ASSERT_EQ(std::memcmp(a->labels.raw(), c->labels.raw(), a->labels.nbytes()), 0);
-      // Epoch 1 is abandoned after 2 steps on every rank: the collective reads must drain, not hang.
-      if (epoch == 1 && ++step == 2) break;
-    }
-    if (epoch != 1) {
-      EXPECT_FALSE(coll.next());
+  // Chunks of 6 images: one collective read per batch (a union); chunks of 1: b collective reads.
+  for (int chunk : {6, 1}) {
+    auto ds = ids_fixture(dir / ("c" + std::to_string(chunk)), 97, 1, chunk);
+    o = LoaderOptions{};
+    o.files = ds.train_files;
+    o.batch_size = 3;
+    o.seed = 5;
+    o.cache = CachePolicy::never;
+    Loader plain(o, world());
+    o.mpio = true;
+    Loader coll(o, world());
+    EXPECT_FALSE(coll.cached());
+    for (std::int64_t epoch : {0, 1, 2}) {
+      plain.set_epoch(epoch);
+      coll.set_epoch(epoch);
+      std::int64_t step = 0;
+      while (auto a = plain.next()) {
+        auto c = coll.next();
+        ASSERT_TRUE(c);
+        ASSERT_EQ(*a->ids, *c->ids);
+        ASSERT_EQ(std::memcmp(a->images.raw(), c->images.raw(), a->images.nbytes()), 0);
+        ASSERT_EQ(std::memcmp(a->labels.raw(), c->labels.raw(), a->labels.nbytes()), 0);
+        // Epoch 1 is abandoned after 2 steps on every rank: the collective reads must drain, not hang.
+        if (epoch == 1 && ++step == 2) break;
+      }
+      if (epoch != 1) {
+        EXPECT_FALSE(coll.next());
+      }
     }
   }
+  o.mpio = true;
   o.files = ids_fixture(dir / "sharded", 20, 2).train_files;
   std::string m = error_of([&] { Loader l(o, world()); });
   EXPECT_NE(m.find("MPI-IO collective reads need the single-file layout"), std::string::npos) << m;
