@@ -4,6 +4,7 @@
 // arithmetic around float32 layers (the perturbation actually applied after
 // rounding to float32 is used as the step).
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -16,6 +17,14 @@
 namespace rt_test {
 
 using namespace ringtrain;
+
+// One thread unless OMP_NUM_THREADS says otherwise: on a shared 2-core CI
+// machine OpenMP's spinning threads make these small kernels ~10x slower.
+// Multi-threaded kernels are exercised on purpose in Threads.* (loss_state).
+inline const bool single_threaded_by_default = [] {
+  if (!std::getenv("OMP_NUM_THREADS")) omp_set_num_threads(1);
+  return true;
+}();
 
 // Uniform in +-[lo, hi]: never zero, random sign.
 inline Tensor random_tensor(const Shape& s, std::uint64_t seed, double lo = 0.1, double hi = 1.0) {

@@ -182,3 +182,33 @@ TEST(Layers, WrongShapesNameTheLayer) {
   Harness f(std::make_unique<Linear>("fc", LinearSpec{4, 2}));
   EXPECT_THROW(f.layer->backward(random_tensor({3, 2}, 1), true, false), Error);  // before forward
 }
+
+// The same layer math with two threads: equal to one thread up to float
+// rounding, and bitwise repeatable at a fixed thread count.
+TEST(Threads, TwoThreadsMatchOneAndRepeatBitwise) {
+  Conv2dSpec s;
+  s.in_channels = 8;
+  s.out_channels = 16;
+  s.pad_h = s.pad_w = 1;
+  s.fuse_relu = true;
+  s.fuse_pool = true;
+  Tensor x = random_tensor({8, 8, 12, 12}, 61);
+  Tensor r = random_tensor({8, 16, 6, 6}, 62);
+  auto run = [&](int threads) {
+    const int saved = omp_get_max_threads();
+    omp_set_num_threads(threads);  // oneDNN sizes its primitives when they are created
+    Harness h(std::make_unique<Conv2d>("c", s));
+    h.randomize_params(63);
+    Tensor y = h.layer->forward(x, Mode::train).clone();
+    Tensor dx = h.layer->backward(r, true, false).clone();
+    Tensor dw = h.arena.grad(0).clone();
+    omp_set_num_threads(saved);
+    return std::vector<Tensor>{y, dx, dw};
+  };
+  auto one = run(1), two = run(2), again = run(2);
+  for (std::size_t k = 0; k < one.size(); ++k) {
+    EXPECT_EQ(std::memcmp(two[k].raw(), again[k].raw(), two[k].nbytes()), 0) << "output " << k;
+    for (std::int64_t i = 0; i < one[k].numel(); ++i)
+      EXPECT_NEAR(one[k].data<float>()[i], two[k].data<float>()[i], 1e-4 * (1 + std::fabs(one[k].data<float>()[i])));
+  }
+}
