@@ -158,7 +158,10 @@ int main(int argc, char** argv) {
 
   // Configurations alternate round by round so that background load on a
   // shared machine affects them alike.
-  std::vector<Result> rs{{"unfused", unfused}, {"fused", base}, {"fused-no-cache", nocache}};
+  std::vector<Result> rs(3);
+  rs[0].config = "unfused", rs[0].opts = unfused;
+  rs[1].config = "fused", rs[1].opts = base;
+  rs[2].config = "fused-no-cache", rs[2].opts = nocache;
   int per_round = std::max(1, steps / rounds);
   steps = per_round * rounds;
   for (int round = 0; round < rounds; ++round)

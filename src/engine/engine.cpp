@@ -276,11 +276,12 @@ void Engine::Impl::loop() {
       // Idle back-off: while no rank has anything pending (all ranks see the
       // same AND, so they back off alike) the pause doubles every 4 cycles
       // after 8, up to 32 cycle times; a submission ends it at once.
-      idle_cycles = r.all_idle ? idle_cycles + 1 : 0;
-      int factor = idle_cycles < 8 ? 1 : std::min(32, 2 << ((idle_cycles - 8) / 4));
-      idle.store(factor > 1);
-      sleep_cv.wait_until(lk, r.synced_at + cycle * factor,
-                          [&] { return stop_requested.load() || flush.exchange(false); });
+      idle_cycles = r.all_idle ? std::min(idle_cycles + 1, 64) : 0;
+      const int factor = idle_cycles < 8 ? 1 : std::min(32, 2 << ((idle_cycles - 8) / 4));
+      idle.store(factor > 1);  // before the predicate's queue check: no lost wake-up
+      sleep_cv.wait_until(lk, r.synced_at + cycle * factor, [&] {
+        return stop_requested.load() || flush.exchange(false) || (factor > 1 && queue.has_incoming());
+      });
     }
   } catch (const std::exception& e) {
     // Peers would block in this engine's next collective: a rank never dies alone.

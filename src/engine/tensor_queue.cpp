@@ -20,6 +20,11 @@ std::vector<OpPtr> TensorQueue::drain() {
   return out;
 }
 
+bool TensorQueue::has_incoming() const {
+  std::lock_guard lk(mu_);
+  return !incoming_.empty();
+}
+
 void TensorQueue::finish(const std::string& name) {
   std::lock_guard lk(mu_);
   in_flight_.erase(name);

@@ -51,6 +51,7 @@ class TensorQueue {
   // Throws an Error if the queue is closed or `op->name` is in flight.
   void push(OpPtr op);
   std::vector<OpPtr> drain();
+  bool has_incoming() const;
   void finish(const std::string& name);
   // Refuses further pushes with `reason`; returns what was queued but not drained.
   std::vector<OpPtr> close(const std::string& reason);

@@ -146,7 +146,9 @@ TEST(EngineReduce, CacheDisabledAndTinyCacheStillCorrect) {
     for (int round = 0; round < 3; ++round) run_round(eng, cs, ReduceOp::avg, round);
     auto s = eng.stats();
     EXPECT_EQ(s.cache_hits + s.cache_misses, 3 * cs.size()) << "capacity " << cap;
-    if (cap == 0) EXPECT_EQ(s.cache_hits, 0u);
+    if (cap == 0) {
+      EXPECT_EQ(s.cache_hits, 0u);
+    }
   }
 }
 

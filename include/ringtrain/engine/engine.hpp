@@ -78,6 +78,9 @@ struct EngineOptions {
   // Fuse ready tensors of one dtype and op into buffers of at most this many
   // bytes (on the wire); 0 = no fusion, one all-reduce per tensor.
   std::size_t fusion_threshold = std::size_t{64} << 20;  // RINGTRAIN_FUSION_THRESHOLD (bytes)
+  // Pause between negotiation cycles. While no rank has anything pending the
+  // pause grows to at most 32x (all ranks alike); a submission or a blocking
+  // wait() starts the next cycle at once.
   double cycle_time_ms = 1.0;                            // RINGTRAIN_CYCLE_TIME (ms)
   // Names negotiated at most this many at a time in the response cache
   // (least recently used evicted); 0 disables the cache (every cycle gathers).
