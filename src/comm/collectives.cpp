@@ -6,6 +6,7 @@
 #include <cctype>
 #include <cstdlib>
 #include <numeric>
+#include <span>
 
 #include "mpi_collectives.hpp"
 #include "ringtrain/comm/algorithms.hpp"
@@ -95,11 +96,12 @@ struct Call {
   const char* what;
   MPI_Comm comm;
   int rank, size;
-  std::string comm_name;
+  const std::string& comm_name;
+  HostCommContext& ctx;
   std::string error;  // first local argument error, "" if none
 
   Call(const char* w, const Communicator& c, const CollectiveOptions& opt)
-      : what(w), comm(c.handle(w)), rank(c.rank()), size(c.size()), comm_name(c.name()) {
+      : what(w), comm(c.handle(w)), rank(c.rank()), size(c.size()), comm_name(c.name()), ctx(host_context(comm, c.local_size())) {
     RT_CHECK(opt.device.is_cpu(), what, ": buffers on ", opt.device.str(),
              " need the device collectives of the CUDA backend; these are host collectives");
   }
@@ -142,7 +144,7 @@ std::string show(const Field& f, long long v) {
 
 // Local errors first: alone, or (validate) on every rank together with a check
 // that all ranks agree on `fields`.
-void settle(Call& c, bool validate, const std::vector<Field>& fields) {
+void settle(Call& c, bool validate, std::span<const Field> fields) {
   if (!validate) {
     if (!c.error.empty()) throw Error(c.error);
     return;
@@ -167,20 +169,35 @@ void settle(Call& c, bool validate, const std::vector<Field>& fields) {
   }
 }
 
-Primitives::Config config(DType dtype, ReduceOp op, const CollectiveOptions& opt) {
+// The options' values, else the communicator's snapshot of the environment, else defaults.
+std::size_t segment_of(const Call& c, const CollectiveOptions& opt) {
+  std::size_t s = opt.segment_bytes ? opt.segment_bytes
+                  : c.ctx.env_segment_bytes ? c.ctx.env_segment_bytes : kDefaultSegmentBytes;
+  RT_CHECK(s >= 64, c.what, ": segment size must be at least 64 bytes, got ", s);
+  return s;
+}
+Algorithm algorithm_of(const Call& c, std::size_t bytes, const CollectiveOptions& opt) {
+  if (opt.algorithm != Algorithm::automatic) return opt.algorithm;
+  if (c.size <= 1) return Algorithm::ring;
+  long long t = opt.tree_threshold >= 0 ? opt.tree_threshold
+                : c.ctx.env_tree_threshold >= 0 ? c.ctx.env_tree_threshold : kDefaultTreeThreshold;
+  return static_cast<long long>(bytes) <= t ? Algorithm::tree : Algorithm::ring;
+}
+
+Primitives::Config config(const Call& c, DType dtype, ReduceOp op, const CollectiveOptions& opt) {
   Primitives::Config cfg;
   cfg.dtype = dtype;
   cfg.op = op;
-  cfg.segment_bytes = effective_segment_bytes(opt);
+  cfg.segment_bytes = segment_of(c, opt);
   return cfg;
 }
 
 // Runs `algo(P)` over the host backend on the call's communicator.
 template <typename F>
 void run(const Call& c, int tag, const Primitives::Config& cfg, F&& algo) {
-  MpiTransport t(c.comm, tag, c.what, c.comm_name, collective_timeout_from_env());
+  MpiTransport t(c.comm, tag, c.what, c.comm_name.c_str(), c.ctx.timeout_s, c.ctx.spin_s);
   CpuReducer red;
-  Primitives P(t, red, host_workspace(c.comm), cfg);
+  Primitives P(t, red, c.ctx.workspace, cfg);
   algo(P);
 }
 
@@ -201,21 +218,20 @@ void allreduce(const void* send, void* recv, std::size_t count, DType dtype, Red
   c.check_buffer(recv, count, "recv");
   std::size_t bytes = count * dtype_size(dtype);
   c.check_alias(send, bytes, recv, bytes, send == recv);
-  Algorithm algo = choose_algorithm(bytes, c.size, opt);
-  std::size_t seg = effective_segment_bytes(opt);
-  settle(c, opt.validate,
-         {{"count", static_cast<long long>(count)},
-          {"dtype", static_cast<long long>(dtype), Field::dtype},
-          {"op", static_cast<long long>(op), Field::op},
-          {"algorithm", static_cast<long long>(algo), Field::algorithm},
-          {"segment bytes", static_cast<long long>(seg)}});
+  Algorithm algo = algorithm_of(c, bytes, opt);
+  auto cfg = config(c, dtype, op, opt);
+  const Field fields[] = {{"count", static_cast<long long>(count)},
+                          {"dtype", static_cast<long long>(dtype), Field::dtype},
+                          {"op", static_cast<long long>(op), Field::op},
+                          {"algorithm", static_cast<long long>(algo), Field::algorithm},
+                          {"segment bytes", static_cast<long long>(cfg.segment_bytes)}};
+  settle(c, opt.validate, fields);
   if (count == 0) return;
   if (c.size == 1) {
     CpuReducer().copy(recv, send, bytes);  // avg over one rank divides by 1
     return;
   }
   int divisor = op == ReduceOp::avg ? c.size : 1;
-  auto cfg = config(dtype, op, opt);
   switch (algo) {
     case Algorithm::mpi: mpi_impl::allreduce(send, recv, count, dtype, op, c.comm, c.what); break;
     case Algorithm::tree:
@@ -234,14 +250,15 @@ void broadcast(void* buf, std::size_t count, DType dtype, int root, const Commun
   c.fail_if(root < 0 || root >= c.size, cat("root ", root, " is not a rank of communicator '", c.comm_name,
                                             "' (size ", c.size, ")"));
   std::size_t bytes = count * dtype_size(dtype);
-  Algorithm algo = choose_algorithm(bytes, c.size, opt);
-  settle(c, opt.validate,
-         {{"count", static_cast<long long>(count)},
-          {"dtype", static_cast<long long>(dtype), Field::dtype},
-          {"root", root},
-          {"algorithm", static_cast<long long>(algo), Field::algorithm}});
+  Algorithm algo = algorithm_of(c, bytes, opt);
+  auto cfg = config(c, dtype, ReduceOp::sum, opt);
+  const Field fields[] = {{"count", static_cast<long long>(count)},
+                          {"dtype", static_cast<long long>(dtype), Field::dtype},
+                          {"root", root},
+                          {"algorithm", static_cast<long long>(algo), Field::algorithm},
+                          {"segment bytes", static_cast<long long>(cfg.segment_bytes)}};
+  settle(c, opt.validate, fields);
   if (count == 0 || c.size == 1) return;
-  auto cfg = config(dtype, ReduceOp::sum, opt);
   if (algo == Algorithm::mpi) return mpi_impl::broadcast(buf, count, dtype, root, c.comm, c.what);
   run(c, kTagBroadcast, cfg, [&](Primitives& P) {
     if (algo == Algorithm::tree) binomial_broadcast(P, buf, count, root);
@@ -277,7 +294,7 @@ void gather_impl(const char* what, const void* send, void* recv, const std::vect
   CpuReducer().copy(mine, send, counts[c.rank] * es);
   if (c.size == 1) return;
   // All-gather has nothing to combine, so the ring (bandwidth-optimal) serves every size.
-  run(c, kTagAllgather, config(dtype, ReduceOp::sum, opt), [&](Primitives& P) { ring_allgatherv(P, recv, counts); });
+  run(c, kTagAllgather, config(c, dtype, ReduceOp::sum, opt), [&](Primitives& P) { ring_allgatherv(P, recv, counts); });
 }
 
 }  // namespace
@@ -318,7 +335,7 @@ void reduce_scatter(const void* send, void* recv, const std::vector<std::size_t>
   int divisor = op == ReduceOp::avg ? c.size : 1;
   if (c.size == 1) return CpuReducer().copy(recv, send, counts[0] * es);
   if (opt.algorithm == Algorithm::mpi) return mpi_impl::reduce_scatter(send, recv, counts, dtype, op, c.comm, c.what);
-  run(c, kTagReduceScatter, config(dtype, op, opt),
+  run(c, kTagReduceScatter, config(c, dtype, op, opt),
       [&](Primitives& P) { ring_reduce_scatter(P, send, recv, counts, divisor); });
 }
 

@@ -1,9 +1,12 @@
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <new>
 #include <thread>
 
+#include "ringtrain/comm/collectives.hpp"
 #include "ringtrain/comm/host_backend.hpp"
 #include "ringtrain/core/error.hpp"
 #include "ringtrain/core/log.hpp"
@@ -26,7 +29,7 @@ MPI_Request unpack(std::uint64_t h) {
 
 // Polls before the first clock read / yield: a small message usually lands
 // within a few microseconds, and yielding earlier would add scheduler latency.
-constexpr unsigned kSpinPolls = 2000;
+constexpr unsigned kSpinPolls = 256;
 
 }  // namespace
 
@@ -40,8 +43,9 @@ double collective_timeout_from_env() {
   return s;
 }
 
-MpiTransport::MpiTransport(MPI_Comm comm, int tag, const char* what, std::string comm_name, double timeout_s)
-    : comm_(comm), tag_(tag), what_(what), comm_name_(std::move(comm_name)), timeout_s_(timeout_s) {
+MpiTransport::MpiTransport(MPI_Comm comm, int tag, const char* what, const char* comm_name, double timeout_s,
+                           double spin_s)
+    : comm_(comm), tag_(tag), what_(what), comm_name_(comm_name), timeout_s_(timeout_s), spin_s_(spin_s) {
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
 }
@@ -82,14 +86,19 @@ void MpiTransport::wait(Request& r) {
   if (!r.active) return;
   for (unsigned i = 0; i < kSpinPolls; ++i)
     if (test(r)) return;
-  auto start = std::chrono::steady_clock::now();
+  // Then poll against the clock: keep the core for spin_s_ (a peer that was
+  // preempted for a moment is back soon, and giving the core away would cost us
+  // a whole scheduler slice), and after that yield between polls.
+  using clock = std::chrono::steady_clock;
+  auto start = clock::now();
   for (unsigned i = 1;; ++i) {
     if (test(r)) return;
-    std::this_thread::yield();
-    if (timeout_s_ > 0 && i % 256 == 0) {
-      double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      if (waited > timeout_s_) stalled(r, waited);
+    if (i % 64 == 0) {
+      double waited = std::chrono::duration<double>(clock::now() - start).count();
+      if (timeout_s_ > 0 && waited > timeout_s_) stalled(r, waited);
+      if (waited > spin_s_) yielding_ = true;
     }
+    if (yielding_) std::this_thread::yield();
   }
 }
 
@@ -117,17 +126,17 @@ void* HostWorkspace::get(std::size_t bytes) {
 
 namespace {
 
-int delete_workspace(MPI_Comm, int, void* value, void*) {
-  delete static_cast<HostWorkspace*>(value);
+int delete_context(MPI_Comm, int, void* value, void*) {
+  delete static_cast<HostCommContext*>(value);
   return MPI_SUCCESS;
 }
 
 // The keyval is created once and never changes: the per-communicator state
 // itself lives on the communicator.
-int workspace_keyval() {
+int context_keyval() {
   static const int key = [] {
     int k = MPI_KEYVAL_INVALID;
-    MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, delete_workspace, &k, nullptr);
+    MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, delete_context, &k, nullptr);
     return k;
   }();
   return key;
@@ -135,15 +144,24 @@ int workspace_keyval() {
 
 }  // namespace
 
-HostWorkspace& host_workspace(MPI_Comm comm) {
-  int key = workspace_keyval();
+HostCommContext& host_context(MPI_Comm comm, int local_size) {
+  int key = context_keyval();
   void* v = nullptr;
   int found = 0;
   MPI_Comm_get_attr(comm, key, &v, &found);
-  if (found) return *static_cast<HostWorkspace*>(v);
-  auto* ws = new HostWorkspace();
-  MPI_Comm_set_attr(comm, key, ws);
-  return *ws;
+  if (found) return *static_cast<HostCommContext*>(v);
+  auto ctx = std::make_unique<HostCommContext>();
+  if (const char* e = std::getenv("RINGTRAIN_TREE_THRESHOLD"); e && *e)
+    ctx->env_tree_threshold = static_cast<long long>(parse_byte_size(e, "RINGTRAIN_TREE_THRESHOLD"));
+  if (const char* e = std::getenv("RINGTRAIN_SEGMENT_BYTES"); e && *e)
+    ctx->env_segment_bytes = parse_byte_size(e, "RINGTRAIN_SEGMENT_BYTES");
+  ctx->timeout_s = collective_timeout_from_env();
+  // More ranks on this node than cores: a waiting rank must give its core to the
+  // rank it waits for (Open MPI's yield_when_idle, for the same reason).
+  unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  ctx->spin_s = static_cast<unsigned>(local_size) > cores ? 20e-6 : 5e-3;
+  MPI_Comm_set_attr(comm, key, ctx.get());
+  return *ctx.release();
 }
 
 }  // namespace ringtrain

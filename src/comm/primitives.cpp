@@ -8,12 +8,11 @@ namespace ringtrain {
 
 Primitives::Primitives(Transport& t, Reducer& r, Workspace& ws, const Config& cfg)
     : t_(t), r_(r), cfg_(cfg), rank_(t.rank()), size_(t.size()), esize_(dtype_size(cfg.dtype)) {
-  RT_CHECK(cfg_.window >= 1, "collective primitives: window must be >= 1, got ", cfg_.window);
+  RT_CHECK(cfg_.window >= 1 && cfg_.window <= kMaxAhead, "collective primitives: window must be in [1, ",
+           kMaxAhead, "], got ", cfg_.window);
   seg_elems_ = std::max<std::size_t>(1, cfg_.segment_bytes / esize_);
   slot_bytes_ = (seg_elems_ * esize_ + 63) / 64 * 64;
   scratch_ = static_cast<char*>(ws.get(scratch_bytes(cfg_)));
-  pending_.reserve(64);
-  recvs_.resize(cfg_.window);
 }
 
 Primitives::~Primitives() {
@@ -64,28 +63,32 @@ void Primitives::send(int to, const void* src, std::size_t n) {
     post_send(to, s + k * seg_elems_ * esize_, seg_len(n, k) * esize_);
 }
 
+// Receives straight into the destination, kMaxAhead segments in flight; each
+// landed segment is handed to `landed(k)` in order.
+template <typename F>
+void Primitives::recv_direct(int from, char* d, std::size_t n, F&& landed) {
+  guard_write(d, n * esize_);
+  std::size_t ns = num_segs(n), ahead = std::min<std::size_t>(kMaxAhead, ns);
+  auto post = [&](std::size_t k) {
+    recvs_[k % kMaxAhead] = t_.irecv(d + k * seg_elems_ * esize_, seg_len(n, k) * esize_, from);
+  };
+  for (std::size_t k = 0; k < ahead; ++k) post(k);
+  for (std::size_t k = 0; k < ns; ++k) {
+    t_.wait(recvs_[k % kMaxAhead]);
+    if (k + ahead < ns) post(k + ahead);
+    landed(k);
+  }
+}
+
 void Primitives::recv(int from, void* dst, std::size_t n) {
   if (n == 0) return;
-  char* d = static_cast<char*>(dst);
-  guard_write(d, n * esize_);
-  // Straight into the destination: every segment can be posted at once.
-  std::size_t ns = num_segs(n);
-  std::vector<Request> reqs(ns);
-  for (std::size_t k = 0; k < ns; ++k) reqs[k] = t_.irecv(d + k * seg_elems_ * esize_, seg_len(n, k) * esize_, from);
-  for (auto& r : reqs) t_.wait(r);
+  recv_direct(from, static_cast<char*>(dst), n, [](std::size_t) {});
 }
 
 void Primitives::recv_copy_send(int from, int to, void* dst, std::size_t n) {
   if (n == 0) return;
   char* d = static_cast<char*>(dst);
-  guard_write(d, n * esize_);
-  std::size_t ns = num_segs(n);
-  std::vector<Request> reqs(ns);
-  for (std::size_t k = 0; k < ns; ++k) reqs[k] = t_.irecv(d + k * seg_elems_ * esize_, seg_len(n, k) * esize_, from);
-  for (std::size_t k = 0; k < ns; ++k) {
-    t_.wait(reqs[k]);
-    post_send(to, d + k * seg_elems_ * esize_, seg_len(n, k) * esize_);
-  }
+  recv_direct(from, d, n, [&](std::size_t k) { post_send(to, d + k * seg_elems_ * esize_, seg_len(n, k) * esize_); });
 }
 
 void Primitives::recv_reduce(int from, int to, const void* local, void* dst, std::size_t n, int divisor,

@@ -50,7 +50,7 @@ struct CollectiveOptions {
 };
 
 // Defaults measured on the reference machine (see bench/comm_allreduce_sweep.cpp).
-constexpr long long kDefaultTreeThreshold = 32 * 1024;
+constexpr long long kDefaultTreeThreshold = 128 * 1024;
 constexpr std::size_t kDefaultSegmentBytes = 512 * 1024;
 // The threshold/segment in effect for `opt` (option, else environment, else default).
 long long effective_tree_threshold(const CollectiveOptions& opt);

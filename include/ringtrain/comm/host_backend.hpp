@@ -5,8 +5,9 @@
 //  - MpiTransport sends raw bytes (MPI_BYTE) with one tag per algorithm in a
 //    range of tags reserved for ringtrain (kTagBase..), on the Communicator's own
 //    duplicated MPI communicator, so it never matches user traffic.
-//  - A wait polls MPI_Test (spinning first, then yielding the core) against a
-//    deadline; when it expires the job is aborted with a message naming the
+//  - A wait polls MPI_Test against a deadline: it keeps the core for a while
+//    (5 ms; 20 us when the node has more ranks than cores), then yields between
+//    polls; when it expires the job is aborted with a message naming the
 //    operation, the peer and the communicator: a stalled collective never hangs.
 //  - CpuReducer's kernels are the RT_HD math of reduce_math.hpp in vectorisable
 //    loops (AVX2/F16C clones chosen at load time); every element goes through the
@@ -37,7 +38,10 @@ double collective_timeout_from_env();
 class MpiTransport final : public Transport {
  public:
   // `what` names the operation and `comm_name` the communicator in the stall message.
-  MpiTransport(MPI_Comm comm, int tag, const char* what, std::string comm_name, double timeout_s);
+  // Both strings must outlive the transport (it lives for one collective call).
+  // A wait spins for spin_s seconds before it starts yielding the core.
+  MpiTransport(MPI_Comm comm, int tag, const char* what, const char* comm_name, double timeout_s,
+               double spin_s);
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   Request isend(const void* buf, std::size_t bytes, int peer) override;
@@ -50,8 +54,9 @@ class MpiTransport final : public Transport {
   MPI_Comm comm_;
   int tag_, rank_ = 0, size_ = 1;
   const char* what_;
-  std::string comm_name_;
-  double timeout_s_;
+  const char* comm_name_;
+  double timeout_s_, spin_s_;
+  bool yielding_ = false;  // once one wait has spun out, the rest of the call yields at once
 };
 
 class CpuReducer final : public Reducer {
@@ -75,9 +80,20 @@ class HostWorkspace final : public Workspace {
   std::size_t bytes_ = 0;
 };
 
-// The workspace cached on an MPI communicator (an MPI attribute, freed with the
-// communicator). Collectives on one communicator must not run concurrently
-// (MPI's rule too), so one workspace per communicator suffices.
-HostWorkspace& host_workspace(MPI_Comm comm);
+// What the host collectives keep per MPI communicator (an MPI attribute, freed
+// with the communicator): the workspace, and the environment read once at the
+// communicator's first collective (getenv costs ~0.15 us a call under mpirun,
+// which small all-reduces would notice). Collectives on one communicator must
+// not run concurrently (MPI's rule too), so one context per communicator suffices.
+struct HostCommContext {
+  HostWorkspace workspace;
+  long long env_tree_threshold = -1;  // RINGTRAIN_TREE_THRESHOLD, -1 when unset
+  std::size_t env_segment_bytes = 0;  // RINGTRAIN_SEGMENT_BYTES, 0 when unset
+  double timeout_s = 300;             // RINGTRAIN_COLLECTIVE_TIMEOUT
+  double spin_s = 5e-3;               // how long a wait keeps the core (see MpiTransport)
+};
+// `local_size`: ranks of `comm` on this node (Communicator::local_size()).
+// Local only (no collective call), so it cannot stall.
+HostCommContext& host_context(MPI_Comm comm, int local_size);
 
 }  // namespace ringtrain

@@ -21,6 +21,7 @@
 //  - Messages between a pair of ranks are matched in posting order (one tag per
 //    algorithm), so every rank must issue the same sequence of primitives.
 #include <cstddef>
+#include <array>
 #include <cstdint>
 #include <vector>
 
@@ -84,8 +85,9 @@ class Primitives {
     DType dtype = DType::f32;
     ReduceOp op = ReduceOp::sum;
     std::size_t segment_bytes = 512 * 1024;
-    int window = 4;  // receive slots in flight per primitive
+    int window = 4;  // receive slots in flight per primitive (at most kMaxAhead)
   };
+  static constexpr int kMaxAhead = 16;  // receives posted ahead straight into a destination
 
   // Takes workspace.get(scratch_bytes(cfg)) once; the workspace must not be reused
   // by anyone else until this object is gone.
@@ -136,6 +138,8 @@ class Primitives {
   // Completes pending sends that read [p, p + bytes).
   void guard_write(const void* p, std::size_t bytes);
   void post_send(int to, const void* p, std::size_t bytes);
+  template <typename F>
+  void recv_direct(int from, char* d, std::size_t n, F&& landed);
   // Shared loop of the recv-reduce-* primitives.
   void recv_reduce(int from, int to, const void* local, void* dst, std::size_t n, int divisor, bool keep);
 
@@ -146,7 +150,7 @@ class Primitives {
   std::size_t esize_, seg_elems_, slot_bytes_;
   char* scratch_;
   std::vector<Pending> pending_;
-  std::vector<Request> recvs_;
+  std::array<Request, kMaxAhead> recvs_;
 };
 
 }  // namespace ringtrain
