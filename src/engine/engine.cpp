@@ -310,6 +310,7 @@ void Engine::Impl::execute_batch(const engine::Batch& b) {
   copt.device = dev;
 
   auto t0 = Clock::now();
+  fo.wait_for_producers(dev);
   const bool direct = b.ops.size() == 1 && !b.compressed;  // reduce in the tensor's own memory
   void* buf = nullptr;
   if (direct) {

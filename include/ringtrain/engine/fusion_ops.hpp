@@ -34,6 +34,11 @@ class FusionOps {
                               double factor, Device dev) = 0;
   // Waits until the work queued above is finished (CPU: nothing to do).
   virtual void synchronize(Device dev) {}
+  // Called on the engine thread before a batch's tensors are read (packed, or
+  // reduced in their own memory): a device backend orders its copy stream
+  // after the work that produced them, e.g. an event wait on the compute
+  // stream (CPU: nothing to do).
+  virtual void wait_for_producers(Device dev) {}
 };
 
 // The built-in host implementation (memcpy, loops).
