@@ -241,3 +241,32 @@ TEST(EngineErrors, SynchronizeReportsUnobservedFailures) {
   }
   EXPECT_NO_THROW(eng.synchronize()) << "a failure is reported once";
 }
+
+TEST(EngineErrors, StallOfACachedNameIsReportedWithTheMissingRank) {
+  if (world_size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  int rank = world_rank(), last = world_size() - 1;
+  std::mutex mu;
+  std::vector<std::string> warnings;
+  EngineOptions o = test_options();
+  o.stall_warning_s = 0.3;
+  o.on_stall_warning = [&](const std::string& w) {
+    std::lock_guard lk(mu);
+    warnings.push_back(w);
+  };
+  Engine eng(Communicator::world(), o);
+  Tensor t = Tensor::zeros({50});
+  for (int i = 0; i < 2; ++i) eng.wait(eng.allreduce_async("cached.grad", t));  // negotiated, then cached
+  auto hits = eng.stats().cache_hits;
+  Handle h;
+  if (rank != last) h = eng.allreduce_async("cached.grad", t);  // only a cache bit on these ranks
+  auto t0 = std::chrono::steady_clock::now();
+  while (eng.stats().stall_warnings == 0 && seconds_since(t0) < 5) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  if (rank == last) h = eng.allreduce_async("cached.grad", t);
+  eng.wait(h);
+  EXPECT_EQ(eng.stats().cache_hits, hits + 1) << "the late tensor completes through the cache";
+  std::lock_guard lk(mu);
+  ASSERT_FALSE(warnings.empty()) << "no stall warning within 5 s";
+  EXPECT_TRUE(contains(warnings[0], "'cached.grad' was submitted by " + others(last) + " but not by rank " +
+                                        std::to_string(last)))
+      << warnings[0];
+}
