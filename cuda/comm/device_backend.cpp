@@ -91,6 +91,13 @@ void StagingPool::release_after(int slot, cudaStream_t stream) {
   s.busy = false;
 }
 
+// ---- CUDA-aware transport ----------------------------------------------------------
+
+Request CudaAwareTransport::irecv(void* buf, std::size_t bytes, int peer) {
+  RT_CUDA(cudaStreamSynchronize(s_));
+  return inner_.irecv(buf, bytes, peer);
+}
+
 // ---- staged transport ---------------------------------------------------------------
 
 std::uint64_t StagedTransport::new_op() {

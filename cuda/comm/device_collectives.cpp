@@ -36,6 +36,14 @@ DeviceCollectives::DeviceCollectives(CudaContext& ctx)
 
 DeviceCollectives::~DeviceCollectives() { cudaStreamSynchronize(ctx_.comm()); }
 
+// The buffers may have been written by the compute stream: the comm stream
+// waits for it (an event). MPI reads device memory directly only on the
+// CUDA-aware path, which therefore also waits on the host, once per call.
+void DeviceCollectives::enter() {
+  ctx_.stream_wait(ctx_.comm(), ctx_.compute());
+  if (cuda_aware_) RT_CUDA(cudaStreamSynchronize(ctx_.comm()));
+}
+
 void DeviceCollectives::mpi_allreduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
                                       const Communicator& comm) {
   MPI_Comm c = comm.handle("allreduce");
@@ -64,6 +72,7 @@ void DeviceCollectives::allreduce(const void* send, void* recv, std::size_t coun
   RT_CHECK(dtype != DType::u8, "allreduce: dtype uint8 is not a collective dtype");
   if (count == 0) return;
   ctx_.make_current();
+  enter();
   const int p = comm.size();
   std::size_t bytes = count * dtype_size(dtype);
   Algorithm algo = choose_algorithm(bytes, p, opt);
@@ -79,10 +88,12 @@ void DeviceCollectives::allreduce(const void* send, void* recv, std::size_t coun
     return;
   }
   const bool tree = algo == Algorithm::tree;
-  MpiTransport mpi(comm.handle("allreduce"), tree ? kTagTree : kTagRing, "allreduce", comm.name().c_str(),
-                   collective_timeout_from_env());
+  MPI_Comm mc = comm.handle("allreduce");
+  const HostCommContext& hc = host_context(mc, comm.local_size());  // timeout and spin, read once per communicator
+  MpiTransport mpi(mc, tree ? kTagTree : kTagRing, "allreduce", comm.name().c_str(), hc.timeout_s, hc.spin_s);
   StagedTransport staged(mpi, pool_, ctx_.comm());
-  Transport& t = cuda_aware_ ? static_cast<Transport&>(mpi) : static_cast<Transport&>(staged);
+  CudaAwareTransport aware(mpi, ctx_.comm());
+  Transport& t = cuda_aware_ ? static_cast<Transport&>(aware) : static_cast<Transport&>(staged);
   Primitives::Config cfg;
   cfg.dtype = dtype;
   cfg.op = op;
@@ -104,9 +115,13 @@ void DeviceCollectives::broadcast(void* buf, std::size_t count, DType dtype, int
   RT_CHECK(root >= 0 && root < comm.size(), "broadcast: root ", root, " out of range for ", comm.size(), " ranks");
   if (count == 0 || comm.size() == 1) return;
   ctx_.make_current();
-  MpiTransport mpi(comm.handle("broadcast"), kTagBroadcast, "broadcast", comm.name().c_str(), collective_timeout_from_env());
+  enter();
+  MPI_Comm mc = comm.handle("broadcast");
+  const HostCommContext& hc = host_context(mc, comm.local_size());
+  MpiTransport mpi(mc, kTagBroadcast, "broadcast", comm.name().c_str(), hc.timeout_s, hc.spin_s);
   StagedTransport staged(mpi, pool_, ctx_.comm());
-  Transport& t = cuda_aware_ ? static_cast<Transport&>(mpi) : static_cast<Transport&>(staged);
+  CudaAwareTransport aware(mpi, ctx_.comm());
+  Transport& t = cuda_aware_ ? static_cast<Transport&>(aware) : static_cast<Transport&>(staged);
   Primitives::Config cfg;
   cfg.dtype = dtype;
   cfg.segment_bytes = effective_segment_bytes(opt);

@@ -52,7 +52,8 @@ TEST(GpuTraining, CnnLossTracksCpuAndFalls) {
   }
   ctx.sync_compute();
   for (int s = 0; s < steps; ++s) EXPECT_NEAR(lg[s], lc[s], 2e-3 * std::fabs(lc[s]) + 1e-5) << "step " << s;
-  EXPECT_LT(lg.back(), 0.5 * lg.front()) << "the GPU run did not learn the fixed batch";
+  EXPECT_LT(lg.back(), 0.8 * lg.front()) << "the GPU run did not learn the fixed batch";
+  EXPECT_LT(lc.back(), 0.8 * lc.front()) << "the CPU reference did not learn either: test setup";
   EXPECT_EQ(cuda::device_allocator().stats().device_mallocs, mallocs_after_first)
       << "cudaMalloc inside a steady-state step";
 }

@@ -6,7 +6,7 @@
 //    syncs that stream before the transport sends results.
 //  - a Transport: with CUDA-aware MPI (MPIX_Query_cuda_support at run time,
 //    override RINGTRAIN_CUDA_AWARE=0/1) the host MpiTransport on device
-//    pointers; otherwise StagedTransport, which stages each primitive segment
+//    pointers (CudaAwareTransport); otherwise StagedTransport, which stages each primitive segment
 //    (Config::segment_bytes) through its own pinned slot: D2H copy -> MPI_Isend,
 //    and MPI_Irecv -> H2D copy enqueued on the comm stream ahead of the
 //    reduction kernel. The primitives keep `window` segments in flight, so the
@@ -14,7 +14,9 @@
 //    different segments overlap: no stage waits for the whole message.
 //  - a device Workspace for the primitives' receive slots (grows, never shrinks).
 // Rules: one DeviceCollectives per (rank, device, communicator use); calls on
-// it must not run concurrently; buffers are device pointers on ctx's device;
+// it must not run concurrently; buffers are device pointers on ctx's device
+// whose contents are complete when the call starts (the caller orders or syncs
+// its producers, e.g. FusionOps::synchronize);
 // on return the results are complete on the comm stream (host-visible after
 // a stream sync; compute-stream users order after it with an event).
 #include <mpi.h>
@@ -105,6 +107,25 @@ class StagedTransport final : public Transport {
   cudaEvent_t copied_ = nullptr;
 };
 
+// CUDA-aware MPI on device pointers. A receive may land in a slot that a
+// reduction kernel queued on the stream has not read yet (the primitives
+// re-post a slot right after queuing its reduction), so irecv first waits for
+// the stream; sends follow Reducer::flush() already.
+class CudaAwareTransport final : public Transport {
+ public:
+  CudaAwareTransport(Transport& inner, cudaStream_t s) : inner_(inner), s_(s) {}
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  Request isend(const void* buf, std::size_t bytes, int peer) override { return inner_.isend(buf, bytes, peer); }
+  Request irecv(void* buf, std::size_t bytes, int peer) override;
+  void wait(Request& r) override { inner_.wait(r); }
+  bool test(Request& r) override { return inner_.test(r); }
+
+ private:
+  Transport& inner_;
+  cudaStream_t s_;
+};
+
 class DeviceCollectives {
  public:
   explicit DeviceCollectives(CudaContext& ctx);
@@ -124,6 +145,7 @@ class DeviceCollectives {
   std::size_t staging_slots() const { return pool_.slots(); }
 
  private:
+  void enter();
   void mpi_allreduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
                      const Communicator& comm);
   CudaContext& ctx_;
