@@ -246,3 +246,15 @@ TEST_P(FusedConv, MatchesSeparateLayers) {
 INSTANTIATE_TEST_SUITE_P(Shapes, FusedConv,
                          ::testing::Values(std::make_tuple(16, 10, 10), std::make_tuple(8, 6, 7),
                                            std::make_tuple(8, 7, 7), std::make_tuple(5, 6, 6)));
+
+TEST(GradCheck, Conv2dFusedReluAvgPool) {
+  Conv2dSpec s = conv_spec(2, 3, 3, 1, 1, 1, true, true);
+  s.fuse_pool = true;
+  s.pool = Pool2dSpec{PoolKind::avg, 2, 2, 2, 2, 0, 0};
+  Harness h(std::make_unique<Conv2d>("conv", s));
+  h.randomize_params(40);
+  GradCheck gc;
+  gc.eps = 1e-3;
+  gc.run(h, random_tensor({1, 2, 4, 6}, 41));
+  EXPECT_STREQ(h.layer->type(), "Conv2d+ReLU+AvgPool2d");
+}
