@@ -156,7 +156,11 @@ int main(int argc, char** argv) {
         out << "ranks,dtype,op,bytes,count,algorithm,resolved,time_us,algbw_GBps,busbw_GBps,check\n";
       }
     }
-    for (std::size_t bytes = lo; bytes <= hi; bytes *= f) {
+    // The -b * f^k sizes, and -e itself as the last point when the steps skip it.
+    std::vector<std::size_t> sizes;
+    for (std::size_t bytes = lo; bytes <= hi; bytes *= f) sizes.push_back(bytes);
+    if (sizes.empty() || sizes.back() != hi) sizes.push_back(hi);
+    for (std::size_t bytes : sizes) {
       std::size_t count = std::max<std::size_t>(1, bytes / es);
       std::vector<unsigned char> in(count * es), res(count * es);
       fill(in, t, count, rank);
