@@ -25,6 +25,8 @@ SampleStore::SampleStore(const std::vector<FileInfo>& infos, const std::vector<i
     h5::check(H5Pset_fapl_mpio(fapl, io_comm_.handle("data loader MPI-IO"), MPI_INFO_NULL), infos[0].path,
               "H5Pset_fapl_mpio");
     h5::check(H5Pset_dxpl_mpio(dxpl_, H5FD_MPIO_COLLECTIVE), infos[0].path, "H5Pset_dxpl_mpio");
+    // One MPI-IO call for all the chunks a read touches ("link chunk"), not one per chunk.
+    h5::check(H5Pset_dxpl_mpio_chunk_opt(dxpl_, H5FD_MPIO_CHUNK_ONE_IO), infos[0].path, "H5Pset_dxpl_mpio_chunk_opt");
   }
   files_.resize(infos_.size());
   for (int s : shards) {
@@ -41,7 +43,7 @@ SampleStore::SampleStore(const std::vector<FileInfo>& infos, const std::vector<i
       bool filtered = H5Pget_nfilters(dcpl) > 0;
       hsize_t chunk[4] = {1, 1, 1, 1};
       if (H5Pget_layout(dcpl) == H5D_CHUNKED) H5Pget_chunk(dcpl, 4, chunk);
-      union_reads_ = chunk[0] > 1;
+      union_reads_ = H5Pget_layout(dcpl) != H5D_CHUNKED || chunk[0] > 1;
       f->images.reset();  // an open handle would keep its cache settings for the reopen
       h5::Handle dapl(H5Pcreate(H5P_DATASET_ACCESS));
       H5Pset_chunk_cache(dapl, filtered ? 12421 : 0, filtered ? std::size_t(64) << 20 : 0, 1.0);

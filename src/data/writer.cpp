@@ -26,7 +26,10 @@ ShardWriter::ShardWriter(std::string final_path, const FileInfo& meta, int chunk
                                          : auto_chunk(meta.sample_bytes(), meta.count);
   hsize_t cdims[4] = {hsize_t(chunk), dims[1], dims[2], dims[3]};
   h5::Handle dcpl(H5Pcreate(H5P_DATASET_CREATE));
-  h5::check(H5Pset_chunk(dcpl, 4, cdims), f, "setting the chunk shape");
+  // chunk_samples < 0: contiguous layout (no chunk index: the fastest layout for
+  // MPI-IO collective reads of scattered samples; cannot be compressed).
+  RT_CHECK(chunk_samples >= 0 || deflate == 0, final_, ": a contiguous (unchunked) layout cannot be compressed");
+  if (chunk_samples >= 0) h5::check(H5Pset_chunk(dcpl, 4, cdims), f, "setting the chunk shape");
   if (deflate > 0) {
     h5::check(H5Pset_shuffle(dcpl), f, "enabling the shuffle filter");
     h5::check(H5Pset_deflate(dcpl, unsigned(deflate)), f, "enabling deflate");

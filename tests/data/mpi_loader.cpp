@@ -204,8 +204,8 @@ TEST(MpiLoader, RankBatchesConcatenateToTheOneRankBatch) {
 TEST(MpiLoader, MpiIoCollectiveReadsMatchIndependentReads) {
   SharedDir dir("mpio");
   LoaderOptions o;
-  // Chunks of 6 images: one collective read per batch (a union); chunks of 1: b collective reads.
-  for (int chunk : {6, 1}) {
+  // Chunks of 6 images or contiguous (-1): one collective read per batch (a union); chunks of 1: b reads.
+  for (int chunk : {6, 1, -1}) {
     auto ds = ids_fixture(dir / ("c" + std::to_string(chunk)), 97, 1, chunk);
     o = LoaderOptions{};
     o.files = ds.train_files;

@@ -18,7 +18,9 @@
 //  - cache policy: `auto_` keeps the rank's samples in memory when they take
 //    < cache_limit_bytes (global mode: the whole split, since every epoch draws
 //    from all of it; shard_local: the rank's shards), else reads per batch;
-//  - MPI-IO (`mpio`): collective reads, single-file layout, no cache. Every rank
+//  - MPI-IO (`mpio`): collective reads, single-file layout, no cache; prepare the
+//    file with a contiguous layout (StorageOptions::chunk_samples = -1): parallel
+//    HDF5 1.10 handles scattered selections of chunked data ~50x slower. Every rank
 //    must make the same loader calls (set_epoch/skip/seek/destroy): the prefetch
 //    thread issues exactly one collective read per step, and finishes a started
 //    epoch's reads before it stops;

@@ -26,6 +26,7 @@ struct StorageOptions {
   // Samples per HDF5 chunk along N; 0 = automatic (about 256 KiB per chunk,
   // i.e. 334 Fashion-MNIST images): big enough for sequential batch reads,
   // small enough that a scattered (globally shuffled) read touches little extra.
+  // -1 = contiguous layout (no chunks, no compression): best for MPI-IO collective reads.
   int chunk_samples = 0;
   int deflate = 0;  // 0 = uncompressed (fastest scattered reads), 1..9 = gzip level (+shuffle filter)
 };
