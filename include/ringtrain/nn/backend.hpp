@@ -149,6 +149,11 @@ class Backend {
   virtual double softmax_xent(const Tensor& logits, const Tensor& labels, double smoothing, Tensor& dlogits) = 0;
   // Number of rows whose argmax (first maximum) equals the label.
   virtual std::int64_t count_correct(const Tensor& logits, const Tensor& labels) = 0;
+  // Waits until all work issued so far is complete. CPU kernels finish before
+  // they return (no-op); asynchronous devices block here, so that a consumer
+  // of gradients reported by Model::backward's hook (e.g. a host-staged
+  // all-reduce) may call it, or use its own event, before reading them.
+  virtual void synchronize() {}
 };
 
 // The one registration point per device kind. Throws Error naming the kind

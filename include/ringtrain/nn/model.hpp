@@ -7,7 +7,9 @@
 //  - backward() walks the layers in reverse and calls on_ready(i, params of i)
 //    right after layer i's gradients are complete: the fusion engine enqueues
 //    all-reduces from this hook while earlier layers still compute. Layers
-//    without parameters are not reported.
+//    without parameters are not reported. On the CPU the gradients are final
+//    when the hook runs; on asynchronous devices their kernels are enqueued on
+//    the backend's stream (see Backend::synchronize).
 //  - Gradients accumulate into the arena unless zero_grad() was called since
 //    the last backward (zero_grad lets the first backward overwrite instead of
 //    adding, which saves a pass); arena().zero_grads() also works.

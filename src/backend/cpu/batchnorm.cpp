@@ -1,4 +1,6 @@
-// BatchNorm2d on oneDNN (plain NCHW). Train: batch statistics from the forward
+// BatchNorm2d on oneDNN. The primitives run in the channel-blocked layout
+// (nChw8c/16c: oneDNN's JIT kernel, about 2x faster than its plain-NCHW one
+// even with the reorders), the reorders cached per shape. Train: batch statistics from the forward
 // primitive, running statistics updated here with PyTorch's rule (unbiased
 // variance). Eval: oneDNN with global statistics. The eval-mode backward (rare:
 // frozen-BN fine-tuning) is a direct formula, since it is just an affine map.
@@ -31,8 +33,8 @@ class CpuBatchNorm final : public BatchNormKernel {
     auto& st = d_->strm;
     auto wrap = [&](const Tensor& t, const memory::desc& md) { return memory(md, d_->eng, t.raw()); };
     const auto cmd = plain_md({s_.channels}, tag::x);
-    std::unordered_map<int, memory> args{{DNNL_ARG_SRC, wrap(x, p.md)},
-                                         {DNNL_ARG_DST, wrap(y, p.md)},
+    std::unordered_map<int, memory> args{{DNNL_ARG_SRC, p.src.in(x.raw(), st)},
+                                         {DNNL_ARG_DST, p.dst.out(y.raw())},
                                          {DNNL_ARG_SCALE, wrap(gamma, cmd)},
                                          {DNNL_ARG_SHIFT, wrap(beta, cmd)}};
     train_ = train;
@@ -41,6 +43,7 @@ class CpuBatchNorm final : public BatchNormKernel {
       args.emplace(DNNL_ARG_VARIANCE, var_);
       args.emplace(DNNL_ARG_SCRATCHPAD, p.scratch_t);
       p.fwd_train.execute(st, args);
+      p.dst.finish(st, false);
       st.wait();
       // PyTorch: running = (1 - m) running + m batch, with the unbiased variance.
       const double cnt = double(x.numel() / s_.channels), m = s_.momentum;
@@ -57,6 +60,7 @@ class CpuBatchNorm final : public BatchNormKernel {
       args.emplace(DNNL_ARG_VARIANCE, wrap(rvar, cmd));
       args.emplace(DNNL_ARG_SCRATCHPAD, p.scratch_e);
       p.fwd_eval.execute(st, args);
+      p.dst.finish(st, false);
       st.wait();
       eval_mean_ = rmean;
       eval_var_ = rvar;
@@ -71,16 +75,18 @@ class CpuBatchNorm final : public BatchNormKernel {
     auto wrap = [&](const Tensor& t, const memory::desc& md) { return memory(md, d_->eng, t.raw()); };
     const auto cmd = plain_md({s_.channels}, tag::x);
     memory dsc = accumulate ? dscale_ : wrap(dgamma, cmd), dsh = accumulate ? dshift_ : wrap(dbeta, cmd);
-    p.bwd.execute(st, {{DNNL_ARG_SRC, wrap(x, p.md)},
+    // The forward's reordered input is still in p.src (the layer passes the same x).
+    p.bwd.execute(st, {{DNNL_ARG_SRC, p.src.inner()},
                        {DNNL_ARG_MEAN, mean_},
                        {DNNL_ARG_VARIANCE, var_},
-                       {DNNL_ARG_DIFF_DST, wrap(dy, p.md)},
+                       {DNNL_ARG_DIFF_DST, p.ddst.in(dy.raw(), st)},
                        {DNNL_ARG_SCALE, wrap(gamma, cmd)},
                        {DNNL_ARG_SHIFT, dshift_},  // unused by the math, required by oneDNN 2.6's argument check
-                       {DNNL_ARG_DIFF_SRC, wrap(dx, p.md)},
+                       {DNNL_ARG_DIFF_SRC, p.dsrc.out(dx.raw())},
                        {DNNL_ARG_DIFF_SCALE, dsc},
                        {DNNL_ARG_DIFF_SHIFT, dsh},
                        {DNNL_ARG_SCRATCHPAD, p.scratch_b}});
+    p.dsrc.finish(st, false);
     st.wait();
     if (accumulate) {
       add_into(dgamma.data<float>(), static_cast<float*>(dscale_.get_data_handle()), s_.channels);
@@ -90,7 +96,8 @@ class CpuBatchNorm final : public BatchNormKernel {
 
  private:
   struct Plan {
-    memory::desc md;
+    memory::desc md;  // the primitives' layout
+    Arg src, dst, ddst, dsrc;
     batch_normalization_forward fwd_train, fwd_eval;
     batch_normalization_backward bwd;
     memory scratch_t, scratch_e, scratch_b;
@@ -127,7 +134,14 @@ class CpuBatchNorm final : public BatchNormKernel {
     if (it != plans_.end()) return it->second;
     auto& eng = d_->eng;
     Plan p;
-    p.md = plain_md(dims4(xs), tag::nchw);
+    const auto plain = plain_md(dims4(xs), tag::nchw);
+    const bool b16 = __builtin_cpu_supports("avx512f") && s_.channels % 16 == 0;
+    p.md = b16 ? plain_md(dims4(xs), tag::aBcd16b)
+               : s_.channels % 8 == 0 && __builtin_cpu_supports("avx2") ? plain_md(dims4(xs), tag::aBcd8b) : plain;
+    p.src = Arg(plain, p.md, eng, true);
+    p.dst = Arg(plain, p.md, eng, false);
+    p.ddst = Arg(plain, p.md, eng, true);
+    p.dsrc = Arg(plain, p.md, eng, false);
     const float eps = static_cast<float>(s_.eps);
     primitive_attr attr;
     attr.set_scratchpad_mode(scratchpad_mode::user);
