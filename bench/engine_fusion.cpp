@@ -114,8 +114,9 @@ double cpu_seconds() {
 
 // The engine's cost while nothing is submitted: CPU share of one core used by
 // a rank whose engine idles for `seconds` (the max over ranks).
-double idle_cpu_share(const EngineOptions& o, double seconds) {
+double idle_cpu_share(EngineOptions o, double seconds) {
   auto comm = Communicator::world();
+  o.timeline.clear();
   Engine eng(comm, o);
   comm.barrier();
   double c0 = cpu_seconds();
@@ -151,6 +152,8 @@ int main(int argc, char** argv) {
   EngineOptions base;
   base.cycle_time_ms = cycle_ms;
   base.collective.algorithm = parse_algorithm(algorithm);
+  base = EngineOptions::from_env(base);  // e.g. RINGTRAIN_TIMELINE=trace.json
+  base.fusion_threshold = EngineOptions{}.fusion_threshold;  // the configurations below set it
   EngineOptions unfused = base;
   unfused.fusion_threshold = 0;
   EngineOptions nocache = base;

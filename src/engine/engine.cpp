@@ -80,6 +80,8 @@ struct Engine::Impl {
   std::atomic<bool> stop_requested{false}, running{true};
   std::atomic<bool> flush{false};  // a caller blocks in wait(): start the next cycle now
   std::atomic<bool> idle{false};   // the engine thread is in its idle back-off
+  std::atomic<int> waiters{0};     // callers blocked in wait()/synchronize()
+  static constexpr std::chrono::microseconds kWaiterPause{100};
   std::thread thread;
 };
 
@@ -188,11 +190,15 @@ void Engine::Impl::wait(const OpPtr& op) {
   RT_CHECK(op->owner == this, "Engine::wait('", op->name, "'): the handle belongs to another Engine");
   double blocked = 0;
   if (!op->done) {
+    ++waiters;
     wake();
     auto t0 = Clock::now();
-    std::unique_lock lk(done_mu);
-    done_cv.wait(lk, [&] { return op->done.load(); });
+    {
+      std::unique_lock lk(done_mu);
+      done_cv.wait(lk, [&] { return op->done.load(); });
+    }
     blocked = std::chrono::duration<double>(Clock::now() - t0).count();
+    --waiters;
   }
   with_stats([&](EngineStats& s) {
     ++s.waits;
@@ -209,6 +215,7 @@ void Engine::Impl::wait(const OpPtr& op) {
 
 void Engine::Impl::synchronize() {
   auto t0 = Clock::now();
+  ++waiters;
   wake();
   std::vector<OpPtr> failed;
   {
@@ -216,6 +223,7 @@ void Engine::Impl::synchronize() {
     done_cv.wait(lk, [&] { return outstanding == 0; });
     failed.swap(failures);
   }
+  --waiters;
   with_stats([&](EngineStats& s) {
     ++s.waits;
     s.wait_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
@@ -276,10 +284,14 @@ void Engine::Impl::loop() {
       // Idle back-off: while no rank has anything pending (all ranks see the
       // same AND, so they back off alike) the pause doubles every 4 cycles
       // after 8, up to 32 cycle times; a submission ends it at once.
+      // A caller blocked in wait() submits nothing more until it returns, so
+      // there is nothing left to batch on this rank: cycle quickly (short
+      // pause) until it is served, at the pace of the slowest peer.
       idle_cycles = r.all_idle ? std::min(idle_cycles + 1, 64) : 0;
       const int factor = idle_cycles < 8 ? 1 : std::min(32, 2 << ((idle_cycles - 8) / 4));
       idle.store(factor > 1);  // before the predicate's queue check: no lost wake-up
-      sleep_cv.wait_until(lk, r.synced_at + cycle * factor, [&] {
+      const auto pause = waiters.load() > 0 ? std::min<Clock::duration>(cycle, kWaiterPause) : cycle * factor;
+      sleep_cv.wait_until(lk, r.synced_at + pause, [&] {
         return stop_requested.load() || flush.exchange(false) || (factor > 1 && queue.has_incoming());
       });
     }

@@ -165,8 +165,9 @@ class Engine {
   Handle allreduce_async(std::string name, Tensor input, Tensor output, ReduceOp op = ReduceOp::avg);
 
   // Blocks until the operation completed; rethrows its Error. A wait that has
-  // to block also starts the engine's next cycle at once instead of at the end
-  // of the cycle time (what was submitted before it is all queued by then).
+  // to block also starts the engine's next cycle at once, and while a caller
+  // is blocked the engine pauses only 0.1 ms between cycles (this rank has
+  // nothing more to batch: what it submitted before waiting is all queued).
   void wait(const Handle& h);
   // True once the operation completed (successfully or not); never blocks.
   bool poll(const Handle& h) const;
