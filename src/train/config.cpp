@@ -69,6 +69,8 @@ const std::vector<Field>& fields() {
       RT_FIELD(comm, timeline, "Chrome-trace timeline file (empty = off)"),
       RT_FIELD(comm, stall_warning_s, "warn when a tensor waits for other ranks this long"),
       RT_FIELD(comm, stall_shutdown_s, "fail the job when a tensor waits this long (0 = never)"),
+      RT_FIELD(comm, deterministic, "static gradient buckets: bitwise-reproducible at any rank count"),
+      RT_FIELD(comm, bucket_bytes, "gradient bucket size with comm.deterministic"),
       RT_FIELD(checkpoint, dir, "checkpoint directory (empty = no checkpoints)"),
       RT_FIELD(checkpoint, every_epochs, "write a checkpoint every N epochs"),
       RT_FIELD(checkpoint, keep, "keep the last K checkpoints"),
@@ -212,6 +214,7 @@ void TrainConfig::validate() const {
   RT_CHECK(schedule.warmup_epochs >= 0, "configuration key 'schedule.warmup_epochs' must be >= 0");
   one_of("comm.algorithm", comm.algorithm, {"auto", "automatic", "ring", "tree", "mpi"});
   RT_CHECK(comm.fusion_threshold >= 0, "configuration key 'comm.fusion_threshold' must be >= 0");
+  RT_CHECK(comm.bucket_bytes > 0, "configuration key 'comm.bucket_bytes' must be > 0");
   RT_CHECK(comm.cycle_time_ms > 0, "configuration key 'comm.cycle_time_ms' must be > 0");
   RT_CHECK(checkpoint.every_epochs >= 1, "configuration key 'checkpoint.every_epochs' must be >= 1");
   RT_CHECK(checkpoint.keep >= 1, "configuration key 'checkpoint.keep' must be >= 1");

@@ -64,6 +64,14 @@ struct Trainer::Impl {
   Tensor loss_buf;              // [1] f32: the step's loss, averaged together with the gradients
   Tensor dlogits;               // reused across steps
   std::vector<Handle> handles;  // this step's outstanding all-reduces
+  // comm.deterministic: static buckets of consecutive parameters, in backward order.
+  struct Bucket {
+    Tensor grads;                // flat view of the arena's gradients
+    std::size_t params = 0;      // parameters in it
+    std::size_t pending = 0;     // not yet ready this step
+  };
+  std::vector<Bucket> buckets;
+  std::vector<int> bucket_of;    // parameter index -> bucket
   RunPosition pos;              // epochs done and optimizer steps taken
 
   // Per-epoch counters of this rank.
@@ -149,7 +157,53 @@ struct Trainer::Impl {
     eo.stall_warning_s = cfg.comm.stall_warning_s;
     eo.stall_shutdown_s = cfg.comm.stall_shutdown_s;
     eo.collective.algorithm = parse_algorithm(cfg.comm.algorithm);
-    engine = std::make_unique<Engine>(world, EngineOptions::from_env(eo));
+    eo = EngineOptions::from_env(eo);
+    if (cfg.comm.deterministic) {
+      make_buckets();
+      eo.fusion_threshold = 0;  // each bucket is its own all-reduce: composition never varies
+    }
+    engine = std::make_unique<Engine>(world, eo);
+  }
+
+  // Buckets: walk parameters from the last (first ready in backward) to the
+  // first, closing a bucket once it holds bucket_bytes. Parameters of one dtype
+  // are contiguous in the arena, so each bucket is one zero-copy span.
+  void make_buckets() {
+    const ParamArena& a = model->arena();
+    RT_CHECK(a.dtypes().size() == 1, "comm.deterministic needs parameters of a single dtype");
+    bucket_of.assign(a.size(), -1);
+    std::size_t lo = 0, hi = 0, bytes = 0;
+    Bucket cur;
+    auto close = [&] {
+      cur.grads = a.grads_flat(a.dtypes()[0]).flat_view(static_cast<std::int64_t>(lo), static_cast<std::int64_t>(hi - lo));
+      buckets.push_back(cur);
+      cur = Bucket{};
+      bytes = 0;
+    };
+    for (std::size_t i = a.size(); i-- > 0;) {
+      const ParamInfo& p = a.info(i);
+      std::size_t end = p.offset + static_cast<std::size_t>(shape_numel(p.shape));
+      if (cur.params == 0) hi = end;
+      lo = p.offset;
+      bytes += static_cast<std::size_t>(shape_numel(p.shape)) * dtype_size(p.dtype);
+      bucket_of[i] = static_cast<int>(buckets.size());
+      ++cur.params;
+      if (bytes >= static_cast<std::size_t>(cfg.comm.bucket_bytes)) close();
+    }
+    if (cur.params) close();
+  }
+
+  // The backward hook: hands gradients to the engine as soon as they exist.
+  void on_grads_ready(std::span<const std::size_t> params) {
+    if (buckets.empty()) {
+      for (std::size_t p : params)
+        handles.push_back(engine->allreduce_async(model->arena().info(p).name, model->arena().grad(p)));
+      return;
+    }
+    for (std::size_t p : params) {
+      Bucket& b = buckets[static_cast<std::size_t>(bucket_of[p])];
+      if (--b.pending == 0) handles.push_back(engine->allreduce_async(cat("bucket.", bucket_of[p]), b.grads));
+    }
   }
 
   // Every rank continues from rank 0's parameters, buffers and optimizer state.
@@ -192,10 +246,10 @@ struct Trainer::Impl {
       if (k > 1) scale_(dlogits, 1.0f / k);  // the step's loss is the mean over its k micro-batches
 
       const bool last = micro == k - 1;
+      for (auto& b : buckets) b.pending = b.params;
       model->backward(dlogits, [&](int, std::span<const std::size_t> params) {
-        if (!last || hooks.skip_allreduce) return;  // accumulation: no communication until the last micro-batch
-        for (std::size_t p : params)
-          handles.push_back(engine->allreduce_async(model->arena().info(p).name, model->arena().grad(p)));
+        // Accumulation: no communication until the last micro-batch.
+        if (last && !hooks.skip_allreduce) on_grads_ready(params);
       });
       st.compute_s += since(t0);
     }

@@ -10,7 +10,7 @@
 #include "ringtrain/data/prepare.hpp"
 #include "ringtrain/train/config.hpp"
 
-namespace ringtrain::testing {
+namespace ringtrain::test_fixtures {
 
 // Collective: rank 0's pid names the directory, so every rank uses the same one.
 inline std::string synthetic_mnist_like(const Communicator& world, const std::string& tag, std::int64_t train,
@@ -32,6 +32,20 @@ inline std::string synthetic_mnist_like(const Communicator& world, const std::st
   return dir.string();
 }
 
+// Debian's Fashion-MNIST (package dataset-fashion-mnist, installed by `make deps`),
+// prepared into a temp directory. Collective.
+inline std::string fashion_mnist(const Communicator& world, const std::string& tag) {
+  long long pid = ::getpid();
+  MPI_Bcast(&pid, 1, MPI_LONG_LONG, 0, world.handle());
+  auto dir = std::filesystem::temp_directory_path() / ("rt-" + tag + "-" + std::to_string(pid));
+  data::PrepareOptions o;
+  o.input = "/usr/share/datasets/fashion-mnist";
+  o.output = dir.string();
+  o.name = "fashion-mnist";
+  data::prepare_dataset(o, world);
+  return dir.string();
+}
+
 inline TrainConfig small_config(const std::string& dir) {
   TrainConfig c;
   c.model.name = "cnn";
@@ -49,4 +63,4 @@ inline TrainConfig small_config(const std::string& dir) {
   return c;
 }
 
-}  // namespace ringtrain::testing
+}  // namespace ringtrain::test_fixtures

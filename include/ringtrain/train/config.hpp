@@ -63,6 +63,10 @@ struct TrainConfig {
     std::string timeline;               // Chrome trace file ("" = off)
     double stall_warning_s = 60.0;
     double stall_shutdown_s = 0.0;
+    // Static gradient buckets (contiguous arena spans, DDP-style) instead of the
+    // engine's timing-dependent fusion: bitwise-reproducible runs at any rank count.
+    bool deterministic = false;
+    std::int64_t bucket_bytes = 1 << 20;
   } comm;
   struct Checkpoint {
     std::string dir;               // "" = no checkpoints
