@@ -8,11 +8,13 @@
 //   eng.wait(h);                                                // grad now averaged
 //
 // Rules this API keeps:
-//  - Construction and destruction are collective over `comm` (every rank makes
-//    an Engine with the same fusion threshold, fp16 setting, cache capacity and
-//    collective algorithm; a mismatch is an Error on every rank).
+//  - Construction is collective over `comm`: every rank makes an Engine with
+//    the same fusion threshold, fp16 setting, cache capacity, accumulation and
+//    collective algorithm/tree threshold/segment (a mismatch is an Error on
+//    every rank). Destroying it on one rank stops it on all (see shutdown()).
 //  - Tensors are matched across ranks by NAME, not by submission order: ranks
-//    may submit in any order; a tensor is reduced once every rank submitted it.
+//    may submit in any order; a tensor is reduced once every rank submitted it,
+//    and ready tensors are reduced in the same order on every rank.
 //    The same name with a different dtype, shape or op on different ranks fails
 //    that tensor's wait() on every rank with an Error naming the tensor, the
 //    values and the ranks. One name may be in flight once per rank at a time.
@@ -57,8 +59,9 @@
 // rank writes "<stem>.<rank><ext>" (timeline.json -> timeline.1.json). pid is
 // the rank, one row (tid) per tensor name; "X" events per tensor: QUEUE
 // (submitted -> picked up by the engine thread), NEGOTIATE (-> ready on all
-// ranks), MEMCPY_IN_FUSION_BUFFER, ALLREDUCE, MEMCPY_OUT_FUSION_BUFFER. The
-// file is a JSON array, closed on shutdown.
+// ranks), MEMCPY_IN_FUSION_BUFFER, ALLREDUCE (args: tensors fused, bytes),
+// MEMCPY_OUT_FUSION_BUFFER (includes the averaging; a tensor reduced alone in
+// its own memory has no MEMCPY_IN). The file is a JSON array, closed on shutdown.
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
