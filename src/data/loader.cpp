@@ -9,7 +9,7 @@
 #include <mutex>
 #include <thread>
 
-#include "agree.hpp"
+#include "ringtrain/comm/agree.hpp"
 #include "ringtrain/core/allocator.hpp"
 #include "store.hpp"
 #include "transform.hpp"

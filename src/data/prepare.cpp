@@ -6,7 +6,7 @@
 #include <filesystem>
 #include <memory>
 
-#include "agree.hpp"
+#include "ringtrain/comm/agree.hpp"
 #include "ringtrain/data/sources.hpp"
 #include "writer.hpp"
 

@@ -5,7 +5,7 @@
 #include <memory>
 #include <numbers>
 
-#include "agree.hpp"
+#include "ringtrain/comm/agree.hpp"
 #include "ringtrain/data/prepare.hpp"
 #include "rng.hpp"
 #include "writer.hpp"
