@@ -25,6 +25,8 @@ void Model::finalize(const Shape& sample_shape, std::uint64_t seed) {
   backend_ = &backend_for(device_);
   BindContext ctx{*backend_, device_, arena_, seed};
   for (auto& l : layers_) l->bind(ctx);
+  first_param_layer_ = 0;
+  while (first_param_layer_ + 1 < layers_.size() && layers_[first_param_layer_]->params().empty()) ++first_param_layer_;
   finalized_ = true;
   reset_parameters(seed);
 }
@@ -55,8 +57,9 @@ void Model::backward(const Tensor& dlogits, const GradReadyFn& on_ready) {
            device_.str());
   const bool accumulate = !grads_zero_;
   Tensor g = dlogits;
-  for (std::size_t i = layers_.size(); i-- > 0;) {
-    g = layers_[i]->backward(g, i > 0, accumulate);
+  for (std::size_t i = layers_.size(); i-- > first_param_layer_;) {
+    // Nothing before the first layer with parameters needs a gradient.
+    g = layers_[i]->backward(g, i > first_param_layer_, accumulate);
     const auto& ps = layers_[i]->params();
     if (on_ready && !ps.empty()) on_ready(static_cast<int>(i), std::span<const std::size_t>(ps));
   }

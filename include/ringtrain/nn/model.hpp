@@ -85,6 +85,7 @@ class Model {
   std::vector<LayerPtr> layers_;
   Shape sample_shape_;
   bool finalized_ = false;
+  std::size_t first_param_layer_ = 0;  // backward stops here (earlier layers have no parameters)
   bool grads_zero_ = true;  // arena grads known to be zero: backward may overwrite
 };
 
