@@ -95,6 +95,9 @@ class CudaBackend final : public Backend {
     return run_xent(logits, labels, 0.0, nullptr).correct;
   }
 
+  // Gradients reported by Model::backward's hook are complete once this returns.
+  void synchronize() override { sh_->sync_all(); }
+
   CudaContext& context(int device) { return sh_->ctx(device); }
 
  private:

@@ -53,6 +53,12 @@ CudaContext& Shared::ctx(int device) {
   return *ctx_[device];
 }
 
+void Shared::sync_all() {
+  std::lock_guard lk(mu_);
+  for (auto& c : ctx_)
+    if (c) c->sync_compute();
+}
+
 void expect_cuda(const Tensor& t, DType dt, const char* what, const char* arg) {
   RT_CHECK(t.defined(), what, ": ", arg, " is undefined");
   RT_CHECK(t.device().is_cuda(), what, ": ", arg, " is on ", t.device().str(), ", expected a CUDA device");

@@ -30,6 +30,7 @@ class Shared {
   explicit Shared(const BackendOptions& o) : opt(o) {}
   CudaContext& ctx(int device);
   CudaContext& ctx(const Tensor& t) { return ctx(t.device().index); }
+  void sync_all();  // host waits for every context's compute stream
   BackendOptions opt;
 
  private:
