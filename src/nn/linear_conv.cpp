@@ -90,6 +90,8 @@ void Conv2d::bind(const BindContext& ctx) {
     b = ctx.arena.param(b_);
     db = ctx.arena.grad(b_);
   }
+  RT_CHECK(!spec_.fuse_pool || ctx.backend.conv_fuses_pool(), "Conv2d '", name_, "': the ", ctx.backend.name(),
+           " backend cannot fuse pooling into a convolution; use a separate Pool2d layer");
   k_ = ctx.backend.conv2d(spec_);
 }
 

@@ -31,18 +31,20 @@ LayerPtr conv(const char* name, std::int64_t in, std::int64_t out, std::int64_t 
   return std::make_unique<Conv2d>(name, s);
 }
 
-// Conv + ReLU + 2x2 max pooling in one layer (one kernel call on the backend).
-LayerPtr conv_relu_pool(const char* name, std::int64_t in, std::int64_t out) {
+// Conv3x3 + ReLU + 2x2 max pooling: one layer (one kernel call) where the
+// backend fuses pooling, else a Conv2d+ReLU layer and a Pool2d layer "pool<i>".
+void conv_relu_pool(std::vector<LayerPtr>& L, int i, std::int64_t in, std::int64_t out, bool fuse_pool) {
   Conv2dSpec s;
   s.in_channels = in;
   s.out_channels = out;
   s.pad_h = s.pad_w = 1;
   s.fuse_relu = true;
-  s.fuse_pool = true;
-  return std::make_unique<Conv2d>(name, s);
+  s.fuse_pool = fuse_pool;
+  L.push_back(std::make_unique<Conv2d>(cat("conv", i), s));
+  if (!fuse_pool) L.push_back(std::make_unique<Pool2d>(cat("pool", i), Pool2dSpec{}));
 }
 
-std::vector<LayerPtr> build_layers(const ModelConfig& c) {
+std::vector<LayerPtr> build_layers(const ModelConfig& c, bool fuse_pool) {
   RT_CHECK(c.in_channels > 0 && c.height > 0 && c.width > 0, "model '", c.name,
            "': in_channels, height and width must be positive");
   RT_CHECK(c.classes > 1, "model '", c.name, "': needs at least 2 classes, got ", c.classes);
@@ -56,8 +58,8 @@ std::vector<LayerPtr> build_layers(const ModelConfig& c) {
     L.push_back(linear("fc3", 128, c.classes, false));
   } else if (c.name == "cnn") {
     RT_CHECK(c.height >= 4 && c.width >= 4, "model 'cnn': input must be at least 4x4, got ", c.height, "x", c.width);
-    L.push_back(conv_relu_pool("conv1", c.in_channels, 32));
-    L.push_back(conv_relu_pool("conv2", 32, 64));
+    conv_relu_pool(L, 1, c.in_channels, 32, fuse_pool);
+    conv_relu_pool(L, 2, 32, 64, fuse_pool);
     L.push_back(std::make_unique<Flatten>("flatten"));
     L.push_back(linear("fc1", 64 * (c.height / 2 / 2) * (c.width / 2 / 2), 128, true));
     if (c.dropout > 0) L.push_back(std::make_unique<Dropout>("dropout", c.dropout));
@@ -96,7 +98,7 @@ std::vector<LayerPtr> build_layers(const ModelConfig& c) {
 
 std::unique_ptr<Model> build_model(const ModelConfig& cfg, Device dev) {
   auto m = std::make_unique<Model>(cfg.name, dev);
-  for (auto& l : build_layers(cfg)) m->add(std::move(l));
+  for (auto& l : build_layers(cfg, backend_for(dev).conv_fuses_pool())) m->add(std::move(l));
   m->finalize({cfg.in_channels, cfg.height, cfg.width}, cfg.seed);
   return m;
 }
@@ -104,7 +106,7 @@ std::unique_ptr<Model> build_model(const ModelConfig& cfg, Device dev) {
 double model_flops_per_sample(const ModelConfig& cfg) {
   Shape s = {1, cfg.in_channels, cfg.height, cfg.width};
   double f = 0;
-  for (auto& l : build_layers(cfg)) {
+  for (auto& l : build_layers(cfg, true)) {
     f += l->forward_flops(s);
     s = l->output_shape(s);
   }

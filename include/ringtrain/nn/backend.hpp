@@ -128,6 +128,9 @@ class Backend {
   virtual std::string name() const = 0;  // "cpu (oneDNN 2.6 + OpenBLAS)"
 
   virtual std::unique_ptr<Conv2dKernel> conv2d(const Conv2dSpec& s) = 0;
+  // Whether conv2d() honours Conv2dSpec::fuse_pool; model builders fall back
+  // to a separate Pool2d layer when it does not (same parameters and math).
+  virtual bool conv_fuses_pool() const { return false; }
   virtual std::unique_ptr<LinearKernel> linear(const LinearSpec& s) = 0;
   virtual std::unique_ptr<BatchNormKernel> batchnorm(const BatchNormSpec& s) = 0;
   virtual std::unique_ptr<Pool2dKernel> pool2d(const Pool2dSpec& s) = 0;
