@@ -21,42 +21,8 @@ import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
 
-
-def cnn():
-    return nn.Sequential(
-        nn.Conv2d(1, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(3136, 128), nn.ReLU(), nn.Linear(128, 10))
-
-
-class Block(nn.Module):
-    def __init__(self, cin, cout, stride):
-        super().__init__()
-        self.c1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
-        self.b1 = nn.BatchNorm2d(cout)
-        self.c2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
-        self.b2 = nn.BatchNorm2d(cout)
-        self.short = None
-        if stride != 1 or cin != cout:
-            self.short = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
-
-    def forward(self, x):
-        y = F.relu(self.b1(self.c1(x)))
-        y = self.b2(self.c2(y))
-        return F.relu(y + (x if self.short is None else self.short(x)))
-
-
-def resnet(depth=20, width=16, cin=1, classes=10):
-    n = (depth - 2) // 6
-    layers = [nn.Conv2d(cin, width, 3, 1, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU()]
-    c = width
-    for stage in range(3):
-        w = width * (2 ** stage)
-        for i in range(n):
-            layers.append(Block(c, w, 2 if (stage > 0 and i == 0) else 1))
-            c = w
-    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(c, classes)]
-    return nn.Sequential(*layers)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_models  # noqa: E402  (the same model definitions as the other references)
 
 
 def worker(rank, args, out_q):
@@ -65,7 +31,7 @@ def worker(rank, args, out_q):
     torch.set_num_threads(args.threads)
     dist.init_process_group("gloo", rank=rank, world_size=args.ranks)
     torch.manual_seed(0)
-    model = cnn() if args.model == "cnn" else resnet()
+    model = torch_models.build(args.model, 1, 28, 28, 10)
     ddp = nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
     with h5py.File(args.data, "r") as f:
@@ -101,7 +67,7 @@ def worker(rank, args, out_q):
 def main():
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--data", required=True)
-    p.add_argument("--model", default="cnn", choices=["cnn", "resnet"])
+    p.add_argument("--model", default="cnn", choices=["mlp", "cnn", "resnet"])
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--threads", type=int, default=1)
