@@ -7,7 +7,8 @@ B=${1:-build}
 OUT=runs/bench
 mkdir -p "$OUT"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-MPIRUN="mpirun --oversubscribe --bind-to none"
+MPIRUN="mpirun --oversubscribe --bind-to none -x OMP_NUM_THREADS=1"
+export OMP_NUM_THREADS=1  # one compute thread per rank: 2 ranks on 2 cores, and the same for PyTorch
 run() { echo; echo "== $*"; "$@"; }
 run $MPIRUN -np 2 "$B/bench/bench_comm_allreduce_sweep" -b 8 -e 256M -f 4 -c 1 --csv "$OUT/allreduce_np2.csv"
 run "$B/bench/bench_gb_comm_reduce" --benchmark_min_time=0.2
