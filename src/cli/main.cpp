@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <thread>
 
+#include "ringtrain/comm/agree.hpp"
 #include "ringtrain/comm/communicator.hpp"
 #include "ringtrain/core/error.hpp"
 #include "ringtrain/core/log.hpp"
@@ -51,11 +52,14 @@ void add_shortcuts(CLI::App* app, std::vector<std::string>& sets) {
   shortcut("--log-format", "log.format", "auto | bar | plain");
 }
 
-TrainConfig load_config(const std::string& path, const std::vector<std::string>& sets) {
+// Every rank reads the configuration; a bad file or key ends the job with one message.
+TrainConfig load_config(const std::string& path, const std::vector<std::string>& sets, const Communicator& world) {
   TrainConfig cfg;
-  if (!path.empty()) cfg.load_toml(path);
-  for (const auto& s : sets) cfg.set(s);
-  cfg.validate();
+  run_agreed(world, "reading the configuration", [&] {
+    if (!path.empty()) cfg.load_toml(path);
+    for (const auto& s : sets) cfg.set(s);
+    cfg.validate();
+  });
   return cfg;
 }
 
@@ -65,7 +69,7 @@ int run_train(const TrainArgs& a, const Communicator& world) {
       for (const auto& k : TrainConfig::keys()) std::printf("  %s\n", k.c_str());
     return 0;
   }
-  TrainConfig cfg = load_config(a.config, a.sets);
+  TrainConfig cfg = load_config(a.config, a.sets, world);
   if (a.print_config) {
     if (world.rank() == 0) std::printf("%s", cfg.to_toml().c_str());
     return 0;
@@ -95,7 +99,7 @@ struct EvalArgs {
 };
 
 int run_eval(const EvalArgs& a, const Communicator& world) {
-  TrainConfig cfg = load_config(a.config, a.sets);
+  TrainConfig cfg = load_config(a.config, a.sets, world);
   if (!a.data.empty()) cfg.data.test = a.data;
   TrainerHooks hooks;
   hooks.report = false;
@@ -224,6 +228,10 @@ int main(int argc, char** argv) {
     if (*train) return run_train(ta, world);
     if (*eval) return run_eval(ea, world);
     if (*prep) return run_prepare(pa, world);
+  } catch (const CollectiveError& e) {
+    // Raised on every rank together: one message, clean exit everywhere.
+    if (world.rank() == 0) std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
   } catch (const std::exception& e) {
     log::error(e.what());
     if (world.size() > 1) {

@@ -22,7 +22,7 @@ void agree_or_throw(const Communicator& comm, const std::string& local_error, co
   std::vector<char> msg(static_cast<std::size_t>(len));
   if (comm.rank() == first) msg.assign(local_error.begin(), local_error.end());
   MPI_Bcast(msg.data(), len, MPI_CHAR, first, c);
-  throw Error(cat(what, " failed on rank ", first, ": ", std::string(msg.begin(), msg.end())));
+  throw CollectiveError(cat(what, " failed on rank ", first, ": ", std::string(msg.begin(), msg.end())));
 }
 
 }  // namespace ringtrain

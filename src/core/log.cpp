@@ -44,10 +44,12 @@ void write(Level l, const std::string& msg) {
   if (static_cast<int>(l) < s.level) return;
   if (l <= Level::info && s.rank != 0 && !s.all_ranks) return;
   static const char* tags[] = {"debug", "info", "warning", "error"};
+  // One write per line, so lines of different ranks never interleave mid-line.
+  std::string line = s.size > 1 ? cat("[rank ", s.rank, "] ") : std::string();
+  line += l == Level::info ? msg : cat(tags[static_cast<int>(l)], ": ", msg);
+  line += '\n';
   std::lock_guard lk(s.mu);
-  if (s.size > 1) std::fprintf(stderr, "[rank %d] ", s.rank);
-  if (l == Level::info) std::fprintf(stderr, "%s\n", msg.c_str());
-  else std::fprintf(stderr, "%s: %s\n", tags[static_cast<int>(l)], msg.c_str());
+  std::fwrite(line.data(), 1, line.size(), stderr);
   std::fflush(stderr);
 }
 

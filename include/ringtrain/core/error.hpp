@@ -14,6 +14,13 @@ class Error : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// An Error that every rank of a communicator raised together (comm/agree.hpp):
+// the job can end cleanly, with one message, instead of aborting.
+class CollectiveError : public Error {
+ public:
+  using Error::Error;
+};
+
 // cat("a", 1, 'b') -> "a1b": message building without <format> (g++ 12).
 template <typename... Args>
 std::string cat(Args&&... args) {
