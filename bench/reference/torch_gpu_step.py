@@ -11,20 +11,16 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import model_args  # noqa: E402
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="cnn")
+    model_args.add_model_args(ap)
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--iters", type=int, default=50)
-    ap.add_argument("--in-channels", type=int, default=1)
-    ap.add_argument("--size", type=int, default=28)
-    ap.add_argument("--classes", type=int, default=10)
-    ap.add_argument("--depth", type=int, default=20)
-    ap.add_argument("--width", type=int, default=16)
     a = ap.parse_args()
     try:
         import torch
@@ -40,7 +36,7 @@ def main():
     torch.backends.cudnn.benchmark = True
     dev = torch.device("cuda")
     torch.manual_seed(0)
-    model = torch_models.build(a.model, a.in_channels, a.size, a.size, a.classes, a.depth, a.width).to(dev)
+    model = model_args.build_model(torch_models, a).to(dev)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     loss_fn = torch.nn.CrossEntropyLoss()
     x = torch.randn(a.batch, a.in_channels, a.size, a.size, device=dev)

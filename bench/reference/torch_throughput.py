@@ -13,25 +13,21 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import model_args  # noqa: E402
 import torch_models  # noqa: E402
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="cnn")
+    model_args.add_model_args(ap)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--iters", type=int, default=20)
-    ap.add_argument("--in-channels", type=int, default=1)
-    ap.add_argument("--size", type=int, default=28)
-    ap.add_argument("--classes", type=int, default=10)
-    ap.add_argument("--depth", type=int, default=20)
-    ap.add_argument("--width", type=int, default=16)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
-    m = torch_models.build(a.model, a.in_channels, a.size, a.size, a.classes, a.depth, a.width)
+    m = model_args.build_model(torch_models, a)
     m.train()
     opt = torch.optim.SGD(m.parameters(), lr=0.01)
     x = torch.randn(a.batch, a.in_channels, a.size, a.size)

@@ -1,0 +1,16 @@
+"""Command-line options naming a model the way ringtrain's ModelConfig does,
+shared by the PyTorch reference scripts (no torch import, so a script can
+report a missing torch as JSON)."""
+
+
+def add_model_args(ap, model="cnn"):
+    ap.add_argument("--model", default=model)
+    ap.add_argument("--in-channels", type=int, default=1)
+    ap.add_argument("--size", type=int, default=28)
+    ap.add_argument("--classes", type=int, default=10)
+    ap.add_argument("--depth", type=int, default=20)
+    ap.add_argument("--width", type=int, default=16)
+
+
+def build_model(torch_models, a):
+    return torch_models.build(a.model, a.in_channels, a.size, a.size, a.classes, a.depth, a.width)
