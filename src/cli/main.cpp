@@ -79,7 +79,8 @@ int run_train(const TrainArgs& a, const Communicator& world) {
   Trainer trainer(cfg, world, hooks);
   if (!a.resume.empty()) trainer.resume(a.resume);
   TrainResult r = trainer.fit();
-  if (world.rank() == 0) {
+  if (world.rank() == 0 && !r.last.evaluated) log::info("done: ", r.steps, " steps (no evaluation)");
+  if (world.rank() == 0 && r.last.evaluated) {
     log::info("done: ", r.steps, " steps, final test accuracy ", 100 * r.last.test_accuracy, "%, best ",
               100 * r.best_test_accuracy, "%");
     if (cfg.train.target_accuracy > 0) {

@@ -30,6 +30,12 @@ void Reporter::epoch_start(int epoch) {
   epoch_t0_ = std::chrono::steady_clock::now();
 }
 
+static std::string fixed(double v, int digits) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
+  return buf;
+}
+
 static std::string hms(double s) {
   int t = static_cast<int>(s + 0.5);
   char buf[32];
@@ -60,11 +66,13 @@ void Reporter::step(std::int64_t s, double loss, double images_per_s) {
 void Reporter::epoch_end(const EpochMetrics& m) {
   if (!root_) return;
   if (bar_) std::fprintf(stderr, "\n");
+  std::string test = m.evaluated ? cat(" | test loss ", fixed(m.test_loss, 4), " acc ", fixed(100 * m.test_accuracy, 2), "%")
+                                 : std::string();
   std::fprintf(stderr,
-               "epoch %d/%d: train loss %.4f acc %.2f%% | test loss %.4f acc %.2f%% | %.0f img/s | "
+               "epoch %d/%d: train loss %.4f acc %.2f%%%s | %.0f img/s | "
                "compute %.1fs, exposed comm %.2fs, data wait %.2fs | lr %.4g\n",
-               m.epoch + 1, epochs_, m.train_loss, 100 * m.train_accuracy, m.test_loss, 100 * m.test_accuracy,
-               m.images_per_s, m.compute_s, m.comm_exposed_s, m.data_wait_s, m.lr);
+               m.epoch + 1, epochs_, m.train_loss, 100 * m.train_accuracy, test.c_str(), m.images_per_s, m.compute_s,
+               m.comm_exposed_s, m.data_wait_s, m.lr);
   std::fflush(stderr);
   if (metrics_) {
     nlohmann::json j = {{"event", "epoch"},
@@ -73,8 +81,8 @@ void Reporter::epoch_end(const EpochMetrics& m) {
                         {"lr", m.lr},
                         {"train_loss", m.train_loss},
                         {"train_accuracy", m.train_accuracy},
-                        {"test_loss", m.test_loss},
-                        {"test_accuracy", m.test_accuracy},
+                        {"test_loss", m.evaluated ? nlohmann::json(m.test_loss) : nlohmann::json()},
+                        {"test_accuracy", m.evaluated ? nlohmann::json(m.test_accuracy) : nlohmann::json()},
                         {"images_per_s", m.images_per_s},
                         {"time_s", m.time_s},
                         {"compute_s", m.compute_s},

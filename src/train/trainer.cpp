@@ -335,6 +335,7 @@ struct Trainer::Impl {
       if (hooks.evaluate) {
         auto te = Clock::now();
         EvalResult ev = evaluate(cfg.data.test);
+        m.evaluated = true;
         m.test_loss = ev.loss;
         m.test_accuracy = ev.accuracy;
         m.eval_s = since(te);

@@ -14,6 +14,7 @@ struct EpochMetrics {
   std::int64_t step = 0;          // optimizer steps so far
   double lr = 0;
   double train_loss = 0, train_accuracy = 0;
+  bool evaluated = false;         // test_* hold values (no --no-eval)
   double test_loss = 0, test_accuracy = 0;
   double images_per_s = 0;        // global (all ranks)
   double time_s = 0;              // wall time of the epoch's training part
