@@ -17,9 +17,6 @@ namespace fs = std::filesystem;
 
 namespace {
 CheckpointData final_state(const std::string& dir) { return read_checkpoint(CheckpointDir(dir, 1).latest()); }
-}  // namespace
-
-namespace {
 
 // Runs 2 epochs straight, and 1 epoch + resume + 1 epoch; compares the final
 // checkpoints (parameters, optimizer state, step) byte for byte.
