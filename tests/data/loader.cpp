@@ -14,11 +14,13 @@
 #include <thread>
 
 #include "fixtures.hpp"
+#include "support/error_of.hpp"
 #include "ringtrain/core/error.hpp"
 #include "ringtrain/data/loader.hpp"
 #include "ringtrain/data/prepare.hpp"
 
 using namespace ringtrain;
+using test_support::error_of;
 using namespace ringtrain::data;
 using rtfix::TempDir;
 
@@ -46,15 +48,6 @@ std::int64_t decoded_id(const float* img) {
   return std::int64_t(v);
 }
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
 
 std::vector<std::int64_t> epoch_ids(Loader& l, std::int64_t epoch) {
   l.set_epoch(epoch);

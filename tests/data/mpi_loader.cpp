@@ -11,11 +11,13 @@
 #include <numeric>
 
 #include "fixtures.hpp"
+#include "support/error_of.hpp"
 #include "ringtrain/core/error.hpp"
 #include "ringtrain/data/loader.hpp"
 #include "ringtrain/data/prepare.hpp"
 
 using namespace ringtrain;
+using test_support::error_of;
 using namespace ringtrain::data;
 
 namespace {
@@ -73,15 +75,6 @@ std::vector<std::int64_t> allgather(const std::vector<std::int64_t>& mine) {
   return all;
 }
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
 
 }  // namespace
 

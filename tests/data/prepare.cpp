@@ -7,11 +7,13 @@
 #include <numeric>
 
 #include "fixtures.hpp"
+#include "support/error_of.hpp"
 #include "ringtrain/core/error.hpp"
 #include "ringtrain/data/prepare.hpp"
 #include "ringtrain/data/sources.hpp"
 
 using namespace ringtrain;
+using test_support::error_of;
 using namespace ringtrain::data;
 using rtfix::TempDir;
 
@@ -30,15 +32,6 @@ void read_all(const std::vector<std::string>& files, std::vector<std::uint8_t>& 
   }
 }
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
 
 }  // namespace
 

@@ -9,8 +9,10 @@
 #include "ringtrain/core/error.hpp"
 #include "ringtrain/train/checkpoint.hpp"
 #include "ringtrain/train/config.hpp"
+#include "support/error_of.hpp"
 
 using namespace ringtrain;
+using test_support::error_of;
 namespace fs = std::filesystem;
 
 namespace {
@@ -21,14 +23,6 @@ fs::path temp_dir(const std::string& tag) {
   return d;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 }  // namespace
 
