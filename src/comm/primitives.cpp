@@ -91,18 +91,24 @@ void Primitives::recv_copy_send(int from, int to, void* dst, std::size_t n) {
   recv_direct(from, d, n, [&](std::size_t k) { post_send(to, d + k * seg_elems_ * esize_, seg_len(n, k) * esize_); });
 }
 
+// Posts the receives of the first `window` segments into the scratch slots;
+// callers keep that many ahead. Returns the number posted.
+std::size_t Primitives::post_recv_window(int from, std::size_t n) {
+  std::size_t w = std::min<std::size_t>(cfg_.window, num_segs(n));
+  for (std::size_t k = 0; k < w; ++k) {
+    guard_write(in_slot(k), slot_bytes_);
+    recvs_[k] = t_.irecv(in_slot(k), seg_len(n, k) * esize_, from);
+  }
+  return w;
+}
+
 void Primitives::recv_reduce(int from, int to, const void* local, void* dst, std::size_t n, int divisor,
                              bool keep) {
   if (n == 0) return;
   const char* l = static_cast<const char*>(local);
   char* d = static_cast<char*>(dst);
   std::size_t ns = num_segs(n);
-  std::size_t w = std::min<std::size_t>(cfg_.window, ns);
-  // Post the first `window` receives, then keep that many ahead.
-  for (std::size_t k = 0; k < w; ++k) {
-    guard_write(in_slot(k), slot_bytes_);
-    recvs_[k] = t_.irecv(in_slot(k), seg_len(n, k) * esize_, from);
-  }
+  std::size_t w = post_recv_window(from, n);
   for (std::size_t k = 0; k < ns; ++k) {
     std::size_t len = seg_len(n, k), off = k * seg_elems_ * esize_;
     t_.wait(recvs_[k % cfg_.window]);
@@ -137,11 +143,7 @@ void Primitives::exchange_reduce(int peer, const void* local, void* dst, std::si
   const char* l = static_cast<const char*>(local);
   char* d = static_cast<char*>(dst);
   std::size_t ns = num_segs(n);
-  std::size_t w = std::min<std::size_t>(cfg_.window, ns);
-  for (std::size_t k = 0; k < w; ++k) {
-    guard_write(in_slot(k), slot_bytes_);
-    recvs_[k] = t_.irecv(in_slot(k), seg_len(n, k) * esize_, peer);
-  }
+  std::size_t w = post_recv_window(peer, n);
   send(peer, local, n);  // all of it, before dst (possibly == local) is overwritten
   bool local_left = rank_ < peer;
   for (std::size_t k = 0; k < ns; ++k) {

@@ -271,7 +271,8 @@ struct Trainer::Impl {
     optimizer->step(schedule->lr_at(pos.step));
     ++pos.step;
     st.compute_s += since(to);
-    return loss_buf.to(Device::cpu()).data<float>()[0];
+    // On the CPU the averaged loss is read in place (no per-step copy).
+    return (device.is_cpu() ? loss_buf : loss_buf.to(Device::cpu())).data<float>()[0];
   }
 
   static void scale_(Tensor& t, float s) {

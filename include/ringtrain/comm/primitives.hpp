@@ -142,6 +142,7 @@ class Primitives {
   void recv_direct(int from, char* d, std::size_t n, F&& landed);
   // Shared loop of the recv-reduce-* primitives.
   void recv_reduce(int from, int to, const void* local, void* dst, std::size_t n, int divisor, bool keep);
+  std::size_t post_recv_window(int from, std::size_t n);
 
   Transport& t_;
   Reducer& r_;
