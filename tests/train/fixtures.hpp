@@ -13,11 +13,15 @@
 namespace ringtrain::test_fixtures {
 
 // Collective: rank 0's pid names the directory, so every rank uses the same one.
-inline std::string synthetic_mnist_like(const Communicator& world, const std::string& tag, std::int64_t train,
-                                        std::int64_t test) {
+inline std::filesystem::path shared_temp_dir(const Communicator& world, const std::string& tag) {
   long long pid = ::getpid();
   MPI_Bcast(&pid, 1, MPI_LONG_LONG, 0, world.handle());
-  auto dir = std::filesystem::temp_directory_path() / ("rt-" + tag + "-" + std::to_string(pid));
+  return std::filesystem::temp_directory_path() / ("rt-" + tag + "-" + std::to_string(pid));
+}
+
+inline std::string synthetic_mnist_like(const Communicator& world, const std::string& tag, std::int64_t train,
+                                        std::int64_t test) {
+  auto dir = shared_temp_dir(world, tag);
   data::SyntheticOptions o;
   o.output = dir.string();
   o.name = "synthetic";
@@ -35,9 +39,7 @@ inline std::string synthetic_mnist_like(const Communicator& world, const std::st
 // Debian's Fashion-MNIST (package dataset-fashion-mnist, installed by `make deps`),
 // prepared into a temp directory. Collective.
 inline std::string fashion_mnist(const Communicator& world, const std::string& tag) {
-  long long pid = ::getpid();
-  MPI_Bcast(&pid, 1, MPI_LONG_LONG, 0, world.handle());
-  auto dir = std::filesystem::temp_directory_path() / ("rt-" + tag + "-" + std::to_string(pid));
+  auto dir = shared_temp_dir(world, tag);
   data::PrepareOptions o;
   o.input = "/usr/share/datasets/fashion-mnist";
   o.output = dir.string();
