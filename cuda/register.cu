@@ -1,9 +1,9 @@
 // The CUDA backend's registration unit — the one place that decides at run
-// time what CUDA provides. If a CUDA device is present at start-up, the caching
-// device allocator is registered for DeviceKind::cuda (and, as the other
-// helpers publish their registries, the device collectives and the cuDNN/cuBLAS
-// backend and the device collectives). Without a GPU nothing is registered and everything CUDA reports
-// "not available" through the registry. Open MPI's CUDA extension is queried
+// time what CUDA provides. If a CUDA device is present at start-up, it
+// registers for DeviceKind::cuda: the caching device allocator, the
+// cuDNN/cuBLAS backend, the device collectives and the trainer's device
+// runtime. Without a GPU nothing is registered and everything CUDA reports
+// "not available" through the registries. Open MPI's CUDA extension is queried
 // here (an #ifdef is allowed only in this unit).
 #include <cuda_runtime.h>
 #include <mpi.h>
@@ -47,6 +47,7 @@ bool register_cuda() {
   }
   register_backend(DeviceKind::cuda, make_cuda_backend(opt));
   register_device_collectives(DeviceKind::cuda, make_device_collective_fns());
+  register_device_runtime(DeviceKind::cuda, make_cuda_runtime());
   return true;
 }
 

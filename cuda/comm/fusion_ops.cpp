@@ -71,6 +71,12 @@ void CudaFusionOps::decompress_f16(void* dst, const void* src, std::size_t count
   if (factor != 1.0) cuda::scale(dst, count, dst_dt, factor, ctx_.comm());
 }
 
+void CudaFusionOps::wait_for_producers(Device dev) {
+  check(dev, "wait_for_producers");
+  ctx_.make_current();
+  ctx_.stream_wait(ctx_.comm(), ctx_.compute());
+}
+
 void CudaFusionOps::synchronize(Device dev) {
   check(dev, "synchronize");
   RT_CUDA(cudaStreamSynchronize(ctx_.comm()));

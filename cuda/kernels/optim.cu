@@ -30,14 +30,12 @@ struct Coeffs {
   om::LambCoeffs<C> lamb[2];
 };
 struct DeviceCoeffs {
-  long long t;
-  int skip;
   Coeffs<float> f;
   Coeffs<double> d;
 };
 
-// The host factories of update_math.hpp, evaluated on the device from the
-// device step counter (same formulas, double precision, then rounded to C).
+// The host factories of update_math.hpp, evaluated on the device for step t
+// (same formulas, double precision, then rounded to C).
 template <typename C>
 __device__ void make_coeffs(Coeffs<C>& k, double lr, const Hyper& h, long long t) {
   double bc1 = 1.0 - pow(h.beta1, static_cast<double>(t));
@@ -53,10 +51,7 @@ __device__ void make_coeffs(Coeffs<C>& k, double lr, const Hyper& h, long long t
   }
 }
 
-__global__ void prepare_kernel(DeviceCoeffs* k, const int* skip, double lr, Hyper h) {
-  k->skip = (skip && *skip) ? 1 : 0;
-  if (k->skip) return;
-  long long t = ++k->t;
+__global__ void prepare_kernel(DeviceCoeffs* k, double lr, Hyper h, long long t) {
   make_coeffs(k->f, lr, h, t);
   make_coeffs(k->d, lr, h, t);
 }
@@ -72,7 +67,6 @@ template <> __device__ const Coeffs<double>& pick<double>(const DeviceCoeffs* k)
 template <typename T>
 __global__ void sgd_kernel(T* p, const T* g, om::compute_t<T>* buf, const Segment* segs, const DeviceCoeffs* kc) {
   using C = om::compute_t<T>;
-  if (kc->skip) return;
   const Segment s = segs[blockIdx.y];
   const om::SgdCoeffs<C> k = pick<C>(kc).sgd[s.decay];
   RT_SEGMENT_LOOP(j, s) {
@@ -88,7 +82,6 @@ template <typename T>
 __global__ void adam_kernel(T* p, const T* g, om::compute_t<T>* m, om::compute_t<T>* v, const Segment* segs,
                             const DeviceCoeffs* kc) {
   using C = om::compute_t<T>;
-  if (kc->skip) return;
   const Segment s = segs[blockIdx.y];
   const om::AdamCoeffs<C> k = pick<C>(kc).adam[s.decay];
   RT_SEGMENT_LOOP(j, s) {
@@ -105,7 +98,6 @@ template <typename T>
 __global__ void lamb_moments_kernel(const T* p, const T* g, om::compute_t<T>* m, om::compute_t<T>* v,
                                     const Segment* segs, const DeviceCoeffs* kc, double2* partial) {
   using C = om::compute_t<T>;
-  if (kc->skip) return;
   const Segment s = segs[blockIdx.y];
   double sw = 0.0, su = 0.0;
   if (s.decay) {
@@ -143,9 +135,9 @@ __global__ void lamb_moments_kernel(const T* p, const T* g, om::compute_t<T>* m,
 
 // One thread per tensor: trust ratio r (1 for non-decaying tensors) -> lr * r.
 __global__ void lamb_ratio_kernel(const double2* partial, int blocks, const Segment* segs, int nseg, double lr,
-                                  double max_ratio, double* scaled_lr, const DeviceCoeffs* kc) {
+                                  double max_ratio, double* scaled_lr) {
   int s = blockIdx.x * blockDim.x + threadIdx.x;
-  if (s >= nseg || kc->skip) return;
+  if (s >= nseg) return;
   double ratio = 1.0;
   if (segs[s].decay) {
     double w = 0.0, u = 0.0;
@@ -164,7 +156,6 @@ template <typename T>
 __global__ void lamb_apply_kernel(T* p, const T* g, om::compute_t<T>* m, om::compute_t<T>* v, const Segment* segs,
                                   const DeviceCoeffs* kc, const double* scaled_lr) {
   using C = om::compute_t<T>;
-  if (kc->skip) return;
   const Segment s = segs[blockIdx.y];
   const om::LambCoeffs<C> k = pick<C>(kc).lamb[s.decay];
   const C lr = C(scaled_lr[blockIdx.y]);
@@ -185,7 +176,7 @@ struct DeviceOptimizer::Group {
   std::vector<Segment> host_segs;
   Segment* segs = nullptr;
   unsigned gx = 1;  // blocks per segment
-  Tensor s1, s2;    // state buffers (momentum | exp_avg, exp_avg_sq), compute type
+  Tensor s1, s2;    // views of the Optimizer's state (momentum | exp_avg, exp_avg_sq)
   double2* partial = nullptr;
   double* scaled_lr = nullptr;
   ~Group() {
@@ -196,21 +187,31 @@ struct DeviceOptimizer::Group {
   }
 };
 
-DeviceOptimizer::DeviceOptimizer(ParamArena& arena, const OptimizerConfig& cfg, CudaContext& ctx)
-    : arena_(arena), cfg_(cfg), kind_(canonical_optimizer_name(cfg.name)), ctx_(ctx) {
-  RT_CHECK(arena.finalized() && arena.device() == ctx.device(), "DeviceOptimizer: the arena must be finalised on ",
+namespace {
+// Validates before the base class allocates state on the device.
+const char* device_kind(const ParamArena& arena, const OptimizerConfig& cfg, const CudaContext& ctx) {
+  RT_CHECK(arena.finalized() && arena.device() == ctx.device(), "CUDA optimizer: the arena must be finalised on ",
            ctx.device().str(), " (it is on ", arena.device().str(), ")");
-  RT_CHECK(kind_ == "sgd" || kind_ == "adam" || kind_ == "adamw" || kind_ == "lamb", "DeviceOptimizer: optimizer '",
-           kind_, "' has no CUDA implementation (sgd, adam, adamw, lamb)");
-  RT_CHECK(!(cfg.nesterov && (cfg.momentum <= 0.0 || cfg.dampening != 0.0)),
-           "DeviceOptimizer: nesterov needs momentum > 0 and dampening 0");
+  std::string k = canonical_optimizer_name(cfg.name);
+  for (const char* known : {"sgd", "adam", "adamw", "lamb"})
+    if (k == known) return known;
+  RT_FAIL("optimizer '", k, "' has no CUDA implementation (sgd, adam, adamw, lamb); use one of those, or train on the CPU");
+}
+}  // namespace
+
+DeviceOptimizer::DeviceOptimizer(ParamArena& arena, const OptimizerConfig& cfg, CudaContext& ctx)
+    : Optimizer(arena, cfg, device_kind(arena, cfg, ctx)), kind_(name()), ctx_(ctx) {
   ctx_.make_current();
+  if (kind_ == "sgd") {
+    if (cfg.momentum != 0.0) add_state("momentum_buffer");
+  } else {
+    add_state("exp_avg");
+    add_state("exp_avg_sq");
+  }
   Device dev = ctx.device();
   auto& alloc = device_allocator();
   coeffs_ = alloc.allocate(sizeof(DeviceCoeffs), dev);
-  RT_CUDA(cudaMemsetAsync(coeffs_, 0, sizeof(DeviceCoeffs), ctx.compute()));
   for (DType dt : arena.dtypes()) {
-    RT_CHECK(is_floating(dt), "DeviceOptimizer: parameters of dtype ", dtype_name(dt), " cannot be optimised");
     auto g = std::make_unique<Group>();
     g->dtype = dt;
     g->dev = dev;
@@ -219,23 +220,20 @@ DeviceOptimizer::DeviceOptimizer(ParamArena& arena, const OptimizerConfig& cfg, 
       const ParamInfo& info = arena.info(i);
       if (info.dtype != dt) continue;
       std::size_t n = static_cast<std::size_t>(shape_numel(info.shape));
-      bool dec = cfg.decay_all || info.decay;
-      g->host_segs.push_back({info.offset, n, dec ? 1 : 0});
+      g->host_segs.push_back({info.offset, n, decays(i) ? 1 : 0});
       max_n = std::max(max_n, n);
     }
-    RT_CHECK(g->host_segs.size() < 65536, "DeviceOptimizer: more than 65535 parameters of one dtype");
+    RT_CHECK(g->host_segs.size() < 65536, "CUDA optimizer: more than 65535 parameters of one dtype");
     g->gx = static_cast<unsigned>(std::clamp<std::size_t>((max_n + 4 * detail::kThreads - 1) / (4 * detail::kThreads),
                                                           1, 256));
     std::size_t ns = g->host_segs.size();
     g->segs = static_cast<Segment*>(alloc.allocate(ns * sizeof(Segment), dev));
     RT_CUDA(cudaMemcpy(g->segs, g->host_segs.data(), ns * sizeof(Segment), cudaMemcpyHostToDevice));
-    DType ct = dt == DType::f64 ? DType::f64 : DType::f32;
-    std::int64_t flat = arena.params_flat(dt).numel();
     if (kind_ == "sgd") {
-      if (cfg.momentum != 0.0) g->s1 = Tensor::zeros({flat}, ct, dev);
+      if (cfg.momentum != 0.0) g->s1 = state_flat("momentum_buffer", dt);
     } else {
-      g->s1 = Tensor::zeros({flat}, ct, dev);
-      g->s2 = Tensor::zeros({flat}, ct, dev);
+      g->s1 = state_flat("exp_avg", dt);
+      g->s2 = state_flat("exp_avg_sq", dt);
     }
     if (kind_ == "lamb") {
       g->partial = static_cast<double2*>(alloc.allocate(ns * g->gx * sizeof(double2), dev));
@@ -248,26 +246,27 @@ DeviceOptimizer::DeviceOptimizer(ParamArena& arena, const OptimizerConfig& cfg, 
 
 DeviceOptimizer::~DeviceOptimizer() {
   cudaStreamSynchronize(ctx_.compute());
+  groups_.clear();
   if (coeffs_) device_allocator().deallocate(coeffs_, sizeof(DeviceCoeffs), ctx_.device());
 }
 
-void DeviceOptimizer::step(double lr, const int* skip) {
-  RT_CHECK(lr >= 0.0 && std::isfinite(lr), "DeviceOptimizer: learning rate ", lr, " must be finite and >= 0");
+void DeviceOptimizer::update(double lr, std::int64_t t) {
+  const OptimizerConfig& c = config();
   cudaStream_t st = ctx_.compute();
   auto* kc = static_cast<DeviceCoeffs*>(coeffs_);
-  Hyper h{cfg_.momentum, cfg_.dampening, cfg_.weight_decay, cfg_.beta1, cfg_.beta2, cfg_.eps,
-          cfg_.nesterov, kind_ == "adamw", cfg_.bias_correction};
-  prepare_kernel<<<1, 1, 0, st>>>(kc, skip, lr, h);
+  Hyper h{c.momentum, c.dampening, c.weight_decay, c.beta1, c.beta2, c.eps, c.nesterov, kind_ == "adamw",
+          c.bias_correction};
+  prepare_kernel<<<1, 1, 0, st>>>(kc, lr, h, static_cast<long long>(t));
   RT_CUDA_LAUNCHED("optimizer prepare");
   for (auto& gp : groups_) {
     Group& g = *gp;
     dim3 grid(g.gx, static_cast<unsigned>(g.host_segs.size()));
     int ns = static_cast<int>(g.host_segs.size());
-    detail::dispatch_float(g.dtype, "DeviceOptimizer", [&](auto tag) {
+    detail::dispatch_float(g.dtype, "CUDA optimizer", [&](auto tag) {
       using T = decltype(tag);
       using C = om::compute_t<T>;
-      T* p = static_cast<T*>(arena_.params_flat(g.dtype).raw());
-      const T* gr = static_cast<const T*>(arena_.grads_flat(g.dtype).raw());
+      T* p = static_cast<T*>(arena().params_flat(g.dtype).raw());
+      const T* gr = static_cast<const T*>(arena().grads_flat(g.dtype).raw());
       C* s1 = g.s1.defined() ? static_cast<C*>(g.s1.raw()) : nullptr;
       C* s2 = g.s2.defined() ? static_cast<C*>(g.s2.raw()) : nullptr;
       if (kind_ == "sgd") {
@@ -275,7 +274,7 @@ void DeviceOptimizer::step(double lr, const int* skip) {
       } else if (kind_ == "lamb") {
         lamb_moments_kernel<T><<<grid, detail::kThreads, 0, st>>>(p, gr, s1, s2, g.segs, kc, g.partial);
         lamb_ratio_kernel<<<(ns + 127) / 128, 128, 0, st>>>(g.partial, static_cast<int>(g.gx), g.segs, ns, lr,
-                                                            cfg_.max_trust_ratio, g.scaled_lr, kc);
+                                                            c.max_trust_ratio, g.scaled_lr);
         lamb_apply_kernel<T><<<grid, detail::kThreads, 0, st>>>(p, gr, s1, s2, g.segs, kc, g.scaled_lr);
       } else {
         adam_kernel<T><<<grid, detail::kThreads, 0, st>>>(p, gr, s1, s2, g.segs, kc);
@@ -283,27 +282,6 @@ void DeviceOptimizer::step(double lr, const int* skip) {
     });
     RT_CUDA_LAUNCHED("optimizer update");
   }
-}
-
-std::int64_t DeviceOptimizer::steps() const {
-  long long t = 0;
-  RT_CUDA(cudaMemcpyAsync(&t, coeffs_, sizeof t, cudaMemcpyDeviceToHost, ctx_.compute()));
-  RT_CUDA(cudaStreamSynchronize(ctx_.compute()));
-  return t;
-}
-
-Optimizer::NamedTensors DeviceOptimizer::state() const {
-  Optimizer::NamedTensors out;
-  for (auto& g : groups_) {
-    std::string d = dtype_name(g->dtype);
-    if (kind_ == "sgd") {
-      if (g->s1.defined()) out.emplace_back(d + ".momentum_buffer", g->s1);
-    } else {
-      out.emplace_back(d + ".exp_avg", g->s1);
-      out.emplace_back(d + ".exp_avg_sq", g->s2);
-    }
-  }
-  return out;
 }
 
 }  // namespace ringtrain::cuda

@@ -115,28 +115,39 @@ class CudnnConv final : public Conv2dKernel {
     RT_CUDNN(cudnnSetConvolution2dDescriptor(p->conv, (int)s_.pad_h, (int)s_.pad_w, (int)s_.stride_h,
                                              (int)s_.stride_w, (int)s_.dilation_h, (int)s_.dilation_w,
                                              CUDNN_CROSS_CORRELATION, compute));
-    cudnnMathType_t math = CUDNN_FMA_MATH;  // strict fp32: no silent TF32
+    // f32 follows the spec's MathMode: strict FMA; tf32/bf16 -> TF32 tensor
+    // cores (cuDNN has no f32->bf16 conversion; TF32 is at least as accurate);
+    // fp16 -> tensor cores with f32->f16 conversion allowed.
+    cudnnMathType_t math = CUDNN_FMA_MATH;
     if (s_.dtype == DType::f16 || s_.dtype == DType::bf16) math = CUDNN_TENSOR_OP_MATH;
-    else if (s_.dtype == DType::f32 && sh_->opt.tf32) math = CUDNN_DEFAULT_MATH;  // allows TF32 tensor cores
+    else if (s_.dtype == DType::f32 && s_.math == MathMode::fp16) math = CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
+    else if (s_.dtype == DType::f32 && (s_.math != MathMode::fp32 || sh_->opt.tf32)) math = CUDNN_DEFAULT_MATH;
     RT_CUDNN(cudnnSetConvolutionMathType(p->conv, math));
     int n, co, oh, ow;
     RT_CUDNN(cudnnGetConvolution2dForwardOutputDim(p->conv, p->x.d, p->w, &n, &co, &oh, &ow));
     p->y.set4(s_.dtype, n, co, oh, ow, what);
     std::size_t lim = sh_->opt.conv_workspace_limit;
     cudnnHandle_t h = c.cudnn();
+    // Heuristics or timed trials (cudnnFind*, BackendOptions::cudnn_find): both
+    // return candidates best first; pick() takes the first within the limit.
+    const bool find = sh_->opt.cudnn_find;
+    if (find) c.sync_compute();  // trials run on the handle's stream: time them alone
     auto f = pick<cudnnConvolutionFwdAlgoPerf_t>(
         [&](int m, int* k, cudnnConvolutionFwdAlgoPerf_t* r) {
-          return cudnnGetConvolutionForwardAlgorithm_v7(h, p->x.d, p->w, p->conv, p->y.d, m, k, r);
+          return find ? cudnnFindConvolutionForwardAlgorithm(h, p->x.d, p->w, p->conv, p->y.d, m, k, r)
+                      : cudnnGetConvolutionForwardAlgorithm_v7(h, p->x.d, p->w, p->conv, p->y.d, m, k, r);
         },
         CUDNN_CONVOLUTION_FWD_ALGO_COUNT, lim, "conv2d forward");
     auto d = pick<cudnnConvolutionBwdDataAlgoPerf_t>(
         [&](int m, int* k, cudnnConvolutionBwdDataAlgoPerf_t* r) {
-          return cudnnGetConvolutionBackwardDataAlgorithm_v7(h, p->w, p->y.d, p->conv, p->x.d, m, k, r);
+          return find ? cudnnFindConvolutionBackwardDataAlgorithm(h, p->w, p->y.d, p->conv, p->x.d, m, k, r)
+                      : cudnnGetConvolutionBackwardDataAlgorithm_v7(h, p->w, p->y.d, p->conv, p->x.d, m, k, r);
         },
         CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, lim, "conv2d backward data");
     auto w = pick<cudnnConvolutionBwdFilterAlgoPerf_t>(
         [&](int m, int* k, cudnnConvolutionBwdFilterAlgoPerf_t* r) {
-          return cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, p->x.d, p->y.d, p->conv, p->w, m, k, r);
+          return find ? cudnnFindConvolutionBackwardFilterAlgorithm(h, p->x.d, p->y.d, p->conv, p->w, m, k, r)
+                      : cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, p->x.d, p->y.d, p->conv, p->w, m, k, r);
         },
         CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, lim, "conv2d backward filter");
     p->fwd = f.algo;

@@ -6,7 +6,8 @@
 //   db = dy' 1_N          gemm(N, N, out, 1, N)    (beta = accumulate)
 //   bias (+ReLU): our bias_add kernel, one pass
 // f16/bf16 use tensor cores with fp32 accumulation; f32 is strict fp32 unless
-// TF32 is enabled.
+// the spec's MathMode (or RINGTRAIN_TF32) allows down-conversion: cuBLAS
+// COMPUTE_32F_FAST_TF32 / _FAST_16BF / _FAST_16F on the float32 operands.
 #include "nn/common.hpp"
 #include "ringtrain/cuda/kernels.hpp"
 
@@ -18,9 +19,12 @@ class CublasLinear final : public LinearKernel {
   CublasLinear(SharedPtr sh, const LinearSpec& s) : sh_(std::move(sh)), s_(s) {
     RT_CHECK(s.in_features > 0 && s.out_features > 0, "linear: features must be positive");
     type_ = cublas_type(s.dtype, "linear");
+    compute_ = CUBLAS_COMPUTE_32F;
     if (s.dtype == DType::f64) compute_ = CUBLAS_COMPUTE_64F;
-    else if (s.dtype == DType::f32 && sh_->opt.tf32) compute_ = CUBLAS_COMPUTE_32F_FAST_TF32;
-    else compute_ = CUBLAS_COMPUTE_32F;
+    else if (s.dtype == DType::f32 && s.math == MathMode::bf16) compute_ = CUBLAS_COMPUTE_32F_FAST_16BF;
+    else if (s.dtype == DType::f32 && s.math == MathMode::fp16) compute_ = CUBLAS_COMPUTE_32F_FAST_16F;
+    else if (s.dtype == DType::f32 && (s.math == MathMode::tf32 || sh_->opt.tf32))
+      compute_ = CUBLAS_COMPUTE_32F_FAST_TF32;
   }
 
   void forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y) override {

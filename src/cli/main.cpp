@@ -41,6 +41,7 @@ void add_shortcuts(CLI::App* app, std::vector<std::string>& sets) {
   shortcut("--seed", "train.seed", "random seed");
   shortcut("--threads", "train.threads", "compute threads per rank");
   shortcut("--device", "train.device", "auto | cpu | cuda");
+  shortcut("--precision", "train.precision", "fp32 | tf32 | bf16 | fp16 (fp16: dynamic loss scaling)");
   shortcut("--optimizer", "optimizer.name", "sgd | adam | adamw | lars | lamb");
   shortcut("--lr", "optimizer.lr", "base learning rate");
   shortcut("--algorithm", "comm.algorithm", "all-reduce: auto | ring | tree | mpi");

@@ -24,6 +24,21 @@ const char* kind_name(DeviceKind k) { return k == DeviceKind::cpu ? "cpu" : "cud
 
 }  // namespace
 
+MathMode parse_math_mode(const std::string& s) {
+  for (MathMode m : {MathMode::fp32, MathMode::tf32, MathMode::bf16, MathMode::fp16})
+    if (s == math_mode_name(m)) return m;
+  RT_FAIL("math mode '", s, "' is not one of fp32, tf32, bf16, fp16");
+}
+
+const char* math_mode_name(MathMode m) {
+  switch (m) {
+    case MathMode::tf32: return "tf32";
+    case MathMode::bf16: return "bf16";
+    case MathMode::fp16: return "fp16";
+    default: return "fp32";
+  }
+}
+
 void register_backend(DeviceKind kind, std::unique_ptr<Backend> b) {
   RT_CHECK(b != nullptr, "register_backend: null backend for ", kind_name(kind));
   auto& r = registry();

@@ -23,6 +23,7 @@ void Linear::bind(const BindContext& ctx) {
     b = ctx.arena.param(b_);
     db = ctx.arena.grad(b_);
   }
+  spec_.math = ctx.math;
   k_ = ctx.backend.linear(spec_);
 }
 
@@ -92,6 +93,7 @@ void Conv2d::bind(const BindContext& ctx) {
   }
   RT_CHECK(!spec_.fuse_pool || ctx.backend.conv_fuses_pool(), "Conv2d '", name_, "': the ", ctx.backend.name(),
            " backend cannot fuse pooling into a convolution; use a separate Pool2d layer");
+  spec_.math = ctx.math;
   k_ = ctx.backend.conv2d(spec_);
 }
 

@@ -13,7 +13,7 @@ void Model::add(LayerPtr layer) {
   layers_.push_back(std::move(layer));
 }
 
-void Model::finalize(const Shape& sample_shape, std::uint64_t seed) {
+void Model::finalize(const Shape& sample_shape, std::uint64_t seed, MathMode math) {
   RT_CHECK(!finalized_, "model '", name_, "': finalize() called twice");
   RT_CHECK(!layers_.empty(), "model '", name_, "' has no layers");
   sample_shape_ = sample_shape;
@@ -23,7 +23,7 @@ void Model::finalize(const Shape& sample_shape, std::uint64_t seed) {
   for (std::size_t i = 0; i < layers_.size(); ++i) layers_[i]->register_params(arena_, static_cast<int>(i), "");
   arena_.finalize(device_);
   backend_ = &backend_for(device_);
-  BindContext ctx{*backend_, device_, arena_, seed};
+  BindContext ctx{*backend_, device_, arena_, seed, math};
   for (auto& l : layers_) l->bind(ctx);
   first_param_layer_ = 0;
   while (first_param_layer_ + 1 < layers_.size() && layers_[first_param_layer_]->params().empty()) ++first_param_layer_;

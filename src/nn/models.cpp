@@ -99,7 +99,7 @@ std::vector<LayerPtr> build_layers(const ModelConfig& c, bool fuse_pool) {
 std::unique_ptr<Model> build_model(const ModelConfig& cfg, Device dev) {
   auto m = std::make_unique<Model>(cfg.name, dev);
   for (auto& l : build_layers(cfg, backend_for(dev).conv_fuses_pool())) m->add(std::move(l));
-  m->finalize({cfg.in_channels, cfg.height, cfg.width}, cfg.seed);
+  m->finalize({cfg.in_channels, cfg.height, cfg.width}, cfg.seed, cfg.math);
   return m;
 }
 

@@ -42,7 +42,7 @@ const std::vector<Field>& fields() {
       RT_FIELD(train, threads, "compute threads per rank (0 = OMP_NUM_THREADS or 1)"),
       RT_FIELD(train, accumulation, "micro-batches per optimizer step"),
       RT_FIELD(train, device, "auto | cpu | cuda"),
-      RT_FIELD(train, precision, "fp32 | bf16 | fp16 (GPU only)"),
+      RT_FIELD(train, precision, "fp32 | tf32 | bf16 | fp16: down-conversion allowed in conv/linear (fp32 master weights); fp16 adds dynamic loss scaling"),
       RT_FIELD(train, max_steps, "stop after this many optimizer steps (0 = no limit)"),
       RT_FIELD(train, verify_every, "verify bitwise-identical parameters every N steps (0 = off)"),
       RT_FIELD(train, target_accuracy, "report when test accuracy first reaches this (0..1)"),
@@ -207,7 +207,7 @@ void TrainConfig::validate() const {
   RT_CHECK(train.accumulation >= 1, "configuration key 'train.accumulation' must be >= 1");
   RT_CHECK(train.max_steps >= 0, "configuration key 'train.max_steps' must be >= 0");
   one_of("train.device", train.device, {"auto", "cpu", "cuda"});
-  one_of("train.precision", train.precision, {"fp32", "bf16", "fp16"});
+  one_of("train.precision", train.precision, {"fp32", "tf32", "bf16", "fp16"});
   one_of("optimizer.name", optimizer.name, {"sgd", "adam", "adamw", "lars", "lamb"});
   RT_CHECK(optimizer.lr > 0, "configuration key 'optimizer.lr' must be > 0");
   one_of("schedule.name", schedule.name, {"constant", "step", "cosine"});

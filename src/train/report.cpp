@@ -68,11 +68,12 @@ void Reporter::epoch_end(const EpochMetrics& m) {
   if (bar_) std::fprintf(stderr, "\n");
   std::string test = m.evaluated ? cat(" | test loss ", fixed(m.test_loss, 4), " acc ", fixed(100 * m.test_accuracy, 2), "%")
                                  : std::string();
+  std::string amp = m.loss_scale > 0 ? cat(" | loss scale ", m.loss_scale, ", ", m.skipped_steps, " skipped") : "";
   std::fprintf(stderr,
                "epoch %d/%d: train loss %.4f acc %.2f%%%s | %.0f img/s | "
-               "compute %.1fs, exposed comm %.2fs, data wait %.2fs | lr %.4g\n",
+               "compute %.1fs, exposed comm %.2fs, data wait %.2fs | lr %.4g%s\n",
                m.epoch + 1, epochs_, m.train_loss, 100 * m.train_accuracy, test.c_str(), m.images_per_s, m.compute_s,
-               m.comm_exposed_s, m.data_wait_s, m.lr);
+               m.comm_exposed_s, m.data_wait_s, m.lr, amp.c_str());
   std::fflush(stderr);
   if (metrics_) {
     nlohmann::json j = {{"event", "epoch"},
@@ -89,6 +90,10 @@ void Reporter::epoch_end(const EpochMetrics& m) {
                         {"comm_exposed_s", m.comm_exposed_s},
                         {"data_wait_s", m.data_wait_s},
                         {"eval_s", m.eval_s}};
+    if (m.loss_scale > 0) {
+      j["loss_scale"] = m.loss_scale;
+      j["skipped_steps"] = m.skipped_steps;
+    }
     json_line(j.dump());
   }
 }

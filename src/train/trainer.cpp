@@ -17,10 +17,11 @@
 #include "ringtrain/engine/engine.hpp"
 #include "ringtrain/nn/loss.hpp"
 #include "ringtrain/nn/model.hpp"
-#include "ringtrain/optim/grad_utils.hpp"
+#include "ringtrain/optim/loss_scale.hpp"
 #include "ringtrain/optim/optimizer.hpp"
 #include "ringtrain/optim/schedule.hpp"
 #include "ringtrain/train/checkpoint.hpp"
+#include "ringtrain/train/device_runtime.hpp"
 #include "ringtrain/train/state.hpp"
 
 namespace ringtrain {
@@ -29,13 +30,21 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
+// One device kind for the whole job: "auto" takes CUDA only if every rank has
+// a GPU; "cuda" without one is an error on every rank. Each rank then binds to
+// its GPU by node-local rank before any other CUDA work.
 Device choose_device(const TrainConfig& cfg, const Communicator& world) {
-  bool cuda = has_allocator(DeviceKind::cuda);
-  RT_CHECK(cfg.train.device != "cuda" || cuda,
-           "train.device = cuda, but no CUDA device is available on this rank "
-           "(was ringtrain built with CUDA, and does this node have a GPU?)");
-  if (cfg.train.device == "cpu" || !cuda) return Device::cpu();
-  return Device::cuda(world.local_rank());  // one GPU per rank, by node-local rank
+  int have = has_device_runtime(DeviceKind::cuda) ? 1 : 0;
+  allreduce(&have, &have, 1, DType::i32, ReduceOp::min, world);
+  run_agreed(world, "choosing the device", [&] {
+    RT_CHECK(cfg.train.device != "cuda" || has_device_runtime(DeviceKind::cuda),
+             "train.device = cuda, but rank ", world.rank(), " has no CUDA device "
+             "(was ringtrain built with CUDA, and does this node have a GPU?)");
+  });
+  if (cfg.train.device == "cpu" || !have) return Device::cpu();
+  Device d;
+  run_agreed(world, "selecting this rank's GPU", [&] { d = device_runtime(DeviceKind::cuda).select(world); });
+  return d;
 }
 
 int choose_threads(const TrainConfig& cfg) {
@@ -56,13 +65,17 @@ struct Trainer::Impl {
   Communicator world;
   TrainerHooks hooks;
   Device device;
+  DeviceRuntime* rt = nullptr;  // the device's optimizer, fusion ops and gradient operations
+  MathMode math = MathMode::fp32;
+  std::unique_ptr<LossScaler> scaler;  // train.precision = fp16 only
+  Tensor scaler_state;                 // f64 [4] on the host: checkpointed and broadcast
   std::unique_ptr<data::Loader> loader;
   std::unique_ptr<Model> model;
   std::unique_ptr<Optimizer> optimizer;
   std::unique_ptr<LrSchedule> schedule;
   std::unique_ptr<Engine> engine;
   std::unique_ptr<Reporter> reporter;
-  Tensor loss_buf;              // [1] f32: the step's loss, averaged together with the gradients
+  Tensor loss_buf;              // [1] f32 on the host: the step's loss, averaged beside the gradients
   Tensor dlogits;               // reused across steps
   std::vector<Handle> handles;  // this step's outstanding all-reduces
   // comm.deterministic: static buckets of consecutive parameters, in backward order.
@@ -78,12 +91,18 @@ struct Trainer::Impl {
   // Per-epoch counters of this rank.
   struct EpochStats {
     double loss_sum = 0, compute_s = 0, comm_s = 0;
-    std::int64_t steps = 0, correct = 0, seen = 0;
+    std::int64_t steps = 0, correct = 0, seen = 0, skipped = 0;
   };
 
   Impl(TrainConfig c, Communicator w, TrainerHooks h) : cfg(std::move(c)), world(std::move(w)), hooks(std::move(h)) {
     cfg.validate();
     device = choose_device(cfg, world);
+    rt = &device_runtime(device.kind);
+    math = parse_math_mode(cfg.train.precision);
+    if (math == MathMode::fp16) {
+      scaler = std::make_unique<LossScaler>();
+      scaler_state = Tensor::zeros({4}, DType::f64);
+    }
     omp_set_num_threads(choose_threads(cfg));
     // Flush denormals to zero (FTZ+DAZ) on the compute thread, as DL frameworks
     // do: tiny gradients late in training otherwise cost ~100 cycles per
@@ -125,8 +144,9 @@ struct Trainer::Impl {
     mc.base_width = cfg.model.width;
     mc.dropout = cfg.model.dropout;
     mc.seed = cfg.train.seed;
+    mc.math = math;
     model = ringtrain::build_model(mc, device);
-    loss_buf = Tensor::zeros({1}, DType::f32, device);
+    loss_buf = Tensor::zeros({1}, DType::f32);
   }
 
   void build_optimizer() {
@@ -139,7 +159,7 @@ struct Trainer::Impl {
     oc.beta2 = cfg.optimizer.beta2;
     oc.eps = cfg.optimizer.eps;
     oc.trust_coefficient = cfg.optimizer.trust_coefficient;
-    optimizer = make_optimizer(model->arena(), oc);
+    optimizer = rt->make_optimizer(model->arena(), oc);
 
     ScheduleConfig sc;
     sc.name = cfg.schedule.name;
@@ -162,6 +182,7 @@ struct Trainer::Impl {
     eo.stall_warning_s = cfg.comm.stall_warning_s;
     eo.stall_shutdown_s = cfg.comm.stall_shutdown_s;
     eo.collective.algorithm = parse_algorithm(cfg.comm.algorithm);
+    eo.device_ops = rt->fusion_ops(device);
     eo = EngineOptions::from_env(eo);
     if (cfg.comm.deterministic) {
       make_buckets();
@@ -211,11 +232,22 @@ struct Trainer::Impl {
     }
   }
 
+  // Everything a checkpoint holds: model_state plus the loss scaler's state.
+  NamedTensorList run_state() {
+    NamedTensorList s = model_state(*model, optimizer.get());
+    if (scaler) {
+      scaler->save(scaler_state.data<double>());
+      s.emplace_back("amp.loss_scale", scaler_state);
+    }
+    return s;
+  }
+
   // Every rank continues from rank 0's parameters, buffers and optimizer state.
   void broadcast_state() {
     std::vector<Tensor> ts;
-    for (auto& [name, t] : model_state(*model, optimizer.get())) ts.push_back(t);
+    for (auto& [name, t] : run_state()) ts.push_back(t);
     broadcast_tensors(ts, 0, world);
+    if (scaler) scaler->load(scaler_state.data<double>());
   }
 
   std::int64_t global_batch() const {
@@ -229,7 +261,8 @@ struct Trainer::Impl {
   // One optimizer step:
   //   for each micro-batch: forward, loss, backward — the last backward hands each
   //   layer's gradients to the engine as soon as they exist (overlap);
-  //   wait for the averaged gradients; optimizer step with the scheduled lr.
+  //   wait for the averaged gradients; (fp16: unscale, skip the step on inf/NaN);
+  //   optimizer step with the scheduled lr.
   // Returns the loss averaged over ranks and micro-batches.
   double train_step(EpochStats& st) {
     const int k = cfg.train.accumulation;
@@ -248,7 +281,10 @@ struct Trainer::Impl {
       local_loss += softmax_cross_entropy(logits, y, 0.0, dlogits);
       st.correct += count_correct(logits, y);
       st.seen += batch->valid;
-      if (k > 1) scale_(dlogits, 1.0f / k);  // the step's loss is the mean over its k micro-batches
+      // The step's loss is the mean over its k micro-batches; fp16 scales it up
+      // so that small gradients survive the down-converted backward.
+      const double gscale = (scaler ? scaler->scale() : 1.0) / k;
+      if (gscale != 1.0) rt->scale(dlogits, gscale);
 
       const bool last = micro == k - 1;
       for (auto& b : buckets) b.pending = b.params;
@@ -267,17 +303,17 @@ struct Trainer::Impl {
     st.comm_s += since(tw);
 
     auto to = Clock::now();
-    if (cfg.optimizer.clip_norm > 0) clip_grad_norm(model->arena(), cfg.optimizer.clip_norm);
-    optimizer->step(schedule->lr_at(pos.step));
-    ++pos.step;
+    // The gradients are identical on every rank here, so every rank takes the same decision.
+    bool take = !scaler || scaler->update(rt->unscale_grads(model->arena(), scaler->inv_scale()));
+    if (take) {
+      if (cfg.optimizer.clip_norm > 0) rt->clip_grad_norm(model->arena(), cfg.optimizer.clip_norm);
+      optimizer->step(schedule->lr_at(pos.step));
+    } else {
+      ++st.skipped;
+    }
+    ++pos.step;  // the schedule advances either way (as PyTorch's scheduler.step())
     st.compute_s += since(to);
-    // On the CPU the averaged loss is read in place (no per-step copy).
-    return (device.is_cpu() ? loss_buf : loss_buf.to(Device::cpu())).data<float>()[0];
-  }
-
-  static void scale_(Tensor& t, float s) {
-    float* p = t.data<float>();
-    for (std::int64_t i = 0; i < t.numel(); ++i) p[i] *= s;
+    return loss_buf.data<float>()[0];
   }
 
   EvalResult evaluate(const std::string& path) {
@@ -322,10 +358,10 @@ struct Trainer::Impl {
                                           hooks.report ? metrics : "", cfg.train.epochs, steps_per_epoch());
     if (world.rank() == 0 && hooks.report) {
       log::info("ringtrain: ", cfg.model.name, " (", model->num_params(), " parameters) on ", world.size(),
-                " rank(s), ", device.str(), ", batch ", cfg.data.batch_size, "/rank (global ", global_batch(),
+                " rank(s), ", device.str(), ", ", cfg.train.precision, ", batch ", cfg.data.batch_size, "/rank (global ", global_batch(),
                 "), ", steps_per_epoch(), " steps/epoch, all-reduce ", cfg.comm.algorithm);
       nlohmann::json head = {{"event", "start"}, {"model", cfg.model.name}, {"params", model->num_params()},
-                             {"ranks", world.size()}, {"device", device.str()}, {"global_batch", global_batch()},
+                             {"ranks", world.size()}, {"device", device.str()}, {"precision", cfg.train.precision}, {"global_batch", global_batch()},
                              {"steps_per_epoch", steps_per_epoch()}, {"config", cfg.to_toml()}};
       reporter->json_line(head.dump());
     }
@@ -385,6 +421,8 @@ struct Trainer::Impl {
     m.compute_s = st.compute_s;
     m.comm_exposed_s = st.comm_s;
     m.data_wait_s = loader->wait_seconds() - wait0;
+    m.skipped_steps = st.skipped;
+    m.loss_scale = scaler ? scaler->scale() : 0.0;
     std::vector<double> v = {static_cast<double>(st.correct), static_cast<double>(st.seen)};
     sum_over_ranks(v, world);
     m.train_loss = st.steps ? st.loss_sum / st.steps : 0;
@@ -396,7 +434,7 @@ struct Trainer::Impl {
   void verify_identical_state() {
     std::vector<Tensor> ts;
     std::vector<std::string> names;
-    for (auto& [name, t] : model_state(*model, optimizer.get())) {
+    for (auto& [name, t] : run_state()) {
       names.push_back(name);
       ts.push_back(t);
     }
@@ -410,7 +448,9 @@ struct Trainer::Impl {
     std::string path;
     run_on_root(world, "writing a checkpoint", [&] {
       CheckpointDir dir(cfg.checkpoint.dir, cfg.checkpoint.keep);
-      path = dir.save(done, make_checkpoint(*model, optimizer.get(), cfg, pos));
+      CheckpointData d = make_checkpoint(*model, optimizer.get(), cfg, pos);
+      d.tensors = run_state();
+      path = dir.save(done, d);
     });
     if (world.rank() == 0) log::info("checkpoint written: ", path);
   }
@@ -424,7 +464,15 @@ struct Trainer::Impl {
         file = CheckpointDir(path, 1).latest();
         RT_CHECK(!file.empty(), "no checkpoint (ckpt-*.h5) in directory '", path, "'");
       }
-      RunPosition p = restore_checkpoint(read_checkpoint(file), *model, with_optimizer ? optimizer.get() : nullptr);
+      CheckpointData ck = read_checkpoint(file);
+      RunPosition p = restore_checkpoint(ck, *model, with_optimizer ? optimizer.get() : nullptr);
+      // The loss scale continues where it was (a checkpoint of an fp32 run has none: start afresh).
+      bool has_amp = false;
+      for (auto& [name, t] : ck.tensors) has_amp |= name == "amp.loss_scale";
+      if (scaler && with_optimizer && has_amp) {
+        restore_tensor(ck, "amp.loss_scale", scaler_state);
+        scaler->load(scaler_state.data<double>());
+      }
       scalars[0] = p.epochs_done;
       scalars[1] = p.step;
       scalars[2] = p.ranks;

@@ -13,7 +13,6 @@
 #include "ringtrain/comm/reduce_math.hpp"
 #include "ringtrain/cuda/context.hpp"
 #include "ringtrain/cuda/kernels.hpp"
-#include "ringtrain/cuda/loss_scale.hpp"
 #include "ringtrain/cuda/memory.hpp"
 #include "ringtrain/nn/rng.hpp"
 
@@ -278,40 +277,51 @@ TEST(CudaKernels, BatchedCopyEqualsMemcpy) {
   EXPECT_EQ(0, std::memcmp(got.data(), ref.data(), total));
 }
 
-TEST(CudaKernels, LossScalerSkipsLowersAndRaises) {
-  cuda::LossScaleConfig cfg;
-  cfg.init_scale = 1024.0f;
-  cfg.interval = 3;
-  cuda::DynamicLossScaler sc(cfg, 0);
+TEST(CudaKernels, UnscaleIsExactForPowersOfTwoAndFlagsOverflow) {
   cudaStream_t s = nullptr;
-  std::vector<float> good(1000, 2048.0f), bad = good;
-  bad[500] = std::numeric_limits<float>::infinity();
-  cuda::LossScaleState ref;
-  ref.scale = 1024.0f;
-  ref.inv_scale = 1.0f / 1024.0f;
-  // overflow, then 3 good steps (growth), then overflow again.
-  std::vector<bool> pattern{true, false, false, false, true};
-  for (bool overflow : pattern) {
-    Tensor g = upload(overflow ? bad : good);
-    cuda::LossScaleState before = sc.read(s);
-    sc.unscale_and_check(g.raw(), good.size(), DType::f32, s);
-    EXPECT_EQ(sc.read(s).found_inf, overflow ? 1 : 0);
-    if (!overflow) EXPECT_FLOAT_EQ(download<float>(g)[0], 2048.0f / before.scale);
-    sc.update(s);
-    ref.found_inf = overflow;
-    cuda::loss_scale_step(ref, cfg);
-    cuda::LossScaleState now = sc.read(s);
-    EXPECT_EQ(now.scale, ref.scale);
-    EXPECT_EQ(now.good_steps, ref.good_steps);
-    EXPECT_EQ(now.skipped, ref.skipped);
-    EXPECT_EQ(now.found_inf, 0);
+  std::vector<float> good(100003), bad;
+  for (std::size_t i = 0; i < good.size(); ++i) good[i] = static_cast<float>(static_cast<int>(i % 2001) - 1000) * 64.0f;
+  bad = good;
+  bad[77777] = std::numeric_limits<float>::infinity();
+  Tensor flag = Tensor::zeros({1}, DType::i32, gpu());
+  Tensor g = upload(good);
+  cuda::unscale_and_check(g.raw(), good.size(), DType::f32, 1.0f / 1024, flag.data<int>(), s);
+  auto got = download<float>(g);
+  for (std::size_t i = 0; i < good.size(); i += 997) ASSERT_EQ(got[i], good[i] / 1024) << i;
+  EXPECT_EQ(download<std::int32_t>(flag)[0], 0);
+  Tensor b = upload(bad);
+  cuda::unscale_and_check(b.raw(), bad.size(), DType::f32, 0.5f, flag.data<int>(), s);
+  EXPECT_EQ(download<std::int32_t>(flag)[0], 1);
+  // bf16: the same exact power-of-two scaling in the narrow type.
+  std::vector<bfloat16> hb(4096);
+  for (std::size_t i = 0; i < hb.size(); ++i) hb[i] = to_bf16(static_cast<float>(i % 200) - 100.0f);
+  Tensor db = upload(hb);
+  Tensor f2 = Tensor::zeros({1}, DType::i32, gpu());
+  cuda::unscale_and_check(db.raw(), hb.size(), DType::bf16, 0.25f, f2.data<int>(), s);
+  auto gb = download<bfloat16>(db);
+  for (std::size_t i = 0; i < hb.size(); ++i) ASSERT_EQ(to_f32(gb[i]), to_f32(hb[i]) * 0.25f) << i;
+  EXPECT_EQ(download<std::int32_t>(f2)[0], 0);
+}
+
+TEST(CudaKernels, SumSquaresMatchesHostAndIsBitwiseRepeatable) {
+  std::vector<float> x(1000003);
+  std::mt19937 gen(5);
+  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+  double ref = 0.0;
+  for (auto& v : x) {
+    v = d(gen);
+    ref += static_cast<double>(v) * v;
   }
-  // 1024 -> 512 (overflow) -> 1024 (3 good) -> 512 (overflow); 2 skipped.
-  EXPECT_EQ(sc.read(s).scale, 512.0f);
-  EXPECT_EQ(sc.read(s).skipped, 2);
-  cuda::LossScaleConfig badcfg;
-  badcfg.backoff = 2.0f;
-  EXPECT_THROW(cuda::DynamicLossScaler(badcfg, 0), Error);
+  Tensor dx = upload(x);
+  Tensor out = Tensor::zeros({1}, DType::f64, gpu());
+  Tensor scratch = Tensor::empty({static_cast<std::int64_t>(cuda::sum_squares_scratch_bytes())}, DType::u8, gpu());
+  cuda::sum_squares(dx.raw(), x.size(), DType::f32, out.data<double>(), false, scratch.raw(), nullptr);
+  double a = download<double>(out)[0];
+  EXPECT_NEAR(a, ref, 1e-10 * ref);
+  cuda::sum_squares(dx.raw(), x.size(), DType::f32, out.data<double>(), false, scratch.raw(), nullptr);
+  EXPECT_EQ(download<double>(out)[0], a) << "the fixed-order sum changed between runs";
+  cuda::sum_squares(dx.raw(), x.size(), DType::f32, out.data<double>(), true, scratch.raw(), nullptr);
+  EXPECT_EQ(download<double>(out)[0], a + a) << "accumulate adds to *out";
 }
 
 TEST(CudaMemory, CachingAllocatorReusesBlocksAfterWarmup) {

@@ -1,7 +1,7 @@
 // DeviceOptimizer against the CPU optimizers (make_optimizer) on identical
 // arenas for several steps: SGD (momentum, Nesterov, weight decay on decaying
-// params only), Adam, AdamW, LAMB; and the loss-scaling skip flag leaving
-// parameters, state and the step counter untouched.
+// params only), Adam, AdamW, LAMB; and optimizer state moving between the CPU
+// and the GPU implementation (shared checkpoints).
 #include "gpu_test_util.hpp"
 #include "ringtrain/cuda/context.hpp"
 #include "ringtrain/cuda/optim.hpp"
@@ -76,29 +76,38 @@ TEST_P(DeviceOptimizerTest, MatchesCpuOptimizer) {
   EXPECT_EQ(ref->steps(), 5);
 }
 
-TEST_P(DeviceOptimizerTest, SkipFlagLeavesEverythingUntouched) {
+// Checkpoints are shared between devices: the CPU optimizer's state (names,
+// layouts, step) loads into the CUDA one, and both continue identically.
+TEST_P(DeviceOptimizerTest, StateMovesBetweenCpuAndGpu) {
   OptimizerConfig cfg;
   cfg.name = GetParam();
   cfg.momentum = 0.9;
+  cfg.weight_decay = 0.01;
   Arenas A;
   build(A.cpu, Device::cpu());
   build(A.dev, gpu());
   fill_same(A, 300, false);
+  auto ref = make_optimizer(A.cpu, cfg);
   cuda::CudaContext ctx(0);
   cuda::DeviceOptimizer opt(A.dev, cfg, ctx);
-  Tensor flag = Tensor::zeros({1}, DType::i32, gpu());
-  opt.step(0.1, flag.data<std::int32_t>());
-  auto before = host_f32(A.dev.params_flat());
-  std::vector<std::vector<float>> state_before;
-  for (auto& [name, t] : opt.state()) state_before.push_back(host_f32(t));
-  Tensor one = Tensor::empty({1}, DType::i32);
-  one.data<std::int32_t>()[0] = 1;
-  flag.copy_from(one);
-  opt.step(0.1, flag.data<std::int32_t>());
-  EXPECT_EQ(host_f32(A.dev.params_flat()), before);
-  std::size_t k = 0;
-  for (auto& [name, t] : opt.state()) EXPECT_EQ(host_f32(t), state_before[k++]) << name;
-  EXPECT_EQ(opt.steps(), 1);
+  for (int step = 0; step < 3; ++step) {
+    fill_same(A, 400 + step, true);
+    ref->step(0.05);
+  }
+  // The GPU optimizer has not stepped; it takes over the CPU's state and parameters.
+  ASSERT_EQ(opt.state().size(), ref->state().size());
+  for (std::size_t i = 0; i < opt.state().size(); ++i) EXPECT_EQ(opt.state()[i].first, ref->state()[i].first);
+  opt.load_state(ref->state());
+  for (std::size_t i = 0; i < A.cpu.size(); ++i) A.dev.param(i).copy_from(A.cpu.param(i));
+  EXPECT_EQ(opt.steps(), 3);
+  for (int step = 0; step < 2; ++step) {
+    fill_same(A, 500 + step, true);
+    ref->step(0.05);
+    opt.step(0.05);
+  }
+  ctx.sync_compute();
+  EXPECT_EQ(opt.steps(), 5);
+  EXPECT_LE(max_param_err(A), cfg.name == "lamb" ? 1e-5 : 1e-6);
 }
 
 INSTANTIATE_TEST_SUITE_P(All, DeviceOptimizerTest, ::testing::Values("sgd", "adam", "adamw", "lamb"));

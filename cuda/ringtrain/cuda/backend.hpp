@@ -22,6 +22,10 @@ namespace ringtrain::cuda {
 
 struct BackendOptions {
   bool tf32 = false;                            // RINGTRAIN_TF32=1
+  // Convolution algorithms: false = cuDNN's heuristics (no trial runs);
+  // true = cudnnFind* times every algorithm once per new input shape
+  // (torch.backends.cudnn.benchmark). Either way the choice is cached per shape.
+  bool cudnn_find = false;                      // RINGTRAIN_CUDNN_FIND=1
   std::size_t conv_workspace_limit = 256 << 20;  // per cuDNN call, bytes
   static BackendOptions from_env();
 };

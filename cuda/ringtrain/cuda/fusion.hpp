@@ -6,7 +6,7 @@
 // Rules: everything is enqueued on the context's comm stream (the engine's
 // thread owns it); synchronize() waits for that stream only. The gradients
 // being packed were produced on the compute stream: the engine calls
-// order_after_compute() (an event, no host wait) before packing them.
+// wait_for_producers() (an event, no host wait) before packing them.
 #include <memory>
 #include <vector>
 
@@ -46,8 +46,9 @@ class CudaFusionOps final : public FusionOps {
   void decompress_f16(void* dst, const void* src_f16, std::size_t count, DType dst_dt, double factor,
                       Device dev) override;
   void synchronize(Device dev) override;
-  // Makes the comm stream wait for the compute stream's work queued so far.
-  void order_after_compute() { ctx_.stream_wait(ctx_.comm(), ctx_.compute()); }
+  // On the engine thread: binds it to the context's device and makes the comm
+  // stream wait for the compute stream's work queued so far (the gradients).
+  void wait_for_producers(Device dev) override;
 
  private:
   void check(Device dev, const char* what) const;

@@ -55,6 +55,15 @@ void bias_grad(void* db, const void* dy, std::int64_t outer, std::int64_t channe
 // ---- non-finite detection ----------------------------------------------------
 // Sets *flag = 1 if any element of x is inf or NaN (never clears it).
 void check_finite(const void* x, std::size_t n, DType dt, int* flag, cudaStream_t stream);
+// Loss scaling: x *= inv_scale (accumulating in float32/float64); sets *flag = 1
+// if any result is inf or NaN (never clears it).
+void unscale_and_check(void* x, std::size_t n, DType dt, float inv_scale, int* flag, cudaStream_t stream);
+// *out (device double) = sum of x[i]^2 (+ *out when accumulate), summed in
+// double in a fixed order (the same bits for the same input on any GPU).
+// scratch: sum_squares_scratch_bytes() of device memory.
+std::size_t sum_squares_scratch_bytes();
+void sum_squares(const void* x, std::size_t n, DType dt, double* out, bool accumulate, void* scratch,
+                 cudaStream_t stream);
 
 // ---- softmax cross-entropy ---------------------------------------------------
 // Mean over the batch of -sum_c q_c log softmax(z)_c with q = (1-eps) onehot(y) + eps/C.

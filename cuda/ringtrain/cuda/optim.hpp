@@ -6,16 +6,16 @@
 // device and host differ only where LAMB's norms are summed in another order.
 //
 // Rules kept:
+//  - It is an Optimizer: the same step(lr)/steps()/state()/load_state() as the
+//    CPU implementations, the same state names and flat layouts (buffers on
+//    the device, "step" on the host), so checkpoints are shared between devices.
 //  - One launch per phase over every parameter of a dtype: a device table of
-//    (offset, n, decay) segments, grid.y = segment.
-//  - The step counter lives on the device, so dynamic loss scaling never
-//    needs the host: step(lr, skip) with skip = DynamicLossScaler::
-//    found_inf_ptr() leaves parameters, state AND the counter untouched when
-//    *skip is set (Adam's bias correction stays right).
+//    (offset, n, decay) segments, grid.y = segment. Everything is enqueued on
+//    the context's compute stream; step() never waits for the device.
+//  - A skipped step (dynamic loss scaling found inf/NaN) is not calling step(),
+//    as on the CPU: the caller decides on the host after the gradient check.
 //  - LAMB's norms are summed in double in a fixed order (per-block partials,
 //    then one thread per tensor): bitwise identical on every rank.
-//  - State buffers have the arena's flat layout (names as the CPU optimizer's
-//    state(): "<dtype>.exp_avg" ...), so checkpoints can be shared.
 #include <memory>
 #include <string>
 #include <vector>
@@ -26,27 +26,19 @@
 
 namespace ringtrain::cuda {
 
-class DeviceOptimizer {
+class DeviceOptimizer final : public Optimizer {
  public:
   // arena: finalised on ctx's device. cfg.name: sgd | adam | adamw | lamb.
   DeviceOptimizer(ParamArena& arena, const OptimizerConfig& cfg, CudaContext& ctx);
-  ~DeviceOptimizer();
-  DeviceOptimizer(const DeviceOptimizer&) = delete;
-  DeviceOptimizer& operator=(const DeviceOptimizer&) = delete;
-
-  // Enqueues one update on the compute stream; nothing happens when skip != null and *skip != 0.
-  void step(double lr, const int* skip = nullptr);
-  std::int64_t steps() const;  // completed (not skipped) steps; waits for the compute stream
-  Optimizer::NamedTensors state() const;  // views of the device state buffers
+  ~DeviceOptimizer() override;
 
  private:
+  void update(double lr, std::int64_t t) override;
   struct Group;  // one parameter dtype
-  ParamArena& arena_;
-  OptimizerConfig cfg_;
   std::string kind_;
   CudaContext& ctx_;
   std::vector<std::unique_ptr<Group>> groups_;
-  void* coeffs_ = nullptr;  // device: step counter and coefficients
+  void* coeffs_ = nullptr;  // device: this step's coefficients
 };
 
 }  // namespace ringtrain::cuda

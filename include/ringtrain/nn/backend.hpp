@@ -31,6 +31,20 @@ namespace ringtrain {
 
 // ---- layer specifications (device-neutral) --------------------------------
 enum class PoolKind { max, avg };
+
+// Down-conversion a float32 Conv2d/Linear may use *inside* its computation
+// (storage, parameters and outputs stay float32 — the master weights), as
+// oneDNN's fpmath_mode and cuBLAS's COMPUTE_32F_FAST_* define it: a backend may
+// convert to a type at least as accurate as the one named, or not at all.
+//   fp32  strict (the default)      tf32  TensorFloat-32 allowed
+//   bf16  bfloat16 allowed          fp16  float16 allowed (pair with loss scaling)
+// CUDA: cuBLAS FAST_TF32/FAST_16BF/FAST_16F; cuDNN conv TF32 (tf32, bf16) or
+// fp16 conversion (fp16). CPU: oneDNN convolutions get the fpmath mode (used
+// where the CPU has the instructions); OpenBLAS Linear stays fp32.
+enum class MathMode { fp32, tf32, bf16, fp16 };
+// "fp32" | "tf32" | "bf16" | "fp16"; throws Error naming the value otherwise.
+MathMode parse_math_mode(const std::string& s);
+const char* math_mode_name(MathMode m);
 struct Pool2dSpec {
   PoolKind kind = PoolKind::max;
   std::int64_t kernel_h = 2, kernel_w = 2;
@@ -53,6 +67,7 @@ struct Conv2dSpec {
   bool fuse_pool = false;
   Pool2dSpec pool;
   DType dtype = DType::f32;
+  MathMode math = MathMode::fp32;
 };
 
 struct LinearSpec {
@@ -60,6 +75,7 @@ struct LinearSpec {
   bool bias = true;
   bool fuse_relu = false;
   DType dtype = DType::f32;
+  MathMode math = MathMode::fp32;
 };
 
 struct BatchNormSpec {

@@ -48,6 +48,7 @@ struct BindContext {
   Device device;
   const ParamArena& arena;
   std::uint64_t seed = 0;
+  MathMode math = MathMode::fp32;  // for Conv2d/Linear kernels (backend.hpp)
 };
 
 class Layer {

@@ -39,6 +39,7 @@ struct ModelConfig {
   std::int64_t base_width = 16; // resnet: channels of the first stage (16, 32, 64)
   double dropout = 0.0;         // mlp/cnn: dropout before the last Linear when > 0
   std::uint64_t seed = 42;      // initialisation and dropout
+  MathMode math = MathMode::fp32;  // down-conversion allowed inside Conv2d/Linear (backend.hpp)
 };
 
 class Model {
@@ -48,7 +49,8 @@ class Model {
 
   // Building: add layers, then finalize() registers, allocates and initialises.
   void add(LayerPtr layer);
-  void finalize(const Shape& sample_shape, std::uint64_t seed);  // sample_shape without batch, e.g. {1,28,28}
+  // sample_shape without batch, e.g. {1,28,28}; math: see MathMode.
+  void finalize(const Shape& sample_shape, std::uint64_t seed, MathMode math = MathMode::fp32);
 
   Tensor forward(const Tensor& x, Mode mode);
   void backward(const Tensor& dlogits, const GradReadyFn& on_ready = {});

@@ -32,7 +32,7 @@ struct TrainConfig {
     int threads = 0;               // 0: OMP_NUM_THREADS or 1 per rank
     int accumulation = 1;          // micro-batches per optimizer step
     std::string device = "auto";   // auto | cpu | cuda
-    std::string precision = "fp32";  // fp32 | bf16 | fp16 (GPU)
+    std::string precision = "fp32";  // fp32 | tf32 | bf16 | fp16 (MathMode; fp16 adds loss scaling)
     int max_steps = 0;             // stop after this many optimizer steps (0: no limit)
     int verify_every = 0;          // check parameters are bitwise identical every N steps (0: off)
     double target_accuracy = 0.0;  // log when the test accuracy first reaches this

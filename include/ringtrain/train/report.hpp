@@ -22,6 +22,8 @@ struct EpochMetrics {
   double comm_exposed_s = 0;      // time blocked on gradient all-reduce, not hidden by compute
   double data_wait_s = 0;         // time blocked on the loader
   double eval_s = 0;
+  std::int64_t skipped_steps = 0;  // fp16: steps skipped for inf/NaN gradients
+  double loss_scale = 0;           // fp16: the loss scale at the epoch's end (0 = none)
 };
 
 class Reporter {

@@ -272,8 +272,7 @@ class CpuConv2d final : public Conv2dKernel {
     auto src_p = plain_md(src_d, tag::nchw), wei_p = plain_md(wei_d, tag::oihw), bia_p = plain_md(bia_d, tag::x),
          dst_p = plain_md(dst_d, tag::nchw);
     auto& eng = d_->eng;
-    primitive_attr attr;
-    attr.set_scratchpad_mode(scratchpad_mode::user);
+    primitive_attr attr = conv_attr();
     if (s.fuse_relu) {
       post_ops po;
       po.append_eltwise(1.f, algorithm::eltwise_relu, 0.f, 0.f);
@@ -286,8 +285,7 @@ class CpuConv2d final : public Conv2dKernel {
                      : convolution_forward::desc(prop_kind::forward_training, algorithm::convolution_direct,
                                                  any(src_d), any(wei_d), any(dst_d), strides, dil, pad, pad);
     convolution_forward::primitive_desc fpd(fd, attr, eng);
-    primitive_attr battr;
-    battr.set_scratchpad_mode(scratchpad_mode::user);
+    primitive_attr battr = conv_attr();
     convolution_backward_data::primitive_desc bdpd(
         convolution_backward_data::desc(algorithm::convolution_direct, any(src_d), any(wei_d), any(dst_d), strides,
                                         dil, pad, pad),
@@ -354,6 +352,16 @@ class CpuConv2d final : public Conv2dKernel {
     return plans_.emplace(xs, std::move(p)).first->second;
   }
 
+  // User scratchpad, and the down-conversion the spec's MathMode allows
+  // (oneDNN 2.6 has no tf32 mode: tf32 stays strict, which the contract permits).
+  primitive_attr conv_attr() const {
+    primitive_attr a;
+    a.set_scratchpad_mode(scratchpad_mode::user);
+    if (s_.math == MathMode::bf16) a.set_fpmath_mode(fpmath_mode::bf16);
+    else if (s_.math == MathMode::fp16) a.set_fpmath_mode(fpmath_mode::f16);
+    return a;
+  }
+
   // Few input channels (the first layer): blocked layouts would pad C up to
   // the block, multiplying the weight-gradient work; take the input as is.
   convolution_backward_weights::primitive_desc weights_pd(const memory::dims& src_d, const memory::dims& wei_d,
@@ -362,8 +370,7 @@ class CpuConv2d final : public Conv2dKernel {
                                                           const memory::dims& pad,
                                                           const convolution_forward::primitive_desc& fpd) {
     auto any = [](const memory::dims& d) { return memory::desc(d, dt::f32, tag::any); };
-    primitive_attr attr;
-    attr.set_scratchpad_mode(scratchpad_mode::user);
+    primitive_attr attr = conv_attr();
     auto make = [&](const memory::desc& src) {
       auto bwd = s_.bias ? convolution_backward_weights::desc(algorithm::convolution_direct, src, any(wei_d), bia_p,
                                                               any(dst_d), strides, dil, pad, pad)
