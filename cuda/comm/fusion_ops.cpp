@@ -47,6 +47,19 @@ void CudaFusionOps::unpack(void* dst, const void* src, std::size_t bytes, Device
   if (bytes) RT_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, ctx_.comm()));
 }
 
+void CudaFusionOps::copy_many(std::span<const CopySpan> spans, Device dev, const char* what) {
+  check(dev, what);
+  entries_.clear();
+  for (const auto& c : spans)
+    if (c.bytes) entries_.push_back({c.src, c.dst, c.bytes});
+  if (entries_.empty()) return;
+  plan_.upload(entries_, ctx_.comm());
+  plan_.run(ctx_.comm());
+}
+
+void CudaFusionOps::pack_many(std::span<const CopySpan> spans, Device dev) { copy_many(spans, dev, "pack_many"); }
+void CudaFusionOps::unpack_many(std::span<const CopySpan> spans, Device dev) { copy_many(spans, dev, "unpack_many"); }
+
 void CudaFusionOps::scale(void* buf, std::size_t count, DType dt, double factor, Device dev) {
   check(dev, "scale");
   if (is_floating(dt)) {

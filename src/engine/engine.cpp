@@ -63,6 +63,7 @@ struct Engine::Impl {
   engine::TensorQueue queue;
   std::unique_ptr<engine::Controller> controller;
   engine::FusionBufferManager buffers;
+  std::vector<CopySpan> spans;  // reused: one batch's pack/unpack copies (engine thread only)
   std::unique_ptr<engine::Timeline> timeline;
   std::string timeline_error;
   Clock::time_point origin = Clock::now();
@@ -330,14 +331,16 @@ void Engine::Impl::execute_batch(const engine::Batch& b) {
     buf = op->output.raw();
   } else {
     buf = buffers.get(dev, b.bytes(), opts.fusion_threshold);
+    spans.clear();
     std::size_t off = 0;
     for (auto& op : b.ops) {
       auto n = static_cast<std::size_t>(op->input.numel());
       char* dst = static_cast<char*>(buf) + off * dtype_size(b.wire);
       if (b.compressed) fo.compress_f16(dst, op->input.raw(), n, op->input.dtype(), dev);
-      else fo.pack(dst, op->input.raw(), n * dtype_size(b.wire), dev);
+      else spans.push_back({dst, op->input.raw(), n * dtype_size(b.wire)});
       off += n;
     }
+    if (!spans.empty()) fo.pack_many(spans, dev);
     fo.synchronize(dev);
   }
   auto t1 = Clock::now();
@@ -348,14 +351,16 @@ void Engine::Impl::execute_batch(const engine::Batch& b) {
     if (avg) fo.scale(buf, b.count, b.wire, factor, dev);
   } else {
     if (avg && !b.compressed) fo.scale(buf, b.count, b.wire, factor, dev);  // once, over the whole buffer
+    spans.clear();
     std::size_t off = 0;
     for (auto& op : b.ops) {
       auto n = static_cast<std::size_t>(op->input.numel());
       const char* src = static_cast<const char*>(buf) + off * dtype_size(b.wire);
       if (b.compressed) fo.decompress_f16(op->output.raw(), src, n, op->output.dtype(), factor, dev);
-      else fo.unpack(op->output.raw(), src, n * dtype_size(b.wire), dev);
+      else spans.push_back({op->output.raw(), src, n * dtype_size(b.wire)});
       off += n;
     }
+    if (!spans.empty()) fo.unpack_many(spans, dev);
   }
   fo.synchronize(dev);
   auto t3 = Clock::now();

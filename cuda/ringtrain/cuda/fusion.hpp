@@ -38,9 +38,12 @@ class CopyPlan {
 
 class CudaFusionOps final : public FusionOps {
  public:
-  explicit CudaFusionOps(CudaContext& ctx) : ctx_(ctx) {}
+  explicit CudaFusionOps(CudaContext& ctx) : ctx_(ctx), plan_(ctx.device_index()) {}
   void pack(void* dst, const void* src, std::size_t bytes, Device dev) override;
   void unpack(void* dst, const void* src, std::size_t bytes, Device dev) override;
+  // One batched_copy launch for the whole fusion buffer (CopyPlan).
+  void pack_many(std::span<const CopySpan> spans, Device dev) override;
+  void unpack_many(std::span<const CopySpan> spans, Device dev) override;
   void scale(void* buf, std::size_t count, DType dt, double factor, Device dev) override;
   void compress_f16(void* dst_f16, const void* src, std::size_t count, DType src_dt, Device dev) override;
   void decompress_f16(void* dst, const void* src_f16, std::size_t count, DType dst_dt, double factor,
@@ -52,7 +55,10 @@ class CudaFusionOps final : public FusionOps {
 
  private:
   void check(Device dev, const char* what) const;
+  void copy_many(std::span<const CopySpan> spans, Device dev, const char* what);
   CudaContext& ctx_;
+  CopyPlan plan_;
+  std::vector<CopyEntry> entries_;
 };
 
 std::shared_ptr<FusionOps> make_fusion_ops(CudaContext& ctx);

@@ -11,11 +11,19 @@
 // all ranks produce bitwise-identical results from identical inputs.
 #include <cstddef>
 #include <memory>
+#include <span>
 
 #include "ringtrain/core/device.hpp"
 #include "ringtrain/core/dtype.hpp"
 
 namespace ringtrain {
+
+// One tensor's bytes in a batch copy into or out of the fusion buffer.
+struct CopySpan {
+  void* dst;
+  const void* src;
+  std::size_t bytes;
+};
 
 class FusionOps {
  public:
@@ -24,6 +32,14 @@ class FusionOps {
   virtual void pack(void* dst, const void* src, std::size_t bytes, Device dev) = 0;
   // dst <- src, `bytes` bytes (fusion buffer -> tensor).
   virtual void unpack(void* dst, const void* src, std::size_t bytes, Device dev) = 0;
+  // A whole fusion buffer's tensors at once (a device does it in one kernel
+  // launch); the default calls pack()/unpack() per span.
+  virtual void pack_many(std::span<const CopySpan> spans, Device dev) {
+    for (const auto& c : spans) pack(c.dst, c.src, c.bytes, dev);
+  }
+  virtual void unpack_many(std::span<const CopySpan> spans, Device dev) {
+    for (const auto& c : spans) unpack(c.dst, c.src, c.bytes, dev);
+  }
   // buf[i] *= factor for `count` elements of `dt` (averaging). Floating types
   // multiply in float32 (float64 for f64); integer types divide by round(1/factor).
   virtual void scale(void* buf, std::size_t count, DType dt, double factor, Device dev) = 0;
