@@ -29,15 +29,23 @@ std::vector<Case> cases() {
   return cs;
 }
 
+// An engine whose device tensors go through the CUDA runtime's fusion ops.
+std::unique_ptr<Engine> device_engine(const Communicator& world, Device& dev, bool fp16) {
+  DeviceRuntime& rt = device_runtime(DeviceKind::cuda);
+  dev = rt.select(world);
+  EngineOptions o = test_options();
+  o.device_ops = rt.fusion_ops(dev);
+  o.fp16_allreduce = fp16;
+  return std::make_unique<Engine>(world, o);
+}
+
 }  // namespace
 
 TEST(GpuEngine, FusedDeviceTensorsMatchMpiAllreduce) {
   Communicator world = Communicator::world();
-  DeviceRuntime& rt = device_runtime(DeviceKind::cuda);
-  Device dev = rt.select(world);
-  EngineOptions o = test_options();
-  o.device_ops = rt.fusion_ops(dev);
-  Engine eng(world, o);
+  Device dev;
+  auto engine = device_engine(world, dev, false);
+  Engine& eng = *engine;
   const auto cs = cases();
   for (int round = 0; round < 3; ++round)
     for (ReduceOp op : {ReduceOp::avg, ReduceOp::sum}) {
@@ -62,12 +70,9 @@ TEST(GpuEngine, FusedDeviceTensorsMatchMpiAllreduce) {
 
 TEST(GpuEngine, Fp16CompressionOnDeviceTensors) {
   Communicator world = Communicator::world();
-  DeviceRuntime& rt = device_runtime(DeviceKind::cuda);
-  Device dev = rt.select(world);
-  EngineOptions o = test_options();
-  o.device_ops = rt.fusion_ops(dev);
-  o.fp16_allreduce = true;
-  Engine eng(world, o);
+  Device dev;
+  auto engine = device_engine(world, dev, true);
+  Engine& eng = *engine;
   std::vector<Tensor> ref, d;
   std::vector<Handle> hs;
   for (int i = 0; i < 6; ++i) {
