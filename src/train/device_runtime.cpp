@@ -2,9 +2,7 @@
 // runtime, created on first use like the CPU backend.
 #include "ringtrain/train/device_runtime.hpp"
 
-#include <array>
-#include <mutex>
-
+#include "ringtrain/core/kind_registry.hpp"
 #include "ringtrain/optim/grad_utils.hpp"
 
 namespace ringtrain {
@@ -33,40 +31,27 @@ class CpuRuntime final : public DeviceRuntime {
   }
 };
 
-struct Registry {
-  std::mutex mu;
-  std::array<std::unique_ptr<DeviceRuntime>, 2> slots;  // indexed by DeviceKind
-};
-
-Registry& registry() {
-  static Registry r;
+KindRegistry<DeviceRuntime>& registry() {
+  static KindRegistry<DeviceRuntime> r;
   return r;
 }
+
+std::unique_ptr<DeviceRuntime> make_cpu_runtime() { return std::make_unique<CpuRuntime>(); }
 
 }  // namespace
 
 void register_device_runtime(DeviceKind kind, std::unique_ptr<DeviceRuntime> rt) {
   RT_CHECK(rt != nullptr && rt->kind() == kind, "register_device_runtime: bad runtime for ", Device{kind, 0}.str());
-  auto& r = registry();
-  std::lock_guard<std::mutex> lock(r.mu);
-  r.slots[static_cast<std::size_t>(kind)] = std::move(rt);
+  registry().set(kind, std::move(rt));
 }
 
-bool has_device_runtime(DeviceKind kind) {
-  if (kind == DeviceKind::cpu) return true;
-  auto& r = registry();
-  std::lock_guard<std::mutex> lock(r.mu);
-  return r.slots[static_cast<std::size_t>(kind)] != nullptr;
-}
+bool has_device_runtime(DeviceKind kind) { return kind == DeviceKind::cpu || registry().has(kind); }
 
 DeviceRuntime& device_runtime(DeviceKind kind) {
-  auto& r = registry();
-  std::lock_guard<std::mutex> lock(r.mu);
-  auto& slot = r.slots[static_cast<std::size_t>(kind)];
-  if (!slot && kind == DeviceKind::cpu) slot = std::make_unique<CpuRuntime>();
-  RT_CHECK(slot != nullptr, "no device runtime for '", Device{kind, 0}.str(),
+  DeviceRuntime* rt = registry().get(kind, kind == DeviceKind::cpu ? &make_cpu_runtime : nullptr);
+  RT_CHECK(rt != nullptr, "no device runtime for '", Device{kind, 0}.str(),
            "' (this build has no CUDA support, or no GPU is present); use train.device = cpu");
-  return *slot;
+  return *rt;
 }
 
 }  // namespace ringtrain
