@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <regex>
@@ -95,11 +96,53 @@ std::string space_hint(const fs::path& dir) {
   return cat(" (", s.available / 1024, " KiB free on '", dir.string(), "')");
 }
 
-void write_file(const std::string& tmp, const std::string& path, const CheckpointData& data,
-                const CheckpointWriteHook& hook) {
+void write_tensors(hid_t file, const std::string& path, const CheckpointData& data, const CheckpointWriteHook& hook);
+
+// Builds the HDF5 file in memory (the core driver, no backing store) and
+// returns its bytes. HDF5 never touches the disk: a full disk is a plain
+// write() error below, and HDF5 is not left holding a half-flushed file.
+std::vector<char> build_image(const std::string& path, const CheckpointData& data, const CheckpointWriteHook& hook) {
+  std::vector<char> image;
+  H5 fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
+  H5Pset_fapl_core(fapl, 1 << 20, 0);
+  {
+    H5 file(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl), H5Fclose);
+    RT_CHECK(file.id >= 0, "checkpoint '", path, "': cannot create the HDF5 image in memory");
+    write_tensors(file, path, data, hook);
+    RT_CHECK(H5Fflush(file, H5F_SCOPE_GLOBAL) >= 0, "checkpoint '", path, "': HDF5 flush failed");
+    ssize_t n = H5Fget_file_image(file, nullptr, 0);
+    RT_CHECK(n > 0, "checkpoint '", path, "': cannot get the HDF5 image");
+    image.resize(static_cast<std::size_t>(n));
+    RT_CHECK(H5Fget_file_image(file, image.data(), image.size()) == n, "checkpoint '", path,
+             "': cannot copy the HDF5 image");
+  }
+  return image;
+}
+
+// write() everything, then fsync; errno in the message (ENOSPC: "No space left on device").
+void write_bytes(const std::string& tmp, const std::string& path, const std::vector<char>& bytes) {
   const fs::path parent = fs::path(path).parent_path();
-  H5 file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
-  RT_CHECK(file.id >= 0, "cannot create checkpoint file '", tmp, "' (is the directory writable?)");
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  RT_CHECK(fd >= 0, "checkpoint '", path, "': cannot create '", tmp, "': ", std::strerror(errno));
+  std::size_t done = 0;
+  while (done < bytes.size()) {
+    ssize_t w = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      int e = w < 0 ? errno : ENOSPC;
+      ::close(fd);
+      RT_FAIL("checkpoint '", path, "': writing ", bytes.size(), " bytes failed after ", done, ": ", std::strerror(e),
+              space_hint(parent));
+    }
+    done += static_cast<std::size_t>(w);
+  }
+  int rc = ::fsync(fd);
+  int e = errno;
+  ::close(fd);
+  RT_CHECK(rc == 0, "checkpoint '", path, "': fsync failed: ", std::strerror(e), space_hint(parent));
+}
+
+void write_tensors(hid_t file, const std::string& path, const CheckpointData& data, const CheckpointWriteHook& hook) {
   write_string_attr(file, "schema", kCheckpointSchema);
   write_string_attr(file, "config", data.config_toml);
   H5 lcpl(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
@@ -115,7 +158,7 @@ void write_file(const std::string& tmp, const std::string& path, const Checkpoin
     RT_CHECK(ds.id >= 0, "checkpoint '", path, "': cannot create dataset for tensor '", name, "'");
     if (host.numel())
       RT_CHECK(H5Dwrite(ds, h5_type(host.dtype()), H5S_ALL, H5S_ALL, H5P_DEFAULT, host.raw()) >= 0,
-               "checkpoint '", path, "': cannot write tensor '", name, "'", space_hint(parent));
+               "checkpoint '", path, "': cannot write tensor '", name, "'");
     write_string_attr(ds, "dtype", dtype_name(host.dtype()));
     write_int_attr(ds, "crc32", crc32(host.raw(), host.nbytes()));
     if (hook) hook(name);
@@ -124,7 +167,6 @@ void write_file(const std::string& tmp, const std::string& path, const Checkpoin
   for (const auto& [name, v] : data.scalars) write_int_attr(scalars, name.c_str(), v);
   H5 strings(H5Gcreate2(file, "strings", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
   for (const auto& [name, v] : data.strings) write_string_attr(strings, name.c_str(), v);
-  RT_CHECK(H5Fflush(file, H5F_SCOPE_GLOBAL) >= 0, "checkpoint '", path, "': flush failed", space_hint(parent));
 }
 
 herr_t collect_link(hid_t, const char* name, const H5L_info_t*, void* out) {
@@ -178,15 +220,18 @@ std::uint32_t crc32(const void* data, std::size_t bytes, std::uint32_t crc) {
 }
 
 void write_checkpoint(const std::string& path, const CheckpointData& data, const CheckpointWriteHook& hook) {
-  // HDF5 1.10 is not thread-safe and the loader's prefetch thread reads concurrently.
-  std::lock_guard lock(data::hdf5_mutex());
-  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  std::vector<char> image;
+  {
+    // HDF5 1.10 is not thread-safe and the loader's prefetch thread reads concurrently.
+    std::lock_guard lock(data::hdf5_mutex());
+    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+    image = build_image(path, data, hook);
+  }
   fs::path target(path);
   if (target.has_parent_path()) fs::create_directories(target.parent_path());
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   try {
-    write_file(tmp, path, data, hook);  // the file is closed when this returns or throws
-    fsync_path(tmp, false);
+    write_bytes(tmp, path, image);
     std::error_code ec;
     fs::rename(tmp, path, ec);
     RT_CHECK(!ec, "checkpoint '", path, "': rename from temporary file failed: ", ec.message());

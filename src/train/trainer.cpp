@@ -24,6 +24,7 @@
 #include "ringtrain/optim/schedule.hpp"
 #include "ringtrain/train/checkpoint.hpp"
 #include "ringtrain/train/device_runtime.hpp"
+#include "ringtrain/train/signals.hpp"
 #include "ringtrain/train/state.hpp"
 #include "run_state.hpp"
 #include "trainer_impl.hpp"
@@ -67,6 +68,7 @@ void sum_over_ranks(std::vector<double>& v, const Communicator& comm) {
 Trainer::Impl::Impl(TrainConfig c, Communicator w, TrainerHooks h)
     : cfg(std::move(c)), world(std::move(w)), hooks(std::move(h)) {
   cfg.validate();
+  create_checkpoint_dir();
   // The trainer's own collectives (metrics, agreement, broadcasts) time out like the engine's.
   if (!std::getenv("RINGTRAIN_COLLECTIVE_TIMEOUT") && world.size() > 1)
     host_context(world.handle(), world.local_size()).timeout_s = cfg.comm.collective_timeout_s;
@@ -304,6 +306,8 @@ double Trainer::Impl::train_step(EpochStats& st) {
     // Every rank sees the same average: all stop after this step. -1: the signal reached another rank.
     int mine = hooks.stop_signal ? hooks.stop_signal() : 0;
     stop_signal = mine ? mine : -1;
+    if (mine && world.rank() != 0)
+      log::warn("rank ", world.rank(), " received ", StopSignals::name(mine), ": every rank stops after step ", pos.step);
   }
   return lb[0];
 }
@@ -388,7 +392,7 @@ TrainResult Trainer::Impl::fit() {
     broadcast(id, sizeof id, DType::u8, 0, world);
     pos.run_id = id;
   }
-  prepare_checkpoint_dir();
+  remove_stale_temps();
   start_reporting();
   auto run_t0 = Clock::now();
   auto limit_hit = [&] { return cfg.train.max_steps > 0 && pos.step >= cfg.train.max_steps; };

@@ -15,18 +15,23 @@ namespace fs = std::filesystem;
 
 namespace ringtrain {
 
-// At the start of fit(): checkpoint.dir exists (an error here names the key,
-// once, from rank 0) and holds no temporary files of this run left by a kill.
-void Trainer::Impl::prepare_checkpoint_dir() {
+// At start-up: checkpoint.dir exists or can be made (an error names the key,
+// once, from rank 0; before any training, so it is a bad-input error).
+void Trainer::Impl::create_checkpoint_dir() {
   if (cfg.checkpoint.dir.empty()) return;
   run_on_root(world, "preparing checkpoint.dir", [&] {
     std::error_code ec;
     fs::create_directories(cfg.checkpoint.dir, ec);
     RT_CHECK(!ec && fs::is_directory(cfg.checkpoint.dir), "checkpoint.dir = '", cfg.checkpoint.dir,
              "' cannot be created: ", ec ? ec.message() : "a file of that name exists");
-    int n = CheckpointDir(cfg.checkpoint.dir, cfg.checkpoint.keep).remove_stale_temps(pos.run_id);
-    if (n) log::info("checkpoint.dir: removed ", n, " temporary file(s) of run ", pos.run_id, " left by an interrupted write");
   });
+}
+
+// At the start of fit(): no temporary files of this run left by a kill or a full disk.
+void Trainer::Impl::remove_stale_temps() {
+  if (cfg.checkpoint.dir.empty() || world.rank() != 0) return;
+  int n = CheckpointDir(cfg.checkpoint.dir, cfg.checkpoint.keep).remove_stale_temps(pos.run_id);
+  if (n) log::info("checkpoint.dir: removed ", n, " temporary file(s) of run ", pos.run_id, " left by an interrupted write");
 }
 
 // Writes the position as it stands. Every `checkpoint.every_epochs` epochs,

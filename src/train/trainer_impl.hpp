@@ -81,7 +81,8 @@ struct Trainer::Impl {
   void start_reporting();
 
   // trainer_checkpoint.cpp
-  void prepare_checkpoint_dir();
+  void create_checkpoint_dir();
+  void remove_stale_temps();
   void save_checkpoint(bool force);
   bool load(const std::string& path, bool with_optimizer);  // false: --resume auto found nothing
   void announce_stop(std::int64_t steps_in_epoch);
