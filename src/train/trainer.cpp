@@ -101,14 +101,27 @@ Trainer::Impl::Impl(TrainConfig c, Communicator w, TrainerHooks h)
 
 void Trainer::Impl::open_loader() {
   data::LoaderOptions lo;
-  run_agreed(world, "opening the training data", [&] { lo.files = data::find_split_files(cfg.data.train, "train"); });
+  run_agreed(world, "opening the training data", [&] {
+    try {
+      lo.files = data::find_split_files(cfg.data.train, "train");
+    } catch (const Error& e) {
+      RT_FAIL("data.train = '", cfg.data.train, "': ", e.what());
+    }
+  });
   lo.batch_size = cfg.data.batch_size;
   lo.seed = cfg.train.seed;
   lo.tail = cfg.data.drop_last ? data::TailPolicy::drop_last : data::TailPolicy::pad;
   lo.prefetch_depth = cfg.data.prefetch;
   lo.mpio = cfg.data.mpi_io;
   if (cfg.data.augment) lo.augment = data::Augment{2, true};
-  loader = std::make_unique<data::Loader>(lo, world);
+  // Errors name the key (the loader names the file); raised on every rank alike.
+  try {
+    loader = std::make_unique<data::Loader>(lo, world);
+  } catch (const CollectiveError& e) {
+    throw CollectiveError(cat("data.train = '", cfg.data.train, "': ", e.what()));
+  } catch (const Error& e) {
+    throw Error(cat("data.train = '", cfg.data.train, "': ", e.what()));
+  }
   RT_CHECK(loader->steps_per_epoch() >= cfg.train.accumulation, "data.train '", cfg.data.train, "' gives ",
            loader->steps_per_epoch(), " micro-batches per epoch, fewer than train.accumulation = ",
            cfg.train.accumulation);
