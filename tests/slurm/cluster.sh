@@ -10,7 +10,7 @@
 #
 # Instances are named so tests and a person's cluster do not collide:
 #   RT_SLURM_NAME (default rtslm: netns rtslm1.., bridge rtslmbr), RT_SLURM_SUBNET (10.77.9),
-#   RT_SLURM_PORT (17800: slurmctld; node K's slurmd at PORT+K). Files under /run/ringtrain-slurm/NAME.
+#   RT_SLURM_PORT (17800: slurmctld; node K's slurmd at PORT+K), RT_SLURM_RATE (tc tbf rate per node link). Files under /run/ringtrain-slurm/NAME.
 # After `up`, `. /run/ringtrain-slurm/NAME/env.sh` sets SLURM_CONF and the site's Open MPI settings
 # (TCP on the cluster subnet, no binding) so `sbatch jobs/sbatch_fashion.sh` runs unchanged.
 set -uo pipefail
@@ -21,6 +21,7 @@ NAME=${RT_SLURM_NAME:-rtslm}
 SUBNET=${RT_SLURM_SUBNET:-10.77.9}
 PORT=${RT_SLURM_PORT:-17800}
 CRED_EXPIRE=${RT_SLURM_CRED_EXPIRE:-5}
+RATE=${RT_SLURM_RATE:-}   # tc tbf rate of every node's link, e.g. 2gbit (empty: unshaped veth)
 DIR=/run/ringtrain-slurm/$NAME
 HOST=$(hostname -s)
 
@@ -124,7 +125,7 @@ cmd_up() {
     munged --force --socket="$DIR/munge/munge.socket" --key-file="$DIR/munge/munge.key" \
         --pid-file="$DIR/run/munged.pid" --log-file="$DIR/log/munged.log" \
         --seed-file="$DIR/munge/munged.seed" || { cmd_down; die "munged did not start (see $DIR/log/munged.log)"; }
-    slurm_netns_create "$NAME" "$n" "$SUBNET" || { cmd_down; die "cannot create the emulated nodes' network namespaces"; }
+    slurm_netns_create "$NAME" "$n" "$SUBNET" "$RATE" || { cmd_down; die "cannot create the emulated nodes' network namespaces"; }
     SLURM_CONF=$DIR/slurm.conf slurmctld -i || { cmd_down; die "slurmctld did not start (see $DIR/log/slurmctld.log)"; }
     wait_for 30 "slurmctld to answer" env SLURM_CONF="$DIR/slurm.conf" scontrol ping || { cmd_down; exit 1; }
     for i in $(seq 1 "$n"); do
@@ -132,7 +133,7 @@ cmd_up() {
             { cmd_down; die "slurmd -N node$i did not start (see $DIR/log/slurmd-node$i.log)"; }
     done
     wait_for 90 "$n nodes idle in sinfo" nodes_idle "$n" || { tail -5 "$DIR"/log/*.log >&2; cmd_down; exit 1; }
-    echo "cluster $NAME up: $n nodes; use it with:  . $DIR/env.sh"
+    echo "cluster $NAME up: $n nodes${RATE:+, links shaped to $RATE}; use it with:  . $DIR/env.sh"
     SLURM_CONF=$DIR/slurm.conf sinfo
 }
 
