@@ -74,7 +74,8 @@ TEST(TrainerErrors, MissingDataBatchTooLargeAndBadKeysFailEverywhere) {
     t.resume(dir + "/ckpt-mlp");
     FAIL() << "an mlp checkpoint loaded into a cnn";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("param.float32"), std::string::npos) << e.what();
+    // The first name the cnn needs that the mlp checkpoint lacks or shapes differently.
+    EXPECT_NE(std::string(e.what()).find("param/"), std::string::npos) << e.what();
   }
   world.barrier();
   if (world.rank() == 0) std::filesystem::remove_all(dir);
