@@ -101,10 +101,9 @@ trap - USR1 TERM
 case $rc in
     0) say "training finished (metrics: $CKPT_DIR/metrics.jsonl)"; exit 0 ;;
     75)
-        say "training stopped with a checkpoint (exit 75${signalled:+ after SIG$signalled}); requeueing job $SLURM_JOB_ID"
-        if scontrol requeue "$SLURM_JOB_ID"; then
-            say "requeued: the job restarts and resumes from $CKPT_DIR"; exit 0
-        fi
+        say "training stopped with a checkpoint (exit 75${signalled:+ after SIG$signalled}); requeueing job $SLURM_JOB_ID: it restarts and resumes from $CKPT_DIR"
+        # On success Slurm ends this shell at once and queues the job again (same id).
+        scontrol requeue "$SLURM_JOB_ID" && exit 0
         say "scontrol requeue failed: resubmit with the same CKPT_DIR=$CKPT_DIR to resume"; exit 75 ;;
     2) say "training rejected its input (exit 2): see the messages above; not requeued"; exit 2 ;;
     *) say "training failed (exit $rc); not requeued; checkpoints written so far stay in $CKPT_DIR"; exit "$rc" ;;

@@ -113,14 +113,19 @@ def fit_omega(w, two, links, gamma):
     return min(1.0, max(0.0, hidden / max(two["m"]["compute_s"], 1e-9)))
 
 
-def predict_run(r, work, links, gamma):
+def predict_run(r, work, links, gamma, own_compute=False):
+    """Step time of a run. own_compute: take compute per step from the run's own time split (the
+    trainer's metrics), so only communication and overlap are predicted; otherwise compute per
+    sample from the 1-rank run, times the batch, times the oversubscription of this machine's cores."""
     w = dict(work[r["model"]])
-    scale = r["batch"] / w["batch"]  # compute time per sample is what carries over
-    w["t_compute"] *= scale
-    slowdown = max(1.0, r["ranks"] / CORES)  # all ranks of this study share this machine's cores
+    slowdown = 1.0
+    if own_compute:
+        w["t_compute"] = r["m"]["compute_s"]
+    else:
+        w["t_compute"] *= r["batch"] / w["batch"]
+        slowdown = max(1.0, r["ranks"] / CORES)  # all ranks of this study share this machine's cores
     c = cluster_for(r["where"], r["ranks"], links, gamma)
-    t, d = cm.step_time(w, c, w["fusion"], compute_slowdown=slowdown)
-    return t, d
+    return cm.step_time(w, c, w["fusion"], compute_slowdown=slowdown)
 
 
 def main():
@@ -156,12 +161,14 @@ def main():
     for r in runs:
         if r["model"] not in work:
             continue
-        t, d = predict_run(r, work, links, gamma)
+        t0, _ = predict_run(r, work, links, gamma)
+        t, d = predict_run(r, work, links, gamma, own_compute=True)
         m = r["m"]
         srows.append({"where": r["where"], "mode": r["mode"], "model": r["model"], "ranks": r["ranks"],
                       "nodes": r["nodes"], "batch_per_rank": r["batch"], "global_batch": m["global_batch"],
                       "images_per_s": m["images_per_s"], "step_ms": m["step_s"] * 1e3,
-                      "predicted_step_ms": t * 1e3, "error": t / m["step_s"] - 1,
+                      "compute_ms": m["compute_s"] * 1e3, "predicted_step_ms": t * 1e3, "error": t / m["step_s"] - 1,
+                      "predicted_step_model_compute_ms": t0 * 1e3, "error_model_compute": t0 / m["step_s"] - 1,
                       "exposed_ms": m["exposed_s"] * 1e3, "predicted_exposed_ms": d["exposed_s"] * 1e3,
                       "fitted_on": int((r["where"], r["mode"], r["model"], r["ranks"]) in fitted_runs)})
     write_csv(os.path.join(out, "scaling.csv"), srows)

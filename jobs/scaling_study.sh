@@ -19,7 +19,7 @@ OUT=${OUT:-runs/scaling}; mkdir -p "$OUT"/{sweeps,train}; OUT=$(cd "$OUT" && pwd
 BIN=${BIN:-$ROOT/build/ringtrain}; BENCH=${BENCH:-$ROOT/build/bench/bench_comm_allreduce_sweep}
 STEPS=${STEPS:-60}; RESNET_STEPS=${RESNET_STEPS:-8}; BATCH=${BATCH:-64}; GLOBAL_BATCH=${GLOBAL_BATCH:-128}
 RATE=${RATE:-2gbit}; HOSTS=${HOSTS:-1}
-export SWEEP=${SWEEP:--b 4K -e 16M -f 4 -w 3 -n 15 -c 0 --algos ring,tree}
+export SWEEP=${SWEEP:--b 4K -e 16M -f 4 -w 3 -n 15 -c 0 --algos ring,tree --stat min}
 for f in "$BIN" "$BENCH"; do [ -x "$f" ] || { echo "scaling_study: '$f' missing: run make build" >&2; exit 2; }; done
 [ -f data/fashion-mnist/fashion-mnist-train.h5 ] || "$BIN" prepare --dataset fashion-mnist --out data/fashion-mnist
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_vader_single_copy_mechanism=none

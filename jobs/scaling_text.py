@@ -52,19 +52,25 @@ def report_text(out, links, gamma, work, vrows, srows, preds):
                  f"overlap window omega {w['omega']:.2f} x compute")
     L += ["", "2. Validation: all-reduce sweeps (predicted vs measured time per message size; held out = not fitted)"]
     L += ["   " + l for l in sweep_summary(vrows)]
-    L += ["", "3. Validation: training step time (weak: batch/rank fixed; strong: global batch fixed)",
-          f"   {'where':<10} {'mode':<6} {'model':<6} {'ranks':>5} {'img/s':>8} {'step ms':>8} {'pred ms':>8} "
-          f"{'error':>7}  use"]
-    held = []
+    L += ["", "3. Validation: training step time (weak: batch/rank fixed; strong: global batch fixed).",
+          "   pred = other + the run's own compute (trainer's time split) + predicted exposed all-reduce;",
+          "   pred(model compute) also predicts compute: per-sample time x batch x max(1, ranks/cores).",
+          f"   {'where':<10} {'mode':<6} {'model':<6} {'ranks':>5} {'img/s':>8} {'step ms':>8} {'compute':>8} "
+          f"{'exposed':>8} {'pred exp':>8} {'pred ms':>8} {'error':>7}  use   {'pred(model compute)':>19}"]
+    held, held0 = [], []
     for r in sorted(srows, key=lambda r: (r["where"], r["mode"], r["model"], r["ranks"])):
-        use = "fit" if r["fitted_on"] else ("PASS" if abs(r["error"]) <= TOL else "FAIL")
+        use = "fit " if r["fitted_on"] else ("PASS" if abs(r["error"]) <= TOL else "FAIL")
         if not r["fitted_on"]:
             held.append(abs(r["error"]))
+            held0.append(abs(r["error_model_compute"]))
         L.append(f"   {r['where']:<10} {r['mode']:<6} {r['model']:<6} {r['ranks']:>5} {r['images_per_s']:>8.0f} "
-                 f"{r['step_ms']:>8.1f} {r['predicted_step_ms']:>8.1f} {r['error'] * 100:>6.1f}%  {use}")
+                 f"{r['step_ms']:>8.1f} {r['compute_ms']:>8.1f} {r['exposed_ms']:>8.1f} {r['predicted_exposed_ms']:>8.1f} "
+                 f"{r['predicted_step_ms']:>8.1f} {r['error'] * 100:>6.1f}%  {use}  "
+                 f"{r['predicted_step_model_compute_ms']:>8.1f} ({r['error_model_compute'] * 100:+.0f}%)")
     if held:
-        L.append(f"   held-out runs within 15%: {sum(e <= TOL for e in held)}/{len(held)}, "
-                 f"median |error| {statistics.median(held) * 100:.1f}%")
+        L.append(f"   held-out runs within 15%: {sum(e <= TOL for e in held)}/{len(held)} "
+                 f"(median |error| {statistics.median(held) * 100:.1f}%); with predicted compute: "
+                 f"{sum(e <= TOL for e in held0)}/{len(held0)} (median {statistics.median(held0) * 100:.1f}%)")
     L += ["", "4. Measured scaling (efficiency = throughput per rank relative to 1 rank)"]
     for where in sorted({r["where"] for r in srows}):
         for mode in ("strong", "weak"):

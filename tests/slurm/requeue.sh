@@ -35,7 +35,7 @@ state=$(wait_job "$id" 300)
 check "requeued job $id completed (state $state)" test "$state" = COMPLETED
 check "batch shell forwarded SIGUSR1" grep -q 'got SIGUSR1' "$out"
 check "trainer stopped with exit 75" grep -q 'training stopped with a checkpoint (exit 75' "$out"
-check "job requeued itself" grep -q "requeued: the job restarts" "$out"
+check "job requeued itself" grep -q "requeueing job $id: it restarts" "$out"
 check "Slurm counted one restart" test "$(job_field "$id" Restarts)" = 1
 check "second run started with SLURM_RESTART_COUNT=1" grep -q "job $id restart 1:" "$out"
 check "second run finished" grep -q 'training finished' "$out"
