@@ -13,15 +13,15 @@ WORK=$(mktemp -d /tmp/rt-sigresume.XXXXXX); trap 'rm -rf "$WORK"' EXIT
 [ -f "$SRC/data/fashion-mnist/fashion-mnist-train.h5" ] ||
     "$BIN" prepare --dataset fashion-mnist --out "$SRC/data/fashion-mnist" >/dev/null || exit 1
 dump_logs() { tail -n 30 "$WORK"/*.log >&2; }
-run() {  # run DIR [args]: a 2-rank training run
-    local dir=$1; shift
-    (cd "$SRC" && exec mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 -x OMP_NUM_THREADS=1 \
-        "$BIN" train --config jobs/fashion_cnn.toml --set checkpoint.dir="$dir" --set log.format=plain \
-        --set train.max_steps=120 --set train.epochs=1 --set log.interval=5 --no-eval "$@")
-}
+cd "$SRC" || exit 1
+mpi=(mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 -x OMP_NUM_THREADS=1)
+train=("$BIN" train --config jobs/fashion_cnn.toml --set log.format=plain --set train.max_steps=80
+       --set train.epochs=1 --set log.interval=5 --no-eval)
+run() { local dir=$1; shift; "${mpi[@]}" "${train[@]}" --set checkpoint.dir="$dir" "$@"; }
 run "$WORK/ref" > "$WORK/ref.log" 2>&1
 check "uninterrupted run finished" test $? = 0
-run "$WORK/run" --resume auto > "$WORK/run1.log" 2>&1 &
+# mpirun itself in the background (not a subshell), so the signal reaches it.
+"${mpi[@]}" "${train[@]}" --set checkpoint.dir="$WORK/run" --resume auto > "$WORK/run1.log" 2>&1 &
 pid=$!
 end=$((SECONDS + 180))
 until grep -qE '^epoch 1/1 step (1[0-9]|[2-9][0-9])/' "$WORK/run1.log" || [ $SECONDS -ge $end ]; do sleep 0.2; done
