@@ -3,7 +3,9 @@
 # cluster platform, compared with jobs/costmodel.py's formulas for the same α, β:
 #   jobs/smpi/run.sh loop) advance simulated time by 1 us each.                     16..1,024 ranks, 4 per node, 25 Gbit/s, a few minutes
 # Environment: RANKS ("16 64 256 1024"), SIZES ("4K 64K 1M"), GBIT (25), LAT_US (15), PPN (4),
-#   SHM_GBYTE (20), SHM_LAT_US (1), OUT (runs/smpi), SMPI_ITERS (3).
+#   SHM_GBYTE (20), SHM_LAT_US (1), OUT (runs/smpi), RING_MAX_RANKS (256: the ring's 2(p-1) steps
+#   x p polling ranks take ~30 s of simulation per point at 256 ranks, ~8 min at 1,024; above it
+#   only the tree is simulated), SMPI_TEST (1e-7 s per MPI_Test poll).
 # Writes OUT/smpi.csv (ranks, algorithm, bytes, simulated and predicted us) and OUT/smpi.txt.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -54,7 +56,8 @@ for p in $RANKS; do
     for net in ab smpi; do
         factors=()
         [ $net = ab ] && factors=(--cfg=smpi/lat-factor:0:1 --cfg=smpi/bw-factor:0:1)
-        RINGTRAIN_COLLECTIVE_TIMEOUT=0 SMPI_ITERS=${SMPI_ITERS:-3} smpirun -np "$p" -platform "$OUT/cluster-$nodes.xml" \
+        algos=ring,tree; [ "$p" -le "${RING_MAX_RANKS:-256}" ] || algos=tree
+        RINGTRAIN_COLLECTIVE_TIMEOUT=0 SMPI_ALGOS=$algos smpirun -np "$p" -platform "$OUT/cluster-$nodes.xml" \
             -hostfile "$OUT/hosts-$nodes" --cfg=smpi/simulate-computation:no --cfg=smpi/test:${SMPI_TEST:-1e-7} \
             --cfg=smpi/privatization:dlopen "${factors[@]}" --log=root.thres:critical \
             "$BUILD/smpi_allreduce" $SIZES 2> "$OUT/smpirun-$p-$net.err" | sed "s/^/$net,/" | tee -a "$csv"

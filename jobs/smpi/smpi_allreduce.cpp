@@ -2,7 +2,9 @@
 // MpiTransport) under SimGrid's SMPI: every rank is simulated on a platform file of a cluster,
 // so times are those of the simulated network. Built with smpicxx by jobs/smpi/run.sh.
 //   smpirun -np 64 -platform cluster.xml -hostfile hosts smpi_allreduce 4096 65536 1048576
-// Prints CSV lines: ranks,algorithm,bytes,time_us (median of the slowest rank over iterations).
+// Prints CSV lines: ranks,algorithm,bytes,time_us (slowest rank). The simulation is deterministic,
+// so each point runs once, after one untimed call that sets up the communicator's context.
+// SMPI_ALGOS: comma-separated subset of ring,tree (default both).
 #include <mpi.h>
 
 #include <algorithm>
@@ -20,13 +22,21 @@ int main(int argc, char** argv) {
   MpiRuntime mpi(&argc, &argv);
   auto comm = Communicator::world();
   const int p = comm.size();
-  const int iters = std::getenv("SMPI_ITERS") ? std::atoi(std::getenv("SMPI_ITERS")) : 3;
+  const int iters = std::getenv("SMPI_ITERS") ? std::atoi(std::getenv("SMPI_ITERS")) : 1;
+  const std::string algos = std::getenv("SMPI_ALGOS") ? std::getenv("SMPI_ALGOS") : "ring,tree";
   try {
+    {
+      float x = 1.0f, y = 0.0f;
+      CollectiveOptions opt;
+      opt.algorithm = Algorithm::tree;
+      allreduce(&x, &y, 1, DType::f32, ReduceOp::sum, comm, opt);
+    }
     for (int a = 1; a < argc; ++a) {
       std::size_t bytes = parse_byte_size(argv[a], "size");
       std::size_t count = std::max<std::size_t>(1, bytes / 4);
       std::vector<float> in(count, 1.0f + comm.rank()), out(count);
       for (Algorithm algo : {Algorithm::ring, Algorithm::tree}) {
+        if (algos.find(algorithm_name(algo)) == std::string::npos) continue;
         CollectiveOptions opt;
         opt.algorithm = algo;
         std::vector<double> ts;
