@@ -169,6 +169,8 @@ case ${1:-} in
         why=$(why_not); [ -z "$why" ] || { echo "SKIPPED: cannot start a Slurm cluster here: $why"; exit 77; }
         trap 'cmd_down >/dev/null' EXIT
         trap 'exit 130' INT TERM
+        # The instance belongs to this run: clear what a killed earlier run may have left.
+        [ -e "$DIR" ] && { echo "cluster.sh: removing a stale $NAME left by an earlier run"; cmd_down >/dev/null; }
         cmd_up "$n" || exit 1
         ( . "$DIR/env.sh"; export RT_SLURM_DIR=$DIR; "$@" )
         ;;
