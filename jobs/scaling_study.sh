@@ -15,7 +15,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
-OUT=${OUT:-runs/scaling}; mkdir -p "$OUT"/{sweeps,train}; OUT=$(cd "$OUT" && pwd)
+OUT=${OUT:-runs/scaling}; mkdir -p "$OUT"/{sweeps,train,data}; OUT=$(cd "$OUT" && pwd)
 BIN=${BIN:-$ROOT/build/ringtrain}; BENCH=${BENCH:-$ROOT/build/bench/bench_comm_allreduce_sweep}
 STEPS=${STEPS:-60}; RESNET_STEPS=${RESNET_STEPS:-8}; BATCH=${BATCH:-64}; GLOBAL_BATCH=${GLOBAL_BATCH:-128}
 RATE=${RATE:-2gbit}; HOSTS=${HOSTS:-1}
@@ -27,13 +27,20 @@ LOCAL="mpirun --oversubscribe --bind-to none"
 echo "where,mode,model,ranks,nodes,batch_per_rank,metrics" > "$OUT/runs.csv"
 
 # train WHERE MODE MODEL RANKS NODES BATCH STEPS LAUNCH...: one training point, metrics to train/.
+# Each point trains exactly one epoch of a synthetic Fashion-MNIST-shaped set (1x28x28, 10 classes)
+# of STEPS x global batch samples: the trainer writes its time split once per whole epoch.
 train() {
     local where=$1 mode=$2 model=$3 np=$4 nodes=$5 b=$6 steps=$7; shift 7
-    local m="$OUT/train/$where-$mode-$model-$np.jsonl"; rm -f "$m"
+    local m="$OUT/train/$where-$mode-$model-$np.jsonl" n=$((steps * b * np))
+    local d="$OUT/data/synthetic-$n"
+    [ -d "$d" ] || "$BIN" prepare --dataset synthetic --samples "$n" --test-samples 64 --channels 1 \
+        --height 28 --width 28 --classes 10 --out "$d" > /dev/null
+    rm -f "$m"
     echo "== train $where $mode $model: $np ranks on $nodes node(s), batch $b/rank, $steps steps"
     "$@" -np "$np" -x OMP_NUM_THREADS=1 "$BIN" train --config jobs/fashion_cnn.toml --set model.name="$model" \
-        --set data.batch_size="$b" --set train.max_steps="$steps" --set train.epochs=1000 --set checkpoint.dir= \
-        --set log.metrics="$m" --set log.format=plain --no-eval > "$OUT/train/$where-$mode-$model-$np.log" 2>&1
+        --set data.train="$d" --set data.test="$d" --set data.batch_size="$b" --set train.epochs=1 \
+        --set checkpoint.dir= --set log.metrics="$m" --set log.format=plain --no-eval \
+        > "$OUT/train/$where-$mode-$model-$np.log" 2>&1
     echo "$where,$mode,$model,$np,$nodes,$b,$m" >> "$OUT/runs.csv"
 }
 export -f train; export OUT BIN BENCH BATCH STEPS

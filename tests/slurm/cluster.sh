@@ -150,7 +150,7 @@ kill_pidfile() {
 cmd_down() {
     local f
     [ -d "$DIR" ] || { slurm_netns_destroy "$NAME"; return 0; }
-    [ -f "$DIR/slurm.conf" ] && SLURM_CONF=$DIR/slurm.conf scancel --full --quiet --user=root 2>/dev/null
+    [ -f "$DIR/slurm.conf" ] && SLURM_CONF=$DIR/slurm.conf timeout 15 scancel --full --quiet --user=root 2>/dev/null
     for f in "$DIR"/run/slurmd-*.pid; do kill_pidfile "$f"; done
     kill_pidfile "$DIR/run/slurmctld.pid"
     slurm_netns_destroy "$NAME"   # also ends job processes left in the nodes' namespaces
