@@ -194,11 +194,13 @@ def target_predictions(work, gamma):
                 for p in (8, 64, 256, 1024):
                     q = min(TARGET["ranks_per_node"], p)
                     c = cm.Cluster(p // q, q, TARGET["shm"], {"alpha": alpha, "beta": cm.gbit_to_beta(g)}, gamma)
-                    eff, tp, f, d = cm.efficiency(ww, c)
-                    rows.append({"model": model, "compute": compute, "gbit": g, "alpha_us": alpha * 1e6, "ranks": p,
-                                 "nodes": c.m, "step_ms": tp * 1e3, "allreduce_ms": d["allreduce_s"] * 1e3,
-                                 "exposed_ms": d["exposed_s"] * 1e3, "efficiency": eff,
-                                 "algorithm": d["algorithm"], "fusion_bytes": f})
+                    # "all": the model's algorithms; "ringtrain": those src/comm implements today.
+                    for algos, name in ((cm.ALGORITHMS, "all"), (("ring", "tree"), "ringtrain")):
+                        eff, tp, f, d = cm.efficiency(ww, c, algos)
+                        rows.append({"model": model, "compute": compute, "gbit": g, "alpha_us": alpha * 1e6,
+                                     "ranks": p, "nodes": c.m, "algorithms": name, "step_ms": tp * 1e3,
+                                     "allreduce_ms": d["allreduce_s"] * 1e3, "exposed_ms": d["exposed_s"] * 1e3,
+                                     "efficiency": eff, "algorithm": d["algorithm"], "fusion_bytes": f})
     return rows
 
 
