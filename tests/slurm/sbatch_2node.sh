@@ -12,8 +12,13 @@ WORK=$(mktemp -d /tmp/rt-slurm-2node.XXXXXX); trap 'rm -rf "$WORK"' EXIT
 
 # Site settings only: no GPUs, 1 CPU per rank, 1 rank per node; mpirun prints its process map.
 export BIN CKPT_DIR=$WORK/ckpt OMPI_MCA_rmaps_base_display_map=1
+# One whole epoch (the trainer writes its epoch summary and metrics record per whole epoch) of a
+# small synthetic Fashion-MNIST-shaped set: 30 steps of 2 x 64 samples.
+"$BIN" prepare --dataset synthetic --samples 3840 --test-samples 64 --channels 1 --height 28 --width 28 \
+    --out "$WORK/data" > /dev/null || exit 1
 id=$(submit -N 2 --ntasks-per-node=1 --cpus-per-task=1 --time=00:10:00 --output="$WORK/slurm-%j.out" \
-     jobs/sbatch_fashion.sh --set train.max_steps=30 --set train.epochs=1 --set log.interval=10 --no-eval)
+     jobs/sbatch_fashion.sh --set data.train="$WORK/data" --set data.test="$WORK/data" --set train.epochs=1 \
+     --set log.interval=10 --no-eval)
 check "sbatch accepted the job ($id)" test -n "$id"
 state=$(wait_job "$id" 300)
 out=$WORK/slurm-$id.out
@@ -30,7 +35,7 @@ check "metrics written" grep -q '"event":"epoch"' "$CKPT_DIR/metrics.jsonl"
 check "metrics show 2 ranks" grep -q '"ranks":2' "$CKPT_DIR/metrics.jsonl"
 check "checkpoint written" test -n "$(newest_ckpt "$CKPT_DIR")"
 step=$(/usr/bin/python3 -c "import json;print([json.loads(l) for l in open('$CKPT_DIR/metrics.jsonl') if '\"epoch\"' in l][-1]['step'])")
-check "trained exactly max_steps=30 steps (metrics say $step)" test "$step" = 30
+check "trained one epoch of 30 steps (metrics say $step)" test "$step" = 30
 
 # srun --mpi=pmix as the launcher, on one node (across emulated nodes PMIx's /tmp dirs collide).
 export CKPT_DIR=$WORK/ckpt-srun
