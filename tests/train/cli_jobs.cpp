@@ -75,7 +75,12 @@ TEST_F(CliJobs, SignalStopsWithSeventyFiveAndResumeAutoContinues) {
                             " --threads 1 --batch-size 16 --epochs 400 --no-eval --log-format plain --checkpoint-dir " +
                             ck + " ";
   // mpirun forwards SIGUSR1 to every rank (as Slurm's --signal does to a step).
-  JobResult r = run_job("timeout --preserve-status -s USR1 8 " + mpirun(2) + train);
+  // Sent once the first epoch's checkpoint is written (training is under way), so the
+  // signal lands mid-epoch whatever the machine's load.
+  const std::string log = (dir_ / "job.log").string();
+  JobResult r = run_job("sh -c '" + mpirun(2) + train + " > " + log + " 2>&1 & p=$!; "
+                        "for i in $(seq 1200); do grep -q \"checkpoint written\" " + log + " && break; sleep 0.1; done; "
+                        "kill -USR1 $p; wait $p; rc=$?; cat " + log + "; exit $rc'");
   EXPECT_EQ(r.status, exit_code::stopped) << r.out;
   EXPECT_NE(r.out.find("stopped by SIGUSR1"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("--resume"), std::string::npos) << r.out;
@@ -91,7 +96,10 @@ TEST(Signals, SecondSignalExitsAtOnce) {
     StopSignals::install();
     std::raise(SIGUSR1);
     if (StopSignals::pending() != SIGUSR1) ::_exit(1);
-    std::raise(SIGTERM);  // the second one: _exit(128 + SIGTERM) in the handler
+    std::raise(SIGUSR1);  // the same stop delivered twice at once: ignored
+    if (StopSignals::pending() != SIGUSR1) ::_exit(3);
+    ::sleep(3);
+    std::raise(SIGTERM);  // a second stop: _exit(128 + SIGTERM) in the handler
     ::_exit(2);
   }
   int st = 0;
