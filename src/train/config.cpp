@@ -77,7 +77,7 @@ const std::vector<Field>& fields() {
       RT_FIELD(comm, bucket_bytes, "gradient bucket size with comm.deterministic"),
       RT_FIELD(checkpoint, dir, "checkpoint directory (empty = no checkpoints)"),
       RT_FIELD(checkpoint, every_epochs, "write a checkpoint every N epochs"),
-      RT_FIELD(checkpoint, keep, "keep the last K checkpoints"),
+      RT_FIELD(checkpoint, keep, "keep the last K checkpoints of this run (other runs' files are never touched)"),
       RT_FIELD(log, format, "auto | bar | plain"),
       RT_FIELD(log, metrics, "JSON-lines metrics file (empty = <checkpoint.dir>/metrics.jsonl)"),
       RT_FIELD(log, interval, "steps between plain log lines"),

@@ -1,5 +1,6 @@
 #include "ringtrain/train/signals.hpp"
 
+#include <time.h>
 #include <unistd.h>
 
 #include <csignal>
@@ -9,16 +10,30 @@
 namespace ringtrain {
 namespace {
 
-// The only state a signal handler may touch: a lock-free atomic flag.
+constexpr long kRepeatS = 2;  // a repeat within this many seconds is the same stop
+
+// The only state a signal handler may touch: lock-free flags.
 volatile std::sig_atomic_t g_pending = 0;
+volatile std::sig_atomic_t g_first_s = 0;  // CLOCK_MONOTONIC seconds of the first signal
+
+long now_s() {
+  timespec t{};
+  clock_gettime(CLOCK_MONOTONIC, &t);  // async-signal-safe
+  return static_cast<long>(t.tv_sec);
+}
 
 extern "C" void on_stop_signal(int signo) {
-  if (g_pending != 0) {
+  // One stop often arrives twice within a moment (Ctrl-C reaches mpirun's whole
+  // process group, and mpirun forwards it too): only a signal at least a second
+  // after the first counts as the user insisting.
+  if (g_pending != 0 && now_s() - g_first_s >= kRepeatS) {
     // Second signal: the user insists. write() and _exit() are async-signal-safe.
     static const char msg[] = "ringtrain: second signal, exiting at once without a checkpoint\n";
     [[maybe_unused]] auto n = ::write(STDERR_FILENO, msg, sizeof msg - 1);
     ::_exit(128 + signo);
   }
+  if (g_pending != 0) return;
+  g_first_s = static_cast<std::sig_atomic_t>(now_s());
   g_pending = signo;
 }
 

@@ -141,6 +141,8 @@ void Trainer::Impl::build_model() {
   mc.seed = cfg.train.seed;
   mc.math = math;
   model = ringtrain::build_model(mc, device);
+  for (int i = 0; i < model->num_layers(); ++i)
+    if (auto* d = dynamic_cast<Dropout*>(&model->layer(i))) dropout_calls.emplace_back(d, Tensor::zeros({1}, DType::i64));
   loss_buf = Tensor::zeros({2}, DType::f32);
 }
 
@@ -230,6 +232,10 @@ void Trainer::Impl::on_grads_ready(std::span<const std::size_t> params) {
 
 NamedTensorList Trainer::Impl::run_state() {
   NamedTensorList s = model_state(*model, optimizer.get());
+  for (auto& [d, t] : dropout_calls) {
+    t.data<std::int64_t>()[0] = static_cast<std::int64_t>(d->call_count());
+    s.emplace_back("rng/" + d->name() + ".calls", t);
+  }
   if (scaler) {
     scaler->save(scaler_state.data<double>());
     s.emplace_back("amp.loss_scale", scaler_state);
@@ -246,8 +252,13 @@ void Trainer::Impl::broadcast_state() {
     scaler->save(scaler_state.data<double>());
     ts.push_back(scaler_state);
   }
+  for (auto& [d, t] : dropout_calls) {
+    t.data<std::int64_t>()[0] = static_cast<std::int64_t>(d->call_count());
+    ts.push_back(t);
+  }
   broadcast_tensors(ts, 0, world);
   if (scaler) scaler->load(scaler_state.data<double>());
+  for (auto& [d, t] : dropout_calls) d->set_call_count(static_cast<std::uint64_t>(t.data<std::int64_t>()[0]));
 }
 
 std::int64_t Trainer::Impl::global_batch() const {

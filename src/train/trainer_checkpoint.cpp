@@ -105,6 +105,15 @@ bool Trainer::Impl::load(const std::string& path, bool with_optimizer) {
       restore_tensor(f.data, "amp.loss_scale", scaler_state);
       scaler->load(scaler_state.data<double>());
     }
+    for (auto& [d, t] : dropout_calls) {
+      const std::string name = "rng/" + d->name() + ".calls";
+      bool has = false;
+      for (auto& [n, x] : f.data.tensors) has |= n == name;
+      if (with_optimizer && has) {
+        restore_tensor(f.data, name, t);
+        d->set_call_count(static_cast<std::uint64_t>(t.data<std::int64_t>()[0]));
+      }
+    }
     found = 1;
     scalars[0] = p.epochs_done;
     scalars[1] = p.step;

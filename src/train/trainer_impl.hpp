@@ -8,6 +8,7 @@
 
 #include "ringtrain/data/loader.hpp"
 #include "ringtrain/engine/engine.hpp"
+#include "ringtrain/nn/layers.hpp"
 #include "ringtrain/nn/model.hpp"
 #include "ringtrain/optim/loss_scale.hpp"
 #include "ringtrain/optim/optimizer.hpp"
@@ -48,6 +49,10 @@ struct Trainer::Impl {
   };
   std::vector<Bucket> buckets;
   std::vector<int> bucket_of;    // parameter index -> bucket
+  // Dropout layers draw masks from (seed, call count): the counts are run state
+  // too ("rng/<layer>.calls", i64 [1] host tensors), or a resumed run would
+  // repeat the masks of its first steps.
+  std::vector<std::pair<Dropout*, Tensor>> dropout_calls;
   RunPosition pos;               // where the run stands (checkpointed)
   bool resumed = false;          // pos came from a checkpoint
   int stop_signal = 0;           // set when the ranks agreed to stop on a signal (-1: it reached another rank)

@@ -29,6 +29,7 @@ TrainConfig base_config(const std::string& data) {
   TrainConfig c = test_fixtures::small_config(data);
   c.data.batch_size = kBatch;
   c.train.epochs = 2;
+  c.model.dropout = 0.25;  // the dropout masks' position is run state too
   c.optimizer.name = "adamw";
   c.optimizer.lr = 1e-3;
   c.schedule.warmup_epochs = 0.5;

@@ -222,7 +222,9 @@ TEST(TrainerErrors, IncompatibleResumeAndUncreatableCheckpointDir) {
     FAIL() << "an uncreatable checkpoint.dir was accepted";
   } catch (const Error& e) {
     // One message for the job: raised on every rank together (the CLI prints it once).
-    if (world.size() > 1) EXPECT_NE(dynamic_cast<const CollectiveError*>(&e), nullptr) << e.what();
+    if (world.size() > 1) {
+      EXPECT_NE(dynamic_cast<const CollectiveError*>(&e), nullptr) << e.what();
+    }
     EXPECT_NE(std::string(e.what()).find("checkpoint.dir"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("rt-cannot-create"), std::string::npos) << e.what();
   }

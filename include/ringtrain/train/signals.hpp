@@ -4,8 +4,10 @@
 // polls it at every step boundary, the ranks agree on it (it rides in the step's
 // loss all-reduce, so a signal that reached one rank stops them all at the same
 // step), and the run ends with a checkpoint at the exact position and exit
-// status 75. A second signal while one is pending ends the process at once with
-// 128 + signo (nothing saved: the user insisted).
+// status 75. A second signal while one is pending, 2 s or more after the first,
+// ends the process at once with 128 + signo (nothing saved: the user insisted);
+// an earlier one is the same stop delivered twice (a terminal's Ctrl-C reaches
+// mpirun's whole process group, and mpirun forwards it as well).
 namespace ringtrain {
 
 class StopSignals {
