@@ -44,7 +44,7 @@ void add_shortcuts(CLI::App* app, std::vector<std::string>& sets) {
   shortcut("--precision", "train.precision", "fp32 | tf32 | bf16 | fp16 (fp16: dynamic loss scaling)");
   shortcut("--optimizer", "optimizer.name", "sgd | adam | adamw | lars | lamb");
   shortcut("--lr", "optimizer.lr", "base learning rate");
-  shortcut("--algorithm", "comm.algorithm", "all-reduce: auto | ring | tree | mpi");
+  shortcut("--algorithm", "comm.algorithm", "all-reduce: auto | ring | tree | mpi | shm | hierarchical");
   shortcut("--fusion-threshold", "comm.fusion_threshold", "fusion buffer bytes, 0 = off");
   shortcut("--cycle-time", "comm.cycle_time_ms", "fusion engine cycle in ms");
   shortcut("--timeline", "comm.timeline", "write a Chrome-trace timeline here");

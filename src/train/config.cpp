@@ -62,7 +62,7 @@ const std::vector<Field>& fields() {
       RT_FIELD(schedule, gamma, "step schedule: decay factor"),
       RT_FIELD(schedule, min_lr, "cosine: final learning rate"),
       RT_FIELD(schedule, scale_lr, "linear scaling rule: lr x global batch / 256"),
-      RT_FIELD(comm, algorithm, "all-reduce algorithm: auto | ring | tree | mpi"),
+      RT_FIELD(comm, algorithm, "all-reduce algorithm: auto | ring | tree | mpi | shm | hierarchical"),
       RT_FIELD(comm, fusion_threshold, "fusion buffer bytes (0 disables fusion)"),
       RT_FIELD(comm, cycle_time_ms, "fusion engine cycle time in ms"),
       RT_FIELD(comm, fp16_allreduce, "compress gradients to fp16 on the wire"),
@@ -212,7 +212,7 @@ void TrainConfig::validate() const {
   RT_CHECK(optimizer.lr > 0, "configuration key 'optimizer.lr' must be > 0");
   one_of("schedule.name", schedule.name, {"constant", "step", "cosine"});
   RT_CHECK(schedule.warmup_epochs >= 0, "configuration key 'schedule.warmup_epochs' must be >= 0");
-  one_of("comm.algorithm", comm.algorithm, {"auto", "automatic", "ring", "tree", "mpi"});
+  one_of("comm.algorithm", comm.algorithm, {"auto", "automatic", "ring", "tree", "mpi", "shm", "hierarchical"});
   RT_CHECK(comm.fusion_threshold >= 0, "configuration key 'comm.fusion_threshold' must be >= 0");
   RT_CHECK(comm.bucket_bytes > 0, "configuration key 'comm.bucket_bytes' must be > 0");
   RT_CHECK(comm.cycle_time_ms > 0, "configuration key 'comm.cycle_time_ms' must be > 0");

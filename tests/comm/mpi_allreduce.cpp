@@ -14,7 +14,8 @@ namespace {
 
 const DType kDtypes[] = {DType::f32, DType::f64, DType::f16, DType::bf16, DType::i32, DType::i64, DType::u8};
 const ReduceOp kOps[] = {ReduceOp::sum, ReduceOp::avg, ReduceOp::min, ReduceOp::max};
-const Algorithm kAlgos[] = {Algorithm::ring, Algorithm::tree, Algorithm::automatic, Algorithm::mpi};
+const Algorithm kAlgos[] = {Algorithm::ring,         Algorithm::tree, Algorithm::automatic,
+                            Algorithm::mpi,          Algorithm::shm,  Algorithm::hierarchical};
 
 void check_allreduce(const Communicator& comm, Algorithm algo, DType dtype, ReduceOp op, std::size_t count,
                      bool in_place, std::size_t segment_bytes = 0) {
