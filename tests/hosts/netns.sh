@@ -15,7 +15,10 @@
 # RATE: optional tc tbf rate for every host's link (e.g. 2gbit), applied on both directions.
 #   This kernel has no netem: bandwidth can be shaped, latency cannot.
 # Enter a host with nsenter --net=/run/netns/HOST (not `ip netns exec`, which remounts /sys
-# and breaks slurmd's cgroup lookup). Needs root and iproute2.
+# and breaks slurmd's cgroup lookup). Give it its own host name too (`unshare --uts` then
+# `hostname HOST`, as rsh_agent.sh does): Open MPI names its shared-memory files after the
+# host name, and two emulated hosts named alike corrupt each other's (a crash in vader).
+# Needs root and iproute2.
 
 netns_supported() {
     # Prints nothing and succeeds when namespaces can be made here; otherwise prints why.

@@ -40,5 +40,5 @@ mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$np" --host "$hos
     --mca plm_rsh_agent "$here/rsh_agent.sh" \
     --mca btl tcp,self,vader --mca btl_tcp_if_include "$subnet.0/24" --mca oob_tcp_if_include "$subnet.0/24" \
     --mca btl_vader_single_copy_mechanism none \
-    -x OMP_NUM_THREADS=1 -x RT_HOSTS_PREFIX="$prefix" ${RINGTRAIN_SOURCE_DIR:+-x RINGTRAIN_SOURCE_DIR} \
+    -x OMP_NUM_THREADS=1 -x RT_HOSTS_PREFIX="$prefix" -x RT_HOSTS="$spec" ${RINGTRAIN_SOURCE_DIR:+-x RINGTRAIN_SOURCE_DIR} \
     "$@"
