@@ -1,8 +1,9 @@
 // Run by tests/hosts/run_mpi.sh across emulated hosts (RT_HOSTS = ranks per host,
 // e.g. "2,1,1"): the node facts per emulated host, the automatic choice, and the
 // bytes the hierarchical all-reduce sends across hosts against the minimum
-// 2(N-1)/N n per node for N nodes (the per-algorithm results against
-// MPI_Allreduce come from test_comm_mpi_allreduce, run the same way).
+// 2(N-1)/N n per node for N nodes, and every algorithm x dtype x op against
+// MPI_Allreduce (a compact matrix: TCP between emulated hosts on 2 shared cores is
+// slow for the thousands of calls of test_comm_mpi_allreduce).
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -10,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/reference.hpp"
 #include "ringtrain/comm/collectives.hpp"
 #include "ringtrain/comm/shm.hpp"
 #include "ringtrain/core/error.hpp"
@@ -77,6 +79,42 @@ TEST(Hosts, HierarchicalSendsTheMinimumAcrossHosts) {
     float want_i = 0;
     for (int q = 0; q < comm.size(); ++q) want_i += static_cast<float>((i + q) % 7);
     ASSERT_EQ(x[i], want_i) << "element " << i;
+  }
+}
+
+TEST(Hosts, EveryAlgorithmDtypeOpAgainstMpi) {
+  using namespace rt_test;
+  auto comm = Communicator::world();
+  MPI_Comm h = comm.handle();
+  const DType dtypes[] = {DType::f32, DType::f64, DType::f16, DType::bf16, DType::i32, DType::i64, DType::u8};
+  const ReduceOp ops[] = {ReduceOp::sum, ReduceOp::avg, ReduceOp::min, ReduceOp::max};
+  const Algorithm algos[] = {Algorithm::ring, Algorithm::tree, Algorithm::mpi, Algorithm::hierarchical,
+                             Algorithm::automatic};
+  for (Algorithm a : algos)
+    for (DType dt : dtypes)
+      for (ReduceOp op : ops)
+        {
+          std::size_t count = 1003;  // not a multiple of any slice count
+          bool in_place = op == ReduceOp::avg || op == ReduceOp::max;
+          std::string what = cat(algorithm_name(a), " ", dtype_name(dt), " ", op_name(op), " count=", count);
+          SCOPED_TRACE(what);
+          auto in = make_data(dt, count, comm.rank(), static_cast<unsigned>(count));
+          Expected e = reference_allreduce(in.data(), count, dt, op, h);
+          std::vector<unsigned char> out(in.size(), 0xAB);
+          if (in_place) out = in;
+          allreduce(in_place ? out.data() : in.data(), out.data(), count, dt, op, comm, {a});
+          expect_matches(out.data(), e, count, dt, op, comm.size(), what.c_str());
+          expect_bitwise_equal_across(out.data(), count * dtype_size(dt), h, what.c_str());
+        }
+  // Large, several chunks and uneven slices, for the bandwidth paths.
+  for (Algorithm a : {Algorithm::ring, Algorithm::hierarchical}) {
+    std::size_t count = (1u << 20) + 3;
+    std::string what = cat(algorithm_name(a), " f32 avg count=", count);
+    auto in = make_data(DType::f32, count, comm.rank(), 5);
+    Expected e = reference_allreduce(in.data(), count, DType::f32, ReduceOp::avg, h);
+    allreduce(in.data(), in.data(), count, DType::f32, ReduceOp::avg, comm, {a});
+    expect_matches(in.data(), e, count, DType::f32, ReduceOp::avg, comm.size(), what.c_str());
+    expect_bitwise_equal_across(in.data(), count * 4, h, what.c_str());
   }
 }
 

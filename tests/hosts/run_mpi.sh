@@ -24,7 +24,11 @@ if ! why=$(netns_supported); then echo "SKIPPED: $why"; exit 77; fi
 # Unique per invocation, so parallel tests and other users of netns.sh never collide.
 prefix="rth$(( $$ % 100000 ))"
 subnet="10.$(( 100 + $$ % 100 )).$(( ($$ / 100) % 250 ))"
-cleanup() { netns_destroy "$prefix"; }
+mpirun_pid=""
+cleanup() {
+    [ -n "$mpirun_pid" ] && kill "$mpirun_pid" 2>/dev/null && wait "$mpirun_pid" 2>/dev/null
+    netns_destroy "$prefix"
+}
 trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
@@ -41,4 +45,10 @@ mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$np" --host "$hos
     --mca btl tcp,self,vader --mca btl_tcp_if_include "$subnet.0/24" --mca oob_tcp_if_include "$subnet.0/24" \
     --mca btl_vader_single_copy_mechanism none \
     -x OMP_NUM_THREADS=1 -x RT_HOSTS_PREFIX="$prefix" -x RT_HOSTS="$spec" ${RINGTRAIN_SOURCE_DIR:+-x RINGTRAIN_SOURCE_DIR} \
-    "$@"
+    "$@" &
+# In the background: bash runs a signal's trap only once the foreground command ends.
+mpirun_pid=$!
+wait "$mpirun_pid"
+rc=$?
+mpirun_pid=""
+exit "$rc"
