@@ -4,10 +4,11 @@
 // MPI_Allreduce, side by side, plus ring/mpi and shm/mpi busbw and auto/mpi time
 // ratios. The same table goes to CSV.
 // Physical bound of shm (one node): the bytes each rank must read and write when
-// its input is private memory -- publish it (R n + W n), reduce its slice from the
-// p inputs (R n + W n/p), copy the other slices out (R + W (p-1)n/p) -- over the
-// single-core memcpy bandwidth measured at the start of this run (a copy of n
-// bytes reads n and writes n): bound = (5 - 1/p)/2 * n / memcpy rate.
+// inputs and outputs are private memory -- publish the slices the peers reduce
+// (R + W (p-1)n/p), reduce its own slice from the p inputs into its output and
+// into shared memory (R n + W 2n/p), copy the other slices out (R + W (p-1)n/p):
+// (5p-2)/p n bytes -- over the single-core memcpy rate measured at the start of
+// this run (a copy of n bytes reads n and writes n): bound = (5p-2)/(2p) n / rate.
 // Across nodes (hierarchical): bytes each node sent to other nodes, counted by the
 // algorithm, against the minimum 2(N-1)/N n per node for N nodes.
 //   mpirun -np 2 bench_comm_allreduce_sweep -b 8 -e 256M -f 4 [-w 5 -n 20 -c 1 -d float32 -o sum]
@@ -216,7 +217,7 @@ int main(int argc, char** argv) {
       std::printf("# time = median over iterations of the slowest rank (us); bw in GB/s; %d node(s), at most %d "
                   "ranks on one\n", nodes, comm.max_local_size());
       if (bound)
-        std::printf("# single-core memcpy %.2f GB/s (copied bytes/s); shm bound = (5 - 1/p)/2 * bytes / memcpy\n",
+        std::printf("# single-core memcpy %.2f GB/s (copied bytes/s); shm bound = (5p-2)/(2p) * bytes / memcpy\n",
                     rate / 1e9);
       if (cross)
         std::printf("# cross-node bytes per node: hierarchical counted, minimum 2(N-1)/N n, ring (model) "
@@ -244,7 +245,7 @@ int main(int argc, char** argv) {
       fill(in, t, count, rank);
       auto rs = measure(algos, in, res, count, t, op, comm, warmup, iters, do_check);
       double n = static_cast<double>(count * es);
-      double bound_us = bound ? (5.0 - 1.0 / p) / 2.0 * n / rate * 1e6 : 0;
+      double bound_us = bound ? (5.0 * p - 2.0) / (2.0 * p) * n / rate * 1e6 : 0;
       double xbytes = cross ? node_cross_bytes(in, res, count, t, op, comm) : 0;
       double xmin = 2.0 * (nodes - 1) / nodes * n;
       if (rank != 0) continue;

@@ -113,7 +113,10 @@ void chunked(Call& c, const char* in, char* out, std::size_t count, bool across_
     std::size_t n = std::min(chunk, count - base), off = base * c.es;
     auto sl = ring_chunks(n, L, c.es);
     if (local) {
-      std::memcpy(nd.slot(nd.lrank, nd.use), in + off, n * c.es);
+      // Publish the slices the peers reduce; this rank reads its own from `in`.
+      for (int s = 0; s < L; ++s)
+        if (nd.owner(s) != nd.lrank && sl[s + 1] > sl[s])
+          std::memcpy(nd.slot(nd.lrank, nd.use) + sl[s] * c.es, in + off + sl[s] * c.es, (sl[s + 1] - sl[s]) * c.es);
       nd.publish();
       nd.wait_peers(c.what);
     }

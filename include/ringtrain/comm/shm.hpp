@@ -24,11 +24,12 @@
 //  - n <= small threshold: copy in (R n, W n); reduce all p inputs, in rank
 //    order, straight into the output (R p n, W n). Every rank computes every
 //    element from the same operands in the same order: identical bits.
-//  - otherwise, in slot-sized chunks: copy in (R n, W n); rank r reduces slice r
-//    of every peer's chunk in one pass over L1-sized blocks and writes the
+//  - otherwise, in slot-sized chunks: copy in the slices the peers reduce
+//    (R, W (p-1)n/p); rank r reduces slice r of every rank's chunk (its own
+//    straight from its input) in one pass over L1-sized blocks and writes the
 //    result to its output and its slot (R n, W 2n/p); then copies the other
-//    p-1 slices from their owners' slots (R, W (p-1)n/p). Each element is
-//    reduced by exactly one rank, so all ranks end with the same bits.
+//    p-1 slices from their owners' slots (R, W (p-1)n/p). In all R (3p-2)n/p +
+//    W 2n. Each element is reduced by exactly one rank: identical bits everywhere.
 //  - hierarchical: the same chunks, with the reduced slices all-reduced across
 //    nodes (slice s among the ranks that own slice s on their node: local index
 //    s mod local size, so uneven nodes work) before the copy-out.
