@@ -224,13 +224,14 @@ int main(int argc, char** argv) {
                     "2(p-1)/p n\n");
       std::printf("%12s %10s", "bytes", "count");
       for (Algorithm a : algos) std::printf(" | %5s %10s %7s %7s%s", algorithm_name(a), "time", "algbw", "busbw", do_check ? "  chk" : "");
-      if (have_mpi) std::printf(" | %9s %9s %9s", "ring/mpi", "shm/mpi", "auto/mpi");
+      if (have_mpi) std::printf(" | %9s %9s %9s", "ring/mpi", nodes > 1 ? "hier/mpi" : "shm/mpi", "auto/mpi");
       if (bound) std::printf(" | %9s %8s", "bound_us", "shm/bnd");
       if (cross) std::printf(" | %11s %11s %11s", "hier_xbytes", "min_xbytes", "ring_xbytes");
       std::printf("\n");
       if (!csv.empty()) {
         out.open(csv);
         RT_CHECK(out.good(), "--csv: cannot write '", csv, "'");
+        out.precision(12);  // byte counts stay exact
         out << "ranks,nodes,dtype,op,bytes,count,algorithm,resolved,time_us,algbw_GBps,busbw_GBps,check,"
                "memcpy_GBps,bound_us,cross_bytes_per_node,min_cross_bytes_per_node\n";
       }
@@ -272,7 +273,8 @@ int main(int argc, char** argv) {
           if (i >= algos.size()) return std::nan("");
           return bw ? rs[i].busbw / m.busbw : rs[i].us / m.us;
         };
-        std::printf(" | %9.2f %9.2f %9.2f", ratio(Algorithm::ring, true), ratio(Algorithm::shm, true),
+        std::printf(" | %9.2f %9.2f %9.2f", ratio(Algorithm::ring, true),
+                    ratio(nodes > 1 ? Algorithm::hierarchical : Algorithm::shm, true),
                     ratio(Algorithm::automatic, false));
         const double mib = 1 << 20;
         if (n >= mib && n <= 64 * mib) {
