@@ -33,7 +33,9 @@ void check(const Communicator& comm, Algorithm algo, DType dtype, ReduceOp op, s
   allreduce(in_place ? out.data() : in.data(), out.data(), count, dtype, op, comm, {algo});
   expect_matches(out.data(), e, count, dtype, op, comm.size(), what.c_str());
   expect_bitwise_equal_across(out.data(), count * dtype_size(dtype), h, what.c_str());
-  if (!in_place) EXPECT_TRUE(in == original) << "out-of-place all-reduce modified its input";
+  if (!in_place) {
+    EXPECT_TRUE(in == original) << "out-of-place all-reduce modified its input";
+  }
 }
 
 // A communicator whose node-aware state uses `chunk`-byte slots and a `small` one-round limit.
@@ -94,8 +96,12 @@ TEST(NodeAware, SplitCommunicatorsHaveTheirOwnSegments) {
 TEST(NodeAware, NodeFactsAndAutomaticChoice) {
   auto comm = Communicator::world();
   // mpirun tells each rank its node-local rank and size; ours must agree.
-  if (const char* lr = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK")) EXPECT_EQ(comm.local_rank(), std::atoi(lr));
-  if (const char* ls = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) EXPECT_EQ(comm.local_size(), std::atoi(ls));
+  if (const char* lr = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK")) {
+    EXPECT_EQ(comm.local_rank(), std::atoi(lr));
+  }
+  if (const char* ls = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) {
+    EXPECT_EQ(comm.local_size(), std::atoi(ls));
+  }
   EXPECT_EQ(comm.node_count(), 1);
   EXPECT_EQ(comm.max_local_size(), comm.size());
   CollectiveOptions opt;
