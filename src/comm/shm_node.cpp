@@ -159,7 +159,9 @@ ShmNode& shm_node(const Communicator& comm, const char* what) {
   MPI_Comm_size(local, &n.lsize);
 
   // 1. Each rank creates, sizes and touches its own segment (its pages are then local to it).
-  std::string name = cat("/ringtrain-", ::getpid(), "-", g_serial.fetch_add(1));
+  // The serial is taken once: engines on other communicators may set up concurrently.
+  const unsigned serial = g_serial.fetch_add(1);
+  std::string name = cat("/ringtrain-", ::getpid(), "-", serial);
   n.base.assign(n.lsize, nullptr);
   if (error.empty()) {
     int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
@@ -183,7 +185,7 @@ ShmNode& shm_node(const Communicator& comm, const char* what) {
   }
   // 2. The node's ranks exchange (pid, serial, comm rank) and map each other's segments.
   struct Id { int pid, serial, rank, ok; };
-  Id mine{static_cast<int>(::getpid()), static_cast<int>(g_serial.load() - 1), rank, error.empty() ? 1 : 0};
+  Id mine{static_cast<int>(::getpid()), static_cast<int>(serial), rank, error.empty() ? 1 : 0};
   std::vector<Id> ids(n.lsize);
   MPI_Allgather(&mine, sizeof(Id), MPI_BYTE, ids.data(), sizeof(Id), MPI_BYTE, local);
   MPI_Comm_free(&local);
