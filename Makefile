@@ -7,7 +7,7 @@ NP ?= 2
 CONFIG ?= jobs/fashion_cnn.toml
 
 DEBIAN_PACKAGES := \
-  build-essential cmake pkg-config ccache \
+  build-essential cmake pkg-config ccache iproute2 util-linux \
   openmpi-bin libopenmpi-dev \
   libhdf5-openmpi-dev hdf5-tools zlib1g-dev \
   libdnnl-dev libopenblas-dev \

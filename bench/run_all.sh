@@ -11,6 +11,8 @@ MPIRUN="mpirun --oversubscribe --bind-to none -x OMP_NUM_THREADS=1"
 export OMP_NUM_THREADS=1  # one compute thread per rank: 2 ranks on 2 cores, and the same for PyTorch
 run() { echo; echo "== $*"; "$@"; }
 run $MPIRUN -np 2 "$B/bench/bench_comm_allreduce_sweep" -b 8 -e 256M -f 4 -c 1 --csv "$OUT/allreduce_np2.csv"
+run tests/hosts/run_mpi.sh --rate 1gbit 2,2 -- "$B/bench/bench_comm_allreduce_sweep" -b 1M -e 16M -f 4 -n 5 -w 2 \
+  --algos ring,hierarchical,mpi --csv "$OUT/allreduce_2hosts.csv"
 run "$B/bench/bench_gb_comm_reduce" --benchmark_min_time=0.2
 run env OMP_NUM_THREADS=1 "$B/bench/bench_nn_throughput" --json "$OUT/nn_throughput.json"
 run "$B/bench/bench_data_loader_throughput" --json "$OUT/loader.json"

@@ -56,7 +56,7 @@ void add_shortcuts(CLI::App* app, Overrides& o) {
       {"--precision", "train.precision", "fp32 | tf32 | bf16 | fp16 (fp16: dynamic loss scaling)"},
       {"--optimizer", "optimizer.name", "sgd | adam | adamw | lars | lamb"},
       {"--lr", "optimizer.lr", "base learning rate"},
-      {"--algorithm", "comm.algorithm", "all-reduce: auto | ring | tree | mpi"},
+      {"--algorithm", "comm.algorithm", "all-reduce: auto | ring | tree | mpi | shm | hierarchical"},
       {"--fusion-threshold", "comm.fusion_threshold", "fusion buffer bytes, 0 = off"},
       {"--cycle-time", "comm.cycle_time_ms", "fusion engine cycle in ms"},
       {"--timeline", "comm.timeline", "write a Chrome-trace timeline here"},

@@ -11,6 +11,7 @@
 #include "mpi_collectives.hpp"
 #include "ringtrain/comm/algorithms.hpp"
 #include "ringtrain/comm/host_backend.hpp"
+#include "ringtrain/comm/shm.hpp"
 #include "ringtrain/core/error.hpp"
 
 namespace ringtrain {
@@ -39,6 +40,8 @@ const char* algorithm_name(Algorithm a) {
     case Algorithm::ring: return "ring";
     case Algorithm::tree: return "tree";
     case Algorithm::mpi: return "mpi";
+    case Algorithm::shm: return "shm";
+    case Algorithm::hierarchical: return "hierarchical";
   }
   return "?";
 }
@@ -48,7 +51,9 @@ Algorithm parse_algorithm(const std::string& s) {
   if (s == "ring") return Algorithm::ring;
   if (s == "tree") return Algorithm::tree;
   if (s == "mpi") return Algorithm::mpi;
-  RT_FAIL("unknown collective algorithm '", s, "' (expected auto, ring, tree or mpi)");
+  if (s == "shm") return Algorithm::shm;
+  if (s == "hierarchical") return Algorithm::hierarchical;
+  RT_FAIL("unknown collective algorithm '", s, "' (expected auto, ring, tree, mpi, shm or hierarchical)");
 }
 
 std::size_t parse_byte_size(const std::string& s, const char* what) {
@@ -83,9 +88,10 @@ std::size_t effective_segment_bytes(const CollectiveOptions& opt) {
   return s;
 }
 
-Algorithm choose_algorithm(std::size_t bytes, int ranks, const CollectiveOptions& opt) {
+Algorithm choose_algorithm(std::size_t bytes, int ranks, const CollectiveOptions& opt, int nodes, int max_local) {
   if (opt.algorithm != Algorithm::automatic) return opt.algorithm;
   if (ranks <= 1) return Algorithm::ring;  // a local copy either way
+  if (max_local > 1) return nodes == 1 ? Algorithm::shm : Algorithm::hierarchical;
   return static_cast<long long>(bytes) <= effective_tree_threshold(opt) ? Algorithm::tree : Algorithm::ring;
 }
 
@@ -219,6 +225,12 @@ void allreduce(const void* send, void* recv, std::size_t count, DType dtype, Red
   std::size_t bytes = count * dtype_size(dtype);
   c.check_alias(send, bytes, recv, bytes, send == recv);
   Algorithm algo = algorithm_of(c, bytes, opt);
+  // Node-aware choice (comm/shm.hpp): shared memory whenever ranks share a node.
+  if (opt.algorithm == Algorithm::automatic && c.size > 1 && comm.max_local_size() > 1)
+    algo = comm.node_count() == 1 ? Algorithm::shm : Algorithm::hierarchical;
+  c.fail_if(algo == Algorithm::shm && comm.node_count() > 1,
+            cat("algorithm shm needs every rank of communicator '", c.comm_name, "' on one node, but it spans ",
+                comm.node_count(), " nodes (use hierarchical or auto)"));
   auto cfg = config(c, dtype, op, opt);
   const Field fields[] = {{"count", static_cast<long long>(count)},
                           {"dtype", static_cast<long long>(dtype), Field::dtype},
@@ -234,6 +246,8 @@ void allreduce(const void* send, void* recv, std::size_t count, DType dtype, Red
   int divisor = op == ReduceOp::avg ? c.size : 1;
   switch (algo) {
     case Algorithm::mpi: mpi_impl::allreduce(send, recv, count, dtype, op, c.comm, c.what); break;
+    case Algorithm::shm: shm_allreduce(send, recv, count, dtype, op, comm, opt); break;
+    case Algorithm::hierarchical: hierarchical_allreduce(send, recv, count, dtype, op, comm, opt); break;
     case Algorithm::tree:
       run(c, kTagTree, cfg, [&](Primitives& P) { tree_allreduce(P, send, recv, count, divisor); });
       break;

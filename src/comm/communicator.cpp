@@ -50,6 +50,12 @@ Communicator Communicator::dup_of(MPI_Comm comm, std::string name) {
   MPI_Comm_rank(local, &s.local_rank);
   MPI_Comm_size(local, &s.local_size);
   MPI_Comm_free(&local);
+  // Node layout for the node-aware algorithms: the same answer on every rank.
+  int facts[2] = {s.local_size, s.local_rank == 0 ? 1 : 0};
+  MPI_Allreduce(MPI_IN_PLACE, &facts[0], 1, MPI_INT, MPI_MAX, s.comm);
+  MPI_Allreduce(MPI_IN_PLACE, &facts[1], 1, MPI_INT, MPI_SUM, s.comm);
+  s.max_local = facts[0];
+  s.nodes = facts[1];
   s.name = std::move(name);
   return c;
 }
@@ -62,6 +68,8 @@ int Communicator::rank() const { RT_STATE_CHECK("rank()"); return state_->rank; 
 int Communicator::size() const { RT_STATE_CHECK("size()"); return state_->size; }
 int Communicator::local_rank() const { RT_STATE_CHECK("local_rank()"); return state_->local_rank; }
 int Communicator::local_size() const { RT_STATE_CHECK("local_size()"); return state_->local_size; }
+int Communicator::node_count() const { RT_STATE_CHECK("node_count()"); return state_->nodes; }
+int Communicator::max_local_size() const { RT_STATE_CHECK("max_local_size()"); return state_->max_local; }
 const std::string& Communicator::name() const { RT_STATE_CHECK("name()"); return state_->name; }
 
 MPI_Comm Communicator::handle(const char* what) const {

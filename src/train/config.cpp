@@ -65,7 +65,7 @@ const std::vector<Field>& fields() {
       RT_FIELD(schedule, gamma, "step schedule: decay factor"),
       RT_FIELD(schedule, min_lr, "cosine: final learning rate"),
       RT_FIELD(schedule, scale_lr, "linear scaling rule: lr x global batch / 256"),
-      RT_FIELD(comm, algorithm, "all-reduce algorithm: auto | ring | tree | mpi"),
+      RT_FIELD(comm, algorithm, "all-reduce algorithm: auto | ring | tree | mpi | shm | hierarchical"),
       RT_FIELD(comm, fusion_threshold, "fusion buffer bytes (0 disables fusion)"),
       RT_FIELD(comm, cycle_time_ms, "fusion engine cycle time in ms"),
       RT_FIELD(comm, fp16_allreduce, "compress gradients to fp16 on the wire"),
@@ -245,7 +245,7 @@ void TrainConfig::validate() const {
   range("schedule.step_epochs", schedule.step_epochs, 0, 1e6, true);
   range("schedule.gamma", schedule.gamma, 0, kHuge, true);
   range("schedule.min_lr", schedule.min_lr, 0, kHuge);
-  one_of("comm.algorithm", comm.algorithm, {"auto", "automatic", "ring", "tree", "mpi"});
+  one_of("comm.algorithm", comm.algorithm, {"auto", "automatic", "ring", "tree", "mpi", "shm", "hierarchical"});
   range("comm.fusion_threshold", static_cast<double>(comm.fusion_threshold), 0, 1LL << 40);
   range("comm.cycle_time_ms", comm.cycle_time_ms, 0, 60000, true);
   range("comm.stall_warning_s", comm.stall_warning_s, 0, 1e7);

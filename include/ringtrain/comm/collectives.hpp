@@ -29,12 +29,14 @@
 namespace ringtrain {
 
 // ReduceOp {sum, avg, min, max} is defined in reduce_math.hpp (shared with CUDA code).
-enum class Algorithm { automatic, ring, tree, mpi };
+// shm and hierarchical are all-reduce algorithms (comm/shm.hpp); the other
+// collectives given one of them use the ring.
+enum class Algorithm { automatic, ring, tree, mpi, shm, hierarchical };
 
 const char* op_name(ReduceOp op);
 ReduceOp parse_op(const std::string& s);          // throws Error
 const char* algorithm_name(Algorithm a);
-Algorithm parse_algorithm(const std::string& s);  // "auto"/"automatic", "ring", "tree", "mpi"
+Algorithm parse_algorithm(const std::string& s);  // "auto"/"automatic", "ring", "tree", "mpi", "shm", "hierarchical"
 
 struct CollectiveOptions {
   Algorithm algorithm = Algorithm::automatic;
@@ -72,8 +74,12 @@ void allgatherv(const void* send, void* recv, const std::vector<std::size_t>& co
 void reduce_scatter(const void* send, void* recv, const std::vector<std::size_t>& counts, DType dtype,
                     ReduceOp op, const Communicator& comm, const CollectiveOptions& opt = {});
 
-// The algorithm `automatic` resolves to for this message.
-Algorithm choose_algorithm(std::size_t bytes, int ranks, const CollectiveOptions& opt);
+// The algorithm `automatic` resolves to for an all-reduce of this message on a
+// communicator of `ranks` ranks over `nodes` nodes with at most `max_local` ranks
+// on one node: shm on one node, hierarchical across nodes that hold several ranks,
+// else tree up to the tree threshold and ring above.
+Algorithm choose_algorithm(std::size_t bytes, int ranks, const CollectiveOptions& opt, int nodes = 1,
+                           int max_local = 1);
 
 // Collectives on device buffers (opt.device not the CPU) are forwarded to the
 // functions the device's backend registered here (the CUDA backend does so from

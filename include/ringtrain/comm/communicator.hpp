@@ -37,6 +37,9 @@ class Communicator {
   int size() const;
   int local_rank() const;  // rank among the ranks on this node (MPI_COMM_TYPE_SHARED)
   int local_size() const;
+  // Facts about the whole communicator's layout on nodes (the same on every rank):
+  int node_count() const;      // nodes it spans
+  int max_local_size() const;  // ranks on its most populated node
   const std::string& name() const;
 
   // Sub-groups for hybrid parallelism (MPI_Comm_split semantics).
@@ -51,7 +54,7 @@ class Communicator {
  private:
   struct State {
     MPI_Comm comm = MPI_COMM_NULL;
-    int rank = 0, size = 1, local_rank = 0, local_size = 1;
+    int rank = 0, size = 1, local_rank = 0, local_size = 1, nodes = 1, max_local = 1;
     std::string name;
     bool closed = false;
     ~State();

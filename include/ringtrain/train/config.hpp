@@ -56,7 +56,7 @@ struct TrainConfig {
     bool scale_lr = false;         // linear scaling rule: lr × global batch / 256
   } schedule;
   struct Comm {
-    std::string algorithm = "auto";     // auto | ring | tree | mpi
+    std::string algorithm = "auto";     // auto | ring | tree | mpi | shm | hierarchical
     std::int64_t fusion_threshold = 64 << 20;  // bytes; 0 disables fusion
     double cycle_time_ms = 1.0;
     bool fp16_allreduce = false;

@@ -1,0 +1,220 @@
+// Setting up and tearing down the node-aware algorithms' shared memory, and the
+// one wait of their data path (see include/ringtrain/comm/shm.hpp).
+#include "shm_node.hpp"
+
+#include <fcntl.h>
+#include <immintrin.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <memory>
+
+#include "ringtrain/comm/collectives.hpp"
+#include "ringtrain/comm/shm.hpp"
+#include "ringtrain/core/error.hpp"
+#include "ringtrain/core/log.hpp"
+
+namespace ringtrain::shm_detail {
+namespace {
+
+std::size_t env_bytes(const char* name, std::size_t def) {
+  const char* v = std::getenv(name);
+  return v && *v ? parse_byte_size(v, name) : def;
+}
+
+// A process that has exited (gone, or a zombie its parent has not reaped yet).
+bool process_gone(int pid) {
+  if (::kill(pid, 0) != 0 && errno == ESRCH) return true;
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  if (!f) return true;
+  std::string line;
+  std::getline(f, line);
+  auto close = line.rfind(')');
+  return close != std::string::npos && close + 2 < line.size() && (line[close + 2] == 'Z' || line[close + 2] == 'X');
+}
+
+int delete_node(MPI_Comm, int, void* value, void*) {
+  delete static_cast<ShmNode*>(value);
+  return MPI_SUCCESS;
+}
+
+int node_keyval() {
+  static const int key = [] {
+    int k = MPI_KEYVAL_INVALID;
+    MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, delete_node, &k, nullptr);
+    return k;
+  }();
+  return key;
+}
+
+// Every rank learns whether any rank failed; the failing ranks throw their own
+// message, the others one that names the first failing rank.
+void agree(MPI_Comm comm, int rank, const std::string& error, const char* what, const std::string& comm_name) {
+  int first = error.empty() ? INT32_MAX : rank;
+  MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, comm);
+  if (!error.empty()) throw Error(error);
+  RT_CHECK(first == INT32_MAX, what, ": rank ", first, " of communicator '", comm_name,
+           "' could not set up its shared memory (its error says why)");
+}
+
+std::atomic<unsigned> g_serial{0};  // segment names within this process (the pid makes them unique per machine)
+
+}  // namespace
+
+ShmNode::~ShmNode() {
+  for (char* b : base)
+    if (b) ::munmap(b, seg_bytes);
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized)
+    for (MPI_Comm& c : slice_comm)
+      if (c != MPI_COMM_NULL) MPI_Comm_free(&c);
+}
+
+void ShmNode::wait_peers(const char* what) const {
+  using clock = std::chrono::steady_clock;
+  const std::uint64_t target = step;
+  for (int j = 0; j < lsize; ++j) {
+    if (j == lrank) continue;
+    auto& s = seq(j);
+    unsigned i = 0;
+    for (; i < 1024; ++i) {
+      if (s.load(std::memory_order_acquire) >= target) break;
+      _mm_pause();
+    }
+    if (i < 1024) continue;
+    // Slow path: against the clock, yielding once the spin budget is spent,
+    // checking now and then that the peer is alive.
+    auto start = clock::now(), last_check = start;
+    bool yielding = false;
+    for (unsigned k = 1; s.load(std::memory_order_acquire) < target; ++k) {
+      if (yielding) sched_yield();
+      else _mm_pause();
+      if (k % 64 != 0) continue;
+      auto now = clock::now();
+      double waited = std::chrono::duration<double>(now - start).count();
+      if (waited > spin_s) yielding = true;
+      if (std::chrono::duration<double>(now - last_check).count() > 0.05) {
+        last_check = now;
+        if (s.load(std::memory_order_acquire) >= target) break;
+        if (process_gone(pid[j])) {
+          log::error(what, ": rank ", comm_rank[j], " of communicator '", comm_name, "' (pid ", pid[j],
+                     " on this node) died during a shared-memory all-reduce (rank ", comm_rank[lrank], " of ",
+                     size, " waited ", static_cast<long long>(waited * 1000), " ms). Aborting the job");
+          MPI_Abort(MPI_COMM_WORLD, 70);
+          std::abort();
+        }
+      }
+      if (timeout_s > 0 && waited > timeout_s) {
+        log::error(what, ": stalled for ", static_cast<long long>(waited), " s waiting for rank ", comm_rank[j],
+                   " of communicator '", comm_name, "' in a shared-memory all-reduce (rank ", comm_rank[lrank],
+                   " of ", size, " is at step ", target, ", rank ", comm_rank[j], " at ",
+                   s.load(std::memory_order_acquire), "); a rank is missing from the collective or passed a ",
+                   "different count. Aborting the job (RINGTRAIN_COLLECTIVE_TIMEOUT=", timeout_s, " s)");
+        MPI_Abort(MPI_COMM_WORLD, 70);
+        std::abort();
+      }
+    }
+  }
+}
+
+ShmNode& shm_node(const Communicator& comm, const char* what) {
+  MPI_Comm h = comm.handle(what);
+  int key = node_keyval();
+  void* v = nullptr;
+  int found = 0;
+  MPI_Comm_get_attr(h, key, &v, &found);
+  if (found) return *static_cast<ShmNode*>(v);
+
+  auto node = std::make_unique<ShmNode>();
+  ShmNode& n = *node;
+  HostCommContext& ctx = host_context(h, comm.local_size());
+  n.timeout_s = ctx.timeout_s;
+  n.spin_s = ctx.spin_s;
+  n.comm_name = comm.name();
+  n.size = comm.size();
+  n.slices = comm.max_local_size();
+  int rank = comm.rank();
+  std::string error;
+  try {
+    // Slots hold whole 4 KiB pages; the one-round path fits one slot.
+    n.slot_bytes = (env_bytes("RINGTRAIN_SHM_CHUNK", kDefaultShmChunkBytes) + 4095) / 4096 * 4096;
+    n.small_bytes = std::min(env_bytes("RINGTRAIN_SHM_SMALL", kDefaultShmSmallBytes), n.slot_bytes);
+  } catch (const Error& e) {
+    error = cat(what, ": ", e.what());
+  }
+  n.seg_bytes = kHeaderBytes + 2 * n.slot_bytes;
+
+  MPI_Comm local;
+  MPI_Comm_split_type(h, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local);
+  MPI_Comm_rank(local, &n.lrank);
+  MPI_Comm_size(local, &n.lsize);
+
+  // 1. Each rank creates, sizes and touches its own segment (its pages are then local to it).
+  // The serial is taken once: engines on other communicators may set up concurrently.
+  const unsigned serial = g_serial.fetch_add(1);
+  std::string name = cat("/ringtrain-", ::getpid(), "-", serial);
+  n.base.assign(n.lsize, nullptr);
+  if (error.empty()) {
+    int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd < 0) {
+      error = cat(what, ": cannot create shared-memory segment ", name, ": ", std::strerror(errno));
+    } else {
+      if (::ftruncate(fd, static_cast<off_t>(n.seg_bytes)) != 0)
+        error = cat(what, ": cannot size shared-memory segment ", name, " to ", n.seg_bytes, " bytes: ",
+                    std::strerror(errno));
+      void* p = error.empty() ? ::mmap(nullptr, n.seg_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
+      ::close(fd);
+      if (p == MAP_FAILED) {
+        if (error.empty()) error = cat(what, ": cannot map shared-memory segment ", name, ": ", std::strerror(errno));
+        ::shm_unlink(name.c_str());
+      } else {
+        n.base[n.lrank] = static_cast<char*>(p);
+        std::memset(p, 0, n.seg_bytes);  // touches every page now, not inside a timed collective
+        new (p) std::atomic<std::uint64_t>(0);
+      }
+    }
+  }
+  // 2. The node's ranks exchange (pid, serial, comm rank) and map each other's segments.
+  struct Id { int pid, serial, rank, ok; };
+  Id mine{static_cast<int>(::getpid()), static_cast<int>(serial), rank, error.empty() ? 1 : 0};
+  std::vector<Id> ids(n.lsize);
+  MPI_Allgather(&mine, sizeof(Id), MPI_BYTE, ids.data(), sizeof(Id), MPI_BYTE, local);
+  MPI_Comm_free(&local);
+  for (int j = 0; j < n.lsize; ++j) {
+    n.pid.push_back(ids[j].pid);
+    n.comm_rank.push_back(ids[j].rank);
+    if (j == n.lrank || !ids[j].ok || !error.empty()) continue;
+    std::string peer = cat("/ringtrain-", ids[j].pid, "-", ids[j].serial);
+    int fd = ::shm_open(peer.c_str(), O_RDWR, 0);
+    void* p = fd < 0 ? MAP_FAILED : ::mmap(nullptr, n.seg_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (fd >= 0) ::close(fd);
+    if (p == MAP_FAILED) error = cat(what, ": cannot map rank ", ids[j].rank, "'s shared-memory segment ", peer, ": ",
+                                     std::strerror(errno));
+    else n.base[j] = static_cast<char*>(p);
+  }
+  // 3. Once every rank has attached (or failed), the names go: from here no exit
+  //    path can leave a segment behind.
+  int dummy = 0;
+  MPI_Allreduce(MPI_IN_PLACE, &dummy, 1, MPI_INT, MPI_SUM, h);
+  if (n.base[n.lrank]) ::shm_unlink(name.c_str());
+  // 4. Inter-node groups: slice s is owned on every node by local index s mod (node size).
+  n.slice_comm.assign(n.slices, MPI_COMM_NULL);
+  if (comm.node_count() > 1)
+    for (int s = 0; s < n.slices; ++s)
+      MPI_Comm_split(h, n.lrank == s % n.lsize ? 0 : MPI_UNDEFINED, rank, &n.slice_comm[s]);
+  n.block.resize(16 * 1024 + 64);
+  agree(h, rank, error, what, n.comm_name);
+  MPI_Comm_set_attr(h, key, node.get());
+  return *node.release();
+}
+
+}  // namespace ringtrain::shm_detail
