@@ -206,3 +206,32 @@ TEST(TransformerLayers, ShapeErrorsNameTheLayer) {
   EXPECT_THROW(multi_head_attention("attn", 10, 3), Error);
   EXPECT_THROW(PatchEmbed("pe", 1, 28, 28, 5, 16), Error);
 }
+
+// Two threads split attention by (sample, head) and LayerNorm by rows: the
+// same results as one thread (attention bitwise: each head is computed alone).
+TEST(TransformerLayers, TwoThreadsMatchOne) {
+  const int H = 4, hd = 16, T = 17;
+  Tensor qkv = random_tensor({3, T, 3 * H * hd}, 72), dout = random_tensor({3, T, H * hd}, 73);
+  // 16 x 17 x 64 elements: above the size where LayerNorm starts using threads.
+  Tensor x = random_tensor({16, T, 64}, 74, 0.1, 2.0), g = random_tensor({64}, 75), b = random_tensor({64}, 76);
+  Tensor dy = random_tensor(x.shape(), 77);
+  auto run = [&](int threads) {
+    omp_set_num_threads(threads);
+    auto k = backend_for(DeviceKind::cpu).attention(AttentionSpec{H, hd});
+    auto ln = backend_for(DeviceKind::cpu).layernorm(LayerNormSpec{64});
+    std::vector<Tensor> r = {Tensor::empty({3, T, H * hd}), Tensor::empty(qkv.shape()), Tensor::empty(x.shape()),
+                             Tensor::empty(x.shape()), Tensor::empty({64}), Tensor::empty({64})};
+    k->forward(qkv, r[0]);
+    k->backward(qkv, dout, r[1]);
+    ln->forward(x, g, b, r[2]);
+    ln->backward(x, g, dy, r[3], r[4], r[5], false);
+    omp_set_num_threads(1);
+    return r;
+  };
+  auto one = run(1), two = run(2);
+  for (std::size_t t = 0; t < one.size(); ++t)
+    for (std::int64_t i = 0; i < one[t].numel(); ++i) {
+      if (t < 2) ASSERT_EQ(f(one[t])[i], f(two[t])[i]) << "tensor " << t << " [" << i << "]";
+      else ASSERT_NEAR(f(one[t])[i], f(two[t])[i], 1e-5 * (1 + std::fabs(f(one[t])[i]))) << "tensor " << t;
+    }
+}
