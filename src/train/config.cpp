@@ -29,10 +29,13 @@ struct Field {
 
 const std::vector<Field>& fields() {
   static const std::vector<Field> f = {
-      RT_FIELD(model, name, "mlp | cnn | resnet"),
-      RT_FIELD(model, depth, "resnet depth (6n+2)"),
-      RT_FIELD(model, width, "resnet channels of the first stage"),
-      RT_FIELD(model, dropout, "dropout before the classifier (0 = none)"),
+      RT_FIELD(model, name, "mlp | cnn | resnet | vit"),
+      RT_FIELD(model, depth, "resnet depth (6n+2); vit: transformer blocks"),
+      RT_FIELD(model, width, "resnet channels of the first stage; vit: embedding width"),
+      RT_FIELD(model, dropout, "dropout before the classifier (0 = none); vit: in every block"),
+      RT_FIELD(model, heads, "vit: attention heads (divides model.width)"),
+      RT_FIELD(model, mlp_ratio, "vit: MLP hidden units per embedding unit"),
+      RT_FIELD(model, patch, "vit: patch side in pixels (divides the image size)"),
       RT_FIELD(data, train, "training set: HDF5 file, or shard directory/pattern"),
       RT_FIELD(data, test, "test set: HDF5 file, or shard directory/pattern"),
       RT_FIELD(data, batch_size, "samples per rank per micro-batch"),
@@ -215,12 +218,19 @@ void TrainConfig::validate() const {
     RT_CHECK(ok, "configuration key '", key, "' must be in ", lo_open ? "(" : "[", lo, ", ",
              hi == kHuge ? std::string("inf") : cat(hi), hi_open ? ")" : "]", ", got ", v);
   };
-  one_of("model.name", model.name, {"mlp", "cnn", "resnet"});
+  one_of("model.name", model.name, {"mlp", "cnn", "resnet", "vit"});
   range("model.depth", model.depth, 1, kHuge);
   RT_CHECK(model.name != "resnet" || (model.depth >= 8 && (model.depth - 2) % 6 == 0),
            "configuration key 'model.depth': resnet depth must be 6n+2 >= 8, got ", model.depth);
   range("model.width", model.width, 1, 65536);
   range("model.dropout", model.dropout, 0, 1, false, true);
+  if (model.name == "vit") {  // the image size is checked against model.patch when the model is built
+    range("model.heads", model.heads, 1, 65536);
+    RT_CHECK(model.width % model.heads == 0, "configuration key 'model.heads': ", model.heads,
+             " heads do not divide model.width = ", model.width);
+    range("model.mlp_ratio", model.mlp_ratio, 0, 1024, true);
+    range("model.patch", model.patch, 1, 65536);
+  }
   range("data.batch_size", data.batch_size, 1, 1 << 24);
   range("data.prefetch", data.prefetch, 1, 1024);
   range("train.epochs", train.epochs, 1, 1e6);
