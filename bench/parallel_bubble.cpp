@@ -12,9 +12,11 @@
 // ones. Two measurements per point:
 //  - wall: idle / span of real time (includes message latency and the
 //    wake-up delays of a loaded machine);
-//  - virtual: a clock carried in each message (the sender's time), advanced
-//    by the time each sleep really took, so idle is only what the schedule's
-//    dependencies force (independent of machine load).
+//  - virtual: a clock carried in each message (the sender's time) and
+//    advanced by exactly one unit per F, B or W, so idle is only what the
+//    dependencies of the messages the executor really exchanged force
+//    (independent of machine load; an executor that ran ops out of order or
+//    waited on the wrong message would show here).
 // Run with mpirun -np p; rows are appended to --csv.
 #include <algorithm>
 #include <chrono>
@@ -71,13 +73,11 @@ class SleepOps final : public PipeOps {
   int peak() const { return peak_; }
 
  private:
-  // Sleeps one unit; the virtual clock advances by the time really slept.
+  // Sleeps one unit; the virtual clock advances by exactly one unit.
   void nap() {
-    auto t0 = std::chrono::steady_clock::now();
     std::this_thread::sleep_for(std::chrono::duration<double>(unit_));
-    const double d = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    clock_ += d;
-    busy_ += d;
+    clock_ += unit_;
+    busy_ += unit_;
   }
   double unit_, clock_ = 0, busy_ = 0;
   bool fold_w_;
