@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "ringtrain/comm/agree.hpp"
 #include "ringtrain/comm/collectives.hpp"
@@ -273,7 +274,9 @@ struct PipelineTrainer::Impl {
         Named part = recv_named(grid.world_rank_of(0, 0, s), c);
         all.insert(all.end(), part.begin(), part.end());
       }
-      for (auto& [name, t] : all) d.tensors.emplace_back(file_name(name), t);
+      std::set<std::string> seen;  // "optim/step" comes from every stage (all equal): keep one
+      for (auto& [name, t] : all)
+        if (seen.insert(name).second) d.tensors.emplace_back(file_name(name), t);
       d.scalars = {{"epochs_done", epochs_done}, {"step", step}, {"ranks", world.size()},
                    {"seed", static_cast<std::int64_t>(cfg.train.seed)}, {"pipeline", grid.pp_size()}};
       d.config_toml = cfg.to_toml();
