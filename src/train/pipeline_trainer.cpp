@@ -85,6 +85,7 @@ struct PipelineTrainer::Impl {
   Impl(const TrainConfig& c, const Communicator& w, const TrainerHooks& h) : cfg(c), world(w), hooks(h) {
     cfg.validate();
     grid = ProcessGrid::make(world, {cfg.parallel.pipeline, cfg.parallel.tensor});
+    log::set_prefix(cat("[rank ", world.rank(), " ", grid.tag().substr(1), " "));
     RT_CHECK(cfg.train.device != "cuda", "parallel.pipeline > 1 runs on the CPU for now (set train.device = cpu)");
     RT_CHECK(cfg.train.accumulation == 1, "parallel.pipeline > 1: use parallel.micro_batches, not train.accumulation");
     RT_CHECK(cfg.train.precision == "fp32", "parallel.pipeline > 1 supports train.precision = fp32 only for now");
@@ -309,7 +310,7 @@ struct PipelineTrainer::Impl {
 
 PipelineTrainer::PipelineTrainer(const TrainConfig& cfg, const Communicator& world, const TrainerHooks& hooks)
     : impl_(std::make_unique<Impl>(cfg, world, hooks)) {}
-PipelineTrainer::~PipelineTrainer() = default;
+PipelineTrainer::~PipelineTrainer() { log::set_prefix(""); }
 TrainResult PipelineTrainer::fit() { return impl_->fit(); }
 EvalResult PipelineTrainer::evaluate(const std::string& path) { return impl_->evaluate(path); }
 void PipelineTrainer::load(const std::string& path, bool with_optimizer) { impl_->load(path, with_optimizer); }
