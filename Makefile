@@ -14,11 +14,12 @@ DEBIAN_PACKAGES := \
   libgtest-dev googletest libbenchmark-dev \
   libcli11-dev libtomlplusplus-dev nlohmann-json3-dev \
   dataset-fashion-mnist \
-  python3-torch python3-h5py python3-numpy python3-matplotlib
+  python3-torch python3-h5py python3-numpy python3-matplotlib \
+  munge slurmctld slurmd slurm-client iproute2 util-linux libsimgrid-dev
 
 MPIRUN := mpirun --allow-run-as-root --oversubscribe
 
-.PHONY: deps build test test-gpu bench run prepare clean
+.PHONY: deps build test test-gpu bench run prepare clean cluster-up cluster-down
 
 deps:
 	@missing=$$(dpkg-query -W -f='$${Package} $${Status}\n' $(DEBIAN_PACKAGES) 2>/dev/null | \
@@ -54,6 +55,15 @@ prepare: build
 
 run: prepare
 	OMP_NUM_THREADS=1 $(MPIRUN) -np $(NP) --bind-to none $(BUILD)/ringtrain train --config $(CONFIG) $(ARGS)
+
+# A Slurm cluster on this machine (root): NODES emulated nodes in network namespaces.
+#   make cluster-up NODES=2 ; . /run/ringtrain-slurm/rtslm/env.sh ; sbatch jobs/sbatch_fashion.sh ... ; make cluster-down
+NODES ?= 2
+cluster-up: deps
+	tests/slurm/cluster.sh up $(NODES)
+
+cluster-down:
+	tests/slurm/cluster.sh down
 
 clean:
 	rm -rf $(BUILD)

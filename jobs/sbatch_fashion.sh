@@ -1,22 +1,110 @@
 #!/usr/bin/env bash
-# Slurm job: one rank per GPU (or per socket on CPU nodes), Fashion-MNIST `cnn`.
-#   sbatch jobs/sbatch_fashion.sh                      (2 nodes × 4 ranks)
+# Slurm job: data-parallel Fashion-MNIST (`cnn` by default), requeued when preempted or near its limit.
+#   sbatch jobs/sbatch_fashion.sh                                  (2 nodes x 4 ranks)
 #   sbatch -N 4 --ntasks-per-node=4 jobs/sbatch_fashion.sh --set train.epochs=20
+#   sbatch --gpus-per-node=4 jobs/sbatch_fashion.sh                (GPU sites: one rank per GPU)
+# Site settings are the #SBATCH lines (partition, account, GPUs, CPUs per task) and the
+# environment: BIN (ringtrain binary), CONFIG (TOML), CKPT_DIR (default runs/fashion-<job id>),
+# LAUNCHER=mpirun (default: Open MPI's mpirun reads the allocation) or srun (srun --mpi=pmix).
+#
+# Time limits and preemption: Slurm sends SIGUSR1 to this batch shell 120 s before the limit
+# (--signal=B:USR1@120, up to 60 s earlier); the trap forwards it to the training step, which
+# writes a checkpoint at the exact position and exits 75 (EX_TEMPFAIL); the script then
+# requeues the job, and the restarted job (same id, SLURM_RESTART_COUNT+1) resumes from the
+# newest checkpoint in CKPT_DIR with `--resume auto`.
 #SBATCH --job-name=ringtrain-fashion
 #SBATCH --nodes=2
 #SBATCH --ntasks-per-node=4
 #SBATCH --cpus-per-task=8
-#SBATCH --gpus-per-node=4
 #SBATCH --time=00:30:00
+#SBATCH --signal=B:USR1@120
+#SBATCH --requeue
+#SBATCH --open-mode=append
 #SBATCH --output=runs/slurm-%j.out
-set -euo pipefail
-cd "${SLURM_SUBMIT_DIR:-$(dirname "$0")/..}"
+set -uo pipefail
+
+say() { echo "[sbatch_fashion $(date -u +%H:%M:%S)] $*"; }
+fail() { echo "sbatch_fashion: error: $*" >&2; exit 2; }
+
+if [ -z "${SLURM_JOB_ID:-}" ]; then
+    fail "not inside a Slurm job (SLURM_JOB_ID is unset). Submit it: sbatch jobs/sbatch_fashion.sh [ringtrain args]; on one machine use jobs/mpirun_fashion.sh"
+fi
+cd "${SLURM_SUBMIT_DIR:?}" || fail "cannot enter the submit directory '$SLURM_SUBMIT_DIR'"
 export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}
 BIN=${BIN:-build/ringtrain}
 CONFIG=${CONFIG:-jobs/fashion_cnn.toml}
-# Prepare once, before the parallel step (a no-op when the files exist).
-[ -f data/fashion-mnist/fashion-mnist-train.h5 ] || "$BIN" prepare --dataset fashion-mnist --out data/fashion-mnist
-# ringtrain selects the GPU by node-local rank; srun starts the MPI ranks (PMIx).
-# Log lines are plain (no terminal); metrics go to the checkpoint directory.
-srun --mpi=pmix --cpu-bind=cores "$BIN" train --config "$CONFIG" \
-  --set checkpoint.dir="runs/fashion-${SLURM_JOB_ID}" "$@"
+CKPT_DIR=${CKPT_DIR:-runs/fashion-$SLURM_JOB_ID}
+LAUNCHER=${LAUNCHER:-mpirun}
+RANKS=${SLURM_NTASKS:-$(( ${SLURM_JOB_NUM_NODES:-1} * ${SLURM_NTASKS_PER_NODE:-1} ))}
+[ -x "$BIN" ] || fail "ringtrain binary '$BIN' not found or not executable (set BIN=...)"
+[ -f "$CONFIG" ] || fail "configuration '$CONFIG' not found (set CONFIG=...)"
+
+# The process grid (pipeline x tensor stages) must divide the rank count; the last value wins
+# as in ringtrain (config file, then --set in order).
+grid_value() {  # grid_value KEY: parallel.KEY from the config file and the arguments, default 1
+    local key=$1; shift; local v a x prev=
+    v=$(awk -v k="$key" '/^\[/{s=$0} s=="[parallel]" && $1==k {gsub(/[^0-9]/,"",$3); print $3}' "$CONFIG" | tail -1)
+    v=${v:-1}
+    for a in "$@"; do
+        x=
+        [ "$prev" = --set ] && x=$a
+        case $a in --set=*) x=${a#--set=} ;; esac
+        case $x in parallel.$key=*) v=${x#*=} ;; esac
+        prev=$a
+    done
+    echo "$v"
+}
+PP=$(grid_value pipeline "$@"); TP=$(grid_value tensor "$@")
+[[ "$PP" =~ ^[1-9][0-9]*$ && "$TP" =~ ^[1-9][0-9]*$ ]] || fail "parallel.pipeline ($PP) and parallel.tensor ($TP) must be positive integers"
+if [ $((RANKS % (PP * TP))) -ne 0 ]; then
+    fail "the job has $RANKS ranks, which parallel.pipeline=$PP x parallel.tensor=$TP = $((PP * TP)) does not divide; choose --nodes/--ntasks-per-node so that it does"
+fi
+
+# Checkpoints must be writable before the step starts: a signal near the time limit
+# would otherwise find nowhere to save and the allocation would be lost.
+mkdir -p "$CKPT_DIR" 2>/dev/null || fail "cannot create checkpoint directory '$CKPT_DIR'"
+probe="$CKPT_DIR/.write-probe-$SLURM_JOB_ID"
+{ : > "$probe"; } 2>/dev/null && rm -f "$probe" || fail "checkpoint directory '$CKPT_DIR' is not writable"
+
+[ -f data/fashion-mnist/fashion-mnist-train.h5 ] || "$BIN" prepare --dataset fashion-mnist --out data/fashion-mnist ||
+    fail "could not prepare data/fashion-mnist"
+
+# `--resume auto`: resume from CKPT_DIR when it holds this run's checkpoint, else start fresh.
+resume=(--resume auto)
+if ! "$BIN" train --help 2>/dev/null | grep -q -- '--resume.*auto'; then
+    say "warning: $BIN has no '--resume auto'; a requeued run restarts from the beginning"
+    resume=()
+fi
+train=("$BIN" train --config "$CONFIG" --set checkpoint.dir="$CKPT_DIR" --set log.format=plain "${resume[@]}" "$@")
+case $LAUNCHER in
+    mpirun) step=(mpirun -np "$RANKS" -x OMP_NUM_THREADS "${train[@]}") ;;
+    srun) step=(srun --mpi=pmix --kill-on-bad-exit=1 "${train[@]}") ;;
+    *) fail "LAUNCHER must be mpirun or srun, not '$LAUNCHER'" ;;
+esac
+
+say "job $SLURM_JOB_ID restart ${SLURM_RESTART_COUNT:-0}: $RANKS ranks on ${SLURM_JOB_NUM_NODES:-?} node(s) (${SLURM_JOB_NODELIST:-?}) via $LAUNCHER, checkpoints in $CKPT_DIR"
+# bash runs a trap only between foreground commands: start the step in the background and wait.
+signalled=
+forward() { signalled=$1; say "got SIG$1: asking the training step to checkpoint and stop"; kill -"$1" "$pid" 2>/dev/null; }
+trap 'forward USR1' USR1
+trap 'forward TERM' TERM
+"${step[@]}" &
+pid=$!
+while :; do
+    wait "$pid"; rc=$?
+    # A status above 128 with the step still alive means a trap interrupted `wait`.
+    if [ $rc -gt 128 ] && kill -0 "$pid" 2>/dev/null; then continue; fi
+    break
+done
+trap - USR1 TERM
+
+case $rc in
+    0) say "training finished (metrics: $CKPT_DIR/metrics.jsonl)"; exit 0 ;;
+    75)
+        say "training stopped with a checkpoint (exit 75${signalled:+ after SIG$signalled}); requeueing job $SLURM_JOB_ID: it restarts and resumes from $CKPT_DIR"
+        # On success Slurm ends this shell at once and queues the job again (same id).
+        scontrol requeue "$SLURM_JOB_ID" && exit 0
+        say "scontrol requeue failed: resubmit with the same CKPT_DIR=$CKPT_DIR to resume"; exit 75 ;;
+    2) say "training rejected its input (exit 2): see the messages above; not requeued"; exit 2 ;;
+    *) say "training failed (exit $rc); not requeued; checkpoints written so far stay in $CKPT_DIR"; exit "$rc" ;;
+esac

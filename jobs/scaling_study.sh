@@ -1,34 +1,66 @@
 #!/usr/bin/env bash
-# Strong and weak scaling of `ringtrain train` over rank counts, as CSV + plot.
-#   jobs/scaling_study.sh [ranks...]        default: 1 2 4
-# strong: the global batch is fixed (GLOBAL_BATCH, default 128) and split over ranks;
-# weak:   the per-rank batch is fixed (BATCH, default 64).
-# Each point trains STEPS optimizer steps on Fashion-MNIST and reads images/s
-# from the metrics file. Output: runs/scaling/scaling.csv and scaling.png.
+# Scaling study + calibrated cost model, one command:
+#   jobs/scaling_study.sh                 (about 10 minutes on 2 cores; root for the emulated hosts)
+# 1. all-reduce sweeps (bench_comm_allreduce_sweep, ring and tree) per link class: shared memory
+#    (2 ranks here), veth between emulated hosts (2 nodes), tc-shaped veth (2 nodes, RATE) -> fit
+#    α, β per class and γ; the same sweeps at 3-4 nodes are kept out of the fit for validation;
+# 2. training runs: strong (global batch GLOBAL_BATCH split) and weak (BATCH per rank) scaling of
+#    `cnn` at 1, 2, 4 ranks here (4 oversubscribed), weak scaling on 2 and 4 emulated hosts as Slurm
+#    jobs (salloc -N k mpirun), resnet at 1-2 ranks for its compute time and overlap;
+# 3. jobs/scaling_report.py: CSV, PNG and a text report with the fitted parameters, the validation
+#    table and the 1,024-rank predictions (jobs/costmodel.py predicts other layouts).
+# Environment: OUT (runs/scaling), STEPS (cnn steps per point, 60), RESNET_STEPS (8), BATCH (64),
+#   GLOBAL_BATCH (128), RATE (tc rate of the shaped links, 2gbit), HOSTS=0 to skip the emulated hosts,
+#   SWEEP (sweep arguments), BIN, BENCH.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-RANKS=(${@:-1 2 4})
-BIN=${BIN:-build/ringtrain}
-STEPS=${STEPS:-200}
-GLOBAL_BATCH=${GLOBAL_BATCH:-128}
-BATCH=${BATCH:-64}
-MODEL=${MODEL:-cnn}
-OUT=runs/scaling
-LAUNCH=${LAUNCH:-mpirun --allow-run-as-root --oversubscribe --bind-to none}
-mkdir -p "$OUT"
+ROOT=$PWD
+OUT=${OUT:-runs/scaling}; mkdir -p "$OUT"/{sweeps,train,data}; OUT=$(cd "$OUT" && pwd)
+BIN=${BIN:-$ROOT/build/ringtrain}; BENCH=${BENCH:-$ROOT/build/bench/bench_comm_allreduce_sweep}
+STEPS=${STEPS:-60}; RESNET_STEPS=${RESNET_STEPS:-8}; BATCH=${BATCH:-64}; GLOBAL_BATCH=${GLOBAL_BATCH:-128}
+RATE=${RATE:-2gbit}; HOSTS=${HOSTS:-1}
+export SWEEP=${SWEEP:--b 4K -e 16M -f 4 -w 3 -n 15 -c 0 --algos ring,tree --stat min}
+for f in "$BIN" "$BENCH"; do [ -x "$f" ] || { echo "scaling_study: '$f' missing: run make build" >&2; exit 2; }; done
 [ -f data/fashion-mnist/fashion-mnist-train.h5 ] || "$BIN" prepare --dataset fashion-mnist --out data/fashion-mnist
-echo "mode,ranks,batch_per_rank,global_batch,images_per_s" > "$OUT/scaling.csv"
-for mode in strong weak; do
-  for np in "${RANKS[@]}"; do
-    if [ "$mode" = strong ]; then b=$((GLOBAL_BATCH / np)); else b=$BATCH; fi
-    m="$OUT/$mode-$np.jsonl"; rm -f "$m"
-    echo "== $mode scaling: $np ranks × batch $b"
-    $LAUNCH -np "$np" -x OMP_NUM_THREADS=1 "$BIN" train --config jobs/fashion_cnn.toml \
-      --set model.name=$MODEL --set data.batch_size=$b --set train.max_steps=$STEPS \
-      --set train.epochs=1000 --set checkpoint.dir= --set log.metrics="$m" --set log.format=plain \
-      --no-eval >/dev/null
-    ips=$(/usr/bin/python3 -c "import json,sys; print([json.loads(l) for l in open('$m') if '\"epoch\"' in l][-1]['images_per_s'])")
-    echo "$mode,$np,$b,$((b * np)),$ips" | tee -a "$OUT/scaling.csv"
-  done
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
+LOCAL="mpirun --oversubscribe --bind-to none"
+echo "where,mode,model,ranks,nodes,batch_per_rank,metrics" > "$OUT/runs.csv"
+
+# train WHERE MODE MODEL RANKS NODES BATCH STEPS LAUNCH...: one training point, metrics to train/.
+# Each point trains exactly one epoch of a synthetic Fashion-MNIST-shaped set (1x28x28, 10 classes)
+# of STEPS x global batch samples: the trainer writes its time split once per whole epoch.
+train() {
+    local where=$1 mode=$2 model=$3 np=$4 nodes=$5 b=$6 steps=$7; shift 7
+    local m="$OUT/train/$where-$mode-$model-$np.jsonl" n=$((steps * b * np))
+    local d="$OUT/data/synthetic-$n"
+    [ -d "$d" ] || "$BIN" prepare --dataset synthetic --samples "$n" --test-samples 64 --channels 1 \
+        --height 28 --width 28 --classes 10 --out "$d" > /dev/null
+    rm -f "$m"
+    echo "== train $where $mode $model: $np ranks on $nodes node(s), batch $b/rank, $steps steps"
+    "$@" -np "$np" -x OMP_NUM_THREADS=1 "$BIN" train --config jobs/fashion_cnn.toml --set model.name="$model" \
+        --set data.train="$d" --set data.test="$d" --set data.batch_size="$b" --set train.epochs=1 \
+        --set checkpoint.dir= --set log.metrics="$m" --set log.format=plain --no-eval \
+        > "$OUT/train/$where-$mode-$model-$np.log" 2>&1
+    echo "$where,$mode,$model,$np,$nodes,$b,$m" >> "$OUT/runs.csv"
+}
+export -f train; export OUT BIN BENCH BATCH STEPS
+
+echo "== sweep: shared memory, 2 ranks (fit) and 4 ranks (validation, oversubscribed)"
+$LOCAL -np 2 "$BENCH" $SWEEP --csv "$OUT/sweeps/shm-1n2r.csv" > "$OUT/sweeps/shm-1n2r.txt"
+$LOCAL -np 4 "$BENCH" $SWEEP --csv "$OUT/sweeps/shm-1n4r.csv" > "$OUT/sweeps/shm-1n4r.txt"
+for np in 1 2 4; do
+    train local weak cnn "$np" 1 "$BATCH" "$STEPS" $LOCAL
+    train local strong cnn "$np" 1 $((GLOBAL_BATCH / np)) "$STEPS" $LOCAL
 done
-/usr/bin/python3 jobs/plot_scaling.py "$OUT/scaling.csv" "$OUT/scaling.png"
+for np in 1 2; do train local weak resnet "$np" 1 "$BATCH" "$RESNET_STEPS" $LOCAL; done
+
+if [ "$HOSTS" = 1 ]; then
+    why=$(tests/slurm/cluster.sh check) || { echo "scaling_study: no emulated hosts: $why" >&2; HOSTS=0; }
+fi
+if [ "$HOSTS" = 1 ]; then
+    export RT_SLURM_NAME=rtscale RT_SLURM_SUBNET=10.77.29 RT_SLURM_PORT=18000
+    tests/slurm/cluster.sh run 4 -- jobs/scaling_hosts.sh net
+    RT_SLURM_RATE=$RATE tests/slurm/cluster.sh run 4 -- jobs/scaling_hosts.sh tbf
+    echo "$RATE" > "$OUT/tbf_rate.txt"
+fi
+/usr/bin/python3 jobs/scaling_report.py "$OUT"

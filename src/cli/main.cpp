@@ -4,6 +4,7 @@
 #include <mpi.h>
 
 #include <chrono>
+#include <map>
 #include <cstdio>
 #include <thread>
 
@@ -13,6 +14,8 @@
 #include "ringtrain/core/log.hpp"
 #include "ringtrain/data/prepare.hpp"
 #include "ringtrain/train/config.hpp"
+#include "ringtrain/train/exit_codes.hpp"
+#include "ringtrain/train/signals.hpp"
 #include "ringtrain/train/trainer.hpp"
 
 using namespace ringtrain;
@@ -21,36 +24,69 @@ namespace {
 
 struct TrainArgs {
   std::string config;
-  std::vector<std::string> sets;
+  std::vector<std::string> sets;  // filled after parsing, in command-line order
   std::string resume;
   bool no_eval = false, print_config = false, list_keys = false;
 };
 
-// Shortcuts for the most used keys; each becomes a --set.
-void add_shortcuts(CLI::App* app, std::vector<std::string>& sets) {
-  auto shortcut = [&](const char* flag, const char* key, const char* help) {
-    app->add_option_function<std::string>(flag, [&sets, key](const std::string& v) { sets.push_back(std::string(key) + "=" + v); },
-                                          std::string(help) + " (= --set " + key + "=...)");
+// Which exit status an error gets: bad input until training starts, a runtime failure after.
+struct Phase {
+  int code = exit_code::bad_input;
+};
+
+// Shortcuts for the most used keys; each is a --set of its key. When a key is
+// given more than once (by --set or a shortcut), the LATER one on the command line
+// wins, as with repeated --set: the overrides are applied in command-line order.
+struct Overrides {
+  std::map<const CLI::Option*, std::string> key_of;  // shortcut option -> key ("" for --set itself)
+  std::vector<std::vector<std::string>> storage;      // CLI11 writes each option's values here
+};
+
+void add_shortcuts(CLI::App* app, Overrides& o) {
+  static const char* table[][3] = {
+      {"--model", "model.name", "mlp | cnn | resnet"},
+      {"--train-data", "data.train", "training split: .h5 file or prepared directory"},
+      {"--test-data", "data.test", "test split: .h5 file or prepared directory"},
+      {"--batch-size", "data.batch_size", "samples per rank per micro-batch"},
+      {"--epochs", "train.epochs", "epochs"},
+      {"--max-steps", "train.max_steps", "stop after this many optimizer steps"},
+      {"--seed", "train.seed", "random seed"},
+      {"--threads", "train.threads", "compute threads per rank"},
+      {"--device", "train.device", "auto | cpu | cuda"},
+      {"--precision", "train.precision", "fp32 | tf32 | bf16 | fp16 (fp16: dynamic loss scaling)"},
+      {"--optimizer", "optimizer.name", "sgd | adam | adamw | lars | lamb"},
+      {"--lr", "optimizer.lr", "base learning rate"},
+      {"--algorithm", "comm.algorithm", "all-reduce: auto | ring | tree | mpi"},
+      {"--fusion-threshold", "comm.fusion_threshold", "fusion buffer bytes, 0 = off"},
+      {"--cycle-time", "comm.cycle_time_ms", "fusion engine cycle in ms"},
+      {"--timeline", "comm.timeline", "write a Chrome-trace timeline here"},
+      {"--checkpoint-dir", "checkpoint.dir", "checkpoint directory"},
+      {"--metrics", "log.metrics", "JSON-lines metrics file"},
+      {"--log-format", "log.format", "auto | bar | plain"},
   };
-  shortcut("--model", "model.name", "mlp | cnn | resnet");
-  shortcut("--train-data", "data.train", "training split: .h5 file or prepared directory");
-  shortcut("--test-data", "data.test", "test split: .h5 file or prepared directory");
-  shortcut("--batch-size", "data.batch_size", "samples per rank per micro-batch");
-  shortcut("--epochs", "train.epochs", "epochs");
-  shortcut("--max-steps", "train.max_steps", "stop after this many optimizer steps");
-  shortcut("--seed", "train.seed", "random seed");
-  shortcut("--threads", "train.threads", "compute threads per rank");
-  shortcut("--device", "train.device", "auto | cpu | cuda");
-  shortcut("--precision", "train.precision", "fp32 | tf32 | bf16 | fp16 (fp16: dynamic loss scaling)");
-  shortcut("--optimizer", "optimizer.name", "sgd | adam | adamw | lars | lamb");
-  shortcut("--lr", "optimizer.lr", "base learning rate");
-  shortcut("--algorithm", "comm.algorithm", "all-reduce: auto | ring | tree | mpi");
-  shortcut("--fusion-threshold", "comm.fusion_threshold", "fusion buffer bytes, 0 = off");
-  shortcut("--cycle-time", "comm.cycle_time_ms", "fusion engine cycle in ms");
-  shortcut("--timeline", "comm.timeline", "write a Chrome-trace timeline here");
-  shortcut("--checkpoint-dir", "checkpoint.dir", "checkpoint directory");
-  shortcut("--metrics", "log.metrics", "JSON-lines metrics file");
-  shortcut("--log-format", "log.format", "auto | bar | plain");
+  o.storage.reserve(std::size(table) + 1);
+  o.storage.emplace_back();
+  o.key_of[app->add_option("--set", o.storage.back(), "override a key: --set section.key=value (repeatable; the later of "
+                                                      "--set and a shortcut for one key wins)")] = "";
+  for (auto& row : table) {
+    o.storage.emplace_back();
+    o.key_of[app->add_option(row[0], o.storage.back(), std::string(row[2]) + " (= --set " + row[1] + "=...)")] = row[1];
+  }
+}
+
+// The overrides as section.key=value, in command-line order.
+std::vector<std::string> ordered_overrides(const CLI::App* app, const Overrides& o) {
+  std::vector<std::string> out;
+  std::map<const CLI::Option*, std::size_t> seen;
+  for (const CLI::Option* opt : app->parse_order()) {
+    auto it = o.key_of.find(opt);
+    if (it == o.key_of.end()) continue;
+    const auto& values = opt->results();
+    std::size_t i = seen[opt]++;
+    if (i >= values.size()) continue;
+    out.push_back(it->second.empty() ? values[i] : it->second + "=" + values[i]);
+  }
+  return out;
 }
 
 // Every rank reads the configuration; a bad file or key ends the job with one message.
@@ -64,7 +100,7 @@ TrainConfig load_config(const std::string& path, const std::vector<std::string>&
   return cfg;
 }
 
-int run_train(const TrainArgs& a, const Communicator& world) {
+int run_train(const TrainArgs& a, const Communicator& world, Phase& phase) {
   if (a.list_keys) {
     if (world.rank() == 0)
       for (const auto& k : TrainConfig::keys()) std::printf("  %s\n", k.c_str());
@@ -75,11 +111,15 @@ int run_train(const TrainArgs& a, const Communicator& world) {
     if (world.rank() == 0) std::printf("%s", cfg.to_toml().c_str());
     return 0;
   }
+  StopSignals::install();
   TrainerHooks hooks;
   hooks.evaluate = !a.no_eval;
+  hooks.stop_signal = &StopSignals::pending;
   Trainer trainer(cfg, world, hooks);
   if (!a.resume.empty()) trainer.resume(a.resume);
+  phase.code = exit_code::failure;
   TrainResult r = trainer.fit();
+  if (r.stopped_by_signal) return exit_code::stopped;  // the trainer said what happened and where it saved
   if (world.rank() == 0 && !r.last.evaluated) log::info("done: ", r.steps, " steps (no evaluation)");
   if (world.rank() == 0 && r.last.evaluated) {
     log::info("done: ", r.steps, " steps, final test accuracy ", 100 * r.last.test_accuracy, "%, best ",
@@ -185,15 +225,17 @@ int main(int argc, char** argv) {
              "RINGTRAIN_TREE_THRESHOLD, RINGTRAIN_COLLECTIVE_TIMEOUT, RINGTRAIN_LOG=debug|info|warn");
 
   TrainArgs ta;
+  Overrides overrides;
   auto* train = app.add_subcommand("train", "train a model data-parallel (one rank per device)");
   train->add_option("-c,--config", ta.config, "TOML configuration (see jobs/*.toml; defaults otherwise)")
       ->check(CLI::ExistingFile);
-  train->add_option("--set", ta.sets, "override a key: --set section.key=value (repeatable)");
-  train->add_option("--resume", ta.resume, "continue from a checkpoint file or the newest in a directory");
+  train->add_option("--resume", ta.resume,
+                    "continue from a checkpoint file, the newest intact one in a directory, or `auto`: "
+                    "checkpoint.dir's newest of this configuration if any, else a new run");
   train->add_flag("--no-eval", ta.no_eval, "skip the per-epoch test-set evaluation");
   train->add_flag("--print-config", ta.print_config, "print the effective configuration as TOML and exit");
   train->add_flag("--list-keys", ta.list_keys, "list every configuration key and exit");
-  add_shortcuts(train, ta.sets);
+  add_shortcuts(train, overrides);
 
   EvalArgs ea;
   auto* eval = app.add_subcommand("eval", "evaluate a checkpoint on a test split (spread across ranks)");
@@ -222,27 +264,32 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    int rc = world.rank() == 0 ? app.exit(e) : (e.get_exit_code() == 0 ? 0 : 2);
-    return rc;
+    // Every rank parses the same arguments: rank 0 prints, all return the same status.
+    if (world.rank() == 0) app.exit(e);
+    return e.get_exit_code() == 0 ? exit_code::ok : exit_code::bad_input;
   }
+  ta.sets = ordered_overrides(train, overrides);
 
+  Phase phase;
   try {
-    if (*train) return run_train(ta, world);
+    if (*train) return run_train(ta, world, phase);
+    phase.code = exit_code::bad_input;
     if (*eval) return run_eval(ea, world);
     if (*prep) return run_prepare(pa, world);
   } catch (const CollectiveError& e) {
-    // Raised on every rank together: one message, clean exit everywhere.
+    // Raised on every rank together: one message, the same status everywhere.
     if (world.rank() == 0) std::fprintf(stderr, "error: %s\n", e.what());
-    return 1;
+    return phase.code;
   } catch (const std::exception& e) {
     log::error(e.what());
     if (world.size() > 1) {
       // Errors found by every rank (bad config or data) are printed by each; an
       // error on one rank ends the job so that the others never wait for it.
+      // MPI_Abort's status becomes the job's: non-zero whatever the launcher does next.
       std::this_thread::sleep_for(std::chrono::milliseconds(300));
-      MPI_Abort(MPI_COMM_WORLD, 1);
+      MPI_Abort(MPI_COMM_WORLD, phase.code);
     }
-    return 1;
+    return phase.code;
   }
-  return 0;
+  return exit_code::ok;
 }

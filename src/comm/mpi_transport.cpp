@@ -8,6 +8,7 @@
 
 #include "ringtrain/comm/collectives.hpp"
 #include "ringtrain/comm/host_backend.hpp"
+#include "ringtrain/comm/stall_diagnosis.hpp"
 #include "ringtrain/core/error.hpp"
 #include "ringtrain/core/log.hpp"
 
@@ -103,11 +104,16 @@ void MpiTransport::wait(Request& r) {
 }
 
 void MpiTransport::stalled(const Request& r, double waited_s) const {
-  log::error(what_, ": stalled for ", static_cast<long long>(waited_s), " s waiting to ",
-             r.is_send ? "send to" : "receive from", " rank ", r.peer, " of communicator '", comm_name_,
-             "' (rank ", rank_, " of ", size_, "); a rank is missing from the collective or passed a different ",
-             "count. Aborting the job (RINGTRAIN_COLLECTIVE_TIMEOUT=", timeout_s_, " s)");
-  MPI_Abort(comm_, 70);
+  // The peer we wait for may itself wait for another rank: ask who never came.
+  StallDiagnosis d = diagnose_stall(comm_, stall_grace_s(timeout_s_));
+  if (rank_ == d.first_live)
+    log::error(what_, ": stalled for ", static_cast<long long>(waited_s), " s on communicator '", comm_name_,
+               "': ", d.describe(), "; rank ", rank_, " of ", size_, " was waiting to ",
+               r.is_send ? "send to" : "receive from", " rank ", r.peer, " of communicator '", comm_name_,
+               "'. Aborting the job (comm.collective_timeout_s / RINGTRAIN_COLLECTIVE_TIMEOUT=", timeout_s_, " s)");
+  else
+    std::this_thread::sleep_for(std::chrono::seconds(1));  // let the reporting rank's message out first
+  MPI_Abort(comm_, 1);
   std::abort();
 }
 

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <thread>
 
+#include "ringtrain/comm/stall_diagnosis.hpp"
 #include "ringtrain/core/error.hpp"
 
 namespace ringtrain::engine {
@@ -16,7 +17,7 @@ constexpr std::uint64_t kNoUncached = 1, kNoShutdown = 2, kNoForce = 4, kNoPendi
 // The peers' engine threads cycle even while their users compute, so a control
 // collective only stays open when a peer process is gone or hung: after
 // `timeout_s` (> 0) that is an Error, which the engine turns into MPI_Abort.
-void wait_mpi(MPI_Request& req, const char* what, double timeout_s) {
+void wait_mpi(MPI_Request& req, const char* what, double timeout_s, const Communicator& comm) {
   int flag = 0;
   const auto t0 = Clock::now();
   for (int spins = 0;; ++spins) {
@@ -31,15 +32,20 @@ void wait_mpi(MPI_Request& req, const char* what, double timeout_s) {
     std::this_thread::sleep_for(std::chrono::microseconds(spins < 128 ? 10 : spins < 1024 ? 50 : 100));
     if (timeout_s > 0 && (spins & 255) == 0 &&
         std::chrono::duration<double>(Clock::now() - t0).count() > timeout_s)
-      RT_FAIL("fusion engine: ", what, " has not completed after ", timeout_s,
-              " s: a peer's engine no longer runs (process gone or hung; RINGTRAIN_COLLECTIVE_TIMEOUT)");
+    {
+      // Name the rank whose engine stopped (a SIGSTOPped or wedged process):
+      // every live engine times out here together and answers the diagnosis.
+      StallDiagnosis d = diagnose_stall(comm.handle(what), stall_grace_s(timeout_s));
+      RT_FAIL("fusion engine: ", what, " has not completed after ", timeout_s, " s: ", d.describe(),
+              "; its engine no longer runs (comm.collective_timeout_s / RINGTRAIN_COLLECTIVE_TIMEOUT)");
+    }
   }
 }
 
 // RINGTRAIN_COLLECTIVE_TIMEOUT (seconds, default 300, 0 = forever), shared with the collectives.
-double control_timeout() {
+double control_timeout(double configured) {
   const char* v = std::getenv("RINGTRAIN_COLLECTIVE_TIMEOUT");
-  if (!v || !*v) return 300;
+  if (!v || !*v) return configured >= 0 ? configured : 300;
   char* end = nullptr;
   double s = std::strtod(v, &end);
   RT_CHECK(end != v && *end == '\0' && s >= 0, "RINGTRAIN_COLLECTIVE_TIMEOUT='", v,
@@ -59,9 +65,9 @@ bool bit(const std::vector<std::uint64_t>& v, int slot) {
 }  // namespace
 
 Controller::Controller(const Communicator& comm, std::size_t cache_capacity, double stall_warn_s,
-                       double stall_shutdown_s)
+                       double stall_shutdown_s, double collective_timeout_s)
     : comm_(comm), rank_(comm.rank()), size_(comm.size()), cache_(cache_capacity),
-      timeout_s_(control_timeout()), stall_(stall_warn_s, stall_shutdown_s) {}
+      timeout_s_(control_timeout(collective_timeout_s)), stall_(stall_warn_s, stall_shutdown_s) {}
 
 bool Controller::table_holds_cached_name() const {
   for (const auto& [seq, e] : table_)
@@ -110,7 +116,7 @@ CycleResult Controller::cycle(const std::unordered_map<std::string, OpPtr>& pend
   mpi_ok(MPI_Iallreduce(MPI_IN_PLACE, v.data(), static_cast<int>(v.size()), MPI_UINT64_T, MPI_BAND,
                         comm_.handle("engine bit-vector all-reduce"), &req),
          "MPI_Iallreduce of the readiness bits");
-  wait_mpi(req, "MPI_Iallreduce of the readiness bits", timeout_s_);
+  wait_mpi(req, "MPI_Iallreduce of the readiness bits", timeout_s_, comm_);
   res.synced_at = Clock::now();  // (almost) the same moment on every rank
 
   // Step 3: shutdown wins.
@@ -200,7 +206,7 @@ std::vector<Response> Controller::full_round(const std::unordered_map<std::strin
   std::vector<int> sizes(rank_ == 0 ? size_ : 0), displs;
   MPI_Request req;
   mpi_ok(MPI_Igather(&n, 1, MPI_INT, sizes.data(), 1, MPI_INT, 0, comm, &req), "MPI_Igather of request sizes");
-  wait_mpi(req, "MPI_Igather of request sizes", timeout_s_);
+  wait_mpi(req, "MPI_Igather of request sizes", timeout_s_, comm_);
   std::vector<std::uint8_t> all;
   if (rank_ == 0) {
     displs.resize(size_);
@@ -214,7 +220,7 @@ std::vector<Response> Controller::full_round(const std::unordered_map<std::strin
   mpi_ok(MPI_Igatherv(bytes.data(), n, MPI_BYTE, all.data(), sizes.data(), displs.data(), MPI_BYTE, 0, comm,
                       &req),
          "MPI_Igatherv of requests");
-  wait_mpi(req, "MPI_Igatherv of requests", timeout_s_);
+  wait_mpi(req, "MPI_Igatherv of requests", timeout_s_, comm_);
 
   std::vector<std::uint8_t> out;
   if (rank_ == 0) {
@@ -224,10 +230,10 @@ std::vector<Response> Controller::full_round(const std::unordered_map<std::strin
   }
   std::uint64_t out_n = out.size();
   mpi_ok(MPI_Ibcast(&out_n, 1, MPI_UINT64_T, 0, comm, &req), "MPI_Ibcast of the response size");
-  wait_mpi(req, "MPI_Ibcast of the response size", timeout_s_);
+  wait_mpi(req, "MPI_Ibcast of the response size", timeout_s_, comm_);
   out.resize(out_n);
   mpi_ok(MPI_Ibcast(out.data(), static_cast<int>(out_n), MPI_BYTE, 0, comm, &req), "MPI_Ibcast of responses");
-  wait_mpi(req, "MPI_Ibcast of responses", timeout_s_);
+  wait_mpi(req, "MPI_Ibcast of responses", timeout_s_, comm_);
   return decode_responses(out.data(), out.size());
 }
 

@@ -10,6 +10,7 @@
 
 #include "controller.hpp"
 #include "fusion_buffer.hpp"
+#include "ringtrain/comm/host_backend.hpp"
 #include "ringtrain/core/log.hpp"
 #include "tensor_queue.hpp"
 #include "timeline.hpp"
@@ -91,14 +92,17 @@ Engine::Impl::Impl(const Communicator& c, EngineOptions o) : opts(std::move(o)) 
   RT_CHECK(opts.backward_passes_per_step >= 1, "EngineOptions: backward_passes_per_step must be >= 1, got ",
            opts.backward_passes_per_step);
   RT_CHECK(opts.stall_warning_s >= 0 && opts.stall_shutdown_s >= 0,
-           "EngineOptions: stall limits must be >= 0 (0 = off)");
+           "EngineOptions: stall limits must be >= 0 (0 = off), got stall_warning_s = ", opts.stall_warning_s,
+           ", stall_shutdown_s = ", opts.stall_shutdown_s);
   comm = c.dup("engine");
   rank = comm.rank();
   size = comm.size();
   check_engine_settings_agree(comm, opts);
   queue.set_accumulation(opts.backward_passes_per_step);
   controller = std::make_unique<engine::Controller>(comm, opts.cache_capacity, opts.stall_warning_s,
-                                                    opts.stall_shutdown_s);
+                                                    opts.stall_shutdown_s, opts.collective_timeout_s);
+  // The data all-reduces on the engine's communicator time out alike.
+  if (opts.collective_timeout_s >= 0) host_context(comm.handle(), comm.local_size()).timeout_s = opts.collective_timeout_s;
   if (!opts.timeline.empty() && (rank == 0 || opts.timeline_all_ranks)) {
     std::string path = opts.timeline;
     if (opts.timeline_all_ranks) {

@@ -5,8 +5,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cmath>
 #include <cstring>
-#include <filesystem>
 #include <regex>
 
 #include "ringtrain/core/allocator.hpp"
@@ -17,8 +19,6 @@ namespace fs = std::filesystem;
 
 namespace ringtrain {
 namespace {
-
-const char* kSchema = "ringtrain-checkpoint-1";
 
 // RAII for HDF5 ids.
 struct H5 {
@@ -54,6 +54,12 @@ void write_string_attr(hid_t obj, const char* name, const std::string& value) {
   RT_CHECK(attr.id >= 0 && H5Awrite(attr, type, value.data()) >= 0, "cannot write attribute '", name, "'");
 }
 
+void write_int_attr(hid_t obj, const char* name, std::int64_t v) {
+  H5 space(H5Screate(H5S_SCALAR), H5Sclose);
+  H5 attr(H5Acreate2(obj, name, H5T_NATIVE_INT64, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+  RT_CHECK(attr.id >= 0 && H5Awrite(attr, H5T_NATIVE_INT64, &v) >= 0, "cannot write attribute '", name, "'");
+}
+
 std::string read_string_attr(hid_t obj, const char* name, const std::string& where) {
   RT_CHECK(H5Aexists(obj, name) > 0, where, ": attribute '", name, "' is missing");
   H5 attr(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
@@ -67,6 +73,14 @@ std::string read_string_attr(hid_t obj, const char* name, const std::string& whe
   return s;
 }
 
+std::int64_t read_int_attr(hid_t obj, const char* name, const std::string& where) {
+  RT_CHECK(H5Aexists(obj, name) > 0, where, ": attribute '", name, "' is missing");
+  H5 attr(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
+  std::int64_t v = 0;
+  RT_CHECK(H5Aread(attr, H5T_NATIVE_INT64, &v) >= 0, where, ": cannot read attribute '", name, "'");
+  return v;
+}
+
 void fsync_path(const std::string& path, bool directory) {
   int fd = ::open(path.c_str(), directory ? O_RDONLY | O_DIRECTORY : O_RDONLY);
   if (fd < 0) return;
@@ -74,45 +88,159 @@ void fsync_path(const std::string& path, bool directory) {
   ::close(fd);
 }
 
+// Free space, for the "disk full?" hint of a failed write.
+std::string space_hint(const fs::path& dir) {
+  std::error_code ec;
+  auto s = fs::space(dir.empty() ? fs::path(".") : dir, ec);
+  if (ec) return "";
+  return cat(" (", s.available / 1024, " KiB free on '", dir.string(), "')");
+}
+
+void write_tensors(hid_t file, const std::string& path, const CheckpointData& data, const CheckpointWriteHook& hook);
+
+// Builds the HDF5 file in memory (the core driver, no backing store) and
+// returns its bytes. HDF5 never touches the disk: a full disk is a plain
+// write() error below, and HDF5 is not left holding a half-flushed file.
+std::vector<char> build_image(const std::string& path, const CheckpointData& data, const CheckpointWriteHook& hook) {
+  std::vector<char> image;
+  H5 fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
+  H5Pset_fapl_core(fapl, 1 << 20, 0);
+  {
+    H5 file(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl), H5Fclose);
+    RT_CHECK(file.id >= 0, "checkpoint '", path, "': cannot create the HDF5 image in memory");
+    write_tensors(file, path, data, hook);
+    RT_CHECK(H5Fflush(file, H5F_SCOPE_GLOBAL) >= 0, "checkpoint '", path, "': HDF5 flush failed");
+    ssize_t n = H5Fget_file_image(file, nullptr, 0);
+    RT_CHECK(n > 0, "checkpoint '", path, "': cannot get the HDF5 image");
+    image.resize(static_cast<std::size_t>(n));
+    RT_CHECK(H5Fget_file_image(file, image.data(), image.size()) == n, "checkpoint '", path,
+             "': cannot copy the HDF5 image");
+  }
+  return image;
+}
+
+// write() everything, then fsync; errno in the message (ENOSPC: "No space left on device").
+void write_bytes(const std::string& tmp, const std::string& path, const std::vector<char>& bytes) {
+  const fs::path parent = fs::path(path).parent_path();
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  RT_CHECK(fd >= 0, "checkpoint '", path, "': cannot create '", tmp, "': ", std::strerror(errno));
+  std::size_t done = 0;
+  while (done < bytes.size()) {
+    ssize_t w = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      int e = w < 0 ? errno : ENOSPC;
+      ::close(fd);
+      RT_FAIL("checkpoint '", path, "': writing ", bytes.size(), " bytes failed after ", done, ": ", std::strerror(e),
+              space_hint(parent));
+    }
+    done += static_cast<std::size_t>(w);
+  }
+  int rc = ::fsync(fd);
+  int e = errno;
+  ::close(fd);
+  RT_CHECK(rc == 0, "checkpoint '", path, "': fsync failed: ", std::strerror(e), space_hint(parent));
+}
+
+void write_tensors(hid_t file, const std::string& path, const CheckpointData& data, const CheckpointWriteHook& hook) {
+  write_string_attr(file, "schema", kCheckpointSchema);
+  write_string_attr(file, "config", data.config_toml);
+  H5 lcpl(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
+  H5Pset_create_intermediate_group(lcpl, 1);
+  H5 group(H5Gcreate2(file, "tensors", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
+  for (const auto& [name, t] : data.tensors) {
+    Tensor host = t.device().is_cpu() ? t : t.to(Device::cpu());
+    std::vector<hsize_t> dims;
+    for (auto d : host.shape()) dims.push_back(static_cast<hsize_t>(d));
+    if (dims.empty()) dims.push_back(static_cast<hsize_t>(host.numel()));
+    H5 space(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), H5Sclose);
+    H5 ds(H5Dcreate2(group, name.c_str(), h5_type(host.dtype()), space, lcpl, H5P_DEFAULT, H5P_DEFAULT), H5Dclose);
+    RT_CHECK(ds.id >= 0, "checkpoint '", path, "': cannot create dataset for tensor '", name, "'");
+    if (host.numel())
+      RT_CHECK(H5Dwrite(ds, h5_type(host.dtype()), H5S_ALL, H5S_ALL, H5P_DEFAULT, host.raw()) >= 0,
+               "checkpoint '", path, "': cannot write tensor '", name, "'");
+    write_string_attr(ds, "dtype", dtype_name(host.dtype()));
+    write_int_attr(ds, "crc32", crc32(host.raw(), host.nbytes()));
+    if (hook) hook(name);
+  }
+  H5 scalars(H5Gcreate2(file, "scalars", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
+  for (const auto& [name, v] : data.scalars) write_int_attr(scalars, name.c_str(), v);
+  H5 strings(H5Gcreate2(file, "strings", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
+  for (const auto& [name, v] : data.strings) write_string_attr(strings, name.c_str(), v);
+}
+
+herr_t collect_link(hid_t, const char* name, const H5L_info_t*, void* out) {
+  static_cast<std::vector<std::string>*>(out)->push_back(name);
+  return 0;
+}
+
+bool is_float(DType dt) { return dt == DType::f32 || dt == DType::f64 || dt == DType::f16 || dt == DType::bf16; }
+
+// Index of the first non-finite element, or -1.
+std::int64_t first_non_finite(const Tensor& t) {
+  const std::int64_t n = t.numel();
+  switch (t.dtype()) {
+    case DType::f32: {
+      const float* p = static_cast<const float*>(t.raw());
+      for (std::int64_t i = 0; i < n; ++i) if (!std::isfinite(p[i])) return i;
+      return -1;
+    }
+    case DType::f64: {
+      const double* p = static_cast<const double*>(t.raw());
+      for (std::int64_t i = 0; i < n; ++i) if (!std::isfinite(p[i])) return i;
+      return -1;
+    }
+    case DType::f16:
+    case DType::bf16: {
+      const std::uint16_t mask = t.dtype() == DType::f16 ? 0x7c00 : 0x7f80;
+      const std::uint16_t* p = static_cast<const std::uint16_t*>(t.raw());
+      for (std::int64_t i = 0; i < n; ++i) if ((p[i] & mask) == mask) return i;
+      return -1;
+    }
+    default: return -1;
+  }
+}
+
 }  // namespace
 
-void write_checkpoint(const std::string& path, const CheckpointData& data) {
-  // HDF5 1.10 is not thread-safe and the loader's prefetch thread reads concurrently.
-  std::lock_guard lock(data::hdf5_mutex());
-  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+std::uint32_t crc32(const void* data, std::size_t bytes, std::uint32_t crc) {
+  static const auto table = [] {
+    std::array<std::uint32_t, 256> t{};
+    for (std::uint32_t i = 0; i < 256; ++i) {
+      std::uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+      t[i] = c;
+    }
+    return t;
+  }();
+  const auto* p = static_cast<const unsigned char*>(data);
+  crc = ~crc;
+  for (std::size_t i = 0; i < bytes; ++i) crc = table[(crc ^ p[i]) & 0xFF] ^ (crc >> 8);
+  return ~crc;
+}
+
+void write_checkpoint(const std::string& path, const CheckpointData& data, const CheckpointWriteHook& hook) {
+  std::vector<char> image;
+  {
+    // HDF5 1.10 is not thread-safe and the loader's prefetch thread reads concurrently.
+    std::lock_guard lock(data::hdf5_mutex());
+    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+    image = build_image(path, data, hook);
+  }
   fs::path target(path);
   if (target.has_parent_path()) fs::create_directories(target.parent_path());
-  std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  {
-    H5 file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
-    RT_CHECK(file.id >= 0, "cannot create checkpoint file '", tmp, "' (is the directory writable?)");
-    write_string_attr(file, "schema", kSchema);
-    write_string_attr(file, "config", data.config_toml);
-    H5 group(H5Gcreate2(file, "tensors", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
-    for (const auto& [name, t] : data.tensors) {
-      Tensor host = t.device().is_cpu() ? t : t.to(Device::cpu());
-      hsize_t n = static_cast<hsize_t>(host.numel());
-      H5 space(H5Screate_simple(1, &n, nullptr), H5Sclose);
-      H5 ds(H5Dcreate2(group, name.c_str(), h5_type(host.dtype()), space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
-            H5Dclose);
-      RT_CHECK(ds.id >= 0, "checkpoint '", path, "': cannot create dataset for tensor '", name, "'");
-      if (n) RT_CHECK(H5Dwrite(ds, h5_type(host.dtype()), H5S_ALL, H5S_ALL, H5P_DEFAULT, host.raw()) >= 0,
-                      "checkpoint '", path, "': cannot write tensor '", name, "' (disk full?)");
-      write_string_attr(ds, "dtype", dtype_name(host.dtype()));
-    }
-    H5 scalars(H5Gcreate2(file, "scalars", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
-    for (const auto& [name, v] : data.scalars) {
-      H5 space(H5Screate(H5S_SCALAR), H5Sclose);
-      H5 attr(H5Acreate2(scalars, name.c_str(), H5T_NATIVE_INT64, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
-      RT_CHECK(attr.id >= 0 && H5Awrite(attr, H5T_NATIVE_INT64, &v) >= 0, "checkpoint '", path,
-               "': cannot write scalar '", name, "'");
-    }
-    RT_CHECK(H5Fflush(file, H5F_SCOPE_GLOBAL) >= 0, "checkpoint '", path, "': flush failed (disk full?)");
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  try {
+    write_bytes(tmp, path, image);
+    std::error_code ec;
+    fs::rename(tmp, path, ec);
+    RT_CHECK(!ec, "checkpoint '", path, "': rename from temporary file failed: ", ec.message());
+  } catch (...) {
+    // A failed write (disk full, I/O error) must not leave its partial file behind.
+    std::error_code ec;
+    fs::remove(tmp, ec);
+    throw;
   }
-  fsync_path(tmp, false);
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  RT_CHECK(!ec, "checkpoint '", path, "': rename from temporary file failed: ", ec.message());
   fsync_path(target.has_parent_path() ? target.parent_path().string() : ".", true);
 }
 
@@ -122,86 +250,181 @@ CheckpointData read_checkpoint(const std::string& path) {
   RT_CHECK(fs::exists(path), "checkpoint '", path, "' does not exist");
   H5 file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
   RT_CHECK(file.id >= 0, "checkpoint '", path, "' is not a readable HDF5 file (truncated or corrupt?)");
-  std::string schema = read_string_attr(file, "schema", "checkpoint '" + path + "'");
-  RT_CHECK(schema == kSchema, "checkpoint '", path, "' has schema '", schema, "', expected '", kSchema, "'");
+  const std::string where = "checkpoint '" + path + "'";
+  std::string schema = read_string_attr(file, "schema", where);
+  RT_CHECK(schema == kCheckpointSchema, where, " has schema '", schema, "', but this ringtrain reads '",
+           kCheckpointSchema, "' only (",
+           schema == "ringtrain-checkpoint-1" ? "written by an older ringtrain with flat per-dtype tensors and no "
+                                                "checksums; start a new run"
+                                              : "not a ringtrain checkpoint of this version",
+           ")");
   CheckpointData out;
-  out.config_toml = read_string_attr(file, "config", "checkpoint '" + path + "'");
+  out.config_toml = read_string_attr(file, "config", where);
 
-  RT_CHECK(H5Lexists(file, "tensors", H5P_DEFAULT) > 0, "checkpoint '", path, "' has no /tensors group");
+  RT_CHECK(H5Lexists(file, "tensors", H5P_DEFAULT) > 0, where, " has no /tensors group");
   H5 group(H5Gopen2(file, "tensors", H5P_DEFAULT), H5Gclose);
-  H5G_info_t info;
-  H5Gget_info(group, &info);
-  for (hsize_t i = 0; i < info.nlinks; ++i) {
-    char name[512];
-    H5Lget_name_by_idx(group, ".", H5_INDEX_NAME,
-                       H5_ITER_INC, i, name, sizeof name, H5P_DEFAULT);
-    H5 ds(H5Dopen2(group, name, H5P_DEFAULT), H5Dclose);
-    RT_CHECK(ds.id >= 0, "checkpoint '", path, "': cannot open tensor '", name, "'");
-    DType dt = parse_dtype(read_string_attr(ds, "dtype", "checkpoint '" + path + "' tensor '" + name + "'"));
+  std::vector<std::string> links;
+  RT_CHECK(H5Lvisit(group, H5_INDEX_NAME, H5_ITER_INC, collect_link, &links) >= 0, where,
+           ": cannot list its tensors (corrupt file?)");
+  for (const auto& name : links) {
+    H5 obj(H5Oopen(group, name.c_str(), H5P_DEFAULT), H5Oclose);
+    RT_CHECK(obj.id >= 0, where, ": cannot open '", name, "' (corrupt file?)");
+    if (H5Iget_type(obj) != H5I_DATASET) continue;
+    H5 ds(H5Dopen2(group, name.c_str(), H5P_DEFAULT), H5Dclose);
+    RT_CHECK(ds.id >= 0, where, ": cannot open tensor '", name, "'");
+    const std::string tw = where + " tensor '" + name + "'";
+    DType dt = parse_dtype(read_string_attr(ds, "dtype", tw));
     H5 space(H5Dget_space(ds), H5Sclose);
-    hsize_t n = 0;
-    RT_CHECK(H5Sget_simple_extent_ndims(space) == 1, "checkpoint '", path, "': tensor '", name, "' is not 1-D");
-    H5Sget_simple_extent_dims(space, &n, nullptr);
-    Tensor t = Tensor::empty({static_cast<std::int64_t>(n)}, dt);
-    if (n) RT_CHECK(H5Dread(ds, h5_type(dt), H5S_ALL, H5S_ALL, H5P_DEFAULT, t.raw()) >= 0, "checkpoint '",
-                    path, "': cannot read tensor '", name, "' (truncated file?)");
+    int nd = H5Sget_simple_extent_ndims(space);
+    RT_CHECK(nd >= 1 && nd <= 8, tw, " has ", nd, " dimensions");
+    std::vector<hsize_t> dims(static_cast<std::size_t>(nd));
+    H5Sget_simple_extent_dims(space, dims.data(), nullptr);
+    Shape shape;
+    for (auto d : dims) shape.push_back(static_cast<std::int64_t>(d));
+    Tensor t = Tensor::empty(shape, dt);
+    if (t.numel())
+      RT_CHECK(H5Dread(ds, h5_type(dt), H5S_ALL, H5S_ALL, H5P_DEFAULT, t.raw()) >= 0, tw,
+               ": cannot read it (truncated file?)");
+    std::int64_t want = read_int_attr(ds, "crc32", tw);
+    std::uint32_t got = crc32(t.raw(), t.nbytes());
+    RT_CHECK(static_cast<std::uint32_t>(want) == got, tw, " fails its checksum (crc32 ", got, ", stored ", want,
+             "): the file is corrupt");
     out.tensors.emplace_back(name, t);
   }
-  if (H5Lexists(file, "scalars", H5P_DEFAULT) > 0) {
-    H5 scalars(H5Gopen2(file, "scalars", H5P_DEFAULT), H5Gclose);
-    int na = H5Aget_num_attrs(scalars);
+  auto read_attrs = [&](const char* grp, auto&& each) {
+    if (H5Lexists(file, grp, H5P_DEFAULT) <= 0) return;
+    H5 g(H5Gopen2(file, grp, H5P_DEFAULT), H5Gclose);
+    int na = H5Aget_num_attrs(g);
     for (int i = 0; i < na; ++i) {
-      H5 attr(H5Aopen_by_idx(scalars, ".", H5_INDEX_NAME, H5_ITER_INC, i, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+      H5 attr(H5Aopen_by_idx(g, ".", H5_INDEX_NAME, H5_ITER_INC, static_cast<hsize_t>(i), H5P_DEFAULT, H5P_DEFAULT),
+              H5Aclose);
       char name[256];
       H5Aget_name(attr, sizeof name, name);
-      std::int64_t v = 0;
-      H5Aread(attr, H5T_NATIVE_INT64, &v);
-      out.scalars[name] = v;
+      each(g, std::string(name));
     }
-  }
+  };
+  read_attrs("scalars", [&](hid_t g, const std::string& n) { out.scalars[n] = read_int_attr(g, n.c_str(), where); });
+  read_attrs("strings", [&](hid_t g, const std::string& n) { out.strings[n] = read_string_attr(g, n.c_str(), where); });
   return out;
 }
 
 void restore_tensor(const CheckpointData& ckpt, const std::string& name, Tensor dst) {
   for (const auto& [n, t] : ckpt.tensors) {
     if (n != name) continue;
-    RT_CHECK(t.dtype() == dst.dtype() && t.numel() == dst.numel(), "checkpoint tensor '", name, "' is ",
-             dtype_name(t.dtype()), " with ", t.numel(), " elements, but the model expects ",
-             dtype_name(dst.dtype()), " with ", dst.numel(), " (was it written for another model?)");
+    const bool same_shape = t.shape() == dst.shape() || (t.numel() == dst.numel() && t.shape().size() == 1 &&
+                                                         dst.shape().size() <= 1);
+    RT_CHECK(t.dtype() == dst.dtype() && same_shape, "checkpoint tensor '", name, "' is ", dtype_name(t.dtype()),
+             " ", shape_str(t.shape()), ", but the model expects ", dtype_name(dst.dtype()), " ",
+             shape_str(dst.shape()), " (was it written for another model?)");
     copy_bytes(dst.raw(), dst.device(), t.raw(), t.device(), t.nbytes());
     return;
   }
   RT_FAIL("checkpoint has no tensor '", name, "' (was it written for another model or optimizer?)");
 }
 
+void check_finite(const CheckpointData& ckpt, const std::string& path, const std::vector<std::string>& prefixes) {
+  for (const auto& [name, t] : ckpt.tensors) {
+    bool selected = false;
+    for (const auto& p : prefixes) selected |= name.rfind(p, 0) == 0;
+    if (!selected || !is_float(t.dtype())) continue;
+    std::int64_t i = first_non_finite(t);
+    RT_CHECK(i < 0, "checkpoint '", path, "': tensor '", name, "' holds NaN or Inf (element ", i,
+             "): the run had diverged when it was written; resume from an earlier checkpoint");
+  }
+}
+
+// ---- directory ----------------------------------------------------------------
+
 CheckpointDir::CheckpointDir(std::string dir, int keep) : dir_(std::move(dir)), keep_(keep) {}
 
-std::vector<std::pair<int, std::string>> CheckpointDir::list() const {
-  std::vector<std::pair<int, std::string>> out;
-  if (!fs::is_directory(dir_)) return out;
-  static const std::regex re("ckpt-([0-9]+)\\.h5");
-  for (const auto& e : fs::directory_iterator(dir_)) {
+std::vector<CheckpointDir::Entry> CheckpointDir::list() const {
+  std::vector<Entry> out;
+  std::error_code ec;
+  if (!fs::is_directory(dir_, ec)) return out;
+  static const std::regex current("ckpt-([A-Za-z0-9]+-[A-Za-z0-9]+-[A-Za-z0-9]+)-s([0-9]+)\\.h5");
+  static const std::regex old("ckpt-([0-9]+)\\.h5");
+  for (const auto& e : fs::directory_iterator(dir_, ec)) {
     std::smatch m;
     std::string name = e.path().filename().string();
-    if (std::regex_match(name, m, re)) out.emplace_back(std::stoi(m[1]), e.path().string());
+    Entry en;
+    en.path = e.path().string();
+    if (std::regex_match(name, m, current)) {
+      en.run_id = m[1];
+      en.step = std::stoll(m[2]);
+    } else if (std::regex_match(name, m, old)) {
+      en.step = std::stoll(m[1]);
+    } else {
+      continue;
+    }
+    en.mtime = fs::last_write_time(e.path(), ec);
+    out.push_back(en);
   }
-  std::sort(out.begin(), out.end());
+  std::sort(out.begin(), out.end(), [](const Entry& a, const Entry& b) {
+    return a.mtime != b.mtime ? a.mtime > b.mtime : a.step > b.step;
+  });
   return out;
 }
 
-std::string CheckpointDir::save(int epoch, const CheckpointData& data) {
-  char name[32];
-  std::snprintf(name, sizeof name, "ckpt-%04d.h5", epoch);
+std::string CheckpointDir::save(const std::string& run_id, std::int64_t step, const CheckpointData& data,
+                                const CheckpointWriteHook& hook) {
+  RT_CHECK(!run_id.empty(), "CheckpointDir::save needs a run id");
+  char name[128];
+  std::snprintf(name, sizeof name, "ckpt-%s-s%09lld.h5", run_id.c_str(), static_cast<long long>(step));
   std::string path = (fs::path(dir_) / name).string();
-  write_checkpoint(path, data);
-  auto all = list();
-  for (std::size_t i = 0; i + static_cast<std::size_t>(keep_) < all.size(); ++i) fs::remove(all[i].second);
+  write_checkpoint(path, data, hook);
+  // Rotation within this run only, by step (the newest `keep` survive).
+  std::vector<Entry> mine;
+  for (auto& e : list())
+    if (e.run_id == run_id) mine.push_back(e);
+  std::sort(mine.begin(), mine.end(), [](const Entry& a, const Entry& b) { return a.step > b.step; });
+  for (std::size_t i = static_cast<std::size_t>(keep_); i < mine.size(); ++i) fs::remove(mine[i].path);
   return path;
 }
 
 std::string CheckpointDir::latest() const {
   auto all = list();
-  return all.empty() ? std::string() : all.back().second;
+  return all.empty() ? std::string() : all.front().path;
+}
+
+int CheckpointDir::remove_stale_temps(const std::string& run_id) const {
+  int n = 0;
+  std::error_code ec;
+  if (run_id.empty() || !fs::is_directory(dir_, ec)) return 0;
+  const std::string prefix = "ckpt-" + run_id + "-";
+  for (const auto& e : fs::directory_iterator(dir_, ec)) {
+    std::string name = e.path().filename().string();
+    if (name.rfind(prefix, 0) == 0 && name.find(".h5.tmp.") != std::string::npos) n += fs::remove(e.path(), ec);
+  }
+  return n;
+}
+
+FoundCheckpoint find_intact_checkpoint(const std::string& path,
+                                       const std::function<void(const CheckpointData&)>& accept) {
+  FoundCheckpoint f;
+  std::vector<std::string> candidates;
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
+    for (auto& e : CheckpointDir(path, 1).list()) candidates.push_back(e.path);
+    RT_CHECK(!candidates.empty(), "no checkpoint (ckpt-*.h5) in directory '", path, "'");
+  } else {
+    RT_CHECK(fs::exists(path, ec), "checkpoint '", path, "' does not exist");
+    candidates.push_back(path);
+  }
+  for (const auto& c : candidates) {
+    try {
+      CheckpointData d = read_checkpoint(c);
+      check_finite(d, c, {"param/", "buffer/", "optim/"});
+      if (accept) accept(d);
+      f.path = c;
+      f.data = std::move(d);
+      return f;
+    } catch (const Error& e) {
+      f.skipped.push_back(cat(c, ": ", e.what()));
+    }
+  }
+  std::string all;
+  for (auto& s : f.skipped) all += "\n  " + s;
+  RT_FAIL("no usable checkpoint in '", path, "':", all);
 }
 
 }  // namespace ringtrain

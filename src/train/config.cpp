@@ -5,6 +5,7 @@
 #include <charconv>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <sstream>
 #include <variant>
 
@@ -12,6 +13,8 @@
 
 namespace ringtrain {
 namespace {
+
+constexpr double kHuge = 1e300;  // "no upper bound" in range checks
 
 using FieldPtr = std::variant<std::string*, int*, std::int64_t*, std::uint64_t*, double*, bool*>;
 
@@ -68,7 +71,8 @@ const std::vector<Field>& fields() {
       RT_FIELD(comm, fp16_allreduce, "compress gradients to fp16 on the wire"),
       RT_FIELD(comm, timeline, "Chrome-trace timeline file (empty = off)"),
       RT_FIELD(comm, stall_warning_s, "warn when a tensor waits for other ranks this long"),
-      RT_FIELD(comm, stall_shutdown_s, "fail the job when a tensor waits this long (0 = never)"),
+      RT_FIELD(comm, stall_shutdown_s, "fail the job when a tensor waits this long for other ranks (0 = never)"),
+      RT_FIELD(comm, collective_timeout_s, "end the job when a collective waits this long for a rank that never comes (0 = never)"),
       RT_FIELD(comm, deterministic, "static gradient buckets: bitwise-reproducible at any rank count"),
       RT_FIELD(comm, bucket_bytes, "gradient bucket size with comm.deterministic"),
       RT_FIELD(parallel, pipeline, "pipeline stages (data-parallel size = ranks / (pipeline x tensor))"),
@@ -79,7 +83,7 @@ const std::vector<Field>& fields() {
       RT_FIELD(parallel, balance, "partition = list: layers per stage, e.g. [3, 2, 2]"),
       RT_FIELD(checkpoint, dir, "checkpoint directory (empty = no checkpoints)"),
       RT_FIELD(checkpoint, every_epochs, "write a checkpoint every N epochs"),
-      RT_FIELD(checkpoint, keep, "keep the last K checkpoints"),
+      RT_FIELD(checkpoint, keep, "keep the last K checkpoints of this run (other runs' files are never touched)"),
       RT_FIELD(log, format, "auto | bar | plain"),
       RT_FIELD(log, metrics, "JSON-lines metrics file (empty = <checkpoint.dir>/metrics.jsonl)"),
       RT_FIELD(log, interval, "steps between plain log lines"),
@@ -109,10 +113,12 @@ T parse_number(const std::string& key, const std::string& v) {
       RT_CHECK(pos == v.size() && std::isfinite(out), "");
       return out;
     } catch (...) {
-      RT_FAIL("configuration key '", key, "': '", v, "' is not a number");
+      RT_FAIL("configuration key '", key, "': '", v, "' is not a finite number");
     }
   } else {
     r = std::from_chars(b, e, out);
+    RT_CHECK(r.ec != std::errc::result_out_of_range, "configuration key '", key, "': ", v, " is out of range (",
+             std::numeric_limits<T>::min(), " .. ", std::numeric_limits<T>::max(), ")");
     RT_CHECK(r.ec == std::errc() && r.ptr == e, "configuration key '", key, "': '", v,
              "' is not an integer", std::is_unsigned_v<T> ? " >= 0" : "");
   }
@@ -154,11 +160,19 @@ void assign_toml(const Field& f, TrainConfig& c, const toml::node& n, const std:
           *p = *n.value<bool>();
         } else if constexpr (std::is_floating_point_v<T>) {
           if (!n.is_number()) bad("a number");
-          *p = *n.value<double>();
+          double v = *n.value<double>();
+          if (!std::isfinite(v)) bad("a finite number (not inf or nan)");
+          *p = v;
         } else {
           if (!n.is_integer()) bad("an integer");
-          std::int64_t v = *n.value<std::int64_t>();
+          // toml++ holds integers as int64: anything beyond the field's type would wrap.
+          std::int64_t v = n.as_integer()->get();
           if (std::is_unsigned_v<T> && v < 0) bad("an integer >= 0");
+          if constexpr (sizeof(T) < sizeof(std::int64_t))
+            if (v < static_cast<std::int64_t>(std::numeric_limits<T>::min()) ||
+                v > static_cast<std::int64_t>(std::numeric_limits<T>::max()))
+              bad(cat("an integer in ", std::numeric_limits<T>::min(), " .. ", std::numeric_limits<T>::max(), ", not ", v)
+                      .c_str());
           *p = static_cast<T>(v);
         }
       },
@@ -207,29 +221,51 @@ void TrainConfig::validate() const {
     }
     RT_FAIL("configuration key '", key, "': '", v, "' is not one of ", list);
   };
+  // Every numeric key: finite, and within its range (the message names the key and the value).
+  auto range = [](const char* key, double v, double lo, double hi, bool lo_open = false, bool hi_open = false) {
+    bool ok = std::isfinite(v) && (lo_open ? v > lo : v >= lo) && (hi_open ? v < hi : v <= hi);
+    RT_CHECK(ok, "configuration key '", key, "' must be in ", lo_open ? "(" : "[", lo, ", ",
+             hi == kHuge ? std::string("inf") : cat(hi), hi_open ? ")" : "]", ", got ", v);
+  };
   one_of("model.name", model.name, {"mlp", "cnn", "resnet"});
+  range("model.depth", model.depth, 1, kHuge);
   RT_CHECK(model.name != "resnet" || (model.depth >= 8 && (model.depth - 2) % 6 == 0),
            "configuration key 'model.depth': resnet depth must be 6n+2 >= 8, got ", model.depth);
-  RT_CHECK(model.width > 0, "configuration key 'model.width' must be > 0");
-  RT_CHECK(model.dropout >= 0 && model.dropout < 1, "configuration key 'model.dropout' must be in [0, 1)");
-  RT_CHECK(data.batch_size > 0, "configuration key 'data.batch_size' must be > 0, got ", data.batch_size);
-  RT_CHECK(data.prefetch >= 1, "configuration key 'data.prefetch' must be >= 1");
-  RT_CHECK(train.epochs > 0, "configuration key 'train.epochs' must be > 0, got ", train.epochs);
-  RT_CHECK(train.threads >= 0, "configuration key 'train.threads' must be >= 0");
-  RT_CHECK(train.accumulation >= 1, "configuration key 'train.accumulation' must be >= 1");
-  RT_CHECK(train.max_steps >= 0, "configuration key 'train.max_steps' must be >= 0");
+  range("model.width", model.width, 1, 65536);
+  range("model.dropout", model.dropout, 0, 1, false, true);
+  range("data.batch_size", data.batch_size, 1, 1 << 24);
+  range("data.prefetch", data.prefetch, 1, 1024);
+  range("train.epochs", train.epochs, 1, 1e6);
+  range("train.threads", train.threads, 0, 4096);
+  range("train.accumulation", train.accumulation, 1, 1 << 16);
+  range("train.max_steps", train.max_steps, 0, kHuge);
+  range("train.verify_every", train.verify_every, 0, kHuge);
+  range("train.target_accuracy", train.target_accuracy, 0, 1);
   one_of("train.device", train.device, {"auto", "cpu", "cuda"});
   one_of("train.precision", train.precision, {"fp32", "tf32", "bf16", "fp16"});
   one_of("optimizer.name", optimizer.name, {"sgd", "adam", "adamw", "lars", "lamb"});
-  RT_CHECK(optimizer.lr > 0, "configuration key 'optimizer.lr' must be > 0");
+  range("optimizer.lr", optimizer.lr, 0, kHuge, true);
+  range("optimizer.momentum", optimizer.momentum, 0, 1, false, true);
+  range("optimizer.weight_decay", optimizer.weight_decay, 0, kHuge);
+  range("optimizer.beta1", optimizer.beta1, 0, 1, false, true);
+  range("optimizer.beta2", optimizer.beta2, 0, 1, false, true);
+  range("optimizer.eps", optimizer.eps, 0, kHuge, true);
+  range("optimizer.trust_coefficient", optimizer.trust_coefficient, 0, kHuge, true);
+  range("optimizer.clip_norm", optimizer.clip_norm, 0, kHuge);
   one_of("schedule.name", schedule.name, {"constant", "step", "cosine"});
-  RT_CHECK(schedule.warmup_epochs >= 0, "configuration key 'schedule.warmup_epochs' must be >= 0");
+  range("schedule.warmup_epochs", schedule.warmup_epochs, 0, 1e6);
+  range("schedule.step_epochs", schedule.step_epochs, 0, 1e6, true);
+  range("schedule.gamma", schedule.gamma, 0, kHuge, true);
+  range("schedule.min_lr", schedule.min_lr, 0, kHuge);
   one_of("comm.algorithm", comm.algorithm, {"auto", "automatic", "ring", "tree", "mpi"});
-  RT_CHECK(comm.fusion_threshold >= 0, "configuration key 'comm.fusion_threshold' must be >= 0");
-  RT_CHECK(comm.bucket_bytes > 0, "configuration key 'comm.bucket_bytes' must be > 0");
-  RT_CHECK(comm.cycle_time_ms > 0, "configuration key 'comm.cycle_time_ms' must be > 0");
-  RT_CHECK(checkpoint.every_epochs >= 1, "configuration key 'checkpoint.every_epochs' must be >= 1");
-  RT_CHECK(checkpoint.keep >= 1, "configuration key 'checkpoint.keep' must be >= 1");
+  range("comm.fusion_threshold", static_cast<double>(comm.fusion_threshold), 0, 1LL << 40);
+  range("comm.cycle_time_ms", comm.cycle_time_ms, 0, 60000, true);
+  range("comm.stall_warning_s", comm.stall_warning_s, 0, 1e7);
+  range("comm.stall_shutdown_s", comm.stall_shutdown_s, 0, 1e7);
+  range("comm.collective_timeout_s", comm.collective_timeout_s, 0, 1e7);
+  range("comm.bucket_bytes", static_cast<double>(comm.bucket_bytes), 1, 1LL << 40);
+  range("checkpoint.every_epochs", checkpoint.every_epochs, 1, kHuge);
+  range("checkpoint.keep", checkpoint.keep, 1, kHuge);
   one_of("log.format", log.format, {"auto", "bar", "plain"});
   RT_CHECK(parallel.pipeline >= 1, "configuration key 'parallel.pipeline' must be >= 1, got ", parallel.pipeline);
   RT_CHECK(parallel.tensor >= 1, "configuration key 'parallel.tensor' must be >= 1, got ", parallel.tensor);
@@ -244,7 +280,7 @@ void TrainConfig::validate() const {
   one_of("parallel.partition", parallel.partition, {"uniform", "params", "time", "list"});
   RT_CHECK(parallel.partition != "list" || !parallel.balance.empty(),
            "configuration key 'parallel.partition' = list needs parallel.balance (layers per stage, e.g. [3, 2, 2])");
-  RT_CHECK(log.interval >= 1, "configuration key 'log.interval' must be >= 1");
+  range("log.interval", log.interval, 1, kHuge);
 }
 
 std::string TrainConfig::to_toml() const {

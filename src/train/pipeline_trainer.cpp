@@ -281,7 +281,9 @@ struct PipelineTrainer::Impl {
       d.scalars = {{"epochs_done", epochs_done}, {"step", step}, {"ranks", world.size()},
                    {"seed", static_cast<std::int64_t>(cfg.train.seed)}, {"pipeline", grid.pp_size()}};
       d.config_toml = cfg.to_toml();
-      path = CheckpointDir(cfg.checkpoint.dir, cfg.checkpoint.keep).save(done, d);
+      // Run id in CheckpointDir's three-part form; the layout does not depend on p or DP.
+      const std::string run_id = cat("pipeline-", cfg.model.name, "-seed", cfg.train.seed);
+      path = CheckpointDir(cfg.checkpoint.dir, cfg.checkpoint.keep).save(run_id, step, d);
     });
     if (world.rank() == 0) log::info("checkpoint written: ", path);
   }

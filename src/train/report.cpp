@@ -94,13 +94,22 @@ void Reporter::epoch_end(const EpochMetrics& m) {
       j["loss_scale"] = m.loss_scale;
       j["skipped_steps"] = m.skipped_steps;
     }
-    json_line(j.dump());
+    json_line(std::move(j));
   }
 }
 
-void Reporter::json_line(const std::string& json) {
+void Reporter::set_run(const std::string& run_id, std::int64_t resumes) {
+  run_id_ = run_id;
+  resumes_ = resumes;
+}
+
+void Reporter::json_line(nlohmann::json j) {
   if (!metrics_) return;
-  std::fprintf(metrics_, "%s\n", json.c_str());
+  if (!run_id_.empty()) {
+    j["run"] = run_id_;
+    j["resume"] = resumes_;
+  }
+  std::fprintf(metrics_, "%s\n", j.dump().c_str());
   std::fflush(metrics_);
 }
 

@@ -4,9 +4,18 @@
 
 #include <cstring>
 #include <filesystem>
+#include <chrono>
 #include <fstream>
+#include <functional>
+#include <thread>
 
 #include "ringtrain/core/error.hpp"
+#include <hdf5.h>
+#include <sys/mount.h>
+
+#include <cmath>
+#include <limits>
+
 #include "ringtrain/train/checkpoint.hpp"
 #include "ringtrain/train/config.hpp"
 #include "support/error_of.hpp"
@@ -23,6 +32,51 @@ fs::path temp_dir(const std::string& tag) {
   return d;
 }
 
+
+CheckpointData sample_data() {
+  Tensor a = Tensor::empty({5}, DType::f32);
+  Tensor b = Tensor::empty({3}, DType::bf16);
+  Tensor c = Tensor::empty({2}, DType::i64);
+  Tensor w = Tensor::empty({2, 3}, DType::f32);
+  for (int i = 0; i < 5; ++i) a.data<float>()[i] = 0.1f * i - 0.3f;
+  for (int i = 0; i < 3; ++i) b.data<bfloat16>()[i] = to_bf16(1.5f * i);
+  for (int i = 0; i < 6; ++i) w.data<float>()[i] = static_cast<float>(i);
+  c.data<std::int64_t>()[0] = -7;
+  c.data<std::int64_t>()[1] = 1LL << 40;
+  CheckpointData data;
+  data.tensors = {{"param/fc.bias", a}, {"optim/momentum/fc.bias", b}, {"rng", c}, {"param/fc.weight", w}};
+  data.scalars = {{"epoch", 3}, {"step", 1234}};
+  data.strings = {{"run_id", "r1"}};
+  data.config_toml = "[model]\nname = \"cnn\"\n";
+  return data;
+}
+
+std::size_t count_files(const fs::path& d, const std::string& needle) {
+  std::size_t n = 0;
+  for (auto& f : fs::directory_iterator(d)) n += f.path().filename().string().find(needle) != std::string::npos;
+  return n;
+}
+
+// Overwrites a file's bytes at `offset` (a corrupted sector).
+void flip_byte(const fs::path& f, std::uintmax_t offset) {
+  std::fstream io(f, std::ios::in | std::ios::out | std::ios::binary);
+  io.seekg(static_cast<std::streamoff>(offset));
+  char ch = 0;
+  io.read(&ch, 1);
+  ch = static_cast<char>(ch ^ 0x5a);
+  io.seekp(static_cast<std::streamoff>(offset));
+  io.write(&ch, 1);
+}
+
+// Byte offset of a float32 dataset's data in the file (contiguous layout).
+std::uintmax_t dataset_offset(const fs::path& f, const char* name) {
+  hid_t file = H5Fopen(f.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  hid_t ds = H5Dopen2(file, name, H5P_DEFAULT);
+  haddr_t off = H5Dget_offset(ds);
+  H5Dclose(ds);
+  H5Fclose(file);
+  return static_cast<std::uintmax_t>(off);
+}
 
 }  // namespace
 
@@ -83,51 +137,204 @@ TEST(Config, ErrorsNameTheKeyAndTheFile) {
   fs::remove_all(d);
 }
 
-TEST(Checkpoint, RoundTripIsBitwiseAndKeepsTheNewest) {
-  auto d = temp_dir("ckpt");
-  Tensor a = Tensor::empty({5}, DType::f32);
-  Tensor b = Tensor::empty({3}, DType::bf16);
-  Tensor c = Tensor::empty({2}, DType::i64);
-  for (int i = 0; i < 5; ++i) a.data<float>()[i] = 0.1f * i - 0.3f;
-  for (int i = 0; i < 3; ++i) b.data<bfloat16>()[i] = to_bf16(1.5f * i);
-  c.data<std::int64_t>()[0] = -7;
-  c.data<std::int64_t>()[1] = 1LL << 40;
-  CheckpointData data;
-  data.tensors = {{"params.float32", a}, {"opt.momentum", b}, {"rng", c}};
-  data.scalars = {{"epoch", 3}, {"step", 1234}};
-  data.config_toml = "[model]\nname = \"cnn\"\n";
+// Every numeric key is range-checked with the key named: TOML integers that
+// do not fit the field (no silent wrap), negatives, inf/nan from TOML and --set.
+TEST(Config, NumericKeysAreRangeChecked) {
+  auto d = temp_dir("cfgrange");
+  auto toml_error = [&](const std::string& text) {
+    std::ofstream(d / "r.toml") << text;
+    return error_of([&] {
+      TrainConfig c;
+      c.load_toml((d / "r.toml").string());
+      c.validate();
+    });
+  };
+  std::string m = toml_error("[data]\nbatch_size = 4294967360\n");  // wraps to 64 as int32
+  EXPECT_NE(m.find("data.batch_size"), std::string::npos) << m;
+  EXPECT_NE(m.find("4294967360"), std::string::npos) << m;
+  m = toml_error("[train]\nepochs = 2147483648\n");
+  EXPECT_NE(m.find("train.epochs"), std::string::npos) << m;
+  m = toml_error("[train]\nseed = -1\n");
+  EXPECT_NE(m.find("train.seed"), std::string::npos) << m;
+  m = toml_error("[optimizer]\nlr = inf\n");
+  EXPECT_NE(m.find("optimizer.lr"), std::string::npos) << m;
+  m = toml_error("[optimizer]\nmomentum = nan\n");
+  EXPECT_NE(m.find("optimizer.momentum"), std::string::npos) << m;
+  m = toml_error("[comm]\nstall_warning_s = -1.0\n");
+  EXPECT_NE(m.find("comm.stall_warning_s"), std::string::npos) << m;
+  m = toml_error("[comm]\ncollective_timeout_s = -5.0\n");
+  EXPECT_NE(m.find("comm.collective_timeout_s"), std::string::npos) << m;
+  m = error_of([] { TrainConfig c; c.set("data.batch_size=99999999999"); });
+  EXPECT_NE(m.find("data.batch_size"), std::string::npos) << m;
+  EXPECT_NE(m.find("out of range"), std::string::npos) << m;
+  m = error_of([] { TrainConfig c; c.set("optimizer.lr=inf"); });
+  EXPECT_NE(m.find("optimizer.lr"), std::string::npos) << m;
+  // Each key's range, checked by validate() for values set in code.
+  struct Bad { const char* key; std::function<void(TrainConfig&)> set; };
+  const double inf = std::numeric_limits<double>::infinity();
+  std::vector<Bad> bad = {
+      {"optimizer.lr", [&](TrainConfig& c) { c.optimizer.lr = inf; }},
+      {"optimizer.weight_decay", [](TrainConfig& c) { c.optimizer.weight_decay = -1e-4; }},
+      {"optimizer.beta2", [](TrainConfig& c) { c.optimizer.beta2 = 1.0; }},
+      {"optimizer.eps", [](TrainConfig& c) { c.optimizer.eps = 0; }},
+      {"optimizer.clip_norm", [](TrainConfig& c) { c.optimizer.clip_norm = -1; }},
+      {"schedule.gamma", [](TrainConfig& c) { c.schedule.gamma = std::nan(""); }},
+      {"schedule.min_lr", [](TrainConfig& c) { c.schedule.min_lr = -0.1; }},
+      {"comm.stall_warning_s", [](TrainConfig& c) { c.comm.stall_warning_s = -1; }},
+      {"comm.stall_shutdown_s", [&](TrainConfig& c) { c.comm.stall_shutdown_s = inf; }},
+      {"train.target_accuracy", [](TrainConfig& c) { c.train.target_accuracy = 1.5; }},
+      {"train.verify_every", [](TrainConfig& c) { c.train.verify_every = -1; }},
+      {"model.width", [](TrainConfig& c) { c.model.width = 0; }},
+  };
+  for (auto& b : bad) {
+    m = error_of([&] {
+      TrainConfig c;
+      b.set(c);
+      c.validate();
+    });
+    EXPECT_NE(m.find(b.key), std::string::npos) << b.key << ": " << m;
+  }
+  TrainConfig ok;
+  ok.validate();  // the defaults pass
+  EXPECT_GT(ok.comm.stall_shutdown_s, 0) << "a stalled job must end by itself by default";
+  EXPECT_GT(ok.comm.collective_timeout_s, 0);
+  fs::remove_all(d);
+}
 
+TEST(Checkpoint, RoundTripIsBitwiseAndRotatesWithinOneRun) {
+  auto d = temp_dir("ckpt");
+  CheckpointData data = sample_data();
   CheckpointDir dir(d.string(), 2);
-  for (int e = 1; e <= 4; ++e) dir.save(e, data);
-  EXPECT_EQ(fs::path(dir.latest()).filename(), "ckpt-0004.h5");
-  int files = 0;
-  for (auto& f : fs::directory_iterator(d)) files += f.path().extension() == ".h5";
-  EXPECT_EQ(files, 2);  // keep = 2
+  // Another run's checkpoints in the same directory are never rotated away.
+  dir.save("20250101-000000-aaaaaa", 7, data);
+  for (int s = 1; s <= 4; ++s) dir.save("20250102-000000-bbbbbb", s * 10, data);
+  EXPECT_EQ(fs::path(dir.latest()).filename(), "ckpt-20250102-000000-bbbbbb-s000000040.h5");
+  EXPECT_EQ(count_files(d, "bbbbbb"), 2u);  // keep = 2 within the run
+  EXPECT_EQ(count_files(d, "aaaaaa"), 1u);  // the other run untouched
 
   CheckpointData back = read_checkpoint(dir.latest());
   EXPECT_EQ(back.config_toml, data.config_toml);
-  EXPECT_EQ(back.scalars.at("epoch"), 3);
   EXPECT_EQ(back.scalars.at("step"), 1234);
-  Tensor a2 = Tensor::zeros({5}), b2 = Tensor::zeros({3}, DType::bf16), c2 = Tensor::zeros({2}, DType::i64);
-  restore_tensor(back, "params.float32", a2);
-  restore_tensor(back, "opt.momentum", b2);
-  restore_tensor(back, "rng", c2);
-  EXPECT_EQ(std::memcmp(a.raw(), a2.raw(), a.nbytes()), 0);
-  EXPECT_EQ(std::memcmp(b.raw(), b2.raw(), b.nbytes()), 0);
-  EXPECT_EQ(std::memcmp(c.raw(), c2.raw(), c.nbytes()), 0);
-
-  // Wrong size and missing names are errors naming the tensor.
-  Tensor wrong = Tensor::zeros({4});
-  std::string m = error_of([&] { restore_tensor(back, "params.float32", wrong); });
-  EXPECT_NE(m.find("params.float32"), std::string::npos) << m;
+  EXPECT_EQ(back.strings.at("run_id"), "r1");
+  ASSERT_EQ(back.tensors.size(), data.tensors.size());
+  for (auto& [name, t] : data.tensors) {
+    Tensor got = Tensor::zeros(t.shape(), t.dtype());
+    restore_tensor(back, name, got);
+    EXPECT_EQ(std::memcmp(t.raw(), got.raw(), t.nbytes()), 0) << name;
+  }
+  // Shapes are stored per tensor: a [3, 2] tensor does not take a [2, 3] one.
+  Tensor wrong = Tensor::zeros({3, 2});
+  std::string m = error_of([&] { restore_tensor(back, "param/fc.weight", wrong); });
+  EXPECT_NE(m.find("param/fc.weight"), std::string::npos) << m;
   m = error_of([&] { restore_tensor(back, "nope", wrong); });
   EXPECT_NE(m.find("nope"), std::string::npos) << m;
 
   // A truncated file is reported, not crashed on.
-  fs::path trunc = d / "ckpt-0009.h5";
+  fs::path trunc = d / "ckpt-20250103-000000-cccccc-s000000001.h5";
   fs::copy_file(dir.latest(), trunc);
   fs::resize_file(trunc, fs::file_size(trunc) / 3);
   m = error_of([&] { read_checkpoint(trunc.string()); });
-  EXPECT_NE(m.find("ckpt-0009.h5"), std::string::npos) << m;
+  EXPECT_NE(m.find("cccccc"), std::string::npos) << m;
   fs::remove_all(d);
+}
+
+// Corrupted tensor bytes fail the checksum naming the tensor; NaN/Inf
+// parameters are refused naming the tensor; --resume DIR takes the newest
+// intact checkpoint and says which it skipped and why.
+TEST(Checkpoint, ChecksumsNonFiniteAndFallbackToTheNewestIntact) {
+  auto d = temp_dir("ckcrc");
+  CheckpointData data = sample_data();
+  CheckpointDir dir(d.string(), 5);
+  std::string good = dir.save("20250101-000000-aaaaaa", 1, data);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  std::string bad = dir.save("20250101-000000-aaaaaa", 2, data);
+  flip_byte(bad, dataset_offset(bad, "/tensors/param/fc.weight") + 4);
+  std::string m = error_of([&] { read_checkpoint(bad); });
+  EXPECT_NE(m.find("param/fc.weight"), std::string::npos) << m;
+  EXPECT_NE(m.find("checksum"), std::string::npos) << m;
+
+  FoundCheckpoint f = find_intact_checkpoint(d.string());
+  EXPECT_EQ(f.path, good);
+  ASSERT_EQ(f.skipped.size(), 1u);
+  EXPECT_NE(f.skipped[0].find(bad), std::string::npos) << f.skipped[0];
+  EXPECT_NE(f.skipped[0].find("checksum"), std::string::npos) << f.skipped[0];
+
+  // A diverged run's checkpoint: intact bytes, but NaN in a parameter.
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  CheckpointData nan = sample_data();
+  nan.tensors[3].second.data<float>()[4] = std::numeric_limits<float>::quiet_NaN();
+  std::string diverged = dir.save("20250101-000000-aaaaaa", 3, nan);
+  f = find_intact_checkpoint(d.string());
+  EXPECT_EQ(f.path, good);
+  ASSERT_EQ(f.skipped.size(), 2u);
+  EXPECT_NE(f.skipped[0].find("param/fc.weight"), std::string::npos) << f.skipped[0];
+  EXPECT_NE(f.skipped[0].find("NaN"), std::string::npos) << f.skipped[0];
+  // Nothing usable: one error listing every reason.
+  fs::remove(good);
+  m = error_of([&] { find_intact_checkpoint(d.string()); });
+  EXPECT_NE(m.find("checksum"), std::string::npos) << m;
+  EXPECT_NE(m.find("NaN"), std::string::npos) << m;
+  fs::remove_all(d);
+}
+
+// Files of the old schema are refused with a message saying so.
+TEST(Checkpoint, OldSchemaIsRefusedClearly) {
+  auto d = temp_dir("ckold");
+  fs::path f = d / "ckpt-0003.h5";
+  hid_t file = H5Fcreate(f.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+  hid_t type = H5Tcopy(H5T_C_S1);
+  std::string v = "ringtrain-checkpoint-1";
+  H5Tset_size(type, v.size());
+  hid_t space = H5Screate(H5S_SCALAR);
+  hid_t attr = H5Acreate2(file, "schema", type, space, H5P_DEFAULT, H5P_DEFAULT);
+  H5Awrite(attr, type, v.data());
+  H5Aclose(attr);
+  H5Sclose(space);
+  H5Tclose(type);
+  H5Fclose(file);
+  std::string m = error_of([&] { read_checkpoint(f.string()); });
+  EXPECT_NE(m.find("ringtrain-checkpoint-1"), std::string::npos) << m;
+  EXPECT_NE(m.find("older ringtrain"), std::string::npos) << m;
+  m = error_of([&] { find_intact_checkpoint(d.string()); });
+  EXPECT_NE(m.find("older ringtrain"), std::string::npos) << m;
+  fs::remove_all(d);
+}
+
+// A failed write leaves no temporary file: an injected error, and a real full
+// disk (a 256 KiB tmpfs; skipped where mounting is not allowed). Stale temporary
+// files of a run are removed by remove_stale_temps, other runs' are left.
+TEST(Checkpoint, FailedWritesLeaveNoTemporaryFiles) {
+  auto d = temp_dir("cktmp");
+  CheckpointData data = sample_data();
+  CheckpointDir dir(d.string(), 3);
+  std::string m = error_of([&] {
+    dir.save("20250101-000000-aaaaaa", 1, data, [](const std::string& name) {
+      if (name == "rng") RT_FAIL("injected write error after tensor ", name);
+    });
+  });
+  EXPECT_NE(m.find("injected write error"), std::string::npos) << m;
+  EXPECT_EQ(count_files(d, ".tmp."), 0u);
+  EXPECT_EQ(count_files(d, ".h5"), 0u);
+
+  std::ofstream(d / "ckpt-20250101-000000-aaaaaa-s000000009.h5.tmp.123") << "partial";
+  std::ofstream(d / "ckpt-20250101-000000-bbbbbb-s000000009.h5.tmp.456") << "another run's";
+  EXPECT_EQ(dir.remove_stale_temps("20250101-000000-aaaaaa"), 1);
+  EXPECT_EQ(count_files(d, ".tmp."), 1u);
+  fs::remove_all(d);
+
+  fs::path mnt = temp_dir("ckfull");
+  if (::mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=256k") != 0) {
+    fs::remove_all(mnt);
+    GTEST_SKIP() << "cannot mount a small tmpfs here (" << std::strerror(errno) << "): full-disk case not run";
+  }
+  CheckpointData big = sample_data();
+  big.tensors.emplace_back("param/big", Tensor::zeros({1 << 18}));  // 1 MiB > 256 KiB
+  CheckpointDir full(mnt.string(), 3);
+  m = error_of([&] { full.save("20250101-000000-aaaaaa", 1, big); });
+  EXPECT_NE(m.find("free"), std::string::npos) << "the message should say how much space is left: " << m;
+  EXPECT_EQ(count_files(mnt, ".tmp."), 0u) << "a full disk must not keep the partial file";
+  // The disk is usable again: a small checkpoint fits.
+  EXPECT_NO_THROW(full.save("20250101-000000-aaaaaa", 2, data));
+  ::umount(mnt.c_str());
+  fs::remove_all(mnt);
 }

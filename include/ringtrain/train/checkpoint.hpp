@@ -1,12 +1,21 @@
 #pragma once
 // Checkpoints in HDF5, written by one rank atomically: a temporary file in the
 // same directory, fsync, rename, fsync of the directory — a crash leaves either
-// the old checkpoint or the new one, never half of one. Schema (h5dump-able):
-//   /tensors/<name>   one dataset per named tensor (float16/bfloat16 stored as
-//                     uint16 bits), attribute "dtype" = ringtrain dtype name
-//   /scalars          attributes: int64 values (epoch, step, seed, ...)
-//   attributes on /:  "schema" = "ringtrain-checkpoint-1", "config" = TOML text
+// the old checkpoint or the new one, never half of one; a failed write removes
+// its temporary file. Schema "ringtrain-checkpoint-2" (h5dump-able):
+//   /tensors/<name>   one dataset per named tensor, in its own shape; names hold
+//                     '/' ("param/conv1.weight" is /tensors/param/conv1.weight);
+//                     float16/bfloat16 stored as uint16 bits; attributes
+//                     "dtype" (ringtrain dtype name) and "crc32" (of the raw bytes,
+//                     verified on every read)
+//   /scalars          attributes: int64 values (epochs_done, step, ...)
+//   /strings          attributes: text values (run_id, fingerprint)
+//   attributes on /:  "schema", "config" = TOML text
+// Files of schema 1 (flat per-dtype tensors, no checksums) are refused with a
+// message saying so.
 #include <cstdint>
+#include <filesystem>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -16,30 +25,63 @@
 
 namespace ringtrain {
 
+inline constexpr const char* kCheckpointSchema = "ringtrain-checkpoint-2";
+
 struct CheckpointData {
   std::vector<std::pair<std::string, Tensor>> tensors;  // any device; copied to host to write
   std::map<std::string, std::int64_t> scalars;
+  std::map<std::string, std::string> strings;
   std::string config_toml;
 };
 
-void write_checkpoint(const std::string& path, const CheckpointData& data);
-// Reads every tensor into new host tensors.
-CheckpointData read_checkpoint(const std::string& path);
-// Copies checkpoint tensor `name` into `dst` (any device), checking dtype and element count.
-void restore_tensor(const CheckpointData& ckpt, const std::string& name, Tensor dst);
+// Test hook: when set, write_checkpoint calls it after each tensor is written
+// (a thrown Error simulates a failed write, e.g. ENOSPC).
+using CheckpointWriteHook = std::function<void(const std::string& tensor)>;
 
-// A directory of checkpoints named ckpt-<epoch>.h5, keeping the newest `keep`.
+void write_checkpoint(const std::string& path, const CheckpointData& data, const CheckpointWriteHook& hook = {});
+// Reads every tensor into new host tensors, verifying each one's checksum.
+CheckpointData read_checkpoint(const std::string& path);
+// Copies checkpoint tensor `name` into `dst` (any device), checking dtype and shape.
+void restore_tensor(const CheckpointData& ckpt, const std::string& name, Tensor dst);
+// Throws an Error naming the first float tensor whose name starts with one of
+// `prefixes` and that holds NaN or Inf.
+void check_finite(const CheckpointData& ckpt, const std::string& path, const std::vector<std::string>& prefixes);
+// CRC-32 (IEEE, as zlib's crc32) of a byte range.
+std::uint32_t crc32(const void* data, std::size_t bytes, std::uint32_t crc = 0);
+
+// A directory of checkpoints named ckpt-<run id>-<step>.h5. Runs stay apart:
+// rotation keeps the newest `keep` of one run and never touches another run's files.
 class CheckpointDir {
  public:
+  struct Entry {
+    std::string path, run_id;  // run_id "" for files of the old schema (ckpt-NNNN.h5)
+    std::int64_t step = 0;
+    std::filesystem::file_time_type mtime;
+  };
   CheckpointDir(std::string dir, int keep);
-  std::string save(int epoch, const CheckpointData& data);  // returns the path
-  std::string latest() const;                                // "" when none
+  std::string save(const std::string& run_id, std::int64_t step, const CheckpointData& data,
+                   const CheckpointWriteHook& hook = {});  // returns the path
+  std::vector<Entry> list() const;   // newest first (write time, then step)
+  std::string latest() const;        // newest file, intact or not; "" when none
+  // Removes temporary files left by an interrupted write of run `run_id`; returns how many.
+  int remove_stale_temps(const std::string& run_id) const;
   const std::string& dir() const { return dir_; }
 
  private:
-  std::vector<std::pair<int, std::string>> list() const;
   std::string dir_;
   int keep_;
 };
+
+// The newest checkpoint under `path` (a file, or a directory searched newest
+// first) that reads, verifies and passes `accept` (which throws an Error saying
+// why not). `skipped` receives "<file>: <reason>" for each newer one passed
+// over. Throws when none is usable, listing every reason.
+struct FoundCheckpoint {
+  std::string path;
+  CheckpointData data;
+  std::vector<std::string> skipped;
+};
+FoundCheckpoint find_intact_checkpoint(const std::string& path,
+                                       const std::function<void(const CheckpointData&)>& accept = {});
 
 }  // namespace ringtrain

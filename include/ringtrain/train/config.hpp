@@ -61,8 +61,12 @@ struct TrainConfig {
     double cycle_time_ms = 1.0;
     bool fp16_allreduce = false;
     std::string timeline;               // Chrome trace file ("" = off)
+    // A stalled job ends by itself: a tensor that some ranks never submit fails
+    // the job after stall_shutdown_s, and a collective that a rank never reaches
+    // (process stopped, hung or dead) after collective_timeout_s; both name the rank.
     double stall_warning_s = 60.0;
-    double stall_shutdown_s = 0.0;
+    double stall_shutdown_s = 300.0;
+    double collective_timeout_s = 300.0;
     // Static gradient buckets (contiguous arena spans, DDP-style) instead of the
     // engine's timing-dependent fusion: bitwise-reproducible runs at any rank count.
     bool deterministic = false;

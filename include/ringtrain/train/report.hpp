@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <nlohmann/json.hpp>
 #include <string>
 
 namespace ringtrain {
@@ -38,8 +39,11 @@ class Reporter {
   void epoch_start(int epoch);
   void step(std::int64_t step_in_epoch, double loss, double images_per_s);
   void epoch_end(const EpochMetrics& m);
-  // A JSON object written as one line of the metrics file (e.g. the run's header).
-  void json_line(const std::string& json);
+  // Every record carries "run" (the run id) and "resume" (0 for a fresh run,
+  // k after the k-th resume), so a reader can tell runs and resumes apart.
+  void set_run(const std::string& run_id, std::int64_t resumes);
+  // A JSON object written as one line of the metrics file (e.g. the run's header), run tags added.
+  void json_line(nlohmann::json j);
 
  private:
   bool root_, bar_;
@@ -47,6 +51,8 @@ class Reporter {
   std::int64_t steps_;
   std::FILE* metrics_ = nullptr;
   std::chrono::steady_clock::time_point epoch_t0_;
+  std::string run_id_;
+  std::int64_t resumes_ = 0;
 };
 
 }  // namespace ringtrain

@@ -1,7 +1,7 @@
 #pragma once
-// The training state that checkpoints save and rank 0 broadcasts: parameters
-// (flat per dtype), buffers (BatchNorm running statistics) and optimizer state,
-// under stable names in a fixed order, identical on every rank.
+// The training state that checkpoints save and rank 0 broadcasts: parameters,
+// buffers (BatchNorm running statistics) and optimizer state, under stable
+// names in a fixed order, identical on every rank.
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -18,16 +18,33 @@ class Optimizer;
 
 using NamedTensorList = std::vector<std::pair<std::string, Tensor>>;
 
-// Views (not copies): "param.<dtype>", "buffer.<name>", "optim.<name>".
+// Per parameter, so the layout does not depend on how parameters lie in arenas
+// (a pipeline stage or tensor shard contributes its own subset of names). Views,
+// not copies: "param/<param name>", "buffer/<buffer name>",
+// "optim/<slot>/<param name>" (each slot of the optimizer's per-parameter state,
+// e.g. optim/exp_avg/conv1.weight) and "optim/<scalar>" (e.g. optim/step).
 NamedTensorList model_state(Model& model, Optimizer* optimizer);
+// The same state as a few flat buffers (arena per dtype, buffers, optimizer
+// buffers): what the ranks broadcast and compare, in few large messages.
+NamedTensorList flat_state(Model& model, Optimizer* optimizer);
 
-// Scalars kept beside the tensors.
+// Where a run stands: enough to continue it bit for bit.
 struct RunPosition {
-  std::int64_t epochs_done = 0, step = 0, ranks = 1, seed = 0;
+  std::int64_t epochs_done = 0;    // completed epochs
+  std::int64_t step = 0;           // optimizer steps taken in the whole run
+  std::int64_t step_in_epoch = 0;  // optimizer steps taken in epoch `epochs_done` (mid-epoch stop)
+  std::int64_t ranks = 1, seed = 0;
+  std::int64_t batch_size = 0, accumulation = 1;  // what the loader's position depends on
+  std::int64_t resumes = 0;        // how often this run was resumed
+  std::string run_id;              // names the run's checkpoint files and metrics records
+  std::string fingerprint;         // of the configuration that shapes the trajectory
 };
 
 CheckpointData make_checkpoint(Model& model, Optimizer* optimizer, const TrainConfig& cfg, const RunPosition& pos);
-// Restores tensors (all of model_state, or only params+buffers when optimizer is null).
+// Restores tensors (all of model_state, or only params+buffers when optimizer is
+// null); the first missing or mismatched name is the error.
 RunPosition restore_checkpoint(const CheckpointData& ckpt, Model& model, Optimizer* optimizer);
+// Reads the position scalars and strings of a checkpoint.
+RunPosition checkpoint_position(const CheckpointData& ckpt);
 
 }  // namespace ringtrain

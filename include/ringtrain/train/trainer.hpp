@@ -39,6 +39,10 @@ struct TrainResult {
   int target_epoch = -1;      // first epoch (1-based) reaching train.target_accuracy, -1 if never
   double target_time_s = 0;   // wall time from start of training until then
   std::int64_t steps = 0;
+  // Non-zero: the run stopped early on this signal (SIGTERM, SIGUSR1, SIGINT)
+  // after writing a checkpoint at the exact position; the CLI exits with 75.
+  int stopped_by_signal = 0;
+  std::string checkpoint;     // the last checkpoint written ("" if none)
 };
 
 struct TrainerHooks {
@@ -48,6 +52,11 @@ struct TrainerHooks {
   bool skip_allreduce = false;
   // Called on every rank after each optimizer step with the global mean loss.
   std::function<void(std::int64_t step, double loss)> on_step;
+  // Polled once per step: a pending stop signal's number, or 0 (the CLI passes
+  // StopSignals::pending; null = never stop). Ranks agree on it at the step's end.
+  std::function<int()> stop_signal;
+  // Tests only: called after each tensor written to a checkpoint (throw to inject a write error).
+  std::function<void(const std::string&)> checkpoint_write_hook;
 };
 
 class Trainer {
@@ -57,14 +66,18 @@ class Trainer {
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
 
-  // Continues from a checkpoint file, or the newest in a directory.
-  void resume(const std::string& path);
+  // Continues from a checkpoint file, or the newest intact one in a directory
+  // (saying which newer ones it skipped and why). "auto": the newest intact
+  // checkpoint of this configuration in checkpoint.dir, or a fresh start
+  // (returns false then). An incompatible checkpoint is an Error.
+  bool resume(const std::string& path);
   TrainResult fit();
   // Evaluates the current parameters on a split, spread across ranks.
   EvalResult evaluate(const std::string& path);
   // Loads parameters (and buffers) from a checkpoint file or directory.
   void load_weights(const std::string& path);
 
+  const std::string& run_id() const;  // set by resume() or at the start of fit()
   Model& model();
   const TrainConfig& config() const;
 

@@ -1,0 +1,29 @@
+#pragma once
+// Naming the rank a stalled collective waits for. A timeout only tells a rank
+// that *its* peer is late; in a ring that peer usually waits for its own
+// predecessor, so the peer is the wrong one to blame. When a rank gives up, it
+// sends a token (reserved tag) to every other rank of the communicator and
+// collects theirs for `grace_s`: every live rank stuck in the same operation
+// times out at about the same moment and answers, so the ranks that stay
+// silent are the ones that never reached it (hung, stopped or dead).
+// Point-to-point only (no collective call), so it cannot stall itself.
+#include <mpi.h>
+
+#include <string>
+#include <vector>
+
+namespace ringtrain {
+
+inline constexpr int kTagStallDiagnosis = 0x52ff;
+
+struct StallDiagnosis {
+  std::vector<int> silent;   // ranks that sent no token within the grace period
+  int first_live = 0;        // lowest rank that did (this rank counts): the one that reports
+  std::string describe() const;  // "rank 2 did not reach it (hung, stopped or dead)" / "every rank reached it ..."
+};
+
+StallDiagnosis diagnose_stall(MPI_Comm comm, double grace_s);
+// Grace period for a timeout of `timeout_s`: long enough for peers that entered a few seconds later.
+double stall_grace_s(double timeout_s);
+
+}  // namespace ringtrain

@@ -1,0 +1,248 @@
+#!/usr/bin/python3
+"""ringtrain's cost model: all-reduce and training-step time from α-β-γ link parameters.
+
+Collectives (n bytes, p ranks on m nodes of q ranks, link classes `shm` inside a node and `net`
+between nodes, each with a latency α [s] and an inverse bandwidth β [s/byte]; γ [s/byte] is the
+reduction cost of the CPU reducer):
+  ring       2(p-1)·(α + n/p·β) + (p-1)/p·n·γ                  every hop of a step runs at once,
+             the slowest link class sets the step (ranks of a node are consecutive, so one ring
+             link per node crosses the network and a node's NIC carries one flow)
+  tree       recursive doubling (src/comm/tree.cpp): lg p' exchanges of the whole vector
+             (+2 fold steps when p is not a power of two); exchanges with partners inside the
+             node use shm; across nodes the q ranks of a node share the NIC: α + q·n·β
+  hier       reduce-scatter inside the node (shm ring, q ranks), q concurrent rings over the
+             m nodes on n/q bytes each (sharing the NIC), all-gather inside the node
+Training step (data-parallel, gradients in fusion buckets of F bytes, backward overlap):
+  T = t_other + t_compute·s + exposed,  exposed = max(T_ar(last bucket), Σ T_ar(buckets) − W)
+  W = ω·t_compute: the part of the step during which gradients can already be reduced,
+  fitted from a run's measured exposed communication. s > 1 only where ranks share cores.
+Testbed term (emulated hosts share this machine's cores and kernel): a veth flow costs
+  β_eff = max(β_link, β_veth·max(1, flows/cores)); tc-shaped links set β_link.
+"""
+import argparse
+import json
+import math
+import sys
+
+ALGORITHMS = ("ring", "tree", "hier")
+
+
+def log2_floor(p):
+    return int(math.floor(math.log2(p))) if p >= 1 else 0
+
+
+class Cluster:
+    """Link parameters of a machine layout: m nodes x q ranks."""
+
+    def __init__(self, nodes, ranks_per_node, shm, net, gamma, cores=None, beta_link=0.0):
+        self.m, self.q = int(nodes), int(ranks_per_node)
+        self.shm, self.net = dict(shm), dict(net)  # {"alpha": s, "beta": s/B}
+        self.gamma = float(gamma)
+        self.cores = cores          # emulated testbed: physical cores all hosts share (None: dedicated)
+        self.beta_link = beta_link  # testbed: shaped link (tc tbf) inverse bandwidth
+
+    @property
+    def p(self):
+        return self.m * self.q
+
+    def net_beta(self, flows):
+        b = self.net["beta"]
+        if self.cores:  # veth flows share the CPU that moves their bytes
+            b = max(self.beta_link, b * max(1.0, flows / self.cores))
+        return b
+
+
+def t_ring(n, c):
+    p = c.p
+    if p == 1:
+        return 0.0
+    if c.m == 1:
+        a, b = c.shm["alpha"], c.shm["beta"]
+    else:
+        a, b = max(c.net["alpha"], c.shm["alpha"]), c.net_beta(c.m)
+        b = max(b, c.shm["beta"])
+    return 2 * (p - 1) * (a + n / p * b) + (p - 1) / p * n * c.gamma
+
+
+def t_tree(n, c):
+    p = c.p
+    if p == 1:
+        return 0.0
+    pof2 = 1 << log2_floor(p)
+    t = 0.0
+    mask = 1
+    while mask < pof2:
+        if mask < c.q:  # partner on the same node
+            t += c.shm["alpha"] + n * c.shm["beta"]
+        else:           # q ranks of each node exchange across the NIC at once
+            t += c.net["alpha"] + c.q * n * c.net_beta(p)
+        t += n * c.gamma
+        mask <<= 1
+    if pof2 != p:  # fold in and send back out (one link class: the worst)
+        a = c.net["alpha"] if c.m > 1 else c.shm["alpha"]
+        b = c.net_beta(p) if c.m > 1 else c.shm["beta"]
+        t += 2 * (a + n * b) + n * c.gamma
+    return t
+
+
+def t_hier(n, c):
+    if c.q == 1 or c.m == 1:
+        return t_ring(n, c)
+    q, m = c.q, c.m
+    a_s, b_s = c.shm["alpha"], c.shm["beta"]
+    intra = (q - 1) * (a_s + n / q * b_s)                    # one pass (reduce-scatter or all-gather)
+    rs = intra + (q - 1) / q * n * c.gamma
+    chunk = n / q
+    inter = 2 * (m - 1) * (c.net["alpha"] + chunk / m * q * c.net_beta(m * q)) + (m - 1) / m * chunk * c.gamma
+    return rs + inter + intra
+
+
+def t_allreduce(n, c, algo):
+    return {"ring": t_ring, "tree": t_tree, "hier": t_hier}[algo](n, c)
+
+
+def best_allreduce(n, c, algos=ALGORITHMS):
+    return min((t_allreduce(n, c, a), a) for a in algos)
+
+
+def buckets(n, fusion):
+    if fusion <= 0 or fusion >= n:
+        return [n]
+    k = int(math.ceil(n / fusion))
+    return [fusion] * (k - 1) + [n - fusion * (k - 1)]
+
+
+def step_time(work, c, fusion, algos=ALGORITHMS, compute_slowdown=1.0):
+    """work: {"grad_bytes", "t_compute", "t_other", "omega", "cycle_s"} -> (T, detail)."""
+    parts = buckets(work["grad_bytes"], fusion)
+    times, chosen = [], set()
+    for b in parts:
+        t, a = best_allreduce(b, c, algos)
+        times.append(t + work.get("cycle_s", 0.0) / 2 if c.p > 1 else 0.0)
+        chosen.add(a)
+    tc = work["t_compute"] * compute_slowdown
+    window = work["omega"] * tc
+    exposed = max(times[-1], sum(times) - window) if c.p > 1 else 0.0
+    total = work["t_other"] + tc + exposed
+    return total, {"allreduce_s": sum(times), "exposed_s": exposed, "compute_s": tc,
+                   "algorithm": "+".join(sorted(chosen)), "buckets": len(parts)}
+
+
+FUSION_CHOICES = [2 ** k for k in range(16, 28, 2)]  # 64 KiB .. 64 MiB
+
+
+def best_config(work, c, algos=ALGORITHMS, compute_slowdown=1.0):
+    best = None
+    for f in FUSION_CHOICES:
+        t, d = step_time(work, c, f, algos, compute_slowdown)
+        if best is None or t < best[0] - 1e-12:
+            best = (t, f, d)
+    return best
+
+
+def efficiency(work, c, algos=ALGORITHMS):
+    """Weak scaling: per-rank batch fixed, so efficiency = T(1 rank) / T(p ranks)."""
+    one = Cluster(1, 1, c.shm, c.net, c.gamma)
+    t1, _ = step_time(work, one, 0, algos)
+    tp, f, d = best_config(work, c, algos)
+    return t1 / tp, tp, f, d
+
+
+def nnls(rows, ys, weights):
+    """Least squares with non-negative coefficients (few unknowns: drop negatives and refit)."""
+    import numpy as np
+    A = np.asarray(rows, float) * np.asarray(weights, float)[:, None]
+    y = np.asarray(ys, float) * np.asarray(weights, float)
+    active = list(range(A.shape[1]))
+    x = np.zeros(A.shape[1])
+    while active:
+        sol, *_ = np.linalg.lstsq(A[:, active], y, rcond=None)
+        if (sol >= 0).all():
+            x[:] = 0
+            x[active] = sol
+            return x
+        active.pop(int(np.argmin(sol)))
+    return x
+
+
+def design_row(algo, n, p, q=None):
+    """Coefficients of (α, β, γ) for one link class, all ranks on that class (sweep fits)."""
+    if algo == "ring":
+        return [2 * (p - 1), 2 * (p - 1) / p * n, (p - 1) / p * n]
+    pof2 = 1 << log2_floor(p)
+    s = log2_floor(pof2)
+    extra = 2 if pof2 != p else 0
+    return [s + extra, (s + extra) * n, (s + (1 if extra else 0)) * n]
+
+
+def fit_sweep(points, gamma=None):
+    """points: [(algo, bytes, ranks, seconds)] of one link class -> {"alpha","beta"}, gamma.
+    Relative-error weighting so that small (latency) and large (bandwidth) messages both count."""
+    rows, ys, ws = [], [], []
+    for algo, n, p, t in points:
+        r = design_row(algo, n, p)
+        if gamma is not None:
+            t = t - r[2] * gamma
+            r = r[:2]
+        rows.append(r)
+        ys.append(t)
+        ws.append(1.0 / max(t, 1e-9) if t > 0 else 1.0)
+    x = nnls(rows, ys, ws)
+    g = gamma if gamma is not None else float(x[2])
+    return {"alpha": float(x[0]), "beta": float(x[1])}, g
+
+
+def gbit_to_beta(gbit):
+    return 8.0 / (gbit * 1e9)
+
+
+def main():
+    ap = argparse.ArgumentParser(description="predict step time and weak-scaling efficiency from a fitted model "
+                                             "(runs/scaling/model.json from jobs/scaling_study.sh)")
+    ap.add_argument("--model", default="runs/scaling/model.json")
+    ap.add_argument("--net", default="resnet", help="network whose measured work to use (cnn, resnet)")
+    ap.add_argument("--ranks", type=int, nargs="+", default=[1024])
+    ap.add_argument("--ranks-per-node", type=int, default=4)
+    ap.add_argument("--gbit", type=float, nargs="+", default=[25.0, 200.0], help="node link Gbit/s")
+    ap.add_argument("--alpha-us", type=float, default=None, help="network latency (default: per --gbit, see README)")
+    ap.add_argument("--shm-gbyte", type=float, default=None, help="intra-node GB/s (default: fitted)")
+    ap.add_argument("--shm-alpha-us", type=float, default=None, help="intra-node latency (default: fitted)")
+    ap.add_argument("--step-compute-ms", type=float, default=None,
+                    help="compute per step per rank (default: measured here); e.g. a GPU's")
+    a = ap.parse_args()
+    try:
+        model = json.load(open(a.model))
+    except OSError as e:
+        sys.exit(f"costmodel: cannot read model '{a.model}': {e.strerror} (run jobs/scaling_study.sh first)")
+    if a.net not in model["work"]:
+        sys.exit(f"costmodel: no measured work for network '{a.net}' in {a.model} (have: {', '.join(model['work'])})")
+    for r in a.ranks:
+        if r < 1 or r % a.ranks_per_node and r > a.ranks_per_node:
+            sys.exit(f"costmodel: --ranks {r} is not a multiple of --ranks-per-node {a.ranks_per_node}")
+    work = dict(model["work"][a.net])
+    if a.step_compute_ms is not None:
+        work["t_compute"] = a.step_compute_ms / 1e3
+    shm = dict(model["links"]["shm"])
+    if a.shm_gbyte:
+        shm["beta"] = 1 / (a.shm_gbyte * 1e9)
+    if a.shm_alpha_us is not None:
+        shm["alpha"] = a.shm_alpha_us * 1e-6
+    print(f"{'ranks':>6} {'nodes':>6} {'Gbit/s':>7} {'step ms':>9} {'allreduce ms':>13} {'exposed ms':>11} "
+          f"{'efficiency':>10}  algorithm, fusion")
+    for g in a.gbit:
+        alpha = (a.alpha_us if a.alpha_us is not None else default_alpha_us(g)) * 1e-6
+        for r in a.ranks:
+            q = min(a.ranks_per_node, r)
+            c = Cluster(r // q, q, shm, {"alpha": alpha, "beta": gbit_to_beta(g)}, model["gamma"])
+            eff, tp, f, d = efficiency(work, c)
+            print(f"{r:>6} {c.m:>6} {g:>7g} {tp * 1e3:>9.2f} {d['allreduce_s'] * 1e3:>13.3f} "
+                  f"{d['exposed_s'] * 1e3:>11.3f} {eff * 100:>9.1f}%  {d['algorithm']}, {f / 2**20:g} MiB")
+
+
+def default_alpha_us(gbit):
+    """Typical one-way small-message latency: Ethernet/TCP at <=100 Gbit/s, RDMA fabrics above."""
+    return 15.0 if gbit <= 100 else 2.0
+
+
+if __name__ == "__main__":
+    main()

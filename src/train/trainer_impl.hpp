@@ -1,0 +1,96 @@
+#pragma once
+// Trainer::Impl, shared by trainer.cpp (building, the step, the epoch,
+// evaluation) and trainer_checkpoint.cpp (checkpoints, resume, stopping).
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ringtrain/data/loader.hpp"
+#include "ringtrain/engine/engine.hpp"
+#include "ringtrain/nn/layers.hpp"
+#include "ringtrain/nn/model.hpp"
+#include "ringtrain/optim/loss_scale.hpp"
+#include "ringtrain/optim/optimizer.hpp"
+#include "ringtrain/optim/schedule.hpp"
+#include "ringtrain/train/device_runtime.hpp"
+#include "ringtrain/train/state.hpp"
+#include "ringtrain/train/trainer.hpp"
+
+namespace ringtrain {
+
+struct Trainer::Impl {
+  using Clock = std::chrono::steady_clock;
+  TrainConfig cfg;
+  Communicator world;
+  TrainerHooks hooks;
+  Device device;
+  DeviceRuntime* rt = nullptr;  // the device's optimizer, fusion ops and gradient operations
+  MathMode math = MathMode::fp32;
+  std::unique_ptr<LossScaler> scaler;  // train.precision = fp16 only
+  Tensor scaler_state;                 // f64 [4] on the host: checkpointed and broadcast
+  std::unique_ptr<data::Loader> loader;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Optimizer> optimizer;
+  std::unique_ptr<LrSchedule> schedule;
+  std::unique_ptr<Engine> engine;
+  std::unique_ptr<Reporter> reporter;
+  // [2] f32 on the host, averaged beside the gradients: the step's loss, and
+  // the stop flag (> 0 when a signal reached any rank: every rank sees it at
+  // the same step, for free).
+  Tensor loss_buf;
+  Tensor dlogits;               // reused across steps
+  std::vector<Handle> handles;  // this step's outstanding all-reduces
+  // comm.deterministic: static buckets of consecutive parameters, in backward order.
+  struct Bucket {
+    Tensor grads;                // flat view of the arena's gradients
+    std::size_t params = 0;      // parameters in it
+    std::size_t pending = 0;     // not yet ready this step
+  };
+  std::vector<Bucket> buckets;
+  std::vector<int> bucket_of;    // parameter index -> bucket
+  // Dropout layers draw masks from (seed, call count): the counts are run state
+  // too ("rng/<layer>.calls", i64 [1] host tensors), or a resumed run would
+  // repeat the masks of its first steps.
+  std::vector<std::pair<Dropout*, Tensor>> dropout_calls;
+  RunPosition pos;               // where the run stands (checkpointed)
+  bool resumed = false;          // pos came from a checkpoint
+  int stop_signal = 0;           // set when the ranks agreed to stop on a signal (-1: it reached another rank)
+  std::string last_checkpoint;   // path of the last checkpoint written (rank 0)
+
+  // Per-epoch counters of this rank.
+  struct EpochStats {
+    double loss_sum = 0, compute_s = 0, comm_s = 0;
+    std::int64_t steps = 0, correct = 0, seen = 0, skipped = 0;
+  };
+
+  Impl(TrainConfig c, Communicator w, TrainerHooks h);
+
+  // trainer.cpp
+  void open_loader();
+  void build_model();
+  void build_optimizer();
+  void build_engine();
+  void make_buckets();
+  void on_grads_ready(std::span<const std::size_t> params);
+  NamedTensorList run_state();   // model_state + the loss scaler: what a checkpoint holds
+  void broadcast_state();
+  std::int64_t global_batch() const;
+  std::int64_t steps_per_epoch() const;
+  std::int64_t total_steps() const;
+  double train_step(EpochStats& st);
+  EvalResult evaluate(const std::string& path);
+  TrainResult fit();
+  EpochMetrics train_epoch(int epoch, bool& finished);
+  void verify_identical_state();
+  void start_reporting();
+
+  // trainer_checkpoint.cpp
+  void create_checkpoint_dir();
+  void remove_stale_temps();
+  void save_checkpoint(bool force);
+  bool load(const std::string& path, bool with_optimizer);  // false: --resume auto found nothing
+  void announce_stop(std::int64_t steps_in_epoch);
+};
+
+}  // namespace ringtrain

@@ -1,0 +1,136 @@
+// Jobs that end, with the right status and a message naming the culprit. Each
+// test launches real jobs (mpirun of this binary's DISABLED_ child tests, or
+// of the `ringtrain` command) and checks the exit status, the time it took and
+// the output:
+//  - a rank whose compute thread hangs (engine thread alive) is named by the
+//    stall shutdown, a SIGSTOPped rank by the collective timeout, and either
+//    job exits non-zero within seconds of the (short, configured) limits;
+// (The `ringtrain` command's exit statuses: cli_jobs.cpp.)
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <thread>
+
+#include "fixtures.hpp"
+#include "jobs.hpp"
+#include "ringtrain/core/log.hpp"
+#include "ringtrain/data/prepare.hpp"
+#include "ringtrain/train/exit_codes.hpp"
+#include "ringtrain/train/signals.hpp"
+#include "ringtrain/train/trainer.hpp"
+
+using namespace ringtrain;
+using namespace ringtrain::test_jobs;
+namespace fs = std::filesystem;
+
+namespace {
+
+// Inside a child job: the data directory the parent made, and the CLI's error handling.
+std::string child_data(const Communicator& world) {
+  const char* d = std::getenv("RT_CHILD_DATA");
+  std::string dir = d ? d : "/tmp/rt-child-data";
+  data::SyntheticOptions o;
+  o.output = dir;
+  o.train_samples = 512;
+  o.test_samples = 64;
+  o.channels = 1;
+  o.height = o.width = 28;
+  o.num_classes = 10;
+  data::generate_synthetic(o, world);
+  return dir;
+}
+
+void run_like_cli(const TrainConfig& c, const Communicator& world, TrainerHooks hooks) {
+  try {
+    Trainer t(c, world, hooks);
+    t.fit();
+  } catch (const std::exception& e) {
+    log::error(e.what());
+    MPI_Abort(MPI_COMM_WORLD, exit_code::failure);
+  }
+}
+
+TrainConfig child_config(const std::string& data) {
+  TrainConfig c = test_fixtures::small_config(data);
+  c.data.batch_size = 16;
+  c.train.epochs = 50;
+  c.comm.stall_warning_s = 1;
+  c.comm.stall_shutdown_s = 4;
+  c.comm.collective_timeout_s = 3;
+  if (const char* v = std::getenv("RT_CHILD_DEFAULT_LIMITS"); v && *v == '1') {
+    TrainConfig d;
+    c.comm.stall_warning_s = d.comm.stall_warning_s;
+    c.comm.stall_shutdown_s = d.comm.stall_shutdown_s;
+    c.comm.collective_timeout_s = d.comm.collective_timeout_s;
+  }
+  return c;
+}
+
+}  // namespace
+
+// ---- children (run only inside the jobs below) --------------------------------
+
+TEST(FailureChild, DISABLED_ComputeThreadHangsOnRankOne) {
+  Communicator world = Communicator::world();
+  TrainConfig c = child_config(child_data(world));
+  TrainerHooks h;
+  h.evaluate = false;
+  h.on_step = [&](std::int64_t step, double) {
+    if (step == 3 && world.rank() == 1)
+      for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));  // engine thread keeps cycling
+  };
+  run_like_cli(c, world, h);
+}
+
+TEST(FailureChild, DISABLED_RankOneIsStopped) {
+  Communicator world = Communicator::world();
+  TrainConfig c = child_config(child_data(world));
+  c.comm.stall_shutdown_s = 0;  // only the collective timeout can see a stopped process
+  TrainerHooks h;
+  h.evaluate = false;
+  h.on_step = [&](std::int64_t step, double) {
+    if (step == 3 && world.rank() == 1) std::raise(SIGSTOP);
+  };
+  run_like_cli(c, world, h);
+}
+
+// ---- the jobs ------------------------------------------------------------------
+
+class FailureJobs : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("rt-failjobs-" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string child(const char* name, int np, const std::string& env = "") {
+    return env + " RT_CHILD_DATA=" + (dir_ / "data").string() + " " + mpirun(np) + self_exe() +
+           " --gtest_also_run_disabled_tests --gtest_filter=FailureChild.DISABLED_" + name;
+  }
+  fs::path dir_;
+};
+
+TEST_F(FailureJobs, HungComputeThreadEndsTheJobNamingTheRank) {
+  JobResult r = run_job(child("ComputeThreadHangsOnRankOne", 2));
+  EXPECT_NE(r.status, 0) << r.out;
+  EXPECT_LT(r.seconds, 90) << "the 4 s stall shutdown did not end the job\n" << r.out;
+  EXPECT_NE(r.out.find("stall shutdown"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("but not by rank 1"), std::string::npos) << r.out;
+}
+
+TEST_F(FailureJobs, StoppedRankEndsTheJobNamingTheRank) {
+  JobResult r = run_job(child("RankOneIsStopped", 3));
+  EXPECT_NE(r.status, 0) << r.out;
+  EXPECT_LT(r.seconds, 90) << "the 3 s collective timeout did not end the job\n" << r.out;
+  EXPECT_NE(r.out.find("rank 1 did not reach it"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("rank 2 did not"), std::string::npos) << "a live rank was blamed\n" << r.out;
+}
+
