@@ -16,6 +16,21 @@ Tensor chain_backward(const std::vector<LayerPtr>& ls, Tensor g, bool need_dx, b
   return g;
 }
 
+Tensor chain_backward_input(const std::vector<LayerPtr>& ls, Tensor g, bool need_dx, bool accumulate) {
+  for (std::size_t i = ls.size(); i-- > 0;) g = ls[i]->backward_input(g, i > 0 || need_dx, accumulate);
+  return g;
+}
+
+void chain_backward_weight(const std::vector<LayerPtr>& ls) {
+  for (std::size_t i = ls.size(); i-- > 0;) ls[i]->backward_weight();
+}
+
+bool chain_splits(const std::vector<LayerPtr>& ls) {
+  for (auto& l : ls)
+    if (l->splits_backward()) return true;
+  return false;
+}
+
 Shape chain_shape(const std::vector<LayerPtr>& ls, Shape s) {
   for (auto& l : ls) s = l->output_shape(s);
   return s;
@@ -67,6 +82,11 @@ Tensor Sequential::do_forward(const Tensor& x, Mode mode) { return chain_forward
 Tensor Sequential::do_backward(const Tensor& dy, bool need_dx, bool accumulate) {
   return chain_backward(children_, dy, need_dx, accumulate);
 }
+Tensor Sequential::do_backward_input(const Tensor& dy, bool need_dx, bool accumulate) {
+  return chain_backward_input(children_, dy, need_dx, accumulate);
+}
+void Sequential::do_backward_weight() { chain_backward_weight(children_); }
+bool Sequential::splits_backward() const { return chain_splits(children_); }
 
 // ---- Residual ---------------------------------------------------------------
 Residual::Residual(std::string name, std::vector<LayerPtr> body, std::vector<LayerPtr> shortcut, bool relu_after)
@@ -130,6 +150,23 @@ Tensor Residual::do_backward(const Tensor& dy, bool need_dx, bool accumulate) {
   be_->add(db, ds, dx_);
   return dx_;
 }
+
+Tensor Residual::do_backward_input(const Tensor& dy, bool need_dx, bool accumulate) {
+  Tensor g = post_ ? post_->backward_input(dy, true, accumulate) : dy;
+  Tensor db = chain_backward_input(body_, g, need_dx, accumulate);
+  Tensor ds = chain_backward_input(shortcut_, g, need_dx, accumulate);
+  if (!need_dx) return {};
+  ensure(dx_, db.shape(), db.dtype(), db.device());
+  be_->add(db, ds, dx_);
+  return dx_;
+}
+
+void Residual::do_backward_weight() {
+  chain_backward_weight(body_);
+  chain_backward_weight(shortcut_);
+}
+
+bool Residual::splits_backward() const { return chain_splits(body_) || chain_splits(shortcut_); }
 
 LayerPtr basic_block(const std::string& name, std::int64_t in_ch, std::int64_t out_ch, std::int64_t stride) {
   auto conv = [](const char* n, std::int64_t ci, std::int64_t co, std::int64_t k, std::int64_t st) {

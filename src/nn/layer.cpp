@@ -11,6 +11,14 @@ Tensor Layer::forward(const Tensor& x, Mode mode) {
   return do_forward(x, mode);
 }
 
+Tensor Layer::backward_input(const Tensor& dy, bool need_dx, bool accumulate) {
+  RT_CHECK(has_forward_, "layer '", name_, "' (", type(), "): backward called before forward");
+  RT_CHECK(dy.defined() && dy.shape() == output_shape(in_shape_), "layer '", name_, "' (", type(),
+           "): gradient has shape ", dy.defined() ? shape_str(dy.shape()) : std::string("(undefined)"),
+           ", the forward output had ", shape_str(output_shape(in_shape_)));
+  return do_backward_input(dy, need_dx, accumulate);
+}
+
 Tensor Layer::backward(const Tensor& dy, bool need_dx, bool accumulate) {
   RT_CHECK(has_forward_, "layer '", name_, "' (", type(), "): backward called before forward");
   RT_CHECK(dy.defined(), "layer '", name_, "' (", type(), "): backward got an undefined gradient");

@@ -24,6 +24,7 @@ void Linear::bind(const BindContext& ctx) {
     db = ctx.arena.grad(b_);
   }
   spec_.math = ctx.math;
+  split_ = ctx.backend.splits_weight_grad();
   k_ = ctx.backend.linear(spec_);
 }
 
@@ -67,6 +68,28 @@ Tensor Linear::do_backward(const Tensor& dy, bool need_dx, bool accumulate) {
   return dx;
 }
 
+// Split backward: dx now, dw/db in backward_weight (same kernel call, halves).
+Tensor Linear::do_backward_input(const Tensor& dy, bool need_dx, bool accumulate) {
+  if (!split_) return do_backward(dy, need_dx, accumulate);
+  Tensor dx, none_w, none_b;
+  if (need_dx) {
+    dx = ensure(dx_, x_.shape(), spec_.dtype, x_.device());
+    k_->backward(x_, w, y_, dy, dx, none_w, none_b, accumulate);
+  }
+  dy_ = dy;
+  w_pending_ = true;
+  w_accumulate_ = accumulate;
+  return dx;
+}
+
+void Linear::do_backward_weight() {
+  if (!w_pending_) return;
+  Tensor none;
+  k_->backward(x_, w, y_, dy_, none, dw, db, w_accumulate_);
+  w_pending_ = false;
+  dy_ = Tensor();
+}
+
 // ---- Conv2d -----------------------------------------------------------------
 Conv2d::Conv2d(std::string name, Conv2dSpec spec, Init init) : Layer(std::move(name)), spec_(spec), init_(init) {
   const auto& s = spec_;
@@ -105,6 +128,7 @@ void Conv2d::bind(const BindContext& ctx) {
   RT_CHECK(!spec_.fuse_pool || ctx.backend.conv_fuses_pool(), "Conv2d '", name_, "': the ", ctx.backend.name(),
            " backend cannot fuse pooling into a convolution; use a separate Pool2d layer");
   spec_.math = ctx.math;
+  split_ = ctx.backend.splits_weight_grad();
   k_ = ctx.backend.conv2d(spec_);
 }
 
@@ -151,6 +175,28 @@ Tensor Conv2d::do_backward(const Tensor& dy, bool need_dx, bool accumulate) {
   if (need_dx) dx = ensure(dx_, x_.shape(), spec_.dtype, x_.device());
   k_->backward(x_, w, y_, dy, dx, dw, db, accumulate);
   return dx;
+}
+
+// Split backward: dx now, dw/db in backward_weight (same kernel call, halves).
+Tensor Conv2d::do_backward_input(const Tensor& dy, bool need_dx, bool accumulate) {
+  if (!split_) return do_backward(dy, need_dx, accumulate);
+  Tensor dx, none_w, none_b;
+  if (need_dx) {
+    dx = ensure(dx_, x_.shape(), spec_.dtype, x_.device());
+    k_->backward(x_, w, y_, dy, dx, none_w, none_b, accumulate);
+  }
+  dy_ = dy;
+  w_pending_ = true;
+  w_accumulate_ = accumulate;
+  return dx;
+}
+
+void Conv2d::do_backward_weight() {
+  if (!w_pending_) return;
+  Tensor none;
+  k_->backward(x_, w, y_, dy_, none, dw, db, w_accumulate_);
+  w_pending_ = false;
+  dy_ = Tensor();
 }
 
 }  // namespace ringtrain

@@ -106,6 +106,10 @@ std::unique_ptr<Model> build_model(const ModelConfig& cfg, Device dev) {
   return m;
 }
 
+std::vector<LayerPtr> build_model_layers(const ModelConfig& cfg, Device dev) {
+  return build_layers(cfg, backend_for(dev).conv_fuses_pool());
+}
+
 double model_flops_per_sample(const ModelConfig& cfg) {
   Shape s = {1, cfg.in_channels, cfg.height, cfg.width};
   double f = 0;

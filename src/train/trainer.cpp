@@ -26,6 +26,7 @@
 #include "ringtrain/train/device_runtime.hpp"
 #include "ringtrain/train/signals.hpp"
 #include "ringtrain/train/state.hpp"
+#include "pipeline_trainer.hpp"
 #include "run_state.hpp"
 #include "trainer_impl.hpp"
 
@@ -528,16 +529,37 @@ void Trainer::Impl::verify_identical_state() {
   verify_identical(ts, world, names);
 }
 
-Trainer::Trainer(TrainConfig cfg, Communicator world, TrainerHooks hooks)
-    : impl_(std::make_unique<Impl>(std::move(cfg), std::move(world), std::move(hooks))) {}
+Trainer::Trainer(TrainConfig cfg, Communicator world, TrainerHooks hooks) {
+  if (cfg.parallel.pipeline > 1 || cfg.parallel.tensor > 1) {
+    cfg_ = cfg;
+    pipe_ = std::make_unique<PipelineTrainer>(cfg, world, hooks);
+  } else {
+    impl_ = std::make_unique<Impl>(std::move(cfg), std::move(world), std::move(hooks));
+  }
+}
 Trainer::~Trainer() = default;
 
-bool Trainer::resume(const std::string& path) { return impl_->load(path, true); }
-void Trainer::load_weights(const std::string& path) { impl_->load(path, false); }
-TrainResult Trainer::fit() { return impl_->fit(); }
-EvalResult Trainer::evaluate(const std::string& path) { return impl_->evaluate(path); }
-const std::string& Trainer::run_id() const { return impl_->pos.run_id; }
-Model& Trainer::model() { return *impl_->model; }
-const TrainConfig& Trainer::config() const { return impl_->cfg; }
+bool Trainer::resume(const std::string& path) {
+  if (pipe_) {
+    pipe_->load(path, true);
+    return true;
+  }
+  return impl_->load(path, true);
+}
+void Trainer::load_weights(const std::string& path) {
+  if (pipe_) pipe_->load(path, false);
+  else impl_->load(path, false);
+}
+TrainResult Trainer::fit() { return pipe_ ? pipe_->fit() : impl_->fit(); }
+EvalResult Trainer::evaluate(const std::string& path) { return pipe_ ? pipe_->evaluate(path) : impl_->evaluate(path); }
+const std::string& Trainer::run_id() const {
+  static const std::string kNone;  // the pipeline path has no run id yet
+  return impl_ ? impl_->pos.run_id : kNone;
+}
+Model& Trainer::model() {
+  RT_CHECK(impl_, "Trainer::model(): with parallel.pipeline > 1 the model is split across the pipeline stages");
+  return *impl_->model;
+}
+const TrainConfig& Trainer::config() const { return impl_ ? impl_->cfg : cfg_; }
 
 }  // namespace ringtrain

@@ -111,7 +111,8 @@ class Conv2dKernel {
   virtual ~Conv2dKernel() = default;
   // x [N,Cin,H,W], w [Cout,Cin,kh,kw], b [Cout] or undefined, y [N,Cout,OH,OW].
   virtual void forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y) = 0;
-  // y is forward's output (used to mask dy when fuse_relu); dx undefined = not needed.
+  // y is forward's output (used to mask dy when fuse_relu); dx undefined = not needed;
+  // dw (and db) undefined = not needed where Backend::splits_weight_grad().
   // With fuse_pool, y and dy have the pooled shape.
   virtual void backward(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& dy, Tensor& dx,
                         Tensor& dw, Tensor& db, bool accumulate) = 0;
@@ -186,6 +187,9 @@ class Backend {
   // Whether conv2d() honours Conv2dSpec::fuse_pool; model builders fall back
   // to a separate Pool2d layer when it does not (same parameters and math).
   virtual bool conv_fuses_pool() const { return false; }
+  // Whether Conv2d/Linear kernels accept an undefined dw (and db): then the
+  // layers split their backward into input and weight halves (zero-bubble).
+  virtual bool splits_weight_grad() const { return false; }
   virtual std::unique_ptr<LinearKernel> linear(const LinearSpec& s) = 0;
   virtual std::unique_ptr<BatchNormKernel> batchnorm(const BatchNormSpec& s) = 0;
   virtual std::unique_ptr<Pool2dKernel> pool2d(const Pool2dSpec& s) = 0;

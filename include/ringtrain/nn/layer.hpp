@@ -15,6 +15,12 @@
 //    not overwrite the input in between (Model never does).
 //  - backward overwrites dx and writes parameter gradients into the arena's
 //    grad views: overwrite when accumulate is false, add when true.
+//  - Split backward (pipeline schedules, zero-bubble): backward_input(dy)
+//    returns dx and backward_weight() then adds what it deferred. A layer that
+//    does not split computes everything in backward_input and nothing in
+//    backward_weight, so callers may always call both; splits_backward() says
+//    whether the weight half really is deferred. backward_weight must come
+//    before the layer's next forward.
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -80,10 +86,19 @@ class Layer {
   Tensor forward(const Tensor& x, Mode mode);
   // Returns dx (undefined when need_dx is false: the first layer skips it).
   Tensor backward(const Tensor& dy, bool need_dx, bool accumulate);
+  // The two halves of backward (see the rules above); same checks as backward.
+  Tensor backward_input(const Tensor& dy, bool need_dx, bool accumulate);
+  void backward_weight() { do_backward_weight(); }
+  virtual bool splits_backward() const { return false; }
 
  protected:
   virtual Tensor do_forward(const Tensor& x, Mode mode) = 0;
   virtual Tensor do_backward(const Tensor& dy, bool need_dx, bool accumulate) = 0;
+  // Defaults: the whole backward in the input half, nothing deferred.
+  virtual Tensor do_backward_input(const Tensor& dy, bool need_dx, bool accumulate) {
+    return do_backward(dy, need_dx, accumulate);
+  }
+  virtual void do_backward_weight() {}
 
   // Registers one parameter and remembers its index.
   std::size_t add_param(ParamArena& arena, const std::string& prefix, const std::string& pname, Shape shape,

@@ -25,8 +25,17 @@ class Linear : public Layer {
  protected:
   Tensor do_forward(const Tensor& x, Mode mode) override;
   Tensor do_backward(const Tensor& dy, bool need_dx, bool accumulate) override;
+  Tensor do_backward_input(const Tensor& dy, bool need_dx, bool accumulate) override;
+  void do_backward_weight() override;
+
+ public:
+  bool splits_backward() const override { return split_; }
 
  private:
+  bool split_ = false;      // the backend's kernels accept an undefined dw
+  bool w_pending_ = false;  // backward_input ran; backward_weight owes dw (and db)
+  bool w_accumulate_ = false;
+  Tensor dy_;               // kept from backward_input for backward_weight
   LinearSpec spec_;
   Init init_;
   std::size_t w_ = 0, b_ = 0;
@@ -48,8 +57,17 @@ class Conv2d : public Layer {
  protected:
   Tensor do_forward(const Tensor& x, Mode mode) override;
   Tensor do_backward(const Tensor& dy, bool need_dx, bool accumulate) override;
+  Tensor do_backward_input(const Tensor& dy, bool need_dx, bool accumulate) override;
+  void do_backward_weight() override;
+
+ public:
+  bool splits_backward() const override { return split_; }
 
  private:
+  bool split_ = false;      // the backend's kernels accept an undefined dw
+  bool w_pending_ = false;  // backward_input ran; backward_weight owes dw (and db)
+  bool w_accumulate_ = false;
+  Tensor dy_;               // kept from backward_input for backward_weight
   Shape conv_shape(const Shape& in) const;  // before the fused pooling
   Conv2dSpec spec_;
   Init init_;
@@ -168,10 +186,13 @@ class Sequential : public Layer {
   std::vector<NamedBuffer> buffers() const override;
   double forward_flops(const Shape& in) const override;
   const std::vector<LayerPtr>& children() const { return children_; }
+  bool splits_backward() const override;
 
  protected:
   Tensor do_forward(const Tensor& x, Mode mode) override;
   Tensor do_backward(const Tensor& dy, bool need_dx, bool accumulate) override;
+  Tensor do_backward_input(const Tensor& dy, bool need_dx, bool accumulate) override;
+  void do_backward_weight() override;
 
  private:
   std::vector<LayerPtr> children_;
@@ -189,10 +210,13 @@ class Residual : public Layer {
   Shape output_shape(const Shape& in) const override;
   std::vector<NamedBuffer> buffers() const override;
   double forward_flops(const Shape& in) const override;
+  bool splits_backward() const override;
 
  protected:
   Tensor do_forward(const Tensor& x, Mode mode) override;
   Tensor do_backward(const Tensor& dy, bool need_dx, bool accumulate) override;
+  Tensor do_backward_input(const Tensor& dy, bool need_dx, bool accumulate) override;
+  void do_backward_weight() override;
 
  private:
   std::vector<LayerPtr> body_;

@@ -96,6 +96,9 @@ class Model {
 
 // Builds mlp / cnn / resnet / vit on `dev`; throws Error naming unknown models or bad sizes.
 std::unique_ptr<Model> build_model(const ModelConfig& cfg, Device dev = Device::cpu());
+// The same model's top-level layers, unregistered and unbound (pipeline stages
+// build their own copies of a contiguous range of them).
+std::vector<LayerPtr> build_model_layers(const ModelConfig& cfg, Device dev = Device::cpu());
 // Forward+backward FLOPs per sample of conv and linear layers (for GFLOP/s).
 double model_flops_per_sample(const ModelConfig& cfg);
 

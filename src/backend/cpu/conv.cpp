@@ -226,6 +226,10 @@ class CpuConv2d final : public Conv2dKernel {
                               {DNNL_ARG_SCRATCHPAD, p.scratch_bd}});
       p.dsrc.finish(st, false);
     }
+    if (!dw.defined()) {  // input half of a split backward
+      st.wait();
+      return;
+    }
     // The forward's reordered input is still there: the layer passes the same x.
     memory& xs = p.src_bw_shared ? p.src.inner() : p.src_bw.in(x.raw(), st);
     std::unordered_map<int, memory> args{{DNNL_ARG_SRC, xs},

@@ -143,6 +143,7 @@ class CpuBackend final : public Backend {
 
   std::unique_ptr<Conv2dKernel> conv2d(const Conv2dSpec& s) override { return cpu::make_conv2d(s, d_); }
   bool conv_fuses_pool() const override { return true; }
+  bool splits_weight_grad() const override { return true; }
   std::unique_ptr<LinearKernel> linear(const LinearSpec& s) override { return cpu::make_linear(s, d_); }
   std::unique_ptr<BatchNormKernel> batchnorm(const BatchNormSpec& s) override { return cpu::make_batchnorm(s, d_); }
   std::unique_ptr<Pool2dKernel> pool2d(const Pool2dSpec& s) override { return cpu::make_pool2d(s, d_); }

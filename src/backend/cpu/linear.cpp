@@ -45,6 +45,7 @@ class CpuLinear final : public LinearKernel {
     if (dx.defined())
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, in, out, 1.f, g, out, w.data<float>(), in, 0.f,
                   dx.data<float>(), in);
+    if (!dw.defined()) return;  // input half of a split backward
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, in, n, 1.f, g, out, x.data<float>(), in,
                 accumulate ? 1.f : 0.f, dw.data<float>(), in);
     if (s_.bias) {

@@ -1,0 +1,79 @@
+#pragma once
+// PipelineExecutor: interprets one stage's schedule (schedule.hpp) for one
+// optimizer step, over the grid's pipeline communicator.
+//
+// Rules:
+//  - Transfers: activation/gradient shapes are known ahead (from the model),
+//    so receive buffers (one per micro-batch and direction) are allocated once
+//    and every receive of a step is posted when the step starts; sends are
+//    non-blocking from the slot's own output, completed before that slot is
+//    reused and at the end of the step. A list can therefore only wait in
+//    RecvAct/RecvGrad, which the schedule tests prove cannot deadlock.
+//  - Tags: (micro-batch, direction) on the pipeline communicator, a split of
+//    the world that nothing else uses (the fusion engine duplicates its own).
+//  - Construction is collective over the pipeline group: neighbours exchange
+//    the shape they will send / expect; a mismatch is an Error on every rank
+//    of the world naming both stages and shapes.
+//  - A neighbour that died or stalled: a receive that waits longer than
+//    RINGTRAIN_PIPELINE_TIMEOUT seconds (default 300) ends the job
+//    (MPI_Abort) with a message naming this stage and the one it waits for.
+//  - Activation slots: a micro-batch takes a free slot at its forward and
+//    frees it after its weight backward; slots() = peak_in_flight(schedule).
+//  - Timing: busy seconds per step (compute ops) and the step's wall time,
+//    for the bubble (idle / total).
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "ringtrain/core/tensor.hpp"
+#include "ringtrain/parallel/grid.hpp"
+#include "ringtrain/parallel/schedule.hpp"
+
+namespace ringtrain {
+
+// What a stage computes; the executor moves the tensors between stages.
+class PipeOps {
+ public:
+  virtual ~PipeOps() = default;
+  virtual Tensor load(int mb) = 0;                                   // first stage: the input
+  virtual Tensor forward(int slot, int mb, const Tensor& x) = 0;     // the stage's output
+  virtual Tensor loss_grad(int slot, int mb, const Tensor& out) = 0; // last stage: d loss / d output
+  // Returns the input gradient (ignored on the first stage).
+  virtual Tensor backward_input(int slot, int mb, const Tensor& dy, bool last_mb) = 0;
+  virtual void backward_weight(int slot, int mb, bool last_mb) = 0;
+  virtual void reduce_grads() {}
+  virtual void optimizer_step() {}
+};
+
+struct StepTiming {
+  double wall_s = 0;  // the step, start to end
+  double busy_s = 0;  // in load/forward/loss/backward ops
+  double bubble() const { return wall_s > 0 ? 1.0 - busy_s / wall_s : 0; }
+};
+
+class PipelineExecutor {
+ public:
+  // in_mb / out_mb: this stage's input and output shapes for one micro-batch.
+  PipelineExecutor(const ProcessGrid& grid, ScheduleKind kind, int micro_batches, Shape in_mb, Shape out_mb);
+  ~PipelineExecutor();
+  PipelineExecutor(const PipelineExecutor&) = delete;
+  PipelineExecutor& operator=(const PipelineExecutor&) = delete;
+
+  int slots() const { return slots_; }
+  const std::vector<Instr>& schedule() const { return sched_; }
+  StepTiming run_step(PipeOps& ops);
+
+ private:
+  void wait_recv(int mb, bool act);
+  void wait_sends(int slot);
+
+  const ProcessGrid& grid_;
+  std::vector<Instr> sched_;
+  int m_, slots_;
+  std::vector<Tensor> act_in_, grad_in_;     // per micro-batch receive buffers
+  std::vector<std::uint64_t> act_req_, grad_req_;  // MPI_Request handles (as integers)
+  std::vector<std::vector<std::uint64_t>> slot_sends_;
+  double timeout_s_ = 300;
+};
+
+}  // namespace ringtrain

@@ -1,0 +1,53 @@
+#pragma once
+// ProcessGrid: the world split into tensor-, data- and pipeline-parallel
+// groups, Megatron's order: rank = tp + dp·TP + pp·TP·DP (tensor innermost so
+// it stays inside a node, pipeline outermost).
+//
+// Rules:
+//  - make() is collective over `world` and checks the sizes on every rank
+//    alike: a world that pipeline·tensor does not divide, or tensor > 1 (not
+//    available yet), is an Error naming the values on every rank.
+//  - The communicators are fresh splits: traffic on pp() never matches the
+//    fusion engine's (which duplicates its own) nor the caller's on world.
+//  - tag() names this rank's coordinates for log lines and errors: "[dp 1 pp 3]".
+#include <string>
+
+#include "ringtrain/comm/communicator.hpp"
+
+namespace ringtrain {
+
+struct GridShape {
+  int pipeline = 1;  // stages
+  int tensor = 1;    // reserved (must be 1)
+};
+
+class ProcessGrid {
+ public:
+  static ProcessGrid make(const Communicator& world, GridShape shape);
+  // The pure arithmetic, checked (no MPI): DP size for `world_size` ranks.
+  static int data_parallel_size(int world_size, GridShape shape);
+
+  int tp_size() const { return tp_size_; }
+  int dp_size() const { return dp_size_; }
+  int pp_size() const { return pp_size_; }
+  int tp_rank() const { return tp_; }
+  int dp_rank() const { return dp_; }
+  int pp_rank() const { return pp_; }
+  bool first_stage() const { return pp_ == 0; }
+  bool last_stage() const { return pp_ == pp_size_ - 1; }
+  // World rank of grid coordinates (tp, dp, pp).
+  int world_rank_of(int tp, int dp, int pp) const { return tp + dp * tp_size_ + pp * tp_size_ * dp_size_; }
+
+  const Communicator& world() const { return world_; }
+  const Communicator& dp() const { return dp_comm_; }  // same pp and tp, ranks ordered by dp
+  const Communicator& pp() const { return pp_comm_; }  // same dp and tp, ranks ordered by stage
+  const Communicator& tp() const { return tp_comm_; }
+  std::string tag() const;  // "[dp 1 pp 3]" (tp appears once tensor > 1)
+
+ private:
+  Communicator world_, dp_comm_, pp_comm_, tp_comm_;
+  int tp_size_ = 1, dp_size_ = 1, pp_size_ = 1;
+  int tp_ = 0, dp_ = 0, pp_ = 0;
+};
+
+}  // namespace ringtrain

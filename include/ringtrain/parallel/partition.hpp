@@ -1,0 +1,34 @@
+#pragma once
+// Cutting a model's top-level layers into p contiguous pipeline stages.
+//   uniform  layer counts as equal as possible
+//   params   balance the parameter counts
+//   time     balance measured forward+backward times (torchgpipe's balance_by_time)
+//   list     explicit layer counts per stage (parallel.balance = [3, 2, 2])
+// Cost-based policies minimise the largest stage cost (exact, by dynamic
+// programming over the cut points); every stage gets at least one layer.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ringtrain {
+
+class Model;
+
+enum class PartitionKind { uniform, params, time, list };
+PartitionKind parse_partition(const std::string& s);  // Error names parallel.partition
+
+// Layer counts per stage. Errors name the values: more stages than layers,
+// a list of the wrong length / sum / with a zero entry.
+std::vector<int> balance_uniform(int layers, int stages);
+std::vector<int> balance_by_cost(const std::vector<double>& cost, int stages);
+std::vector<int> check_balance_list(const std::vector<int>& counts, int layers, int stages);
+// "[3, 2, 2]" or "3,2,2" -> {3, 2, 2}; Error naming parallel.balance otherwise.
+std::vector<int> parse_balance(const std::string& s);
+
+// Per top-level layer costs of `model`: parameter counts (+1 so that layers
+// without parameters still weigh something), or seconds of one forward and
+// backward on a random micro-batch of `batch` samples (median of `reps`).
+std::vector<double> layer_param_costs(const Model& model);
+std::vector<double> layer_time_costs(Model& model, std::int64_t batch, int reps = 3);
+
+}  // namespace ringtrain

@@ -1,0 +1,93 @@
+#pragma once
+// PipelineModel: one rank's part of a DP x PP trained model — its Stage, the
+// optimizer over the stage's arena, the executor running the schedule, and a
+// fusion Engine on the data-parallel group that averages the stage's
+// gradients, each layer's as soon as its last micro-batch gradient exists.
+//
+//   PipelineModel pm(grid, model_cfg, pipe_cfg, optim_cfg);
+//   StepResult r = pm.train_step(images, labels, lr);   // collective over the world
+//
+// Rules:
+//  - images/labels are this data-parallel replica's batch (B samples, m | B):
+//    the first stage reads the images, the last the labels (other stages may
+//    pass undefined tensors). Micro-batch i is samples [i·B/m, (i+1)·B/m).
+//  - The loss is the mean over the batch (each micro-batch's gradient is
+//    scaled by 1/m), so a step equals the unpipelined step on the same batch
+//    up to float summation order. The result's loss/accuracy are global over
+//    the world (every rank gets them).
+//  - CPU only for now (the stage transfers read host memory): another device
+//    is an Error naming train.device.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ringtrain/engine/engine.hpp"
+#include "ringtrain/nn/model.hpp"
+#include "ringtrain/optim/optimizer.hpp"
+#include "ringtrain/parallel/executor.hpp"
+#include "ringtrain/parallel/grid.hpp"
+#include "ringtrain/parallel/partition.hpp"
+#include "ringtrain/parallel/stage.hpp"
+
+namespace ringtrain {
+
+struct PipelineConfig {
+  int micro_batches = 1;
+  ScheduleKind schedule = ScheduleKind::one_f_one_b;
+  PartitionKind partition = PartitionKind::uniform;
+  std::vector<int> balance;     // partition = list
+  std::int64_t batch = 0;       // samples per replica per step (m must divide it)
+  EngineOptions engine;         // for the data-parallel gradient averages
+};
+
+struct PipeStepResult {
+  double loss = 0;              // mean over the global batch
+  std::int64_t correct = 0, seen = 0;  // over the global batch
+  StepTiming timing;            // this rank's
+};
+
+class PipelineModel final : private PipeOps {
+ public:
+  PipelineModel(const ProcessGrid& grid, const ModelConfig& mc, const PipelineConfig& pc, const OptimizerConfig& oc,
+                Device dev = Device::cpu());
+  ~PipelineModel() override;
+
+  PipeStepResult train_step(const Tensor& images, const Tensor& labels, double lr);
+  // Forward only, in eval mode, over the pipeline group; returns {loss sum,
+  // correct} over the first `valid` samples on the last stage, zeros elsewhere.
+  std::pair<double, std::int64_t> eval_batch(const Tensor& images, const Tensor& labels, std::int64_t valid);
+
+  const ProcessGrid& grid() const { return grid_; }
+  Stage& stage() { return *stage_; }
+  Optimizer& optimizer() { return *opt_; }
+  const std::vector<int>& balance() const { return balance_; }  // layers per stage
+  // This stage's part of the model state, per parameter (checkpoint layout of
+  // train/state.hpp): "param/<name>", "buffer/<name>", "optim/<slot>/<name>", "optim/step".
+  std::vector<std::pair<std::string, Tensor>> named_state();
+
+ private:
+  Tensor load(int mb) override;
+  Tensor forward(int slot, int mb, const Tensor& x) override;
+  Tensor loss_grad(int slot, int mb, const Tensor& out) override;
+  Tensor backward_input(int slot, int mb, const Tensor& dy, bool last_mb) override;
+  void backward_weight(int slot, int mb, bool last_mb) override;
+  void reduce_grads() override;
+  void optimizer_step() override;
+  void submit(int local_layer);
+
+  const ProcessGrid& grid_;
+  PipelineConfig pc_;
+  std::int64_t mb_size_ = 0;
+  std::vector<int> balance_;
+  std::unique_ptr<Stage> stage_;
+  std::unique_ptr<Optimizer> opt_;
+  std::unique_ptr<PipelineExecutor> exec_;
+  std::unique_ptr<Engine> engine_;  // dp > 1 only
+  std::vector<Handle> handles_;
+  std::vector<Tensor> dlogits_;     // per slot (kept by the last layer for its W)
+  Tensor images_, labels_;
+  double lr_ = 0, loss_sum_ = 0;
+  std::int64_t correct_ = 0;
+};
+
+}  // namespace ringtrain

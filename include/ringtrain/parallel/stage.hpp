@@ -1,0 +1,67 @@
+#pragma once
+// Stage: the contiguous top-level layers [first, end) of a model that one
+// pipeline rank runs, with its own ParamArena (parameters and gradients of
+// those layers only; the optimizer built over it holds only their state).
+//
+// Rules:
+//  - Activation slots: a schedule keeps up to `slots` micro-batches between
+//    their forward and their weight backward (schedule.hpp peak_in_flight).
+//    Each slot is its own copy of the stage's layers, bound to the one arena
+//    (shared parameters and gradients), so each keeps its own activations and
+//    kernel state. A slot is busy from forward() to backward_weight().
+//  - Parameters start equal to the unpipelined model's (copied by name from
+//    `init`, built from the same ModelConfig), so every stage count starts
+//    from the same weights.
+//  - Gradients accumulate over the step's micro-batches: zero_grads() first.
+//  - BatchNorm: each micro-batch is normalised with its own statistics (as
+//    GPipe); the running statistics live in slot 0's layers and every slot's
+//    forward continues from them, so they are updated once per micro-batch in
+//    micro-batch order (momentum applied m times per step, as an unpipelined
+//    run with gradient accumulation over m micro-batches would).
+//  - Hooks: grad_ready(local layer index) fires once a layer's gradient for
+//    the micro-batch is complete (after backward_input for layers that do not
+//    split, after backward_weight for those that do).
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "ringtrain/nn/model.hpp"
+
+namespace ringtrain {
+
+class Stage {
+ public:
+  using GradReady = std::function<void(int local_layer)>;
+
+  Stage(const ModelConfig& mc, Device dev, int first, int end, int slots, const Model& init);
+  ~Stage();
+
+  int first_layer() const { return first_; }
+  int end_layer() const { return end_; }
+  int num_layers() const { return end_ - first_; }
+  int slots() const { return static_cast<int>(slots_.size()); }
+  Layer& layer(int local, int slot = 0) { return *slots_.at(slot).at(local); }
+  ParamArena& arena() { return arena_; }
+  Device device() const { return device_; }
+  // Input / output shape of this stage for a batch of n samples.
+  Shape input_shape(std::int64_t n) const;
+  Shape output_shape(std::int64_t n) const;
+  std::vector<NamedBuffer> buffers() const;  // slot 0's (the running statistics)
+
+  Tensor forward(int slot, const Tensor& x, Mode mode);
+  // need_dx: whether the stage's input gradient is wanted (false on the first stage).
+  Tensor backward_input(int slot, const Tensor& dy, bool need_dx, const GradReady& ready = {});
+  void backward_weight(int slot, const GradReady& ready = {});
+  void zero_grads() { arena_.zero_grads(); }
+
+ private:
+  Device device_;
+  int first_, end_;
+  Shape sample_in_;  // stage input without the batch
+  ParamArena arena_;
+  std::vector<std::vector<LayerPtr>> slots_;
+  std::vector<std::vector<NamedBuffer>> slot_buffers_;
+  int first_param_layer_ = 0;  // without an input gradient, backward stops here
+};
+
+}  // namespace ringtrain

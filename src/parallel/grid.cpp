@@ -1,0 +1,41 @@
+#include "ringtrain/parallel/grid.hpp"
+
+#include "ringtrain/core/error.hpp"
+
+namespace ringtrain {
+
+int ProcessGrid::data_parallel_size(int world_size, GridShape s) {
+  RT_CHECK(s.tensor >= 1, "configuration key 'parallel.tensor' must be >= 1, got ", s.tensor);
+  RT_CHECK(s.tensor == 1, "configuration key 'parallel.tensor' = ", s.tensor,
+           ": tensor parallelism not available yet (use 1)");
+  RT_CHECK(s.pipeline >= 1, "configuration key 'parallel.pipeline' must be >= 1, got ", s.pipeline);
+  RT_CHECK(world_size % (s.pipeline * s.tensor) == 0, "parallel.pipeline = ", s.pipeline, " x parallel.tensor = ",
+           s.tensor, " does not divide the ", world_size, " ranks of the job");
+  return world_size / (s.pipeline * s.tensor);
+}
+
+ProcessGrid ProcessGrid::make(const Communicator& world, GridShape s) {
+  // Pure arithmetic on values every rank shares: every rank raises the same Error.
+  ProcessGrid g;
+  g.dp_size_ = data_parallel_size(world.size(), s);
+  g.tp_size_ = s.tensor;
+  g.pp_size_ = s.pipeline;
+  const int r = world.rank();
+  g.tp_ = r % g.tp_size_;
+  g.dp_ = (r / g.tp_size_) % g.dp_size_;
+  g.pp_ = r / (g.tp_size_ * g.dp_size_);
+  g.world_ = world;
+  // Colour = the coordinates that stay fixed in the group, key = the one that varies.
+  g.dp_comm_ = world.split(g.tp_ + g.pp_ * g.tp_size_, g.dp_, "dp");
+  g.pp_comm_ = world.split(g.tp_ + g.dp_ * g.tp_size_, g.pp_, "pp");
+  g.tp_comm_ = world.split(g.dp_ + g.pp_ * g.dp_size_, g.tp_, "tp");
+  return g;
+}
+
+std::string ProcessGrid::tag() const {
+  std::string t = cat("[dp ", dp_, " pp ", pp_);
+  if (tp_size_ > 1) t += cat(" tp ", tp_);
+  return t + "]";
+}
+
+}  // namespace ringtrain

@@ -1,0 +1,146 @@
+#include "ringtrain/parallel/partition.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <limits>
+#include <numeric>
+#include <sstream>
+
+#include "ringtrain/core/error.hpp"
+#include "ringtrain/nn/model.hpp"
+
+namespace ringtrain {
+
+PartitionKind parse_partition(const std::string& s) {
+  if (s == "uniform") return PartitionKind::uniform;
+  if (s == "params") return PartitionKind::params;
+  if (s == "time") return PartitionKind::time;
+  if (s == "list") return PartitionKind::list;
+  RT_FAIL("configuration key 'parallel.partition': '", s, "' is not one of uniform, params, time, list");
+}
+
+namespace {
+void check_stages(int layers, int stages) {
+  RT_CHECK(stages >= 1, "parallel.pipeline must be >= 1, got ", stages);
+  RT_CHECK(stages <= layers, "parallel.pipeline = ", stages, " stages, but the model has only ", layers,
+           " top-level layers (residual blocks stay whole)");
+}
+}  // namespace
+
+std::vector<int> balance_uniform(int layers, int stages) {
+  check_stages(layers, stages);
+  std::vector<int> out(stages, layers / stages);
+  for (int i = 0; i < layers % stages; ++i) ++out[i];
+  return out;
+}
+
+std::vector<int> balance_by_cost(const std::vector<double>& cost, int stages) {
+  const int n = static_cast<int>(cost.size());
+  check_stages(n, stages);
+  std::vector<double> pre(n + 1, 0);
+  for (int i = 0; i < n; ++i) pre[i + 1] = pre[i] + cost[i];
+  const double inf = std::numeric_limits<double>::infinity();
+  // best[k][i]: smallest max-stage cost putting the first i layers in k stages.
+  std::vector<std::vector<double>> best(stages + 1, std::vector<double>(n + 1, inf));
+  std::vector<std::vector<int>> cut(stages + 1, std::vector<int>(n + 1, 0));
+  best[0][0] = 0;
+  for (int k = 1; k <= stages; ++k)
+    for (int i = k; i <= n; ++i)
+      for (int j = k - 1; j < i; ++j) {
+        double v = std::max(best[k - 1][j], pre[i] - pre[j]);
+        if (v < best[k][i]) {
+          best[k][i] = v;
+          cut[k][i] = j;
+        }
+      }
+  std::vector<int> out(stages);
+  for (int k = stages, i = n; k > 0; --k) {
+    out[k - 1] = i - cut[k][i];
+    i = cut[k][i];
+  }
+  return out;
+}
+
+std::vector<int> check_balance_list(const std::vector<int>& counts, int layers, int stages) {
+  check_stages(layers, stages);
+  std::ostringstream os;
+  for (std::size_t i = 0; i < counts.size(); ++i) os << (i ? ", " : "") << counts[i];
+  RT_CHECK(static_cast<int>(counts.size()) == stages, "parallel.balance = [", os.str(), "] has ", counts.size(),
+           " entries for parallel.pipeline = ", stages, " stages");
+  for (int c : counts) RT_CHECK(c >= 1, "parallel.balance = [", os.str(), "]: every stage needs at least one layer");
+  RT_CHECK(std::accumulate(counts.begin(), counts.end(), 0) == layers, "parallel.balance = [", os.str(), "] sums to ",
+           std::accumulate(counts.begin(), counts.end(), 0), ", but the model has ", layers, " top-level layers");
+  return counts;
+}
+
+std::vector<int> parse_balance(const std::string& s) {
+  std::vector<int> out;
+  std::string t;
+  for (char c : s)
+    if (c != '[' && c != ']' && c != ' ') t += c;
+  std::stringstream ss(t);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    try {
+      std::size_t pos = 0;
+      out.push_back(std::stoi(item, &pos));
+      RT_CHECK(pos == item.size(), "");
+    } catch (...) {
+      RT_FAIL("configuration key 'parallel.balance': '", s, "' is not a list of layer counts like [3, 2, 2]");
+    }
+  }
+  return out;
+}
+
+std::vector<double> layer_param_costs(const Model& model) {
+  std::vector<double> out;
+  Model& m = const_cast<Model&>(model);
+  for (int i = 0; i < m.num_layers(); ++i) {
+    double n = 1;
+    for (auto p : m.layer(i).params()) n += static_cast<double>(shape_numel(model.arena().info(p).shape));
+    out.push_back(n);
+  }
+  return out;
+}
+
+std::vector<double> layer_time_costs(Model& model, std::int64_t batch, int reps) {
+  using Clock = std::chrono::steady_clock;
+  const int n = model.num_layers();
+  Shape s = {batch};
+  s.insert(s.end(), model.sample_shape().begin(), model.sample_shape().end());
+  Tensor x = Tensor::empty(s, DType::f32, model.device());
+  {
+    Tensor h = Tensor::empty(s, DType::f32);
+    for (std::int64_t i = 0; i < h.numel(); ++i) h.data<float>()[i] = float((i * 7919) % 255) / 255.f - 0.5f;
+    x.copy_from(h);
+  }
+  std::vector<std::vector<double>> t(n);
+  for (int r = 0; r < reps + 1; ++r) {  // the first round warms caches and kernel plans
+    std::vector<Tensor> outs;
+    std::vector<double> dt(n, 0);
+    Tensor h = x;
+    for (int i = 0; i < n; ++i) {
+      auto t0 = Clock::now();
+      h = model.layer(i).forward(h, Mode::train);
+      dt[i] += std::chrono::duration<double>(Clock::now() - t0).count();
+    }
+    Tensor g = Tensor::empty(h.shape(), DType::f32, h.device());
+    g.fill_(1.0 / static_cast<double>(g.numel()));
+    for (int i = n; i-- > 0;) {
+      auto t0 = Clock::now();
+      g = model.layer(i).backward(g, i > 0, false);
+      dt[i] += std::chrono::duration<double>(Clock::now() - t0).count();
+    }
+    if (r > 0)
+      for (int i = 0; i < n; ++i) t[i].push_back(dt[i]);
+  }
+  model.zero_grad();
+  std::vector<double> out;
+  for (auto& v : t) {
+    std::sort(v.begin(), v.end());
+    out.push_back(v[v.size() / 2]);
+  }
+  return out;
+}
+
+}  // namespace ringtrain

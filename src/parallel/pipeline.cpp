@@ -1,0 +1,190 @@
+#include "ringtrain/parallel/pipeline.hpp"
+
+#include <mpi.h>
+
+#include "ringtrain/comm/agree.hpp"
+#include "ringtrain/comm/collectives.hpp"
+#include "ringtrain/nn/loss.hpp"
+
+namespace ringtrain {
+namespace {
+
+Tensor rows(const Tensor& t, std::int64_t first, std::int64_t n) {
+  Shape s = t.shape();
+  const std::int64_t per = s[0] > 0 ? t.numel() / s[0] : 0;
+  s[0] = n;
+  return t.flat_view(first * per, n * per).reshape(s);
+}
+
+}  // namespace
+
+PipelineModel::PipelineModel(const ProcessGrid& grid, const ModelConfig& mc, const PipelineConfig& pc,
+                             const OptimizerConfig& oc, Device dev)
+    : grid_(grid), pc_(pc) {
+  const int p = grid.pp_size();
+  run_agreed(grid.world(), "setting up the pipeline", [&] {
+    RT_CHECK(dev.is_cpu(), "parallel.pipeline > 1 runs on the CPU for now (train.device = cpu)");
+    RT_CHECK(pc.micro_batches >= 1, "configuration key 'parallel.micro_batches' must be >= 1, got ", pc.micro_batches);
+    RT_CHECK(pc.batch > 0 && pc.batch % pc.micro_batches == 0, "data.batch_size = ", pc.batch,
+             " is not divisible by parallel.micro_batches = ", pc.micro_batches);
+  });
+  mb_size_ = pc.batch / pc.micro_batches;
+  std::unique_ptr<Model> full = build_model(mc, dev);  // initial weights, shapes, costs
+  run_agreed(grid.world(), "partitioning the model into stages", [&] {
+    const int n = full->num_layers();
+    switch (pc.partition) {
+      case PartitionKind::uniform: balance_ = balance_uniform(n, p); break;
+      case PartitionKind::params: balance_ = balance_by_cost(layer_param_costs(*full), p); break;
+      case PartitionKind::list: balance_ = check_balance_list(pc.balance, n, p); break;
+      case PartitionKind::time: {
+        auto probe = build_model(mc, dev);  // profiling must not touch the initial state
+        balance_ = balance_by_cost(layer_time_costs(*probe, mb_size_), p);
+        break;
+      }
+    }
+  });
+  // Timings differ per rank: every rank takes world rank 0's cut.
+  broadcast(balance_.data(), balance_.size(), DType::i32, 0, grid.world());
+  int first = 0;
+  for (int s = 0; s < grid.pp_rank(); ++s) first += balance_[s];
+  const int end = first + balance_[grid.pp_rank()];
+
+  // The executor knows the slots the schedule needs; build it first.
+  Shape in_mb, out_mb;
+  {
+    Shape sh = {mb_size_};
+    sh.insert(sh.end(), full->sample_shape().begin(), full->sample_shape().end());
+    for (int i = 0; i < end; ++i) {
+      if (i == first) in_mb = sh;
+      sh = full->layer(i).output_shape(sh);
+    }
+    out_mb = sh;
+  }
+  exec_ = std::make_unique<PipelineExecutor>(grid, pc.schedule, pc.micro_batches, in_mb, out_mb);
+  stage_ = std::make_unique<Stage>(mc, dev, first, end, exec_->slots(), *full);
+  full.reset();
+  opt_ = make_optimizer(stage_->arena(), oc);
+  dlogits_.resize(exec_->slots());
+  if (grid.dp_size() > 1) engine_ = std::make_unique<Engine>(grid.dp(), pc.engine);
+}
+
+PipelineModel::~PipelineModel() = default;
+
+Tensor PipelineModel::load(int mb) { return rows(images_, mb * mb_size_, mb_size_); }
+
+Tensor PipelineModel::forward(int slot, int, const Tensor& x) { return stage_->forward(slot, x, Mode::train); }
+
+Tensor PipelineModel::loss_grad(int slot, int mb, const Tensor& out) {
+  Tensor y = rows(labels_, mb * mb_size_, mb_size_);
+  Tensor& d = dlogits_[slot];
+  if (!d.defined() || d.shape() != out.shape()) d = Tensor::empty(out.shape(), DType::f32, out.device());
+  loss_sum_ += softmax_cross_entropy(out, y, 0.0, d);
+  correct_ += count_correct(out, y);
+  // The batch's loss is the mean of the micro-batch means.
+  const float k = 1.0f / static_cast<float>(pc_.micro_batches);
+  float* g = d.data<float>();
+  for (std::int64_t i = 0; i < d.numel(); ++i) g[i] *= k;
+  return d;
+}
+
+void PipelineModel::submit(int local_layer) {
+  if (!engine_) return;
+  for (std::size_t p : stage_->layer(local_layer).params())
+    handles_.push_back(engine_->allreduce_async(stage_->arena().info(p).name, stage_->arena().grad(p)));
+}
+
+Tensor PipelineModel::backward_input(int slot, int, const Tensor& dy, bool last_mb) {
+  Stage::GradReady ready;
+  if (last_mb && engine_) ready = [this](int l) { submit(l); };
+  return stage_->backward_input(slot, dy, !grid_.first_stage(), ready);
+}
+
+void PipelineModel::backward_weight(int slot, int, bool last_mb) {
+  Stage::GradReady ready;
+  if (last_mb && engine_) ready = [this](int l) { submit(l); };
+  stage_->backward_weight(slot, ready);
+}
+
+void PipelineModel::reduce_grads() {
+  for (auto& h : handles_) engine_->wait(h);
+  handles_.clear();
+}
+
+void PipelineModel::optimizer_step() { opt_->step(lr_); }
+
+PipeStepResult PipelineModel::train_step(const Tensor& images, const Tensor& labels, double lr) {
+  if (grid_.first_stage())
+    RT_CHECK(images.defined() && images.dim(0) == pc_.batch, grid_.tag(), " pipeline step: expected ", pc_.batch,
+             " images");
+  if (grid_.last_stage())
+    RT_CHECK(labels.defined() && labels.dim(0) == pc_.batch, grid_.tag(), " pipeline step: expected ", pc_.batch,
+             " labels");
+  images_ = images;
+  labels_ = labels;
+  lr_ = lr;
+  loss_sum_ = 0;
+  correct_ = 0;
+  stage_->zero_grads();
+  PipeStepResult r;
+  r.timing = exec_->run_step(*this);
+  // Loss and accuracy from the last stages to everyone: one small all-reduce.
+  double v[3] = {0, 0, 0};
+  if (grid_.last_stage()) {
+    v[0] = loss_sum_ / pc_.micro_batches;
+    v[1] = static_cast<double>(correct_);
+    v[2] = static_cast<double>(pc_.batch);
+  }
+  allreduce(v, v, 3, DType::f64, ReduceOp::sum, grid_.world());
+  r.loss = v[0] / grid_.dp_size();
+  r.correct = static_cast<std::int64_t>(v[1]);
+  r.seen = static_cast<std::int64_t>(v[2]);
+  return r;
+}
+
+std::pair<double, std::int64_t> PipelineModel::eval_batch(const Tensor& images, const Tensor& labels,
+                                                          std::int64_t valid) {
+  const int s = grid_.pp_rank(), p = grid_.pp_size();
+  MPI_Comm c = grid_.pp().handle("pipeline evaluation");
+  const std::int64_t n = grid_.first_stage() ? images.dim(0) : labels.defined() ? labels.dim(0) : 0;
+  std::int64_t bn = n;
+  MPI_Bcast(&bn, 1, MPI_INT64_T, 0, c);  // the batch size (last batches may be short)
+  Tensor x;
+  if (s == 0) {
+    x = images;
+  } else {
+    x = Tensor::empty(stage_->input_shape(bn), DType::f32);
+    MPI_Recv(x.raw(), static_cast<int>(x.nbytes()), MPI_BYTE, s - 1, 1 << 20, c, MPI_STATUS_IGNORE);
+  }
+  Tensor out = stage_->forward(0, x, Mode::eval);
+  if (s + 1 < p) {
+    MPI_Send(out.raw(), static_cast<int>(out.nbytes()), MPI_BYTE, s + 1, 1 << 20, c);
+    return {0.0, 0};
+  }
+  if (valid <= 0) return {0.0, 0};
+  Tensor o = valid < bn ? out.slice_rows(0, valid) : out, y = valid < bn ? labels.slice_rows(0, valid) : labels;
+  return {softmax_cross_entropy_loss(o, y) * static_cast<double>(valid), count_correct(o, y)};
+}
+
+std::vector<std::pair<std::string, Tensor>> PipelineModel::named_state() {
+  std::vector<std::pair<std::string, Tensor>> out;
+  ParamArena& a = stage_->arena();
+  for (std::size_t i = 0; i < a.size(); ++i) out.emplace_back("param/" + a.info(i).name, a.param(i));
+  for (auto& b : stage_->buffers()) out.emplace_back("buffer/" + b.name, b.tensor);
+  for (auto& [kind, t] : opt_->state()) {
+    if (kind == "step") {
+      out.emplace_back("optim/step", t);
+      continue;
+    }
+    // "<dtype>.<slot>" flat buffers share the arena's layout: slice per parameter.
+    const std::string slot = kind.substr(kind.find('.') + 1);
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      const ParamInfo& pi = a.info(i);
+      if (kind.rfind(std::string(dtype_name(pi.dtype)) + ".", 0) != 0) continue;
+      out.emplace_back("optim/" + slot + "/" + pi.name,
+                       t.flat_view(static_cast<std::int64_t>(pi.offset), shape_numel(pi.shape)).reshape(pi.shape));
+    }
+  }
+  return out;
+}
+
+}  // namespace ringtrain

@@ -1,0 +1,107 @@
+#include "ringtrain/parallel/stage.hpp"
+
+#include "ringtrain/nn/backend.hpp"
+
+namespace ringtrain {
+
+Stage::Stage(const ModelConfig& mc, Device dev, int first, int end, int slots, const Model& init)
+    : device_(dev), first_(first), end_(end) {
+  RT_CHECK(slots >= 1, "pipeline stage: needs at least one activation slot");
+  RT_CHECK(first >= 0 && first < end && end <= init.num_layers(), "pipeline stage: layers [", first, ", ", end,
+           ") out of the model's ", init.num_layers());
+  // The stage's input shape: the model's sample shape through the earlier layers.
+  Shape s = {1};
+  s.insert(s.end(), init.sample_shape().begin(), init.sample_shape().end());
+  Model& full = const_cast<Model&>(init);
+  for (int i = 0; i < first; ++i) s = full.layer(i).output_shape(s);
+  sample_in_.assign(s.begin() + 1, s.end());
+
+  for (int k = 0; k < slots; ++k) {
+    std::vector<LayerPtr> all = build_model_layers(mc, dev);
+    std::vector<LayerPtr> mine;
+    for (int i = first; i < end; ++i) mine.push_back(std::move(all[static_cast<std::size_t>(i)]));
+    // Slot 0 registers into the stage's arena; the others into a scratch arena
+    // with the same registration order, hence the same indices.
+    ParamArena scratch;
+    for (int i = first; i < end; ++i) mine[i - first]->register_params(k == 0 ? arena_ : scratch, i, "");
+    slots_.push_back(std::move(mine));
+  }
+  arena_.finalize(dev);
+  BindContext ctx{backend_for(dev), dev, arena_, mc.seed, mc.math};
+  for (auto& sl : slots_)
+    for (auto& l : sl) l->bind(ctx);
+  for (auto& sl : slots_) {
+    std::vector<NamedBuffer> b;
+    for (auto& l : sl)
+      for (auto& nb : l->buffers()) b.push_back(nb);
+    slot_buffers_.push_back(std::move(b));
+  }
+  // The unpipelined model's initial parameters and buffers, by name.
+  for (std::size_t i = 0; i < arena_.size(); ++i) {
+    Tensor dst = arena_.param(i);
+    dst.copy_from(init.arena().param(init.arena().index_of(arena_.info(i).name)));
+  }
+  std::vector<NamedBuffer> src = init.buffers();
+  for (auto& b : slot_buffers_[0]) {
+    bool found = false;
+    for (auto& sb : src)
+      if (sb.name == b.name) {
+        b.tensor.copy_from(sb.tensor);
+        found = true;
+      }
+    RT_CHECK(found, "pipeline stage: buffer '", b.name, "' not in the model");
+  }
+  first_param_layer_ = 0;
+  while (first_param_layer_ + 1 < num_layers() && slots_[0][first_param_layer_]->params().empty()) ++first_param_layer_;
+}
+
+Stage::~Stage() = default;
+
+Shape Stage::input_shape(std::int64_t n) const {
+  Shape s = {n};
+  s.insert(s.end(), sample_in_.begin(), sample_in_.end());
+  return s;
+}
+
+Shape Stage::output_shape(std::int64_t n) const {
+  Shape s = input_shape(n);
+  for (auto& l : slots_[0]) s = l->output_shape(s);
+  return s;
+}
+
+std::vector<NamedBuffer> Stage::buffers() const { return slot_buffers_[0]; }
+
+Tensor Stage::forward(int slot, const Tensor& x, Mode mode) {
+  auto& layers = slots_.at(slot);
+  auto& mine = slot_buffers_[slot];
+  // Running statistics continue from slot 0's (see the header).
+  const bool carry = slot != 0 && mode == Mode::train;
+  if (carry)
+    for (std::size_t i = 0; i < mine.size(); ++i) mine[i].tensor.copy_from(slot_buffers_[0][i].tensor);
+  Tensor h = x;
+  for (auto& l : layers) h = l->forward(h, mode);
+  if (carry)
+    for (std::size_t i = 0; i < mine.size(); ++i) slot_buffers_[0][i].tensor.copy_from(mine[i].tensor);
+  return h;
+}
+
+Tensor Stage::backward_input(int slot, const Tensor& dy, bool need_dx, const GradReady& ready) {
+  auto& layers = slots_.at(slot);
+  const int stop = need_dx ? 0 : first_param_layer_;
+  Tensor g = dy;
+  for (int i = num_layers(); i-- > stop;) {
+    g = layers[i]->backward_input(g, need_dx || i > stop, true);
+    if (ready && !layers[i]->params().empty() && !layers[i]->splits_backward()) ready(i);
+  }
+  return need_dx ? g : Tensor();
+}
+
+void Stage::backward_weight(int slot, const GradReady& ready) {
+  auto& layers = slots_.at(slot);
+  for (int i = num_layers(); i-- > 0;) {
+    layers[i]->backward_weight();
+    if (ready && !layers[i]->params().empty() && layers[i]->splits_backward()) ready(i);
+  }
+}
+
+}  // namespace ringtrain

@@ -1,0 +1,165 @@
+// Must-show: `cnn` (no BatchNorm) trained with every pipeline size p that
+// divides the world (DP = world / p) and every schedule follows the 1-rank run
+// on the same global batches (m = 4 micro-batches per replica) to 1e-4
+// relative in the loss over 50 steps, and ends with the same parameters.
+#include <gtest/gtest.h>
+
+#include <omp.h>
+
+#include <cmath>
+
+#include "ringtrain/comm/communicator.hpp"
+#include "ringtrain/nn/loss.hpp"
+#include "ringtrain/nn/rng.hpp"
+#include "ringtrain/parallel/pipeline.hpp"
+
+namespace ringtrain {
+namespace {
+
+constexpr int kSteps = 50, kMicro = 4, kPerReplica = 8, kClasses = 10;
+
+ModelConfig cnn() {
+  ModelConfig mc;
+  mc.name = "cnn";
+  mc.in_channels = 1;
+  mc.height = mc.width = 8;
+  mc.classes = kClasses;
+  mc.seed = 5;
+  return mc;
+}
+
+OptimizerConfig sgd() {
+  OptimizerConfig oc;
+  oc.momentum = 0.9;
+  oc.weight_decay = 5e-4;
+  return oc;
+}
+
+// Global batch of step t: images in [-1, 1), labels with a learnable rule.
+void global_batch(int t, std::int64_t n, Tensor& x, Tensor& y) {
+  x = Tensor::empty({n, 1, 8, 8}, DType::f32);
+  y = Tensor::empty({n}, DType::i32);
+  for (std::int64_t i = 0; i < x.numel(); ++i)
+    x.data<float>()[i] = 2.f * counter_uniform(11, static_cast<std::uint64_t>(t), static_cast<std::uint64_t>(i)) - 1.f;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float* img = x.data<float>() + i * 64;
+    y.data<std::int32_t>()[i] = static_cast<std::int32_t>((img[0] + img[9] > 0 ? 5 : 0) + (i % 5));
+  }
+}
+
+Tensor rows(const Tensor& t, std::int64_t first, std::int64_t n) {
+  Shape s = t.shape();
+  const std::int64_t per = t.numel() / s[0];
+  s[0] = n;
+  return t.flat_view(first * per, n * per).reshape(s);
+}
+
+struct Reference {
+  std::vector<double> loss;
+  std::unique_ptr<Model> model;
+};
+
+Reference reference(std::int64_t global) {
+  Reference r;
+  r.model = build_model(cnn());
+  auto opt = make_optimizer(r.model->arena(), sgd());
+  for (int t = 0; t < kSteps; ++t) {
+    Tensor x, y;
+    global_batch(t, global, x, y);
+    Tensor logits = r.model->forward(x, Mode::train);
+    Tensor d = Tensor::empty(logits.shape(), DType::f32);
+    r.loss.push_back(softmax_cross_entropy(logits, y, 0.0, d));
+    r.model->zero_grad();
+    r.model->backward(d);
+    opt->step(0.05);
+  }
+  return r;
+}
+
+void check(int p, ScheduleKind kind) {
+  omp_set_num_threads(1);  // ranks share the cores (as the trainer's default)
+  Communicator world = Communicator::world();
+  ProcessGrid grid = ProcessGrid::make(world, {p, 1});
+  const std::int64_t global = static_cast<std::int64_t>(kPerReplica) * grid.dp_size();
+  Reference ref = reference(global);
+  PipelineConfig pc;
+  pc.micro_batches = kMicro;
+  pc.schedule = kind;
+  pc.batch = kPerReplica;
+  PipelineModel pm(grid, cnn(), pc, sgd());
+  const std::string what = cat(schedule_name(kind), " p=", p, " dp=", grid.dp_size(), " ", grid.tag());
+  for (int t = 0; t < kSteps; ++t) {
+    Tensor x, y;
+    global_batch(t, global, x, y);
+    const std::int64_t lo = grid.dp_rank() * kPerReplica;
+    PipeStepResult r = pm.train_step(rows(x, lo, kPerReplica), rows(y, lo, kPerReplica), 0.05);
+    ASSERT_NEAR(r.loss, ref.loss[t], 1e-4 * std::abs(ref.loss[t])) << what << " step " << t;
+    EXPECT_EQ(r.seen, global);
+  }
+  EXPECT_LT(ref.loss.back(), 0.8 * ref.loss.front()) << "the reference should learn something";
+  // Same final parameters, for the layers this stage owns.
+  ParamArena& a = pm.stage().arena();
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    Tensor mine = a.param(i), theirs = ref.model->arena().param(ref.model->arena().index_of(a.info(i).name));
+    for (std::int64_t k = 0; k < mine.numel(); ++k)
+      ASSERT_NEAR(mine.data<float>()[k], theirs.data<float>()[k], 1e-4 + 1e-3 * std::abs(theirs.data<float>()[k]))
+          << what << " " << a.info(i).name << "[" << k << "]";
+  }
+}
+
+class PipelineExactness : public testing::TestWithParam<ScheduleKind> {};
+
+TEST_P(PipelineExactness, FollowsTheOneRankRun) {
+  const int w = Communicator::world().size();
+  for (int p = 1; p <= w && p <= 4; ++p)
+    if (w % p == 0) check(p, GetParam());
+}
+
+INSTANTIATE_TEST_SUITE_P(Schedules, PipelineExactness,
+                         testing::Values(ScheduleKind::afab, ScheduleKind::one_f_one_b, ScheduleKind::zb_h1),
+                         [](const auto& i) { return std::string(i.param == ScheduleKind::afab ? "afab"
+                                                                : i.param == ScheduleKind::one_f_one_b ? "1f1b" : "zbh1"); });
+
+TEST(PipelineGrid, BadSizesAreErrorsNamingTheValues) {
+  Communicator world = Communicator::world();
+  EXPECT_THROW(ProcessGrid::make(world, {1, 2}), Error);
+  if (world.size() == 3) EXPECT_THROW(ProcessGrid::make(world, {2, 1}), Error);
+  EXPECT_THROW(ProcessGrid::data_parallel_size(6, {4, 1}), Error);
+  EXPECT_EQ(ProcessGrid::data_parallel_size(8, {4, 1}), 2);
+  PipelineConfig pc;
+  pc.micro_batches = 3;
+  pc.batch = 8;
+  ProcessGrid g = ProcessGrid::make(world, {1, 1});
+  try {
+    PipelineModel pm(g, cnn(), pc, sgd());
+    ADD_FAILURE() << "m = 3 does not divide 8";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not divisible by parallel.micro_batches = 3"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace ringtrain
+
+namespace ringtrain {
+namespace {
+
+// Neighbouring stages that disagree on the activation shape: an Error on
+// every rank naming both stages, not a hang or a garbled transfer.
+TEST(PipelineExecutor, ShapeMismatchBetweenStagesIsAnErrorNamingThem) {
+  Communicator world = Communicator::world();
+  if (world.size() < 2) GTEST_SKIP() << "needs 2 stages";
+  ProcessGrid grid = ProcessGrid::make(world, {world.size(), 1});
+  Shape out = {2, grid.pp_rank() == 0 ? 5 : 6};
+  try {
+    PipelineExecutor ex(grid, ScheduleKind::one_f_one_b, 2, {2, 6}, out);
+    ADD_FAILURE() << "stage 0 sends [2, 5] but stage 1 expects [2, 6]";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("pipeline stage 0 sends activations of shape [2, 5] but stage 1"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace ringtrain
