@@ -4,7 +4,8 @@
 Usage: make_torch_reference.py DIR [DIR...] [--dtype float64|float32]
 (several DIRs share one interpreter start-up). Each DIR holds what the ringtrain test wrote:
   meta.json   {"model", "in_channels", "height", "width", "classes", "depth",
-               "base_width", "batch", "smoothing", "params": [{"name", "shape"}]}
+               "base_width", "heads", "mlp_ratio", "patch", "batch", "smoothing",
+               "params": [{"name", "shape"}]}
   params.bin  float32 parameters concatenated in ringtrain's arena order
   x.bin       float32 input [batch, C, H, W];  labels.bin  int64 [batch]
 Writes into DIR:
@@ -44,7 +45,8 @@ def reference(d, dtype):
     meta = json.load(open(os.path.join(d, "meta.json")))
     torch.manual_seed(0)
     m = torch_models.build(meta["model"], meta["in_channels"], meta["height"], meta["width"], meta["classes"],
-                           meta.get("depth", 20), meta.get("base_width", 16)).to(dtype)
+                           meta.get("depth", 20), meta.get("base_width", 16), meta.get("heads", 4),
+                           meta.get("mlp_ratio", 4.0), meta.get("patch", 4)).to(dtype)
     named = dict(m.named_parameters())
     flat = np.fromfile(os.path.join(d, "params.bin"), dtype=np.float32)
     off = 0

@@ -10,7 +10,11 @@ def add_model_args(ap, model="cnn"):
     ap.add_argument("--classes", type=int, default=10)
     ap.add_argument("--depth", type=int, default=20)
     ap.add_argument("--width", type=int, default=16)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--mlp-ratio", type=float, default=4.0)
+    ap.add_argument("--patch", type=int, default=4)
 
 
 def build_model(torch_models, a):
-    return torch_models.build(a.model, a.in_channels, a.size, a.size, a.classes, a.depth, a.width)
+    return torch_models.build(a.model, a.in_channels, a.size, a.size, a.classes, a.depth, a.width, a.heads,
+                              a.mlp_ratio, a.patch)

@@ -1,4 +1,4 @@
-"""PyTorch twins of ringtrain's model zoo (mlp, cnn, resnet) with the same
+"""PyTorch twins of ringtrain's model zoo (mlp, cnn, resnet, vit) with the same
 parameter names and order as ringtrain's ParamArena, so weights can be copied
 across by position. Used by the gradient cross-check and the throughput bench."""
 import torch
@@ -78,7 +78,67 @@ class ResNet(nn.Module):
         return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
 
 
-def build(name, cin, h, w, classes, depth=20, width=16):
+class PatchEmbed(nn.Module):
+    """Patches (F.unfold: features ordered channel, row, column) -> Linear, + position embedding."""
+
+    def __init__(self, cin, h, w, patch, dim):
+        super().__init__()
+        self.patch = patch
+        self.proj = nn.Linear(cin * patch * patch, dim)
+        self.pos_embed = nn.Parameter(torch.zeros((h // patch) * (w // patch), dim))
+
+    def forward(self, x):
+        return self.proj(F.unfold(x, self.patch, stride=self.patch).transpose(1, 2)) + self.pos_embed
+
+
+class Attention(nn.Module):
+    def __init__(self, dim, heads):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        n, t, d = x.shape
+        hd = d // self.heads
+        q, k, v = self.qkv(x).reshape(n, t, 3, self.heads, hd).permute(2, 0, 3, 1, 4)
+        a = torch.softmax(q @ k.transpose(-2, -1) * hd ** -0.5, dim=-1)
+        return self.proj((a @ v).transpose(1, 2).reshape(n, t, d))
+
+
+class Block(nn.Module):
+    def __init__(self, dim, heads, mlp_ratio):
+        super().__init__()
+        hidden = int(dim * mlp_ratio + 0.5)
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn = Attention(dim, heads)
+        self.norm2 = nn.LayerNorm(dim)
+        self.fc1 = nn.Linear(dim, hidden)
+        self.fc2 = nn.Linear(hidden, dim)
+
+    def forward(self, x):
+        x = x + self.attn(self.norm1(x))
+        return x + self.fc2(F.gelu(self.fc1(self.norm2(x))))
+
+
+class ViT(nn.Module):
+    def __init__(self, cin, h, w, classes, depth, width, heads, mlp_ratio, patch):
+        super().__init__()
+        self.patch_embed = PatchEmbed(cin, h, w, patch, width)
+        self.blocks = nn.ModuleList([Block(width, heads, mlp_ratio) for _ in range(depth)])
+        self.norm = nn.LayerNorm(width)
+        self.head = nn.Linear(width, classes)
+
+    def forward(self, x):
+        x = self.patch_embed(x)
+        for b in self.blocks:
+            x = b(x)
+        return self.head(self.norm(x).mean(1))
+
+
+def build(name, cin, h, w, classes, depth=20, width=16, heads=4, mlp_ratio=4.0, patch=4):
+    if name == "vit":
+        return ViT(cin, h, w, classes, depth, width, heads, mlp_ratio, patch)
     if name == "mlp":
         return MLP(cin, h, w, classes)
     if name == "cnn":

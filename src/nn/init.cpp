@@ -36,6 +36,11 @@ void init_weight(const ParamArena& arena, std::size_t index, Init kind, double f
   p.copy_from(Tensor::wrap(host.data(), p.shape(), DType::f32));
 }
 
+void init_normal(const ParamArena& arena, std::size_t index, double stdv, std::uint64_t seed) {
+  // xavier_normal's std is sqrt(2 / (fan_in + fan_out)): pick the fans that give stdv.
+  init_weight(arena, index, Init::xavier_normal, 1.0 / (stdv * stdv), 1.0 / (stdv * stdv), seed);
+}
+
 void fill_tensor(Tensor& t, double value) {
   if (t.device().is_cpu()) {
     t.fill_(value);

@@ -33,27 +33,38 @@ void Linear::init(const ParamArena& arena, std::uint64_t seed) {
   if (spec_.bias) detail::fill_param(arena, b_, 0.0);
 }
 
+// Leading dimensions are rows ([N, in] or tokens [N, T, in]): the kernel sees
+// [rows, in] views of the same storage.
 Shape Linear::output_shape(const Shape& in) const {
-  RT_CHECK(in.size() == 2 && in[1] == spec_.in_features, "Linear '", name_, "': expects input [N, ",
-           spec_.in_features, "], got ", shape_str(in));
-  return {in[0], spec_.out_features};
+  RT_CHECK(in.size() >= 2 && in.back() == spec_.in_features, "Linear '", name_, "': expects input [N, ",
+           spec_.in_features, "] or [N, ..., ", spec_.in_features, "], got ", shape_str(in));
+  Shape o = in;
+  o.back() = spec_.out_features;
+  return o;
 }
 
 double Linear::forward_flops(const Shape& in) const {
-  return 2.0 * double(in[0]) * double(spec_.in_features) * double(spec_.out_features);
+  return 2.0 * double(shape_numel(in)) * double(spec_.out_features);
 }
 
 Tensor Linear::do_forward(const Tensor& x, Mode) {
   x_ = x;
-  ensure(y_, {x.dim(0), spec_.out_features}, spec_.dtype, x.device());
-  k_->forward(x, w, b, y_);
+  const std::int64_t rows = x.numel() / spec_.in_features;
+  ensure(y_, output_shape(x.shape()), spec_.dtype, x.device());
+  Tensor y2 = y_.reshape({rows, spec_.out_features});
+  k_->forward(x.reshape({rows, spec_.in_features}), w, b, y2);
   return y_;
 }
 
 Tensor Linear::do_backward(const Tensor& dy, bool need_dx, bool accumulate) {
-  Tensor dx;
-  if (need_dx) dx = ensure(dx_, x_.shape(), spec_.dtype, x_.device());
-  k_->backward(x_, w, y_, dy, dx, dw, db, accumulate);
+  const std::int64_t rows = x_.numel() / spec_.in_features;
+  Tensor dx, dx2;
+  if (need_dx) {
+    dx = ensure(dx_, x_.shape(), spec_.dtype, x_.device());
+    dx2 = dx.reshape({rows, spec_.in_features});
+  }
+  k_->backward(x_.reshape({rows, spec_.in_features}), w, y_.reshape({rows, spec_.out_features}),
+               dy.reshape({rows, spec_.out_features}), dx2, dw, db, accumulate);
   return dx;
 }
 

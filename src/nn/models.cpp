@@ -1,4 +1,4 @@
-// The model zoo: mlp, cnn and resnet (ResNet-20 style), built by name.
+// The model zoo: mlp, cnn, resnet (ResNet-20 style) and vit (vit.cpp), built by name.
 // ReLUs (and in `cnn` the max pooling) that directly follow a Conv2d or
 // Linear are fused into it (the backend then applies them in the same pass and
 // keeps the large intermediate in its preferred layout); the math is unchanged.
@@ -6,6 +6,7 @@
 
 #include "ringtrain/nn/layers.hpp"
 #include "ringtrain/nn/model.hpp"
+#include "vit.hpp"
 
 namespace ringtrain {
 namespace {
@@ -88,8 +89,10 @@ std::vector<LayerPtr> build_layers(const ModelConfig& c, bool fuse_pool) {
     L.push_back(std::make_unique<Flatten>("flatten"));
     if (c.dropout > 0) L.push_back(std::make_unique<Dropout>("dropout", c.dropout));
     L.push_back(linear("fc", in, c.classes, false));
+  } else if (c.name == "vit") {
+    L = vit_layers(c);
   } else {
-    RT_FAIL("unknown model '", c.name, "' (known: mlp, cnn, resnet)");
+    RT_FAIL("unknown model '", c.name, "' (known: mlp, cnn, resnet, vit)");
   }
   return L;
 }

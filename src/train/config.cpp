@@ -26,10 +26,13 @@ struct Field {
 
 const std::vector<Field>& fields() {
   static const std::vector<Field> f = {
-      RT_FIELD(model, name, "mlp | cnn | resnet"),
-      RT_FIELD(model, depth, "resnet depth (6n+2)"),
-      RT_FIELD(model, width, "resnet channels of the first stage"),
-      RT_FIELD(model, dropout, "dropout before the classifier (0 = none)"),
+      RT_FIELD(model, name, "mlp | cnn | resnet | vit"),
+      RT_FIELD(model, depth, "resnet depth (6n+2); vit: transformer blocks"),
+      RT_FIELD(model, width, "resnet channels of the first stage; vit: embedding width"),
+      RT_FIELD(model, dropout, "dropout before the classifier (0 = none); vit: in every block"),
+      RT_FIELD(model, heads, "vit: attention heads (divides model.width)"),
+      RT_FIELD(model, mlp_ratio, "vit: MLP hidden units per embedding unit"),
+      RT_FIELD(model, patch, "vit: patch side in pixels (divides the image size)"),
       RT_FIELD(data, train, "training set: HDF5 file, or shard directory/pattern"),
       RT_FIELD(data, test, "test set: HDF5 file, or shard directory/pattern"),
       RT_FIELD(data, batch_size, "samples per rank per micro-batch"),
@@ -195,11 +198,19 @@ void TrainConfig::validate() const {
     }
     RT_FAIL("configuration key '", key, "': '", v, "' is not one of ", list);
   };
-  one_of("model.name", model.name, {"mlp", "cnn", "resnet"});
+  one_of("model.name", model.name, {"mlp", "cnn", "resnet", "vit"});
   RT_CHECK(model.name != "resnet" || (model.depth >= 8 && (model.depth - 2) % 6 == 0),
            "configuration key 'model.depth': resnet depth must be 6n+2 >= 8, got ", model.depth);
   RT_CHECK(model.width > 0, "configuration key 'model.width' must be > 0");
   RT_CHECK(model.dropout >= 0 && model.dropout < 1, "configuration key 'model.dropout' must be in [0, 1)");
+  if (model.name == "vit") {  // the image size is checked against model.patch when the model is built
+    RT_CHECK(model.depth >= 1, "configuration key 'model.depth': vit needs at least one block, got ", model.depth);
+    RT_CHECK(model.heads >= 1, "configuration key 'model.heads' must be >= 1, got ", model.heads);
+    RT_CHECK(model.width % model.heads == 0, "configuration key 'model.heads': ", model.heads,
+             " heads do not divide model.width = ", model.width);
+    RT_CHECK(model.mlp_ratio > 0, "configuration key 'model.mlp_ratio' must be > 0, got ", model.mlp_ratio);
+    RT_CHECK(model.patch >= 1, "configuration key 'model.patch' must be >= 1, got ", model.patch);
+  }
   RT_CHECK(data.batch_size > 0, "configuration key 'data.batch_size' must be > 0, got ", data.batch_size);
   RT_CHECK(data.prefetch >= 1, "configuration key 'data.prefetch' must be >= 1");
   RT_CHECK(train.epochs > 0, "configuration key 'train.epochs' must be > 0, got ", train.epochs);

@@ -143,6 +143,9 @@ struct Trainer::Impl {
     mc.depth = cfg.model.depth;
     mc.base_width = cfg.model.width;
     mc.dropout = cfg.model.dropout;
+    mc.heads = cfg.model.heads;
+    mc.mlp_ratio = cfg.model.mlp_ratio;
+    mc.patch = cfg.model.patch;
     mc.seed = cfg.train.seed;
     mc.math = math;
     model = ringtrain::build_model(mc, device);

@@ -78,7 +78,8 @@ void prepare(Case& k) {
   fs::create_directories(k.dir);
   nlohmann::json meta = {{"model", c.name}, {"in_channels", c.in_channels}, {"height", c.height},
                          {"width", c.width}, {"classes", c.classes},        {"depth", c.depth},
-                         {"base_width", c.base_width}, {"batch", k.batch}, {"smoothing", k.smoothing}};
+                         {"base_width", c.base_width}, {"batch", k.batch}, {"smoothing", k.smoothing},
+                         {"heads", c.heads}, {"mlp_ratio", c.mlp_ratio}, {"patch", c.patch}};
   std::vector<float> params;
   for (std::size_t i = 0; i < m.arena().size(); ++i) {
     meta["params"].push_back({{"name", m.arena().info(i).name}, {"shape", m.arena().info(i).shape}});
@@ -144,6 +145,22 @@ class TorchCrossCheck : public ::testing::Test {
     cases_->push_back(Case{named("cnn"), 8, 0.1, {}, {}, {}, {}});
     cases_->push_back(Case{r, 8, 0.0, {}, {}, {}, {}});
     cases_->push_back(Case{named("mlp"), 6, 0.0, {}, {}, {}, {}});
+    ModelConfig v = named("vit");  // Fashion-MNIST-sized: 16 tokens of 7x7 patches
+    v.depth = 2;
+    v.base_width = 16;
+    v.heads = 4;
+    v.mlp_ratio = 2;
+    v.patch = 7;
+    cases_->push_back(Case{v, 8, 0.0, {}, {}, {}, {}});
+    ModelConfig v3 = named("vit");  // CIFAR-like: 3 channels, 16 tokens of 4x4, odd hidden size
+    v3.in_channels = 3;
+    v3.height = v3.width = 16;
+    v3.depth = 1;
+    v3.base_width = 12;
+    v3.heads = 3;
+    v3.mlp_ratio = 1.5;
+    v3.patch = 4;
+    cases_->push_back(Case{v3, 4, 0.1, {}, {}, {}, {}});
     std::string cmd = "/usr/bin/python3 " + script();
     for (auto& k : *cases_) {
       prepare(k);
@@ -171,3 +188,5 @@ TEST_F(TorchCrossCheck, CnnLossAndGradients) { run(0); }
 TEST_F(TorchCrossCheck, CnnWithLabelSmoothing) { run(1); }
 TEST_F(TorchCrossCheck, ResnetTrainModeWithBatchNormAndRunningStats) { run(2); }
 TEST_F(TorchCrossCheck, Mlp) { run(3); }
+TEST_F(TorchCrossCheck, VitLossAndGradients) { run(4); }
+TEST_F(TorchCrossCheck, VitThreeChannelsWithLabelSmoothing) { run(5); }

@@ -85,6 +85,23 @@ struct BatchNormSpec {
   DType dtype = DType::f32;
 };
 
+struct LayerNormSpec {
+  std::int64_t features = 0;  // the normalised (last) dimension
+  double eps = 1e-5;          // PyTorch's default
+  DType dtype = DType::f32;
+};
+
+// The core of multi-head self-attention, without its projections: for every
+// sample n and head h, O = softmax(scale * Q K^T) V, the row maximum
+// subtracted before exp (safe softmax). A tensor-parallel layer passes its
+// local head count.
+struct AttentionSpec {
+  std::int64_t heads = 1, head_dim = 0;
+  double scale = 0;  // 0: 1 / sqrt(head_dim)
+  DType dtype = DType::f32;
+  MathMode math = MathMode::fp32;
+};
+
 enum class Eltwise { relu, gelu };  // gelu = exact erf form (PyTorch default)
 
 // ---- kernels ----------------------------------------------------------------
@@ -137,6 +154,28 @@ class EltwiseKernel {
   virtual void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx) = 0;
 };
 
+// Rows are all leading dimensions flattened: x, y [rows, features].
+class LayerNormKernel {
+ public:
+  virtual ~LayerNormKernel() = default;
+  // y = (x - mean) / sqrt(var + eps) * gamma + beta per row (biased variance);
+  // keeps each row's mean and 1/std for the backward.
+  virtual void forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y) = 0;
+  virtual void backward(const Tensor& x, const Tensor& gamma, const Tensor& dy, Tensor& dx, Tensor& dgamma,
+                        Tensor& dbeta, bool accumulate) = 0;
+};
+
+class AttentionKernel {
+ public:
+  virtual ~AttentionKernel() = default;
+  // qkv [N, T, 3*H*hd]: per token all heads' q, then k, then v (one Linear's
+  // output; PyTorch's qkv.reshape(N, T, 3, H, hd)). out [N, T, H*hd], head h in
+  // columns [h*hd, (h+1)*hd). Keeps the probabilities [N, H, T, T] for backward.
+  virtual void forward(const Tensor& qkv, Tensor& out) = 0;
+  // dqkv is overwritten (same layout as qkv).
+  virtual void backward(const Tensor& qkv, const Tensor& dout, Tensor& dqkv) = 0;
+};
+
 // ---- the backend ------------------------------------------------------------
 class Backend {
  public:
@@ -155,6 +194,23 @@ class Backend {
   virtual std::unique_ptr<BatchNormKernel> batchnorm(const BatchNormSpec& s) = 0;
   virtual std::unique_ptr<Pool2dKernel> pool2d(const Pool2dSpec& s) = 0;
   virtual std::unique_ptr<EltwiseKernel> eltwise(Eltwise op, DType dt) = 0;
+
+  virtual std::unique_ptr<LayerNormKernel> layernorm(const LayerNormSpec& s) = 0;
+  virtual std::unique_ptr<AttentionKernel> attention(const AttentionSpec& s) = 0;
+
+  // ---- token ops (vision transformer) ----
+  // x [N, C, H, W] -> out [N, (H/p)*(W/p), C*p*p]: patches in row-major order,
+  // features ordered (c, i, j) like a Conv2d weight [D, C, p, p]. unpatchify
+  // is its adjoint (dx overwritten).
+  virtual void patchify(const Tensor& x, std::int64_t patch, Tensor& out) = 0;
+  virtual void unpatchify(const Tensor& dout, std::int64_t patch, Tensor& dx) = 0;
+  // out[i] = x[i] + b[i mod b.numel()] (b broadcast over leading dims; out may alias x).
+  virtual void add_broadcast(const Tensor& x, const Tensor& b, Tensor& out) = 0;
+  // db[j] (+)= sum over i of dy[i * m + j], m = db.numel(): add_broadcast's adjoint.
+  virtual void sum_leading(const Tensor& dy, Tensor& db, bool accumulate) = 0;
+  // y [N, D] = mean over t of x [N, T, D]; backward: dx[n, t, :] = dy[n, :] / T.
+  virtual void token_mean(const Tensor& x, Tensor& y) = 0;
+  virtual void token_mean_backward(const Tensor& dy, Tensor& dx) = 0;
 
   // out = a + b (same shape; out may alias a or b).
   virtual void add(const Tensor& a, const Tensor& b, Tensor& out) = 0;

@@ -31,13 +31,16 @@ namespace ringtrain {
 using GradReadyFn = std::function<void(int layer, std::span<const std::size_t> params)>;
 
 struct ModelConfig {
-  std::string name = "cnn";     // mlp | cnn | resnet
+  std::string name = "cnn";     // mlp | cnn | resnet | vit
   std::int64_t in_channels = 1;
   std::int64_t height = 28, width = 28;
   std::int64_t classes = 10;
   int depth = 20;               // resnet: 6n + 2
   std::int64_t base_width = 16; // resnet: channels of the first stage (16, 32, 64)
-  double dropout = 0.0;         // mlp/cnn: dropout before the last Linear when > 0
+  double dropout = 0.0;         // mlp/cnn: dropout before the last Linear when > 0; vit: in every block
+  std::int64_t heads = 4;       // vit: attention heads (base_width = embedding width, depth = blocks)
+  double mlp_ratio = 4.0;       // vit: MLP hidden units per embedding unit
+  std::int64_t patch = 4;       // vit: square patch side; must divide height and width
   std::uint64_t seed = 42;      // initialisation and dropout
   MathMode math = MathMode::fp32;  // down-conversion allowed inside Conv2d/Linear (backend.hpp)
 };
@@ -91,7 +94,7 @@ class Model {
   bool grads_zero_ = true;  // arena grads known to be zero: backward may overwrite
 };
 
-// Builds mlp / cnn / resnet on `dev`; throws Error naming unknown models or bad sizes.
+// Builds mlp / cnn / resnet / vit on `dev`; throws Error naming unknown models or bad sizes.
 std::unique_ptr<Model> build_model(const ModelConfig& cfg, Device dev = Device::cpu());
 // The same model's top-level layers, unregistered and unbound (pipeline stages
 // build their own copies of a contiguous range of them).

@@ -12,10 +12,13 @@ namespace ringtrain {
 
 struct TrainConfig {
   struct Model {
-    std::string name = "cnn";      // mlp | cnn | resnet
+    std::string name = "cnn";      // mlp | cnn | resnet | vit
     int depth = 20;                // resnet: 6n+2
-    int width = 16;                // resnet: channels of the first stage
+    int width = 16;                // resnet: channels of the first stage; vit: embedding width
     double dropout = 0.0;
+    int heads = 4;                 // vit: attention heads (divides width)
+    double mlp_ratio = 4.0;        // vit: MLP hidden units = width * mlp_ratio
+    int patch = 4;                 // vit: patch side (divides the image height and width)
   } model;
   struct Data {
     std::string train = "data/fashion-mnist";  // file, or a shard pattern/dir

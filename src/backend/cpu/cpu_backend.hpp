@@ -66,6 +66,15 @@ std::unique_ptr<LinearKernel> make_linear(const LinearSpec& s, DnnlPtr d);
 std::unique_ptr<BatchNormKernel> make_batchnorm(const BatchNormSpec& s, DnnlPtr d);
 std::unique_ptr<Pool2dKernel> make_pool2d(const Pool2dSpec& s, DnnlPtr d);
 std::unique_ptr<EltwiseKernel> make_eltwise(Eltwise op, DnnlPtr d);
+std::unique_ptr<LayerNormKernel> make_layernorm(const LayerNormSpec& s, DnnlPtr d);
+std::unique_ptr<AttentionKernel> make_attention(const AttentionSpec& s, DnnlPtr d);
+// Token ops (transformer.cpp); Backend's contracts.
+void patchify(const Tensor& x, std::int64_t p, Tensor& out);
+void unpatchify(const Tensor& dout, std::int64_t p, Tensor& dx);
+void add_broadcast(const Tensor& x, const Tensor& b, Tensor& out);
+void sum_leading(const Tensor& dy, Tensor& db, bool accumulate);
+void token_mean(const Tensor& x, Tensor& y);
+void token_mean_backward(const Tensor& dy, Tensor& dx);
 
 }  // namespace cpu
 }  // namespace ringtrain

@@ -1,0 +1,148 @@
+#pragma once
+// Transformer layers: tokens are [N, T, D] tensors (sample, token, feature).
+// LayerNorm and Linear act on the last dimension; attention mixes tokens
+// within a sample. The vision transformer (`vit`, models.cpp) is
+//   PatchEmbed -> ResidualStack x depth -> LayerNorm -> TokenMean -> Linear.
+//
+// Tensor-parallel variants plug in without new math: MultiHeadSelfAttention
+// takes its qkv and output projections as layers (a column- and a
+// row-parallel Linear) and its head count as a parameter (the local heads),
+// and ResidualStack takes arbitrary branches.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ringtrain/nn/layers.hpp"
+
+namespace ringtrain {
+
+// Normalises the last dimension; weight (gamma, starts at 1) and bias (beta, 0).
+class LayerNorm : public Layer {
+ public:
+  LayerNorm(std::string name, std::int64_t features, double eps = 1e-5);
+  const char* type() const override { return "LayerNorm"; }
+  void register_params(ParamArena& arena, int layer_index, const std::string& prefix) override;
+  void bind(const BindContext& ctx) override;
+  void init(const ParamArena& arena, std::uint64_t seed) override;
+  Shape output_shape(const Shape& in) const override;
+
+ protected:
+  Tensor do_forward(const Tensor& x, Mode mode) override;
+  Tensor do_backward(const Tensor& dy, bool need_dx, bool accumulate) override;
+
+ private:
+  LayerNormSpec spec_;
+  std::size_t g_ = 0, b_ = 0;
+  Tensor gamma, beta, dgamma, dbeta, x_, y_, dx_;
+  std::unique_ptr<LayerNormKernel> k_;
+};
+
+// x [N, T, D] -> qkv projection [N, T, 3*H*hd] -> attention core -> output
+// projection [N, T, D]. Parameters: "<name>.qkv.*", "<name>.proj.*".
+class MultiHeadSelfAttention : public Layer {
+ public:
+  // heads * head_dim must equal qkv's output / 3 and proj's input.
+  MultiHeadSelfAttention(std::string name, std::int64_t heads, std::int64_t head_dim, LayerPtr qkv, LayerPtr proj);
+  const char* type() const override { return "MultiHeadSelfAttention"; }
+  std::int64_t heads() const { return heads_; }
+  void register_params(ParamArena& arena, int layer_index, const std::string& prefix) override;
+  void bind(const BindContext& ctx) override;
+  void init(const ParamArena& arena, std::uint64_t seed) override;
+  Shape output_shape(const Shape& in) const override;
+  double forward_flops(const Shape& in) const override;
+
+ protected:
+  Tensor do_forward(const Tensor& x, Mode mode) override;
+  Tensor do_backward(const Tensor& dy, bool need_dx, bool accumulate) override;
+
+ private:
+  std::int64_t heads_, head_dim_;
+  LayerPtr qkv_, proj_;
+  Tensor qkv_out_, core_, dcore_;
+  std::unique_ptr<AttentionKernel> k_;
+};
+
+// The standard attention: qkv and proj are Linear(dim, 3 dim) and Linear(dim, dim) with biases.
+LayerPtr multi_head_attention(const std::string& name, std::int64_t dim, std::int64_t heads);
+
+// Image [N, C, H, W] -> patches [N, T, C*p*p] -> Linear "proj" to [N, T, D],
+// plus a learned position embedding "pos_embed" [T, D] (normal, std 0.02).
+// Equal to a Conv2d(C, D, p, stride p) whose weight is proj.weight viewed as
+// [D, C, p, p].
+class PatchEmbed : public Layer {
+ public:
+  PatchEmbed(std::string name, std::int64_t channels, std::int64_t height, std::int64_t width, std::int64_t patch,
+             std::int64_t dim);
+  const char* type() const override { return "PatchEmbed"; }
+  std::int64_t tokens() const { return (height_ / patch_) * (width_ / patch_); }
+  void register_params(ParamArena& arena, int layer_index, const std::string& prefix) override;
+  void bind(const BindContext& ctx) override;
+  void init(const ParamArena& arena, std::uint64_t seed) override;
+  Shape output_shape(const Shape& in) const override;
+  double forward_flops(const Shape& in) const override;
+
+ protected:
+  Tensor do_forward(const Tensor& x, Mode mode) override;
+  Tensor do_backward(const Tensor& dy, bool need_dx, bool accumulate) override;
+
+ private:
+  std::int64_t channels_, height_, width_, patch_, dim_;
+  std::unique_ptr<Linear> proj_;
+  std::size_t pos_ = 0;
+  Backend* be_ = nullptr;
+  Tensor pos, dpos, patches_, y_, dpatches_, dx_;
+};
+
+// [N, T, D] -> [N, D]: the mean over tokens.
+class TokenMean : public Layer {
+ public:
+  explicit TokenMean(std::string name) : Layer(std::move(name)) {}
+  const char* type() const override { return "TokenMean"; }
+  void bind(const BindContext& ctx) override { be_ = &ctx.backend; }
+  Shape output_shape(const Shape& in) const override;
+
+ protected:
+  Tensor do_forward(const Tensor& x, Mode mode) override;
+  Tensor do_backward(const Tensor& dy, bool need_dx, bool accumulate) override;
+
+ private:
+  Backend* be_ = nullptr;
+  Tensor y_, dx_;
+};
+
+// x_{i+1} = x_i + branch_i(x_i) for each branch in turn: a pre-norm
+// transformer block is two branches, [LayerNorm, attention] and [LayerNorm,
+// Linear, GELU, Linear]. Children are named "<prefix><name>.<child>" (no
+// level for the branches), reported ready once after all of them.
+class ResidualStack : public Layer {
+ public:
+  ResidualStack(std::string name, std::vector<std::vector<LayerPtr>> branches);
+  const char* type() const override { return "ResidualStack"; }
+  void register_params(ParamArena& arena, int layer_index, const std::string& prefix) override;
+  void bind(const BindContext& ctx) override;
+  void init(const ParamArena& arena, std::uint64_t seed) override;
+  Shape output_shape(const Shape& in) const override;
+  std::vector<NamedBuffer> buffers() const override;
+  double forward_flops(const Shape& in) const override;
+
+ protected:
+  Tensor do_forward(const Tensor& x, Mode mode) override;
+  Tensor do_backward(const Tensor& dy, bool need_dx, bool accumulate) override;
+
+ private:
+  std::vector<std::vector<LayerPtr>> branches_;
+  Backend* be_ = nullptr;
+  std::vector<Tensor> sums_;  // x_1 .. x_k (branch i+1 keeps x_i as its input)
+  Tensor dx_;
+};
+
+struct TransformerBlockSpec {
+  std::int64_t dim = 0, heads = 1;
+  double mlp_ratio = 4.0;  // hidden = round(dim * mlp_ratio)
+  double dropout = 0.0;    // after the attention projection and after fc2 (0: none)
+};
+// Pre-norm block "<name>": norm1, attn (qkv, proj), norm2, fc1, GELU, fc2.
+LayerPtr transformer_block(const std::string& name, const TransformerBlockSpec& s);
+
+}  // namespace ringtrain

@@ -1,0 +1,85 @@
+// MultiHeadSelfAttention: qkv projection -> backend attention core -> output
+// projection. The projections are ordinary layers (Linear here; column- and
+// row-parallel Linear in a tensor-parallel model), so this layer only owns
+// the core's kernel and its buffers.
+#include "ringtrain/nn/transformer.hpp"
+
+namespace ringtrain {
+
+MultiHeadSelfAttention::MultiHeadSelfAttention(std::string name, std::int64_t heads, std::int64_t head_dim,
+                                               LayerPtr qkv, LayerPtr proj)
+    : Layer(std::move(name)), heads_(heads), head_dim_(head_dim), qkv_(std::move(qkv)), proj_(std::move(proj)) {
+  RT_CHECK(heads_ > 0 && head_dim_ > 0, "MultiHeadSelfAttention '", name_, "': heads (", heads_, ") and head_dim (",
+           head_dim_, ") must be positive");
+  RT_CHECK(qkv_ && proj_, "MultiHeadSelfAttention '", name_, "': needs qkv and proj layers");
+}
+
+void MultiHeadSelfAttention::register_params(ParamArena& arena, int li, const std::string& prefix) {
+  for (auto* l : {qkv_.get(), proj_.get()}) {
+    l->register_params(arena, li, prefix + name_ + ".");
+    params_.insert(params_.end(), l->params().begin(), l->params().end());
+  }
+}
+
+void MultiHeadSelfAttention::bind(const BindContext& ctx) {
+  qkv_->bind(ctx);
+  proj_->bind(ctx);
+  AttentionSpec s;
+  s.heads = heads_;
+  s.head_dim = head_dim_;
+  s.math = ctx.math;
+  k_ = ctx.backend.attention(s);
+}
+
+void MultiHeadSelfAttention::init(const ParamArena& arena, std::uint64_t seed) {
+  qkv_->init(arena, seed);
+  proj_->init(arena, seed);
+}
+
+Shape MultiHeadSelfAttention::output_shape(const Shape& in) const {
+  RT_CHECK(in.size() == 3, "MultiHeadSelfAttention '", name_, "': expects tokens [N, T, D], got ", shape_str(in));
+  const std::int64_t inner = heads_ * head_dim_;
+  Shape q;
+  try {
+    q = qkv_->output_shape(in);
+  } catch (const Error& e) {  // name this layer, not only its child
+    RT_FAIL("MultiHeadSelfAttention '", name_, "': ", e.what());
+  }
+  RT_CHECK(q.size() == 3 && q[2] == 3 * inner, "MultiHeadSelfAttention '", name_, "': qkv gives ", shape_str(q),
+           ", expected [N, T, 3 * ", heads_, " heads * ", head_dim_, "]");
+  return proj_->output_shape({in[0], in[1], inner});
+}
+
+double MultiHeadSelfAttention::forward_flops(const Shape& in) const {
+  const std::int64_t inner = heads_ * head_dim_;
+  // Q K^T and P V: 2 FLOPs per multiply-add, T*T*hd of each per sample and head.
+  const double core = 2.0 * 2.0 * double(in[0]) * double(heads_) * double(in[1]) * double(in[1]) * double(head_dim_);
+  return qkv_->forward_flops(in) + core + proj_->forward_flops({in[0], in[1], inner});
+}
+
+Tensor MultiHeadSelfAttention::do_forward(const Tensor& x, Mode mode) {
+  Tensor qkv = qkv_->forward(x, mode);
+  ensure(core_, {x.dim(0), x.dim(1), heads_ * head_dim_}, qkv.dtype(), qkv.device());
+  k_->forward(qkv, core_);
+  qkv_out_ = qkv;
+  return proj_->forward(core_, mode);
+}
+
+Tensor MultiHeadSelfAttention::do_backward(const Tensor& dy, bool need_dx, bool accumulate) {
+  Tensor dcore = proj_->backward(dy, true, accumulate);
+  ensure(dcore_, qkv_out_.shape(), qkv_out_.dtype(), qkv_out_.device());  // d qkv
+  k_->backward(qkv_out_, dcore, dcore_);
+  return qkv_->backward(dcore_, need_dx, accumulate);
+}
+
+LayerPtr multi_head_attention(const std::string& name, std::int64_t dim, std::int64_t heads) {
+  RT_CHECK(heads > 0 && dim > 0 && dim % heads == 0, "attention '", name, "': width ", dim,
+           " is not divisible by the head count ", heads);
+  LinearSpec q{dim, 3 * dim, true, false};
+  LinearSpec p{dim, dim, true, false};
+  return std::make_unique<MultiHeadSelfAttention>(name, heads, dim / heads,
+                                                  std::make_unique<Linear>("qkv", q, Init::xavier_uniform),
+                                                  std::make_unique<Linear>("proj", p, Init::xavier_uniform));
+}
+
+}  // namespace ringtrain

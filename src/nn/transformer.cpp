@@ -1,0 +1,239 @@
+// LayerNorm, PatchEmbed, TokenMean, ResidualStack and the pre-norm
+// transformer block: shape checks and bookkeeping; the math is the backend's.
+#include "ringtrain/nn/transformer.hpp"
+
+#include <cmath>
+
+#include "init.hpp"
+
+namespace ringtrain {
+
+// ---- LayerNorm --------------------------------------------------------------
+LayerNorm::LayerNorm(std::string name, std::int64_t features, double eps) : Layer(std::move(name)) {
+  RT_CHECK(features > 0 && eps > 0, "LayerNorm '", name_, "': features (", features, ") and eps (", eps,
+           ") must be positive");
+  spec_.features = features;
+  spec_.eps = eps;
+}
+
+void LayerNorm::register_params(ParamArena& arena, int li, const std::string& prefix) {
+  g_ = add_param(arena, prefix, "weight", {spec_.features}, spec_.dtype, false, li);
+  b_ = add_param(arena, prefix, "bias", {spec_.features}, spec_.dtype, false, li);
+}
+
+void LayerNorm::bind(const BindContext& ctx) {
+  gamma = ctx.arena.param(g_);
+  beta = ctx.arena.param(b_);
+  dgamma = ctx.arena.grad(g_);
+  dbeta = ctx.arena.grad(b_);
+  k_ = ctx.backend.layernorm(spec_);
+}
+
+void LayerNorm::init(const ParamArena& arena, std::uint64_t) {
+  detail::fill_param(arena, g_, 1.0);
+  detail::fill_param(arena, b_, 0.0);
+}
+
+Shape LayerNorm::output_shape(const Shape& in) const {
+  RT_CHECK(in.size() >= 2 && in.back() == spec_.features, "LayerNorm '", name_, "': expects input [..., ",
+           spec_.features, "], got ", shape_str(in));
+  return in;
+}
+
+Tensor LayerNorm::do_forward(const Tensor& x, Mode) {
+  x_ = x;
+  ensure(y_, x.shape(), x.dtype(), x.device());
+  k_->forward(x, gamma, beta, y_);
+  return y_;
+}
+
+Tensor LayerNorm::do_backward(const Tensor& dy, bool need_dx, bool accumulate) {
+  Tensor dx;
+  if (need_dx) dx = ensure(dx_, x_.shape(), x_.dtype(), x_.device());
+  k_->backward(x_, gamma, dy, dx, dgamma, dbeta, accumulate);
+  return dx;
+}
+
+// ---- PatchEmbed -------------------------------------------------------------
+PatchEmbed::PatchEmbed(std::string name, std::int64_t channels, std::int64_t height, std::int64_t width,
+                       std::int64_t patch, std::int64_t dim)
+    : Layer(std::move(name)), channels_(channels), height_(height), width_(width), patch_(patch), dim_(dim) {
+  RT_CHECK(patch > 0 && dim > 0 && channels > 0, "PatchEmbed '", name_, "': patch (", patch, "), width (", dim,
+           ") and channels (", channels, ") must be positive");
+  RT_CHECK(height % patch == 0 && width % patch == 0, "PatchEmbed '", name_, "': image ", height, "x", width,
+           " is not divisible into ", patch, "x", patch, " patches");
+  LinearSpec s{channels * patch * patch, dim, true, false};
+  proj_ = std::make_unique<Linear>("proj", s, Init::xavier_uniform);
+}
+
+void PatchEmbed::register_params(ParamArena& arena, int li, const std::string& prefix) {
+  proj_->register_params(arena, li, prefix + name_ + ".");
+  params_.insert(params_.end(), proj_->params().begin(), proj_->params().end());
+  pos_ = add_param(arena, prefix, "pos_embed", {tokens(), dim_}, DType::f32, false, li);
+}
+
+void PatchEmbed::bind(const BindContext& ctx) {
+  be_ = &ctx.backend;
+  proj_->bind(ctx);
+  pos = ctx.arena.param(pos_);
+  dpos = ctx.arena.grad(pos_);
+}
+
+void PatchEmbed::init(const ParamArena& arena, std::uint64_t seed) {
+  proj_->init(arena, seed);
+  detail::init_normal(arena, pos_, 0.02, seed);
+}
+
+Shape PatchEmbed::output_shape(const Shape& in) const {
+  RT_CHECK(in.size() == 4 && in[1] == channels_ && in[2] == height_ && in[3] == width_, "PatchEmbed '", name_,
+           "': expects images [N, ", channels_, ", ", height_, ", ", width_, "], got ", shape_str(in));
+  return {in[0], tokens(), dim_};
+}
+
+double PatchEmbed::forward_flops(const Shape& in) const {
+  return proj_->forward_flops({in[0], tokens(), channels_ * patch_ * patch_});
+}
+
+Tensor PatchEmbed::do_forward(const Tensor& x, Mode mode) {
+  ensure(patches_, {x.dim(0), tokens(), channels_ * patch_ * patch_}, x.dtype(), x.device());
+  be_->patchify(x, patch_, patches_);
+  Tensor h = proj_->forward(patches_, mode);
+  ensure(y_, h.shape(), h.dtype(), h.device());
+  be_->add_broadcast(h, pos, y_);
+  return y_;
+}
+
+Tensor PatchEmbed::do_backward(const Tensor& dy, bool need_dx, bool accumulate) {
+  be_->sum_leading(dy, dpos, accumulate);
+  Tensor dp = proj_->backward(dy, need_dx, accumulate);
+  if (!need_dx) return {};
+  ensure(dx_, in_shape_, dy.dtype(), dy.device());
+  be_->unpatchify(dp, patch_, dx_);
+  return dx_;
+}
+
+// ---- TokenMean --------------------------------------------------------------
+Shape TokenMean::output_shape(const Shape& in) const {
+  RT_CHECK(in.size() == 3 && in[1] > 0, "TokenMean '", name_, "': expects tokens [N, T, D], got ", shape_str(in));
+  return {in[0], in[2]};
+}
+
+Tensor TokenMean::do_forward(const Tensor& x, Mode) {
+  ensure(y_, {x.dim(0), x.dim(2)}, x.dtype(), x.device());
+  be_->token_mean(x, y_);
+  return y_;
+}
+
+Tensor TokenMean::do_backward(const Tensor& dy, bool need_dx, bool) {
+  if (!need_dx) return {};
+  ensure(dx_, in_shape_, dy.dtype(), dy.device());
+  be_->token_mean_backward(dy, dx_);
+  return dx_;
+}
+
+// ---- ResidualStack ----------------------------------------------------------
+ResidualStack::ResidualStack(std::string name, std::vector<std::vector<LayerPtr>> branches)
+    : Layer(std::move(name)), branches_(std::move(branches)) {
+  RT_CHECK(!branches_.empty(), "ResidualStack '", name_, "': needs at least one branch");
+  for (auto& b : branches_) RT_CHECK(!b.empty(), "ResidualStack '", name_, "': a branch is empty");
+}
+
+void ResidualStack::register_params(ParamArena& arena, int li, const std::string& prefix) {
+  for (auto& b : branches_)
+    for (auto& c : b) {
+      c->register_params(arena, li, prefix + name_ + ".");
+      params_.insert(params_.end(), c->params().begin(), c->params().end());
+    }
+}
+
+void ResidualStack::bind(const BindContext& ctx) {
+  be_ = &ctx.backend;
+  for (auto& b : branches_)
+    for (auto& c : b) c->bind(ctx);
+}
+
+void ResidualStack::init(const ParamArena& arena, std::uint64_t seed) {
+  for (auto& b : branches_)
+    for (auto& c : b) c->init(arena, seed);
+}
+
+Shape ResidualStack::output_shape(const Shape& in) const {
+  for (std::size_t i = 0; i < branches_.size(); ++i) {
+    Shape s = in;
+    for (auto& c : branches_[i]) s = c->output_shape(s);
+    RT_CHECK(s == in, "ResidualStack '", name_, "': branch ", i, " maps ", shape_str(in), " to ", shape_str(s),
+             "; a residual branch must keep the shape");
+  }
+  return in;
+}
+
+std::vector<NamedBuffer> ResidualStack::buffers() const {
+  std::vector<NamedBuffer> out;
+  for (auto& b : branches_)
+    for (auto& c : b)
+      for (auto& nb : c->buffers()) out.push_back(nb);
+  return out;
+}
+
+double ResidualStack::forward_flops(const Shape& in) const {
+  double f = 0;
+  for (auto& b : branches_) {
+    Shape s = in;
+    for (auto& c : b) {
+      f += c->forward_flops(s);
+      s = c->output_shape(s);
+    }
+  }
+  return f;
+}
+
+Tensor ResidualStack::do_forward(const Tensor& x, Mode mode) {
+  sums_.resize(branches_.size());
+  Tensor h = x;
+  for (std::size_t i = 0; i < branches_.size(); ++i) {
+    Tensor b = h;
+    for (auto& c : branches_[i]) b = c->forward(b, mode);
+    ensure(sums_[i], h.shape(), h.dtype(), h.device());
+    be_->add(h, b, sums_[i]);
+    h = sums_[i];
+  }
+  return h;
+}
+
+Tensor ResidualStack::do_backward(const Tensor& dy, bool need_dx, bool accumulate) {
+  Tensor g = dy;
+  for (std::size_t i = branches_.size(); i-- > 0;) {
+    const bool more = i > 0 || need_dx;
+    Tensor d = g;
+    auto& br = branches_[i];
+    for (std::size_t j = br.size(); j-- > 0;) d = br[j]->backward(d, j > 0 || more, accumulate);
+    if (!more) return {};
+    // g + d into our buffer; in place once g is that buffer (add allows aliasing).
+    ensure(dx_, g.shape(), g.dtype(), g.device());
+    be_->add(g, d, dx_);
+    g = dx_;
+  }
+  return g;
+}
+
+// ---- the pre-norm transformer block -----------------------------------------
+LayerPtr transformer_block(const std::string& name, const TransformerBlockSpec& s) {
+  const auto hidden = static_cast<std::int64_t>(std::llround(double(s.dim) * s.mlp_ratio));
+  RT_CHECK(hidden > 0, "transformer block '", name, "': mlp_ratio ", s.mlp_ratio, " gives no hidden units");
+  std::vector<LayerPtr> attn, mlp;
+  attn.push_back(std::make_unique<LayerNorm>("norm1", s.dim));
+  attn.push_back(multi_head_attention("attn", s.dim, s.heads));
+  // Dropout streams are keyed by the layer name: unique per block.
+  if (s.dropout > 0) attn.push_back(std::make_unique<Dropout>(name + ".drop1", s.dropout));
+  mlp.push_back(std::make_unique<LayerNorm>("norm2", s.dim));
+  mlp.push_back(std::make_unique<Linear>("fc1", LinearSpec{s.dim, hidden, true, false}, Init::xavier_uniform));
+  mlp.push_back(std::make_unique<Activation>("gelu", Eltwise::gelu));
+  mlp.push_back(std::make_unique<Linear>("fc2", LinearSpec{hidden, s.dim, true, false}, Init::xavier_uniform));
+  if (s.dropout > 0) mlp.push_back(std::make_unique<Dropout>(name + ".drop2", s.dropout));
+  std::vector<std::vector<LayerPtr>> branches;
+  branches.push_back(std::move(attn));
+  branches.push_back(std::move(mlp));
+  return std::make_unique<ResidualStack>(name, std::move(branches));
+}
+
+}  // namespace ringtrain
