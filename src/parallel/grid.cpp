@@ -6,8 +6,6 @@ namespace ringtrain {
 
 int ProcessGrid::data_parallel_size(int world_size, GridShape s) {
   RT_CHECK(s.tensor >= 1, "configuration key 'parallel.tensor' must be >= 1, got ", s.tensor);
-  RT_CHECK(s.tensor == 1, "configuration key 'parallel.tensor' = ", s.tensor,
-           ": tensor parallelism not available yet (use 1)");
   RT_CHECK(s.pipeline >= 1, "configuration key 'parallel.pipeline' must be >= 1, got ", s.pipeline);
   RT_CHECK(world_size % (s.pipeline * s.tensor) == 0, "parallel.pipeline = ", s.pipeline, " x parallel.tensor = ",
            s.tensor, " does not divide the ", world_size, " ranks of the job");
