@@ -18,3 +18,6 @@ run $MPIRUN -np 2 "$B/bench/bench_engine_fusion"
 run $MPIRUN -np 2 "$B/bench/bench_train_ddp_throughput" --model cnn --json "$OUT/ddp_cnn.json"
 run $MPIRUN -np 2 "$B/bench/bench_train_ddp_throughput" --model resnet --steps 20 --warmup 3 --no-torch --no-single \
   --json "$OUT/ddp_resnet.json"
+# Pipeline parallelism: bubble sweep (sleep stages; p = 2, 4, 8) and resnet pipeline vs DP at 2 ranks.
+run bench/parallel_bubble.sh "$B" 10
+run $MPIRUN -np 2 "$B/bench/bench_parallel_throughput" --csv "$OUT/pipeline_throughput.csv"

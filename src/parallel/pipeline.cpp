@@ -141,7 +141,8 @@ PipeStepResult PipelineModel::train_step(const Tensor& images, const Tensor& lab
   return r;
 }
 
-std::pair<double, std::int64_t> PipelineModel::eval_batch(const Tensor& images, const Tensor& labels) {
+std::pair<double, std::int64_t> PipelineModel::eval_batch(const Tensor& images, const Tensor& labels,
+                                                          std::int64_t valid) {
   const int s = grid_.pp_rank(), p = grid_.pp_size();
   MPI_Comm c = grid_.pp().handle("pipeline evaluation");
   const std::int64_t n = grid_.first_stage() ? images.dim(0) : labels.defined() ? labels.dim(0) : 0;
@@ -159,7 +160,9 @@ std::pair<double, std::int64_t> PipelineModel::eval_batch(const Tensor& images, 
     MPI_Send(out.raw(), static_cast<int>(out.nbytes()), MPI_BYTE, s + 1, 1 << 20, c);
     return {0.0, 0};
   }
-  return {softmax_cross_entropy_loss(out, labels) * static_cast<double>(bn), count_correct(out, labels)};
+  if (valid <= 0) return {0.0, 0};
+  Tensor o = valid < bn ? out.slice_rows(0, valid) : out, y = valid < bn ? labels.slice_rows(0, valid) : labels;
+  return {softmax_cross_entropy_loss(o, y) * static_cast<double>(valid), count_correct(o, y)};
 }
 
 std::vector<std::pair<std::string, Tensor>> PipelineModel::named_state() {

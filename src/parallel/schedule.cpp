@@ -53,9 +53,9 @@ std::vector<Step> zb_h1(int p, int m, int stage) {
       if (nw[s] == m) continue;
       const bool last = s == p - 1;
       std::optional<Step> run;
-      if (nb[s] < nf[s] && (last || grad_at[s][nb[s]] <= t)) run = Step{Compute::B, nb[s]};
-      else if (nf[s] < m && act_at[s][nf[s]] <= t && nf[s] - nb[s] < p - s && nf[s] - nw[s] < p)
+      if (nf[s] < m && act_at[s][nf[s]] <= t && nf[s] - nb[s] < p - s && nf[s] - nw[s] < p)
         run = Step{Compute::F, nf[s]};
+      else if (nb[s] < nf[s] && (last || grad_at[s][nb[s]] <= t)) run = Step{Compute::B, nb[s]};
       else if (nw[s] < nb[s]) run = Step{Compute::W, nw[s]};
       if (!run) continue;
       ran.push_back({s, *run});

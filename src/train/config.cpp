@@ -74,6 +74,12 @@ const std::vector<Field>& fields() {
       RT_FIELD(comm, stall_shutdown_s, "fail the job when a tensor waits this long (0 = never)"),
       RT_FIELD(comm, deterministic, "static gradient buckets: bitwise-reproducible at any rank count"),
       RT_FIELD(comm, bucket_bytes, "gradient bucket size with comm.deterministic"),
+      RT_FIELD(parallel, pipeline, "pipeline stages (data-parallel size = ranks / (pipeline x tensor))"),
+      RT_FIELD(parallel, tensor, "tensor-parallel size (reserved: must be 1)"),
+      RT_FIELD(parallel, micro_batches, "micro-batches per step and replica (0 = pipeline); divides data.batch_size"),
+      RT_FIELD(parallel, schedule, "afab | 1f1b | zb-h1"),
+      RT_FIELD(parallel, partition, "uniform | params | time | list: how layers are cut into stages"),
+      RT_FIELD(parallel, balance, "partition = list: layers per stage, e.g. [3, 2, 2]"),
       RT_FIELD(checkpoint, dir, "checkpoint directory (empty = no checkpoints)"),
       RT_FIELD(checkpoint, every_epochs, "write a checkpoint every N epochs"),
       RT_FIELD(checkpoint, keep, "keep the last K checkpoints"),
@@ -138,6 +144,12 @@ void assign_toml(const Field& f, TrainConfig& c, const toml::node& n, const std:
           RT_FAIL(file, ": key '", f.key, "' must be ", want, " (line ", n.source().begin.line, ")");
         };
         if constexpr (std::is_same_v<T, std::string>) {
+          if (const toml::array* a = n.as_array()) {  // lists (parallel.balance) are kept as their text
+            std::ostringstream os;
+            os << *a;
+            *p = os.str();
+            return;
+          }
           if (!n.is_string()) bad("a string");
           *p = *n.value<std::string>();
         } else if constexpr (std::is_same_v<T, bool>) {
@@ -230,6 +242,19 @@ void TrainConfig::validate() const {
   RT_CHECK(checkpoint.every_epochs >= 1, "configuration key 'checkpoint.every_epochs' must be >= 1");
   RT_CHECK(checkpoint.keep >= 1, "configuration key 'checkpoint.keep' must be >= 1");
   one_of("log.format", log.format, {"auto", "bar", "plain"});
+  RT_CHECK(parallel.pipeline >= 1, "configuration key 'parallel.pipeline' must be >= 1, got ", parallel.pipeline);
+  RT_CHECK(parallel.tensor >= 1, "configuration key 'parallel.tensor' must be >= 1, got ", parallel.tensor);
+  RT_CHECK(parallel.tensor == 1, "configuration key 'parallel.tensor' = ", parallel.tensor,
+           ": tensor parallelism not available yet");
+  RT_CHECK(parallel.micro_batches >= 0, "configuration key 'parallel.micro_batches' must be >= 1 (0 = pipeline), got ",
+           parallel.micro_batches);
+  const int m = parallel.micro_batches > 0 ? parallel.micro_batches : parallel.pipeline;
+  RT_CHECK(data.batch_size % m == 0, "data.batch_size = ", data.batch_size, " is not divisible by ",
+           "parallel.micro_batches = ", m);
+  one_of("parallel.schedule", parallel.schedule, {"afab", "1f1b", "zb-h1"});
+  one_of("parallel.partition", parallel.partition, {"uniform", "params", "time", "list"});
+  RT_CHECK(parallel.partition != "list" || !parallel.balance.empty(),
+           "configuration key 'parallel.partition' = list needs parallel.balance (layers per stage, e.g. [3, 2, 2])");
   RT_CHECK(log.interval >= 1, "configuration key 'log.interval' must be >= 1");
 }
 

@@ -23,6 +23,7 @@
 #include "ringtrain/train/checkpoint.hpp"
 #include "ringtrain/train/device_runtime.hpp"
 #include "ringtrain/train/state.hpp"
+#include "pipeline_trainer.hpp"
 
 namespace ringtrain {
 namespace {
@@ -493,15 +494,24 @@ struct Trainer::Impl {
   }
 };
 
-Trainer::Trainer(TrainConfig cfg, Communicator world, TrainerHooks hooks)
-    : impl_(std::make_unique<Impl>(std::move(cfg), std::move(world), std::move(hooks))) {}
+Trainer::Trainer(TrainConfig cfg, Communicator world, TrainerHooks hooks) {
+  if (cfg.parallel.pipeline > 1 || cfg.parallel.tensor > 1) {
+    cfg_ = cfg;
+    pipe_ = std::make_unique<PipelineTrainer>(cfg, world, hooks);
+  } else {
+    impl_ = std::make_unique<Impl>(std::move(cfg), std::move(world), std::move(hooks));
+  }
+}
 Trainer::~Trainer() = default;
 
-void Trainer::resume(const std::string& path) { impl_->load(path, true); }
-void Trainer::load_weights(const std::string& path) { impl_->load(path, false); }
-TrainResult Trainer::fit() { return impl_->fit(); }
-EvalResult Trainer::evaluate(const std::string& path) { return impl_->evaluate(path); }
-Model& Trainer::model() { return *impl_->model; }
-const TrainConfig& Trainer::config() const { return impl_->cfg; }
+void Trainer::resume(const std::string& path) { pipe_ ? pipe_->load(path, true) : impl_->load(path, true); }
+void Trainer::load_weights(const std::string& path) { pipe_ ? pipe_->load(path, false) : impl_->load(path, false); }
+TrainResult Trainer::fit() { return pipe_ ? pipe_->fit() : impl_->fit(); }
+EvalResult Trainer::evaluate(const std::string& path) { return pipe_ ? pipe_->evaluate(path) : impl_->evaluate(path); }
+Model& Trainer::model() {
+  RT_CHECK(impl_, "Trainer::model(): with parallel.pipeline > 1 the model is split across the pipeline stages");
+  return *impl_->model;
+}
+const TrainConfig& Trainer::config() const { return impl_ ? impl_->cfg : cfg_; }
 
 }  // namespace ringtrain

@@ -12,6 +12,8 @@ enum class Level { debug = 0, info = 1, warn = 2, error = 3 };
 
 void set_rank(int rank, int size);
 void set_level(Level l);
+// Replaces "[rank N] " (e.g. with the process-grid coordinates "[rank 5 dp 1 pp 2] "); "" restores it.
+void set_prefix(const std::string& prefix);
 void set_all_ranks(bool all);  // info from every rank, not only rank 0
 void write(Level l, const std::string& msg);
 

@@ -53,9 +53,9 @@ class PipelineModel final : private PipeOps {
   ~PipelineModel() override;
 
   PipeStepResult train_step(const Tensor& images, const Tensor& labels, double lr);
-  // Forward only, in eval mode; returns {loss sum, correct} over this replica's
-  // batch on every rank of the pipeline group (zeros elsewhere before summing).
-  std::pair<double, std::int64_t> eval_batch(const Tensor& images, const Tensor& labels);
+  // Forward only, in eval mode, over the pipeline group; returns {loss sum,
+  // correct} over the first `valid` samples on the last stage, zeros elsewhere.
+  std::pair<double, std::int64_t> eval_batch(const Tensor& images, const Tensor& labels, std::int64_t valid);
 
   const ProcessGrid& grid() const { return grid_; }
   Stage& stage() { return *stage_; }

@@ -71,6 +71,14 @@ struct TrainConfig {
     bool deterministic = false;
     std::int64_t bucket_bytes = 1 << 20;
   } comm;
+  struct Parallel {                // process grid (parallel/grid.hpp); DP size = world / (pipeline · tensor)
+    int pipeline = 1;              // pipeline stages
+    int tensor = 1;                // reserved: > 1 is an error until tensor parallelism exists
+    int micro_batches = 0;         // per step and replica (0 = pipeline); must divide data.batch_size
+    std::string schedule = "1f1b"; // afab | 1f1b | zb-h1
+    std::string partition = "uniform";  // uniform | params | time | list
+    std::string balance;           // partition = list: layers per stage, "[3, 2, 2]"
+  } parallel;
   struct Checkpoint {
     std::string dir;               // "" = no checkpoints
     int every_epochs = 1;

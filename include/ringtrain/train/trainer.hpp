@@ -8,6 +8,8 @@
 //   engine.wait(all)       # gradients averaged across ranks, mostly while backward ran
 //   optimizer.step(schedule.lr(step))
 //
+// parallel.pipeline > 1 hands everything to PipelineTrainer (DP x PP grid).
+//
 // Rules: every rank runs the same number of steps (the loader guarantees equal
 // batch counts); rank 0's initial parameters and optimizer state are broadcast
 // before the first step; a failure on one rank becomes an Error on every rank
@@ -24,6 +26,7 @@ namespace ringtrain {
 
 class Model;
 class Optimizer;
+class PipelineTrainer;
 
 struct EvalResult {
   double loss = 0, accuracy = 0;
@@ -67,7 +70,9 @@ class Trainer {
 
  private:
   struct Impl;
-  std::unique_ptr<Impl> impl_;
+  std::unique_ptr<Impl> impl_;              // parallel.pipeline = 1: data parallelism
+  std::unique_ptr<PipelineTrainer> pipe_;   // parallel.pipeline > 1 (src/train/pipeline_trainer.hpp)
+  TrainConfig cfg_;                         // pipe_'s configuration
 };
 
 }  // namespace ringtrain

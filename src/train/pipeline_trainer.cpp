@@ -1,0 +1,318 @@
+#include "pipeline_trainer.hpp"
+
+#include <mpi.h>
+#include <omp.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "ringtrain/comm/agree.hpp"
+#include "ringtrain/comm/collectives.hpp"
+#include "ringtrain/core/log.hpp"
+#include "ringtrain/data/loader.hpp"
+#include "ringtrain/data/schema.hpp"
+#include "ringtrain/optim/schedule.hpp"
+#include "ringtrain/parallel/pipeline.hpp"
+#include "ringtrain/train/checkpoint.hpp"
+
+namespace ringtrain {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+using Named = std::vector<std::pair<std::string, Tensor>>;
+
+// The checkpoint writer stores flat dataset names: '/' travels as '~'.
+std::string file_name(std::string n) {
+  for (char& ch : n)
+    if (ch == '/') ch = '~';
+  return n;
+}
+
+// Stage -> world rank 0: names, shapes, dtypes and bytes of host tensors.
+void send_named(const Named& ts, int to, MPI_Comm c) {
+  std::int64_t n = static_cast<std::int64_t>(ts.size());
+  MPI_Send(&n, 1, MPI_INT64_T, to, 7100, c);
+  for (auto& [name, t] : ts) {
+    std::vector<std::int64_t> head = {static_cast<std::int64_t>(name.size()), static_cast<std::int64_t>(t.dtype()),
+                                      static_cast<std::int64_t>(t.shape().size())};
+    head.insert(head.end(), t.shape().begin(), t.shape().end());
+    std::int64_t hn = static_cast<std::int64_t>(head.size());
+    MPI_Send(&hn, 1, MPI_INT64_T, to, 7101, c);
+    MPI_Send(head.data(), static_cast<int>(hn), MPI_INT64_T, to, 7102, c);
+    MPI_Send(name.data(), static_cast<int>(name.size()), MPI_CHAR, to, 7103, c);
+    MPI_Send(t.raw(), static_cast<int>(t.nbytes()), MPI_BYTE, to, 7104, c);
+  }
+}
+
+Named recv_named(int from, MPI_Comm c) {
+  Named out;
+  std::int64_t n = 0;
+  MPI_Recv(&n, 1, MPI_INT64_T, from, 7100, c, MPI_STATUS_IGNORE);
+  for (std::int64_t i = 0; i < n; ++i) {
+    std::int64_t hn = 0;
+    MPI_Recv(&hn, 1, MPI_INT64_T, from, 7101, c, MPI_STATUS_IGNORE);
+    std::vector<std::int64_t> head(static_cast<std::size_t>(hn));
+    MPI_Recv(head.data(), static_cast<int>(hn), MPI_INT64_T, from, 7102, c, MPI_STATUS_IGNORE);
+    std::string name(static_cast<std::size_t>(head[0]), '\0');
+    MPI_Recv(name.data(), static_cast<int>(head[0]), MPI_CHAR, from, 7103, c, MPI_STATUS_IGNORE);
+    Shape s(head.begin() + 3, head.end());
+    Tensor t = Tensor::empty(s, static_cast<DType>(head[1]));
+    MPI_Recv(t.raw(), static_cast<int>(t.nbytes()), MPI_BYTE, from, 7104, c, MPI_STATUS_IGNORE);
+    out.emplace_back(std::move(name), t);
+  }
+  return out;
+}
+
+}  // namespace
+
+struct PipelineTrainer::Impl {
+  TrainConfig cfg;
+  Communicator world;
+  TrainerHooks hooks;
+  ProcessGrid grid;
+  std::unique_ptr<data::Loader> loader;
+  std::unique_ptr<PipelineModel> pm;
+  std::unique_ptr<LrSchedule> schedule;
+  std::unique_ptr<Reporter> reporter;
+  std::int64_t epochs_done = 0, step = 0;
+  std::int64_t num_params = 0;
+
+  Impl(const TrainConfig& c, const Communicator& w, const TrainerHooks& h) : cfg(c), world(w), hooks(h) {
+    cfg.validate();
+    grid = ProcessGrid::make(world, {cfg.parallel.pipeline, cfg.parallel.tensor});
+    log::set_prefix(cat("[rank ", world.rank(), " ", grid.tag().substr(1), " "));
+    RT_CHECK(cfg.train.device != "cuda", "parallel.pipeline > 1 runs on the CPU for now (set train.device = cpu)");
+    RT_CHECK(cfg.train.accumulation == 1, "parallel.pipeline > 1: use parallel.micro_batches, not train.accumulation");
+    RT_CHECK(cfg.train.precision == "fp32", "parallel.pipeline > 1 supports train.precision = fp32 only for now");
+    RT_CHECK(cfg.optimizer.clip_norm == 0, "parallel.pipeline > 1 does not support optimizer.clip_norm yet");
+    int threads = cfg.train.threads;
+    if (threads <= 0) threads = std::getenv("OMP_NUM_THREADS") ? std::max(1, std::atoi(std::getenv("OMP_NUM_THREADS"))) : 1;
+    omp_set_num_threads(threads);
+    data::LoaderOptions lo;
+    run_agreed(world, "opening the training data", [&] { lo.files = data::find_split_files(cfg.data.train, "train"); });
+    lo.batch_size = cfg.data.batch_size;
+    lo.seed = cfg.train.seed;
+    lo.tail = cfg.data.drop_last ? data::TailPolicy::drop_last : data::TailPolicy::pad;
+    lo.prefetch_depth = cfg.data.prefetch;
+    lo.mpio = cfg.data.mpi_io;
+    if (cfg.data.augment) lo.augment = data::Augment{2, true};
+    loader = std::make_unique<data::Loader>(lo, grid.dp());
+
+    const auto& info = loader->info();
+    ModelConfig mc;
+    mc.name = cfg.model.name;
+    mc.in_channels = info.channels;
+    mc.height = info.height;
+    mc.width = info.width;
+    mc.classes = info.num_classes;
+    mc.depth = cfg.model.depth;
+    mc.base_width = cfg.model.width;
+    mc.dropout = cfg.model.dropout;
+    mc.seed = cfg.train.seed;
+    PipelineConfig pc;
+    pc.micro_batches = cfg.parallel.micro_batches > 0 ? cfg.parallel.micro_batches : cfg.parallel.pipeline;
+    pc.schedule = parse_schedule(cfg.parallel.schedule);
+    pc.partition = parse_partition(cfg.parallel.partition);
+    if (pc.partition == PartitionKind::list) pc.balance = parse_balance(cfg.parallel.balance);
+    pc.batch = cfg.data.batch_size;
+    pc.engine.fusion_threshold = static_cast<std::size_t>(cfg.comm.fusion_threshold);
+    pc.engine.cycle_time_ms = cfg.comm.cycle_time_ms;
+    pc.engine.fp16_allreduce = cfg.comm.fp16_allreduce;
+    pc.engine.stall_warning_s = cfg.comm.stall_warning_s;
+    pc.engine.stall_shutdown_s = cfg.comm.stall_shutdown_s;
+    pc.engine.collective.algorithm = parse_algorithm(cfg.comm.algorithm);
+    pc.engine = EngineOptions::from_env(pc.engine);
+    OptimizerConfig oc;
+    oc.name = cfg.optimizer.name;
+    oc.momentum = cfg.optimizer.momentum;
+    oc.nesterov = cfg.optimizer.nesterov;
+    oc.weight_decay = cfg.optimizer.weight_decay;
+    oc.beta1 = cfg.optimizer.beta1;
+    oc.beta2 = cfg.optimizer.beta2;
+    oc.eps = cfg.optimizer.eps;
+    oc.trust_coefficient = cfg.optimizer.trust_coefficient;
+    num_params = build_model(mc)->num_params();
+    pm = std::make_unique<PipelineModel>(grid, mc, pc, oc);
+
+    ScheduleConfig sc;
+    sc.name = cfg.schedule.name;
+    sc.lr = cfg.optimizer.lr;
+    sc.linear_scaling = cfg.schedule.scale_lr;
+    sc.global_batch = global_batch();
+    sc.warmup = cfg.schedule.warmup_epochs;
+    sc.step_size = cfg.schedule.step_epochs;
+    sc.gamma = cfg.schedule.gamma;
+    sc.min_lr = cfg.schedule.min_lr;
+    schedule = std::make_unique<LrSchedule>(sc, steps_per_epoch(), steps_per_epoch() * cfg.train.epochs);
+  }
+
+  std::int64_t global_batch() const { return static_cast<std::int64_t>(cfg.data.batch_size) * grid.dp_size(); }
+  std::int64_t steps_per_epoch() const { return loader->steps_per_epoch(); }
+
+  EvalResult evaluate(const std::string& path) {
+    data::LoaderOptions lo;
+    std::int64_t n = 0;
+    run_agreed(world, "opening the test data", [&] {
+      lo.files = data::find_split_files(path, "test");
+      for (auto& f : lo.files) n += data::read_file_info(f).count;
+    });
+    lo.batch_size = std::max<std::int64_t>(1, std::min<std::int64_t>(256, n / grid.dp_size()));
+    lo.shuffle = false;
+    lo.tail = data::TailPolicy::pad;
+    lo.seed = cfg.train.seed;
+    data::Loader test(lo, grid.dp());
+    double loss_sum = 0;
+    std::int64_t correct = 0, count = 0;
+    while (auto b = test.next()) {
+      auto [l, c] = pm->eval_batch(b->images, b->labels, b->valid);
+      loss_sum += l;
+      correct += c;
+      if (grid.last_stage()) count += b->valid;
+    }
+    std::vector<double> v = {loss_sum, static_cast<double>(correct), static_cast<double>(count)};
+    allreduce(v.data(), v.data(), v.size(), DType::f64, ReduceOp::sum, world);
+    RT_CHECK(v[2] == static_cast<double>(n), "evaluation saw ", v[2], " samples of ", n);
+    return {v[0] / v[2], v[1] / v[2], static_cast<std::int64_t>(v[2])};
+  }
+
+  TrainResult fit() {
+    TrainResult res;
+    std::string metrics = cfg.log.metrics;
+    if (metrics.empty() && !cfg.checkpoint.dir.empty()) metrics = cfg.checkpoint.dir + "/metrics.jsonl";
+    reporter = std::make_unique<Reporter>(world.rank() == 0 && hooks.report, cfg.log.format, cfg.log.interval,
+                                          hooks.report ? metrics : "", cfg.train.epochs, steps_per_epoch());
+    if (world.rank() == 0 && hooks.report) {
+      std::string bal;
+      for (int b : pm->balance()) bal += cat(bal.empty() ? "" : ", ", b);
+      log::info("ringtrain: ", cfg.model.name, " (", num_params, " parameters) on ", world.size(), " rank(s) = ",
+                grid.dp_size(), " DP x ", grid.pp_size(), " PP stages (layers [", bal, "]), schedule ",
+                cfg.parallel.schedule, ", ", pm->balance().size() ? "" : "", "batch ", cfg.data.batch_size,
+                "/replica in ", cfg.data.batch_size / std::max(1, cfg.parallel.micro_batches > 0 ? cfg.parallel.micro_batches : cfg.parallel.pipeline),
+                "-sample micro-batches (global ", global_batch(), "), ", steps_per_epoch(), " steps/epoch");
+      nlohmann::json head = {{"event", "start"}, {"model", cfg.model.name}, {"params", num_params},
+                             {"ranks", world.size()}, {"pipeline", grid.pp_size()}, {"data_parallel", grid.dp_size()},
+                             {"schedule", cfg.parallel.schedule}, {"global_batch", global_batch()},
+                             {"steps_per_epoch", steps_per_epoch()}, {"config", cfg.to_toml()}};
+      reporter->json_line(head.dump());
+    }
+    auto run_t0 = Clock::now();
+    for (int epoch = static_cast<int>(epochs_done); epoch < cfg.train.epochs; ++epoch) {
+      if (cfg.train.max_steps > 0 && step >= cfg.train.max_steps) break;
+      reporter->epoch_start(epoch);
+      loader->set_epoch(epoch);
+      const double wait0 = loader->wait_seconds();
+      double loss_sum = 0, compute = 0, bubble = 0;
+      std::int64_t steps = 0, correct = 0, seen = 0;
+      auto t0 = Clock::now();
+      for (std::int64_t s = 0; s < steps_per_epoch(); ++s) {
+        if (cfg.train.max_steps > 0 && step >= cfg.train.max_steps) break;
+        std::optional<data::Batch> b = loader->next();
+        RT_CHECK(b.has_value(), grid.tag(), " training data ended inside an epoch");
+        PipeStepResult r = pm->train_step(b->images, b->labels, schedule->lr_at(step));
+        RT_CHECK(std::isfinite(r.loss), "training diverged: loss is ", r.loss, " at step ", step);
+        ++step;
+        ++steps;
+        loss_sum += r.loss;
+        correct += r.correct;
+        seen += r.seen;
+        compute += r.timing.busy_s;
+        bubble += r.timing.bubble();
+        if (hooks.on_step) hooks.on_step(step, r.loss);
+        reporter->step(s + 1, r.loss, static_cast<double>(global_batch()) * (s + 1) / since(t0));
+      }
+      EpochMetrics m;
+      m.epoch = epoch;
+      m.step = step;
+      m.lr = schedule->lr_at(std::max<std::int64_t>(0, step - 1));
+      m.time_s = since(t0);
+      m.compute_s = compute;
+      m.comm_exposed_s = m.time_s - compute;  // bubble and communication together
+      m.data_wait_s = loader->wait_seconds() - wait0;
+      m.train_loss = steps ? loss_sum / steps : 0;
+      m.train_accuracy = seen ? double(correct) / double(seen) : 0;
+      m.images_per_s = m.time_s > 0 ? double(global_batch()) * steps / m.time_s : 0;
+      if (world.rank() == 0 && steps) log::debug("pipeline bubble (stage 0, mean over steps): ", bubble / steps);
+      if (hooks.evaluate) {
+        auto te = Clock::now();
+        EvalResult ev = evaluate(cfg.data.test);
+        m.evaluated = true;
+        m.test_loss = ev.loss;
+        m.test_accuracy = ev.accuracy;
+        m.eval_s = since(te);
+        res.best_test_accuracy = std::max(res.best_test_accuracy, ev.accuracy);
+        if (cfg.train.target_accuracy > 0 && res.target_epoch < 0 && ev.accuracy >= cfg.train.target_accuracy) {
+          res.target_epoch = epoch + 1;
+          res.target_time_s = since(run_t0);
+        }
+      }
+      reporter->epoch_end(m);
+      epochs_done = epoch + 1;
+      save_checkpoint();
+      res.last = m;
+    }
+    res.steps = step;
+    return res;
+  }
+
+  // World rank 0 gathers every stage's state (from DP rank 0) and writes.
+  void save_checkpoint() {
+    if (cfg.checkpoint.dir.empty()) return;
+    const int done = static_cast<int>(epochs_done);
+    if (done % cfg.checkpoint.every_epochs != 0 && done != cfg.train.epochs) return;
+    MPI_Comm c = world.handle("gathering a pipeline checkpoint");
+    Named mine = pm->named_state();
+    if (grid.dp_rank() == 0 && grid.pp_rank() > 0) send_named(mine, 0, c);
+    std::string path;
+    run_on_root(world, "writing a checkpoint", [&] {
+      CheckpointData d;
+      Named all = mine;
+      for (int s = 1; s < grid.pp_size(); ++s) {
+        Named part = recv_named(grid.world_rank_of(0, 0, s), c);
+        all.insert(all.end(), part.begin(), part.end());
+      }
+      std::set<std::string> seen;  // "optim/step" comes from every stage (all equal): keep one
+      for (auto& [name, t] : all)
+        if (seen.insert(name).second) d.tensors.emplace_back(file_name(name), t);
+      d.scalars = {{"epochs_done", epochs_done}, {"step", step}, {"ranks", world.size()},
+                   {"seed", static_cast<std::int64_t>(cfg.train.seed)}, {"pipeline", grid.pp_size()}};
+      d.config_toml = cfg.to_toml();
+      path = CheckpointDir(cfg.checkpoint.dir, cfg.checkpoint.keep).save(done, d);
+    });
+    if (world.rank() == 0) log::info("checkpoint written: ", path);
+  }
+
+  // Every rank reads the file and takes the names its stage owns.
+  void load(const std::string& path, bool with_optimizer) {
+    run_agreed(world, "loading a checkpoint", [&] {
+      std::string file = path;
+      if (std::filesystem::is_directory(path)) {
+        file = CheckpointDir(path, 1).latest();
+        RT_CHECK(!file.empty(), "no checkpoint (ckpt-*.h5) in directory '", path, "'");
+      }
+      CheckpointData ck = read_checkpoint(file);
+      for (auto& [name, t] : pm->named_state()) {
+        if (!with_optimizer && name.rfind("optim/", 0) == 0) continue;
+        restore_tensor(ck, file_name(name), t);
+      }
+      if (with_optimizer) {
+        epochs_done = ck.scalars.at("epochs_done");
+        step = ck.scalars.at("step");
+      }
+      if (world.rank() == 0) log::info("loaded checkpoint ", file, " (epoch ", epochs_done, ", step ", step, ")");
+    });
+  }
+};
+
+PipelineTrainer::PipelineTrainer(const TrainConfig& cfg, const Communicator& world, const TrainerHooks& hooks)
+    : impl_(std::make_unique<Impl>(cfg, world, hooks)) {}
+PipelineTrainer::~PipelineTrainer() { log::set_prefix(""); }
+TrainResult PipelineTrainer::fit() { return impl_->fit(); }
+EvalResult PipelineTrainer::evaluate(const std::string& path) { return impl_->evaluate(path); }
+void PipelineTrainer::load(const std::string& path, bool with_optimizer) { impl_->load(path, with_optimizer); }
+
+}  // namespace ringtrain

@@ -1,0 +1,96 @@
+// The trainer's pipeline path: `ringtrain train --set parallel.pipeline=<world>`
+// follows the 1-rank data-parallel trainer step for step (same data order,
+// same global batch), evaluates, and a checkpoint written by the pipeline
+// resumes to the same result as the uninterrupted run. Config errors name values.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "fixtures.hpp"
+#include "ringtrain/core/error.hpp"
+#include "ringtrain/train/trainer.hpp"
+
+using namespace ringtrain;
+
+namespace {
+
+std::vector<double> run(const TrainConfig& c, const Communicator& comm, TrainResult* out = nullptr,
+                        const std::string& resume = "") {
+  TrainerHooks hooks;
+  hooks.report = false;
+  std::vector<double> losses;
+  hooks.on_step = [&](std::int64_t, double l) { losses.push_back(l); };
+  Trainer t(c, comm, hooks);
+  if (!resume.empty()) t.resume(resume);
+  TrainResult r = t.fit();
+  if (out) *out = r;
+  return losses;
+}
+
+TEST(PipelineTrainer, FollowsTheOneRankTrainerAndResumes) {
+  Communicator world = Communicator::world();
+  if (world.size() < 2) GTEST_SKIP() << "needs 2+ ranks for a pipeline";
+  std::string data = test_fixtures::synthetic_mnist_like(world, "pipetrain", 384, 64);
+  TrainConfig c = test_fixtures::small_config(data);
+  c.data.batch_size = 16;
+  c.train.epochs = 2;
+  c.schedule.name = "constant";
+  c.optimizer.lr = 0.01;  // a calm run: rounding differences must not be amplified by chaos
+  // The reference: the unpipelined trainer on this rank alone.
+  Communicator self = world.split(world.rank(), 0, "self");
+  TrainResult ref_r;
+  std::vector<double> ref = run(c, self, &ref_r);
+
+  TrainConfig p = c;
+  p.parallel.pipeline = world.size();
+  p.parallel.micro_batches = 4;
+  p.parallel.schedule = "zb-h1";
+  p.checkpoint.dir = data + "/pipe-full";
+  TrainResult pr;
+  std::vector<double> got = run(p, world, &pr);
+  ASSERT_EQ(got.size(), ref.size());
+  for (std::size_t i = 0; i < ref.size(); ++i)
+    EXPECT_NEAR(got[i], ref[i], 1e-4 * std::abs(ref[i])) << "step " << i << " rel " << (got[i] - ref[i]) / ref[i];
+  EXPECT_NEAR(pr.last.test_accuracy, ref_r.last.test_accuracy, 0.02);
+  EXPECT_NEAR(pr.last.test_loss, ref_r.last.test_loss, 1e-3 * ref_r.last.test_loss);
+
+  // Stop after epoch 1, resume (same pipeline), finish: the same losses as the uninterrupted run.
+  TrainConfig cut = p;
+  cut.checkpoint.dir = data + "/pipe-cut";
+  cut.train.max_steps = static_cast<int>(ref.size() / 2);
+  run(cut, world);
+  world.barrier();
+  cut.train.max_steps = 0;
+  std::vector<double> rest = run(cut, world, nullptr, cut.checkpoint.dir);
+  ASSERT_EQ(rest.size(), ref.size() / 2);
+  for (std::size_t i = 0; i < rest.size(); ++i)
+    EXPECT_EQ(rest[i], got[ref.size() / 2 + i]) << "resumed step " << i;
+}
+
+TEST(PipelineTrainer, BadParallelConfigIsAnErrorNamingTheValues) {
+  Communicator world = Communicator::world();
+  std::string data = test_fixtures::synthetic_mnist_like(world, "pipeerr", 128, 32);
+  TrainConfig c = test_fixtures::small_config(data);
+  c.data.batch_size = 16;
+  c.parallel.pipeline = 2;
+  c.parallel.micro_batches = 3;
+  EXPECT_THROW(c.validate(), Error);
+  c.parallel.micro_batches = 4;
+  c.parallel.tensor = 2;
+  EXPECT_THROW(c.validate(), Error);
+  c.parallel.tensor = 1;
+  if (world.size() % 2 == 1) {
+    TrainerHooks h;
+    h.report = false;
+    try {
+      Trainer t(c, world, h);
+      ADD_FAILURE() << "pipeline 2 on " << world.size() << " ranks must fail";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("parallel.pipeline = 2"), std::string::npos) << e.what();
+    }
+  }
+  c.parallel.pipeline = 6;  // cnn has 5 top-level layers
+  if (world.size() % 6 == 0) EXPECT_THROW(Trainer(c, world, TrainerHooks{}), Error);
+}
+
+}  // namespace
