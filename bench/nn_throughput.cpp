@@ -6,7 +6,7 @@
 // achieved GFLOP/s of conv/linear math (3x forward FLOPs) against the core's
 // FMA peak, measured here with an FMA-bound loop.
 //
-//   bench_nn_throughput [--models cnn,resnet] [--batch 64] [--threads 1]
+//   bench_nn_throughput [--models cnn,resnet,vit] [--batch 64] [--threads 1]
 //                       [--rounds 3] [--iters 20] [--warmup 5] [--profile]
 //                       [--json out.json] [--csv out.csv] [--no-torch]
 #include <immintrin.h>
@@ -81,6 +81,13 @@ ModelConfig config_for(const std::string& name) {
     c.in_channels = 3;
     c.height = c.width = 32;
   }
+  if (name == "vit") {  // jobs/fashion_vit.toml's model: 49 tokens, width 64, 4 heads, 4 blocks
+    c.base_width = 64;
+    c.heads = 4;
+    c.depth = 4;
+    c.mlp_ratio = 2;
+    c.patch = 4;
+  }
   return c;
 }
 
@@ -139,7 +146,8 @@ Rate torch_round(const std::string& script, const ModelConfig& c, std::int64_t b
                     std::to_string(threads) + " --warmup " + std::to_string(warmup) + " --iters " +
                     std::to_string(iters) + " --in-channels " + std::to_string(c.in_channels) + " --size " +
                     std::to_string(c.height) + " --depth " + std::to_string(c.depth) + " --width " +
-                    std::to_string(c.base_width) + " 2>&1";
+                    std::to_string(c.base_width) + " --heads " + std::to_string(c.heads) + " --mlp-ratio " +
+                    std::to_string(c.mlp_ratio) + " --patch " + std::to_string(c.patch) + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return {};
   std::string out, last;
@@ -159,12 +167,12 @@ Rate torch_round(const std::string& script, const ModelConfig& c, std::int64_t b
 
 int main(int argc, char** argv) {
   CLI::App app{"ringtrain CPU training-step throughput vs PyTorch"};
-  std::string models = "cnn,resnet", json_path, csv_path;
+  std::string models = "cnn,resnet,vit", json_path, csv_path;
   std::int64_t batch = 64;
   int threads = 1, rounds = 3, iters = 20, warmup = 5;
   bool no_torch = false, do_profile = false;
   std::string script = (std::filesystem::path(__FILE__).parent_path() / "reference" / "torch_throughput.py").string();
-  app.add_option("--models", models, "comma-separated: mlp, cnn, resnet");
+  app.add_option("--models", models, "comma-separated: mlp, cnn, resnet, vit");
   app.add_option("--batch", batch, "images per step");
   app.add_option("--threads", threads, "OpenMP/OpenBLAS threads (both frameworks)");
   app.add_option("--rounds", rounds, "alternating ringtrain/PyTorch measurement rounds");

@@ -58,6 +58,46 @@ class CudaBackend final : public Backend {
     return std::make_unique<CudaEltwise>(sh_, op, dt);
   }
 
+  std::unique_ptr<LayerNormKernel> layernorm(const LayerNormSpec& s) override { return make_layernorm(sh_, s); }
+  std::unique_ptr<AttentionKernel> attention(const AttentionSpec& s) override { return make_attention(sh_, s); }
+
+  void patchify(const Tensor& x, std::int64_t p, Tensor& out) override { patches(x, p, out, true); }
+  void unpatchify(const Tensor& dout, std::int64_t p, Tensor& dx) override { patches(dx, p, dout, false); }
+  void add_broadcast(const Tensor& x, const Tensor& b, Tensor& out) override {
+    expect_cuda(x, x.dtype(), "add_broadcast", "x");
+    expect_cuda(b, x.dtype(), "add_broadcast", "b");
+    expect_cuda(out, x.dtype(), "add_broadcast", "out");
+    const std::int64_t m = b.numel(), rows = m > 0 ? x.numel() / m : 0;
+    RT_CHECK(m > 0 && rows * m == x.numel() && out.numel() == x.numel(), "add_broadcast: ", shape_str(b.shape()),
+             " does not broadcast over ", shape_str(x.shape()));
+    cudaStream_t s = sh_->ctx(x).compute();
+    if (out.raw() != x.raw()) RT_CUDA(cudaMemcpyAsync(out.raw(), x.raw(), x.nbytes(), cudaMemcpyDeviceToDevice, s));
+    bias_add(out.raw(), b.raw(), rows, m, 1, false, x.dtype(), s);
+  }
+  void sum_leading(const Tensor& dy, Tensor& db, bool accumulate) override {
+    expect_cuda(dy, dy.dtype(), "sum_leading", "dy");
+    expect_cuda(db, dy.dtype(), "sum_leading", "db");
+    const std::int64_t m = db.numel(), rows = m > 0 ? dy.numel() / m : 0;
+    RT_CHECK(m > 0 && rows * m == dy.numel(), "sum_leading: ", shape_str(db.shape()), " does not divide ",
+             shape_str(dy.shape()));
+    column_sum(dy.raw(), db.raw(), rows, m, accumulate, dy.dtype(), sh_->ctx(dy).compute());
+  }
+  void token_mean(const Tensor& x, Tensor& y) override {
+    expect_cuda(x, x.dtype(), "token_mean", "x");
+    expect_cuda(y, x.dtype(), "token_mean", "y");
+    RT_CHECK(x.ndim() == 3 && y.numel() == x.dim(0) * x.dim(2), "token_mean: x ", shape_str(x.shape()),
+             " is not [N, T, D] or y ", shape_str(y.shape()), " is not [N, D]");
+    cuda::token_mean(x.raw(), y.raw(), x.dim(0), x.dim(1), x.dim(2), x.dtype(), sh_->ctx(x).compute());
+  }
+  void token_mean_backward(const Tensor& dy, Tensor& dx) override {
+    expect_cuda(dy, dy.dtype(), "token_mean backward", "dy");
+    expect_cuda(dx, dy.dtype(), "token_mean backward", "dx");
+    RT_CHECK(dx.ndim() == 3 && dy.numel() == dx.dim(0) * dx.dim(2), "token_mean backward: dx ",
+             shape_str(dx.shape()), " is not [N, T, D] or dy ", shape_str(dy.shape()), " is not [N, D]");
+    cuda::token_mean_backward(dy.raw(), dx.raw(), dx.dim(0), dx.dim(1), dx.dim(2), dy.dtype(),
+                              sh_->ctx(dy).compute());
+  }
+
   void add(const Tensor& a, const Tensor& b, Tensor& out) override {
     expect_cuda(a, a.dtype(), "add", "a");
     expect_cuda(b, a.dtype(), "add", "b");
@@ -134,6 +174,19 @@ class CudaBackend final : public Backend {
     LossSlots r = *host_.as<LossSlots>();
     RT_CHECK(!r.bad_label, what, ": a label is outside [0, ", a.classes, ")");
     return r;
+  }
+
+  // img [N, C, H, W] <-> tokens [N, T, C*p*p]
+  void patches(const Tensor& img, std::int64_t p, const Tensor& tokens, bool to_tokens) {
+    const char* what = to_tokens ? "patchify" : "unpatchify";
+    expect_cuda(img, img.dtype(), what, "image");
+    expect_cuda(tokens, img.dtype(), what, "tokens");
+    RT_CHECK(img.ndim() == 4 && p > 0 && img.dim(2) % p == 0 && img.dim(3) % p == 0 &&
+                 tokens.numel() == img.numel(),
+             what, ": image ", shape_str(img.shape()), " and tokens ", shape_str(tokens.shape()), " do not match ",
+             p, "x", p, " patches");
+    cuda::patch_copy(img.raw(), tokens.raw(), img.dim(0), img.dim(1), img.dim(2), img.dim(3), p, to_tokens,
+                     img.dtype(), sh_->ctx(img).compute());
   }
 
   SharedPtr sh_;

@@ -64,5 +64,7 @@ std::unique_ptr<Conv2dKernel> make_conv2d(SharedPtr sh, const Conv2dSpec& s);
 std::unique_ptr<LinearKernel> make_linear(SharedPtr sh, const LinearSpec& s);
 std::unique_ptr<BatchNormKernel> make_batchnorm(SharedPtr sh, const BatchNormSpec& s);
 std::unique_ptr<Pool2dKernel> make_pool2d(SharedPtr sh, const Pool2dSpec& s);
+std::unique_ptr<LayerNormKernel> make_layernorm(SharedPtr sh, const LayerNormSpec& s);
+std::unique_ptr<AttentionKernel> make_attention(SharedPtr sh, const AttentionSpec& s);
 
 }  // namespace ringtrain::cuda::nnimpl

@@ -52,6 +52,35 @@ void bias_add(void* y, const void* b, std::int64_t outer, std::int64_t channels,
 void bias_grad(void* db, const void* dy, std::int64_t outer, std::int64_t channels, std::int64_t inner,
                bool accumulate, DType dt, cudaStream_t stream);
 
+// ---- transformer (kernels/transformer.cu) -------------------------------------
+// LayerNorm over the last dimension of [rows, d]; mean/rstd: float [rows]
+// device arrays kept for the backward. Statistics and sums in float.
+void layernorm_forward(const void* x, const void* gamma, const void* beta, void* y, float* mean, float* rstd,
+                       std::int64_t rows, std::int64_t d, float eps, DType dt, cudaStream_t stream);
+// dx (may be null), dgamma and dbeta (overwritten, or added to when accumulate).
+// scratch: layernorm_scratch_bytes(rows, d) device bytes.
+std::size_t layernorm_scratch_bytes(std::int64_t rows, std::int64_t d);
+void layernorm_backward(const void* x, const void* gamma, const void* dy, const float* mean, const float* rstd,
+                        void* dx, void* dgamma, void* dbeta, std::int64_t rows, std::int64_t d, bool accumulate,
+                        DType dt, void* scratch, cudaStream_t stream);
+// out[c] (+)= sum over r of in[r, c] ([rows, cols]), in a fixed order (deterministic).
+void column_sum(const void* in, void* out, std::int64_t rows, std::int64_t cols, bool accumulate, DType dt,
+                cudaStream_t stream);
+// Softmax of each row of p [rows, cols] in place, the row maximum subtracted
+// first; backward: dp := p * (dp - sum(dp * p)) per row, in place.
+void softmax_rows(void* p, std::int64_t rows, std::int64_t cols, DType dt, cudaStream_t stream);
+void softmax_rows_backward(const void* p, void* dp, std::int64_t rows, std::int64_t cols, DType dt,
+                           cudaStream_t stream);
+// img [n, c, h, w] <-> tokens [n, (h/p)(w/p), c*p*p] (Backend::patchify's layout);
+// to_tokens copies img into tokens, else tokens into img.
+void patch_copy(void* img, void* tokens, std::int64_t n, std::int64_t c, std::int64_t h, std::int64_t w,
+                std::int64_t p, bool to_tokens, DType dt, cudaStream_t stream);
+// y [n, d] = mean over t of x [n, t, d]; backward dx[n, t, :] = dy[n, :] / t.
+void token_mean(const void* x, void* y, std::int64_t n, std::int64_t t, std::int64_t d, DType dt,
+                cudaStream_t stream);
+void token_mean_backward(const void* dy, void* dx, std::int64_t n, std::int64_t t, std::int64_t d, DType dt,
+                         cudaStream_t stream);
+
 // ---- non-finite detection ----------------------------------------------------
 // Sets *flag = 1 if any element of x is inf or NaN (never clears it).
 void check_finite(const void* x, std::size_t n, DType dt, int* flag, cudaStream_t stream);
