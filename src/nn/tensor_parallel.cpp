@@ -106,6 +106,24 @@ Tensor shard_of(const Tensor& whole, const ShardSpec& s) {
 
 void place_shard(const Tensor& local, const ShardSpec& s, Tensor& whole) { shard_copy(s, whole, local, false); }
 
+Tensor gather_whole(const Tensor& local, const ShardSpec& s, const TensorGroup& g) {
+  RT_CHECK(s.parts == g.size && s.index == g.rank, "gather_whole: shard ", s.index, " of ", s.parts,
+           " does not match tensor rank ", g.rank, " of ", g.size);
+  need_host(local, "gather_whole");
+  Tensor whole = Tensor::empty(s.global, local.dtype());
+  Tensor parts = Tensor::empty({g.size * local.numel()}, local.dtype());
+  if (g.size == 1)
+    parts.copy_from(local.reshape({local.numel()}));
+  else
+    allgather(local.raw(), std::size_t(local.numel()), parts.raw(), local.dtype(), g.comm);
+  for (int r = 0; r < g.size; ++r) {
+    ShardSpec sr = s;
+    sr.index = r;
+    place_shard(parts.flat_view(r * local.numel(), local.numel()), sr, whole);
+  }
+  return whole;
+}
+
 void check_tensor_divides(std::int64_t value, const char* key, const TensorGroup& g, const char* model) {
   RT_CHECK(value % g.size == 0, "model '", model, "': ", key, " = ", value, " is not divisible by parallel.tensor = ",
            g.size);

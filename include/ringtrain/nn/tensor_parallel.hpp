@@ -39,6 +39,8 @@ void tp_split_last(const Tensor& whole, Tensor& local, const TensorGroup& g);   
 Tensor shard_of(const Tensor& whole, const ShardSpec& s);
 // Writes `local` (part s.index) into its place in `whole`.
 void place_shard(const Tensor& local, const ShardSpec& s, Tensor& whole);
+// The whole tensor from every rank's part (collective over g; s is this rank's spec).
+Tensor gather_whole(const Tensor& local, const ShardSpec& s, const TensorGroup& g);
 // Split of `global` into `parts` along `dim` for part `index`.
 ShardSpec make_shard(const Shape& global, int dim, int parts, int index, int blocks = 1);
 

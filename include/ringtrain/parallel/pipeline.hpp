@@ -17,6 +17,7 @@
 //    the world (every rank gets them).
 //  - CPU only for now (the stage transfers read host memory): another device
 //    is an Error naming train.device.
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -64,6 +65,12 @@ class PipelineModel final : private PipeOps {
   // This stage's part of the model state, per parameter (checkpoint layout of
   // train/state.hpp): "param/<name>", "buffer/<name>", "optim/<slot>/<name>", "optim/step".
   std::vector<std::pair<std::string, Tensor>> named_state();
+  // The same names with tensor-parallel shards gathered WHOLE (collective over
+  // grid.tp(); src/parallel/tensor_state.cpp), so a checkpoint does not depend on
+  // parallel.tensor; restore_whole_state hands each whole tensor to `fill` and
+  // keeps this rank's part (no communication). fill returns false to leave a name as it is.
+  std::vector<std::pair<std::string, Tensor>> whole_state();
+  void restore_whole_state(const std::function<bool(const std::string&, Tensor& whole)>& fill);
 
  private:
   Tensor load(int mb) override;
