@@ -124,6 +124,19 @@ Tensor gather_whole(const Tensor& local, const ShardSpec& s, const TensorGroup& 
   return whole;
 }
 
+double tensor_grad_sq_norm(const ParamArena& a, int tensor_rank) {
+  double sq = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (!a.info(i).shard.sharded() && tensor_rank != 0) continue;
+    Tensor g = a.grad(i);
+    need_host(g, "gradient norm");
+    RT_CHECK(g.dtype() == DType::f32, "gradient norm: parameter '", a.info(i).name, "' is not float32");
+    const float* p = g.data<float>();
+    for (std::int64_t k = 0; k < g.numel(); ++k) sq += double(p[k]) * double(p[k]);
+  }
+  return sq;
+}
+
 void check_tensor_divides(std::int64_t value, const char* key, const TensorGroup& g, const char* model) {
   RT_CHECK(value % g.size == 0, "model '", model, "': ", key, " = ", value, " is not divisible by parallel.tensor = ",
            g.size);

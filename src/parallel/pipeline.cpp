@@ -112,7 +112,10 @@ void PipelineModel::reduce_grads() {
   handles_.clear();
 }
 
-void PipelineModel::optimizer_step() { opt_->step(lr_); }
+void PipelineModel::optimizer_step() {
+  if (pc_.clip_norm > 0) clip_grads(pc_.clip_norm);
+  opt_->step(lr_);
+}
 
 PipeStepResult PipelineModel::train_step(const Tensor& images, const Tensor& labels, double lr) {
   if (grid_.first_stage())

@@ -1,6 +1,9 @@
 // PipelineModel's checkpoint state with tensor-parallel shards whole: the file
 // layout ("param/<name>", "optim/<slot>/<name>") is the same at any
 // parallel.tensor, so a run saved at tensor 2 resumes at tensor 1 and back.
+#include <cmath>
+
+#include "ringtrain/comm/collectives.hpp"
 #include "ringtrain/nn/tensor_parallel.hpp"
 #include "ringtrain/parallel/pipeline.hpp"
 
@@ -45,6 +48,20 @@ void PipelineModel::restore_whole_state(const std::function<bool(const std::stri
     Tensor whole = Tensor::empty(s->global, local.dtype());
     if (fill(name, whole)) local.copy_from(shard_of(whole, *s));
   }
+}
+
+double PipelineModel::clip_grads(double max_norm) {
+  double sq = tensor_grad_sq_norm(stage_->arena(), grid_.tp_rank());
+  if (grid_.tp_size() > 1) allreduce(&sq, &sq, 1, DType::f64, ReduceOp::sum, grid_.tp());
+  if (grid_.pp_size() > 1) allreduce(&sq, &sq, 1, DType::f64, ReduceOp::sum, grid_.pp());
+  const double norm = std::sqrt(sq), scale = max_norm / (norm + 1e-6);
+  if (scale < 1)
+    for (DType dt : stage_->arena().dtypes()) {
+      Tensor g = stage_->arena().grads_flat(dt);
+      float* p = g.data<float>();
+      for (std::int64_t k = 0; k < g.numel(); ++k) p[k] = static_cast<float>(p[k] * scale);
+    }
+  return norm;
 }
 
 }  // namespace ringtrain

@@ -89,7 +89,6 @@ struct PipelineTrainer::Impl {
     RT_CHECK(cfg.train.device != "cuda", "parallel.pipeline > 1 runs on the CPU for now (set train.device = cpu)");
     RT_CHECK(cfg.train.accumulation == 1, "parallel.pipeline > 1: use parallel.micro_batches, not train.accumulation");
     RT_CHECK(cfg.train.precision == "fp32", "parallel.pipeline > 1 supports train.precision = fp32 only for now");
-    RT_CHECK(cfg.optimizer.clip_norm == 0, "parallel.pipeline > 1 does not support optimizer.clip_norm yet");
     int threads = cfg.train.threads;
     if (threads <= 0) threads = std::getenv("OMP_NUM_THREADS") ? std::max(1, std::atoi(std::getenv("OMP_NUM_THREADS"))) : 1;
     omp_set_num_threads(threads);
@@ -123,6 +122,7 @@ struct PipelineTrainer::Impl {
     pc.partition = parse_partition(cfg.parallel.partition);
     if (pc.partition == PartitionKind::list) pc.balance = parse_balance(cfg.parallel.balance);
     pc.batch = cfg.data.batch_size;
+    pc.clip_norm = cfg.optimizer.clip_norm;
     pc.engine.fusion_threshold = static_cast<std::size_t>(cfg.comm.fusion_threshold);
     pc.engine.cycle_time_ms = cfg.comm.cycle_time_ms;
     pc.engine.fp16_allreduce = cfg.comm.fp16_allreduce;

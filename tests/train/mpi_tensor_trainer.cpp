@@ -71,6 +71,14 @@ TEST(TensorTrainer, FollowsTheOneRankTrainerAndReshardsCheckpoints) {
     tp.train.max_steps = static_cast<int>(ref.size() / 2);
     run(tp, world);
     world.barrier();
+    // Global-norm clipping over tensor shards and stages (replicated parameters counted once).
+    TrainConfig clip = c, clip_tp = c;
+    clip.optimizer.clip_norm = clip_tp.optimizer.clip_norm = 0.05;
+    clip_tp.parallel.tensor = 2;
+    clip_tp.parallel.pipeline = w / 2;
+    const std::vector<double> ref_clip = run(clip, self);
+    EXPECT_GT(std::abs(ref_clip.back() - ref.back()), 1e-4 * ref.back()) << name << ": clipping must be active";
+    expect_follows(run(clip_tp, world), ref_clip, 0, std::string(name) + " clipped, tensor 2 x pipeline w/2");
     TrainConfig r = c;
     r.parallel.tensor = w;
     expect_follows(run(r, world, tp.checkpoint.dir), ref, ref.size() / 2, std::string(name) + " resumed at tensor w");

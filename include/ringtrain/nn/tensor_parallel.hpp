@@ -130,6 +130,11 @@ class RowParallelLinear : public Layer {
 // every tensor rank) are replicated. Errors name model.heads / model.mlp_ratio.
 LayerPtr tensor_parallel_block(const std::string& name, const TransformerBlockSpec& s, const TensorGroup& g);
 
+// This rank's share of the squared global gradient norm: sharded parameters
+// fully, replicated ones only on tensor rank 0 (every tensor rank holds the
+// same copy), so summing over the tensor group counts each element once.
+double tensor_grad_sq_norm(const ParamArena& arena, int tensor_rank);
+
 // Divisibility checks with errors naming the configuration key and values.
 void check_tensor_divides(std::int64_t value, const char* key, const TensorGroup& g, const char* model);
 
