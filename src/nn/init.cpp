@@ -7,11 +7,9 @@
 
 namespace ringtrain::detail {
 
-void init_weight(const ParamArena& arena, std::size_t index, Init kind, double fan_in, double fan_out,
-                 std::uint64_t seed) {
-  Tensor p = arena.param(index);
-  RT_CHECK(p.dtype() == DType::f32, "init of parameter '", arena.info(index).name, "': only float32 is supported");
-  std::vector<float> host(static_cast<std::size_t>(p.numel()));
+std::vector<float> init_values(std::size_t numel, std::size_t index, Init kind, double fan_in, double fan_out,
+                               std::uint64_t seed) {
+  std::vector<float> host(numel);
   const std::uint64_t stream = 0x1000 + index;
   const double two_pi = 6.283185307179586;
   auto uni = [&](std::size_t i) { return static_cast<double>(counter_uniform(seed, stream, i)); };
@@ -33,6 +31,14 @@ void init_weight(const ParamArena& arena, std::size_t index, Init kind, double f
       break;
     }
   }
+  return host;
+}
+
+void init_weight(const ParamArena& arena, std::size_t index, Init kind, double fan_in, double fan_out,
+                 std::uint64_t seed) {
+  Tensor p = arena.param(index);
+  RT_CHECK(p.dtype() == DType::f32, "init of parameter '", arena.info(index).name, "': only float32 is supported");
+  std::vector<float> host = init_values(static_cast<std::size_t>(p.numel()), index, kind, fan_in, fan_out, seed);
   p.copy_from(Tensor::wrap(host.data(), p.shape(), DType::f32));
 }
 

@@ -6,6 +6,7 @@
 
 #include "ringtrain/nn/layers.hpp"
 #include "ringtrain/nn/model.hpp"
+#include "ringtrain/nn/tensor_parallel.hpp"
 #include "vit.hpp"
 
 namespace ringtrain {
@@ -50,11 +51,21 @@ std::vector<LayerPtr> build_layers(const ModelConfig& c, bool fuse_pool) {
            "': in_channels, height and width must be positive");
   RT_CHECK(c.classes > 1, "model '", c.name, "': needs at least 2 classes, got ", c.classes);
   RT_CHECK(c.dropout >= 0 && c.dropout < 1, "model '", c.name, "': dropout must be in [0, 1), got ", c.dropout);
+  RT_CHECK(c.tensor.size == 1 || c.name == "mlp" || c.name == "vit", "model '", c.name,
+           "' has no tensor-parallel layers: parallel.tensor = ", c.tensor.size, " needs model.name mlp or vit");
   std::vector<LayerPtr> L;
   if (c.name == "mlp") {
     L.push_back(std::make_unique<Flatten>("flatten"));
-    L.push_back(linear("fc1", c.in_channels * c.height * c.width, 256, true));
-    L.push_back(linear("fc2", 256, 128, true));
+    if (c.tensor.size > 1) {  // fc1 column-parallel, fc2 row-parallel: one all-reduce each way
+      check_tensor_divides(256, "the hidden width of fc1", c.tensor, "mlp");
+      const auto& g = c.tensor;
+      L.push_back(std::make_unique<ColumnParallelLinear>(
+          "fc1", LinearSpec{c.in_channels * c.height * c.width, 256, true, true}, Init::kaiming_normal, g));
+      L.push_back(std::make_unique<RowParallelLinear>("fc2", LinearSpec{256, 128, true, true}, Init::kaiming_normal, g));
+    } else {
+      L.push_back(linear("fc1", c.in_channels * c.height * c.width, 256, true));
+      L.push_back(linear("fc2", 256, 128, true));
+    }
     if (c.dropout > 0) L.push_back(std::make_unique<Dropout>("dropout", c.dropout));
     L.push_back(linear("fc3", 128, c.classes, false));
   } else if (c.name == "cnn") {

@@ -39,6 +39,20 @@ void ParamArena::finalize(Device dev) {
   finalized_ = true;
 }
 
+void ParamArena::set_shard(std::size_t i, ShardSpec s) {
+  ParamInfo& p = infos_.at(i);
+  RT_CHECK(s.dim >= 0 && s.dim < int(p.shape.size()) && s.global.size() == p.shape.size() && s.parts >= 1 &&
+               s.index >= 0 && s.index < s.parts && s.blocks >= 1,
+           "parameter '", p.name, "': invalid shard (dim ", s.dim, ", part ", s.index, " of ", s.parts, ")");
+  for (std::size_t d = 0; d < p.shape.size(); ++d) {
+    const std::int64_t want = int(d) == s.dim ? s.global[d] / s.parts : s.global[d];
+    RT_CHECK(p.shape[d] == want && (int(d) != s.dim || s.global[d] % (std::int64_t(s.parts) * s.blocks) == 0),
+             "parameter '", p.name, "': local shape ", shape_str(p.shape), " is not part of ", shape_str(s.global),
+             " split ", s.parts, " ways along dim ", s.dim);
+  }
+  p.shard = std::move(s);
+}
+
 std::size_t ParamArena::index_of(const std::string& name) const {
   for (std::size_t i = 0; i < infos_.size(); ++i)
     if (infos_[i].name == name) return i;

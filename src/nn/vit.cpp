@@ -9,7 +9,7 @@
 // model.mlp_ratio, model.patch, model.depth); errors name the key.
 #include "vit.hpp"
 
-#include "ringtrain/nn/transformer.hpp"
+#include "ringtrain/nn/tensor_parallel.hpp"
 
 namespace ringtrain {
 
@@ -31,7 +31,9 @@ std::vector<LayerPtr> vit_layers(const ModelConfig& c) {
   bs.heads = c.heads;
   bs.mlp_ratio = c.mlp_ratio;
   bs.dropout = c.dropout;
-  for (int i = 0; i < c.depth; ++i) L.push_back(transformer_block(cat("blocks.", i), bs));
+  for (int i = 0; i < c.depth; ++i)
+    L.push_back(c.tensor.size > 1 ? tensor_parallel_block(cat("blocks.", i), bs, c.tensor)
+                                   : transformer_block(cat("blocks.", i), bs));
   L.push_back(std::make_unique<LayerNorm>("norm", dim));
   L.push_back(std::make_unique<TokenMean>("pool"));
   L.push_back(std::make_unique<Linear>("head", LinearSpec{dim, c.classes, true, false}, Init::xavier_uniform));

@@ -1,13 +1,12 @@
 #include "ringtrain/parallel/grid.hpp"
 
 #include "ringtrain/core/error.hpp"
+#include "ringtrain/core/log.hpp"
 
 namespace ringtrain {
 
 int ProcessGrid::data_parallel_size(int world_size, GridShape s) {
   RT_CHECK(s.tensor >= 1, "configuration key 'parallel.tensor' must be >= 1, got ", s.tensor);
-  RT_CHECK(s.tensor == 1, "configuration key 'parallel.tensor' = ", s.tensor,
-           ": tensor parallelism not available yet (use 1)");
   RT_CHECK(s.pipeline >= 1, "configuration key 'parallel.pipeline' must be >= 1, got ", s.pipeline);
   RT_CHECK(world_size % (s.pipeline * s.tensor) == 0, "parallel.pipeline = ", s.pipeline, " x parallel.tensor = ",
            s.tensor, " does not divide the ", world_size, " ranks of the job");
@@ -29,6 +28,10 @@ ProcessGrid ProcessGrid::make(const Communicator& world, GridShape s) {
   g.dp_comm_ = world.split(g.tp_ + g.pp_ * g.tp_size_, g.dp_, "dp");
   g.pp_comm_ = world.split(g.tp_ + g.dp_ * g.tp_size_, g.pp_, "pp");
   g.tp_comm_ = world.split(g.dp_ + g.pp_ * g.dp_size_, g.tp_, "tp");
+  // Two all-reduces per transformer block on the critical path: across nodes they cost far more.
+  if (g.tp_size_ > world.local_size() && world.rank() == 0)
+    log::warn("parallel.tensor = ", g.tp_size_, " is larger than the ", world.local_size(),
+              " ranks of a node: the tensor group's all-reduces cross nodes");
   return g;
 }
 

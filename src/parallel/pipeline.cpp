@@ -29,7 +29,9 @@ PipelineModel::PipelineModel(const ProcessGrid& grid, const ModelConfig& mc, con
              " is not divisible by parallel.micro_batches = ", pc.micro_batches);
   });
   mb_size_ = pc.batch / pc.micro_batches;
-  std::unique_ptr<Model> full = build_model(mc, dev);  // initial weights, shapes, costs
+  ModelConfig mc_tp = mc;  // parallel.tensor: mlp and vit split their layers over grid.tp()
+  mc_tp.tensor = TensorGroup::of(grid.tp());
+  std::unique_ptr<Model> full = build_model(mc_tp, dev);  // initial weights, shapes, costs
   run_agreed(grid.world(), "partitioning the model into stages", [&] {
     const int n = full->num_layers();
     switch (pc.partition) {
@@ -37,7 +39,7 @@ PipelineModel::PipelineModel(const ProcessGrid& grid, const ModelConfig& mc, con
       case PartitionKind::params: balance_ = balance_by_cost(layer_param_costs(*full), p); break;
       case PartitionKind::list: balance_ = check_balance_list(pc.balance, n, p); break;
       case PartitionKind::time: {
-        auto probe = build_model(mc, dev);  // profiling must not touch the initial state
+        auto probe = build_model(mc_tp, dev);  // profiling must not touch the initial state
         balance_ = balance_by_cost(layer_time_costs(*probe, mb_size_), p);
         break;
       }
@@ -61,7 +63,7 @@ PipelineModel::PipelineModel(const ProcessGrid& grid, const ModelConfig& mc, con
     out_mb = sh;
   }
   exec_ = std::make_unique<PipelineExecutor>(grid, pc.schedule, pc.micro_batches, in_mb, out_mb);
-  stage_ = std::make_unique<Stage>(mc, dev, first, end, exec_->slots(), *full);
+  stage_ = std::make_unique<Stage>(mc_tp, dev, first, end, exec_->slots(), *full);
   full.reset();
   opt_ = make_optimizer(stage_->arena(), oc);
   dlogits_.resize(exec_->slots());
@@ -110,7 +112,10 @@ void PipelineModel::reduce_grads() {
   handles_.clear();
 }
 
-void PipelineModel::optimizer_step() { opt_->step(lr_); }
+void PipelineModel::optimizer_step() {
+  if (pc_.clip_norm > 0) clip_grads(pc_.clip_norm);
+  opt_->step(lr_);
+}
 
 PipeStepResult PipelineModel::train_step(const Tensor& images, const Tensor& labels, double lr) {
   if (grid_.first_stage())
@@ -129,7 +134,7 @@ PipeStepResult PipelineModel::train_step(const Tensor& images, const Tensor& lab
   r.timing = exec_->run_step(*this);
   // Loss and accuracy from the last stages to everyone: one small all-reduce.
   double v[3] = {0, 0, 0};
-  if (grid_.last_stage()) {
+  if (grid_.last_stage() && grid_.tp_rank() == 0) {  // tensor ranks hold the same logits: count once
     v[0] = loss_sum_ / pc_.micro_batches;
     v[1] = static_cast<double>(correct_);
     v[2] = static_cast<double>(pc_.batch);

@@ -79,7 +79,7 @@ const std::vector<Field>& fields() {
       RT_FIELD(comm, deterministic, "static gradient buckets: bitwise-reproducible at any rank count"),
       RT_FIELD(comm, bucket_bytes, "gradient bucket size with comm.deterministic"),
       RT_FIELD(parallel, pipeline, "pipeline stages (data-parallel size = ranks / (pipeline x tensor))"),
-      RT_FIELD(parallel, tensor, "tensor-parallel size (reserved: must be 1)"),
+      RT_FIELD(parallel, tensor, "tensor-parallel size: mlp and vit split their layers over this many neighbouring ranks"),
       RT_FIELD(parallel, micro_batches, "micro-batches per step and replica (0 = pipeline); divides data.batch_size"),
       RT_FIELD(parallel, schedule, "afab | 1f1b | zb-h1"),
       RT_FIELD(parallel, partition, "uniform | params | time | list: how layers are cut into stages"),
@@ -279,8 +279,6 @@ void TrainConfig::validate() const {
   one_of("log.format", log.format, {"auto", "bar", "plain"});
   RT_CHECK(parallel.pipeline >= 1, "configuration key 'parallel.pipeline' must be >= 1, got ", parallel.pipeline);
   RT_CHECK(parallel.tensor >= 1, "configuration key 'parallel.tensor' must be >= 1, got ", parallel.tensor);
-  RT_CHECK(parallel.tensor == 1, "configuration key 'parallel.tensor' = ", parallel.tensor,
-           ": tensor parallelism not available yet");
   RT_CHECK(parallel.micro_batches >= 0, "configuration key 'parallel.micro_batches' must be >= 1 (0 = pipeline), got ",
            parallel.micro_batches);
   const int m = parallel.micro_batches > 0 ? parallel.micro_batches : parallel.pipeline;

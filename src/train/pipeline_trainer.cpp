@@ -89,7 +89,6 @@ struct PipelineTrainer::Impl {
     RT_CHECK(cfg.train.device != "cuda", "parallel.pipeline > 1 runs on the CPU for now (set train.device = cpu)");
     RT_CHECK(cfg.train.accumulation == 1, "parallel.pipeline > 1: use parallel.micro_batches, not train.accumulation");
     RT_CHECK(cfg.train.precision == "fp32", "parallel.pipeline > 1 supports train.precision = fp32 only for now");
-    RT_CHECK(cfg.optimizer.clip_norm == 0, "parallel.pipeline > 1 does not support optimizer.clip_norm yet");
     int threads = cfg.train.threads;
     if (threads <= 0) threads = std::getenv("OMP_NUM_THREADS") ? std::max(1, std::atoi(std::getenv("OMP_NUM_THREADS"))) : 1;
     omp_set_num_threads(threads);
@@ -113,6 +112,9 @@ struct PipelineTrainer::Impl {
     mc.depth = cfg.model.depth;
     mc.base_width = cfg.model.width;
     mc.dropout = cfg.model.dropout;
+    mc.heads = cfg.model.heads;
+    mc.mlp_ratio = cfg.model.mlp_ratio;
+    mc.patch = cfg.model.patch;
     mc.seed = cfg.train.seed;
     PipelineConfig pc;
     pc.micro_batches = cfg.parallel.micro_batches > 0 ? cfg.parallel.micro_batches : cfg.parallel.pipeline;
@@ -120,6 +122,7 @@ struct PipelineTrainer::Impl {
     pc.partition = parse_partition(cfg.parallel.partition);
     if (pc.partition == PartitionKind::list) pc.balance = parse_balance(cfg.parallel.balance);
     pc.batch = cfg.data.batch_size;
+    pc.clip_norm = cfg.optimizer.clip_norm;
     pc.engine.fusion_threshold = static_cast<std::size_t>(cfg.comm.fusion_threshold);
     pc.engine.cycle_time_ms = cfg.comm.cycle_time_ms;
     pc.engine.fp16_allreduce = cfg.comm.fp16_allreduce;
@@ -175,6 +178,7 @@ struct PipelineTrainer::Impl {
       if (grid.last_stage()) count += b->valid;
     }
     std::vector<double> v = {loss_sum, static_cast<double>(correct), static_cast<double>(count)};
+    if (grid.tp_rank() > 0) v = {0, 0, 0};  // tensor ranks hold the same logits: count them once
     allreduce(v.data(), v.data(), v.size(), DType::f64, ReduceOp::sum, world);
     RT_CHECK(v[2] == static_cast<double>(n), "evaluation saw ", v[2], " samples of ", n);
     return {v[0] / v[2], v[1] / v[2], static_cast<std::int64_t>(v[2])};
@@ -265,8 +269,8 @@ struct PipelineTrainer::Impl {
     const int done = static_cast<int>(epochs_done);
     if (done % cfg.checkpoint.every_epochs != 0 && done != cfg.train.epochs) return;
     MPI_Comm c = world.handle("gathering a pipeline checkpoint");
-    Named mine = pm->named_state();
-    if (grid.dp_rank() == 0 && grid.pp_rank() > 0) send_named(mine, 0, c);
+    Named mine = pm->whole_state();  // collective over the tensor group: sharded parameters gathered whole
+    if (grid.dp_rank() == 0 && grid.tp_rank() == 0 && grid.pp_rank() > 0) send_named(mine, 0, c);
     std::string path;
     run_on_root(world, "writing a checkpoint", [&] {
       CheckpointData d;
@@ -297,10 +301,11 @@ struct PipelineTrainer::Impl {
         RT_CHECK(!file.empty(), "no checkpoint (ckpt-*.h5) in directory '", path, "'");
       }
       CheckpointData ck = read_checkpoint(file);
-      for (auto& [name, t] : pm->named_state()) {
-        if (!with_optimizer && name.rfind("optim/", 0) == 0) continue;
-        restore_tensor(ck, file_name(name), t);
-      }
+      pm->restore_whole_state([&](const std::string& name, Tensor& whole) {
+        if (!with_optimizer && name.rfind("optim/", 0) == 0) return false;
+        restore_tensor(ck, file_name(name), whole);
+        return true;
+      });
       if (with_optimizer) {
         epochs_done = ck.scalars.at("epochs_done");
         step = ck.scalars.at("step");

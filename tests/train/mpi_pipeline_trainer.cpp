@@ -76,7 +76,7 @@ TEST(PipelineTrainer, BadParallelConfigIsAnErrorNamingTheValues) {
   c.parallel.micro_batches = 3;
   EXPECT_THROW(c.validate(), Error);
   c.parallel.micro_batches = 4;
-  c.parallel.tensor = 2;
+  c.parallel.tensor = 0;
   EXPECT_THROW(c.validate(), Error);
   c.parallel.tensor = 1;
   if (world.size() % 2 == 1) {

@@ -24,6 +24,7 @@
 
 #include "ringtrain/nn/layer.hpp"
 #include "ringtrain/nn/parameters.hpp"
+#include "ringtrain/nn/tensor_group.hpp"
 
 namespace ringtrain {
 
@@ -43,6 +44,7 @@ struct ModelConfig {
   std::int64_t patch = 4;       // vit: square patch side; must divide height and width
   std::uint64_t seed = 42;      // initialisation and dropout
   MathMode math = MathMode::fp32;  // down-conversion allowed inside Conv2d/Linear (backend.hpp)
+  TensorGroup tensor;              // parallel.tensor: mlp and vit split their layers over it
 };
 
 class Model {

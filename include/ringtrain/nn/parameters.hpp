@@ -15,6 +15,20 @@
 
 namespace ringtrain {
 
+// How a parameter is split over the tensor-parallel group. Replicated
+// (dim < 0, the default): every tensor rank holds the whole parameter and
+// computes the same gradient. Sharded: this rank holds part `index` of `parts`
+// along `dim`; the global extent of `dim` is `blocks` equal blocks, each split
+// into `parts` (blocks = 3 for a fused q|k|v projection, so every rank keeps
+// its heads of q, k and v). Local row r of block b is global row
+// b * global[dim] / blocks + index * local_block + r (see shard_offset()).
+struct ShardSpec {
+  int dim = -1;
+  int parts = 1, index = 0, blocks = 1;
+  Shape global;  // the whole parameter's shape (empty when replicated)
+  bool sharded() const { return dim >= 0; }
+};
+
 struct ParamInfo {
   std::string name;        // "conv1.weight"
   Shape shape;
@@ -22,6 +36,7 @@ struct ParamInfo {
   std::size_t offset = 0;  // in elements, within the flat buffer of its dtype
   bool decay = true;       // weight decay / LARS trust ratio apply (false for biases and norms)
   int layer = -1;          // index of the owning layer in the model
+  ShardSpec shard;         // tensor parallelism: replicated unless set_shard() said otherwise
 };
 
 class ParamArena {
@@ -35,6 +50,9 @@ class ParamArena {
   std::size_t size() const { return infos_.size(); }
   const ParamInfo& info(std::size_t i) const { return infos_.at(i); }
   const std::vector<ParamInfo>& infos() const { return infos_; }
+  // Marks parameter i as a shard of a larger parameter (before or after finalize);
+  // checks that the local shape is the global one divided as `s` says.
+  void set_shard(std::size_t i, ShardSpec s);
   std::size_t index_of(const std::string& name) const;  // throws Error naming it
 
   Tensor param(std::size_t i) const;

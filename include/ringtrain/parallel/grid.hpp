@@ -5,8 +5,8 @@
 //
 // Rules:
 //  - make() is collective over `world` and checks the sizes on every rank
-//    alike: a world that pipeline·tensor does not divide, or tensor > 1 (not
-//    available yet), is an Error naming the values on every rank.
+//    alike: a world that pipeline·tensor does not divide
+//    is an Error naming the values on every rank.
 //  - The communicators are fresh splits: traffic on pp() never matches the
 //    fusion engine's (which duplicates its own) nor the caller's on world.
 //  - tag() names this rank's coordinates for log lines and errors: "[dp 1 pp 3]".
@@ -18,7 +18,7 @@ namespace ringtrain {
 
 struct GridShape {
   int pipeline = 1;  // stages
-  int tensor = 1;    // reserved (must be 1)
+  int tensor = 1;    // ranks per tensor-parallel group (innermost)
 };
 
 class ProcessGrid {

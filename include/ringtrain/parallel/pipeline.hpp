@@ -17,6 +17,7 @@
 //    the world (every rank gets them).
 //  - CPU only for now (the stage transfers read host memory): another device
 //    is an Error naming train.device.
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -38,6 +39,7 @@ struct PipelineConfig {
   std::vector<int> balance;     // partition = list
   std::int64_t batch = 0;       // samples per replica per step (m must divide it)
   EngineOptions engine;         // for the data-parallel gradient averages
+  double clip_norm = 0;         // > 0: clip to this global norm over all stages and tensor shards
 };
 
 struct PipeStepResult {
@@ -64,6 +66,15 @@ class PipelineModel final : private PipeOps {
   // This stage's part of the model state, per parameter (checkpoint layout of
   // train/state.hpp): "param/<name>", "buffer/<name>", "optim/<slot>/<name>", "optim/step".
   std::vector<std::pair<std::string, Tensor>> named_state();
+  // The same names with tensor-parallel shards gathered WHOLE (collective over
+  // grid.tp(); src/parallel/tensor_state.cpp), so a checkpoint does not depend on
+  // parallel.tensor; restore_whole_state hands each whole tensor to `fill` and
+  // keeps this rank's part (no communication). fill returns false to leave a name as it is.
+  std::vector<std::pair<std::string, Tensor>> whole_state();
+  // Global-norm clipping (clip_grad_norm semantics) over the whole model: shard
+  // norms summed over the tensor and pipeline groups, replicated parameters once.
+  double clip_grads(double max_norm);
+  void restore_whole_state(const std::function<bool(const std::string&, Tensor& whole)>& fill);
 
  private:
   Tensor load(int mb) override;

@@ -77,7 +77,7 @@ struct TrainConfig {
   } comm;
   struct Parallel {                // process grid (parallel/grid.hpp); DP size = world / (pipeline · tensor)
     int pipeline = 1;              // pipeline stages
-    int tensor = 1;                // reserved: > 1 is an error until tensor parallelism exists
+    int tensor = 1;                // tensor-parallel ranks per group (mlp, vit)
     int micro_batches = 0;         // per step and replica (0 = pipeline); must divide data.batch_size
     std::string schedule = "1f1b"; // afab | 1f1b | zb-h1
     std::string partition = "uniform";  // uniform | params | time | list

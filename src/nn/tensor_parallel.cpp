@@ -1,0 +1,266 @@
+// Megatron-style tensor-parallel operators and Linear layers (see
+// nn/tensor_parallel.hpp). The local math is an ordinary Linear on the
+// shard; this file adds the communication and the shard bookkeeping.
+#include "ringtrain/nn/tensor_parallel.hpp"
+
+#include <cstring>
+
+#include "init.hpp"
+#include "ringtrain/comm/collectives.hpp"
+
+namespace ringtrain {
+namespace {
+
+void need_host(const Tensor& t, const char* what) {
+  RT_CHECK(t.device().is_cpu(), what, ": tensor-parallel layers run on the CPU device, got a tensor on ",
+           t.device().str());
+}
+
+// Copies rows of `inner` elements between a whole and a shard tensor; to_shard picks the direction.
+void shard_copy(const ShardSpec& s, const Tensor& whole, const Tensor& local, bool to_shard) {
+  RT_CHECK(s.sharded(), "shard copy: the parameter is not sharded");
+  RT_CHECK(whole.shape() == s.global, "shard copy: whole tensor ", shape_str(whole.shape()), " is not ",
+           shape_str(s.global));
+  need_host(whole, "shard copy");
+  need_host(local, "shard copy");
+  const std::size_t es = dtype_size(whole.dtype());
+  std::int64_t outer = 1, inner = 1;
+  for (int d = 0; d < s.dim; ++d) outer *= s.global[d];
+  for (std::size_t d = s.dim + 1; d < s.global.size(); ++d) inner *= s.global[d];
+  const std::int64_t G = s.global[s.dim], L = G / s.parts, Gb = G / s.blocks, Lb = L / s.blocks;
+  RT_CHECK(local.numel() == outer * L * inner, "shard copy: local tensor ", shape_str(local.shape()),
+           " does not hold part ", s.index, " of ", s.parts, " of ", shape_str(s.global));
+  auto* w = static_cast<char*>(whole.raw());
+  auto* l = static_cast<char*>(local.raw());
+  const std::size_t run = std::size_t(Lb * inner) * es;
+  for (std::int64_t o = 0; o < outer; ++o)
+    for (int b = 0; b < s.blocks; ++b) {
+      char* wp = w + std::size_t((o * G + b * Gb + s.index * Lb) * inner) * es;
+      char* lp = l + std::size_t((o * L + b * Lb) * inner) * es;
+      if (to_shard)
+        std::memcpy(lp, wp, run);
+      else
+        std::memcpy(wp, lp, run);
+    }
+}
+
+}  // namespace
+
+// ---- operators ----------------------------------------------------------------
+void tp_all_reduce(Tensor& t, const TensorGroup& g) {
+  if (g.size == 1) return;
+  need_host(t, "tensor-parallel all-reduce");
+  allreduce(t.raw(), t.raw(), std::size_t(t.numel()), t.dtype(), ReduceOp::sum, g.comm);
+}
+
+void tp_gather_last(const Tensor& local, Tensor& whole, const TensorGroup& g) {
+  need_host(local, "tensor-parallel gather");
+  Shape ws = local.shape();
+  ws.back() *= g.size;
+  if (!whole.defined() || whole.shape() != ws || whole.dtype() != local.dtype()) whole = Tensor::empty(ws, local.dtype());
+  if (g.size == 1) {
+    whole.copy_from(local);
+    return;
+  }
+  // allgather stacks the ranks' blocks; the feature dimension is innermost, so interleave rows.
+  Tensor stacked = Tensor::empty({g.size * local.numel()}, local.dtype());
+  allgather(local.raw(), std::size_t(local.numel()), stacked.raw(), local.dtype(), g.comm);
+  const std::int64_t d = local.shape().back(), rows = local.numel() / d;
+  const std::size_t es = dtype_size(local.dtype());
+  auto* src = static_cast<const char*>(stacked.raw());
+  auto* dst = static_cast<char*>(whole.raw());
+  for (int r = 0; r < g.size; ++r)
+    for (std::int64_t i = 0; i < rows; ++i)
+      std::memcpy(dst + std::size_t((i * g.size + r) * d) * es, src + std::size_t(r * local.numel() + i * d) * es,
+                  std::size_t(d) * es);
+}
+
+void tp_split_last(const Tensor& whole, Tensor& local, const TensorGroup& g) {
+  need_host(whole, "tensor-parallel split");
+  const std::int64_t D = whole.shape().back();
+  RT_CHECK(D % g.size == 0, "tensor-parallel split: last dimension ", D, " is not divisible by the tensor size ",
+           g.size);
+  Shape ls = whole.shape();
+  ls.back() = D / g.size;
+  if (!local.defined() || local.shape() != ls || local.dtype() != whole.dtype()) local = Tensor::empty(ls, whole.dtype());
+  shard_copy(make_shard(whole.shape(), int(ls.size()) - 1, g.size, g.rank), whole, local, true);
+}
+
+ShardSpec make_shard(const Shape& global, int dim, int parts, int index, int blocks) {
+  ShardSpec s;
+  s.dim = dim;
+  s.parts = parts;
+  s.index = index;
+  s.blocks = blocks;
+  s.global = global;
+  return s;
+}
+
+Tensor shard_of(const Tensor& whole, const ShardSpec& s) {
+  Shape ls = s.global;
+  ls[s.dim] /= s.parts;
+  Tensor local = Tensor::empty(ls, whole.dtype());
+  shard_copy(s, whole, local, true);
+  return local;
+}
+
+void place_shard(const Tensor& local, const ShardSpec& s, Tensor& whole) { shard_copy(s, whole, local, false); }
+
+Tensor gather_whole(const Tensor& local, const ShardSpec& s, const TensorGroup& g) {
+  RT_CHECK(s.parts == g.size && s.index == g.rank, "gather_whole: shard ", s.index, " of ", s.parts,
+           " does not match tensor rank ", g.rank, " of ", g.size);
+  need_host(local, "gather_whole");
+  Tensor whole = Tensor::empty(s.global, local.dtype());
+  Tensor parts = Tensor::empty({g.size * local.numel()}, local.dtype());
+  if (g.size == 1)
+    parts.copy_from(local.reshape({local.numel()}));
+  else
+    allgather(local.raw(), std::size_t(local.numel()), parts.raw(), local.dtype(), g.comm);
+  for (int r = 0; r < g.size; ++r) {
+    ShardSpec sr = s;
+    sr.index = r;
+    place_shard(parts.flat_view(r * local.numel(), local.numel()), sr, whole);
+  }
+  return whole;
+}
+
+double tensor_grad_sq_norm(const ParamArena& a, int tensor_rank) {
+  double sq = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (!a.info(i).shard.sharded() && tensor_rank != 0) continue;
+    Tensor g = a.grad(i);
+    need_host(g, "gradient norm");
+    RT_CHECK(g.dtype() == DType::f32, "gradient norm: parameter '", a.info(i).name, "' is not float32");
+    const float* p = g.data<float>();
+    for (std::int64_t k = 0; k < g.numel(); ++k) sq += double(p[k]) * double(p[k]);
+  }
+  return sq;
+}
+
+void check_tensor_divides(std::int64_t value, const char* key, const TensorGroup& g, const char* model) {
+  RT_CHECK(value % g.size == 0, "model '", model, "': ", key, " = ", value, " is not divisible by parallel.tensor = ",
+           g.size);
+}
+
+// ---- f and g as layers -----------------------------------------------------
+Tensor CopyToTensorRegion::do_backward(const Tensor& dy, bool need_dx, bool) {
+  if (!need_dx) return {};
+  ensure(dx_, dy.shape(), dy.dtype(), dy.device());
+  dx_.copy_from(dy);
+  tp_all_reduce(dx_, g_);
+  return dx_;
+}
+
+Tensor ReduceFromTensorRegion::do_forward(const Tensor& x, Mode) {
+  ensure(y_, x.shape(), x.dtype(), x.device());
+  y_.copy_from(x);
+  tp_all_reduce(y_, g_);
+  return y_;
+}
+
+// Writes the shard of the whole weight's initial values (same RNG stream as the 1-rank model).
+static void init_shard(const ParamArena& arena, std::size_t index, Init kind, double fan_in, double fan_out,
+                       std::uint64_t seed) {
+  const ShardSpec& s = arena.info(index).shard;
+  std::vector<float> all = detail::init_values(std::size_t(shape_numel(s.global)), index, kind, fan_in, fan_out, seed);
+  Tensor p = arena.param(index);
+  p.copy_from(shard_of(Tensor::wrap(all.data(), s.global, DType::f32), s));
+}
+
+// ---- ColumnParallelLinear ----------------------------------------------------
+ColumnParallelLinear::ColumnParallelLinear(std::string name, LinearSpec spec, Init init, TensorGroup g, int blocks)
+    : Layer(std::move(name)), spec_(spec), init_(init), g_(std::move(g)), blocks_(blocks) {
+  RT_CHECK(spec_.out_features % (std::int64_t(g_.size) * blocks_) == 0, "ColumnParallelLinear '", name_, "': ",
+           spec_.out_features, " output features are not divisible by the tensor size ", g_.size,
+           blocks_ > 1 ? cat(" in each of ", blocks_, " blocks") : std::string());
+  LinearSpec local = spec_;
+  local.out_features = spec_.out_features / g_.size;
+  local_ = std::make_unique<Linear>(name_, local, init_);
+}
+
+void ColumnParallelLinear::register_params(ParamArena& arena, int li, const std::string& prefix) {
+  local_->register_params(arena, li, prefix);
+  params_ = local_->params();
+  arena.set_shard(params_[0], make_shard({spec_.out_features, spec_.in_features}, 0, g_.size, g_.rank, blocks_));
+  if (spec_.bias) arena.set_shard(params_[1], make_shard({spec_.out_features}, 0, g_.size, g_.rank, blocks_));
+}
+
+void ColumnParallelLinear::bind(const BindContext& ctx) {
+  RT_CHECK(ctx.device.is_cpu() || g_.size == 1, "ColumnParallelLinear '", name_,
+           "': tensor parallelism runs on the CPU device only");
+  local_->bind(ctx);
+}
+
+void ColumnParallelLinear::init(const ParamArena& arena, std::uint64_t seed) {
+  init_shard(arena, params_[0], init_, double(spec_.in_features), double(spec_.out_features), seed);
+  if (spec_.bias) detail::fill_param(arena, params_[1], 0.0);
+}
+
+Tensor ColumnParallelLinear::do_backward(const Tensor& dy, bool need_dx, bool accumulate) {
+  Tensor dx = local_->backward(dy, need_dx, accumulate);
+  if (need_dx) tp_all_reduce(dx, g_);  // f's backward: the input was replicated
+  return dx;
+}
+
+// ---- RowParallelLinear -------------------------------------------------------
+RowParallelLinear::RowParallelLinear(std::string name, LinearSpec spec, Init init, TensorGroup g)
+    : Layer(std::move(name)), spec_(spec), init_(init), g_(std::move(g)) {
+  RT_CHECK(spec_.in_features % g_.size == 0, "RowParallelLinear '", name_, "': ", spec_.in_features,
+           " input features are not divisible by the tensor size ", g_.size);
+  LinearSpec local = spec_;
+  local.in_features = spec_.in_features / g_.size;
+  local.bias = false;
+  local.fuse_relu = false;
+  local_ = std::make_unique<Linear>(name_, local, init_);
+}
+
+void RowParallelLinear::register_params(ParamArena& arena, int li, const std::string& prefix) {
+  local_->register_params(arena, li, prefix);
+  params_ = local_->params();
+  arena.set_shard(params_[0], make_shard({spec_.out_features, spec_.in_features}, 1, g_.size, g_.rank));
+  if (spec_.bias) b_ = add_param(arena, prefix, "bias", {spec_.out_features}, spec_.dtype, false, li);  // replicated
+}
+
+void RowParallelLinear::bind(const BindContext& ctx) {
+  RT_CHECK(ctx.device.is_cpu() || g_.size == 1, "RowParallelLinear '", name_,
+           "': tensor parallelism runs on the CPU device only");
+  local_->bind(ctx);
+  be_ = &ctx.backend;
+  if (spec_.bias) {
+    b = ctx.arena.param(b_);
+    db = ctx.arena.grad(b_);
+  }
+}
+
+void RowParallelLinear::init(const ParamArena& arena, std::uint64_t seed) {
+  init_shard(arena, params_[0], init_, double(spec_.in_features), double(spec_.out_features), seed);
+  if (spec_.bias) detail::fill_param(arena, b_, 0.0);
+}
+
+Tensor RowParallelLinear::do_forward(const Tensor& x, Mode mode) {
+  Tensor partial = local_->forward(x, mode);
+  ensure(y_, partial.shape(), partial.dtype(), partial.device());
+  y_.copy_from(partial);
+  tp_all_reduce(y_, g_);  // g: sum the partial products
+  if (spec_.bias) be_->add_broadcast(y_, b, y_);
+  if (spec_.fuse_relu) {
+    float* y = y_.data<float>();
+    for (std::int64_t i = 0; i < y_.numel(); ++i) y[i] = y[i] > 0.f ? y[i] : 0.f;
+  }
+  return y_;
+}
+
+Tensor RowParallelLinear::do_backward(const Tensor& dy, bool need_dx, bool accumulate) {
+  Tensor d = dy;
+  if (spec_.fuse_relu) {
+    ensure(dy_, dy.shape(), dy.dtype(), dy.device());
+    const float *g = dy.data<float>(), *y = y_.data<float>();
+    float* o = dy_.data<float>();
+    for (std::int64_t i = 0; i < dy.numel(); ++i) o[i] = y[i] > 0.f ? g[i] : 0.f;
+    d = dy_;
+  }
+  if (spec_.bias) be_->sum_leading(d, db, accumulate);  // every tensor rank: the same db
+  return local_->backward(d, need_dx, accumulate);    // g's backward is the identity
+}
+
+}  // namespace ringtrain

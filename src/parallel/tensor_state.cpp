@@ -1,0 +1,67 @@
+// PipelineModel's checkpoint state with tensor-parallel shards whole: the file
+// layout ("param/<name>", "optim/<slot>/<name>") is the same at any
+// parallel.tensor, so a run saved at tensor 2 resumes at tensor 1 and back.
+#include <cmath>
+
+#include "ringtrain/comm/collectives.hpp"
+#include "ringtrain/nn/tensor_parallel.hpp"
+#include "ringtrain/parallel/pipeline.hpp"
+
+namespace ringtrain {
+namespace {
+
+// The shard of the parameter a state name belongs to (nullptr: replicated or not a parameter).
+const ShardSpec* shard_of_name(const ParamArena& a, const std::string& name) {
+  std::string pname;
+  if (name.rfind("param/", 0) == 0) {
+    pname = name.substr(6);
+  } else if (name.rfind("optim/", 0) == 0) {
+    const auto slash = name.find('/', 6);
+    if (slash == std::string::npos) return nullptr;  // "optim/step"
+    pname = name.substr(slash + 1);
+  } else {
+    return nullptr;
+  }
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (a.info(i).name == pname) return a.info(i).shard.sharded() ? &a.info(i).shard : nullptr;
+  return nullptr;
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, Tensor>> PipelineModel::whole_state() {
+  auto out = named_state();
+  if (grid_.tp_size() == 1) return out;
+  const TensorGroup g = TensorGroup::of(grid_.tp());
+  for (auto& [name, t] : out)
+    if (const ShardSpec* s = shard_of_name(stage_->arena(), name)) t = gather_whole(t, *s, g);
+  return out;
+}
+
+void PipelineModel::restore_whole_state(const std::function<bool(const std::string&, Tensor& whole)>& fill) {
+  for (auto& [name, local] : named_state()) {
+    const ShardSpec* s = shard_of_name(stage_->arena(), name);
+    if (!s) {
+      fill(name, local);
+      continue;
+    }
+    Tensor whole = Tensor::empty(s->global, local.dtype());
+    if (fill(name, whole)) local.copy_from(shard_of(whole, *s));
+  }
+}
+
+double PipelineModel::clip_grads(double max_norm) {
+  double sq = tensor_grad_sq_norm(stage_->arena(), grid_.tp_rank());
+  if (grid_.tp_size() > 1) allreduce(&sq, &sq, 1, DType::f64, ReduceOp::sum, grid_.tp());
+  if (grid_.pp_size() > 1) allreduce(&sq, &sq, 1, DType::f64, ReduceOp::sum, grid_.pp());
+  const double norm = std::sqrt(sq), scale = max_norm / (norm + 1e-6);
+  if (scale < 1)
+    for (DType dt : stage_->arena().dtypes()) {
+      Tensor g = stage_->arena().grads_flat(dt);
+      float* p = g.data<float>();
+      for (std::int64_t k = 0; k < g.numel(); ++k) p[k] = static_cast<float>(p[k] * scale);
+    }
+  return norm;
+}
+
+}  // namespace ringtrain
