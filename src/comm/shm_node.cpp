@@ -3,6 +3,7 @@
 #include "shm_node.hpp"
 
 #include <fcntl.h>
+#include <mpi.h>
 #include <immintrin.h>
 #include <sched.h>
 #include <signal.h>
@@ -16,6 +17,7 @@
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <thread>
 
 #include "ringtrain/comm/collectives.hpp"
 #include "ringtrain/comm/shm.hpp"
@@ -94,14 +96,25 @@ void ShmNode::wait_peers(const char* what) const {
     // Slow path: against the clock, yielding once the spin budget is spent,
     // checking now and then that the peer is alive.
     auto start = clock::now(), last_check = start;
-    bool yielding = false;
+    bool yielding = false, sleeping = false;
     for (unsigned k = 1; s.load(std::memory_order_acquire) < target; ++k) {
-      if (yielding) sched_yield();
+      if (sleeping) std::this_thread::sleep_for(std::chrono::microseconds(20));
+      else if (yielding) sched_yield();
       else _mm_pause();
-      if (k % 64 != 0) continue;
+      if (!sleeping && k % 64 != 0) continue;
       auto now = clock::now();
       double waited = std::chrono::duration<double>(now - start).count();
-      if (waited > spin_s) yielding = true;
+      if (waited > spin_s) {
+        yielding = true;
+        // Drive MPI's progress engine while waiting: the peer may be blocked on a
+        // non-blocking message of ours that only progresses inside MPI (a pipeline
+        // stage's Isend of an activation or gradient, posted before this all-reduce);
+        // without this the two wait for each other forever.
+        int flag = 0;
+        MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, MPI_COMM_WORLD, &flag, MPI_STATUS_IGNORE);
+      }
+      // A peer this late is descheduled or busy elsewhere: stop competing for its core.
+      if (waited > spin_s + 2e-3) sleeping = true;
       if (std::chrono::duration<double>(now - last_check).count() > 0.05) {
         last_check = now;
         if (s.load(std::memory_order_acquire) >= target) break;

@@ -1,5 +1,7 @@
 #include "pipeline_trainer.hpp"
 
+#include "run_options.hpp"
+
 #include <mpi.h>
 #include <omp.h>
 
@@ -18,6 +20,7 @@
 #include "ringtrain/optim/schedule.hpp"
 #include "ringtrain/parallel/pipeline.hpp"
 #include "ringtrain/train/checkpoint.hpp"
+#include "ringtrain/train/signals.hpp"
 
 namespace ringtrain {
 namespace {
@@ -80,6 +83,8 @@ struct PipelineTrainer::Impl {
   std::unique_ptr<LrSchedule> schedule;
   std::unique_ptr<Reporter> reporter;
   std::int64_t epochs_done = 0, step = 0;
+  std::int64_t step_in_epoch = 0;  // steps of the current epoch already taken (exact resume)
+  int stop_signal = 0;             // agreed stop request: the signal, or -1 when it reached another rank
   std::int64_t num_params = 0;
 
   Impl(const TrainConfig& c, const Communicator& w, const TrainerHooks& h) : cfg(c), world(w), hooks(h) {
@@ -89,33 +94,9 @@ struct PipelineTrainer::Impl {
     RT_CHECK(cfg.train.device != "cuda", "parallel.pipeline > 1 runs on the CPU for now (set train.device = cpu)");
     RT_CHECK(cfg.train.accumulation == 1, "parallel.pipeline > 1: use parallel.micro_batches, not train.accumulation");
     RT_CHECK(cfg.train.precision == "fp32", "parallel.pipeline > 1 supports train.precision = fp32 only for now");
-    int threads = cfg.train.threads;
-    if (threads <= 0) threads = std::getenv("OMP_NUM_THREADS") ? std::max(1, std::atoi(std::getenv("OMP_NUM_THREADS"))) : 1;
-    omp_set_num_threads(threads);
-    data::LoaderOptions lo;
-    run_agreed(world, "opening the training data", [&] { lo.files = data::find_split_files(cfg.data.train, "train"); });
-    lo.batch_size = cfg.data.batch_size;
-    lo.seed = cfg.train.seed;
-    lo.tail = cfg.data.drop_last ? data::TailPolicy::drop_last : data::TailPolicy::pad;
-    lo.prefetch_depth = cfg.data.prefetch;
-    lo.mpio = cfg.data.mpi_io;
-    if (cfg.data.augment) lo.augment = data::Augment{2, true};
-    loader = std::make_unique<data::Loader>(lo, grid.dp());
-
-    const auto& info = loader->info();
-    ModelConfig mc;
-    mc.name = cfg.model.name;
-    mc.in_channels = info.channels;
-    mc.height = info.height;
-    mc.width = info.width;
-    mc.classes = info.num_classes;
-    mc.depth = cfg.model.depth;
-    mc.base_width = cfg.model.width;
-    mc.dropout = cfg.model.dropout;
-    mc.heads = cfg.model.heads;
-    mc.mlp_ratio = cfg.model.mlp_ratio;
-    mc.patch = cfg.model.patch;
-    mc.seed = cfg.train.seed;
+    omp_set_num_threads(compute_threads(cfg));
+    loader = open_train_loader(cfg, grid.dp());
+    ModelConfig mc = model_config(cfg, loader->info());
     PipelineConfig pc;
     pc.micro_batches = cfg.parallel.micro_batches > 0 ? cfg.parallel.micro_batches : cfg.parallel.pipeline;
     pc.schedule = parse_schedule(cfg.parallel.schedule);
@@ -123,34 +104,12 @@ struct PipelineTrainer::Impl {
     if (pc.partition == PartitionKind::list) pc.balance = parse_balance(cfg.parallel.balance);
     pc.batch = cfg.data.batch_size;
     pc.clip_norm = cfg.optimizer.clip_norm;
-    pc.engine.fusion_threshold = static_cast<std::size_t>(cfg.comm.fusion_threshold);
-    pc.engine.cycle_time_ms = cfg.comm.cycle_time_ms;
-    pc.engine.fp16_allreduce = cfg.comm.fp16_allreduce;
-    pc.engine.stall_warning_s = cfg.comm.stall_warning_s;
-    pc.engine.stall_shutdown_s = cfg.comm.stall_shutdown_s;
-    pc.engine.collective.algorithm = parse_algorithm(cfg.comm.algorithm);
-    pc.engine = EngineOptions::from_env(pc.engine);
-    OptimizerConfig oc;
-    oc.name = cfg.optimizer.name;
-    oc.momentum = cfg.optimizer.momentum;
-    oc.nesterov = cfg.optimizer.nesterov;
-    oc.weight_decay = cfg.optimizer.weight_decay;
-    oc.beta1 = cfg.optimizer.beta1;
-    oc.beta2 = cfg.optimizer.beta2;
-    oc.eps = cfg.optimizer.eps;
-    oc.trust_coefficient = cfg.optimizer.trust_coefficient;
+    pc.engine = engine_options(cfg);
+    OptimizerConfig oc = optimizer_config(cfg);
     num_params = build_model(mc)->num_params();
     pm = std::make_unique<PipelineModel>(grid, mc, pc, oc);
 
-    ScheduleConfig sc;
-    sc.name = cfg.schedule.name;
-    sc.lr = cfg.optimizer.lr;
-    sc.linear_scaling = cfg.schedule.scale_lr;
-    sc.global_batch = global_batch();
-    sc.warmup = cfg.schedule.warmup_epochs;
-    sc.step_size = cfg.schedule.step_epochs;
-    sc.gamma = cfg.schedule.gamma;
-    sc.min_lr = cfg.schedule.min_lr;
+    ScheduleConfig sc = schedule_config(cfg, global_batch());
     schedule = std::make_unique<LrSchedule>(sc, steps_per_epoch(), steps_per_epoch() * cfg.train.epochs);
   }
 
@@ -209,18 +168,21 @@ struct PipelineTrainer::Impl {
       if (cfg.train.max_steps > 0 && step >= cfg.train.max_steps) break;
       reporter->epoch_start(epoch);
       loader->set_epoch(epoch);
+      if (step_in_epoch > 0) loader->skip(step_in_epoch);
       const double wait0 = loader->wait_seconds();
       double loss_sum = 0, compute = 0, bubble = 0;
       std::int64_t steps = 0, correct = 0, seen = 0;
       auto t0 = Clock::now();
-      for (std::int64_t s = 0; s < steps_per_epoch(); ++s) {
+      for (std::int64_t s = step_in_epoch; s < steps_per_epoch(); ++s) {
         if (cfg.train.max_steps > 0 && step >= cfg.train.max_steps) break;
+        if (stop_requested()) break;
         std::optional<data::Batch> b = loader->next();
         RT_CHECK(b.has_value(), grid.tag(), " training data ended inside an epoch");
         PipeStepResult r = pm->train_step(b->images, b->labels, schedule->lr_at(step));
         RT_CHECK(std::isfinite(r.loss), "training diverged: loss is ", r.loss, " at step ", step);
         ++step;
         ++steps;
+        step_in_epoch = s + 1;
         loss_sum += r.loss;
         correct += r.correct;
         seen += r.seen;
@@ -229,6 +191,13 @@ struct PipelineTrainer::Impl {
         if (hooks.on_step) hooks.on_step(step, r.loss);
         reporter->step(s + 1, r.loss, static_cast<double>(global_batch()) * (s + 1) / since(t0));
       }
+      if (step_in_epoch < steps_per_epoch()) {
+        // Stopped inside the epoch (train.max_steps or a signal): save the exact position.
+        save_checkpoint(true);
+        if (stop_signal) res.stopped_by_signal = announce_stop();
+        break;
+      }
+      step_in_epoch = 0;
       EpochMetrics m;
       m.epoch = epoch;
       m.step = step;
@@ -241,6 +210,15 @@ struct PipelineTrainer::Impl {
       m.train_accuracy = seen ? double(correct) / double(seen) : 0;
       m.images_per_s = m.time_s > 0 ? double(global_batch()) * steps / m.time_s : 0;
       if (world.rank() == 0 && steps) log::debug("pipeline bubble (stage 0, mean over steps): ", bubble / steps);
+      epochs_done = epoch + 1;
+      // A signal during the epoch's last step: save whatever checkpoint.every_epochs says, and stop.
+      const bool stopping = stop_requested() && epochs_done < cfg.train.epochs;
+      save_checkpoint(stopping);  // before evaluating: a problem in the test data must not cost the epoch
+      if (stopping) {
+        reporter->epoch_end(m);
+        res.stopped_by_signal = announce_stop();
+        break;
+      }
       if (hooks.evaluate) {
         auto te = Clock::now();
         EvalResult ev = evaluate(cfg.data.test);
@@ -255,19 +233,38 @@ struct PipelineTrainer::Impl {
         }
       }
       reporter->epoch_end(m);
-      epochs_done = epoch + 1;
-      save_checkpoint();
       res.last = m;
     }
     res.steps = step;
     return res;
   }
 
+  // A stop signal (SIGUSR1/SIGTERM/SIGINT, signals.hpp) on any rank, agreed by all
+  // ranks at this step boundary (one small all-reduce per step, only when signals are watched).
+  bool stop_requested() {
+    if (!hooks.stop_signal) return false;
+    if (stop_signal) return true;
+    int mine = hooks.stop_signal(), any = mine ? 1 : 0;
+    allreduce(&any, &any, 1, DType::i32, ReduceOp::max, world);
+    if (any) stop_signal = mine ? mine : -1;
+    return any != 0;
+  }
+
+  int announce_stop() {
+    if (world.rank() == 0)
+      log::warn("stopped by ", stop_signal > 0 ? StopSignals::name(stop_signal) : "a stop signal on another rank",
+                " at step ", step, " (epoch ", epochs_done + 1, ", step ", step_in_epoch, " of ", steps_per_epoch(), ")",
+                cfg.checkpoint.dir.empty() ? std::string("; no checkpoint.dir, so nothing was saved")
+                                           : cat("; continue with --resume ", cfg.checkpoint.dir));
+    return stop_signal;
+  }
+
   // World rank 0 gathers every stage's state (from DP rank 0) and writes.
-  void save_checkpoint() {
+  // `force`: a stop inside or at the end of an epoch saves whatever checkpoint.every_epochs says.
+  void save_checkpoint(bool force = false) {
     if (cfg.checkpoint.dir.empty()) return;
     const int done = static_cast<int>(epochs_done);
-    if (done % cfg.checkpoint.every_epochs != 0 && done != cfg.train.epochs) return;
+    if (!force && done % cfg.checkpoint.every_epochs != 0 && done != cfg.train.epochs) return;
     MPI_Comm c = world.handle("gathering a pipeline checkpoint");
     Named mine = pm->whole_state();  // collective over the tensor group: sharded parameters gathered whole
     if (grid.dp_rank() == 0 && grid.tp_rank() == 0 && grid.pp_rank() > 0) send_named(mine, 0, c);
@@ -282,7 +279,7 @@ struct PipelineTrainer::Impl {
       std::set<std::string> seen;  // "optim/step" comes from every stage (all equal): keep one
       for (auto& [name, t] : all)
         if (seen.insert(name).second) d.tensors.emplace_back(file_name(name), t);
-      d.scalars = {{"epochs_done", epochs_done}, {"step", step}, {"ranks", world.size()},
+      d.scalars = {{"epochs_done", epochs_done}, {"step", step}, {"step_in_epoch", step_in_epoch}, {"ranks", world.size()},
                    {"seed", static_cast<std::int64_t>(cfg.train.seed)}, {"pipeline", grid.pp_size()}};
       d.config_toml = cfg.to_toml();
       // Run id in CheckpointDir's three-part form; the layout does not depend on p or DP.
@@ -309,6 +306,7 @@ struct PipelineTrainer::Impl {
       if (with_optimizer) {
         epochs_done = ck.scalars.at("epochs_done");
         step = ck.scalars.at("step");
+        step_in_epoch = ck.scalars.count("step_in_epoch") ? ck.scalars.at("step_in_epoch") : 0;
       }
       if (world.rank() == 0) log::info("loaded checkpoint ", file, " (epoch ", epochs_done, ", step ", step, ")");
     });

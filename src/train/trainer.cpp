@@ -27,6 +27,7 @@
 #include "ringtrain/train/signals.hpp"
 #include "ringtrain/train/state.hpp"
 #include "pipeline_trainer.hpp"
+#include "run_options.hpp"
 #include "run_state.hpp"
 #include "trainer_impl.hpp"
 
@@ -53,12 +54,6 @@ Device choose_device(const TrainConfig& cfg, const Communicator& world) {
   return d;
 }
 
-int choose_threads(const TrainConfig& cfg) {
-  if (cfg.train.threads > 0) return cfg.train.threads;
-  if (const char* v = std::getenv("OMP_NUM_THREADS")) return std::max(1, std::atoi(v));
-  return 1;
-}
-
 // Sums doubles over ranks (metrics at epoch ends; not on the step's hot path).
 void sum_over_ranks(std::vector<double>& v, const Communicator& comm) {
   allreduce(v.data(), v.data(), v.size(), DType::f64, ReduceOp::sum, comm);
@@ -80,7 +75,7 @@ Trainer::Impl::Impl(TrainConfig c, Communicator w, TrainerHooks h)
     scaler = std::make_unique<LossScaler>();
     scaler_state = Tensor::zeros({4}, DType::f64);
   }
-  omp_set_num_threads(choose_threads(cfg));
+  omp_set_num_threads(compute_threads(cfg));
   // Flush denormals to zero (FTZ+DAZ) on the compute thread, as DL frameworks
   // do: tiny gradients late in training otherwise cost ~100 cycles per
   // operation in microcode assists (measured ~15% of a `cnn` step here).
@@ -101,48 +96,14 @@ Trainer::Impl::Impl(TrainConfig c, Communicator w, TrainerHooks h)
 }
 
 void Trainer::Impl::open_loader() {
-  data::LoaderOptions lo;
-  run_agreed(world, "opening the training data", [&] {
-    try {
-      lo.files = data::find_split_files(cfg.data.train, "train");
-    } catch (const Error& e) {
-      RT_FAIL("data.train = '", cfg.data.train, "': ", e.what());
-    }
-  });
-  lo.batch_size = cfg.data.batch_size;
-  lo.seed = cfg.train.seed;
-  lo.tail = cfg.data.drop_last ? data::TailPolicy::drop_last : data::TailPolicy::pad;
-  lo.prefetch_depth = cfg.data.prefetch;
-  lo.mpio = cfg.data.mpi_io;
-  if (cfg.data.augment) lo.augment = data::Augment{2, true};
-  // Errors name the key (the loader names the file); raised on every rank alike.
-  try {
-    loader = std::make_unique<data::Loader>(lo, world);
-  } catch (const CollectiveError& e) {
-    throw CollectiveError(cat("data.train = '", cfg.data.train, "': ", e.what()));
-  } catch (const Error& e) {
-    throw Error(cat("data.train = '", cfg.data.train, "': ", e.what()));
-  }
+  loader = open_train_loader(cfg, world);
   RT_CHECK(loader->steps_per_epoch() >= cfg.train.accumulation, "data.train '", cfg.data.train, "' gives ",
            loader->steps_per_epoch(), " micro-batches per epoch, fewer than train.accumulation = ",
            cfg.train.accumulation);
 }
 
 void Trainer::Impl::build_model() {
-  const auto& info = loader->info();
-  ModelConfig mc;
-  mc.name = cfg.model.name;
-  mc.in_channels = info.channels;
-  mc.height = info.height;
-  mc.width = info.width;
-  mc.classes = info.num_classes;
-  mc.depth = cfg.model.depth;
-  mc.base_width = cfg.model.width;
-  mc.dropout = cfg.model.dropout;
-  mc.heads = cfg.model.heads;
-  mc.mlp_ratio = cfg.model.mlp_ratio;
-  mc.patch = cfg.model.patch;
-  mc.seed = cfg.train.seed;
+  ModelConfig mc = model_config(cfg, loader->info());
   mc.math = math;
   model = ringtrain::build_model(mc, device);
   for (int i = 0; i < model->num_layers(); ++i)
@@ -151,41 +112,16 @@ void Trainer::Impl::build_model() {
 }
 
 void Trainer::Impl::build_optimizer() {
-  OptimizerConfig oc;
-  oc.name = cfg.optimizer.name;
-  oc.momentum = cfg.optimizer.momentum;
-  oc.nesterov = cfg.optimizer.nesterov;
-  oc.weight_decay = cfg.optimizer.weight_decay;
-  oc.beta1 = cfg.optimizer.beta1;
-  oc.beta2 = cfg.optimizer.beta2;
-  oc.eps = cfg.optimizer.eps;
-  oc.trust_coefficient = cfg.optimizer.trust_coefficient;
+  OptimizerConfig oc = optimizer_config(cfg);
   optimizer = rt->make_optimizer(model->arena(), oc);
 
-  ScheduleConfig sc;
-  sc.name = cfg.schedule.name;
-  sc.lr = cfg.optimizer.lr;
-  sc.linear_scaling = cfg.schedule.scale_lr;
-  sc.global_batch = global_batch();
-  sc.warmup = cfg.schedule.warmup_epochs;
-  sc.step_size = cfg.schedule.step_epochs;
-  sc.gamma = cfg.schedule.gamma;
-  sc.min_lr = cfg.schedule.min_lr;
+  ScheduleConfig sc = schedule_config(cfg, global_batch());
   schedule = std::make_unique<LrSchedule>(sc, steps_per_epoch(), total_steps());
 }
 
 void Trainer::Impl::build_engine() {
-  EngineOptions eo;
-  eo.fusion_threshold = static_cast<std::size_t>(cfg.comm.fusion_threshold);
-  eo.cycle_time_ms = cfg.comm.cycle_time_ms;
-  eo.fp16_allreduce = cfg.comm.fp16_allreduce;
-  eo.timeline = cfg.comm.timeline;
-  eo.stall_warning_s = cfg.comm.stall_warning_s;
-  eo.stall_shutdown_s = cfg.comm.stall_shutdown_s;
-  eo.collective_timeout_s = cfg.comm.collective_timeout_s;
-  eo.collective.algorithm = parse_algorithm(cfg.comm.algorithm);
+  EngineOptions eo = engine_options(cfg);
   eo.device_ops = rt->fusion_ops(device);
-  eo = EngineOptions::from_env(eo);
   if (cfg.comm.deterministic) {
     make_buckets();
     eo.fusion_threshold = 0;  // each bucket is its own all-reduce: composition never varies

@@ -108,7 +108,7 @@ TEST(Models, GradReadyHookIsReverseOrderAndRightAfterEachLayer) {
     }
     // Parameters of earlier layers are not computed yet.
     for (std::size_t p = 0; p < m->arena().size(); ++p)
-      if (m->arena().info(p).layer < layer) EXPECT_FALSE(nonzero(p)) << m->arena().info(p).name;
+      if (m->arena().info(p).layer < layer) { EXPECT_FALSE(nonzero(p)) << m->arena().info(p).name; }
   });
   ASSERT_FALSE(order.empty());
   for (std::size_t i = 1; i < order.size(); ++i) EXPECT_GT(order[i - 1], order[i]);

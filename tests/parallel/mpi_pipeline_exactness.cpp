@@ -122,8 +122,8 @@ INSTANTIATE_TEST_SUITE_P(Schedules, PipelineExactness,
 
 TEST(PipelineGrid, BadSizesAreErrorsNamingTheValues) {
   Communicator world = Communicator::world();
-  if (world.size() % 3 != 0) EXPECT_THROW(ProcessGrid::make(world, {1, 3}), Error);  // tensor 3 does not divide
-  if (world.size() == 3) EXPECT_THROW(ProcessGrid::make(world, {2, 1}), Error);
+  if (world.size() % 3 != 0) { EXPECT_THROW(ProcessGrid::make(world, {1, 3}), Error); } // tensor 3 does not divide
+  if (world.size() == 3) { EXPECT_THROW(ProcessGrid::make(world, {2, 1}), Error); }
   EXPECT_THROW(ProcessGrid::data_parallel_size(6, {4, 1}), Error);
   EXPECT_EQ(ProcessGrid::data_parallel_size(8, {4, 1}), 2);
   PipelineConfig pc;

@@ -35,13 +35,13 @@ void check_stage(const std::vector<Instr>& s, int p, int m, int stage, const std
       pos_f[i.mb] = static_cast<int>(k);
       ASSERT_GT(k, 0u);
       EXPECT_EQ(s[k - 1], (Instr{first ? Op::load_micro_batch : Op::recv_act, i.mb})) << what << " F" << i.mb;
-      if (!last) EXPECT_EQ(s[k + 1], (Instr{Op::send_act, i.mb})) << what << " F" << i.mb;
+      if (!last) { EXPECT_EQ(s[k + 1], (Instr{Op::send_act, i.mb})) << what << " F" << i.mb; }
     }
     if (i.op == Op::backward_input) {
       pos_b[i.mb] = static_cast<int>(k);
-      if (!last) EXPECT_EQ(s[k - 1], (Instr{Op::recv_grad, i.mb})) << what << " B" << i.mb;
+      if (!last) { EXPECT_EQ(s[k - 1], (Instr{Op::recv_grad, i.mb})) << what << " B" << i.mb; }
       const std::size_t after = s[k + 1].op == Op::backward_weight ? k + 2 : k + 1;
-      if (!first) EXPECT_EQ(s[after], (Instr{Op::send_grad, i.mb})) << what << " B" << i.mb;
+      if (!first) { EXPECT_EQ(s[after], (Instr{Op::send_grad, i.mb})) << what << " B" << i.mb; }
     }
     if (i.op == Op::backward_weight) pos_w[i.mb] = static_cast<int>(k);
   }
@@ -164,7 +164,7 @@ TEST(Schedule, ZeroBubbleH1MeetsThePapersBubble) {
       for (int s = 0; s < p; ++s) lists.push_back(make_schedule(ScheduleKind::zb_h1, p, m, s));
       SimResult r = simulate(lists, 1, 1, 1);
       const double paper = 3.0 * m + (p - 1);
-      if (m >= p) EXPECT_DOUBLE_EQ(r.makespan, paper) << "p=" << p << " m=" << m << ": " << schedule_str(lists[0]);
+      if (m >= p) { EXPECT_DOUBLE_EQ(r.makespan, paper) << "p=" << p << " m=" << m << ": " << schedule_str(lists[0]); }
       EXPECT_LT(r.makespan, 3.0 * (m + p - 1)) << "p=" << p << " m=" << m << " not better than 1F1B";
     }
 }

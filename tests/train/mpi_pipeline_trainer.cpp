@@ -67,6 +67,48 @@ TEST(PipelineTrainer, FollowsTheOneRankTrainerAndResumes) {
     EXPECT_EQ(rest[i], got[ref.size() / 2 + i]) << "resumed step " << i;
 }
 
+// A stop signal seen by one rank only, in the middle of an epoch: every rank
+// stops after the same step, the checkpoint holds the exact position, and the
+// resumed run takes the remaining steps with the uninterrupted run's losses.
+TEST(PipelineTrainer, SignalOnOneRankStopsAllAndResumesMidEpochExactly) {
+  Communicator world = Communicator::world();
+  if (world.size() < 2) GTEST_SKIP() << "needs 2+ ranks for a pipeline";
+  std::string data = test_fixtures::synthetic_mnist_like(world, "pipesig", 384, 64);
+  TrainConfig c = test_fixtures::small_config(data);
+  c.data.batch_size = 16;
+  c.train.epochs = 2;
+  c.schedule.name = "constant";
+  c.optimizer.lr = 0.01;
+  c.parallel.pipeline = world.size();
+  c.parallel.micro_batches = 4;
+  c.checkpoint.dir = data + "/pipe-sig-full";
+  const std::vector<double> full = run(c, world);
+  ASSERT_GT(full.size(), 6u);
+  const std::int64_t stop_after = static_cast<std::int64_t>(full.size() / 2 - 3);  // inside epoch 1
+
+  TrainConfig cut = c;
+  cut.checkpoint.dir = data + "/pipe-sig-cut";
+  TrainerHooks hooks;
+  hooks.report = false;
+  std::vector<double> first;
+  std::int64_t taken = 0;
+  hooks.on_step = [&](std::int64_t step, double l) { first.push_back(l); taken = step; };
+  const int signaller = world.size() - 1;  // the last stage only
+  hooks.stop_signal = [&] { return world.rank() == signaller && taken >= stop_after ? 10 /* SIGUSR1 */ : 0; };
+  TrainResult r;
+  {
+    Trainer t(cut, world, hooks);
+    r = t.fit();
+  }
+  EXPECT_NE(r.stopped_by_signal, 0);
+  ASSERT_EQ(static_cast<std::int64_t>(first.size()), stop_after);
+  world.barrier();
+  const std::vector<double> rest = run(cut, world, nullptr, cut.checkpoint.dir);
+  ASSERT_EQ(first.size() + rest.size(), full.size());
+  for (std::size_t i = 0; i < first.size(); ++i) EXPECT_EQ(first[i], full[i]) << "step " << i;
+  for (std::size_t i = 0; i < rest.size(); ++i) EXPECT_EQ(rest[i], full[first.size() + i]) << "resumed step " << i;
+}
+
 TEST(PipelineTrainer, BadParallelConfigIsAnErrorNamingTheValues) {
   Communicator world = Communicator::world();
   std::string data = test_fixtures::synthetic_mnist_like(world, "pipeerr", 128, 32);
@@ -90,7 +132,7 @@ TEST(PipelineTrainer, BadParallelConfigIsAnErrorNamingTheValues) {
     }
   }
   c.parallel.pipeline = 6;  // cnn has 5 top-level layers
-  if (world.size() % 6 == 0) EXPECT_THROW(Trainer(c, world, TrainerHooks{}), Error);
+  if (world.size() % 6 == 0) { EXPECT_THROW(Trainer(c, world, TrainerHooks{}), Error); }
 }
 
 }  // namespace

@@ -1,0 +1,99 @@
+#include "run_options.hpp"
+
+#include <algorithm>
+#include <cstdlib>
+
+#include "ringtrain/comm/agree.hpp"
+#include "ringtrain/comm/collectives.hpp"
+#include "ringtrain/core/error.hpp"
+
+namespace ringtrain {
+
+std::unique_ptr<data::Loader> open_train_loader(const TrainConfig& cfg, const Communicator& comm) {
+  data::LoaderOptions lo;
+  run_agreed(comm, "opening the training data", [&] {
+    try {
+      lo.files = data::find_split_files(cfg.data.train, "train");
+    } catch (const Error& e) {
+      RT_FAIL("data.train = '", cfg.data.train, "': ", e.what());
+    }
+  });
+  lo.batch_size = cfg.data.batch_size;
+  lo.seed = cfg.train.seed;
+  lo.tail = cfg.data.drop_last ? data::TailPolicy::drop_last : data::TailPolicy::pad;
+  lo.prefetch_depth = cfg.data.prefetch;
+  lo.mpio = cfg.data.mpi_io;
+  if (cfg.data.augment) lo.augment = data::Augment{2, true};
+  // Errors name the key (the loader names the file); raised on every rank alike.
+  try {
+    return std::make_unique<data::Loader>(lo, comm);
+  } catch (const CollectiveError& e) {
+    throw CollectiveError(cat("data.train = '", cfg.data.train, "': ", e.what()));
+  } catch (const Error& e) {
+    throw Error(cat("data.train = '", cfg.data.train, "': ", e.what()));
+  }
+}
+
+ModelConfig model_config(const TrainConfig& cfg, const data::FileInfo& info) {
+  ModelConfig mc;
+  mc.name = cfg.model.name;
+  mc.in_channels = info.channels;
+  mc.height = info.height;
+  mc.width = info.width;
+  mc.classes = info.num_classes;
+  mc.depth = cfg.model.depth;
+  mc.base_width = cfg.model.width;
+  mc.dropout = cfg.model.dropout;
+  mc.heads = cfg.model.heads;
+  mc.mlp_ratio = cfg.model.mlp_ratio;
+  mc.patch = cfg.model.patch;
+  mc.seed = cfg.train.seed;
+  return mc;
+}
+
+OptimizerConfig optimizer_config(const TrainConfig& cfg) {
+  OptimizerConfig oc;
+  oc.name = cfg.optimizer.name;
+  oc.momentum = cfg.optimizer.momentum;
+  oc.nesterov = cfg.optimizer.nesterov;
+  oc.weight_decay = cfg.optimizer.weight_decay;
+  oc.beta1 = cfg.optimizer.beta1;
+  oc.beta2 = cfg.optimizer.beta2;
+  oc.eps = cfg.optimizer.eps;
+  oc.trust_coefficient = cfg.optimizer.trust_coefficient;
+  return oc;
+}
+
+ScheduleConfig schedule_config(const TrainConfig& cfg, std::int64_t global_batch) {
+  ScheduleConfig sc;
+  sc.name = cfg.schedule.name;
+  sc.lr = cfg.optimizer.lr;
+  sc.linear_scaling = cfg.schedule.scale_lr;
+  sc.global_batch = global_batch;
+  sc.warmup = cfg.schedule.warmup_epochs;
+  sc.step_size = cfg.schedule.step_epochs;
+  sc.gamma = cfg.schedule.gamma;
+  sc.min_lr = cfg.schedule.min_lr;
+  return sc;
+}
+
+EngineOptions engine_options(const TrainConfig& cfg) {
+  EngineOptions eo;
+  eo.fusion_threshold = static_cast<std::size_t>(cfg.comm.fusion_threshold);
+  eo.cycle_time_ms = cfg.comm.cycle_time_ms;
+  eo.fp16_allreduce = cfg.comm.fp16_allreduce;
+  eo.timeline = cfg.comm.timeline;
+  eo.stall_warning_s = cfg.comm.stall_warning_s;
+  eo.stall_shutdown_s = cfg.comm.stall_shutdown_s;
+  eo.collective_timeout_s = cfg.comm.collective_timeout_s;
+  eo.collective.algorithm = parse_algorithm(cfg.comm.algorithm);
+  return EngineOptions::from_env(eo);
+}
+
+int compute_threads(const TrainConfig& cfg) {
+  if (cfg.train.threads > 0) return cfg.train.threads;
+  if (const char* v = std::getenv("OMP_NUM_THREADS")) return std::max(1, std::atoi(v));
+  return 1;
+}
+
+}  // namespace ringtrain

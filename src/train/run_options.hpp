@@ -1,0 +1,29 @@
+#pragma once
+// The one translation of a TrainConfig into the options of the pieces a run is
+// made of (loader, model, optimizer, schedule, engine), shared by the
+// data-parallel trainer and the grid (pipeline/tensor) trainer so that both
+// read every key the same way.
+#include <cstdint>
+#include <memory>
+
+#include "ringtrain/comm/communicator.hpp"
+#include "ringtrain/data/loader.hpp"
+#include "ringtrain/engine/engine.hpp"
+#include "ringtrain/nn/model.hpp"
+#include "ringtrain/optim/optimizer.hpp"
+#include "ringtrain/optim/schedule.hpp"
+#include "ringtrain/train/config.hpp"
+
+namespace ringtrain {
+
+// The training split over `comm`'s ranks; errors name data.train, on every rank alike.
+std::unique_ptr<data::Loader> open_train_loader(const TrainConfig& cfg, const Communicator& comm);
+ModelConfig model_config(const TrainConfig& cfg, const data::FileInfo& info);
+OptimizerConfig optimizer_config(const TrainConfig& cfg);
+ScheduleConfig schedule_config(const TrainConfig& cfg, std::int64_t global_batch);
+// Without device_ops (the caller adds its device's) and with the environment applied.
+EngineOptions engine_options(const TrainConfig& cfg);
+// train.threads, else OMP_NUM_THREADS, else 1.
+int compute_threads(const TrainConfig& cfg);
+
+}  // namespace ringtrain
