@@ -16,7 +16,9 @@
 //    "peer's counter >= s". The slot alternates per chunk, and a rank publishes
 //    the next chunk's input only after it finished reading the previous one, so a
 //    slot is never overwritten while a peer still reads it: no second barrier.
-//  - No MPI call on the data path. A wait spins, then yields; it checks that the
+//  - No MPI call on the data path. A wait spins, then yields (calling MPI_Iprobe so
+//    that this rank's pending non-blocking sends, e.g. a pipeline stage's, progress:
+//    the peer may be waiting for one), then sleeps; it checks that the
 //    peers' processes are alive, and ends the job with a message naming the rank
 //    that died or stalled (RINGTRAIN_COLLECTIVE_TIMEOUT) instead of hanging.
 //
