@@ -49,33 +49,37 @@ double Linear::forward_flops(const Shape& in) const {
 
 Tensor Linear::do_forward(const Tensor& x, Mode) {
   x_ = x;
-  const std::int64_t rows = x.numel() / spec_.in_features;
   ensure(y_, output_shape(x.shape()), spec_.dtype, x.device());
-  Tensor y2 = y_.reshape({rows, spec_.out_features});
-  k_->forward(x.reshape({rows, spec_.in_features}), w, b, y2);
+  Tensor y2 = rows_of(y_, spec_.out_features);
+  k_->forward(rows_of(x, spec_.in_features), w, b, y2);
   return y_;
 }
 
-Tensor Linear::do_backward(const Tensor& dy, bool need_dx, bool accumulate) {
-  const std::int64_t rows = x_.numel() / spec_.in_features;
+// The kernels see [rows, features]: an [N, ..., in] input is a view of N·... rows.
+Tensor Linear::rows_of(const Tensor& t, std::int64_t features) const {
+  return t.reshape({x_.numel() / spec_.in_features, features});
+}
+
+// Both halves when dw/db are given, dx alone when they are undefined.
+Tensor Linear::backward_kernel(const Tensor& dy, bool need_dx, Tensor dw_, Tensor db_, bool accumulate) {
   Tensor dx, dx2;
   if (need_dx) {
     dx = ensure(dx_, x_.shape(), spec_.dtype, x_.device());
-    dx2 = dx.reshape({rows, spec_.in_features});
+    dx2 = rows_of(dx, spec_.in_features);
   }
-  k_->backward(x_.reshape({rows, spec_.in_features}), w, y_.reshape({rows, spec_.out_features}),
-               dy.reshape({rows, spec_.out_features}), dx2, dw, db, accumulate);
+  k_->backward(rows_of(x_, spec_.in_features), w, rows_of(y_, spec_.out_features), rows_of(dy, spec_.out_features),
+               dx2, dw_, db_, accumulate);
   return dx;
+}
+
+Tensor Linear::do_backward(const Tensor& dy, bool need_dx, bool accumulate) {
+  return backward_kernel(dy, need_dx, dw, db, accumulate);
 }
 
 // Split backward: dx now, dw/db in backward_weight (same kernel call, halves).
 Tensor Linear::do_backward_input(const Tensor& dy, bool need_dx, bool accumulate) {
   if (!split_) return do_backward(dy, need_dx, accumulate);
-  Tensor dx, none_w, none_b;
-  if (need_dx) {
-    dx = ensure(dx_, x_.shape(), spec_.dtype, x_.device());
-    k_->backward(x_, w, y_, dy, dx, none_w, none_b, accumulate);
-  }
+  Tensor dx = need_dx ? backward_kernel(dy, true, Tensor(), Tensor(), accumulate) : Tensor();
   dy_ = dy;
   w_pending_ = true;
   w_accumulate_ = accumulate;
@@ -84,8 +88,7 @@ Tensor Linear::do_backward_input(const Tensor& dy, bool need_dx, bool accumulate
 
 void Linear::do_backward_weight() {
   if (!w_pending_) return;
-  Tensor none;
-  k_->backward(x_, w, y_, dy_, none, dw, db, w_accumulate_);
+  backward_kernel(dy_, false, dw, db, w_accumulate_);
   w_pending_ = false;
   dy_ = Tensor();
 }

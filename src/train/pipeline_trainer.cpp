@@ -222,15 +222,7 @@ struct PipelineTrainer::Impl {
       if (hooks.evaluate) {
         auto te = Clock::now();
         EvalResult ev = evaluate(cfg.data.test);
-        m.evaluated = true;
-        m.test_loss = ev.loss;
-        m.test_accuracy = ev.accuracy;
-        m.eval_s = since(te);
-        res.best_test_accuracy = std::max(res.best_test_accuracy, ev.accuracy);
-        if (cfg.train.target_accuracy > 0 && res.target_epoch < 0 && ev.accuracy >= cfg.train.target_accuracy) {
-          res.target_epoch = epoch + 1;
-          res.target_time_s = since(run_t0);
-        }
+        record_evaluation(cfg, epoch, ev, since(te), since(run_t0), world.rank() == 0, m, res);
       }
       reporter->epoch_end(m);
       res.last = m;

@@ -6,6 +6,7 @@
 #include "ringtrain/comm/agree.hpp"
 #include "ringtrain/comm/collectives.hpp"
 #include "ringtrain/core/error.hpp"
+#include "ringtrain/core/log.hpp"
 
 namespace ringtrain {
 
@@ -88,6 +89,22 @@ EngineOptions engine_options(const TrainConfig& cfg) {
   eo.collective_timeout_s = cfg.comm.collective_timeout_s;
   eo.collective.algorithm = parse_algorithm(cfg.comm.algorithm);
   return EngineOptions::from_env(eo);
+}
+
+void record_evaluation(const TrainConfig& cfg, int epoch, const EvalResult& ev, double eval_s, double run_s,
+                       bool speak, EpochMetrics& m, TrainResult& res) {
+  m.evaluated = true;
+  m.test_loss = ev.loss;
+  m.test_accuracy = ev.accuracy;
+  m.eval_s = eval_s;
+  res.best_test_accuracy = std::max(res.best_test_accuracy, ev.accuracy);
+  if (cfg.train.target_accuracy > 0 && res.target_epoch < 0 && ev.accuracy >= cfg.train.target_accuracy) {
+    res.target_epoch = epoch + 1;
+    res.target_time_s = run_s;
+    if (speak)
+      log::info("reached test accuracy ", 100 * ev.accuracy, "% >= target ", 100 * cfg.train.target_accuracy,
+                "% at epoch ", epoch + 1, " after ", run_s, " s");
+  }
 }
 
 int compute_threads(const TrainConfig& cfg) {

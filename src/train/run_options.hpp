@@ -13,6 +13,8 @@
 #include "ringtrain/optim/optimizer.hpp"
 #include "ringtrain/optim/schedule.hpp"
 #include "ringtrain/train/config.hpp"
+#include "ringtrain/train/report.hpp"
+#include "ringtrain/train/trainer.hpp"
 
 namespace ringtrain {
 
@@ -23,6 +25,10 @@ OptimizerConfig optimizer_config(const TrainConfig& cfg);
 ScheduleConfig schedule_config(const TrainConfig& cfg, std::int64_t global_batch);
 // Without device_ops (the caller adds its device's) and with the environment applied.
 EngineOptions engine_options(const TrainConfig& cfg);
+// Records an epoch's evaluation in its metrics and the run's result (best
+// accuracy, first epoch at train.target_accuracy, announced by `speak`).
+void record_evaluation(const TrainConfig& cfg, int epoch, const EvalResult& ev, double eval_s, double run_s,
+                       bool speak, EpochMetrics& m, TrainResult& res);
 // train.threads, else OMP_NUM_THREADS, else 1.
 int compute_threads(const TrainConfig& cfg);
 

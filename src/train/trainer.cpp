@@ -385,18 +385,7 @@ TrainResult Trainer::Impl::fit() {
     if (hooks.evaluate) {
       auto te = Clock::now();
       EvalResult ev = evaluate(cfg.data.test);
-      m.evaluated = true;
-      m.test_loss = ev.loss;
-      m.test_accuracy = ev.accuracy;
-      m.eval_s = since(te);
-      res.best_test_accuracy = std::max(res.best_test_accuracy, ev.accuracy);
-      if (cfg.train.target_accuracy > 0 && res.target_epoch < 0 && ev.accuracy >= cfg.train.target_accuracy) {
-        res.target_epoch = epoch + 1;
-        res.target_time_s = since(run_t0);
-        if (world.rank() == 0)
-          log::info("reached test accuracy ", 100 * ev.accuracy, "% >= target ", 100 * cfg.train.target_accuracy,
-                    "% at epoch ", epoch + 1, " after ", res.target_time_s, " s");
-      }
+      record_evaluation(cfg, epoch, ev, since(te), since(run_t0), world.rank() == 0, m, res);
     }
     reporter->epoch_end(m);
     res.last = m;

@@ -32,6 +32,8 @@ class Linear : public Layer {
   bool splits_backward() const override { return split_; }
 
  private:
+  Tensor rows_of(const Tensor& t, std::int64_t features) const;
+  Tensor backward_kernel(const Tensor& dy, bool need_dx, Tensor dw_, Tensor db_, bool accumulate);
   bool split_ = false;      // the backend's kernels accept an undefined dw
   bool w_pending_ = false;  // backward_input ran; backward_weight owes dw (and db)
   bool w_accumulate_ = false;
