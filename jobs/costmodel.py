@@ -18,6 +18,10 @@ Training step (data-parallel, gradients in fusion buckets of F bytes, backward o
   fitted from a run's measured exposed communication. s > 1 only where ranks share cores.
 Testbed term (emulated hosts share this machine's cores and kernel): a veth flow costs
   β_eff = max(β_link, β_veth·max(1, flows/cores)); tc-shaped links set β_link.
+Fitted links may carry per-algorithm (α, β) ("per_algo"): on TCP the ring's many small steps and
+the tree's whole-vector exchanges do not reach the same effective bandwidth (e.g. 2x apart on
+tbf-shaped veth here), so each algorithm is predicted with the parameters fitted on its own 2-rank
+points; links given by hand (a target cluster) have one (α, β).
 """
 import argparse
 import json
@@ -45,11 +49,17 @@ class Cluster:
     def p(self):
         return self.m * self.q
 
-    def net_beta(self, flows):
-        b = self.net["beta"]
+    def net_beta(self, flows, b=None):
+        b = self.net["beta"] if b is None else b
         if self.cores:  # veth flows share the CPU that moves their bytes
             b = max(self.beta_link, b * max(1.0, flows / self.cores))
         return b
+
+
+def ab(link, algo):
+    """(α, β) of a link class for one algorithm: its own fit where there is one."""
+    x = link.get("per_algo", {}).get(algo, link)
+    return x["alpha"], x["beta"]
 
 
 def t_ring(n, c):
@@ -57,10 +67,10 @@ def t_ring(n, c):
     if p == 1:
         return 0.0
     if c.m == 1:
-        a, b = c.shm["alpha"], c.shm["beta"]
+        a, b = ab(c.shm, "ring")
     else:
-        a, b = max(c.net["alpha"], c.shm["alpha"]), c.net_beta(c.m)
-        b = max(b, c.shm["beta"])
+        (a_s, b_s), (a_n, b_n) = ab(c.shm, "ring"), ab(c.net, "ring")
+        a, b = max(a_n, a_s), max(c.net_beta(c.m, b_n), b_s)
     return 2 * (p - 1) * (a + n / p * b) + (p - 1) / p * n * c.gamma
 
 
@@ -69,18 +79,19 @@ def t_tree(n, c):
     if p == 1:
         return 0.0
     pof2 = 1 << log2_floor(p)
+    (a_s, b_s), (a_n, b_n) = ab(c.shm, "tree"), ab(c.net, "tree")
     t = 0.0
     mask = 1
     while mask < pof2:
         if mask < c.q:  # partner on the same node
-            t += c.shm["alpha"] + n * c.shm["beta"]
+            t += a_s + n * b_s
         else:           # q ranks of each node exchange across the NIC at once
-            t += c.net["alpha"] + c.q * n * c.net_beta(p)
+            t += a_n + c.q * n * c.net_beta(p, b_n)
         t += n * c.gamma
         mask <<= 1
     if pof2 != p:  # fold in and send back out (one link class: the worst)
-        a = c.net["alpha"] if c.m > 1 else c.shm["alpha"]
-        b = c.net_beta(p) if c.m > 1 else c.shm["beta"]
+        a = a_n if c.m > 1 else a_s
+        b = c.net_beta(p, b_n) if c.m > 1 else b_s
         t += 2 * (a + n * b) + n * c.gamma
     return t
 
@@ -89,11 +100,11 @@ def t_hier(n, c):
     if c.q == 1 or c.m == 1:
         return t_ring(n, c)
     q, m = c.q, c.m
-    a_s, b_s = c.shm["alpha"], c.shm["beta"]
+    (a_s, b_s), (a_n, b_n) = ab(c.shm, "ring"), ab(c.net, "ring")
     intra = (q - 1) * (a_s + n / q * b_s)                    # one pass (reduce-scatter or all-gather)
     rs = intra + (q - 1) / q * n * c.gamma
     chunk = n / q
-    inter = 2 * (m - 1) * (c.net["alpha"] + chunk / m * q * c.net_beta(m * q)) + (m - 1) / m * chunk * c.gamma
+    inter = 2 * (m - 1) * (a_n + chunk / m * q * c.net_beta(m * q, b_n)) + (m - 1) / m * chunk * c.gamma
     return rs + inter + intra
 
 
@@ -190,6 +201,19 @@ def fit_sweep(points, gamma=None):
     x = nnls(rows, ys, ws)
     g = gamma if gamma is not None else float(x[2])
     return {"alpha": float(x[0]), "beta": float(x[1])}, g
+
+
+def fit_link(points, gamma):
+    """Joint (α, β) of a link class plus each algorithm's own (see the module docstring)."""
+    link, _ = fit_sweep(points, gamma)
+    per = {}
+    for algo in sorted({a for a, *_ in points}):
+        own = [x for x in points if x[0] == algo]
+        if len({n for _, n, _, _ in own}) >= 2:
+            per[algo], _ = fit_sweep(own, gamma)
+    if per:
+        link["per_algo"] = per
+    return link
 
 
 def gbit_to_beta(gbit):

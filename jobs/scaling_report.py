@@ -57,6 +57,8 @@ def cluster_for(where, ranks, links, gamma):
     if where == "local":
         return cm.Cluster(1, ranks, links["shm"], links["shm"], gamma)
     cls = where.split("-", 1)[1]
+    if cls == "slow":  # link-bound: the shaped link is the network (its own α and β, no CPU term)
+        return cm.Cluster(ranks, 1, links["shm"], links["slow"], gamma)
     net = links.get(cls, links.get("net"))
     return cm.Cluster(ranks, 1, links["shm"], links.get("net", net), gamma, cores=CORES,
                       beta_link=net["beta"] if cls == "tbf" else 0.0)
@@ -66,10 +68,11 @@ def fit(sweeps):
     links, gamma = {}, 0.0
     if ("shm", 1, 2) not in sweeps:
         sys.exit("scaling_report: sweeps/shm-1n2r.csv missing: the shared-memory fit needs it")
-    links["shm"], gamma = cm.fit_sweep(sweeps[("shm", 1, 2)])
-    for cls in ("net", "tbf"):
+    _, gamma = cm.fit_sweep(sweeps[("shm", 1, 2)])
+    links["shm"] = cm.fit_link(sweeps[("shm", 1, 2)], gamma)
+    for cls in ("net", "tbf", "slow"):
         if (cls, 2, 2) in sweeps:
-            links[cls], _ = cm.fit_sweep(sweeps[(cls, 2, 2)], gamma)
+            links[cls] = cm.fit_link(sweeps[(cls, 2, 2)], gamma)
     return links, gamma
 
 
@@ -194,8 +197,8 @@ def target_predictions(work, gamma):
                 for p in (8, 64, 256, 1024):
                     q = min(TARGET["ranks_per_node"], p)
                     c = cm.Cluster(p // q, q, TARGET["shm"], {"alpha": alpha, "beta": cm.gbit_to_beta(g)}, gamma)
-                    # "all": the model's algorithms; "ringtrain": those src/comm implements today.
-                    for algos, name in ((cm.ALGORITHMS, "all"), (("ring", "tree"), "ringtrain")):
+                    # "all": ring, tree, hierarchical (all in src/comm); "flat": without hierarchical.
+                    for algos, name in ((cm.ALGORITHMS, "all"), (("ring", "tree"), "flat")):
                         eff, tp, f, d = cm.efficiency(ww, c, algos)
                         rows.append({"model": model, "compute": compute, "gbit": g, "alpha_us": alpha * 1e6,
                                      "ranks": p, "nodes": c.m, "algorithms": name, "step_ms": tp * 1e3,

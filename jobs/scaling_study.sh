@@ -11,20 +11,26 @@
 #    table and the 1,024-rank predictions (jobs/costmodel.py predicts other layouts).
 # Environment: OUT (runs/scaling), STEPS (cnn steps per point, 60), RESNET_STEPS (8), BATCH (64),
 #   GLOBAL_BATCH (128), RATE (tc rate of the shaped links, 2gbit), HOSTS=0 to skip the emulated hosts,
-#   SWEEP (sweep arguments), BIN, BENCH.
+#   SWEEP (sweep arguments), SLOW_RATE (100mbit), SLOW_SWEEP, SLOW_STEPS (20), BIN, BENCH,
+#   PHASES (default "local hosts slow": run a subset again; the other phases' results in OUT are kept).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 OUT=${OUT:-runs/scaling}; mkdir -p "$OUT"/{sweeps,train,data}; OUT=$(cd "$OUT" && pwd)
 BIN=${BIN:-$ROOT/build/ringtrain}; BENCH=${BENCH:-$ROOT/build/bench/bench_comm_allreduce_sweep}
 STEPS=${STEPS:-60}; RESNET_STEPS=${RESNET_STEPS:-8}; BATCH=${BATCH:-64}; GLOBAL_BATCH=${GLOBAL_BATCH:-128}
-RATE=${RATE:-2gbit}; HOSTS=${HOSTS:-1}
+RATE=${RATE:-2gbit}; HOSTS=${HOSTS:-1}; SLOW_RATE=${SLOW_RATE:-100mbit}; PHASES=${PHASES:-local hosts slow}
 export SWEEP=${SWEEP:--b 4K -e 16M -f 4 -w 3 -n 15 -c 0 --algos ring,tree --stat min}
+# Link-bound sizes only (>= 1 MiB at 100 Mbit/s: 80+ ms per message, far above the 256 KB tbf burst),
+# median: the tbf queue varies.
+export SLOW_SWEEP=${SLOW_SWEEP:--b 1M -e 16M -f 4 -w 1 -n 5 -c 0 --algos ring,tree --stat median}
+export SLOW_STEPS=${SLOW_STEPS:-20}
+has() { [[ " $PHASES " == *" $1 "* ]]; }
 for f in "$BIN" "$BENCH"; do [ -x "$f" ] || { echo "scaling_study: '$f' missing: run make build" >&2; exit 2; }; done
 [ -f data/fashion-mnist/fashion-mnist-train.h5 ] || "$BIN" prepare --dataset fashion-mnist --out data/fashion-mnist
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
 LOCAL="mpirun --oversubscribe --bind-to none"
-echo "where,mode,model,ranks,nodes,batch_per_rank,metrics" > "$OUT/runs.csv"
+[ -f "$OUT/runs.csv" ] || echo "where,mode,model,ranks,nodes,batch_per_rank,metrics" > "$OUT/runs.csv"
 
 # train WHERE MODE MODEL RANKS NODES BATCH STEPS LAUNCH...: one training point, metrics to train/.
 # Each point trains exactly one epoch of a synthetic Fashion-MNIST-shaped set (1x28x28, 10 classes)
@@ -41,26 +47,36 @@ train() {
         --set data.train="$d" --set data.test="$d" --set data.batch_size="$b" --set train.epochs=1 \
         --set checkpoint.dir= --set log.metrics="$m" --set log.format=plain --no-eval \
         > "$OUT/train/$where-$mode-$model-$np.log" 2>&1
-    echo "$where,$mode,$model,$np,$nodes,$b,$m" >> "$OUT/runs.csv"
+    grep -v "^$where,$mode,$model,$np," "$OUT/runs.csv" > "$OUT/runs.csv.tmp" || true  # a re-run replaces its row
+    echo "$where,$mode,$model,$np,$nodes,$b,$m" >> "$OUT/runs.csv.tmp"
+    mv "$OUT/runs.csv.tmp" "$OUT/runs.csv"
 }
 export -f train; export OUT BIN BENCH BATCH STEPS
 
-echo "== sweep: shared memory, 2 ranks (fit) and 4 ranks (validation, oversubscribed)"
-$LOCAL -np 2 "$BENCH" $SWEEP --csv "$OUT/sweeps/shm-1n2r.csv" > "$OUT/sweeps/shm-1n2r.txt"
-$LOCAL -np 4 "$BENCH" $SWEEP --csv "$OUT/sweeps/shm-1n4r.csv" > "$OUT/sweeps/shm-1n4r.txt"
-for np in 1 2 4; do
-    train local weak cnn "$np" 1 "$BATCH" "$STEPS" $LOCAL
-    train local strong cnn "$np" 1 $((GLOBAL_BATCH / np)) "$STEPS" $LOCAL
-done
-for np in 1 2; do train local weak resnet "$np" 1 "$BATCH" "$RESNET_STEPS" $LOCAL; done
+if has local; then
+    echo "== sweep: shared memory, 2 ranks (fit) and 4 ranks (validation, oversubscribed)"
+    $LOCAL -np 2 "$BENCH" $SWEEP --csv "$OUT/sweeps/shm-1n2r.csv" > "$OUT/sweeps/shm-1n2r.txt"
+    $LOCAL -np 4 "$BENCH" $SWEEP --csv "$OUT/sweeps/shm-1n4r.csv" > "$OUT/sweeps/shm-1n4r.txt"
+    for np in 1 2 4; do
+        train local weak cnn "$np" 1 "$BATCH" "$STEPS" $LOCAL
+        train local strong cnn "$np" 1 $((GLOBAL_BATCH / np)) "$STEPS" $LOCAL
+    done
+    for np in 1 2; do train local weak resnet "$np" 1 "$BATCH" "$RESNET_STEPS" $LOCAL; done
+fi
 
 if [ "$HOSTS" = 1 ]; then
     why=$(tests/slurm/cluster.sh check) || { echo "scaling_study: no emulated hosts: $why" >&2; HOSTS=0; }
 fi
 if [ "$HOSTS" = 1 ]; then
     export RT_SLURM_NAME=rtscale RT_SLURM_SUBNET=10.77.29 RT_SLURM_PORT=18000
-    tests/slurm/cluster.sh run 4 -- jobs/scaling_hosts.sh net
-    RT_SLURM_RATE=$RATE tests/slurm/cluster.sh run 4 -- jobs/scaling_hosts.sh tbf
-    echo "$RATE" > "$OUT/tbf_rate.txt"
+    if has hosts; then
+        tests/slurm/cluster.sh run 4 -- jobs/scaling_hosts.sh net
+        RT_SLURM_RATE=$RATE tests/slurm/cluster.sh run 4 -- jobs/scaling_hosts.sh tbf
+        echo "$RATE" > "$OUT/tbf_rate.txt"
+    fi
+    if has slow; then
+        RT_SLURM_RATE=$SLOW_RATE tests/slurm/cluster.sh run 4 -- jobs/scaling_hosts.sh slow
+        echo "$SLOW_RATE" > "$OUT/slow_rate.txt"
+    fi
 fi
 /usr/bin/python3 jobs/scaling_report.py "$OUT"

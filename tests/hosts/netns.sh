@@ -12,7 +12,8 @@
 # SUBNET: the first three octets of a private /24, e.g. 10.77.3. Host I gets SUBNET.(I+1);
 #   the bridge in the root namespace gets SUBNET.254, so daemons there (mpirun, slurmctld)
 #   reach the hosts and the hosts reach them.
-# RATE: optional tc tbf rate for every host's link (e.g. 2gbit), applied on both directions.
+# RATE: optional tc tbf rate for every host's link (e.g. 2gbit), applied on both directions,
+#   with a 256 KB burst and a queue of RT_NETNS_TBF_LATENCY (default 50ms) at that rate.
 #   This kernel has no netem: bandwidth can be shaped, latency cannot.
 # Enter a host with nsenter --net=/run/netns/HOST (not `ip netns exec`, which remounts /sys
 # and breaks slurmd's cgroup lookup). Give it its own host name too (`unshare --uts` then
@@ -47,7 +48,7 @@ netns_create() {
     case $prefix in ''|*[!A-Za-z0-9]*) echo "netns_create: bad prefix '$prefix'" >&2; return 2;; esac
     [ ${#prefix} -le 8 ] || { echo "netns_create: prefix '$prefix' longer than 8" >&2; return 2; }
     [ "$prefix" != "$(hostname)" ] || { echo "netns_create: prefix equals the hostname" >&2; return 2; }
-    local br="${prefix}br" i host
+    local br="${prefix}br" i host q=${RT_NETNS_TBF_LATENCY:-50ms}
     ip link add "$br" type bridge || return 1
     ip addr add "$subnet.254/24" dev "$br" && ip link set "$br" up || { netns_destroy "$prefix"; return 1; }
     mkdir -p /run/rt-netns && echo "$subnet" > "/run/rt-netns/$prefix.subnet"
@@ -65,8 +66,8 @@ netns_create() {
         ip -n "$host" route add default via "$subnet.254" || { netns_destroy "$prefix"; return 1; }
         if [ -n "$rate" ]; then
             # Egress of each end: the host's eth0 (host -> bridge) and the bridge port (bridge -> host).
-            nsenter --net="/run/netns/$host" tc qdisc add dev eth0 root tbf rate "$rate" burst 256kb latency 50ms &&
-            tc qdisc add dev "${prefix}v$i" root tbf rate "$rate" burst 256kb latency 50ms ||
+            nsenter --net="/run/netns/$host" tc qdisc add dev eth0 root tbf rate "$rate" burst 256kb latency "$q" &&
+            tc qdisc add dev "${prefix}v$i" root tbf rate "$rate" burst 256kb latency "$q" ||
                 { netns_destroy "$prefix"; return 1; }
         fi
     done

@@ -15,7 +15,7 @@
 # (TCP on the cluster subnet, no binding) so `sbatch jobs/sbatch_fashion.sh` runs unchanged.
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
-. "$HERE/netns_min.sh"
+. "$HERE/../hosts/netns.sh"   # the emulated hosts the collectives tests use too
 
 NAME=${RT_SLURM_NAME:-rtslm}
 SUBNET=${RT_SLURM_SUBNET:-10.77.9}
@@ -33,8 +33,7 @@ why_not() {
     for b in munged slurmctld slurmd sinfo sbatch ip nsenter; do
         command -v "$b" >/dev/null || { echo "'$b' not installed (make deps installs munge, slurmctld, slurmd, slurm-client)"; return; }
     done
-    ip netns add "${NAME}probe" 2>/dev/null || { echo "cannot create a network namespace (no CAP_SYS_ADMIN?)"; return; }
-    ip netns del "${NAME}probe"
+    netns_supported || return 0
 }
 
 wait_for() {  # wait_for SECONDS DESCRIPTION CMD...: poll CMD until it succeeds
@@ -63,6 +62,9 @@ CredType=cred/munge
 AuthInfo=socket=$DIR/munge/munge.socket,cred_expire=$CRED_EXPIRE
 StateSaveLocation=$DIR/state
 SlurmdSpoolDir=$DIR/spool/%n
+# Each node its own temporary directory, as on real nodes (PMIx's per-step directories in TmpFS
+# would collide between emulated nodes in one /tmp).
+TmpFS=$DIR/tmp/%n
 SlurmctldPidFile=$DIR/run/slurmctld.pid
 SlurmdPidFile=$DIR/run/slurmd-%n.pid
 SlurmctldLogFile=$DIR/log/slurmctld.log
@@ -89,7 +91,7 @@ SlurmdTimeout=60
 MessageTimeout=30
 EOF
     for i in $(seq 1 "$n"); do
-        echo "NodeName=node$i NodeHostname=$HOST NodeAddr=$SUBNET.$i Port=$((PORT + i)) CPUs=$(nproc) RealMemory=2048 State=UNKNOWN" >> "$DIR/slurm.conf"
+        echo "NodeName=node$i NodeHostname=$HOST NodeAddr=$SUBNET.$((i + 1)) Port=$((PORT + i)) CPUs=$(nproc) RealMemory=2048 State=UNKNOWN" >> "$DIR/slurm.conf"
     done
     echo "PartitionName=debug Nodes=$nodes Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4" >> "$DIR/slurm.conf"
     cat > "$DIR/env.sh" <<EOF
@@ -118,14 +120,14 @@ cmd_up() {
     [ "$n" -ge 1 ] 2>/dev/null || die "bad node count '$n'"
     [ ! -e "$DIR/slurm.conf" ] || die "$NAME is already up ($DIR exists); run 'cluster.sh down' first"
     mkdir -p "$DIR"/{munge,state,spool,run,log} && chmod 700 "$DIR/munge" || die "cannot create $DIR"
-    for i in $(seq 1 "$n"); do mkdir -p "$DIR/spool/node$i"; done
+    for i in $(seq 1 "$n"); do mkdir -p "$DIR/spool/node$i" "$DIR/tmp/node$i"; done
     write_conf "$n"
     # A private munged with its own key: nothing shared with a system-wide munge.
     dd if=/dev/urandom of="$DIR/munge/munge.key" bs=128 count=1 status=none && chmod 400 "$DIR/munge/munge.key"
     munged --force --socket="$DIR/munge/munge.socket" --key-file="$DIR/munge/munge.key" \
         --pid-file="$DIR/run/munged.pid" --log-file="$DIR/log/munged.log" \
         --seed-file="$DIR/munge/munged.seed" || { cmd_down; die "munged did not start (see $DIR/log/munged.log)"; }
-    slurm_netns_create "$NAME" "$n" "$SUBNET" "$RATE" || { cmd_down; die "cannot create the emulated nodes' network namespaces"; }
+    netns_create "$NAME" "$n" "$SUBNET" "$RATE" || { cmd_down; die "cannot create the emulated nodes' network namespaces"; }
     SLURM_CONF=$DIR/slurm.conf slurmctld -i || { cmd_down; die "slurmctld did not start (see $DIR/log/slurmctld.log)"; }
     wait_for 30 "slurmctld to answer" env SLURM_CONF="$DIR/slurm.conf" scontrol ping || { cmd_down; exit 1; }
     for i in $(seq 1 "$n"); do
@@ -149,11 +151,11 @@ kill_pidfile() {
 
 cmd_down() {
     local f
-    [ -d "$DIR" ] || { slurm_netns_destroy "$NAME"; return 0; }
+    [ -d "$DIR" ] || { netns_destroy "$NAME"; return 0; }
     [ -f "$DIR/slurm.conf" ] && SLURM_CONF=$DIR/slurm.conf timeout 15 scancel --full --quiet --user=root 2>/dev/null
     for f in "$DIR"/run/slurmd-*.pid; do kill_pidfile "$f"; done
     kill_pidfile "$DIR/run/slurmctld.pid"
-    slurm_netns_destroy "$NAME"   # also ends job processes left in the nodes' namespaces
+    netns_destroy "$NAME"   # also ends job processes left in the nodes' namespaces
     kill_pidfile "$DIR/run/munged.pid"
     rm -rf "$DIR"
     echo "cluster $NAME down"

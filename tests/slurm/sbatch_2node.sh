@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # CTest slurm/sbatch_2node: a 2-node sbatch of jobs/sbatch_fashion.sh on the test cluster trains
 # across both emulated nodes and writes plain log lines, metrics and a checkpoint; then the same
-# script with LAUNCHER=srun (srun --mpi=pmix) on one node.
+# script with LAUNCHER=srun (srun --mpi=pmix) across both nodes.
 # Usage: sbatch_2node.sh SRC_DIR RINGTRAIN_BIN   (run inside tests/slurm/cluster.sh run 2 -- ...)
 set -uo pipefail
 SRC=$1; BIN=$2
@@ -37,12 +37,14 @@ check "checkpoint written" test -n "$(newest_ckpt "$CKPT_DIR")"
 step=$(/usr/bin/python3 -c "import json;print([json.loads(l) for l in open('$CKPT_DIR/metrics.jsonl') if '\"epoch\"' in l][-1]['step'])")
 check "trained one epoch of 30 steps (metrics say $step)" test "$step" = 30
 
-# srun --mpi=pmix as the launcher, on one node (across emulated nodes PMIx's /tmp dirs collide).
+# srun --mpi=pmix as the launcher across both nodes (each emulated node has its own TmpFS, where
+# Slurm's PMIx plugin keeps its per-step directories).
 export CKPT_DIR=$WORK/ckpt-srun
-id=$(LAUNCHER=srun submit -N 1 --ntasks-per-node=2 --cpus-per-task=1 --time=00:10:00 --output="$WORK/slurm-%j.out" \
+id=$(LAUNCHER=srun submit -N 2 --ntasks-per-node=1 --cpus-per-task=1 --time=00:10:00 --output="$WORK/slurm-%j.out" \
      jobs/sbatch_fashion.sh --set train.max_steps=10 --set train.epochs=1 --no-eval)
 state=$(wait_job "$id" 300)
 check "srun --mpi=pmix job $id completed (state $state)" test "$state" = COMPLETED
+check "srun job ran on 2 nodes" test "$(job_field "$id" NumNodes)" = 2
 check "srun started 2 ranks" grep -q 'on 2 rank(s)' "$WORK/slurm-$id.out"
 check "srun job wrote a checkpoint" test -n "$(newest_ckpt "$CKPT_DIR")"
 echo "1 passed, 0 failed"
