@@ -83,6 +83,26 @@ class Fit(unittest.TestCase):
         link2, _ = cm.fit_sweep(pts, gamma)  # gamma given: alpha and beta only
         self.assertAlmostEqual(link2["beta"] / beta, 1, delta=1e-6)
 
+    def test_per_algorithm_fit_predicts_more_ranks(self):
+        # Ring at full rate, tree exchanges at half (as Open MPI's TCP transport on a shaped link):
+        # fitted on 2 ranks per algorithm, each predicts 4 ranks exactly; one joint fit cannot.
+        alpha, beta, gamma = 20e-6, 1 / 1e9, 0.0
+        truth = {"ring": (alpha, beta), "tree": (alpha, 2 * beta)}
+        def t(algo, n, p):
+            a, b = truth[algo]
+            row = cm.design_row(algo, n, p)
+            return row[0] * a + row[1] * b
+        pts = [(algo, n, 2, t(algo, n, 2)) for n in [4 ** k * 1024 for k in range(6)] for algo in truth]
+        link = cm.fit_link(pts, gamma)
+        self.assertAlmostEqual(link["per_algo"]["tree"]["beta"] / (2 * beta), 1, delta=1e-6)
+        c = cm.Cluster(4, 1, SHM, link, gamma)
+        for algo in truth:
+            self.assertAlmostEqual(cm.t_allreduce(16 << 20, c, algo) / t(algo, 16 << 20, 4), 1, delta=1e-6)
+        joint = dict(link)
+        joint.pop("per_algo")
+        cj = cm.Cluster(4, 1, SHM, joint, gamma)
+        self.assertGreater(abs(cm.t_allreduce(16 << 20, cj, "tree") / t("tree", 16 << 20, 4) - 1), 0.1)
+
     def test_non_negative(self):
         pts = [("ring", n, 2, 1e-3) for n in (1024, 4096, 16384)]  # flat: no bandwidth term
         link, g = cm.fit_sweep(pts)
