@@ -41,12 +41,12 @@ Shape unpack_shape(const std::vector<std::int64_t>& v) {
 
 }  // namespace
 
-PipelineExecutor::PipelineExecutor(const ProcessGrid& grid, ScheduleKind kind, int m, Shape in_mb, Shape out_mb)
-    : grid_(grid), m_(m) {
+PipelineExecutor::PipelineExecutor(const ProcessGrid& grid, ScheduleKind kind, int m, Shape in_mb, Shape out_mb,
+                                   double timeout_s)
+    : grid_(grid), m_(m), timeout_s_(timeout_s) {
   const int s = grid.pp_rank(), p = grid.pp_size();
   sched_ = make_schedule(kind, p, m, s);
   slots_ = peak_in_flight(sched_);
-  if (const char* v = std::getenv("RINGTRAIN_PIPELINE_TIMEOUT")) timeout_s_ = std::atof(v);
   // Handshake: each stage tells the next what it sends; the next compares.
   std::string err;
   MPI_Comm c = grid.pp().handle("pipeline shape handshake");
@@ -88,7 +88,7 @@ void PipelineExecutor::wait_recv(int mb, bool act) {
     MPI_Test(&r, &done, MPI_STATUS_IGNORE);
     if (done) return;
     if (spin > 200) std::this_thread::sleep_for(std::chrono::microseconds(50));
-    if ((spin & 255) == 0 && since(t0) > timeout_s_) {
+    if ((spin & 255) == 0 && timeout_s_ > 0 && since(t0) > timeout_s_) {
       const int peer = grid_.pp_rank() + (act ? -1 : 1);
       log::error(grid_.tag(), " waited ", timeout_s_, " s for the ", act ? "activation" : "gradient",
                  " of micro-batch ", mb, " from pipeline stage ", peer, " (world rank ",

@@ -62,7 +62,7 @@ PipelineModel::PipelineModel(const ProcessGrid& grid, const ModelConfig& mc, con
     }
     out_mb = sh;
   }
-  exec_ = std::make_unique<PipelineExecutor>(grid, pc.schedule, pc.micro_batches, in_mb, out_mb);
+  exec_ = std::make_unique<PipelineExecutor>(grid, pc.schedule, pc.micro_batches, in_mb, out_mb, pc.timeout_s);
   stage_ = std::make_unique<Stage>(mc_tp, dev, first, end, exec_->slots(), *full);
   full.reset();
   opt_ = make_optimizer(stage_->arena(), oc);

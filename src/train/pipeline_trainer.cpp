@@ -104,6 +104,7 @@ struct PipelineTrainer::Impl {
     if (pc.partition == PartitionKind::list) pc.balance = parse_balance(cfg.parallel.balance);
     pc.batch = cfg.data.batch_size;
     pc.clip_norm = cfg.optimizer.clip_norm;
+    pc.timeout_s = cfg.comm.collective_timeout_s;
     pc.engine = engine_options(cfg);
     OptimizerConfig oc = optimizer_config(cfg);
     num_params = build_model(mc)->num_params();

@@ -102,6 +102,22 @@ TEST(FailureChild, DISABLED_RankOneIsStopped) {
   run_like_cli(c, world, h);
 }
 
+// A 2-stage pipeline (cnn, 4 micro-batches) whose last stage stops after step 3:
+// the first stage waits for gradients that never come.
+TEST(FailureChild, DISABLED_PipelineStageOneIsStopped) {
+  Communicator world = Communicator::world();
+  TrainConfig c = child_config(child_data(world));
+  c.comm.stall_shutdown_s = 0;
+  c.parallel.pipeline = 2;
+  c.parallel.micro_batches = 4;
+  TrainerHooks h;
+  h.evaluate = false;
+  h.on_step = [&](std::int64_t step, double) {
+    if (step == 3 && world.rank() == 1) std::raise(SIGSTOP);
+  };
+  run_like_cli(c, world, h);
+}
+
 // ---- the jobs ------------------------------------------------------------------
 
 class FailureJobs : public ::testing::Test {
@@ -132,5 +148,12 @@ TEST_F(FailureJobs, StoppedRankEndsTheJobNamingTheRank) {
   EXPECT_LT(r.seconds, 90) << "the 3 s collective timeout did not end the job\n" << r.out;
   EXPECT_NE(r.out.find("rank 1 did not reach it"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("rank 2 did not"), std::string::npos) << "a live rank was blamed\n" << r.out;
+}
+
+TEST_F(FailureJobs, StoppedPipelineStageEndsTheJobNamingTheStage) {
+  JobResult r = run_job(child("PipelineStageOneIsStopped", 2));
+  EXPECT_NE(r.status, 0) << r.out;
+  EXPECT_LT(r.seconds, 90) << "the 3 s collective timeout did not end the pipeline job\n" << r.out;
+  EXPECT_NE(r.out.find("from pipeline stage 1 (world rank 1)"), std::string::npos) << r.out;
 }
 

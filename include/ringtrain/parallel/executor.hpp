@@ -15,7 +15,7 @@
 //    the shape they will send / expect; a mismatch is an Error on every rank
 //    of the world naming both stages and shapes.
 //  - A neighbour that died or stalled: a receive that waits longer than
-//    RINGTRAIN_PIPELINE_TIMEOUT seconds (default 300) ends the job
+//    timeout_s (comm.collective_timeout_s; 0 = never) ends the job
 //    (MPI_Abort) with a message naming this stage and the one it waits for.
 //  - Activation slots: a micro-batch takes a free slot at its forward and
 //    frees it after its weight backward; slots() = peak_in_flight(schedule).
@@ -54,7 +54,8 @@ struct StepTiming {
 class PipelineExecutor {
  public:
   // in_mb / out_mb: this stage's input and output shapes for one micro-batch.
-  PipelineExecutor(const ProcessGrid& grid, ScheduleKind kind, int micro_batches, Shape in_mb, Shape out_mb);
+  PipelineExecutor(const ProcessGrid& grid, ScheduleKind kind, int micro_batches, Shape in_mb, Shape out_mb,
+                   double timeout_s = 300);
   ~PipelineExecutor();
   PipelineExecutor(const PipelineExecutor&) = delete;
   PipelineExecutor& operator=(const PipelineExecutor&) = delete;

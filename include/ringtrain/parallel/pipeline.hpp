@@ -40,6 +40,7 @@ struct PipelineConfig {
   std::int64_t batch = 0;       // samples per replica per step (m must divide it)
   EngineOptions engine;         // for the data-parallel gradient averages
   double clip_norm = 0;         // > 0: clip to this global norm over all stages and tensor shards
+  double timeout_s = 300;       // a stage receive waiting longer ends the job (0 = never)
 };
 
 struct PipeStepResult {
