@@ -48,6 +48,7 @@ class PipeOps {
 struct StepTiming {
   double wall_s = 0;  // the step, start to end
   double busy_s = 0;  // in load/forward/loss/backward ops
+  double reduce_s = 0;  // waiting in ReduceGrads for the data-parallel all-reduces (exposed communication)
   double bubble() const { return wall_s > 0 ? 1.0 - busy_s / wall_s : 0; }
 };
 
