@@ -5,7 +5,9 @@
 //
 // Per step and rank (PipelineExecutor's StepTiming plus the TensorGroup's
 // TpStats, which tp_all_reduce & co. add to):
-//   tensor comm = time inside the tensor-parallel collectives (part of busy)
+//   tensor comm = time inside the tensor-parallel collectives (part of busy);
+//                 includes waiting for the slower tensor rank, so it is also
+//                 shown on the rank with the least (nearer the transfer alone)
 //   compute     = busy - tensor comm
 //   bubble      = executor wall - busy - dp wait  (waiting for pipeline neighbours)
 //   dp exposed  = waiting in ReduceGrads for the data-parallel all-reduces
@@ -83,12 +85,14 @@ struct Layout {
 // Medians over steps of the per-step split (components averaged over ranks).
 struct Split {
   double step = 0, compute = 0, tp = 0, bubble = 0, dp = 0, other = 0, calls = 0, bubble_frac = 0;
+  double tp_min = 0;  // tensor comm on the rank with the least: closer to the transfer alone (the other waits)
 };
 
 Split summarise(Layout& L, const Communicator& world) {
   const std::size_t n = L.step.size();
-  std::vector<double> step = L.step, sum;
+  std::vector<double> step = L.step, tp_min = L.tpc, sum;
   allreduce(step.data(), step.data(), n, DType::f64, ReduceOp::max, world);
+  allreduce(tp_min.data(), tp_min.data(), n, DType::f64, ReduceOp::min, world);
   for (auto* v : {&L.wall, &L.busy, &L.tpc, &L.dp, &L.calls}) sum.insert(sum.end(), v->begin(), v->end());
   allreduce(sum.data(), sum.data(), sum.size(), DType::f64, ReduceOp::sum, world);
   const double w = world.size();
@@ -103,7 +107,8 @@ Split summarise(Layout& L, const Communicator& world) {
     oth[i] = std::max(0.0, step[i] - wall);
     frac[i] = wall > 0 ? bub[i] / wall : 0;
   }
-  return {median(step), median(comp), median(tp), median(bub), median(dp), median(oth), median(calls), median(frac)};
+  return {median(step), median(comp), median(tp),    median(bub),  median(dp),
+          median(oth),  median(calls), median(frac), median(tp_min)};
 }
 
 // Median (over iterations) of the slowest rank's tp_all_reduce time per size.
@@ -271,9 +276,10 @@ int main(int argc, char** argv) {
               (long long)(batch / layouts[2].m), (long long)S, (long long)width, (long long)msg, 1e6 * ring(msg, T),
               4e6 * ring(msg, T));
   std::printf("per step (%d blocks, m %d): %.0f all-reduces predicted, %.0f counted; tensor comm predicted %.2f ms"
-              " (alpha-beta), %.2f ms (sweep at %lld B), measured %.2f ms (%.2f x alpha-beta)\n",
+              " (alpha-beta), %.2f ms (sweep at %lld B); measured %.2f ms mean over ranks (%.2f x alpha-beta), %.2f ms on"
+              " the rank with the least\n",
               depth, layouts[2].m, calls_pred, t.calls, 1e3 * calls_pred * ring(msg, T), 1e3 * calls_pred * at_msg,
-              (long long)msg, 1e3 * t.tp, t.tp / (calls_pred * ring(msg, T)));
+              (long long)msg, 1e3 * t.tp, t.tp / (calls_pred * ring(msg, T)), 1e3 * t.tp_min);
   std::printf("data parallel: gradients %.0f B; one all-reduce of them costs %.2f ms by alpha-beta (upper bound on"
               " exposed if none overlaps), exposed %.2f ms\n",
               4 * params, 1e3 * ring(4 * params, w), 1e3 * res[0].dp);
@@ -285,14 +291,14 @@ int main(int argc, char** argv) {
   if (!csv.empty()) {
     std::ofstream o(csv);
     o << "layout,pipeline,tensor,data,micro_batches,step_s,compute_s,tp_comm_s,bubble_s,dp_exposed_s,other_s,"
-         "images_per_s,tp_calls,tp_pred_s,alpha_s,beta_s_per_byte,load_start,load_end\n";
+         "images_per_s,tp_calls,tp_pred_s,tp_comm_min_rank_s,alpha_s,beta_s_per_byte,load_start,load_end\n";
     for (std::size_t i = 0; i < layouts.size(); ++i) {
       const Layout& L = layouts[i];
       const Split& r = res[i];
       o << '"' << L.name << "\"," << L.pp << ',' << L.tp << ',' << L.grid->dp_size() << ',' << L.m << ',' << r.step
         << ',' << r.compute << ',' << r.tp << ',' << r.bubble << ',' << r.dp << ',' << r.other << ','
         << batch / r.step << ',' << r.calls << ',' << (L.tp > 1 ? 4.0 * depth * L.m * ring(msg, T) : 0.0) << ','
-        << alpha << ',' << beta << ',' << load0 << ',' << loadavg() << "\n";
+        << r.tp_min << ',' << alpha << ',' << beta << ',' << load0 << ',' << loadavg() << "\n";
     }
   }
   return 0;
