@@ -22,7 +22,7 @@
 // gamma, the reduction cost, is folded into beta), times the calls of a step:
 // per transformer block 2 forward + 2 backward all-reduces of B*S*D floats
 // (B micro-batch samples, S tokens, D width).
-//   mpirun -np 2 -x OMP_NUM_THREADS=1 bench_parallel_layouts [--batch 64 --m 4 --steps 15 --csv f]
+//   mpirun -np 2 -x OMP_NUM_THREADS=1 bench_parallel_layouts [--batch 256 --m 4 --steps 20 --csv f]
 #include <omp.h>
 #include <unistd.h>
 
@@ -111,8 +111,10 @@ Split summarise(Layout& L, const Communicator& world) {
           median(oth),  median(calls), median(frac), median(tp_min)};
 }
 
-// Median (over iterations) of the slowest rank's tp_all_reduce time per size.
-std::vector<std::pair<double, double>> sweep(const TensorGroup& g, std::vector<std::int64_t> bytes, int iters) {
+// Per size, the slowest rank's tp_all_reduce time: the minimum over iterations
+// (the uncontended cost, what alpha and beta mean on a shared machine) or the median.
+std::vector<std::pair<double, double>> sweep(const TensorGroup& g, std::vector<std::int64_t> bytes, int iters,
+                                             bool use_min) {
   std::vector<std::pair<double, double>> out;
   for (std::int64_t b : bytes) {
     Tensor t = Tensor::empty({b / 4});
@@ -126,7 +128,7 @@ std::vector<std::pair<double, double>> sweep(const TensorGroup& g, std::vector<s
       ts[i] = since(t0);
     }
     allreduce(ts.data(), ts.data(), ts.size(), DType::f64, ReduceOp::max, g.comm);
-    out.emplace_back(static_cast<double>(b), median(ts));
+    out.emplace_back(static_cast<double>(b), use_min ? *std::min_element(ts.begin(), ts.end()) : median(ts));
   }
   return out;
 }
@@ -148,10 +150,10 @@ int main(int argc, char** argv) {
   MpiRuntime mpi(&argc, &argv);
   Communicator world = Communicator::world();
   CLI::App app("per-step time split of data / pipeline / tensor parallelism on vit (mpirun -np 2)");
-  std::int64_t batch = 64, width = 64, heads = 4, patch = 7;
-  int depth = 4, m = 4, steps = 15, warmup = 2, iters = 20;
+  std::int64_t batch = 256, width = 64, heads = 4, patch = 7;
+  int depth = 4, m = 4, steps = 20, warmup = 2, iters = 30;
   double mlp_ratio = 2.0;
-  std::string schedule = "1f1b", partition = "params", csv;
+  std::string schedule = "1f1b", partition = "params", stat = "min", csv;
   app.add_option("--batch", batch, "global batch per step");
   app.add_option("--width", width, "vit embedding width D");
   app.add_option("--depth", depth, "transformer blocks");
@@ -164,6 +166,8 @@ int main(int argc, char** argv) {
   app.add_option("--steps", steps, "timed steps per layout");
   app.add_option("--warmup", warmup, "untimed steps per layout first");
   app.add_option("--sweep-iters", iters, "iterations per size of the tensor all-reduce sweep");
+  app.add_option("--stat", stat, "sweep statistic over iterations: min (uncontended) or median")
+      ->check(CLI::IsMember({"min", "median"}));
   app.add_option("--csv", csv, "write the per-layout results here");
   CLI11_PARSE(app, argc, argv);
   omp_set_num_threads(1);
@@ -217,7 +221,7 @@ int main(int argc, char** argv) {
   if (std::find(sizes.begin(), sizes.end(), msg) == sizes.end()) sizes.push_back(msg);
   std::sort(sizes.begin(), sizes.end());
   const TensorGroup tg = TensorGroup::of(layouts[2].grid->tp());
-  const auto pts = sweep(tg, sizes, iters);
+  const auto pts = sweep(tg, sizes, iters, stat == "min");
   const auto [a, b] = fit_line(pts);
   const int T = tg.size;
   const double alpha = a / (2.0 * (T - 1)), beta = b * T / (2.0 * (T - 1));
@@ -250,15 +254,22 @@ int main(int argc, char** argv) {
   std::printf("CPU: %s, %ld logical CPUs; load average %s at start, %s at end (other processes share the cores)\n",
               first_line_with("/proc/cpuinfo", "model name").c_str(), sysconf(_SC_NPROCESSORS_ONLN), load0.c_str(),
               loadavg().c_str());
-  std::printf("medians over %d steps (after %d untimed), ms per step; components averaged over ranks\n\n", steps,
-              warmup);
-  std::printf("%-26s %8s %8s %8s %8s %8s %8s %9s %6s\n", "layout", "step", "compute", "tp comm", "bubble",
-              "dp expos", "other", "images/s", "vs DP");
+  std::printf("medians over %d steps (after %d untimed), ms per step; components averaged over ranks;"
+              " MB sent = bytes each rank sends per step (by the algorithms, not measured)\n\n", steps, warmup);
+  // Bytes each rank sends per step (what the algorithms move, not measured): a ring
+  // all-reduce sends 2(p-1)/p of the message; a stage boundary carries the
+  // global batch's activations forward and their gradients back.
+  // At p = 2 each rank sends one direction, a middle stage both.
+  const double pp_bytes = double(batch) * S * width * 4 * (w > 2 ? 2 : 1);
+  const double sent[3] = {2.0 * (w - 1) / w * 4 * params, pp_bytes,
+                          4.0 * depth * layouts[2].m * msg * 2.0 * (T - 1) / T};
+  std::printf("%-26s %8s %8s %8s %8s %8s %8s %9s %6s %9s\n", "layout", "step", "compute", "tp comm", "bubble",
+              "dp expos", "other", "images/s", "vs DP", "MB sent");
   for (std::size_t i = 0; i < layouts.size(); ++i) {
     const Split& r = res[i];
-    std::printf("%-26s %8.1f %8.1f %8.2f %8.1f %8.2f %8.2f %9.0f %6.2f\n", layouts[i].name.c_str(), 1e3 * r.step,
-                1e3 * r.compute, 1e3 * r.tp, 1e3 * r.bubble, 1e3 * r.dp, 1e3 * r.other, batch / r.step,
-                res[0].step / r.step);
+    std::printf("%-26s %8.1f %8.1f %8.2f %8.1f %8.2f %8.2f %9.0f %6.2f %9.2f\n", layouts[i].name.c_str(),
+                1e3 * r.step, 1e3 * r.compute, 1e3 * r.tp, 1e3 * r.bubble, 1e3 * r.dp, 1e3 * r.other, batch / r.step,
+                res[0].step / r.step, sent[i] / 1e6);
   }
 
   const Split& t = res[2];
@@ -267,7 +278,7 @@ int main(int argc, char** argv) {
   for (auto [n, s] : pts)
     if (n == msg) at_msg = s;
   std::printf("\ntensor all-reduce sweep on the tensor communicator (T = %d, tp_all_reduce, automatic algorithm),"
-              " median of %d, slowest rank:\n  %10s %12s %12s\n", T, iters, "bytes", "measured us", "fit us");
+              " %s of %d, slowest rank:\n  %10s %12s %12s\n", T, stat.c_str(), iters, "bytes", "measured us", "fit us");
   for (auto [n, s] : pts) std::printf("  %10.0f %12.1f %12.1f\n", n, 1e6 * s, 1e6 * ring(n, T));
   std::printf("fit t(n) = 2(T-1)(alpha + n beta/T): alpha = %.2f us, beta = %.3f ns/B (%.2f GB/s; gamma folded in)\n",
               1e6 * alpha, 1e9 * beta, beta > 0 ? 1e-9 / beta : 0.0);
@@ -291,13 +302,13 @@ int main(int argc, char** argv) {
   if (!csv.empty()) {
     std::ofstream o(csv);
     o << "layout,pipeline,tensor,data,micro_batches,step_s,compute_s,tp_comm_s,bubble_s,dp_exposed_s,other_s,"
-         "images_per_s,tp_calls,tp_pred_s,tp_comm_min_rank_s,alpha_s,beta_s_per_byte,load_start,load_end\n";
+         "images_per_s,bytes_sent_per_rank,tp_calls,tp_pred_s,tp_comm_min_rank_s,alpha_s,beta_s_per_byte,load_start,load_end\n";
     for (std::size_t i = 0; i < layouts.size(); ++i) {
       const Layout& L = layouts[i];
       const Split& r = res[i];
       o << '"' << L.name << "\"," << L.pp << ',' << L.tp << ',' << L.grid->dp_size() << ',' << L.m << ',' << r.step
         << ',' << r.compute << ',' << r.tp << ',' << r.bubble << ',' << r.dp << ',' << r.other << ','
-        << batch / r.step << ',' << r.calls << ',' << (L.tp > 1 ? 4.0 * depth * L.m * ring(msg, T) : 0.0) << ','
+        << batch / r.step << ',' << sent[i] << ',' << r.calls << ',' << (L.tp > 1 ? 4.0 * depth * L.m * ring(msg, T) : 0.0) << ','
         << r.tp_min << ',' << alpha << ',' << beta << ',' << load0 << ',' << loadavg() << "\n";
     }
   }
