@@ -29,6 +29,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <ctime>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -47,6 +48,12 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+// CPU seconds of the calling thread: what a step costs whatever the scheduler does to its wall time.
+double thread_cpu() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
 
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
@@ -78,14 +85,15 @@ struct Layout {
   std::unique_ptr<PipelineModel> model;
   std::shared_ptr<TpStats> stats = std::make_shared<TpStats>();
   Tensor x, y;
-  // per timed step: step (this rank), executor wall, busy, tensor comm, dp wait, tensor calls
-  std::vector<double> step, wall, busy, tpc, dp, calls;
+  // per timed step: step (this rank), executor wall, busy, tensor comm, dp wait, tensor calls, thread CPU
+  std::vector<double> step, wall, busy, tpc, dp, calls, cpu;
 };
 
 // Medians over steps of the per-step split (components averaged over ranks).
 struct Split {
   double step = 0, compute = 0, tp = 0, bubble = 0, dp = 0, other = 0, calls = 0, bubble_frac = 0;
   double tp_min = 0;  // tensor comm on the rank with the least: closer to the transfer alone (the other waits)
+  double cpu = 0;     // the training thread's CPU time (spinning waits included)
 };
 
 Split summarise(Layout& L, const Communicator& world) {
@@ -93,42 +101,51 @@ Split summarise(Layout& L, const Communicator& world) {
   std::vector<double> step = L.step, tp_min = L.tpc, sum;
   allreduce(step.data(), step.data(), n, DType::f64, ReduceOp::max, world);
   allreduce(tp_min.data(), tp_min.data(), n, DType::f64, ReduceOp::min, world);
-  for (auto* v : {&L.wall, &L.busy, &L.tpc, &L.dp, &L.calls}) sum.insert(sum.end(), v->begin(), v->end());
+  for (auto* v : {&L.wall, &L.busy, &L.tpc, &L.dp, &L.calls, &L.cpu}) sum.insert(sum.end(), v->begin(), v->end());
   allreduce(sum.data(), sum.data(), sum.size(), DType::f64, ReduceOp::sum, world);
   const double w = world.size();
-  std::vector<double> comp(n), tp(n), bub(n), dp(n), oth(n), calls(n), frac(n);
+  std::vector<double> comp(n), tp(n), bub(n), dp(n), oth(n), calls(n), frac(n), cpu(n);
   for (std::size_t i = 0; i < n; ++i) {
     const double wall = sum[i] / w, busy = sum[n + i] / w;
     tp[i] = sum[2 * n + i] / w;
     dp[i] = sum[3 * n + i] / w;
     calls[i] = sum[4 * n + i] / w;
+    cpu[i] = sum[5 * n + i] / w;
     comp[i] = busy - tp[i];
     bub[i] = std::max(0.0, wall - busy - dp[i]);
     oth[i] = std::max(0.0, step[i] - wall);
     frac[i] = wall > 0 ? bub[i] / wall : 0;
   }
   return {median(step), median(comp), median(tp),    median(bub),  median(dp),
-          median(oth),  median(calls), median(frac), median(tp_min)};
+          median(oth),  median(calls), median(frac), median(tp_min), median(cpu)};
 }
 
 // Per size, the slowest rank's tp_all_reduce time: the minimum over iterations
-// (the uncontended cost, what alpha and beta mean on a shared machine) or the median.
-std::vector<std::pair<double, double>> sweep(const TensorGroup& g, std::vector<std::int64_t> bytes, int iters,
+// (the uncontended cost, what alpha and beta mean on a shared machine) or the
+// median. Sizes are interleaved iteration by iteration, so that a loaded spell
+// hits all of them alike.
+std::vector<std::pair<double, double>> sweep(const TensorGroup& g, const std::vector<std::int64_t>& bytes, int iters,
                                              bool use_min) {
-  std::vector<std::pair<double, double>> out;
+  const std::size_t k = bytes.size();
+  std::vector<Tensor> bufs;
   for (std::int64_t b : bytes) {
-    Tensor t = Tensor::empty({b / 4});
-    t.fill_(0.0f);  // zeros stay zeros however often they are summed
-    for (int i = 0; i < 3; ++i) tp_all_reduce(t, g);
-    std::vector<double> ts(iters);
-    for (int i = 0; i < iters; ++i) {
+    bufs.push_back(Tensor::empty({b / 4}));
+    bufs.back().fill_(0.0f);  // zeros stay zeros however often they are summed
+    for (int i = 0; i < 3; ++i) tp_all_reduce(bufs.back(), g);
+  }
+  std::vector<double> ts(k * iters);
+  for (int i = 0; i < iters; ++i)
+    for (std::size_t j = 0; j < k; ++j) {
       g.comm.barrier();
       auto t0 = Clock::now();
-      tp_all_reduce(t, g);
-      ts[i] = since(t0);
+      tp_all_reduce(bufs[j], g);
+      ts[j * iters + i] = since(t0);
     }
-    allreduce(ts.data(), ts.data(), ts.size(), DType::f64, ReduceOp::max, g.comm);
-    out.emplace_back(static_cast<double>(b), use_min ? *std::min_element(ts.begin(), ts.end()) : median(ts));
+  allreduce(ts.data(), ts.data(), ts.size(), DType::f64, ReduceOp::max, g.comm);
+  std::vector<std::pair<double, double>> out;
+  for (std::size_t j = 0; j < k; ++j) {
+    std::vector<double> v(ts.begin() + j * iters, ts.begin() + (j + 1) * iters);
+    out.emplace_back(static_cast<double>(bytes[j]), use_min ? *std::min_element(v.begin(), v.end()) : median(v));
   }
   return out;
 }
@@ -151,7 +168,7 @@ int main(int argc, char** argv) {
   Communicator world = Communicator::world();
   CLI::App app("per-step time split of data / pipeline / tensor parallelism on vit (mpirun -np 2)");
   std::int64_t batch = 256, width = 64, heads = 4, patch = 7;
-  int depth = 4, m = 4, steps = 20, warmup = 2, iters = 30;
+  int depth = 4, m = 4, steps = 20, warmup = 2, iters = 50;
   double mlp_ratio = 2.0;
   std::string schedule = "1f1b", partition = "params", stat = "min", csv;
   app.add_option("--batch", batch, "global batch per step");
@@ -231,9 +248,11 @@ int main(int argc, char** argv) {
     for (Layout& L : layouts) {
       world.barrier();
       L.stats->reset();
+      const double c0 = thread_cpu();
       auto t0 = Clock::now();
       PipeStepResult r = L.model->train_step(L.x, L.y, 0.01);
       L.step.push_back(since(t0));
+      L.cpu.push_back(thread_cpu() - c0);
       L.wall.push_back(r.timing.wall_s);
       L.busy.push_back(r.timing.busy_s);
       L.tpc.push_back(L.stats->seconds);
@@ -255,7 +274,9 @@ int main(int argc, char** argv) {
               first_line_with("/proc/cpuinfo", "model name").c_str(), sysconf(_SC_NPROCESSORS_ONLN), load0.c_str(),
               loadavg().c_str());
   std::printf("medians over %d steps (after %d untimed), ms per step; components averaged over ranks;"
-              " MB sent = bytes each rank sends per step (by the algorithms, not measured)\n\n", steps, warmup);
+              " cpu = the training thread's CPU time per step\n(spinning waits included; the part of a step that"
+              " does not depend on the scheduler); MB sent = bytes each rank sends per step (by the algorithms, not"
+              " measured)\n\n", steps, warmup);
   // Bytes each rank sends per step (what the algorithms move, not measured): a ring
   // all-reduce sends 2(p-1)/p of the message; a stage boundary carries the
   // global batch's activations forward and their gradients back.
@@ -263,17 +284,23 @@ int main(int argc, char** argv) {
   const double pp_bytes = double(batch) * S * width * 4 * (w > 2 ? 2 : 1);
   const double sent[3] = {2.0 * (w - 1) / w * 4 * params, pp_bytes,
                           4.0 * depth * layouts[2].m * msg * 2.0 * (T - 1) / T};
-  std::printf("%-26s %8s %8s %8s %8s %8s %8s %9s %6s %9s\n", "layout", "step", "compute", "tp comm", "bubble",
-              "dp expos", "other", "images/s", "vs DP", "MB sent");
+  const double calls_pred = 4.0 * depth * layouts[2].m;
+  double bound[3];
+  for (int i = 0; i < 3; ++i) {
+    const Layout& L = layouts[i];
+    bound[i] = res[i].compute / (1.0 - double(L.pp - 1) / (L.m + L.pp - 1)) + (L.tp > 1 ? calls_pred * ring(msg, T) : 0);
+  }
+  std::printf("%-26s %8s %8s %8s %8s %8s %8s %8s %8s %9s %6s %9s\n", "layout", "step", "bound", "compute", "tp comm",
+              "bubble", "dp expos", "other", "cpu", "images/s", "vs DP", "MB sent");
   for (std::size_t i = 0; i < layouts.size(); ++i) {
     const Split& r = res[i];
-    std::printf("%-26s %8.1f %8.1f %8.2f %8.1f %8.2f %8.2f %9.0f %6.2f %9.2f\n", layouts[i].name.c_str(),
-                1e3 * r.step, 1e3 * r.compute, 1e3 * r.tp, 1e3 * r.bubble, 1e3 * r.dp, 1e3 * r.other, batch / r.step,
+    std::printf("%-26s %8.1f %8.1f %8.1f %8.2f %8.1f %8.2f %8.2f %8.1f %9.0f %6.2f %9.2f\n", layouts[i].name.c_str(),
+                1e3 * r.step, 1e3 * bound[i], 1e3 * r.compute, 1e3 * r.tp, 1e3 * r.bubble, 1e3 * r.dp, 1e3 * r.other,
+                1e3 * r.cpu, batch / r.step,
                 res[0].step / r.step, sent[i] / 1e6);
   }
 
   const Split& t = res[2];
-  const double calls_pred = 4.0 * depth * layouts[2].m;
   double at_msg = 0;
   for (auto [n, s] : pts)
     if (n == msg) at_msg = s;
@@ -296,18 +323,18 @@ int main(int argc, char** argv) {
               4 * params, 1e3 * ring(4 * params, w), 1e3 * res[0].dp);
   std::printf("pipeline: stages of %s layers; bubble %.3f of the step vs (p-1)/(m+p-1) = %.3f (equal stages)\n",
               balance.c_str(), res[1].bubble_frac, double(w - 1) / (layouts[1].m + w - 1));
-  std::printf("bound: no layout can beat its compute column; tensor %d's compute vs data %d's: %.2f\n", w, w,
-              res[2].compute / res[0].compute);
+  std::printf("bound = compute / (1 - (p-1)/(m+p-1)) + alpha-beta tensor comm: the step if the pipeline idled only as"
+              " the formula says and the tensor all-reduces took their alpha-beta time (the DP all-reduce overlaps)\n");
 
   if (!csv.empty()) {
     std::ofstream o(csv);
-    o << "layout,pipeline,tensor,data,micro_batches,step_s,compute_s,tp_comm_s,bubble_s,dp_exposed_s,other_s,"
+    o << "layout,pipeline,tensor,data,micro_batches,step_s,bound_s,compute_s,tp_comm_s,bubble_s,dp_exposed_s,other_s,cpu_s,"
          "images_per_s,bytes_sent_per_rank,tp_calls,tp_pred_s,tp_comm_min_rank_s,alpha_s,beta_s_per_byte,load_start,load_end\n";
     for (std::size_t i = 0; i < layouts.size(); ++i) {
       const Layout& L = layouts[i];
       const Split& r = res[i];
       o << '"' << L.name << "\"," << L.pp << ',' << L.tp << ',' << L.grid->dp_size() << ',' << L.m << ',' << r.step
-        << ',' << r.compute << ',' << r.tp << ',' << r.bubble << ',' << r.dp << ',' << r.other << ','
+        << ',' << bound[i] << ',' << r.compute << ',' << r.tp << ',' << r.bubble << ',' << r.dp << ',' << r.other << ',' << r.cpu << ','
         << batch / r.step << ',' << sent[i] << ',' << r.calls << ',' << (L.tp > 1 ? 4.0 * depth * L.m * ring(msg, T) : 0.0) << ','
         << r.tp_min << ',' << alpha << ',' << beta << ',' << load0 << ',' << loadavg() << "\n";
     }
