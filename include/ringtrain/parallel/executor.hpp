@@ -19,8 +19,9 @@
 //    (MPI_Abort) with a message naming this stage and the one it waits for.
 //  - Activation slots: a micro-batch takes a free slot at its forward and
 //    frees it after its weight backward; slots() = peak_in_flight(schedule).
-//  - Timing: busy seconds per step (compute ops) and the step's wall time,
-//    for the bubble (idle / total).
+//  - Timing: busy seconds per step (compute ops), the seconds ReduceGrads
+//    waits for the data-parallel all-reduces, and the step's wall time, for
+//    the bubble (idle / total; bubble() counts the ReduceGrads wait as idle).
 #include <functional>
 #include <string>
 #include <vector>
