@@ -189,6 +189,12 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   omp_set_num_threads(1);
   const int w = world.size();
+  if (w < 2 || batch % w != 0 || batch % m != 0) {  // the same on every rank: all leave together
+    if (world.rank() == 0)
+      std::fprintf(stderr, "bench_parallel_layouts: needs >= 2 ranks and --batch divisible by the rank count and by"
+                   " --m; got %d ranks, batch %lld, m %d\n", w, static_cast<long long>(batch), m);
+    return 2;
+  }
   const std::string load0 = loadavg();
 
   ModelConfig mc;
@@ -210,23 +216,28 @@ int main(int argc, char** argv) {
   layouts[1].m = m;
   layouts[2].name = cat("tensor ", w);
   layouts[2].tp = w;
-  for (Layout& L : layouts) {
-    L.grid = std::make_unique<ProcessGrid>(ProcessGrid::make(world, {L.pp, L.tp}));
-    PipelineConfig pc;
-    pc.micro_batches = L.m;
-    pc.schedule = parse_schedule(schedule);
-    pc.partition = parse_partition(partition);
-    pc.batch = batch / L.grid->dp_size();
-    ModelConfig lm = mc;
-    lm.tensor.stats = L.stats;
-    L.model = std::make_unique<PipelineModel>(*L.grid, lm, pc, oc);
-    // Every layout sees the same global batch: replica r takes samples [r*b, (r+1)*b).
-    L.x = Tensor::empty({pc.batch, 1, 28, 28});
-    L.y = Tensor::empty({pc.batch}, DType::i64);
-    const std::int64_t off = L.grid->dp_rank() * pc.batch;
-    for (std::int64_t i = 0; i < L.x.numel(); ++i)
-      L.x.data<float>()[i] = counter_uniform(3, 0, static_cast<std::uint64_t>(off * 784 + i)) - 0.5f;
-    for (std::int64_t i = 0; i < pc.batch; ++i) L.y.data<std::int64_t>()[i] = (off + i) % 10;
+  try {  // configuration errors (heads, partition, ...) are raised alike on every rank
+    for (Layout& L : layouts) {
+      L.grid = std::make_unique<ProcessGrid>(ProcessGrid::make(world, {L.pp, L.tp}));
+      PipelineConfig pc;
+      pc.micro_batches = L.m;
+      pc.schedule = parse_schedule(schedule);
+      pc.partition = parse_partition(partition);
+      pc.batch = batch / L.grid->dp_size();
+      ModelConfig lm = mc;
+      lm.tensor.stats = L.stats;
+      L.model = std::make_unique<PipelineModel>(*L.grid, lm, pc, oc);
+      // Every layout sees the same global batch: replica r takes samples [r*b, (r+1)*b).
+      L.x = Tensor::empty({pc.batch, 1, 28, 28});
+      L.y = Tensor::empty({pc.batch}, DType::i64);
+      const std::int64_t off = L.grid->dp_rank() * pc.batch;
+      for (std::int64_t i = 0; i < L.x.numel(); ++i)
+        L.x.data<float>()[i] = counter_uniform(3, 0, static_cast<std::uint64_t>(off * 784 + i)) - 0.5f;
+      for (std::int64_t i = 0; i < pc.batch; ++i) L.y.data<std::int64_t>()[i] = (off + i) % 10;
+    }
+  } catch (const Error& e) {
+    if (world.rank() == 0) std::fprintf(stderr, "bench_parallel_layouts: %s\n", e.what());
+    return 2;
   }
 
   // Untimed steps, then the tensor all-reduce sweep, then the timed steps, interleaved.
