@@ -23,3 +23,5 @@ run $MPIRUN -np 2 "$B/bench/bench_train_ddp_throughput" --model resnet --steps 2
 # Pipeline parallelism: bubble sweep (sleep stages; p = 2, 4, 8) and resnet pipeline vs DP at 2 ranks.
 run bench/parallel_bubble.sh "$B" 10
 run $MPIRUN -np 2 "$B/bench/bench_parallel_throughput" --csv "$OUT/pipeline_throughput.csv"
+# Layouts: per-step split (compute / tensor comm / bubble / DP exposed) of vit at data, pipeline, tensor = 2.
+run $MPIRUN -np 2 "$B/bench/bench_parallel_layouts" --csv "$OUT/parallel_layouts.csv"

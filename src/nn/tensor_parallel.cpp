@@ -3,6 +3,7 @@
 // shard; this file adds the communication and the shard bookkeeping.
 #include "ringtrain/nn/tensor_parallel.hpp"
 
+#include <chrono>
 #include <cstring>
 
 #include "init.hpp"
@@ -44,17 +45,38 @@ void shard_copy(const ShardSpec& s, const Tensor& whole, const Tensor& local, bo
     }
 }
 
+// Adds the scope's time and payload to g.stats (when set) on exit.
+class TpTimer {
+ public:
+  TpTimer(const TensorGroup& g, std::size_t bytes) : s_(g.stats.get()), bytes_(bytes) {
+    if (s_) t0_ = std::chrono::steady_clock::now();
+  }
+  ~TpTimer() {
+    if (!s_) return;
+    s_->seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+    s_->calls += 1;
+    s_->bytes += static_cast<double>(bytes_);
+  }
+
+ private:
+  TpStats* s_;
+  std::size_t bytes_;
+  std::chrono::steady_clock::time_point t0_;
+};
+
 }  // namespace
 
 // ---- operators ----------------------------------------------------------------
 void tp_all_reduce(Tensor& t, const TensorGroup& g) {
   if (g.size == 1) return;
   need_host(t, "tensor-parallel all-reduce");
+  TpTimer timer(g, t.nbytes());
   allreduce(t.raw(), t.raw(), std::size_t(t.numel()), t.dtype(), ReduceOp::sum, g.comm);
 }
 
 void tp_gather_last(const Tensor& local, Tensor& whole, const TensorGroup& g) {
   need_host(local, "tensor-parallel gather");
+  TpTimer timer(g, g.size > 1 ? local.nbytes() : 0);
   Shape ws = local.shape();
   ws.back() *= g.size;
   if (!whole.defined() || whole.shape() != ws || whole.dtype() != local.dtype()) whole = Tensor::empty(ws, local.dtype());
@@ -77,6 +99,7 @@ void tp_gather_last(const Tensor& local, Tensor& whole, const TensorGroup& g) {
 
 void tp_split_last(const Tensor& whole, Tensor& local, const TensorGroup& g) {
   need_host(whole, "tensor-parallel split");
+  TpTimer timer(g, 0);  // a local copy: no traffic, but time spent on the tensor-parallel path
   const std::int64_t D = whole.shape().back();
   RT_CHECK(D % g.size == 0, "tensor-parallel split: last dimension ", D, " is not divisible by the tensor size ",
            g.size);

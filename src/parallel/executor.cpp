@@ -166,7 +166,12 @@ StepTiming PipelineExecutor::run_step(PipeOps& ops) {
         free_slots.push_back(slot_of[mb]);
         break;
       }
-      case Op::reduce_grads: ops.reduce_grads(); break;  // waiting on DP, not compute
+      case Op::reduce_grads: {  // waiting on DP, not compute
+        auto t0 = Clock::now();
+        ops.reduce_grads();
+        tm.reduce_s += since(t0);
+        break;
+      }
       case Op::optimizer_step: timed([&] { ops.optimizer_step(); }); break;
     }
   }

@@ -1,14 +1,35 @@
 #pragma once
 // The tensor-parallel group a model is built for (the process grid's tp
 // communicator); size 1 builds the ordinary model.
+#include <cstdint>
+#include <memory>
+
 #include "ringtrain/comm/communicator.hpp"
 
 namespace ringtrain {
 
+// Time spent in the group's collectives (tp_all_reduce, tp_gather_last,
+// tp_split_last), for benchmarks: shared by every copy of the group (the
+// layers hold copies), added to by the collectives, reset by whoever reads it.
+struct TpStats {
+  double seconds = 0;
+  std::int64_t calls = 0;
+  double bytes = 0;  // payload per call (one rank's tensor), summed
+  void reset() { *this = TpStats{}; }
+};
+
 struct TensorGroup {
   Communicator comm;  // unused when size == 1
   int size = 1, rank = 0;
-  static TensorGroup of(const Communicator& c) { return {c, c.size(), c.rank()}; }
+  std::shared_ptr<TpStats> stats;  // optional; null = not counted
+  static TensorGroup of(const Communicator& c, std::shared_ptr<TpStats> s = nullptr) {
+    TensorGroup g;
+    g.comm = c;
+    g.size = c.size();
+    g.rank = c.rank();
+    g.stats = std::move(s);
+    return g;
+  }
 };
 
 }  // namespace ringtrain

@@ -19,8 +19,9 @@
 //    (MPI_Abort) with a message naming this stage and the one it waits for.
 //  - Activation slots: a micro-batch takes a free slot at its forward and
 //    frees it after its weight backward; slots() = peak_in_flight(schedule).
-//  - Timing: busy seconds per step (compute ops) and the step's wall time,
-//    for the bubble (idle / total).
+//  - Timing: busy seconds per step (compute ops), the seconds ReduceGrads
+//    waits for the data-parallel all-reduces, and the step's wall time, for
+//    the bubble (idle / total; bubble() counts the ReduceGrads wait as idle).
 #include <functional>
 #include <string>
 #include <vector>
@@ -48,6 +49,7 @@ class PipeOps {
 struct StepTiming {
   double wall_s = 0;  // the step, start to end
   double busy_s = 0;  // in load/forward/loss/backward ops
+  double reduce_s = 0;  // waiting in ReduceGrads for the data-parallel all-reduces (exposed communication)
   double bubble() const { return wall_s > 0 ? 1.0 - busy_s / wall_s : 0; }
 };
 
