@@ -104,7 +104,9 @@ struct PipelineTrainer::Impl {
     std::string metrics = cfg.log.metrics;
     if (metrics.empty() && !cfg.checkpoint.dir.empty()) metrics = cfg.checkpoint.dir + "/metrics.jsonl";
     ckpt.start_run();
-    if (world.rank() == 0 && hooks.report && ckpt.resumed()) ckpt.truncate_metrics(metrics);
+    run_on_root(world, "opening log.metrics", [&] {
+      if (hooks.report && ckpt.resumed()) ckpt.truncate_metrics(metrics);
+    });
     reporter = std::make_unique<Reporter>(world.rank() == 0 && hooks.report, cfg.log.format, cfg.log.interval,
                                           hooks.report ? metrics : "", cfg.train.epochs, steps_per_epoch());
     reporter->set_run(pos.run_id, pos.resumes);
@@ -115,13 +117,16 @@ struct PipelineTrainer::Impl {
                 grid.dp_size(), " DP x ", grid.pp_size(), " PP stages (layers [", bal, "]), schedule ",
                 cfg.parallel.schedule, ", ", pm->balance().size() ? "" : "", "batch ", cfg.data.batch_size,
                 "/replica in ", cfg.data.batch_size / std::max(1, cfg.parallel.micro_batches > 0 ? cfg.parallel.micro_batches : cfg.parallel.pipeline),
-                "-sample micro-batches (global ", global_batch(), "), ", steps_per_epoch(), " steps/epoch");
+                "-sample micro-batches (global ", global_batch(), "), ", steps_per_epoch(), " steps/epoch, run ",
+                pos.run_id, ckpt.resumed() ? cat(" (resume ", pos.resumes, " at epoch ", pos.epochs_done + 1, " step ",
+                                                 pos.step_in_epoch, ")") : std::string());
       nlohmann::json head = {{"event", ckpt.resumed() ? "resume" : "start"}, {"model", cfg.model.name}, {"params", num_params},
-                             {"ranks", world.size()}, {"pipeline", grid.pp_size()}, {"data_parallel", grid.dp_size()},
+                             {"ranks", world.size()}, {"pipeline", grid.pp_size()}, {"tensor", grid.tp_size()},
+                             {"data_parallel", grid.dp_size()},
                              {"schedule", cfg.parallel.schedule}, {"global_batch", global_batch()},
                              {"steps_per_epoch", steps_per_epoch()}, {"epochs_done", pos.epochs_done},
                              {"step", pos.step}, {"config", cfg.to_toml()}};
-      reporter->json_line(head.dump());
+      reporter->json_line(head);
     }
     auto run_t0 = Clock::now();
     for (int epoch = static_cast<int>(pos.epochs_done); epoch < cfg.train.epochs; ++epoch) {
