@@ -3,7 +3,9 @@
 // loads at data 4 (the data-parallel path), tensor 1 x pipeline 4, tensor 4 and
 // 1 rank, and a data-parallel checkpoint loads at tensor 2 x data 2 and tensor
 // 2 x pipeline 2: the checkpoint each loaded run writes after 0 further steps
-// holds every parameter and optimizer tensor bitwise equal to the saved one.
+// holds every parameter and optimizer tensor bitwise equal to the saved one,
+// and its next step's loss is the saved run's next loss (1e-5 relative: every
+// rank's restored part enters it).
 // The grid path resumes bitwise (losses and final state of an uninterrupted
 // run); checkpoints of another model or another global batch are errors naming
 // the tensor or key, on every rank.
@@ -48,11 +50,25 @@ TrainConfig at(TrainConfig c, int pipeline, int tensor, int batch, const std::st
   return c;
 }
 
-// Loads `from` into a trainer of `c` (on `comm`) and writes its state at once.
-void load_and_resave(const TrainConfig& c, const Communicator& comm, const std::string& from) {
-  Trainer t(c, comm, quiet());
-  ASSERT_TRUE(t.resume(from));
-  t.save_checkpoint();
+// Loads `from` into a trainer of `c` (on `comm`), writes its state at once
+// (`path`: the file, on rank 0), then trains up to c.train.max_steps: returns
+// the losses (every rank's restored state enters them).
+std::vector<double> load_resave_train(const TrainConfig& c, const Communicator& comm, const std::string& from,
+                                      std::string& path) {
+  std::vector<double> losses;
+  Trainer t(c, comm, quiet(&losses));
+  EXPECT_TRUE(t.resume(from));
+  path = t.save_checkpoint();
+  t.fit();
+  return losses;
+}
+
+// The losses of `c` run from scratch for c.train.max_steps steps.
+std::vector<double> losses_of(const TrainConfig& c, const Communicator& comm) {
+  std::vector<double> losses;
+  Trainer t(c, comm, quiet(&losses));
+  t.fit();
+  return losses;
 }
 
 // Every param/, buffer/ and optim/ tensor of `got` is bitwise the one in `want`, and no other.
@@ -108,12 +124,13 @@ TEST_F(Reshard, GridCheckpointLoadsBitwiseAtEveryLayoutAndBack) {
   if (world_.size() != 4) GTEST_SKIP() << "the layouts are those of 4 ranks";
   const TrainConfig c = mlp_config(data_);
   const std::string src = data_ + "/t2p2";
-  {
-    TrainConfig s = at(c, 2, 2, 16, src);
-    s.train.max_steps = 5;  // mid-epoch 1 (16 steps per epoch): the exact position too
-    Trainer t(s, world_, quiet());
-    t.fit();
-  }
+  TrainConfig s = at(c, 2, 2, 16, src);
+  s.train.max_steps = 5;  // mid-epoch 1 (16 steps per epoch): the exact position too
+  losses_of(s, world_);
+  // The saved run's next step, uninterrupted: each loaded run's first step must match it.
+  TrainConfig ref = at(c, 2, 2, 16, data_ + "/ref");
+  ref.train.max_steps = 6;
+  const double next = losses_of(ref, world_).back();
   world_.barrier();
   const CheckpointData saved = newest(src);
   EXPECT_EQ(saved.scalars.at("step"), 5);
@@ -129,10 +146,17 @@ TEST_F(Reshard, GridCheckpointLoadsBitwiseAtEveryLayoutAndBack) {
   // The same global batch of 16 at each.
   for (Layout l : {Layout{"data 4 (data-parallel path)", 1, 1, 4}, Layout{"tensor 1 x pipeline 4", 4, 1, 16},
                    Layout{"tensor 4", 1, 4, 16}}) {
-    const std::string dir = data_ + "/" + std::to_string(l.pipeline) + "-" + std::to_string(l.tensor);
-    load_and_resave(at(c, l.pipeline, l.tensor, l.batch, dir), world_, src);
+    TrainConfig r = at(c, l.pipeline, l.tensor, l.batch,
+                       data_ + "/" + std::to_string(l.pipeline) + "-" + std::to_string(l.tensor));
+    r.train.max_steps = 6;
+    r.train.verify_every = 1;  // data-parallel path: every rank's state bitwise identical after the step
+    std::string path;
+    const std::vector<double> after = load_resave_train(r, world_, src, path);
     world_.barrier();
-    const CheckpointData got = newest(dir);
+    ASSERT_EQ(after.size(), 1u) << l.name;
+    EXPECT_NEAR(after[0], next, 1e-5 * next) << l.name << ": the first step after loading";
+    if (world_.rank() != 0) continue;
+    const CheckpointData got = read_checkpoint(path);
     expect_same_state(saved, got, l.name);
     EXPECT_EQ(got.scalars.at("pipeline"), l.pipeline) << l.name;
     EXPECT_EQ(got.scalars.at("tensor"), l.tensor) << l.name;
@@ -143,27 +167,37 @@ TEST_F(Reshard, GridCheckpointLoadsBitwiseAtEveryLayoutAndBack) {
   // 1 rank (the data-parallel path alone).
   Communicator self = world_.split(world_.rank(), 0, "self");
   if (world_.rank() == 0) {
-    load_and_resave(at(c, 1, 1, 16, data_ + "/one"), self, src);
-    expect_same_state(saved, newest(data_ + "/one"), "1 rank");
+    TrainConfig r = at(c, 1, 1, 16, data_ + "/one");
+    r.train.max_steps = 6;
+    std::string path;
+    const std::vector<double> after = load_resave_train(r, self, src, path);
+    ASSERT_EQ(after.size(), 1u);
+    EXPECT_NEAR(after[0], next, 1e-5 * next) << "1 rank: the first step after loading";
+    expect_same_state(saved, read_checkpoint(path), "1 rank");
   }
   world_.barrier();
 
   // And back: a data-parallel checkpoint (data 4) loads on the grid path.
   const std::string dp = data_ + "/dp4";
-  {
-    TrainConfig s = at(c, 1, 1, 4, dp);
-    s.train.max_steps = 7;
-    Trainer t(s, world_, quiet());
-    t.fit();
-  }
+  TrainConfig d = at(c, 1, 1, 4, dp);
+  d.train.max_steps = 7;
+  losses_of(d, world_);
+  d.checkpoint.dir = data_ + "/dp4-ref";
+  d.train.max_steps = 8;
+  const double dp_next = losses_of(d, world_).back();
   world_.barrier();
   const CheckpointData dp_saved = newest(dp);
   EXPECT_EQ(dp_saved.scalars.at("data_parallel"), 4);
   for (Layout l : {Layout{"tensor 2 x data 2", 1, 2, 8}, Layout{"tensor 2 x pipeline 2", 2, 2, 16}}) {
-    const std::string dir = data_ + "/back-" + std::to_string(l.pipeline) + "-" + std::to_string(l.tensor);
-    load_and_resave(at(c, l.pipeline, l.tensor, l.batch, dir), world_, dp);
+    TrainConfig r = at(c, l.pipeline, l.tensor, l.batch,
+                       data_ + "/back-" + std::to_string(l.pipeline) + "-" + std::to_string(l.tensor));
+    r.train.max_steps = 8;
+    std::string path;
+    const std::vector<double> after = load_resave_train(r, world_, dp, path);
     world_.barrier();
-    expect_same_state(dp_saved, newest(dir), std::string("data 4 -> ") + l.name);
+    ASSERT_EQ(after.size(), 1u) << l.name;
+    EXPECT_NEAR(after[0], dp_next, 1e-5 * dp_next) << "data 4 -> " << l.name << ": the first step after loading";
+    if (world_.rank() == 0) expect_same_state(dp_saved, read_checkpoint(path), std::string("data 4 -> ") + l.name);
   }
 }
 
