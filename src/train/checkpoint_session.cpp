@@ -1,5 +1,6 @@
 #include "checkpoint_session.hpp"
 
+#include <algorithm>
 #include <filesystem>
 #include <unordered_map>
 
@@ -224,8 +225,8 @@ bool CheckpointSession::load(const std::string& path, bool with_optimizer, const
   run_agreed(world_, "restoring the checkpoint", [&] { restore.apply(f.data, with_optimizer); });
 
   if (world_.rank() == 0 && hooks_.report)
-    log::info("loaded checkpoint ", f.path, " (run ", ck.run_id, ", epoch ", ck.epochs_done + (ck.step_in_epoch ? 1 : 0),
-              ck.step_in_epoch ? cat(" step ", ck.step_in_epoch, " of ", steps_per_epoch) : std::string(" done"),
+    log::info("loaded checkpoint ", f.path, " (run ", ck.run_id, ", epoch ",
+              ck.epochs_done + (ck.step_in_epoch ? 1 : 0), ck.step_in_epoch ? cat(" step ", ck.step_in_epoch, " of ", steps_per_epoch) : std::string(" done"),
               ", global step ", ck.step, ")");
   if (!with_optimizer) return true;
   log_layout_change(ck);

@@ -120,9 +120,9 @@ struct PipelineTrainer::Impl {
                 "-sample micro-batches (global ", global_batch(), "), ", steps_per_epoch(), " steps/epoch, run ",
                 pos.run_id, ckpt.resumed() ? cat(" (resume ", pos.resumes, " at epoch ", pos.epochs_done + 1, " step ",
                                                  pos.step_in_epoch, ")") : std::string());
-      nlohmann::json head = {{"event", ckpt.resumed() ? "resume" : "start"}, {"model", cfg.model.name}, {"params", num_params},
-                             {"ranks", world.size()}, {"pipeline", grid.pp_size()}, {"tensor", grid.tp_size()},
-                             {"data_parallel", grid.dp_size()},
+      nlohmann::json head = {{"event", ckpt.resumed() ? "resume" : "start"}, {"model", cfg.model.name},
+                             {"params", num_params}, {"ranks", world.size()}, {"pipeline", grid.pp_size()},
+                             {"tensor", grid.tp_size()}, {"data_parallel", grid.dp_size()},
                              {"schedule", cfg.parallel.schedule}, {"global_batch", global_batch()},
                              {"steps_per_epoch", steps_per_epoch()}, {"epochs_done", pos.epochs_done},
                              {"step", pos.step}, {"config", cfg.to_toml()}};
