@@ -215,6 +215,10 @@ bool CheckpointSession::load(const std::string& path, bool with_optimizer, const
   RunPosition ck;
   NamedTensorList wanted;
   run_agreed(world_, "reading the checkpoint", [&] {
+    for (auto& [name, t] : f.data.tensors)
+      RT_CHECK(name.find('~') == std::string::npos, "checkpoint '", f.path, "' (tensor '", name,
+               "') was written by the grid path before it shared the data-parallel path's format; it cannot be "
+               "loaded: start a new run");
     ck = checkpoint_position(f.data);
     wanted = restore.wanted(with_optimizer);
   });
