@@ -2,8 +2,10 @@
 // layout ("param/<name>", "optim/<slot>/<name>") is the same at any
 // parallel.tensor, so a run saved at tensor 2 resumes at tensor 1 and back.
 #include <cmath>
+#include <set>
 
 #include "ringtrain/comm/collectives.hpp"
+#include "ringtrain/comm/named_tensors.hpp"
 #include "ringtrain/nn/tensor_parallel.hpp"
 #include "ringtrain/parallel/pipeline.hpp"
 
@@ -35,6 +37,25 @@ std::vector<std::pair<std::string, Tensor>> PipelineModel::whole_state() {
   const TensorGroup g = TensorGroup::of(grid_.tp());
   for (auto& [name, t] : out)
     if (const ShardSpec* s = shard_of_name(stage_->arena(), name)) t = gather_whole(t, *s, g);
+  return out;
+}
+
+std::vector<std::pair<std::string, Tensor>> PipelineModel::gather_whole_state(int root) {
+  auto mine = whole_state();  // collective over the tensor group
+  const Communicator& w = grid_.world();
+  const bool sends = grid_.dp_rank() == 0 && grid_.tp_rank() == 0;
+  if (w.rank() != root) {
+    if (sends) send_named(mine, root, w);
+    return {};
+  }
+  std::vector<std::pair<std::string, Tensor>> out;
+  std::set<std::string> seen;
+  for (int s = 0; s < grid_.pp_size(); ++s) {
+    const int from = grid_.world_rank_of(0, 0, s);
+    auto part = from == root ? mine : recv_named(from, w);
+    for (auto& [name, t] : part)
+      if (seen.insert(name).second) out.emplace_back(name, t);
+  }
   return out;
 }
 

@@ -2,15 +2,12 @@
 
 #include "run_options.hpp"
 
-#include <mpi.h>
 #include <omp.h>
 
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
-#include <filesystem>
 #include <nlohmann/json.hpp>
-#include <set>
 
 #include "ringtrain/comm/agree.hpp"
 #include "ringtrain/comm/collectives.hpp"
@@ -20,57 +17,13 @@
 #include "ringtrain/optim/schedule.hpp"
 #include "ringtrain/parallel/pipeline.hpp"
 #include "ringtrain/train/checkpoint.hpp"
-#include "ringtrain/train/signals.hpp"
+#include "checkpoint_session.hpp"
 
 namespace ringtrain {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-using Named = std::vector<std::pair<std::string, Tensor>>;
-
-// The checkpoint writer stores flat dataset names: '/' travels as '~'.
-std::string file_name(std::string n) {
-  for (char& ch : n)
-    if (ch == '/') ch = '~';
-  return n;
-}
-
-// Stage -> world rank 0: names, shapes, dtypes and bytes of host tensors.
-void send_named(const Named& ts, int to, MPI_Comm c) {
-  std::int64_t n = static_cast<std::int64_t>(ts.size());
-  MPI_Send(&n, 1, MPI_INT64_T, to, 7100, c);
-  for (auto& [name, t] : ts) {
-    std::vector<std::int64_t> head = {static_cast<std::int64_t>(name.size()), static_cast<std::int64_t>(t.dtype()),
-                                      static_cast<std::int64_t>(t.shape().size())};
-    head.insert(head.end(), t.shape().begin(), t.shape().end());
-    std::int64_t hn = static_cast<std::int64_t>(head.size());
-    MPI_Send(&hn, 1, MPI_INT64_T, to, 7101, c);
-    MPI_Send(head.data(), static_cast<int>(hn), MPI_INT64_T, to, 7102, c);
-    MPI_Send(name.data(), static_cast<int>(name.size()), MPI_CHAR, to, 7103, c);
-    MPI_Send(t.raw(), static_cast<int>(t.nbytes()), MPI_BYTE, to, 7104, c);
-  }
-}
-
-Named recv_named(int from, MPI_Comm c) {
-  Named out;
-  std::int64_t n = 0;
-  MPI_Recv(&n, 1, MPI_INT64_T, from, 7100, c, MPI_STATUS_IGNORE);
-  for (std::int64_t i = 0; i < n; ++i) {
-    std::int64_t hn = 0;
-    MPI_Recv(&hn, 1, MPI_INT64_T, from, 7101, c, MPI_STATUS_IGNORE);
-    std::vector<std::int64_t> head(static_cast<std::size_t>(hn));
-    MPI_Recv(head.data(), static_cast<int>(hn), MPI_INT64_T, from, 7102, c, MPI_STATUS_IGNORE);
-    std::string name(static_cast<std::size_t>(head[0]), '\0');
-    MPI_Recv(name.data(), static_cast<int>(head[0]), MPI_CHAR, from, 7103, c, MPI_STATUS_IGNORE);
-    Shape s(head.begin() + 3, head.end());
-    Tensor t = Tensor::empty(s, static_cast<DType>(head[1]));
-    MPI_Recv(t.raw(), static_cast<int>(t.nbytes()), MPI_BYTE, from, 7104, c, MPI_STATUS_IGNORE);
-    out.emplace_back(std::move(name), t);
-  }
-  return out;
-}
-
 }  // namespace
 
 struct PipelineTrainer::Impl {
@@ -82,8 +35,9 @@ struct PipelineTrainer::Impl {
   std::unique_ptr<PipelineModel> pm;
   std::unique_ptr<LrSchedule> schedule;
   std::unique_ptr<Reporter> reporter;
-  std::int64_t epochs_done = 0, step = 0;
-  std::int64_t step_in_epoch = 0;  // steps of the current epoch already taken (exact resume)
+  RunPosition pos;                 // where the run stands (step_in_epoch: exact resume)
+  CheckpointSession ckpt{cfg, world, hooks, pos};  // the checkpoint logic both trainers share
+  std::string last_checkpoint;     // rank 0
   int stop_signal = 0;             // agreed stop request: the signal, or -1 when it reached another rank
   std::int64_t num_params = 0;
 
@@ -109,6 +63,8 @@ struct PipelineTrainer::Impl {
     OptimizerConfig oc = optimizer_config(cfg);
     num_params = build_model(mc)->num_params();
     pm = std::make_unique<PipelineModel>(grid, mc, pc, oc);
+    ckpt.describe_run(num_params, grid.pp_size(), grid.tp_size(), grid.dp_size());
+    ckpt.create_dir();
 
     ScheduleConfig sc = schedule_config(cfg, global_batch());
     schedule = std::make_unique<LrSchedule>(sc, steps_per_epoch(), steps_per_epoch() * cfg.train.epochs);
@@ -148,8 +104,13 @@ struct PipelineTrainer::Impl {
     TrainResult res;
     std::string metrics = cfg.log.metrics;
     if (metrics.empty() && !cfg.checkpoint.dir.empty()) metrics = cfg.checkpoint.dir + "/metrics.jsonl";
+    ckpt.start_run();
+    run_on_root(world, "opening log.metrics", [&] {
+      if (hooks.report && ckpt.resumed()) ckpt.truncate_metrics(metrics);
+    });
     reporter = std::make_unique<Reporter>(world.rank() == 0 && hooks.report, cfg.log.format, cfg.log.interval,
                                           hooks.report ? metrics : "", cfg.train.epochs, steps_per_epoch());
+    reporter->set_run(pos.run_id, pos.resumes);
     if (world.rank() == 0 && hooks.report) {
       std::string bal;
       for (int b : pm->balance()) bal += cat(bal.empty() ? "" : ", ", b);
@@ -157,52 +118,56 @@ struct PipelineTrainer::Impl {
                 grid.dp_size(), " DP x ", grid.pp_size(), " PP stages (layers [", bal, "]), schedule ",
                 cfg.parallel.schedule, ", ", pm->balance().size() ? "" : "", "batch ", cfg.data.batch_size,
                 "/replica in ", cfg.data.batch_size / std::max(1, cfg.parallel.micro_batches > 0 ? cfg.parallel.micro_batches : cfg.parallel.pipeline),
-                "-sample micro-batches (global ", global_batch(), "), ", steps_per_epoch(), " steps/epoch");
-      nlohmann::json head = {{"event", "start"}, {"model", cfg.model.name}, {"params", num_params},
-                             {"ranks", world.size()}, {"pipeline", grid.pp_size()}, {"data_parallel", grid.dp_size()},
+                "-sample micro-batches (global ", global_batch(), "), ", steps_per_epoch(), " steps/epoch, run ",
+                pos.run_id, ckpt.resumed() ? cat(" (resume ", pos.resumes, " at epoch ", pos.epochs_done + 1, " step ",
+                                                 pos.step_in_epoch, ")") : std::string());
+      nlohmann::json head = {{"event", ckpt.resumed() ? "resume" : "start"}, {"model", cfg.model.name},
+                             {"params", num_params}, {"ranks", world.size()}, {"pipeline", grid.pp_size()},
+                             {"tensor", grid.tp_size()}, {"data_parallel", grid.dp_size()},
                              {"schedule", cfg.parallel.schedule}, {"global_batch", global_batch()},
-                             {"steps_per_epoch", steps_per_epoch()}, {"config", cfg.to_toml()}};
-      reporter->json_line(head.dump());
+                             {"steps_per_epoch", steps_per_epoch()}, {"epochs_done", pos.epochs_done},
+                             {"step", pos.step}, {"config", cfg.to_toml()}};
+      reporter->json_line(head);
     }
     auto run_t0 = Clock::now();
-    for (int epoch = static_cast<int>(epochs_done); epoch < cfg.train.epochs; ++epoch) {
-      if (cfg.train.max_steps > 0 && step >= cfg.train.max_steps) break;
+    for (int epoch = static_cast<int>(pos.epochs_done); epoch < cfg.train.epochs; ++epoch) {
+      if (cfg.train.max_steps > 0 && pos.step >= cfg.train.max_steps) break;
       reporter->epoch_start(epoch);
       loader->set_epoch(epoch);
-      if (step_in_epoch > 0) loader->skip(step_in_epoch);
+      if (pos.step_in_epoch > 0) loader->skip(pos.step_in_epoch);
       const double wait0 = loader->wait_seconds();
       double loss_sum = 0, compute = 0, bubble = 0;
       std::int64_t steps = 0, correct = 0, seen = 0;
       auto t0 = Clock::now();
-      for (std::int64_t s = step_in_epoch; s < steps_per_epoch(); ++s) {
-        if (cfg.train.max_steps > 0 && step >= cfg.train.max_steps) break;
+      for (std::int64_t s = pos.step_in_epoch; s < steps_per_epoch(); ++s) {
+        if (cfg.train.max_steps > 0 && pos.step >= cfg.train.max_steps) break;
         if (stop_requested()) break;
         std::optional<data::Batch> b = loader->next();
         RT_CHECK(b.has_value(), grid.tag(), " training data ended inside an epoch");
-        PipeStepResult r = pm->train_step(b->images, b->labels, schedule->lr_at(step));
-        RT_CHECK(std::isfinite(r.loss), "training diverged: loss is ", r.loss, " at step ", step);
-        ++step;
+        PipeStepResult r = pm->train_step(b->images, b->labels, schedule->lr_at(pos.step));
+        RT_CHECK(std::isfinite(r.loss), "training diverged: loss is ", r.loss, " at step ", pos.step);
+        ++pos.step;
         ++steps;
-        step_in_epoch = s + 1;
+        pos.step_in_epoch = s + 1;
         loss_sum += r.loss;
         correct += r.correct;
         seen += r.seen;
         compute += r.timing.busy_s;
         bubble += r.timing.bubble();
-        if (hooks.on_step) hooks.on_step(step, r.loss);
+        if (hooks.on_step) hooks.on_step(pos.step, r.loss);
         reporter->step(s + 1, r.loss, static_cast<double>(global_batch()) * (s + 1) / since(t0));
       }
-      if (step_in_epoch < steps_per_epoch()) {
+      if (pos.step_in_epoch < steps_per_epoch()) {
         // Stopped inside the epoch (train.max_steps or a signal): save the exact position.
         save_checkpoint(true);
         if (stop_signal) res.stopped_by_signal = announce_stop();
         break;
       }
-      step_in_epoch = 0;
+      pos.step_in_epoch = 0;
       EpochMetrics m;
       m.epoch = epoch;
-      m.step = step;
-      m.lr = schedule->lr_at(std::max<std::int64_t>(0, step - 1));
+      m.step = pos.step;
+      m.lr = schedule->lr_at(std::max<std::int64_t>(0, pos.step - 1));
       m.time_s = since(t0);
       m.compute_s = compute;
       m.comm_exposed_s = m.time_s - compute;  // bubble and communication together
@@ -211,10 +176,12 @@ struct PipelineTrainer::Impl {
       m.train_accuracy = seen ? double(correct) / double(seen) : 0;
       m.images_per_s = m.time_s > 0 ? double(global_batch()) * steps / m.time_s : 0;
       if (world.rank() == 0 && steps) log::debug("pipeline bubble (stage 0, mean over steps): ", bubble / steps);
-      epochs_done = epoch + 1;
-      // A signal during the epoch's last step: save whatever checkpoint.every_epochs says, and stop.
-      const bool stopping = stop_requested() && epochs_done < cfg.train.epochs;
-      save_checkpoint(stopping);  // before evaluating: a problem in the test data must not cost the epoch
+      pos.epochs_done = epoch + 1;
+      // A signal during the epoch's last step: stop now, before evaluating.
+      const bool stopping = stop_requested() && pos.epochs_done < cfg.train.epochs;
+      const bool limit = cfg.train.max_steps > 0 && pos.step >= cfg.train.max_steps;
+      // Save before evaluating: a problem in the test data must not cost the epoch.
+      save_checkpoint(stopping || limit || pos.epochs_done == cfg.train.epochs);
       if (stopping) {
         reporter->epoch_end(m);
         res.stopped_by_signal = announce_stop();
@@ -228,7 +195,8 @@ struct PipelineTrainer::Impl {
       reporter->epoch_end(m);
       res.last = m;
     }
-    res.steps = step;
+    res.steps = pos.step;
+    res.checkpoint = last_checkpoint;
     return res;
   }
 
@@ -244,65 +212,43 @@ struct PipelineTrainer::Impl {
   }
 
   int announce_stop() {
-    if (world.rank() == 0)
-      log::warn("stopped by ", stop_signal > 0 ? StopSignals::name(stop_signal) : "a stop signal on another rank",
-                " at step ", step, " (epoch ", epochs_done + 1, ", step ", step_in_epoch, " of ", steps_per_epoch(), ")",
-                cfg.checkpoint.dir.empty() ? std::string("; no checkpoint.dir, so nothing was saved")
-                                           : cat("; continue with --resume ", cfg.checkpoint.dir));
+    ckpt.announce_stop(stop_signal, pos.step_in_epoch, steps_per_epoch(), last_checkpoint);
     return stop_signal;
   }
 
-  // World rank 0 gathers every stage's state (from DP rank 0) and writes.
-  // `force`: a stop inside or at the end of an epoch saves whatever checkpoint.every_epochs says.
-  void save_checkpoint(bool force = false) {
-    if (cfg.checkpoint.dir.empty()) return;
-    const int done = static_cast<int>(epochs_done);
-    if (!force && done % cfg.checkpoint.every_epochs != 0 && done != cfg.train.epochs) return;
-    MPI_Comm c = world.handle("gathering a pipeline checkpoint");
-    Named mine = pm->whole_state();  // collective over the tensor group: sharded parameters gathered whole
-    if (grid.dp_rank() == 0 && grid.tp_rank() == 0 && grid.pp_rank() > 0) send_named(mine, 0, c);
-    std::string path;
-    run_on_root(world, "writing a checkpoint", [&] {
-      CheckpointData d;
-      Named all = mine;
-      for (int s = 1; s < grid.pp_size(); ++s) {
-        Named part = recv_named(grid.world_rank_of(0, 0, s), c);
-        all.insert(all.end(), part.begin(), part.end());
-      }
-      std::set<std::string> seen;  // "optim/step" comes from every stage (all equal): keep one
-      for (auto& [name, t] : all)
-        if (seen.insert(name).second) d.tensors.emplace_back(file_name(name), t);
-      d.scalars = {{"epochs_done", epochs_done}, {"step", step}, {"step_in_epoch", step_in_epoch}, {"ranks", world.size()},
-                   {"seed", static_cast<std::int64_t>(cfg.train.seed)}, {"pipeline", grid.pp_size()}};
-      d.config_toml = cfg.to_toml();
-      // Run id in CheckpointDir's three-part form; the layout does not depend on p or DP.
-      const std::string run_id = cat("pipeline-", cfg.model.name, "-seed", cfg.train.seed);
-      path = CheckpointDir(cfg.checkpoint.dir, cfg.checkpoint.keep).save(run_id, step, d);
-    });
-    if (world.rank() == 0) log::info("checkpoint written: ", path);
+  // Every `checkpoint.every_epochs` epochs, or always with `force` (the run ends or stops).
+  void save_checkpoint(bool force) {
+    // World rank 0 gathers every stage's whole state (shards gathered over the tensor group).
+    std::string path = ckpt.save(force, [&] { return pm->gather_whole_state(0); });
+    if (!path.empty()) last_checkpoint = path;
   }
 
-  // Every rank reads the file and takes the names its stage owns.
-  void load(const std::string& path, bool with_optimizer) {
-    run_agreed(world, "loading a checkpoint", [&] {
-      std::string file = path;
-      if (std::filesystem::is_directory(path)) {
-        file = CheckpointDir(path, 1).latest();
-        RT_CHECK(!file.empty(), "no checkpoint (ckpt-*.h5) in directory '", path, "'");
-      }
-      CheckpointData ck = read_checkpoint(file);
+  // Every rank receives the checkpoint; each checks and takes the names its stage owns
+  // (its part of a tensor-parallel shard), so any layout loads any checkpoint.
+  bool load(const std::string& path, bool with_optimizer) {
+    CheckpointSession::Restore r;
+    r.wanted = [&](bool with_opt) {
+      NamedTensorList w;
       pm->restore_whole_state([&](const std::string& name, Tensor& whole) {
-        if (!with_optimizer && name.rfind("optim/", 0) == 0) return false;
-        restore_tensor(ck, file_name(name), whole);
+        if (with_opt || name.rfind("optim/", 0) != 0) w.emplace_back(name, whole);
+        return false;  // only the names, dtypes and whole shapes
+      });
+      return w;
+    };
+    r.apply = [&](const CheckpointData& ck, bool with_opt) {
+      pm->restore_whole_state([&](const std::string& name, Tensor& whole) {
+        if (!with_opt && name.rfind("optim/", 0) == 0) return false;
+        restore_tensor(ck, name, whole);
         return true;
       });
-      if (with_optimizer) {
-        epochs_done = ck.scalars.at("epochs_done");
-        step = ck.scalars.at("step");
-        step_in_epoch = ck.scalars.count("step_in_epoch") ? ck.scalars.at("step_in_epoch") : 0;
-      }
-      if (world.rank() == 0) log::info("loaded checkpoint ", file, " (epoch ", epochs_done, ", step ", step, ")");
-    });
+    };
+    return ckpt.load(path, with_optimizer, r, steps_per_epoch());
+  }
+
+  std::string save_now() {
+    ckpt.start_run();
+    save_checkpoint(true);
+    return last_checkpoint;
   }
 };
 
@@ -311,6 +257,8 @@ PipelineTrainer::PipelineTrainer(const TrainConfig& cfg, const Communicator& wor
 PipelineTrainer::~PipelineTrainer() { log::set_prefix(""); }
 TrainResult PipelineTrainer::fit() { return impl_->fit(); }
 EvalResult PipelineTrainer::evaluate(const std::string& path) { return impl_->evaluate(path); }
-void PipelineTrainer::load(const std::string& path, bool with_optimizer) { impl_->load(path, with_optimizer); }
+bool PipelineTrainer::load(const std::string& path, bool with_optimizer) { return impl_->load(path, with_optimizer); }
+std::string PipelineTrainer::save_checkpoint() { return impl_->save_now(); }
+const std::string& PipelineTrainer::run_id() const { return impl_->pos.run_id; }
 
 }  // namespace ringtrain

@@ -5,11 +5,11 @@
 //
 // Data: every stage of a replica opens the loader over the data-parallel group,
 // so all stages of a replica see the same batches; the first uses the images,
-// the last the labels. Checkpoints hold the whole model per parameter
-// ("param/<name>", "buffer/<name>", "optim/<slot>/<name>", the layout of
-// CONTRACTS.md): world rank 0 gathers every stage's names (from DP rank 0)
-// and writes; on load each rank reads the file and takes the names it owns,
-// so a checkpoint resumes at any pipeline and DP size.
+// the last the labels. Checkpoints are the data-parallel path's (one logic,
+// checkpoint_session.hpp): the whole model per parameter ("param/<name>",
+// "buffer/<name>", "optim/<slot>/<name>"), gathered on world rank 0 from every
+// stage (DP rank 0, tensor shards whole); on load every rank receives the file
+// and takes the names it owns, so a checkpoint resumes at any layout.
 #include <memory>
 #include <string>
 
@@ -23,7 +23,9 @@ class PipelineTrainer {
   ~PipelineTrainer();
   TrainResult fit();
   EvalResult evaluate(const std::string& path);
-  void load(const std::string& path, bool with_optimizer);
+  bool load(const std::string& path, bool with_optimizer);  // false: --resume auto found nothing
+  std::string save_checkpoint();
+  const std::string& run_id() const;
 
  private:
   struct Impl;

@@ -49,17 +49,24 @@ std::string fingerprint(const TrainConfig& cfg, int ranks) {
   return buf;
 }
 
-void check_resumable(const RunPosition& ck, const std::string& file, const TrainConfig& cfg, int ranks) {
+void check_resumable(const RunPosition& ck, const std::string& file, const TrainConfig& cfg,
+                     std::int64_t data_parallel) {
   std::string diff;
-  auto differs = [&](const char* what, std::int64_t was, std::int64_t now) {
+  auto differs = [&](const std::string& what, std::int64_t was, std::int64_t now) {
     if (was != now) diff += cat(diff.empty() ? "" : ", ", what, " ", was, " -> ", now);
   };
-  differs("ranks", ck.ranks, ranks);
-  differs("data.batch_size", ck.batch_size, cfg.data.batch_size);
+  // The layout (pipeline, tensor, rank count) may change; the global batch may not.
+  const std::int64_t was = ck.batch_size * ck.data_parallel, now = cfg.data.batch_size * data_parallel;
+  if (was != now) {
+    differs("data.batch_size", ck.batch_size, cfg.data.batch_size);
+    differs("data-parallel size", ck.data_parallel, data_parallel);
+    diff += cat(" (global batch ", was, " -> ", now, ")");
+  }
   differs("train.accumulation", ck.accumulation, cfg.train.accumulation);
   differs("train.seed", ck.seed, static_cast<std::int64_t>(cfg.train.seed));
-  RT_CHECK(diff.empty(), "checkpoint '", file, "' cannot continue this run bit for bit: ", diff,
-           " (the data order, the steps per epoch and the learning-rate schedule depend on them). "
+  RT_CHECK(diff.empty(), "checkpoint '", file, "' cannot continue this run: ", diff,
+           " (the data order, the steps per epoch and the learning-rate schedule depend on them; the layout may "
+           "change as long as data.batch_size x data-parallel size stays the same). "
            "Resume with the checkpoint's values, or start a new run (`eval --checkpoint` still reads it)");
 }
 

@@ -15,11 +15,15 @@ namespace ringtrain::run_state {
 // "20261123-120102-3fa9c2": UTC start time and 24 random bits.
 std::string new_run_id();
 // Hash of the keys that shape the trajectory (not log.*, checkpoint.*, timeouts,
-// train.max_steps, threads, ...), and the rank count.
+// train.max_steps, threads, ...), the layout (parallel.*) and the rank count:
+// `--resume auto` continues only the same configuration at the same layout.
 std::string fingerprint(const TrainConfig& cfg, int ranks);
 // Throws an Error naming the keys when `ck` (read from `file`) cannot continue
-// bit for bit as this run: other rank count, batch size, accumulation or seed.
-void check_resumable(const RunPosition& ck, const std::string& file, const TrainConfig& cfg, int ranks);
+// this run: another global batch (data.batch_size x data-parallel size),
+// accumulation or seed would change the data order or the schedule. The layout
+// (parallel.pipeline, parallel.tensor, the rank count) may differ.
+void check_resumable(const RunPosition& ck, const std::string& file, const TrainConfig& cfg,
+                     std::int64_t data_parallel);
 // Removes the epoch records of run `run_id` beyond `epochs_done` from a metrics
 // file (the resumed run writes them again): a reader never sees an epoch twice.
 // Returns the number of records dropped.

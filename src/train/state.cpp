@@ -1,5 +1,7 @@
 #include "ringtrain/train/state.hpp"
 
+#include <algorithm>
+
 #include "ringtrain/nn/model.hpp"
 #include "ringtrain/optim/optimizer.hpp"
 
@@ -40,13 +42,14 @@ NamedTensorList flat_state(Model& model, Optimizer* optimizer) {
   return out;
 }
 
-CheckpointData make_checkpoint(Model& model, Optimizer* optimizer, const TrainConfig& cfg, const RunPosition& pos) {
+CheckpointData checkpoint_data(NamedTensorList tensors, const TrainConfig& cfg, const RunPosition& pos) {
   CheckpointData d;
-  d.tensors = model_state(model, optimizer);
-  d.scalars = {{"epochs_done", pos.epochs_done}, {"step", pos.step},   {"step_in_epoch", pos.step_in_epoch},
-               {"ranks", pos.ranks},             {"seed", pos.seed},   {"params", model.num_params()},
+  d.tensors = std::move(tensors);
+  d.scalars = {{"epochs_done", pos.epochs_done}, {"step", pos.step},     {"step_in_epoch", pos.step_in_epoch},
+               {"ranks", pos.ranks},             {"seed", pos.seed},     {"params", pos.params},
                {"batch_size", pos.batch_size},   {"accumulation", pos.accumulation},
-               {"resumes", pos.resumes}};
+               {"resumes", pos.resumes},         {"pipeline", pos.pipeline}, {"tensor", pos.tensor},
+               {"data_parallel", pos.data_parallel}};
   d.strings = {{"run_id", pos.run_id}, {"fingerprint", pos.fingerprint}};
   d.config_toml = cfg.to_toml();
   return d;
@@ -57,6 +60,10 @@ RunPosition checkpoint_position(const CheckpointData& ckpt) {
     auto it = ckpt.scalars.find(k);
     RT_CHECK(it != ckpt.scalars.end(), "checkpoint has no scalar '", k, "'");
     return it->second;
+  };
+  auto get_or = [&](const char* k, std::int64_t dflt) {
+    auto it = ckpt.scalars.find(k);
+    return it == ckpt.scalars.end() ? dflt : it->second;
   };
   auto text = [&](const char* k) {
     auto it = ckpt.strings.find(k);
@@ -71,28 +78,13 @@ RunPosition checkpoint_position(const CheckpointData& ckpt) {
   p.batch_size = get("batch_size");
   p.accumulation = get("accumulation");
   p.resumes = get("resumes");
+  p.params = get_or("params", 0);
+  p.pipeline = get_or("pipeline", 1);
+  p.tensor = get_or("tensor", 1);
+  p.data_parallel = get_or("data_parallel", p.ranks / std::max<std::int64_t>(1, p.pipeline * p.tensor));
   p.run_id = text("run_id");
   p.fingerprint = text("fingerprint");
   return p;
-}
-
-RunPosition restore_checkpoint(const CheckpointData& ckpt, Model& model, Optimizer* optimizer) {
-  // Check every name first, so a mismatch leaves the model untouched.
-  NamedTensorList want = model_state(model, optimizer);
-  for (auto& [name, t] : want) {
-    bool found = false;
-    for (auto& [n, c] : ckpt.tensors)
-      if (n == name) {
-        found = true;
-        RT_CHECK(c.dtype() == t.dtype() && c.shape() == t.shape(), "checkpoint tensor '", name, "' is ",
-                 dtype_name(c.dtype()), " ", shape_str(c.shape()), ", but this model has ", dtype_name(t.dtype()),
-                 " ", shape_str(t.shape()), " (was it written for another model?)");
-        break;
-      }
-    RT_CHECK(found, "checkpoint has no tensor '", name, "' (was it written for another model or optimizer?)");
-  }
-  for (auto& [name, t] : want) restore_tensor(ckpt, name, t);
-  return checkpoint_position(ckpt);
 }
 
 }  // namespace ringtrain

@@ -64,7 +64,7 @@ void sum_over_ranks(std::vector<double>& v, const Communicator& comm) {
 Trainer::Impl::Impl(TrainConfig c, Communicator w, TrainerHooks h)
     : cfg(std::move(c)), world(std::move(w)), hooks(std::move(h)) {
   cfg.validate();
-  create_checkpoint_dir();
+  ckpt.create_dir();
   // The trainer's own collectives (metrics, agreement, broadcasts) time out like the engine's.
   if (!std::getenv("RINGTRAIN_COLLECTIVE_TIMEOUT") && world.size() > 1)
     host_context(world.handle(), world.local_size()).timeout_s = cfg.comm.collective_timeout_s;
@@ -87,11 +87,7 @@ Trainer::Impl::Impl(TrainConfig c, Communicator w, TrainerHooks h)
   build_model();
   build_optimizer();
   build_engine();
-  pos.ranks = world.size();
-  pos.seed = static_cast<std::int64_t>(cfg.train.seed);
-  pos.batch_size = cfg.data.batch_size;
-  pos.accumulation = cfg.train.accumulation;
-  pos.fingerprint = run_state::fingerprint(cfg, world.size());
+  ckpt.describe_run(model->num_params(), 1, 1, world.size());
   broadcast_state();
 }
 
@@ -320,12 +316,7 @@ void Trainer::Impl::start_reporting() {
   if (metrics.empty() && !cfg.checkpoint.dir.empty()) metrics = cfg.checkpoint.dir + "/metrics.jsonl";
   if (!hooks.report) metrics.clear();
   run_on_root(world, "opening log.metrics", [&] {
-    if (resumed && !metrics.empty()) {
-      int dropped = run_state::truncate_metrics(metrics, pos.run_id, pos.epochs_done);
-      if (dropped)
-        log::info("metrics: dropped ", dropped, " epoch record(s) of run ", pos.run_id, " after epoch ",
-                  pos.epochs_done, " from ", metrics, " (the resumed run writes them again)");
-    }
+    if (ckpt.resumed()) ckpt.truncate_metrics(metrics);
     reporter = std::make_unique<Reporter>(hooks.report, cfg.log.format, cfg.log.interval, metrics, cfg.train.epochs,
                                           steps_per_epoch());
   });
@@ -336,9 +327,9 @@ void Trainer::Impl::start_reporting() {
     log::info("ringtrain: ", cfg.model.name, " (", model->num_params(), " parameters) on ", world.size(),
               " rank(s), ", device.str(), ", ", cfg.train.precision, ", batch ", cfg.data.batch_size, "/rank (global ",
               global_batch(), "), ", steps_per_epoch(), " steps/epoch, all-reduce ", cfg.comm.algorithm, ", run ",
-              pos.run_id, resumed ? cat(" (resume ", pos.resumes, " at epoch ", pos.epochs_done + 1, " step ",
+              pos.run_id, ckpt.resumed() ? cat(" (resume ", pos.resumes, " at epoch ", pos.epochs_done + 1, " step ",
                                         pos.step_in_epoch, ")") : std::string());
-    nlohmann::json head = {{"event", resumed ? "resume" : "start"}, {"model", cfg.model.name},
+    nlohmann::json head = {{"event", ckpt.resumed() ? "resume" : "start"}, {"model", cfg.model.name},
                            {"params", model->num_params()}, {"ranks", world.size()}, {"device", device.str()},
                            {"precision", cfg.train.precision}, {"global_batch", global_batch()},
                            {"steps_per_epoch", steps_per_epoch()}, {"epochs_done", pos.epochs_done},
@@ -349,14 +340,7 @@ void Trainer::Impl::start_reporting() {
 
 TrainResult Trainer::Impl::fit() {
   TrainResult res;
-  if (pos.run_id.empty()) {
-    // A fresh run: rank 0 names it, so every rank agrees.
-    char id[64] = {};
-    if (world.rank() == 0) std::snprintf(id, sizeof id, "%s", run_state::new_run_id().c_str());
-    broadcast(id, sizeof id, DType::u8, 0, world);
-    pos.run_id = id;
-  }
-  remove_stale_temps();
+  ckpt.start_run();  // a fresh run's id; stale temporary files of this run removed
   start_reporting();
   auto run_t0 = Clock::now();
   auto limit_hit = [&] { return cfg.train.max_steps > 0 && pos.step >= cfg.train.max_steps; };
@@ -367,7 +351,7 @@ TrainResult Trainer::Impl::fit() {
     if (!finished) {
       // Stopped inside the epoch (train.max_steps or a signal): save the exact position.
       save_checkpoint(true);
-      if (stop_signal) announce_stop(pos.step_in_epoch);
+      if (stop_signal) ckpt.announce_stop(stop_signal, pos.step_in_epoch, steps_per_epoch(), last_checkpoint);
       break;
     }
     pos.epochs_done = epoch + 1;
@@ -379,7 +363,7 @@ TrainResult Trainer::Impl::fit() {
     if (stopping) {
       reporter->epoch_end(m);
       res.last = m;
-      announce_stop(0);
+      ckpt.announce_stop(stop_signal, 0, steps_per_epoch(), last_checkpoint);
       break;
     }
     if (hooks.evaluate) {
@@ -464,12 +448,13 @@ Trainer::Trainer(TrainConfig cfg, Communicator world, TrainerHooks hooks) {
 }
 Trainer::~Trainer() = default;
 
-bool Trainer::resume(const std::string& path) {
-  if (pipe_) {
-    pipe_->load(path, true);
-    return true;
-  }
-  return impl_->load(path, true);
+bool Trainer::resume(const std::string& path) { return pipe_ ? pipe_->load(path, true) : impl_->load(path, true); }
+std::string Trainer::save_checkpoint() {
+  RT_CHECK(!config().checkpoint.dir.empty(), "Trainer::save_checkpoint: checkpoint.dir is not set");
+  if (pipe_) return pipe_->save_checkpoint();
+  impl_->ckpt.start_run();
+  impl_->save_checkpoint(true);
+  return impl_->last_checkpoint;
 }
 void Trainer::load_weights(const std::string& path) {
   if (pipe_) pipe_->load(path, false);
@@ -477,10 +462,7 @@ void Trainer::load_weights(const std::string& path) {
 }
 TrainResult Trainer::fit() { return pipe_ ? pipe_->fit() : impl_->fit(); }
 EvalResult Trainer::evaluate(const std::string& path) { return pipe_ ? pipe_->evaluate(path) : impl_->evaluate(path); }
-const std::string& Trainer::run_id() const {
-  static const std::string kNone;  // the pipeline path has no run id yet
-  return impl_ ? impl_->pos.run_id : kNone;
-}
+const std::string& Trainer::run_id() const { return impl_ ? impl_->pos.run_id : pipe_->run_id(); }
 Model& Trainer::model() {
   RT_CHECK(impl_, "Trainer::model(): with parallel.pipeline > 1 the model is split across the pipeline stages");
   return *impl_->model;

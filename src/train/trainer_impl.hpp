@@ -16,6 +16,7 @@
 #include "ringtrain/train/device_runtime.hpp"
 #include "ringtrain/train/state.hpp"
 #include "ringtrain/train/trainer.hpp"
+#include "checkpoint_session.hpp"
 
 namespace ringtrain {
 
@@ -54,7 +55,7 @@ struct Trainer::Impl {
   // repeat the masks of its first steps.
   std::vector<std::pair<Dropout*, Tensor>> dropout_calls;
   RunPosition pos;               // where the run stands (checkpointed)
-  bool resumed = false;          // pos came from a checkpoint
+  CheckpointSession ckpt{cfg, world, hooks, pos};  // checkpoints and resume (checkpoint_session.hpp)
   int stop_signal = 0;           // set when the ranks agreed to stop on a signal (-1: it reached another rank)
   std::string last_checkpoint;   // path of the last checkpoint written (rank 0)
 
@@ -86,11 +87,8 @@ struct Trainer::Impl {
   void start_reporting();
 
   // trainer_checkpoint.cpp
-  void create_checkpoint_dir();
-  void remove_stale_temps();
   void save_checkpoint(bool force);
   bool load(const std::string& path, bool with_optimizer);  // false: --resume auto found nothing
-  void announce_stop(std::int64_t steps_in_epoch);
 };
 
 }  // namespace ringtrain

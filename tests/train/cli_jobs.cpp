@@ -1,7 +1,8 @@
 // The `ringtrain` command's exit statuses, from real jobs: CLI errors exit 2 on
 // every rank with one message; the later of --set and a shortcut wins; SIGUSR1
 // (forwarded by mpirun) stops with 75 after a checkpoint that `--resume auto`
-// continues; a second signal exits at once with 128 + signo.
+// continues; a second signal exits at once with 128 + signo; checkpoints cross
+// trainer paths, and one of another model exits 2.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -87,6 +88,25 @@ TEST_F(CliJobs, SignalStopsWithSeventyFiveAndResumeAutoContinues) {
   r = run_job(mpirun(2) + train + "--resume auto --max-steps 1");
   EXPECT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("loaded checkpoint"), std::string::npos) << r.out;
+}
+
+// One checkpoint format for both trainer paths: a pipeline-2 checkpoint resumes
+// on the data-parallel path at the same global batch (saying the layout changed);
+// a checkpoint of another model is bad input (exit 2), one message naming the tensor.
+TEST_F(CliJobs, CheckpointsCrossLayoutsAndAnotherModelExitsTwo) {
+  const std::string data = prepared(), ck = (dir_ / "ckpt-layout").string();
+  const std::string train = ringtrain_exe() + " train --train-data " + data + " --test-data " + data +
+                            " --threads 1 --epochs 2 --no-eval --log-format plain --set model.name=mlp "
+                            "--checkpoint-dir " + ck + " ";
+  JobResult r = run_job(mpirun(2) + train + "--batch-size 16 --set parallel.pipeline=2 --max-steps 3");
+  ASSERT_EQ(r.status, 0) << r.out;
+  r = run_job(mpirun(2) + train + "--batch-size 8 --max-steps 5 --resume " + ck);
+  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("checkpoint written at pipeline 2 x tensor 1 x data 1 (2 ranks), continuing at pipeline 1 x "
+                       "tensor 1 x data 2 (2 ranks)"), std::string::npos) << r.out;
+  r = run_job(mpirun(2) + train + "--batch-size 16 --set parallel.pipeline=2 --set model.name=cnn --resume " + ck);
+  EXPECT_EQ(r.status, exit_code::bad_input) << r.out;
+  EXPECT_EQ(count(r.out, "has no tensor 'param/conv"), 1u) << "one message for the job\n" << r.out;
 }
 
 TEST(Signals, SecondSignalExitsAtOnce) {

@@ -72,6 +72,10 @@ class PipelineModel final : private PipeOps {
   // parallel.tensor; restore_whole_state hands each whole tensor to `fill` and
   // keeps this rank's part (no communication). fill returns false to leave a name as it is.
   std::vector<std::pair<std::string, Tensor>> whole_state();
+  // The whole model's state on world rank `root` (every stage's whole_state,
+  // from data-parallel rank 0, in stage order; "optim/step", held by every
+  // stage alike, once); empty elsewhere. Collective over the world.
+  std::vector<std::pair<std::string, Tensor>> gather_whole_state(int root = 0);
   // Global-norm clipping (clip_grad_norm semantics) over the whole model: shard
   // norms summed over the tensor and pipeline groups, replicated parameters once.
   double clip_grads(double max_norm);

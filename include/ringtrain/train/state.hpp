@@ -36,15 +36,19 @@ struct RunPosition {
   std::int64_t ranks = 1, seed = 0;
   std::int64_t batch_size = 0, accumulation = 1;  // what the loader's position depends on
   std::int64_t resumes = 0;        // how often this run was resumed
+  std::int64_t params = 0;         // scalar parameters of the whole model
+  // The layout that wrote it (informational: any layout loads any checkpoint;
+  // data_parallel × batch_size is the global batch the data order depends on).
+  std::int64_t pipeline = 1, tensor = 1, data_parallel = 1;
   std::string run_id;              // names the run's checkpoint files and metrics records
   std::string fingerprint;         // of the configuration that shapes the trajectory
 };
 
-CheckpointData make_checkpoint(Model& model, Optimizer* optimizer, const TrainConfig& cfg, const RunPosition& pos);
-// Restores tensors (all of model_state, or only params+buffers when optimizer is
-// null); the first missing or mismatched name is the error.
-RunPosition restore_checkpoint(const CheckpointData& ckpt, Model& model, Optimizer* optimizer);
-// Reads the position scalars and strings of a checkpoint.
+// A checkpoint of the whole named state `tensors` (model_state's names, with
+// tensor-parallel shards whole) at `pos`: scalars, strings and the config.
+CheckpointData checkpoint_data(NamedTensorList tensors, const TrainConfig& cfg, const RunPosition& pos);
+// Reads the position scalars and strings of a checkpoint (files written before
+// the layout scalars existed read as pipeline = tensor = 1, data_parallel = ranks).
 RunPosition checkpoint_position(const CheckpointData& ckpt);
 
 }  // namespace ringtrain

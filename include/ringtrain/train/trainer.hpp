@@ -8,7 +8,8 @@
 //   engine.wait(all)       # gradients averaged across ranks, mostly while backward ran
 //   optimizer.step(schedule.lr(step))
 //
-// parallel.pipeline > 1 hands everything to PipelineTrainer (DP x PP grid).
+// parallel.pipeline > 1 or parallel.tensor > 1 hands everything to
+// PipelineTrainer (the grid path); both write the same checkpoints.
 //
 // Rules: every rank runs the same number of steps (the loader guarantees equal
 // batch counts); rank 0's initial parameters and optimizer state are broadcast
@@ -68,14 +69,19 @@ class Trainer {
 
   // Continues from a checkpoint file, or the newest intact one in a directory
   // (saying which newer ones it skipped and why). "auto": the newest intact
-  // checkpoint of this configuration in checkpoint.dir, or a fresh start
-  // (returns false then). An incompatible checkpoint is an Error.
+  // checkpoint of this configuration and layout in checkpoint.dir, or a fresh
+  // start (returns false then). A path may come from any layout (the global
+  // batch, accumulation and seed must match); an incompatible checkpoint is an
+  // Error naming the key or tensor (src/train/checkpoint_session.hpp).
   bool resume(const std::string& path);
   TrainResult fit();
   // Evaluates the current parameters on a split, spread across ranks.
   EvalResult evaluate(const std::string& path);
   // Loads parameters (and buffers) from a checkpoint file or directory.
   void load_weights(const std::string& path);
+  // Writes a checkpoint of the state as it stands into checkpoint.dir now
+  // (collective); returns its path on rank 0, "" elsewhere.
+  std::string save_checkpoint();
 
   const std::string& run_id() const;  // set by resume() or at the start of fit()
   Model& model();

@@ -1,0 +1,89 @@
+#pragma once
+// One checkpoint logic for both trainers (trainer.cpp's data-parallel path and
+// pipeline_trainer.cpp's grid path): the run id and configuration fingerprint,
+// the position scalars, writing with rotation, finding the newest intact
+// checkpoint, `--resume auto`, the checks that a checkpoint fits this model and
+// run, metrics truncation on resume, the stop announcement.
+//
+// A trainer hands over its state as WHOLE named tensors (state.hpp's names,
+// tensor-parallel shards gathered whole), so a file does not depend on the
+// layout that wrote it. Resume rules:
+//  - `--resume auto` continues only a checkpoint with this run's fingerprint:
+//    the same configuration, layout (parallel.*) and rank count;
+//  - an explicit path continues at any layout (pipeline, tensor, rank count) as
+//    long as the global batch (data.batch_size x data-parallel size),
+//    train.accumulation and train.seed are the checkpoint's: parameters and
+//    optimizer state load bitwise and the data order and schedule are the same
+//    (sums then run in another order: the losses follow up to rounding); other
+//    values are refused, naming the keys;
+//  - a checkpoint of another model or optimizer is an error naming the first
+//    tensor that is missing, shaped differently or left over, on every rank,
+//    before anything is restored.
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "ringtrain/comm/communicator.hpp"
+#include "ringtrain/train/state.hpp"
+#include "ringtrain/train/trainer.hpp"
+
+namespace ringtrain {
+
+class CheckpointSession {
+ public:
+  // Keeps references: all four outlive the session (members of a trainer's Impl).
+  CheckpointSession(const TrainConfig& cfg, const Communicator& world, const TrainerHooks& hooks, RunPosition& pos);
+
+  // The run's fixed facts in `pos`: rank count, seed, batch, accumulation,
+  // layout, parameter count, fingerprint. Called once the model exists.
+  void describe_run(std::int64_t params, int pipeline, int tensor, int data_parallel);
+  // Collective, at start-up: checkpoint.dir exists or can be made (an error naming the key).
+  void create_dir();
+  // Collective, at the start of fit(): a fresh run takes rank 0's new run id;
+  // temporary files of this run left by a kill or a full disk are removed.
+  void start_run();
+  // Rank 0, before the metrics file opens on a resumed run: drops this run's
+  // epoch records beyond the checkpoint (the resumed run writes them again).
+  void truncate_metrics(const std::string& metrics) const;
+
+  // Gathers the whole named state on world rank 0 — collective on every rank
+  // (a sharded optimizer gathers its slices here); other ranks return {}.
+  using GatherWhole = std::function<NamedTensorList()>;
+  // Writes the position as it stands every checkpoint.every_epochs epochs, or
+  // always with `force`. Collective. Returns the path on rank 0, "" elsewhere
+  // or when nothing was written.
+  std::string save(bool force, const GatherWhole& gather_whole_state_on_rank0);
+
+  struct Restore {
+    // Every rank: the names it takes from a checkpoint, with their WHOLE dtype and
+    // shape (the tensors' contents are not read). Optimizer names only when asked.
+    std::function<NamedTensorList(bool with_optimizer)> wanted;
+    // Every rank, once every name was checked: copies its part of the whole
+    // state (a sharded optimizer takes its slice here).
+    std::function<void(const CheckpointData&, bool with_optimizer)> apply;
+  };
+  // Collective: rank 0 finds and reads the checkpoint (a file, the newest intact
+  // one in a directory, or "auto"), every rank receives it, checks and restores.
+  // With the optimizer, `pos` continues the checkpoint's run. Returns false when
+  // --resume auto found nothing (a fresh start).
+  bool load(const std::string& path, bool with_optimizer, const Restore& restore, std::int64_t steps_per_epoch);
+
+  // Rank 0: the stop's log line. `agreed`: the signal, or -1 when it reached another rank.
+  void announce_stop(int agreed, std::int64_t steps_in_epoch, std::int64_t steps_per_epoch,
+                     const std::string& checkpoint) const;
+
+  bool resumed() const { return resumed_; }
+
+ private:
+  void check_names(const CheckpointData& ck, const NamedTensorList& wanted, bool with_optimizer,
+                   const std::string& file) const;
+  void log_layout_change(const RunPosition& ck) const;
+
+  const TrainConfig& cfg_;
+  const Communicator& world_;
+  const TrainerHooks& hooks_;
+  RunPosition& pos_;
+  bool resumed_ = false;
+};
+
+}  // namespace ringtrain
