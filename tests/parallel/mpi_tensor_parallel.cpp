@@ -1,9 +1,10 @@
 // Tensor parallelism (Megatron column/row-parallel layers): the conjugate
 // operators against MPI_Allreduce and analytic layouts, the shard
-// bookkeeping, and the must-show exactness: `mlp` and `vit` built with
+// bookkeeping, and the must-show exactness: `mlp`, `vit` and `cnn` built with
 // parallel.tensor = T (T = the world at 2 and 4 ranks, and T = 2 x data 2 at
 // 4 ranks) start from the 1-rank model's weights and follow its loss within
-// 1e-4 relative over 50 SGD steps on the same global batches.
+// 1e-4 relative over 50 SGD steps on the same global batches; `resnet` too at
+// T = the world (not x data: its BatchNorm statistics are per replica batch).
 #include <gtest/gtest.h>
 #include <mpi.h>
 #include <omp.h>
@@ -98,6 +99,10 @@ ModelConfig model_cfg(const std::string& name) {
   mc.depth = 2;
   mc.mlp_ratio = 2.0;
   mc.patch = 4;
+  if (name == "resnet") {  // depth 8 (one block per stage), widths 4, 8, 16 on 8x8 images
+    mc.base_width = 4;
+    mc.depth = 8;
+  }
   return mc;
 }
 
@@ -194,6 +199,15 @@ TEST(TensorParallelExactness, MlpAndVitFollowTheOneRankLoss) {
   }
 }
 
+TEST(TensorParallelExactness, CnnAndResnetFollowTheOneRankLoss) {
+  const int w = Communicator::world().size();
+  if (w == 1 || w == 2 || w == 4) {
+    check_follows_one_rank("cnn", w);
+    check_follows_one_rank("resnet", w);
+  }
+  if (w == 4) check_follows_one_rank("cnn", 2);  // tensor 2 x data 2
+}
+
 TEST(TensorParallelErrors, SizesTheTensorSizeDoesNotDivideNameTheKey) {
   ModelConfig v = model_cfg("vit");
   v.tensor.size = 3;  // the checks come before any communication
@@ -203,8 +217,15 @@ TEST(TensorParallelErrors, SizesTheTensorSizeDoesNotDivideNameTheKey) {
   m.tensor.size = 3;
   EXPECT_NE(error_of([&] { build_model(m); }).find("256 is not divisible by parallel.tensor = 3"), std::string::npos);
   ModelConfig c = model_cfg("cnn");
-  c.tensor.size = 2;
-  EXPECT_NE(error_of([&] { build_model(c); }).find("model 'cnn' has no tensor-parallel layers"), std::string::npos);
+  c.tensor.size = 3;
+  EXPECT_NE(error_of([&] { build_model(c); })
+                .find("model 'cnn': the filter count of conv1 = 32 is not divisible by parallel.tensor = 3"),
+            std::string::npos);
+  ModelConfig r = model_cfg("resnet");
+  r.base_width = 6;
+  r.tensor.size = 4;
+  EXPECT_NE(error_of([&] { build_model(r); }).find("model 'resnet': model.width = 6 is not divisible by parallel.tensor = 4"),
+            std::string::npos);
   ModelConfig h = model_cfg("vit");
   h.tensor.size = 4;
   h.mlp_ratio = 1.25 / 2;  // hidden 10, not divisible by 4

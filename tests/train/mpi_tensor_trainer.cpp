@@ -89,20 +89,24 @@ TEST(TensorTrainer, FollowsTheOneRankTrainerAndReshardsCheckpoints) {
   }
 }
 
-TEST(TensorTrainer, ModelsWithoutTensorLayersAreAnError) {
+TEST(TensorTrainer, WidthsTheTensorSizeDoesNotDivideAreAnErrorOnEveryRank) {
   Communicator world = Communicator::world();
   if (world.size() % 2) GTEST_SKIP();
   std::string data = test_fixtures::synthetic_mnist_like(world, "tperr", 64, 32);
-  TrainConfig c = test_fixtures::small_config(data);  // cnn
+  TrainConfig c = test_fixtures::small_config(data);
+  c.model.name = "resnet";
+  c.model.width = 5;
   c.data.batch_size = 16;
   c.parallel.tensor = 2;
   TrainerHooks h;
   h.report = false;
   try {
     Trainer tr(c, world, h);
-    ADD_FAILURE() << "cnn at tensor 2 must fail";
+    ADD_FAILURE() << "resnet of width 5 at tensor 2 must fail";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("model 'cnn' has no tensor-parallel layers"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("model 'resnet': model.width = 5 is not divisible by parallel.tensor = 2"),
+              std::string::npos)
+        << e.what();
   }
 }
 
