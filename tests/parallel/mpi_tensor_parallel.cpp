@@ -10,6 +10,7 @@
 #include <omp.h>
 
 #include <cmath>
+#include <cstdlib>
 
 #include "../support/error_of.hpp"
 #include "ringtrain/comm/collectives.hpp"
@@ -206,6 +207,35 @@ TEST(TensorParallelExactness, CnnAndResnetFollowTheOneRankLoss) {
     check_follows_one_rank("resnet", w);
   }
   if (w == 4) check_follows_one_rank("cnn", 2);  // tensor 2 x data 2
+}
+
+TEST(TensorGrid, SpanWarningOnlyWhenAGroupLeavesANode) {
+  EXPECT_EQ(ProcessGrid::tensor_span_warning(4, 1), "");
+  EXPECT_EQ(ProcessGrid::tensor_span_warning(1, 3), "");  // no tensor group at all
+  EXPECT_NE(ProcessGrid::tensor_span_warning(4, 2).find("parallel.tensor = 4 spans 2 nodes: its all-reduces leave "
+                                                         "shared memory"),
+            std::string::npos);
+}
+
+// One tensor group of the whole world: warned (on world rank 0) exactly when
+// the world spans nodes. tests/CMakeLists.txt also runs this across 2
+// emulated hosts (label multihost), where the warning must appear.
+TEST(TensorGrid, MakeWarnsWhenTheTensorGroupSpansNodes) {
+  Communicator world = Communicator::world();
+  testing::internal::CaptureStderr();
+  ProcessGrid grid = ProcessGrid::make(world, {1, world.size()});
+  const std::string err = testing::internal::GetCapturedStderr();
+  const bool warned = err.find(cat("parallel.tensor = ", world.size(), " spans ", world.node_count(),
+                                   " nodes: its all-reduces leave shared memory")) != std::string::npos;
+  EXPECT_EQ(grid.tp().node_count(), world.node_count());
+  if (const char* hosts = std::getenv("RT_HOSTS"); hosts && std::string(hosts).find(',') != std::string::npos) {
+    EXPECT_GT(world.node_count(), 1) << "run_mpi.sh " << hosts << ": the spanning case must be exercised";
+  }
+  if (world.rank() == 0) {
+    EXPECT_EQ(warned, world.size() > 1 && world.node_count() > 1) << err;
+  } else {
+    EXPECT_FALSE(warned) << "only world rank 0 warns: " << err;
+  }
 }
 
 TEST(TensorParallelErrors, SizesTheTensorSizeDoesNotDivideNameTheKey) {
