@@ -142,13 +142,15 @@ void expect_params_match(const ParamArena& mine, const ParamArena& whole, double
   }
 }
 
-void check_follows_one_rank(const std::string& name, int tensor) {
+void check_follows_one_rank(const std::string& name, int tensor, double dropout = 0) {
   omp_set_num_threads(1);
   ProcessGrid grid = ProcessGrid::make(Communicator::world(), {1, tensor});
   ModelConfig whole_cfg = model_cfg(name), tp_cfg = model_cfg(name);
+  whole_cfg.dropout = tp_cfg.dropout = dropout;
   tp_cfg.tensor = TensorGroup::of(grid.tp());
   auto whole = build_model(whole_cfg), mine = build_model(tp_cfg);
-  const std::string what = cat(name, " tensor ", tensor, " data ", grid.dp_size(), " ", grid.tag());
+  const std::string what = cat(name, " tensor ", tensor, " data ", grid.dp_size(), " dropout ", dropout, " ",
+                               grid.tag());
   int sharded = 0;
   for (const auto& info : mine->arena().infos()) sharded += info.shard.sharded();
   if (tensor > 1) {
@@ -204,6 +206,7 @@ TEST(TensorParallelExactness, CnnAndResnetFollowTheOneRankLoss) {
   const int w = Communicator::world().size();
   if (w == 1 || w == 2 || w == 4) {
     check_follows_one_rank("cnn", w);
+    check_follows_one_rank("cnn", w, 0.3);  // fc1's shard of the 1-rank dropout mask
     check_follows_one_rank("resnet", w);
   }
   if (w == 4) check_follows_one_rank("cnn", 2);  // tensor 2 x data 2
