@@ -32,7 +32,7 @@ void BatchNorm2d::init(const ParamArena& arena, std::uint64_t) {
 }
 
 std::vector<NamedBuffer> BatchNorm2d::buffers() const {
-  return {{prefix_ + name_ + ".running_mean", running_mean}, {prefix_ + name_ + ".running_var", running_var}};
+  return {{prefix_ + name_ + ".running_mean", running_mean, {}}, {prefix_ + name_ + ".running_var", running_var, {}}};
 }
 
 Shape BatchNorm2d::output_shape(const Shape& in) const {

@@ -17,6 +17,9 @@ void init_weight(const ParamArena& arena, std::size_t index, Init kind, double f
                  std::uint64_t seed);
 // N(0, stdv^2) from the same counter RNG (e.g. position embeddings, std 0.02).
 void init_normal(const ParamArena& arena, std::size_t index, double stdv, std::uint64_t seed);
+// A sharded parameter's part of the whole weight's init_weight values (arena.info(index).shard).
+void init_shard(const ParamArena& arena, std::size_t index, Init kind, double fan_in, double fan_out,
+                std::uint64_t seed);
 void fill_param(const ParamArena& arena, std::size_t index, double value);
 void fill_tensor(Tensor& t, double value);  // any device (staged through the host)
 

@@ -7,6 +7,7 @@
 #include "ringtrain/nn/layers.hpp"
 #include "ringtrain/nn/model.hpp"
 #include "ringtrain/nn/tensor_parallel.hpp"
+#include "ringtrain/nn/tensor_parallel_conv.hpp"
 #include "vit.hpp"
 
 namespace ringtrain {
@@ -51,8 +52,6 @@ std::vector<LayerPtr> build_layers(const ModelConfig& c, bool fuse_pool) {
            "': in_channels, height and width must be positive");
   RT_CHECK(c.classes > 1, "model '", c.name, "': needs at least 2 classes, got ", c.classes);
   RT_CHECK(c.dropout >= 0 && c.dropout < 1, "model '", c.name, "': dropout must be in [0, 1), got ", c.dropout);
-  RT_CHECK(c.tensor.size == 1 || c.name == "mlp" || c.name == "vit", "model '", c.name,
-           "' has no tensor-parallel layers: parallel.tensor = ", c.tensor.size, " needs model.name mlp or vit");
   std::vector<LayerPtr> L;
   if (c.name == "mlp") {
     L.push_back(std::make_unique<Flatten>("flatten"));
@@ -70,6 +69,7 @@ std::vector<LayerPtr> build_layers(const ModelConfig& c, bool fuse_pool) {
     L.push_back(linear("fc3", 128, c.classes, false));
   } else if (c.name == "cnn") {
     RT_CHECK(c.height >= 4 && c.width >= 4, "model 'cnn': input must be at least 4x4, got ", c.height, "x", c.width);
+    if (c.tensor.size > 1) return tensor_parallel_cnn(c, fuse_pool);
     conv_relu_pool(L, 1, c.in_channels, 32, fuse_pool);
     conv_relu_pool(L, 2, 32, 64, fuse_pool);
     L.push_back(std::make_unique<Flatten>("flatten"));
@@ -80,6 +80,8 @@ std::vector<LayerPtr> build_layers(const ModelConfig& c, bool fuse_pool) {
     RT_CHECK(c.depth >= 8 && (c.depth - 2) % 6 == 0, "model 'resnet': depth must be 6n+2 (20, 32, 44, 56, ...), got ",
              c.depth);
     RT_CHECK(c.base_width > 0, "model 'resnet': base_width must be positive, got ", c.base_width);
+    if (c.tensor.size > 1)  // every stage's width is a multiple of the first's
+      check_tensor_divides(c.base_width, "model.width", c.tensor, "resnet");
     const int n = (c.depth - 2) / 6;
     const std::int64_t w = c.base_width;
     L.push_back(conv("conv1", c.in_channels, w, 3, 1, false, false));
@@ -92,7 +94,9 @@ std::vector<LayerPtr> build_layers(const ModelConfig& c, bool fuse_pool) {
       std::int64_t out = w << stage;
       for (int b = 0; b < n; ++b) {
         std::int64_t stride = (stage > 0 && b == 0) ? 2 : 1;
-        L.push_back(basic_block(cat("layer", stage + 1, ".", b), in, out, stride));
+        const std::string name = cat("layer", stage + 1, ".", b);
+        L.push_back(c.tensor.size > 1 ? tensor_parallel_basic_block(name, in, out, stride, c.tensor)
+                                       : basic_block(name, in, out, stride));
         in = out;
       }
     }

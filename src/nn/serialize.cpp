@@ -30,7 +30,7 @@ T get(std::istream& is, const std::string& what) {
 std::vector<NamedBuffer> everything(const Model& m) {
   std::vector<NamedBuffer> all;
   const auto& a = m.arena();
-  for (std::size_t i = 0; i < a.size(); ++i) all.push_back({a.info(i).name, a.param(i)});
+  for (std::size_t i = 0; i < a.size(); ++i) all.push_back({a.info(i).name, a.param(i), a.info(i).shard});
   for (auto& b : m.buffers()) all.push_back(b);
   return all;
 }
@@ -43,7 +43,7 @@ void Model::save(std::ostream& os) const {
   os.write(kMagic, 8);
   put<std::uint64_t>(os, all.size());
   std::vector<char> host;
-  for (auto& [name, t] : all) {
+  for (auto& [name, t, shard] : all) {
     put<std::uint32_t>(os, static_cast<std::uint32_t>(name.size()));
     os.write(name.data(), static_cast<std::streamsize>(name.size()));
     put<std::uint8_t>(os, static_cast<std::uint8_t>(t.dtype()));
@@ -66,7 +66,7 @@ void Model::load(std::istream& is) {
   auto count = get<std::uint64_t>(is, "the tensor count");
   RT_CHECK(count == all.size(), "parameter file holds ", count, " tensors, model '", name_, "' has ", all.size());
   std::vector<char> host;
-  for (auto& [name, t] : all) {
+  for (auto& [name, t, shard] : all) {
     auto len = get<std::uint32_t>(is, "a name length");
     RT_CHECK(len < 4096, "parameter file: implausible name length ", len);
     std::string got(len, '\0');

@@ -92,7 +92,24 @@ Tensor Dropout::do_forward(const Tensor& x, Mode mode) {
   if (identity_) return x;
   ensure(mask_, x.shape(), DType::u8, x.device());
   ensure(y_, x.shape(), x.dtype(), x.device());
-  be_->dropout_forward(x, p_, seed_, stream_ + calls_++, mask_, y_);
+  if (parts_ == 1) {
+    be_->dropout_forward(x, p_, seed_, stream_ + calls_++, mask_, y_);
+    return y_;
+  }
+  RT_CHECK(x.device().is_cpu() && x.dtype() == DType::f32, "Dropout '", name_,
+           "': a feature-sharded dropout runs on float32 CPU tensors");
+  const std::uint64_t stream = stream_ + calls_++;
+  const std::int64_t d = x.shape().back(), whole = d * parts_;
+  const float pf = static_cast<float>(p_), scale = static_cast<float>(1.0 / (1.0 - p_));  // as the backends
+  const float* px = x.data<float>();
+  float* py = y_.data<float>();
+  std::uint8_t* pm = mask_.data<std::uint8_t>();
+  for (std::int64_t i = 0; i < x.numel(); ++i) {
+    const std::int64_t global = (i / d) * whole + index_ * d + i % d;
+    const bool keep = dropout_keep(seed_, stream, static_cast<std::uint64_t>(global), pf);
+    pm[i] = keep;
+    py[i] = keep ? px[i] * scale : 0.f;
+  }
   return y_;
 }
 

@@ -181,9 +181,8 @@ Tensor ReduceFromTensorRegion::do_forward(const Tensor& x, Mode) {
   return y_;
 }
 
-// Writes the shard of the whole weight's initial values (same RNG stream as the 1-rank model).
-static void init_shard(const ParamArena& arena, std::size_t index, Init kind, double fan_in, double fan_out,
-                       std::uint64_t seed) {
+void detail::init_shard(const ParamArena& arena, std::size_t index, Init kind, double fan_in, double fan_out,
+                        std::uint64_t seed) {
   const ShardSpec& s = arena.info(index).shard;
   std::vector<float> all = detail::init_values(std::size_t(shape_numel(s.global)), index, kind, fan_in, fan_out, seed);
   Tensor p = arena.param(index);
@@ -215,7 +214,7 @@ void ColumnParallelLinear::bind(const BindContext& ctx) {
 }
 
 void ColumnParallelLinear::init(const ParamArena& arena, std::uint64_t seed) {
-  init_shard(arena, params_[0], init_, double(spec_.in_features), double(spec_.out_features), seed);
+  detail::init_shard(arena, params_[0], init_, double(spec_.in_features), double(spec_.out_features), seed);
   if (spec_.bias) detail::fill_param(arena, params_[1], 0.0);
 }
 
@@ -256,7 +255,7 @@ void RowParallelLinear::bind(const BindContext& ctx) {
 }
 
 void RowParallelLinear::init(const ParamArena& arena, std::uint64_t seed) {
-  init_shard(arena, params_[0], init_, double(spec_.in_features), double(spec_.out_features), seed);
+  detail::init_shard(arena, params_[0], init_, double(spec_.in_features), double(spec_.out_features), seed);
   if (spec_.bias) detail::fill_param(arena, b_, 0.0);
 }
 

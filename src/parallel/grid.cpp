@@ -28,11 +28,20 @@ ProcessGrid ProcessGrid::make(const Communicator& world, GridShape s) {
   g.dp_comm_ = world.split(g.tp_ + g.pp_ * g.tp_size_, g.dp_, "dp");
   g.pp_comm_ = world.split(g.tp_ + g.dp_ * g.tp_size_, g.pp_, "pp");
   g.tp_comm_ = world.split(g.dp_ + g.pp_ * g.dp_size_, g.tp_, "tp");
-  // Two all-reduces per transformer block on the critical path: across nodes they cost far more.
-  if (g.tp_size_ > world.local_size() && world.rank() == 0)
-    log::warn("parallel.tensor = ", g.tp_size_, " is larger than the ", world.local_size(),
-              " ranks of a node: the tensor group's all-reduces cross nodes");
+  // Tensor groups all-reduce on the critical path of every layer pair: across
+  // nodes that costs far more. The widest group decides (nodes may be uneven).
+  int spans = g.tp_comm_.node_count();
+  RT_CHECK(MPI_Allreduce(MPI_IN_PLACE, &spans, 1, MPI_INT, MPI_MAX, world.handle("grid")) == MPI_SUCCESS,
+           "process grid: MPI_Allreduce of the tensor groups' node counts failed");
+  const std::string w = tensor_span_warning(g.tp_size_, spans);
+  if (!w.empty() && world.rank() == 0) log::warn(w);
   return g;
+}
+
+std::string ProcessGrid::tensor_span_warning(int tensor, int nodes) {
+  if (tensor <= 1 || nodes <= 1) return "";
+  return cat("parallel.tensor = ", tensor, " spans ", nodes,
+             " nodes: its all-reduces leave shared memory (keep a tensor group within a node)");
 }
 
 std::string ProcessGrid::tag() const {

@@ -29,7 +29,7 @@ PipelineModel::PipelineModel(const ProcessGrid& grid, const ModelConfig& mc, con
              " is not divisible by parallel.micro_batches = ", pc.micro_batches);
   });
   mb_size_ = pc.batch / pc.micro_batches;
-  ModelConfig mc_tp = mc;  // parallel.tensor: mlp and vit split their layers over grid.tp()
+  ModelConfig mc_tp = mc;  // parallel.tensor: the model splits its layers over grid.tp()
   mc_tp.tensor = TensorGroup::of(grid.tp(), mc.tensor.stats);  // stats: the caller's counter, if any
   std::unique_ptr<Model> full = build_model(mc_tp, dev);  // initial weights, shapes, costs
   run_agreed(grid.world(), "partitioning the model into stages", [&] {

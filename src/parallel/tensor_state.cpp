@@ -1,5 +1,5 @@
 // PipelineModel's checkpoint state with tensor-parallel shards whole: the file
-// layout ("param/<name>", "optim/<slot>/<name>") is the same at any
+// layout ("param/<name>", "buffer/<name>", "optim/<slot>/<name>") is the same at any
 // parallel.tensor, so a run saved at tensor 2 resumes at tensor 1 and back.
 #include <cmath>
 #include <set>
@@ -12,9 +12,14 @@
 namespace ringtrain {
 namespace {
 
-// The shard of the parameter a state name belongs to (nullptr: replicated or not a parameter).
-const ShardSpec* shard_of_name(const ParamArena& a, const std::string& name) {
+// The shard of the parameter or buffer a state name belongs to (nullptr: replicated or neither).
+const ShardSpec* shard_of_name(const ParamArena& a, const std::vector<NamedBuffer>& buffers, const std::string& name) {
   std::string pname;
+  if (name.rfind("buffer/", 0) == 0) {
+    for (const auto& b : buffers)
+      if (b.name == name.substr(7)) return b.shard.sharded() ? &b.shard : nullptr;
+    return nullptr;
+  }
   if (name.rfind("param/", 0) == 0) {
     pname = name.substr(6);
   } else if (name.rfind("optim/", 0) == 0) {
@@ -35,8 +40,9 @@ std::vector<std::pair<std::string, Tensor>> PipelineModel::whole_state() {
   auto out = named_state();
   if (grid_.tp_size() == 1) return out;
   const TensorGroup g = TensorGroup::of(grid_.tp());
+  const auto buffers = stage_->buffers();
   for (auto& [name, t] : out)
-    if (const ShardSpec* s = shard_of_name(stage_->arena(), name)) t = gather_whole(t, *s, g);
+    if (const ShardSpec* s = shard_of_name(stage_->arena(), buffers, name)) t = gather_whole(t, *s, g);
   return out;
 }
 
@@ -60,8 +66,9 @@ std::vector<std::pair<std::string, Tensor>> PipelineModel::gather_whole_state(in
 }
 
 void PipelineModel::restore_whole_state(const std::function<bool(const std::string&, Tensor& whole)>& fill) {
+  const auto buffers = stage_->buffers();
   for (auto& [name, local] : named_state()) {
-    const ShardSpec* s = shard_of_name(stage_->arena(), name);
+    const ShardSpec* s = shard_of_name(stage_->arena(), buffers, name);
     if (!s) {
       fill(name, local);
       continue;

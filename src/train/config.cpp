@@ -79,7 +79,7 @@ const std::vector<Field>& fields() {
       RT_FIELD(comm, deterministic, "static gradient buckets: bitwise-reproducible at any rank count"),
       RT_FIELD(comm, bucket_bytes, "gradient bucket size with comm.deterministic"),
       RT_FIELD(parallel, pipeline, "pipeline stages (data-parallel size = ranks / (pipeline x tensor))"),
-      RT_FIELD(parallel, tensor, "tensor-parallel size: mlp and vit split their layers over this many neighbouring ranks"),
+      RT_FIELD(parallel, tensor, "tensor-parallel size: the model splits its layers over this many neighbouring ranks"),
       RT_FIELD(parallel, micro_batches, "micro-batches per step and replica (0 = pipeline); divides data.batch_size"),
       RT_FIELD(parallel, schedule, "afab | 1f1b | zb-h1"),
       RT_FIELD(parallel, partition, "uniform | params | time | list: how layers are cut into stages"),

@@ -1,14 +1,16 @@
 // Tensor parallelism (Megatron column/row-parallel layers): the conjugate
 // operators against MPI_Allreduce and analytic layouts, the shard
-// bookkeeping, and the must-show exactness: `mlp` and `vit` built with
+// bookkeeping, and the must-show exactness: `mlp`, `vit` and `cnn` built with
 // parallel.tensor = T (T = the world at 2 and 4 ranks, and T = 2 x data 2 at
 // 4 ranks) start from the 1-rank model's weights and follow its loss within
-// 1e-4 relative over 50 SGD steps on the same global batches.
+// 1e-4 relative over 50 SGD steps on the same global batches; `resnet` too at
+// T = the world (not x data: its BatchNorm statistics are per replica batch).
 #include <gtest/gtest.h>
 #include <mpi.h>
 #include <omp.h>
 
 #include <cmath>
+#include <cstdlib>
 
 #include "../support/error_of.hpp"
 #include "ringtrain/comm/collectives.hpp"
@@ -98,6 +100,10 @@ ModelConfig model_cfg(const std::string& name) {
   mc.depth = 2;
   mc.mlp_ratio = 2.0;
   mc.patch = 4;
+  if (name == "resnet") {  // depth 8 (one block per stage), widths 4, 8, 16 on 8x8 images
+    mc.base_width = 4;
+    mc.depth = 8;
+  }
   return mc;
 }
 
@@ -136,13 +142,15 @@ void expect_params_match(const ParamArena& mine, const ParamArena& whole, double
   }
 }
 
-void check_follows_one_rank(const std::string& name, int tensor) {
+void check_follows_one_rank(const std::string& name, int tensor, double dropout = 0) {
   omp_set_num_threads(1);
   ProcessGrid grid = ProcessGrid::make(Communicator::world(), {1, tensor});
   ModelConfig whole_cfg = model_cfg(name), tp_cfg = model_cfg(name);
+  whole_cfg.dropout = tp_cfg.dropout = dropout;
   tp_cfg.tensor = TensorGroup::of(grid.tp());
   auto whole = build_model(whole_cfg), mine = build_model(tp_cfg);
-  const std::string what = cat(name, " tensor ", tensor, " data ", grid.dp_size(), " ", grid.tag());
+  const std::string what = cat(name, " tensor ", tensor, " data ", grid.dp_size(), " dropout ", dropout, " ",
+                               grid.tag());
   int sharded = 0;
   for (const auto& info : mine->arena().infos()) sharded += info.shard.sharded();
   if (tensor > 1) {
@@ -194,6 +202,45 @@ TEST(TensorParallelExactness, MlpAndVitFollowTheOneRankLoss) {
   }
 }
 
+TEST(TensorParallelExactness, CnnAndResnetFollowTheOneRankLoss) {
+  const int w = Communicator::world().size();
+  if (w == 1 || w == 2 || w == 4) {
+    check_follows_one_rank("cnn", w);
+    check_follows_one_rank("cnn", w, 0.3);  // fc1's shard of the 1-rank dropout mask
+    check_follows_one_rank("resnet", w);
+  }
+  if (w == 4) check_follows_one_rank("cnn", 2);  // tensor 2 x data 2
+}
+
+TEST(TensorGrid, SpanWarningOnlyWhenAGroupLeavesANode) {
+  EXPECT_EQ(ProcessGrid::tensor_span_warning(4, 1), "");
+  EXPECT_EQ(ProcessGrid::tensor_span_warning(1, 3), "");  // no tensor group at all
+  EXPECT_NE(ProcessGrid::tensor_span_warning(4, 2).find("parallel.tensor = 4 spans 2 nodes: its all-reduces leave "
+                                                         "shared memory"),
+            std::string::npos);
+}
+
+// One tensor group of the whole world: warned (on world rank 0) exactly when
+// the world spans nodes. tests/CMakeLists.txt also runs this across 2
+// emulated hosts (label multihost), where the warning must appear.
+TEST(TensorGrid, MakeWarnsWhenTheTensorGroupSpansNodes) {
+  Communicator world = Communicator::world();
+  testing::internal::CaptureStderr();
+  ProcessGrid grid = ProcessGrid::make(world, {1, world.size()});
+  const std::string err = testing::internal::GetCapturedStderr();
+  const bool warned = err.find(cat("parallel.tensor = ", world.size(), " spans ", world.node_count(),
+                                   " nodes: its all-reduces leave shared memory")) != std::string::npos;
+  EXPECT_EQ(grid.tp().node_count(), world.node_count());
+  if (const char* hosts = std::getenv("RT_HOSTS"); hosts && std::string(hosts).find(',') != std::string::npos) {
+    EXPECT_GT(world.node_count(), 1) << "run_mpi.sh " << hosts << ": the spanning case must be exercised";
+  }
+  if (world.rank() == 0) {
+    EXPECT_EQ(warned, world.size() > 1 && world.node_count() > 1) << err;
+  } else {
+    EXPECT_FALSE(warned) << "only world rank 0 warns: " << err;
+  }
+}
+
 TEST(TensorParallelErrors, SizesTheTensorSizeDoesNotDivideNameTheKey) {
   ModelConfig v = model_cfg("vit");
   v.tensor.size = 3;  // the checks come before any communication
@@ -203,8 +250,15 @@ TEST(TensorParallelErrors, SizesTheTensorSizeDoesNotDivideNameTheKey) {
   m.tensor.size = 3;
   EXPECT_NE(error_of([&] { build_model(m); }).find("256 is not divisible by parallel.tensor = 3"), std::string::npos);
   ModelConfig c = model_cfg("cnn");
-  c.tensor.size = 2;
-  EXPECT_NE(error_of([&] { build_model(c); }).find("model 'cnn' has no tensor-parallel layers"), std::string::npos);
+  c.tensor.size = 3;
+  EXPECT_NE(error_of([&] { build_model(c); })
+                .find("model 'cnn': the filter count of conv1 = 32 is not divisible by parallel.tensor = 3"),
+            std::string::npos);
+  ModelConfig r = model_cfg("resnet");
+  r.base_width = 6;
+  r.tensor.size = 4;
+  EXPECT_NE(error_of([&] { build_model(r); }).find("model 'resnet': model.width = 6 is not divisible by parallel.tensor = 4"),
+            std::string::npos);
   ModelConfig h = model_cfg("vit");
   h.tensor.size = 4;
   h.mlp_ratio = 1.25 / 2;  // hidden 10, not divisible by 4

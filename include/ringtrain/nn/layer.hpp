@@ -46,6 +46,7 @@ enum class Init {
 struct NamedBuffer {
   std::string name;  // "bn1.running_mean"
   Tensor tensor;     // on the model's device
+  ShardSpec shard;   // tensor parallelism: a part of a whole buffer (replicated by default)
 };
 
 // What bind() needs: the device's backend, the finalised arena, the model seed.

@@ -151,6 +151,10 @@ class Dropout : public Layer {
   // Next train-mode forward uses this call index (checkpoint resume).
   void set_call_count(std::uint64_t n) { calls_ = n; }
   std::uint64_t call_count() const { return calls_; }
+  // Tensor parallelism: the input is part `index` of `parts` of a wider
+  // activation along its last dimension; the mask is then that part of the
+  // whole activation's mask (the 1-rank model's), computed on the host.
+  void shard_features(int parts, int index) { parts_ = parts, index_ = index; }
 
  protected:
   Tensor do_forward(const Tensor& x, Mode mode) override;
@@ -160,6 +164,7 @@ class Dropout : public Layer {
   double p_;
   Backend* be_ = nullptr;
   std::uint64_t seed_ = 0, stream_ = 0, calls_ = 0;
+  int parts_ = 1, index_ = 0;
   bool identity_ = true;  // last forward was eval (or p == 0)
   Tensor mask_, y_, dx_;
 };

@@ -44,7 +44,7 @@ struct ModelConfig {
   std::int64_t patch = 4;       // vit: square patch side; must divide height and width
   std::uint64_t seed = 42;      // initialisation and dropout
   MathMode math = MathMode::fp32;  // down-conversion allowed inside Conv2d/Linear (backend.hpp)
-  TensorGroup tensor;              // parallel.tensor: mlp and vit split their layers over it
+  TensorGroup tensor;              // parallel.tensor: every model splits its layers over it
 };
 
 class Model {

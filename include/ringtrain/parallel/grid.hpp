@@ -9,6 +9,7 @@
 //    is an Error naming the values on every rank.
 //  - The communicators are fresh splits: traffic on pp() never matches the
 //    fusion engine's (which duplicates its own) nor the caller's on world.
+//  - A tensor group spanning nodes is a warning (tensor_span_warning), not an error.
 //  - tag() names this rank's coordinates for log lines and errors: "[dp 1 pp 3]".
 #include <string>
 
@@ -26,6 +27,9 @@ class ProcessGrid {
   static ProcessGrid make(const Communicator& world, GridShape shape);
   // The pure arithmetic, checked (no MPI): DP size for `world_size` ranks.
   static int data_parallel_size(int world_size, GridShape shape);
+  // The warning make() logs (world rank 0) when a tensor group of `tensor`
+  // ranks spans `nodes` > 1 nodes (the most of any group); "" when none.
+  static std::string tensor_span_warning(int tensor, int nodes);
 
   int tp_size() const { return tp_size_; }
   int dp_size() const { return dp_size_; }
