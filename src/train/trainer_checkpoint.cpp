@@ -40,12 +40,14 @@ void Trainer::Impl::save_checkpoint(bool force) {
   if (cfg.checkpoint.dir.empty()) return;
   if (!force && pos.epochs_done % cfg.checkpoint.every_epochs != 0) return;
   std::string path;
+  if (zero) whole = zero->gather(0);  // ZeRO-1: the whole optimizer state onto rank 0 (collective)
   run_on_root(world, "writing a checkpoint", [&] {
     CheckpointDir dir(cfg.checkpoint.dir, cfg.checkpoint.keep);
-    CheckpointData d = make_checkpoint(*model, optimizer.get(), cfg, pos);
+    CheckpointData d = make_checkpoint(*model, state_optimizer(), cfg, pos);
     d.tensors = run_state();
     path = dir.save(pos.run_id, pos.step, d, hooks.checkpoint_write_hook);
   });
+  whole.reset();
   last_checkpoint = path;
   if (world.rank() == 0 && hooks.report) log::info("checkpoint written: ", path);
 }
@@ -69,6 +71,7 @@ bool Trainer::Impl::load(const std::string& path, bool with_optimizer) {
   std::int64_t scalars[8] = {};
   char run_id[64] = {};
   int found = 0;
+  if (zero && with_optimizer) whole = zero->make_whole(0);  // ZeRO-1: rank 0 restores the whole state
   run_on_root(world, "loading a checkpoint", [&] {
     std::string where = path;
     std::function<void(const CheckpointData&)> accept;
@@ -96,7 +99,7 @@ bool Trainer::Impl::load(const std::string& path, bool with_optimizer) {
       return;
     }
     for (const auto& s : f.skipped) log::warn("skipped checkpoint ", s);
-    RunPosition p = restore_checkpoint(f.data, *model, with_optimizer ? optimizer.get() : nullptr);
+    RunPosition p = restore_checkpoint(f.data, *model, with_optimizer ? state_optimizer() : nullptr);
     if (with_optimizer) run_state::check_resumable(p, f.path, cfg, world.size());
     // The loss scale continues where it was (a checkpoint of an fp32 run has none: start afresh).
     bool has_amp = false;
@@ -126,10 +129,15 @@ bool Trainer::Impl::load(const std::string& path, bool with_optimizer) {
                 ", global step ", p.step, ")");
   });
   broadcast(&found, 1, DType::i32, 0, world);
-  if (!found) return false;
+  if (!found) {
+    whole.reset();
+    return false;
+  }
   broadcast(scalars, 8, DType::i64, 0, world);
   broadcast(run_id, sizeof run_id, DType::u8, 0, world);
   broadcast_state();
+  if (zero && with_optimizer) zero->scatter(whole.get(), 0);  // ZeRO-1: each rank takes its slice
+  whole.reset();
   if (with_optimizer) {
     pos.epochs_done = scalars[0];
     pos.step = scalars[1];

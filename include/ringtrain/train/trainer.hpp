@@ -76,6 +76,12 @@ class Trainer {
   EvalResult evaluate(const std::string& path);
   // Loads parameters (and buffers) from a checkpoint file or directory.
   void load_weights(const std::string& path);
+  // Writes a checkpoint of the current state into checkpoint.dir now, after
+  // resume() or fit() (collective); returns its path on rank 0, "" elsewhere.
+  std::string save_checkpoint();
+  // Bytes of optimizer state this rank holds: its slice with parallel.shard_optimizer
+  // (ZeRO-1), the whole state otherwise.
+  std::size_t optimizer_state_bytes() const;
 
   const std::string& run_id() const;  // set by resume() or at the start of fit()
   Model& model();
