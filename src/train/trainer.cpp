@@ -244,7 +244,7 @@ double Trainer::Impl::train_step(EpochStats& st) {
     for (auto& b : buckets) b.pending = b.params;
     model->backward(dlogits, [&](int, std::span<const std::size_t> params) {
       // Accumulation: no communication until the last micro-batch.
-      // ZeRO-1 reduce-scatters after backward instead (apply_update).
+      // ZeRO-1 reduce-scatters once after backward instead (below).
       if (last && !hooks.skip_allreduce && !zero) on_grads_ready(params);
     });
     st.compute_s += since(t0);

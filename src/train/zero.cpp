@@ -6,7 +6,10 @@
 // backward (one call per dtype), not in buckets overlapping backward as the
 // engine's all-reduce is; the all-gather of the parameters follows the update.
 // Bytes on the wire equal a ring all-reduce's (reduce-scatter + all-gather).
+#include <cstdlib>
+
 #include "ringtrain/comm/collectives.hpp"
+#include "ringtrain/comm/host_backend.hpp"
 #include "ringtrain/core/log.hpp"
 #include "trainer_impl.hpp"
 
@@ -18,7 +21,11 @@ void Trainer::Impl::build_sharded_optimizer(const OptimizerConfig& oc) {
            "are host-only (this run chose ", device.str(), ")");
   CollectiveOptions co;
   co.algorithm = parse_algorithm(cfg.comm.algorithm);
-  zero = std::make_unique<ShardedOptimizer>(model->arena(), oc, world.dup("zero"), co,
+  Communicator group = world.dup("zero");
+  // Its collectives time out like the trainer's own (trainer.cpp, Impl::Impl).
+  if (!std::getenv("RINGTRAIN_COLLECTIVE_TIMEOUT") && group.size() > 1)
+    host_context(group.handle(), group.local_size()).timeout_s = cfg.comm.collective_timeout_s;
+  zero = std::make_unique<ShardedOptimizer>(model->arena(), oc, group, co,
                                             [this](ParamArena& a, const OptimizerConfig& c) {
                                               return rt->make_optimizer(a, c);
                                             });

@@ -228,8 +228,6 @@ TEST(Zero, ShardedOptimizerEqualsWholeOnEveryAlgorithm) {
     }
 }
 
-using Tensors = std::vector<std::pair<std::string, Tensor>>;
-
 void expect_bitwise(const CheckpointData& a, const CheckpointData& b, const char* what) {
   EXPECT_EQ(a.scalars.at("step"), b.scalars.at("step")) << what;
   ASSERT_EQ(a.tensors.size(), b.tensors.size()) << what;

@@ -9,6 +9,8 @@
 //   optimizer.step(schedule.lr(step))
 //
 // parallel.pipeline > 1 hands everything to PipelineTrainer (DP x PP grid).
+// parallel.shard_optimizer (ZeRO-1, src/train/zero.cpp): the all-reduce becomes a
+// reduce-scatter after backward, each rank updates its slice, parameters are all-gathered.
 //
 // Rules: every rank runs the same number of steps (the loader guarantees equal
 // batch counts); rank 0's initial parameters and optimizer state are broadcast
