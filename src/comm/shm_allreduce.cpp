@@ -170,6 +170,50 @@ void hierarchical_allreduce(const void* send, void* recv, std::size_t count, DTy
   chunked(c, static_cast<const char*>(send), static_cast<char*>(recv), count, comm.node_count() > 1);
 }
 
+// In slot-sized chunks: publish the chunk, then reduce the part of it that this
+// rank's block covers from every rank's copy, in rank order, with avg's divisor
+// on the last combine: each element gets exactly the operands and order of
+// shm_allreduce, so the blocks are bitwise the all-reduce's.
+void shm_reduce_scatter(const void* send, void* recv, const std::vector<std::size_t>& counts, DType dtype,
+                        ReduceOp op, const Communicator& comm, const CollectiveOptions& opt) {
+  const char* what = "reduce_scatter";
+  RT_CHECK(comm.node_count() == 1, what, ": algorithm shm needs every rank of communicator '", comm.name(),
+           "' on one node, but it spans ", comm.node_count(), " nodes");
+  RT_CHECK(static_cast<int>(counts.size()) == comm.size(), what, ": counts has ", counts.size(), " entries for ",
+           comm.size(), " ranks");
+  ShmNode& nd = shm_detail::shm_node(comm, what);
+  Call c{nd, what, dtype, op, dtype_size(dtype), {}, opt};
+  const int divisor = op == ReduceOp::avg ? nd.size : 1;
+  std::size_t lo = 0, total = 0;
+  for (int r = 0; r < comm.size(); ++r) {
+    if (r < comm.rank()) lo += counts[static_cast<std::size_t>(r)];
+    total += counts[static_cast<std::size_t>(r)];
+  }
+  const std::size_t hi = lo + counts[static_cast<std::size_t>(comm.rank())];
+  const auto* in = static_cast<const char*>(send);
+  auto* out = static_cast<char*>(recv);
+  const std::size_t chunk = nd.slot_bytes / c.es;
+  std::vector<const char*> srcs(nd.lsize);
+  for (std::size_t base = 0; base < total; base += chunk) {
+    const std::size_t n = std::min(chunk, total - base);
+    // The peers read everything but this rank's own block.
+    if (lo > base) std::memcpy(nd.slot(nd.lrank, nd.use), in + base * c.es, (std::min(lo, base + n) - base) * c.es);
+    if (base + n > hi) {
+      const std::size_t a = std::max(hi, base);
+      std::memcpy(nd.slot(nd.lrank, nd.use) + (a - base) * c.es, in + a * c.es, (base + n - a) * c.es);
+    }
+    nd.publish();
+    nd.wait_peers(c.what);
+    const std::size_t a = std::max(lo, base), b = std::min(hi, base + n);
+    if (b > a) {
+      for (int j = 0; j < nd.lsize; ++j)
+        srcs[j] = j == nd.lrank ? in + a * c.es : nd.slot(j, nd.use) + (a - base) * c.es;
+      reduce_sources(c, out + (a - lo) * c.es, nullptr, srcs.data(), nd.lsize, b - a, divisor);
+    }
+    ++nd.use;
+  }
+}
+
 std::size_t cross_node_bytes_sent(const Communicator& comm) {
   return shm_detail::shm_node(comm, "cross_node_bytes_sent").cross_bytes;
 }

@@ -1,5 +1,6 @@
 // LARS and LAMB on the CPU: per-tensor norms (deterministic chunked sums in
-// double), then the element update from update_math.hpp.
+// double, combined over a sharded parameter's pieces by Optimizer::combine_sums),
+// then the element update from update_math.hpp.
 #include "cpu_loops.hpp"
 #include "ringtrain/optim/optimizer.hpp"
 
@@ -73,9 +74,29 @@ Lars::Lars(ParamArena& arena, OptimizerConfig cfg) : Optimizer(arena, std::move(
   add_state("momentum_buffer");
 }
 
+// Two passes over the parameters: the sums of squares of w and g first (so a
+// sharded run can combine the pieces of a parameter, combine_sums), then the update.
 void Lars::update(double lr, std::int64_t) {
   const OptimizerConfig& c = config();
-  for (std::size_t i = 0; i < arena().size(); ++i) {
+  const std::size_t np = arena().size();
+  std::vector<double> sums(2 * np, 0.0);  // ||w||², ||g||² of parameters that decay
+  for (std::size_t i = 0; i < np; ++i) {
+    const ParamInfo& info = arena().info(i);
+    if (!decays(i)) continue;
+    dispatch_floating(info.dtype, "lars", [&](auto tag) {
+      using T = decltype(tag);
+      const std::int64_t n = shape_numel(info.shape);
+      const T* p = arena().params_flat(info.dtype).template data<T>() + info.offset;
+      const T* g = arena().grads_flat(info.dtype).template data<T>() + info.offset;
+      auto sq = [&](const T* x) {
+        return chunked_reduce<double>(n, [&](std::int64_t b, std::int64_t e) { return optim_detail::sum_squares(x, b, e); });
+      };
+      sums[2 * i] = sq(p);
+      sums[2 * i + 1] = sq(g);
+    });
+  }
+  combine_sums(sums, 2);
+  for (std::size_t i = 0; i < np; ++i) {
     const ParamInfo& info = arena().info(i);
     dispatch_floating(info.dtype, "lars", [&](auto tag) {
       using T = decltype(tag);
@@ -87,7 +108,7 @@ void Lars::update(double lr, std::int64_t) {
       double local_lr = lr, wd = 0.0;
       if (decays(i)) {
         wd = c.weight_decay;
-        local_lr = lr * lars_trust_ratio(optim_detail::norm(p, n), optim_detail::norm(g, n), c.trust_coefficient, wd);
+        local_lr = lr * lars_trust_ratio(std::sqrt(sums[2 * i]), std::sqrt(sums[2 * i + 1]), c.trust_coefficient, wd);
       }
       const LarsCoeffs<C> k{C(local_lr), C(wd), C(c.momentum)};
       parallel_chunks(n, [&](std::int64_t b, std::int64_t e) { lars_kernel(p, g, v, b, e, k); });
@@ -101,9 +122,32 @@ Lamb::Lamb(ParamArena& arena, OptimizerConfig cfg) : Optimizer(arena, std::move(
   add_state("exp_avg_sq");
 }
 
+// Pass 1 (parameters that decay): moments, and the sums of squares of w and of
+// the update direction u; the sums are combined (combine_sums) before pass 2
+// takes the trust ratios and applies the update.
 void Lamb::update(double lr, std::int64_t t) {
   const OptimizerConfig& c = config();
-  for (std::size_t i = 0; i < arena().size(); ++i) {
+  const std::size_t np = arena().size();
+  std::vector<double> sums(2 * np, 0.0);
+  for (std::size_t i = 0; i < np; ++i) {
+    const ParamInfo& info = arena().info(i);
+    if (!decays(i)) continue;
+    dispatch_floating(info.dtype, "lamb", [&](auto tag) {
+      using T = decltype(tag);
+      using C = compute_t<T>;
+      const std::int64_t n = shape_numel(info.shape);
+      const T* p = arena().params_flat(info.dtype).template data<T>() + info.offset;
+      const T* g = arena().grads_flat(info.dtype).template data<T>() + info.offset;
+      C* m = state_flat("exp_avg", info.dtype).template data<C>() + info.offset;
+      C* v = state_flat("exp_avg_sq", info.dtype).template data<C>() + info.offset;
+      const auto k = make_lamb_coeffs<C>(c.beta1, c.beta2, c.eps, c.weight_decay, c.bias_correction, t);
+      Sums s = chunked_reduce<Sums>(n, [&](std::int64_t b, std::int64_t e) { return lamb_pass1(p, g, m, v, b, e, k); });
+      sums[2 * i] = s.w;
+      sums[2 * i + 1] = s.u;
+    });
+  }
+  combine_sums(sums, 2);
+  for (std::size_t i = 0; i < np; ++i) {
     const ParamInfo& info = arena().info(i);
     dispatch_floating(info.dtype, "lamb", [&](auto tag) {
       using T = decltype(tag);
@@ -115,12 +159,8 @@ void Lamb::update(double lr, std::int64_t t) {
       C* v = state_flat("exp_avg_sq", info.dtype).template data<C>() + info.offset;
       const bool dec = decays(i);
       const auto k = make_lamb_coeffs<C>(c.beta1, c.beta2, c.eps, dec ? c.weight_decay : 0.0, c.bias_correction, t);
-      double ratio = 1.0;
-      if (dec) {
-        // Pass 1: moments, and the norms of w and of the update direction u.
-        Sums s = chunked_reduce<Sums>(n, [&](std::int64_t b, std::int64_t e) { return lamb_pass1(p, g, m, v, b, e, k); });
-        ratio = lamb_trust_ratio(std::sqrt(s.w), std::sqrt(s.u), c.max_trust_ratio);
-      }
+      const double ratio = dec ? lamb_trust_ratio(std::sqrt(sums[2 * i]), std::sqrt(sums[2 * i + 1]), c.max_trust_ratio)
+                               : 1.0;
       const C scaled_lr = C(lr * ratio);
       parallel_chunks(n, [&](std::int64_t b, std::int64_t e) {
         if (dec) lamb_pass2(p, m, v, b, e, k, scaled_lr);

@@ -84,6 +84,7 @@ const std::vector<Field>& fields() {
       RT_FIELD(parallel, schedule, "afab | 1f1b | zb-h1"),
       RT_FIELD(parallel, partition, "uniform | params | time | list: how layers are cut into stages"),
       RT_FIELD(parallel, balance, "partition = list: layers per stage, e.g. [3, 2, 2]"),
+      RT_FIELD(parallel, shard_optimizer, "ZeRO-1: shard the optimizer state over the data-parallel ranks (reduce-scatter, slice update, all-gather)"),
       RT_FIELD(checkpoint, dir, "checkpoint directory (empty = no checkpoints)"),
       RT_FIELD(checkpoint, every_epochs, "write a checkpoint every N epochs"),
       RT_FIELD(checkpoint, keep, "keep the last K checkpoints of this run (other runs' files are never touched)"),
@@ -289,6 +290,14 @@ void TrainConfig::validate() const {
   RT_CHECK(parallel.partition != "list" || !parallel.balance.empty(),
            "configuration key 'parallel.partition' = list needs parallel.balance (layers per stage, e.g. [3, 2, 2])");
   range("log.interval", log.interval, 1, kHuge);
+  if (parallel.shard_optimizer) {
+    RT_CHECK(parallel.pipeline == 1 && parallel.tensor == 1, "parallel.shard_optimizer with parallel.pipeline/tensor > 1 "
+             "is not supported yet (parallel.pipeline = ", parallel.pipeline, ", parallel.tensor = ", parallel.tensor, ")");
+    RT_CHECK(!comm.fp16_allreduce, "parallel.shard_optimizer reduce-scatters full-precision gradients: "
+             "comm.fp16_allreduce = true is not supported with it");
+    RT_CHECK(!comm.deterministic, "parallel.shard_optimizer replaces the gradient buckets of comm.deterministic by "
+             "one reduce-scatter per dtype: set comm.deterministic = false");
+  }
 }
 
 std::string TrainConfig::to_toml() const {

@@ -41,6 +41,8 @@ std::string fingerprint(const TrainConfig& cfg, int ranks) {
   c.comm.collective_timeout_s = d.comm.collective_timeout_s;
   c.checkpoint = d.checkpoint;
   c.log = d.log;
+  // ZeRO-1 changes where the optimizer state lives, not the update: a run may resume either way.
+  c.parallel.shard_optimizer = d.parallel.shard_optimizer;
   std::string text = c.to_toml() + cat("\nranks = ", ranks, "\n");
   std::uint64_t h = 1469598103934665603ull;  // FNV-1a
   for (unsigned char ch : text) h = (h ^ ch) * 1099511628211ull;

@@ -109,7 +109,8 @@ void Trainer::Impl::build_model() {
 
 void Trainer::Impl::build_optimizer() {
   OptimizerConfig oc = optimizer_config(cfg);
-  optimizer = rt->make_optimizer(model->arena(), oc);
+  if (cfg.parallel.shard_optimizer) build_sharded_optimizer(oc);
+  else optimizer = rt->make_optimizer(model->arena(), oc);
 
   ScheduleConfig sc = schedule_config(cfg, global_batch());
   schedule = std::make_unique<LrSchedule>(sc, steps_per_epoch(), total_steps());
@@ -118,7 +119,7 @@ void Trainer::Impl::build_optimizer() {
 void Trainer::Impl::build_engine() {
   EngineOptions eo = engine_options(cfg);
   eo.device_ops = rt->fusion_ops(device);
-  if (cfg.comm.deterministic) {
+  if (cfg.comm.deterministic && !zero) {
     make_buckets();
     eo.fusion_threshold = 0;  // each bucket is its own all-reduce: composition never varies
   }
@@ -167,7 +168,7 @@ void Trainer::Impl::on_grads_ready(std::span<const std::size_t> params) {
 }
 
 NamedTensorList Trainer::Impl::run_state() {
-  NamedTensorList s = model_state(*model, optimizer.get());
+  NamedTensorList s = model_state(*model, state_optimizer());
   for (auto& [d, t] : dropout_calls) {
     t.data<std::int64_t>()[0] = static_cast<std::int64_t>(d->call_count());
     s.emplace_back("rng/" + d->name() + ".calls", t);
@@ -209,7 +210,9 @@ std::int64_t Trainer::Impl::total_steps() const { return steps_per_epoch() * cfg
 //   for each micro-batch: forward, loss, backward — the last backward hands each
 //   layer's gradients to the engine as soon as they exist (overlap);
 //   wait for the averaged gradients; (fp16: unscale, skip the step on inf/NaN);
-//   optimizer step with the scheduled lr.
+//   optimizer step with the scheduled lr (apply_update, zero.cpp).
+// ZeRO-1 (parallel.shard_optimizer): no all-reduce during backward; one
+// reduce-scatter per dtype after it, the update of this rank's slice, an all-gather.
 // Returns the loss averaged over ranks and micro-batches.
 double Trainer::Impl::train_step(EpochStats& st) {
   const int k = cfg.train.accumulation;
@@ -237,7 +240,8 @@ double Trainer::Impl::train_step(EpochStats& st) {
     for (auto& b : buckets) b.pending = b.params;
     model->backward(dlogits, [&](int, std::span<const std::size_t> params) {
       // Accumulation: no communication until the last micro-batch.
-      if (last && !hooks.skip_allreduce) on_grads_ready(params);
+      // ZeRO-1 reduce-scatters once after backward instead (below).
+      if (last && !hooks.skip_allreduce && !zero) on_grads_ready(params);
     });
     st.compute_s += since(t0);
   }
@@ -249,17 +253,11 @@ double Trainer::Impl::train_step(EpochStats& st) {
   auto tw = Clock::now();
   for (auto& h : handles) engine->wait(h);
   handles.clear();
+  if (zero && !hooks.skip_allreduce) zero->reduce_scatter_grads();
   st.comm_s += since(tw);
 
   auto to = Clock::now();
-  // The gradients are identical on every rank here, so every rank takes the same decision.
-  bool take = !scaler || scaler->update(rt->unscale_grads(model->arena(), scaler->inv_scale()));
-  if (take) {
-    if (cfg.optimizer.clip_norm > 0) rt->clip_grad_norm(model->arena(), cfg.optimizer.clip_norm);
-    optimizer->step(schedule->lr_at(pos.step));
-  } else {
-    ++st.skipped;
-  }
+  if (!apply_update(schedule->lr_at(pos.step))) ++st.skipped;
   ++pos.step;  // the schedule advances either way (as PyTorch's scheduler.step())
   st.compute_s += since(to);
   if (lb[1] > 0 && !stop_signal) {
@@ -459,6 +457,13 @@ std::string Trainer::save_checkpoint() {
 void Trainer::load_weights(const std::string& path) {
   if (pipe_) pipe_->load(path, false);
   else impl_->load(path, false);
+}
+std::size_t Trainer::optimizer_state_bytes() const {
+  RT_CHECK(impl_, "Trainer::optimizer_state_bytes(): not available with parallel.pipeline/tensor > 1 yet");
+  if (impl_->zero) return impl_->zero->state_bytes();
+  std::size_t n = 0;
+  for (const auto& [name, t] : impl_->optimizer->state()) n += t.nbytes();
+  return n;
 }
 TrainResult Trainer::fit() { return pipe_ ? pipe_->fit() : impl_->fit(); }
 EvalResult Trainer::evaluate(const std::string& path) { return pipe_ ? pipe_->evaluate(path) : impl_->evaluate(path); }

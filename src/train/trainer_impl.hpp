@@ -13,6 +13,7 @@
 #include "ringtrain/optim/loss_scale.hpp"
 #include "ringtrain/optim/optimizer.hpp"
 #include "ringtrain/optim/schedule.hpp"
+#include "ringtrain/optim/sharded_optimizer.hpp"
 #include "ringtrain/train/device_runtime.hpp"
 #include "ringtrain/train/state.hpp"
 #include "ringtrain/train/trainer.hpp"
@@ -32,7 +33,12 @@ struct Trainer::Impl {
   Tensor scaler_state;                 // f64 [4] on the host: checkpointed and broadcast
   std::unique_ptr<data::Loader> loader;
   std::unique_ptr<Model> model;
-  std::unique_ptr<Optimizer> optimizer;
+  std::unique_ptr<Optimizer> optimizer;  // null with parallel.shard_optimizer: `zero` updates instead
+  // parallel.shard_optimizer (ZeRO-1): each rank holds its slice of the state;
+  // `whole` is the state gathered onto rank 0 while a checkpoint is saved or loaded.
+  std::unique_ptr<ShardedOptimizer> zero;
+  std::unique_ptr<Optimizer> whole;
+  Optimizer* state_optimizer() const { return zero ? whole.get() : optimizer.get(); }
   std::unique_ptr<LrSchedule> schedule;
   std::unique_ptr<Engine> engine;
   std::unique_ptr<Reporter> reporter;
@@ -71,6 +77,8 @@ struct Trainer::Impl {
   void open_loader();
   void build_model();
   void build_optimizer();
+  void build_sharded_optimizer(const OptimizerConfig& oc);  // zero.cpp
+  bool apply_update(double lr);  // zero.cpp: reduce, unscale, clip, step; false: step skipped (fp16)
   void build_engine();
   void make_buckets();
   void on_grads_ready(std::span<const std::size_t> params);

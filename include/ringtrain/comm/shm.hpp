@@ -37,6 +37,7 @@
 //    s mod local size, so uneven nodes work) before the copy-out.
 // avg: the division by the communicator's size is fused into the last combine.
 #include <cstddef>
+#include <vector>
 
 #include "ringtrain/comm/collectives.hpp"
 
@@ -51,6 +52,13 @@ void shm_allreduce(const void* send, void* recv, std::size_t count, DType dtype,
                    const Communicator& comm, const CollectiveOptions& opt);
 void hierarchical_allreduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
                             const Communicator& comm, const CollectiveOptions& opt);
+
+// Reduce-scatter on one node through the same slots (recv = this rank's block of
+// counts[rank] elements): every element bitwise equal to shm_allreduce's result
+// (same operands, same rank order). Used by ZeRO-1 (optim/sharded_optimizer.hpp),
+// so a sharded run averages gradients exactly as the engine's shm all-reduce does.
+void shm_reduce_scatter(const void* send, void* recv, const std::vector<std::size_t>& counts, DType dtype,
+                        ReduceOp op, const Communicator& comm, const CollectiveOptions& opt);
 
 // Bytes this rank has sent to ranks on other nodes through the node-aware
 // algorithms of `comm` since its creation (the benchmark compares them with the

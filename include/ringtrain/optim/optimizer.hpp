@@ -16,6 +16,7 @@
 // - The update math is optim_math::* (update_math.hpp), shared with CUDA.
 // - Results are bitwise reproducible for any thread count (fixed-chunk norms).
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -69,6 +70,14 @@ class Optimizer {
   // Copies every named tensor in; names, dtypes and sizes must match state() exactly.
   void load_state(const NamedTensors& state);
 
+  // ZeRO (sharded_optimizer.hpp): this arena's parameters may be pieces of larger
+  // parameters split across ranks. LARS and LAMB hand the hook their per-parameter
+  // partial sums of squares (`per` values per parameter, parameter-major) before
+  // taking norms, on every step; the hook replaces them by the whole parameters'
+  // sums. Unset: the sums are used as they are (bitwise the unhooked update).
+  using SumsHook = std::function<void(std::vector<double>& sums, int per)>;
+  void set_sums_hook(SumsHook hook) { sums_hook_ = std::move(hook); }
+
  protected:
   // Validates cfg (Error names the field and value); `name` replaces cfg.name.
   // Any device: a backend's subclass keeps the same state layout.
@@ -80,8 +89,12 @@ class Optimizer {
   void add_state(const std::string& kind);
   // The flat state buffer `kind` for parameters of dtype `param_dtype`.
   Tensor state_flat(const std::string& kind, DType param_dtype) const;
+  void combine_sums(std::vector<double>& sums, int per) const {
+    if (sums_hook_) sums_hook_(sums, per);
+  }
 
  private:
+  SumsHook sums_hook_;
   ParamArena& arena_;
   OptimizerConfig cfg_;
   Tensor step_;  // int64 [1]

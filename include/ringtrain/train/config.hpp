@@ -82,6 +82,7 @@ struct TrainConfig {
     std::string schedule = "1f1b"; // afab | 1f1b | zb-h1
     std::string partition = "uniform";  // uniform | params | time | list
     std::string balance;           // partition = list: layers per stage, "[3, 2, 2]"
+    bool shard_optimizer = false;  // ZeRO-1: optimizer state sharded over the data-parallel group
   } parallel;
   struct Checkpoint {
     std::string dir;               // "" = no checkpoints

@@ -10,6 +10,8 @@
 //
 // parallel.pipeline > 1 or parallel.tensor > 1 hands everything to
 // PipelineTrainer (the grid path); both write the same checkpoints.
+// parallel.shard_optimizer (ZeRO-1, src/train/zero.cpp): the all-reduce becomes a
+// reduce-scatter after backward, each rank updates its slice, parameters are all-gathered.
 //
 // Rules: every rank runs the same number of steps (the loader guarantees equal
 // batch counts); rank 0's initial parameters and optimizer state are broadcast
@@ -82,6 +84,9 @@ class Trainer {
   // Writes a checkpoint of the state as it stands into checkpoint.dir now
   // (collective); returns its path on rank 0, "" elsewhere.
   std::string save_checkpoint();
+  // Bytes of optimizer state this rank holds: its slice with parallel.shard_optimizer
+  // (ZeRO-1), the whole state otherwise.
+  std::size_t optimizer_state_bytes() const;
 
   const std::string& run_id() const;  // set by resume() or at the start of fit()
   Model& model();

@@ -1,0 +1,97 @@
+#pragma once
+// ZeRO stage 1 (PyTorch's ZeroRedundancyOptimizer, Megatron's distributed
+// optimizer): the optimizer state is sharded over the data-parallel group.
+// Per step: the gradients are reduce-scattered (averaged), each rank updates
+// its slice of the parameters with slice-sized optimizer state, and the
+// parameters are all-gathered. State memory per rank falls by the group size.
+//
+// Rules kept here:
+// - Each flat parameter buffer of the arena (one per dtype) is cut into `dp`
+//   contiguous slices of near-equal size; a boundary is 64-byte aligned and is
+//   moved out of the padding between two parameters to the next one's start.
+//   Rank r owns slice r. A parameter may straddle slices (even split of memory).
+// - The slice is a ParamArena of its own (the shard): one entry per piece of a
+//   parameter, laid out exactly like the slice of the full arena (same padding),
+//   so the reduce-scatter writes into its gradients and the all-gather reads
+//   from its parameters without copies. Any CPU Optimizer runs on it unchanged.
+// - LARS and LAMB need whole-parameter norms: the pieces' partial sums of
+//   squares are all-reduced over the group (Optimizer::set_sums_hook, one small
+//   all-reduce per step). Clipping and the fp16 inf/NaN check combine likewise.
+//   Results equal the unsharded optimizer up to summation order (not bitwise).
+// - Every call is collective over the group, in the same order on every rank.
+// - Checkpoints keep the per-parameter layout: gather() assembles the state on
+//   the root into an ordinary Optimizer over the full arena (transiently, one
+//   unsharded copy on the root); scatter() hands each rank its slice back.
+// - Host buffers only (our reduce_scatter/allgatherv are host-only).
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "ringtrain/comm/collectives.hpp"
+#include "ringtrain/comm/communicator.hpp"
+#include "ringtrain/nn/parameters.hpp"
+#include "ringtrain/optim/optimizer.hpp"
+
+namespace ringtrain {
+
+class ShardedOptimizer {
+ public:
+  using Factory = std::function<std::unique_ptr<Optimizer>(ParamArena&, const OptimizerConfig&)>;
+
+  // `full`: the model's finalised CPU arena (identical layout on every rank);
+  // `group`: the data-parallel group; `make` builds the optimizer (default make_optimizer).
+  ShardedOptimizer(ParamArena& full, const OptimizerConfig& cfg, Communicator group,
+                   CollectiveOptions copt = {}, Factory make = {});
+  ~ShardedOptimizer();
+
+  // The full arena's gradients, averaged over the group, into this rank's slice.
+  void reduce_scatter_grads();
+  // fp16: slice gradients *= inv_scale; true when every rank's slice is finite.
+  bool unscale_grads(double inv_scale);
+  // Global norm from the slices; scales the slice gradients as clip_grad_norm does.
+  double clip_grad_norm(double max_norm);
+  // Updates this rank's slice from its averaged gradients, then all-gathers the
+  // parameters into the full arena. The slice's parameters are first refreshed
+  // from the full arena (so a broadcast or load of the full arena is seen).
+  void step(double lr);
+  std::int64_t steps() const { return inner_->steps(); }
+
+  // Bytes of optimizer state held by this rank (its slice's buffers + step).
+  std::size_t state_bytes() const;
+  // Collective: {max over ranks of state_bytes(), bytes one unsharded optimizer holds}.
+  std::pair<std::size_t, std::size_t> state_bytes_summary() const;
+  // Elements of dtype dt's flat buffer owned by each rank.
+  const std::vector<std::size_t>& counts(DType dt) const;
+  const ParamArena& shard() const { return shard_; }
+
+  // Checkpoints. gather: the root gets an Optimizer over the full arena holding
+  // the whole state (others get null). make_whole: an empty one on the root, to
+  // restore a checkpoint into. scatter: every rank takes its slice of the root's
+  // `whole` (ignored elsewhere), and the step counter.
+  std::unique_ptr<Optimizer> gather(int root) const;
+  std::unique_ptr<Optimizer> make_whole(int root) const;
+  void scatter(const Optimizer* whole, int root);
+
+ private:
+  struct Slice {
+    DType dtype;
+    std::vector<std::size_t> counts, offsets;  // per rank, in elements of the full buffer
+  };
+  const Slice& slice(DType dt) const;
+  Tensor shard_flat(DType dt, bool grads) const;  // undefined when this rank's slice of dt is empty
+  void combine_piece_sums(std::vector<double>& sums, int per) const;
+
+  ParamArena& full_;
+  OptimizerConfig cfg_;
+  Communicator group_;
+  CollectiveOptions copt_;
+  Factory make_;
+  std::vector<Slice> slices_;
+  ParamArena shard_;
+  std::vector<std::size_t> full_index_;  // shard parameter -> full parameter
+  std::vector<std::string> state_names_;  // "<dtype>.<kind>" of the whole optimizer, in its order
+  std::unique_ptr<Optimizer> inner_;
+};
+
+}  // namespace ringtrain

@@ -1,0 +1,275 @@
+// ZeRO stage 1: slicing the flat arena over the data-parallel group, the
+// slice's own arena and optimizer, the step's collectives, and the
+// gather/scatter of the state for checkpoints. See sharded_optimizer.hpp.
+#include "ringtrain/optim/sharded_optimizer.hpp"
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+
+#include "cpu_loops.hpp"
+#include "ringtrain/comm/shm.hpp"
+#include "ringtrain/optim/grad_utils.hpp"
+
+namespace ringtrain {
+
+namespace {
+
+// Slice boundaries of one dtype's flat buffer of n elements: near-equal, aligned
+// to `align` elements, never inside padding (moved to the next parameter's start).
+std::vector<std::size_t> boundaries(const ParamArena& a, DType dt, std::size_t n, int ranks) {
+  const std::size_t align = std::max<std::size_t>(1, 64 / dtype_size(dt));
+  const std::size_t units = (n + align - 1) / align;
+  const std::size_t per = (units + static_cast<std::size_t>(ranks) - 1) / static_cast<std::size_t>(ranks) * align;
+  std::vector<std::size_t> b(static_cast<std::size_t>(ranks) + 1);
+  for (int r = 0; r <= ranks; ++r) {
+    std::size_t x = std::min(n, static_cast<std::size_t>(r) * per);
+    bool inside = x == n;
+    std::size_t next = n;
+    for (const ParamInfo& p : a.infos()) {
+      if (p.dtype != dt) continue;
+      const std::size_t end = p.offset + static_cast<std::size_t>(shape_numel(p.shape));
+      if (p.offset <= x && x < end) inside = true;
+      if (p.offset >= x) next = std::min(next, p.offset);
+    }
+    b[static_cast<std::size_t>(r)] = inside ? x : next;
+  }
+  return b;
+}
+
+// MPI_Gatherv/Scatterv of state elements of `esz` bytes (checkpoints only; not on the step's path).
+struct ElemType {
+  MPI_Datatype t = MPI_DATATYPE_NULL;
+  explicit ElemType(std::size_t esz) {
+    MPI_Type_contiguous(static_cast<int>(esz), MPI_BYTE, &t);
+    MPI_Type_commit(&t);
+  }
+  ~ElemType() { MPI_Type_free(&t); }
+};
+
+std::vector<int> as_int(const std::vector<std::size_t>& v, const char* what) {
+  std::vector<int> out;
+  for (std::size_t x : v) {
+    RT_CHECK(x <= static_cast<std::size_t>(INT_MAX), "parallel.shard_optimizer: ", what, " of ", x,
+             " elements exceeds what one MPI call moves (", INT_MAX, ")");
+    out.push_back(static_cast<int>(x));
+  }
+  return out;
+}
+
+Tensor find(const Optimizer::NamedTensors& s, const std::string& name) {
+  for (const auto& [n, t] : s)
+    if (n == name) return t;
+  return Tensor();
+}
+
+}  // namespace
+
+ShardedOptimizer::ShardedOptimizer(ParamArena& full, const OptimizerConfig& cfg, Communicator group,
+                                   CollectiveOptions copt, Factory make)
+    : full_(full), cfg_(cfg), group_(std::move(group)), copt_(copt), make_(std::move(make)) {
+  RT_CHECK(full_.finalized() && full_.device().is_cpu(),
+           "parallel.shard_optimizer: needs a finalised CPU parameter arena (the reduce-scatter and all-gather are "
+           "host-only), got ", full_.device().str());
+  if (!make_) make_ = [](ParamArena& a, const OptimizerConfig& c) { return make_optimizer(a, c); };
+  const int ranks = group_.size(), me = group_.rank();
+  std::vector<std::pair<std::size_t, std::size_t>> mine;  // [lo, hi) per slice
+  for (DType dt : full_.dtypes()) {
+    const std::size_t n = static_cast<std::size_t>(full_.params_flat(dt).numel());
+    std::vector<std::size_t> b = boundaries(full_, dt, n, ranks);
+    Slice s{dt, {}, {}};
+    for (int r = 0; r < ranks; ++r) {
+      s.offsets.push_back(b[static_cast<std::size_t>(r)]);
+      s.counts.push_back(b[static_cast<std::size_t>(r) + 1] - b[static_cast<std::size_t>(r)]);
+    }
+    as_int(s.offsets, "a slice offset");
+    mine.emplace_back(b[static_cast<std::size_t>(me)], b[static_cast<std::size_t>(me) + 1]);
+    slices_.push_back(std::move(s));
+  }
+  // The shard: this rank's piece of every parameter its slices touch, in the
+  // full arena's order; the last piece of a dtype reaches to the slice's end
+  // (trailing padding: zero, and an update keeps zeros zero).
+  for (std::size_t d = 0; d < slices_.size(); ++d) {
+    const auto [lo, hi] = mine[d];
+    std::size_t last = SIZE_MAX;
+    for (std::size_t i = 0; i < full_.size(); ++i) {
+      const ParamInfo& p = full_.info(i);
+      const std::size_t end = p.offset + static_cast<std::size_t>(shape_numel(p.shape));
+      if (p.dtype == slices_[d].dtype && p.offset < hi && end > lo) last = i;
+    }
+    for (std::size_t i = 0; i <= last && last != SIZE_MAX; ++i) {
+      const ParamInfo& p = full_.info(i);
+      const std::size_t end = p.offset + static_cast<std::size_t>(shape_numel(p.shape));
+      if (p.dtype != slices_[d].dtype || p.offset >= hi || end <= lo) continue;
+      const std::size_t b = std::max(p.offset, lo), e = i == last ? hi : std::min(end, hi);
+      shard_.add(p.name, {static_cast<std::int64_t>(e - b)}, p.dtype, p.decay, p.layer);
+      full_index_.push_back(i);
+    }
+  }
+  shard_.finalize(Device::cpu());
+  // The layout invariant the zero-copy collectives rely on.
+  for (std::size_t j = 0; j < shard_.size(); ++j) {
+    const ParamInfo& p = full_.info(full_index_[j]);
+    const std::size_t d = static_cast<std::size_t>(
+        std::find_if(slices_.begin(), slices_.end(), [&](const Slice& s) { return s.dtype == p.dtype; }) - slices_.begin());
+    RT_CHECK(shard_.info(j).offset == std::max(p.offset, mine[d].first) - mine[d].first,
+             "parallel.shard_optimizer: internal error: the slice of '", p.name, "' is misaligned");
+  }
+  for (std::size_t d = 0; d < slices_.size(); ++d) {
+    Tensor f = shard_flat(slices_[d].dtype, false);
+    RT_CHECK(static_cast<std::size_t>(f.defined() ? f.numel() : 0) == mine[d].second - mine[d].first,
+             "parallel.shard_optimizer: internal error: the ", dtype_name(slices_[d].dtype), " slice has the wrong size");
+  }
+  inner_ = make_(shard_, cfg_);
+  inner_->set_sums_hook([this](std::vector<double>& sums, int per) { combine_piece_sums(sums, per); });
+  // The state buffers' names, as an unsharded optimizer lists them (a rank whose
+  // slice of some dtype is empty lacks that dtype's buffers).
+  ParamArena probe;
+  for (DType dt : full_.dtypes()) probe.add(cat("probe.", dtype_name(dt)), {1}, dt);
+  probe.finalize(Device::cpu());
+  for (const auto& [name, t] : make_(probe, cfg_)->state())
+    if (name != "step") state_names_.push_back(name);
+}
+
+ShardedOptimizer::~ShardedOptimizer() = default;
+
+const ShardedOptimizer::Slice& ShardedOptimizer::slice(DType dt) const {
+  for (const Slice& s : slices_)
+    if (s.dtype == dt) return s;
+  RT_FAIL("parallel.shard_optimizer: no parameters of dtype ", dtype_name(dt));
+}
+
+const std::vector<std::size_t>& ShardedOptimizer::counts(DType dt) const { return slice(dt).counts; }
+
+Tensor ShardedOptimizer::shard_flat(DType dt, bool grads) const {
+  for (DType have : shard_.dtypes())
+    if (have == dt) return grads ? shard_.grads_flat(dt) : shard_.params_flat(dt);
+  return Tensor();
+}
+
+void ShardedOptimizer::combine_piece_sums(std::vector<double>& sums, int per) const {
+  const std::size_t k = static_cast<std::size_t>(per);
+  std::vector<double> all(k * full_.size(), 0.0);
+  for (std::size_t j = 0; j < full_index_.size(); ++j)
+    for (std::size_t q = 0; q < k; ++q) all[k * full_index_[j] + q] = sums[k * j + q];
+  allreduce(all.data(), all.data(), all.size(), DType::f64, ReduceOp::sum, group_, copt_);
+  for (std::size_t j = 0; j < full_index_.size(); ++j)
+    for (std::size_t q = 0; q < k; ++q) sums[k * j + q] = all[k * full_index_[j] + q];
+}
+
+// Averaged as the fusion engine averages: a sum, then one multiplication by
+// (compute type)(1/ranks). On one node the engine's all-reduce is shm, and
+// shm_reduce_scatter sums each element exactly as it does, so sharding changes
+// no bit of the averaged gradients. Elsewhere our ring reduce-scatter (or MPI's
+// with comm.algorithm = mpi): the same sum in another order.
+void ShardedOptimizer::reduce_scatter_grads() {
+  const Algorithm a = choose_algorithm(0, group_.size(), copt_, group_.node_count(), group_.max_local_size());
+  for (const Slice& s : slices_) {
+    Tensor mine = shard_flat(s.dtype, true);
+    void* out = mine.defined() ? mine.raw() : nullptr;
+    if (a == Algorithm::shm) shm_reduce_scatter(full_.grads_flat(s.dtype).raw(), out, s.counts, s.dtype, ReduceOp::sum,
+                                                group_, copt_);
+    else reduce_scatter(full_.grads_flat(s.dtype).raw(), out, s.counts, s.dtype, ReduceOp::sum, group_, copt_);
+  }
+  // grads *= 1/ranks in the compute type (g * factor, as the engine's scale); the finiteness verdict is unused.
+  if (group_.size() > 1) ringtrain::unscale_grads(shard_, 1.0 / group_.size());
+}
+
+bool ShardedOptimizer::unscale_grads(double inv_scale) {
+  int finite = ringtrain::unscale_grads(shard_, inv_scale) ? 1 : 0;
+  allreduce(&finite, &finite, 1, DType::i32, ReduceOp::min, group_, copt_);
+  return finite != 0;
+}
+
+double ShardedOptimizer::clip_grad_norm(double max_norm) {
+  RT_CHECK(std::isfinite(max_norm) && max_norm > 0, "clip_grad_norm: max_norm must be finite and > 0, got ", max_norm);
+  double sq = 0.0;
+  for (DType dt : shard_.dtypes()) {
+    Tensor g = shard_.grads_flat(dt);
+    optim_detail::dispatch_floating(dt, "clip_grad_norm", [&](auto tag) {
+      using T = decltype(tag);
+      const T* p = g.template data<T>();
+      sq += optim_detail::chunked_reduce<double>(
+          g.numel(), [&](std::int64_t b, std::int64_t e) { return optim_detail::sum_squares(p, b, e); });
+    });
+  }
+  allreduce(&sq, &sq, 1, DType::f64, ReduceOp::sum, group_, copt_);
+  const double total = std::sqrt(sq);
+  const double coef = max_norm / (total + 1e-6);
+  if (coef < 1.0) ringtrain::unscale_grads(shard_, coef);  // grads *= coef (its finiteness verdict is not needed)
+  return total;
+}
+
+void ShardedOptimizer::step(double lr) {
+  const int me = group_.rank();
+  for (const Slice& s : slices_) {
+    Tensor mine = shard_flat(s.dtype, false);
+    if (mine.defined())
+      mine.copy_from(full_.params_flat(s.dtype).flat_view(static_cast<std::int64_t>(s.offsets[me]),
+                                                         static_cast<std::int64_t>(s.counts[me])));
+  }
+  inner_->step(lr);
+  for (const Slice& s : slices_) {
+    Tensor mine = shard_flat(s.dtype, false);
+    allgatherv(mine.defined() ? mine.raw() : nullptr, full_.params_flat(s.dtype).raw(), s.counts, s.dtype, group_,
+               copt_);
+  }
+}
+
+std::size_t ShardedOptimizer::state_bytes() const {
+  std::size_t n = 0;
+  for (const auto& [name, t] : inner_->state()) n += t.nbytes();
+  return n;
+}
+
+std::pair<std::size_t, std::size_t> ShardedOptimizer::state_bytes_summary() const {
+  std::int64_t most = static_cast<std::int64_t>(state_bytes());
+  std::int64_t buffers = most - static_cast<std::int64_t>(sizeof(std::int64_t));  // without the step counter
+  allreduce(&most, &most, 1, DType::i64, ReduceOp::max, group_, copt_);
+  allreduce(&buffers, &buffers, 1, DType::i64, ReduceOp::sum, group_, copt_);
+  return {static_cast<std::size_t>(most), static_cast<std::size_t>(buffers) + sizeof(std::int64_t)};
+}
+
+std::unique_ptr<Optimizer> ShardedOptimizer::make_whole(int root) const {
+  return group_.rank() == root ? make_(full_, cfg_) : nullptr;
+}
+
+std::unique_ptr<Optimizer> ShardedOptimizer::gather(int root) const {
+  std::unique_ptr<Optimizer> whole = make_whole(root);
+  const Optimizer::NamedTensors mine = inner_->state();
+  const Optimizer::NamedTensors all = whole ? whole->state() : Optimizer::NamedTensors{};
+  for (const std::string& name : state_names_) {
+    const DType dt = parse_dtype(name.substr(0, name.find('.')));
+    const Slice& s = slice(dt);
+    ElemType et(dtype_size(optim_detail::state_dtype(dt)));
+    const Tensor src = find(mine, name), dst = find(all, name);
+    RT_CHECK(!whole || dst.defined(), "parallel.shard_optimizer: the whole optimizer has no state '", name, "'");
+    const std::vector<int> counts = as_int(s.counts, "a slice"), displs = as_int(s.offsets, "a slice offset");
+    MPI_Gatherv(src.defined() ? src.raw() : nullptr, counts[static_cast<std::size_t>(group_.rank())], et.t,
+                dst.defined() ? dst.raw() : nullptr, counts.data(), displs.data(), et.t, root,
+                group_.handle("gathering the sharded optimizer state"));
+  }
+  if (whole) find(all, "step").data<std::int64_t>()[0] = inner_->steps();
+  return whole;
+}
+
+void ShardedOptimizer::scatter(const Optimizer* whole, int root) {
+  RT_CHECK(group_.rank() != root || whole, "parallel.shard_optimizer: scatter needs the whole state on the root");
+  const Optimizer::NamedTensors mine = inner_->state();
+  const Optimizer::NamedTensors all = group_.rank() == root ? whole->state() : Optimizer::NamedTensors{};
+  for (const std::string& name : state_names_) {
+    const DType dt = parse_dtype(name.substr(0, name.find('.')));
+    const Slice& s = slice(dt);
+    ElemType et(dtype_size(optim_detail::state_dtype(dt)));
+    const Tensor src = find(all, name), dst = find(mine, name);
+    const std::vector<int> counts = as_int(s.counts, "a slice"), displs = as_int(s.offsets, "a slice offset");
+    MPI_Scatterv(src.defined() ? src.raw() : nullptr, counts.data(), displs.data(), et.t,
+                 dst.defined() ? dst.raw() : nullptr, counts[static_cast<std::size_t>(group_.rank())], et.t, root,
+                 group_.handle("scattering the sharded optimizer state"));
+  }
+  std::int64_t step = group_.rank() == root ? whole->steps() : 0;
+  MPI_Bcast(&step, 1, MPI_INT64_T, root, group_.handle("scattering the sharded optimizer state"));
+  find(mine, "step").data<std::int64_t>()[0] = step;
+}
+
+}  // namespace ringtrain
