@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <future>
 
 #include "init.hpp"
 #include "ringtrain/comm/collectives.hpp"
@@ -218,9 +219,24 @@ void ColumnParallelLinear::init(const ParamArena& arena, std::uint64_t seed) {
   if (spec_.bias) detail::fill_param(arena, params_[1], 0.0);
 }
 
+// f's backward all-reduces dx (the input was replicated). As Megatron's async
+// dgrad all-reduce, it runs on a helper thread while this one computes the
+// weight gradient, which does not depend on it: the same sums, the wait hidden
+// behind the GEMM.
 Tensor ColumnParallelLinear::do_backward(const Tensor& dy, bool need_dx, bool accumulate) {
-  Tensor dx = local_->backward(dy, need_dx, accumulate);
-  if (need_dx) tp_all_reduce(dx, g_);  // f's backward: the input was replicated
+  Tensor dx = local_->backward_input(dy, need_dx, accumulate);
+  if (!need_dx || g_.size == 1) {
+    local_->backward_weight();
+    return dx;
+  }
+  std::future<void> reduce = std::async(std::launch::async, [&] { tp_all_reduce(dx, g_); });
+  try {
+    local_->backward_weight();
+  } catch (...) {
+    reduce.wait();
+    throw;
+  }
+  reduce.get();
   return dx;
 }
 
