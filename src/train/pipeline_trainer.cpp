@@ -105,6 +105,7 @@ struct PipelineTrainer::Impl {
     pc.batch = cfg.data.batch_size;
     pc.clip_norm = cfg.optimizer.clip_norm;
     pc.engine = engine_options(cfg);
+    pc.deterministic = cfg.comm.deterministic;
     OptimizerConfig oc = optimizer_config(cfg);
     num_params = build_model(mc)->num_params();
     pm = std::make_unique<PipelineModel>(grid, mc, pc, oc);
