@@ -15,10 +15,10 @@
 //    scaled by 1/m), so a step equals the unpipelined step on the same batch
 //    up to float summation order. The result's loss/accuracy are global over
 //    the world (every rank gets them).
-//  - BatchNorm (m > 1): each micro-batch is normalised with its own statistics;
-//    the running statistics are updated once per step with the whole replica
-//    batch's mean and unbiased variance (deferred, torchgpipe's DeferredBatchNorm),
-//    as an unpipelined step on that batch would.
+//  - BatchNorm (m > 1): each micro-batch is normalised with its own statistics
+//    (as GPipe); the running statistics are updated once per step with the mean
+//    and unbiased variance of the layer's inputs over all m micro-batches
+//    (deferred, torchgpipe's DeferredBatchNorm), not m times.
 //  - CPU only for now (the stage transfers read host memory): another device
 //    is an Error naming train.device.
 #include <functional>
