@@ -1,3 +1,5 @@
+#include <cmath>
+
 #include "init.hpp"
 #include "ringtrain/nn/layers.hpp"
 
@@ -22,6 +24,9 @@ void BatchNorm2d::bind(const BindContext& ctx) {
   running_mean = Tensor::zeros({spec_.channels}, spec_.dtype, ctx.device);
   running_var = Tensor::zeros({spec_.channels}, spec_.dtype, ctx.device);
   k_ = ctx.backend.batchnorm(spec_);
+  be_ = &ctx.backend;
+  k_batch_.reset();
+  last_k_ = nullptr;
 }
 
 void BatchNorm2d::init(const ParamArena& arena, std::uint64_t) {
@@ -47,15 +52,88 @@ Tensor BatchNorm2d::do_forward(const Tensor& x, Mode mode) {
              "': train mode needs more than one value per channel, got input ", shape_str(x.shape()));
   x_ = x;
   ensure(y_, x.shape(), spec_.dtype, x.device());
+  if (mode == Mode::train && deferred_) {
+    accumulate_batch_stats(x);
+    last_k_ = k_batch_.get();
+    return y_;
+  }
+  last_k_ = k_.get();
   k_->forward(x, gamma, beta, running_mean, running_var, mode == Mode::train, y_);
   return y_;
+}
+
+void BatchNorm2d::set_deferred_stats(bool on) {
+  if (!on) {
+    deferred_.reset();
+    return;
+  }
+  if (!deferred_) deferred_ = std::make_shared<DeferredStats>();
+}
+
+void BatchNorm2d::share_deferred_stats(const BatchNorm2d& owner) {
+  RT_CHECK(owner.deferred_ && owner.spec_.channels == spec_.channels, "BatchNorm2d '", name_,
+           "': can only share the deferred statistics of a layer of the same width in deferred mode");
+  deferred_ = owner.deferred_;
+}
+
+// The forward's normalisation is the usual train-mode one; the momentum-1
+// kernel makes its "running" outputs the batch's own mean and unbiased variance
+// ((1 - 1) * r + 1 * batch), which are merged into the record here.
+void BatchNorm2d::accumulate_batch_stats(const Tensor& x) {
+  RT_CHECK(be_, "BatchNorm2d '", name_, "': forward before bind");
+  if (!k_batch_) {
+    BatchNormSpec s = spec_;
+    s.momentum = 1.0;
+    k_batch_ = be_->batchnorm(s);
+    batch_mean_ = Tensor::zeros({spec_.channels}, spec_.dtype, x.device());
+    batch_var_ = Tensor::zeros({spec_.channels}, spec_.dtype, x.device());
+  }
+  k_batch_->forward(x, gamma, beta, batch_mean_, batch_var_, true, y_);
+  const Tensor bm = batch_mean_.device().is_cpu() ? batch_mean_ : batch_mean_.to(Device::cpu());
+  const Tensor bv = batch_var_.device().is_cpu() ? batch_var_ : batch_var_.to(Device::cpu());
+  RT_CHECK(bm.dtype() == DType::f32, "BatchNorm2d '", name_, "': deferred statistics need float32, got ",
+           dtype_name(bm.dtype()));
+  DeferredStats& d = *deferred_;
+  const auto C = static_cast<std::size_t>(spec_.channels);
+  if (d.mean.size() != C) {
+    d.mean.assign(C, 0.0);
+    d.m2.assign(C, 0.0);
+  }
+  const double nb = static_cast<double>(x.numel() / spec_.channels), na = d.count, n = na + nb;
+  const float* pm = bm.data<float>();
+  const float* pv = bv.data<float>();
+  for (std::size_t c = 0; c < C; ++c) {
+    const double delta = double(pm[c]) - d.mean[c];
+    d.mean[c] += delta * nb / n;
+    d.m2[c] += double(pv[c]) * (nb - 1) + delta * delta * na * nb / n;
+  }
+  d.count = n;
+}
+
+void BatchNorm2d::commit_deferred_stats() {
+  if (!deferred_ || deferred_->count == 0) return;
+  DeferredStats& d = *deferred_;
+  Tensor rm = running_mean.device().is_cpu() ? running_mean : running_mean.to(Device::cpu());
+  Tensor rv = running_var.device().is_cpu() ? running_var : running_var.to(Device::cpu());
+  float* pm = rm.data<float>();
+  float* pv = rv.data<float>();
+  const double m = spec_.momentum;
+  for (std::size_t c = 0; c < d.mean.size(); ++c) {
+    pm[c] = static_cast<float>((1 - m) * pm[c] + m * d.mean[c]);
+    pv[c] = static_cast<float>((1 - m) * pv[c] + m * d.m2[c] / (d.count - 1));
+  }
+  if (!running_mean.device().is_cpu()) {
+    running_mean.copy_from(rm);
+    running_var.copy_from(rv);
+  }
+  d = DeferredStats{};
 }
 
 Tensor BatchNorm2d::do_backward(const Tensor& dy, bool, bool accumulate) {
   // dx is always computed: BN is never the first layer of a model we build,
   // and the kernel produces dx together with dgamma/dbeta.
   Tensor dx = ensure(dx_, x_.shape(), spec_.dtype, x_.device());
-  k_->backward(x_, gamma, dy, dx, dgamma, dbeta, accumulate);
+  last_k_->backward(x_, gamma, dy, dx, dgamma, dbeta, accumulate);  // the kernel that ran the forward
   return dx;
 }
 

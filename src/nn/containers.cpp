@@ -87,6 +87,9 @@ Tensor Sequential::do_backward_input(const Tensor& dy, bool need_dx, bool accumu
 }
 void Sequential::do_backward_weight() { chain_backward_weight(children_); }
 bool Sequential::splits_backward() const { return chain_splits(children_); }
+void Sequential::for_each_child(const std::function<void(Layer&)>& f) {
+  for (auto& c : children_) f(*c);
+}
 
 // ---- Residual ---------------------------------------------------------------
 Residual::Residual(std::string name, std::vector<LayerPtr> body, std::vector<LayerPtr> shortcut, bool relu_after)
@@ -167,6 +170,11 @@ void Residual::do_backward_weight() {
 }
 
 bool Residual::splits_backward() const { return chain_splits(body_) || chain_splits(shortcut_); }
+void Residual::for_each_child(const std::function<void(Layer&)>& f) {
+  for (auto* v : {&body_, &shortcut_})
+    for (auto& c : *v) f(*c);
+  if (post_) f(*post_);
+}
 
 LayerPtr basic_block(const std::string& name, std::int64_t in_ch, std::int64_t out_ch, std::int64_t stride) {
   auto conv = [](const char* n, std::int64_t ci, std::int64_t co, std::int64_t k, std::int64_t st) {

@@ -175,6 +175,11 @@ std::vector<NamedBuffer> ResidualStack::buffers() const {
   return out;
 }
 
+void ResidualStack::for_each_child(const std::function<void(Layer&)>& f) {
+  for (auto& b : branches_)
+    for (auto& c : b) f(*c);
+}
+
 double ResidualStack::forward_flops(const Shape& in) const {
   double f = 0;
   for (auto& b : branches_) {

@@ -65,9 +65,37 @@ PipelineModel::PipelineModel(const ProcessGrid& grid, const ModelConfig& mc, con
   exec_ = std::make_unique<PipelineExecutor>(grid, pc.schedule, pc.micro_batches, in_mb, out_mb, pc.timeout_s);
   stage_ = std::make_unique<Stage>(mc_tp, dev, first, end, exec_->slots(), *full);
   full.reset();
+  // BatchNorm: per-micro-batch normalisation, running statistics over the whole step (stage.hpp).
+  if (pc.micro_batches > 1) stage_->set_deferred_batch_stats(true);
   opt_ = make_optimizer(stage_->arena(), oc);
   dlogits_.resize(exec_->slots());
-  if (grid.dp_size() > 1) engine_ = std::make_unique<Engine>(grid.dp(), pc.engine);
+  if (grid.dp_size() > 1) {
+    EngineOptions eo = pc.engine;
+    if (pc.deterministic) {
+      eo.fusion_threshold = 0;  // each bucket is its own all-reduce: composition never varies
+      make_layer_buckets();
+    }
+    engine_ = std::make_unique<Engine>(grid.dp(), eo);
+  }
+}
+
+// A layer's parameters are a contiguous run of the arena (model.hpp): when they
+// share one dtype their gradients are one span (alignment padding inside stays zero).
+void PipelineModel::make_layer_buckets() {
+  const ParamArena& a = stage_->arena();
+  layer_bucket_.assign(static_cast<std::size_t>(stage_->num_layers()), Tensor());
+  for (int l = 0; l < stage_->num_layers(); ++l) {
+    const auto& ps = stage_->layer(l).params();
+    if (ps.empty()) continue;
+    const ParamInfo &lo = a.info(ps.front()), &hi = a.info(ps.back());
+    bool one_span = true;
+    for (std::size_t k = 0; k < ps.size(); ++k)
+      one_span = one_span && a.info(ps[k]).dtype == lo.dtype && (k == 0 || ps[k] == ps[k - 1] + 1);
+    if (!one_span) continue;  // per parameter, still unfused
+    const std::size_t end = hi.offset + static_cast<std::size_t>(shape_numel(hi.shape));
+    layer_bucket_[static_cast<std::size_t>(l)] = a.grads_flat(lo.dtype).flat_view(
+        static_cast<std::int64_t>(lo.offset), static_cast<std::int64_t>(end - lo.offset));
+  }
 }
 
 PipelineModel::~PipelineModel() = default;
@@ -91,6 +119,11 @@ Tensor PipelineModel::loss_grad(int slot, int mb, const Tensor& out) {
 
 void PipelineModel::submit(int local_layer) {
   if (!engine_) return;
+  if (!layer_bucket_.empty() && layer_bucket_[static_cast<std::size_t>(local_layer)].defined()) {
+    handles_.push_back(engine_->allreduce_async(cat("layer.", stage_->first_layer() + local_layer),
+                                                layer_bucket_[static_cast<std::size_t>(local_layer)]));
+    return;
+  }
   for (std::size_t p : stage_->layer(local_layer).params())
     handles_.push_back(engine_->allreduce_async(stage_->arena().info(p).name, stage_->arena().grad(p)));
 }
@@ -132,6 +165,7 @@ PipeStepResult PipelineModel::train_step(const Tensor& images, const Tensor& lab
   stage_->zero_grads();
   PipeStepResult r;
   r.timing = exec_->run_step(*this);
+  stage_->commit_batch_stats();  // every forward of the step has run
   // Loss and accuracy from the last stages to everyone: one small all-reduce.
   double v[3] = {0, 0, 0};
   if (grid_.last_stage() && grid_.tp_rank() == 0) {  // tensor ranks hold the same logits: count once

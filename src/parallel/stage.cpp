@@ -1,8 +1,18 @@
 #include "ringtrain/parallel/stage.hpp"
 
 #include "ringtrain/nn/backend.hpp"
+#include "ringtrain/nn/layers.hpp"
 
 namespace ringtrain {
+namespace {
+
+// The BatchNorm2d layers under `l` (itself included), depth first.
+void collect_bn(Layer& l, std::vector<BatchNorm2d*>& out) {
+  if (auto* bn = dynamic_cast<BatchNorm2d*>(&l)) out.push_back(bn);
+  l.for_each_child([&](Layer& c) { collect_bn(c, out); });
+}
+
+}  // namespace
 
 Stage::Stage(const ModelConfig& mc, Device dev, int first, int end, int slots, const Model& init)
     : device_(dev), first_(first), end_(end) {
@@ -74,8 +84,9 @@ std::vector<NamedBuffer> Stage::buffers() const { return slot_buffers_[0]; }
 Tensor Stage::forward(int slot, const Tensor& x, Mode mode) {
   auto& layers = slots_.at(slot);
   auto& mine = slot_buffers_[slot];
-  // Running statistics continue from slot 0's (see the header).
-  const bool carry = slot != 0 && mode == Mode::train;
+  // Running statistics continue from slot 0's (see the header); deferred
+  // BatchNorm leaves them alone until commit_batch_stats().
+  const bool carry = slot != 0 && mode == Mode::train && !deferred_bn_;
   if (carry)
     for (std::size_t i = 0; i < mine.size(); ++i) mine[i].tensor.copy_from(slot_buffers_[0][i].tensor);
   Tensor h = x;
@@ -83,6 +94,39 @@ Tensor Stage::forward(int slot, const Tensor& x, Mode mode) {
   if (carry)
     for (std::size_t i = 0; i < mine.size(); ++i) slot_buffers_[0][i].tensor.copy_from(mine[i].tensor);
   return h;
+}
+
+int Stage::set_deferred_batch_stats(bool on) {
+  std::vector<std::vector<BatchNorm2d*>> bns(slots_.size());
+  for (std::size_t k = 0; k < slots_.size(); ++k)
+    for (auto& l : slots_[k]) collect_bn(*l, bns[k]);
+  // Every running statistic must belong to a layer reached above, or a container
+  // that hides its children would silently keep the per-micro-batch update.
+  std::size_t stats = 0;
+  for (auto& b : slot_buffers_[0]) stats += b.name.size() > 13 && b.name.ends_with(".running_mean");
+  RT_CHECK(stats == bns[0].size(), "pipeline stage: found ", bns[0].size(), " BatchNorm2d layers but ", stats,
+           " running means (a composite layer does not list its children in for_each_child)");
+  for (std::size_t k = 0; k < slots_.size(); ++k)
+    for (std::size_t i = 0; i < bns[k].size(); ++i) {
+      if (k == 0) {
+        bns[0][i]->set_deferred_stats(on);
+      } else if (on) {
+        bns[k][i]->share_deferred_stats(*bns[0][i]);
+      } else {
+        bns[k][i]->set_deferred_stats(false);
+      }
+    }
+  deferred_bn_ = on && !bns[0].empty();
+  return static_cast<int>(bns[0].size());
+}
+
+void Stage::commit_batch_stats() {
+  if (!deferred_bn_) return;
+  for (auto& l : slots_[0]) {
+    std::vector<BatchNorm2d*> bns;
+    collect_bn(*l, bns);
+    for (auto* bn : bns) bn->commit_deferred_stats();
+  }
 }
 
 Tensor Stage::backward_input(int slot, const Tensor& dy, bool need_dx, const GradReady& ready) {

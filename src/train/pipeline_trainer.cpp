@@ -60,6 +60,7 @@ struct PipelineTrainer::Impl {
     pc.clip_norm = cfg.optimizer.clip_norm;
     pc.timeout_s = cfg.comm.collective_timeout_s;
     pc.engine = engine_options(cfg);
+    pc.deterministic = cfg.comm.deterministic;
     OptimizerConfig oc = optimizer_config(cfg);
     num_params = build_model(mc)->num_params();
     pm = std::make_unique<PipelineModel>(grid, mc, pc, oc);

@@ -22,6 +22,7 @@
 //    whether the weight half really is deferred. backward_weight must come
 //    before the layer's next forward.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -91,6 +92,10 @@ class Layer {
   Tensor backward_input(const Tensor& dy, bool need_dx, bool accumulate);
   void backward_weight() { do_backward_weight(); }
   virtual bool splits_backward() const { return false; }
+  // Calls f on each direct child of a composite layer (Sequential, Residual,
+  // ResidualStack), so callers can reach nested layers (a pipeline stage's
+  // BatchNorm2d layers) without knowing the container. Leaves have none.
+  virtual void for_each_child(const std::function<void(Layer&)>& f) {}
 
  protected:
   virtual Tensor do_forward(const Tensor& x, Mode mode) = 0;

@@ -88,16 +88,45 @@ class BatchNorm2d : public Layer {
   Shape output_shape(const Shape& in) const override;
   std::vector<NamedBuffer> buffers() const override;  // running_mean, running_var
 
+  // Deferred running statistics (torchgpipe's DeferredBatchNorm), for the
+  // micro-batches of a pipeline step: while on, a train-mode forward still
+  // normalises with its own batch's statistics but leaves running_mean/var
+  // alone and accumulates the batch's count, mean and sum of squared deviations
+  // (in double, merged with Chan et al.'s formula); commit_deferred_stats()
+  // then updates the running statistics ONCE with the mean and unbiased
+  // variance of everything accumulated since the last commit (momentum as
+  // usual), which equals one forward over the concatenated batch. Eval-mode
+  // forwards are unaffected. Turning it off drops what was not committed.
+  void set_deferred_stats(bool on);
+  bool deferred_stats() const { return deferred_ != nullptr; }
+  // This layer's forwards accumulate into `owner`'s record (a pipeline stage's
+  // activation-slot copies of one layer); owner must be in deferred mode.
+  void share_deferred_stats(const BatchNorm2d& owner);
+  void commit_deferred_stats();  // no-op when nothing was accumulated
+
  protected:
   Tensor do_forward(const Tensor& x, Mode mode) override;
   Tensor do_backward(const Tensor& dy, bool need_dx, bool accumulate) override;
 
  private:
+  struct DeferredStats {
+    double count = 0;
+    std::vector<double> mean, m2;  // per channel: mean, sum of squared deviations
+  };
+  void accumulate_batch_stats(const Tensor& x);
+
   BatchNormSpec spec_;
   std::string prefix_;
   std::size_t g_ = 0, b_ = 0;
   Tensor gamma, beta, dgamma, dbeta, running_mean, running_var, x_, y_, dx_;
   std::unique_ptr<BatchNormKernel> k_;
+  Backend* be_ = nullptr;
+  std::shared_ptr<DeferredStats> deferred_;  // null: running statistics updated per forward
+  // Deferred mode: a momentum-1 kernel writes the batch's mean / unbiased
+  // variance into these instead of blending them into the running statistics.
+  std::unique_ptr<BatchNormKernel> k_batch_;
+  Tensor batch_mean_, batch_var_;
+  BatchNormKernel* last_k_ = nullptr;  // ran the last forward: its saved statistics serve the backward
 };
 
 // ReLU or GELU as its own layer (Conv2d/Linear can also fuse ReLU).
@@ -194,6 +223,7 @@ class Sequential : public Layer {
   double forward_flops(const Shape& in) const override;
   const std::vector<LayerPtr>& children() const { return children_; }
   bool splits_backward() const override;
+  void for_each_child(const std::function<void(Layer&)>& f) override;
 
  protected:
   Tensor do_forward(const Tensor& x, Mode mode) override;
@@ -218,6 +248,7 @@ class Residual : public Layer {
   std::vector<NamedBuffer> buffers() const override;
   double forward_flops(const Shape& in) const override;
   bool splits_backward() const override;
+  void for_each_child(const std::function<void(Layer&)>& f) override;
 
  protected:
   Tensor do_forward(const Tensor& x, Mode mode) override;

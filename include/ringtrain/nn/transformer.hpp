@@ -125,6 +125,7 @@ class ResidualStack : public Layer {
   Shape output_shape(const Shape& in) const override;
   std::vector<NamedBuffer> buffers() const override;
   double forward_flops(const Shape& in) const override;
+  void for_each_child(const std::function<void(Layer&)>& f) override;
 
  protected:
   Tensor do_forward(const Tensor& x, Mode mode) override;

@@ -15,6 +15,10 @@
 //    scaled by 1/m), so a step equals the unpipelined step on the same batch
 //    up to float summation order. The result's loss/accuracy are global over
 //    the world (every rank gets them).
+//  - BatchNorm (m > 1): each micro-batch is normalised with its own statistics
+//    (as GPipe); the running statistics are updated once per step with the mean
+//    and unbiased variance of the layer's inputs over all m micro-batches
+//    (deferred, torchgpipe's DeferredBatchNorm), not m times.
 //  - CPU only for now (the stage transfers read host memory): another device
 //    is an Error naming train.device.
 #include <functional>
@@ -39,6 +43,11 @@ struct PipelineConfig {
   std::vector<int> balance;     // partition = list
   std::int64_t batch = 0;       // samples per replica per step (m must divide it)
   EngineOptions engine;         // for the data-parallel gradient averages
+  // comm.deterministic: each layer's gradients go to the engine as ONE static
+  // bucket (a span of the arena) and the engine does not fuse (fusion by
+  // readiness changes which ring chunk, hence which summation order, an element
+  // gets at DP >= 3): bitwise-reproducible runs.
+  bool deterministic = false;
   double clip_norm = 0;         // > 0: clip to this global norm over all stages and tensor shards
   double timeout_s = 300;       // a stage receive waiting longer ends the job (0 = never)
 };
@@ -63,6 +72,7 @@ class PipelineModel final : private PipeOps {
   const ProcessGrid& grid() const { return grid_; }
   Stage& stage() { return *stage_; }
   Optimizer& optimizer() { return *opt_; }
+  const Engine* engine() const { return engine_.get(); }  // null without data parallelism
   const std::vector<int>& balance() const { return balance_; }  // layers per stage
   // This stage's part of the model state, per parameter (checkpoint layout of
   // train/state.hpp): "param/<name>", "buffer/<name>", "optim/<slot>/<name>", "optim/step".
@@ -90,6 +100,7 @@ class PipelineModel final : private PipeOps {
   void reduce_grads() override;
   void optimizer_step() override;
   void submit(int local_layer);
+  void make_layer_buckets();
 
   const ProcessGrid& grid_;
   PipelineConfig pc_;
@@ -100,6 +111,7 @@ class PipelineModel final : private PipeOps {
   std::unique_ptr<PipelineExecutor> exec_;
   std::unique_ptr<Engine> engine_;  // dp > 1 only
   std::vector<Handle> handles_;
+  std::vector<Tensor> layer_bucket_;  // deterministic: per local layer, its gradients' span (undefined: none)
   std::vector<Tensor> dlogits_;     // per slot (kept by the last layer for its W)
   Tensor images_, labels_;
   double lr_ = 0, loss_sum_ = 0;

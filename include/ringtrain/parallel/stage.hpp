@@ -14,10 +14,13 @@
 //    from the same weights.
 //  - Gradients accumulate over the step's micro-batches: zero_grads() first.
 //  - BatchNorm: each micro-batch is normalised with its own statistics (as
-//    GPipe); the running statistics live in slot 0's layers and every slot's
-//    forward continues from them, so they are updated once per micro-batch in
-//    micro-batch order (momentum applied m times per step, as an unpipelined
-//    run with gradient accumulation over m micro-batches would).
+//    GPipe); the running statistics live in slot 0's layers. By default every
+//    slot's forward continues from them (updated once per micro-batch, in
+//    micro-batch order). With set_deferred_batch_stats(true) (PipelineModel,
+//    m > 1) the forwards only accumulate their batch statistics, every slot's
+//    copy into slot 0's record, and commit_batch_stats() updates the running
+//    statistics once with the whole step's mean and unbiased variance
+//    (torchgpipe's DeferredBatchNorm; BatchNorm2d::set_deferred_stats).
 //  - Hooks: grad_ready(local layer index) fires once a layer's gradient for
 //    the micro-batch is complete (after backward_input for layers that do not
 //    split, after backward_weight for those that do).
@@ -53,6 +56,10 @@ class Stage {
   Tensor backward_input(int slot, const Tensor& dy, bool need_dx, const GradReady& ready = {});
   void backward_weight(int slot, const GradReady& ready = {});
   void zero_grads() { arena_.zero_grads(); }
+  // Deferred BatchNorm running statistics (see the rules above); returns the
+  // number of BatchNorm2d layers of the stage.
+  int set_deferred_batch_stats(bool on);
+  void commit_batch_stats();
 
  private:
   Device device_;
@@ -62,6 +69,7 @@ class Stage {
   std::vector<std::vector<LayerPtr>> slots_;
   std::vector<std::vector<NamedBuffer>> slot_buffers_;
   int first_param_layer_ = 0;  // without an input gradient, backward stops here
+  bool deferred_bn_ = false;
 };
 
 }  // namespace ringtrain
