@@ -10,7 +10,13 @@ std::size_t ParamArena::add(std::string name, Shape shape, DType dt, bool decay,
   Flat& f = flat(dt);
   std::size_t align = std::max<std::size_t>(1, 64 / dtype_size(dt));
   f.elems = (f.elems + align - 1) / align * align;
-  ParamInfo info{std::move(name), std::move(shape), dt, f.elems, decay, layer};
+  ParamInfo info;
+  info.name = std::move(name);
+  info.shape = std::move(shape);
+  info.dtype = dt;
+  info.offset = f.elems;
+  info.decay = decay;
+  info.layer = layer;
   f.elems += static_cast<std::size_t>(shape_numel(info.shape));
   infos_.push_back(std::move(info));
   return infos_.size() - 1;
@@ -19,7 +25,9 @@ std::size_t ParamArena::add(std::string name, Shape shape, DType dt, bool decay,
 ParamArena::Flat& ParamArena::flat(DType dt) {
   for (auto& f : flats_)
     if (f.dtype == dt) return f;
-  flats_.push_back(Flat{dt});
+  Flat f;
+  f.dtype = dt;
+  flats_.push_back(f);
   return flats_.back();
 }
 

@@ -175,7 +175,10 @@ TEST(Layers, WrongShapesNameTheLayer) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("fc7"), std::string::npos) << e.what();
   }
-  Harness c(std::make_unique<Conv2d>("conv9", Conv2dSpec{3, 4}));
+  Conv2dSpec spec;
+  spec.in_channels = 3;
+  spec.out_channels = 4;
+  Harness c(std::make_unique<Conv2d>("conv9", spec));
   EXPECT_THROW(c.layer->forward(random_tensor({1, 2, 5, 5}, 1), Mode::eval), Error);
   EXPECT_THROW(c.layer->forward(random_tensor({1, 3, 2, 2}, 1), Mode::eval), Error);  // smaller than the kernel
   EXPECT_THROW(Dropout("d", 1.0), Error);

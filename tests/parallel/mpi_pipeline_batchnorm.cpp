@@ -175,20 +175,28 @@ TEST_P(PipelineBatchNorm, RunningStatisticsCoverTheWholeStep) {
     global_batch(t, kPerReplica * dp, x, y);
     pm.train_step(rows(x, mine * kPerReplica, kPerReplica), rows(y, mine * kPerReplica, kPerReplica), kLr);
     const auto got = snapshot(pm.stage().buffers());
-    if (t == 0)
-      for (auto& [name, v] : stem)
-        if (got.count(name)) EXPECT_LE(max_rel_diff(got.at(name), v), 1e-5) << what << " " << name << " step 1";
-    if (t == 0)
-      for (auto& [name, v] : got)
+    if (t == 0) {
+      for (auto& [name, v] : stem) {
+        if (got.count(name)) {
+          EXPECT_LE(max_rel_diff(got.at(name), v), 1e-5) << what << " " << name << " step 1";
+        }
+      }
+      for (auto& [name, v] : got) {
         EXPECT_LE(max_rel_diff(v, deferred.buffers_after_one_step.at(name)), 1e-5) << what << " " << name << " step 1";
+      }
+    }
   }
   const auto got = snapshot(pm.stage().buffers());
-  if (grid.first_stage()) ASSERT_FALSE(got.empty()) << what << ": the stem's bn1 lives here";
+  if (grid.first_stage()) {
+    ASSERT_FALSE(got.empty()) << what << ": the stem's bn1 lives here";
+  }
   for (auto& [name, v] : got) {
     EXPECT_LE(max_rel_diff(v, deferred.buffers.at(name)), 1e-5) << what << " " << name;
     diff_per_mb = std::max(diff_per_mb, max_rel_diff(v, per_mb.buffers.at(name)));
   }
-  if (!got.empty()) EXPECT_GT(diff_per_mb, 1e-2) << what << ": the running statistics look updated per micro-batch";
+  if (!got.empty()) {
+    EXPECT_GT(diff_per_mb, 1e-2) << what << ": the running statistics look updated per micro-batch";
+  }
   ParamArena& a = pm.stage().arena();
   for (std::size_t i = 0; i < a.size(); ++i) {
     Tensor mine_p = a.param(i), ref = deferred.model->arena().param(deferred.model->arena().index_of(a.info(i).name));
@@ -221,8 +229,11 @@ TEST(PipelineBatchNorm, OneMicroBatchIsTheOrdinaryUpdate) {
   pm.train_step(rows(x, mine * kPerReplica, kPerReplica), rows(y, mine * kPerReplica, kPerReplica), kLr);
   ref->forward(rows(x, mine * kPerReplica, kPerReplica), Mode::train);
   const auto want = snapshot(ref->buffers());
-  for (auto& [name, v] : snapshot(pm.stage().buffers()))
-    if (name.rfind("bn1.", 0) == 0) EXPECT_EQ(v, want.at(name)) << name;  // bitwise: the same kernel call
+  for (auto& [name, v] : snapshot(pm.stage().buffers())) {
+    if (name.rfind("bn1.", 0) == 0) {
+      EXPECT_EQ(v, want.at(name)) << name;  // bitwise: the same kernel call
+    }
+  }
 }
 
 }  // namespace
