@@ -23,13 +23,7 @@ LayerPtr linear(const char* name, std::int64_t in, std::int64_t out, bool relu) 
 
 LayerPtr conv(const char* name, std::int64_t in, std::int64_t out, std::int64_t k, std::int64_t stride, bool bias,
               bool relu) {
-  Conv2dSpec s;
-  s.in_channels = in;
-  s.out_channels = out;
-  s.kernel_h = s.kernel_w = k;
-  s.stride_h = s.stride_w = stride;
-  s.pad_h = s.pad_w = k / 2;
-  s.bias = bias;
+  Conv2dSpec s = Conv2dSpec::square(in, out, k, stride, bias);
   s.fuse_relu = relu;
   return std::make_unique<Conv2d>(name, s);
 }

@@ -223,21 +223,26 @@ void ColumnParallelLinear::init(const ParamArena& arena, std::uint64_t seed) {
 // dgrad all-reduce, it runs on a helper thread while this one computes the
 // weight gradient, which does not depend on it: the same sums, the wait hidden
 // behind the GEMM.
-Tensor ColumnParallelLinear::do_backward(const Tensor& dy, bool need_dx, bool accumulate) {
-  Tensor dx = local_->backward_input(dy, need_dx, accumulate);
-  if (!need_dx || g_.size == 1) {
-    local_->backward_weight();
+Tensor detail::column_parallel_backward(Layer& local, const Tensor& dy, bool need_dx, bool accumulate,
+                                        const TensorGroup& g) {
+  Tensor dx = local.backward_input(dy, need_dx, accumulate);
+  if (!need_dx || g.size == 1) {
+    local.backward_weight();
     return dx;
   }
-  std::future<void> reduce = std::async(std::launch::async, [&] { tp_all_reduce(dx, g_); });
+  std::future<void> reduce = std::async(std::launch::async, [&] { tp_all_reduce(dx, g); });
   try {
-    local_->backward_weight();
+    local.backward_weight();
   } catch (...) {
     reduce.wait();
     throw;
   }
   reduce.get();
   return dx;
+}
+
+Tensor ColumnParallelLinear::do_backward(const Tensor& dy, bool need_dx, bool accumulate) {
+  return detail::column_parallel_backward(*local_, dy, need_dx, accumulate, g_);
 }
 
 // ---- RowParallelLinear -------------------------------------------------------

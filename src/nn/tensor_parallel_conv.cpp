@@ -48,9 +48,7 @@ void ColumnParallelConv2d::init(const ParamArena& arena, std::uint64_t seed) {
 }
 
 Tensor ColumnParallelConv2d::do_backward(const Tensor& dy, bool need_dx, bool accumulate) {
-  Tensor dx = local_->backward(dy, need_dx, accumulate);
-  if (need_dx) tp_all_reduce(dx, g_);  // f's backward: the input was replicated
-  return dx;
+  return detail::column_parallel_backward(*local_, dy, need_dx, accumulate, g_);  // async dgrad all-reduce
 }
 
 // ---- RowParallelConv2d -------------------------------------------------------

@@ -36,18 +36,6 @@ LayerPtr tensor_parallel_block(const std::string& name, const TransformerBlockSp
   return std::make_unique<ResidualStack>(name, std::move(branches));
 }
 
-namespace {
-Conv2dSpec conv_spec(std::int64_t in, std::int64_t out, std::int64_t k, std::int64_t stride, bool bias) {
-  Conv2dSpec s;
-  s.in_channels = in;
-  s.out_channels = out;
-  s.kernel_h = s.kernel_w = k;
-  s.stride_h = s.stride_w = stride;
-  s.pad_h = s.pad_w = k / 2;
-  s.bias = bias;
-  return s;
-}
-}  // namespace
 
 // conv1 column (ReLU, pooling local) -> conv2 row (bias, ReLU, pooling after
 // the reduction) -> flatten -> fc1 column (ReLU) -> [dropout on its shard of
@@ -57,7 +45,7 @@ std::vector<LayerPtr> tensor_parallel_cnn(const ModelConfig& c, bool fuse_pool) 
   check_tensor_divides(32, "the filter count of conv1", g, "cnn");
   check_tensor_divides(128, "the output width of fc1", g, "cnn");
   std::vector<LayerPtr> L;
-  Conv2dSpec s1 = conv_spec(c.in_channels, 32, 3, 1, true), s2 = conv_spec(32, 64, 3, 1, true);
+  Conv2dSpec s1 = Conv2dSpec::square(c.in_channels, 32, 3, 1, true), s2 = Conv2dSpec::square(32, 64, 3, 1, true);
   s1.fuse_relu = s2.fuse_relu = true;
   s1.fuse_pool = fuse_pool;  // else a Pool2d layer, as the 1-rank model
   s2.fuse_pool = true;       // the row layer pools after its reduction itself
@@ -87,15 +75,15 @@ LayerPtr tensor_parallel_basic_block(const std::string& name, std::int64_t in_ch
     return s;
   };
   std::vector<LayerPtr> body, shortcut;
-  body.push_back(std::make_unique<ColumnParallelConv2d>("conv1", conv_spec(in_ch, out_ch, 3, stride, false),
+  body.push_back(std::make_unique<ColumnParallelConv2d>("conv1", Conv2dSpec::square(in_ch, out_ch, 3, stride, false),
                                                         Init::kaiming_normal, g));
   body.push_back(std::make_unique<ChannelParallelBatchNorm2d>("bn1", bn(out_ch), g));
   body.push_back(std::make_unique<Activation>("relu1", Eltwise::relu));
-  body.push_back(std::make_unique<RowParallelConv2d>("conv2", conv_spec(out_ch, out_ch, 3, 1, false),
+  body.push_back(std::make_unique<RowParallelConv2d>("conv2", Conv2dSpec::square(out_ch, out_ch, 3, 1, false),
                                                      Init::kaiming_normal, g));
   body.push_back(std::make_unique<BatchNorm2d>("bn2", bn(out_ch)));
   if (stride != 1 || in_ch != out_ch) {
-    shortcut.push_back(std::make_unique<Conv2d>("conv", conv_spec(in_ch, out_ch, 1, stride, false)));
+    shortcut.push_back(std::make_unique<Conv2d>("conv", Conv2dSpec::square(in_ch, out_ch, 1, stride, false)));
     shortcut.push_back(std::make_unique<BatchNorm2d>("bn", bn(out_ch)));
   }
   return std::make_unique<Residual>(name, std::move(body), std::move(shortcut), true);

@@ -68,6 +68,17 @@ struct Conv2dSpec {
   Pool2dSpec pool;
   DType dtype = DType::f32;
   MathMode math = MathMode::fp32;
+  // A k x k convolution with "same" padding (k/2) and the given stride.
+  static Conv2dSpec square(std::int64_t in, std::int64_t out, std::int64_t k, std::int64_t stride, bool bias) {
+    Conv2dSpec s;
+    s.in_channels = in;
+    s.out_channels = out;
+    s.kernel_h = s.kernel_w = k;
+    s.stride_h = s.stride_w = stride;
+    s.pad_h = s.pad_w = k / 2;
+    s.bias = bias;
+    return s;
+  }
 };
 
 struct LinearSpec {

@@ -44,6 +44,13 @@ Tensor gather_whole(const Tensor& local, const ShardSpec& s, const TensorGroup& 
 // Split of `global` into `parts` along `dim` for part `index`.
 ShardSpec make_shard(const Shape& global, int dim, int parts, int index, int blocks = 1);
 
+namespace detail {
+// The backward of a column-parallel layer around its local part: dx (a partial
+// sum of the replicated input's gradient) is all-reduced over g on a helper
+// thread while `local` computes its weight gradient (async dgrad all-reduce).
+Tensor column_parallel_backward(Layer& local, const Tensor& dy, bool need_dx, bool accumulate, const TensorGroup& g);
+}  // namespace detail
+
 // f and g as layers (for building blocks by hand; the parallel Linears call the functions).
 class CopyToTensorRegion : public Layer {  // f
  public:
