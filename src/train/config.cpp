@@ -75,7 +75,7 @@ const std::vector<Field>& fields() {
       RT_FIELD(comm, timeline, "Chrome-trace timeline file (empty = off)"),
       RT_FIELD(comm, stall_warning_s, "warn when a tensor waits for other ranks this long"),
       RT_FIELD(comm, stall_shutdown_s, "fail the job when a tensor waits this long for other ranks (0 = never)"),
-      RT_FIELD(comm, collective_timeout_s, "end the job when a collective waits this long for a rank that never comes (0 = never)"),
+      RT_FIELD(comm, collective_timeout_s, "end the job when a collective (or a pipeline stage's receive) waits this long for a rank that never comes (0 = never)"),
       RT_FIELD(comm, deterministic, "static gradient buckets: bitwise-reproducible at any rank count"),
       RT_FIELD(comm, bucket_bytes, "gradient bucket size with comm.deterministic"),
       RT_FIELD(parallel, pipeline, "pipeline stages (data-parallel size = ranks / (pipeline x tensor))"),
