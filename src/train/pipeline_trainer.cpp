@@ -52,7 +52,7 @@ struct PipelineTrainer::Impl {
     loader = open_train_loader(cfg, grid.dp());
     ModelConfig mc = model_config(cfg, loader->info());
     PipelineConfig pc;
-    pc.micro_batches = cfg.parallel.micro_batches > 0 ? cfg.parallel.micro_batches : cfg.parallel.pipeline;
+    pc.micro_batches = micro_batches();
     pc.schedule = parse_schedule(cfg.parallel.schedule);
     pc.partition = parse_partition(cfg.parallel.partition);
     if (pc.partition == PartitionKind::list) pc.balance = parse_balance(cfg.parallel.balance);
@@ -71,6 +71,8 @@ struct PipelineTrainer::Impl {
     schedule = std::make_unique<LrSchedule>(sc, steps_per_epoch(), steps_per_epoch() * cfg.train.epochs);
   }
 
+  // parallel.micro_batches, or one per stage when unset (0).
+  int micro_batches() const { return cfg.parallel.micro_batches > 0 ? cfg.parallel.micro_batches : cfg.parallel.pipeline; }
   std::int64_t global_batch() const { return static_cast<std::int64_t>(cfg.data.batch_size) * grid.dp_size(); }
   std::int64_t steps_per_epoch() const { return loader->steps_per_epoch(); }
 
@@ -117,8 +119,8 @@ struct PipelineTrainer::Impl {
       for (int b : pm->balance()) bal += cat(bal.empty() ? "" : ", ", b);
       log::info("ringtrain: ", cfg.model.name, " (", num_params, " parameters) on ", world.size(), " rank(s) = ",
                 grid.dp_size(), " DP x ", grid.pp_size(), " PP stages (layers [", bal, "]), schedule ",
-                cfg.parallel.schedule, ", ", pm->balance().size() ? "" : "", "batch ", cfg.data.batch_size,
-                "/replica in ", cfg.data.batch_size / std::max(1, cfg.parallel.micro_batches > 0 ? cfg.parallel.micro_batches : cfg.parallel.pipeline),
+                cfg.parallel.schedule, ", batch ", cfg.data.batch_size, "/replica in ",
+                cfg.data.batch_size / micro_batches(),
                 "-sample micro-batches (global ", global_batch(), "), ", steps_per_epoch(), " steps/epoch, run ",
                 pos.run_id, ckpt.resumed() ? cat(" (resume ", pos.resumes, " at epoch ", pos.epochs_done + 1, " step ",
                                                  pos.step_in_epoch, ")") : std::string());
