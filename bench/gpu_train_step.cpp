@@ -1,13 +1,15 @@
-// Training-step time on the GPU for `cnn` and `resnet` at batch 256, next to
+// Training-step time on the GPU for `cnn`, `resnet` (ResNet-20, 32x32x3) and
+// `vit` (width 512, depth 8, heads 8, patch 4 on 28x28) at batch 256, next to
 // PyTorch eager on the same GPU, model and batch, in one invocation:
-//   bench_gpu_train_step [--models cnn,resnet] [--batch 256] [--iters 30]
-//                        [--reference DIR] [--out results.json]
+//   bench_gpu_train_step [--models cnn,resnet,vit] [--precisions fp32,tf32,bf16,fp16]
+//                        [--batch 256] [--iters 30] [--reference DIR] [--out results.json]
 // A step = zero_grad, forward, softmax cross-entropy (loss read back to the
 // host, as PyTorch's loss.item()), backward, SGD(momentum 0.9) update.
-// fp32 is strict fp32 on both sides (TF32 off). bf16: PyTorch autocast
-// (bf16 activations and weights copies, fp32 master weights) next to
-// ringtrain's MathMode::bf16 (fp32 storage, bf16/TF32 tensor-core math inside
-// cuBLAS and cuDNN) — the same numerics class, not the same memory traffic.
+// fp32 is strict fp32 on both sides (TF32 off); tf32 lets both use TF32
+// tensor cores for fp32 data. bf16/fp16: PyTorch autocast (half activations
+// and weight copies, fp32 master weights; fp16 adds GradScaler) next to
+// ringtrain's MathMode (fp32 storage, half tensor-core math inside cuBLAS and
+// cuDNN) — the same numerics class, not the same memory traffic.
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -43,6 +45,10 @@ ModelConfig config_for(const std::string& name) {
   if (name == "resnet") {  // CIFAR-10 shape, ResNet-20
     mc.in_channels = 3;
     mc.height = mc.width = 32;
+  } else if (name == "vit") {  // 7x7 patches of 4x4 on 28x28: 49 tokens of width 512
+    mc.base_width = 512;
+    mc.depth = 8;
+    mc.heads = 8;
   }
   return mc;
 }
@@ -89,7 +95,8 @@ json torch_step(const std::string& ref, const ModelConfig& mc, int batch, const 
   cmd << "python3 " << ref << "/torch_gpu_step.py --model " << mc.name << " --batch " << batch << " --precision "
       << precision << " --warmup " << warmup << " --iters " << iters << " --in-channels " << mc.in_channels
       << " --size " << mc.height << " --classes " << mc.classes << " --depth " << mc.depth << " --width "
-      << mc.base_width << " 2>&1";
+      << mc.base_width << " --heads " << mc.heads << " --patch " << mc.patch << " --mlp-ratio " << mc.mlp_ratio
+      << " 2>&1";
   FILE* p = popen(cmd.str().c_str(), "r");
   if (!p) return {{"error", "popen failed"}};
   std::string out, last;
@@ -112,10 +119,11 @@ json torch_step(const std::string& ref, const ModelConfig& mc, int batch, const 
 
 int main(int argc, char** argv) {
   CLI::App app{"ringtrain vs PyTorch: GPU training-step time"};
-  std::string models = "cnn,resnet", out, ref;
+  std::string models = "cnn,resnet,vit", precisions = "fp32,tf32,bf16,fp16", out, ref;
   int batch = 256, iters = 30, warmup = 5;
   bool no_torch = false;
-  app.add_option("--models", models, "comma-separated: cnn,resnet,mlp");
+  app.add_option("--models", models, "comma-separated: cnn,resnet,vit,mlp");
+  app.add_option("--precisions", precisions, "comma-separated: fp32,tf32,bf16,fp16");
   app.add_option("--batch", batch, "batch size")->check(CLI::PositiveNumber);
   app.add_option("--iters", iters, "timed steps")->check(CLI::PositiveNumber);
   app.add_option("--warmup", warmup, "untimed steps first")->check(CLI::PositiveNumber);
@@ -136,7 +144,8 @@ int main(int argc, char** argv) {
   std::stringstream ss(models);
   for (std::string name; std::getline(ss, name, ',');) {
     ModelConfig mc = config_for(name);
-    for (std::string prec : {"fp32", "bf16"}) {
+    std::stringstream ps(precisions);
+    for (std::string prec; std::getline(ps, prec, ',');) {
       json r = {{"model", name}, {"precision", prec}, {"batch", batch}};
       try {
         r["ringtrain"] = ringtrain_step(mc, prec, batch, warmup, iters);

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """PyTorch eager training-step time on the GPU, the reference for
 bench/gpu_train_step.cpp: the same model (torch_models.build, shared with the
-CPU throughput reference), batch, SGD(momentum) and loss, fp32 (TF32 off) or
-bf16 (autocast, fp32 master weights). Prints one JSON object on stdout."""
+CPU throughput reference), batch, SGD(momentum) and loss: fp32 (TF32 off),
+tf32 (TF32 on), bf16 (autocast, fp32 master weights) or fp16 (autocast and
+GradScaler). Prints one JSON object on stdout."""
 import argparse
 import json
 import os
@@ -18,7 +19,7 @@ def main():
     ap = argparse.ArgumentParser()
     model_args.add_model_args(ap)
     ap.add_argument("--batch", type=int, default=256)
-    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    ap.add_argument("--precision", choices=["fp32", "tf32", "bf16", "fp16"], default="fp32")
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--iters", type=int, default=50)
     a = ap.parse_args()
@@ -31,8 +32,8 @@ def main():
     if not torch.cuda.is_available():
         print(json.dumps({"error": "torch.cuda is not available"}))
         return
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = a.precision == "tf32"
+    torch.backends.cudnn.allow_tf32 = a.precision == "tf32"
     torch.backends.cudnn.benchmark = True
     dev = torch.device("cuda")
     torch.manual_seed(0)
@@ -42,12 +43,16 @@ def main():
     x = torch.randn(a.batch, a.in_channels, a.size, a.size, device=dev)
     y = torch.randint(0, a.classes, (a.batch,), device=dev)
 
+    half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(a.precision)
+    scaler = torch.amp.GradScaler("cuda", enabled=a.precision == "fp16")
+
     def step():
         opt.zero_grad(set_to_none=True)
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=a.precision == "bf16"):
+        with torch.autocast("cuda", dtype=half or torch.float32, enabled=half is not None):
             loss = loss_fn(model(x), y)
-        loss.backward()
-        opt.step()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
         return loss
 
     for _ in range(a.warmup):

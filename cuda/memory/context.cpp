@@ -1,5 +1,8 @@
 #include "ringtrain/cuda/context.hpp"
 
+#include <cstdlib>
+#include <string>
+
 #include "ringtrain/core/log.hpp"
 #include "ringtrain/cuda/check.hpp"
 #include "ringtrain/cuda/memory.hpp"
@@ -32,7 +35,11 @@ CudaContext::CudaContext(int device, std::size_t workspace_limit) : device_(devi
   RT_CUDA(cudaSetDevice(device));
   RT_CUDA(cudaGetDeviceProperties(&props_, device));
   RT_CUDA(cudaStreamCreateWithFlags(&compute_, cudaStreamDefault));
-  RT_CUDA(cudaStreamCreateWithFlags(&comm_, cudaStreamDefault));
+  // RINGTRAIN_CUDA_STREAMS=1: communication queues behind compute on one
+  // stream (no overlap): a check for ordering bugs between the two streams.
+  const char* one = std::getenv("RINGTRAIN_CUDA_STREAMS");
+  if (one && std::string(one) == "1") comm_ = compute_;
+  else RT_CUDA(cudaStreamCreateWithFlags(&comm_, cudaStreamDefault));
   RT_CUDA(cudaEventCreateWithFlags(&order_, cudaEventDisableTiming));
   RT_CUBLAS(cublasCreate(&cublas_));
   RT_CUBLAS(cublasSetStream(cublas_, compute_));
@@ -44,12 +51,12 @@ CudaContext::~CudaContext() {
   // Destructors must not throw: errors at teardown are ignored.
   cudaSetDevice(device_);
   if (compute_) cudaStreamSynchronize(compute_);
-  if (comm_) cudaStreamSynchronize(comm_);
+  if (comm_ && comm_ != compute_) cudaStreamSynchronize(comm_);
   if (ws_) device_allocator().deallocate(ws_, ws_bytes_, device());
   if (cudnn_) cudnnDestroy(cudnn_);
   if (cublas_) cublasDestroy(cublas_);
   if (order_) cudaEventDestroy(order_);
-  if (comm_) cudaStreamDestroy(comm_);
+  if (comm_ && comm_ != compute_) cudaStreamDestroy(comm_);
   if (compute_) cudaStreamDestroy(compute_);
 }
 
@@ -70,6 +77,9 @@ void* CudaContext::workspace(std::size_t bytes) {
 
 void CudaContext::stream_wait(cudaStream_t to, cudaStream_t from) {
   if (to == from) return;
+  // One event serves every caller: record and wait as one step, or a record
+  // from another thread in between would order `to` after the wrong point.
+  std::lock_guard lk(order_mu_);
   RT_CUDA(cudaEventRecord(order_, from));
   RT_CUDA(cudaStreamWaitEvent(to, order_, 0));
 }

@@ -20,6 +20,11 @@
 #       (on the GPU host, from the repository root) runs every GPU test (mpi_*
 #       at 1..np ranks sharing the GPUs) and the GPU benchmarks; logs and CSV/JSON
 #       go to .gpu-bundle/results/. Exit status: number of failed tests.
+#   tests/gpu/run_on_gpu_host.sh job [--idx DIR] [--np 1] [--precisions fp32,bf16] [-- ARGS...]
+#       (on the GPU host) prepares Fashion-MNIST from the IDX .gz files in DIR
+#       (default .gpu-data/, copied there by 'bundle --with-data') and runs the
+#       README's main job (jobs/fashion_cnn.toml) with --device cuda in each
+#       precision; logs and metrics go to .gpu-bundle/results/job-*.
 #   tests/gpu/run_on_gpu_host.sh mpi-smoke
 #       runs 2 ranks of test_comm_* from the bundle's own mpirun (OPAL_PREFIX),
 #       to check the relocated Open MPI without a GPU.
@@ -66,6 +71,7 @@ cmd_bundle() {
       --build) build="$(cd "$2" && pwd)"; shift 2 ;;
       --with-cuda-libs) WITH_CUDA=1; shift ;;
       --archive) archive=1; shift ;;
+      --with-data) mkdir -p "$ROOT/.gpu-data"; cp /usr/share/datasets/fashion-mnist/*.gz "$ROOT/.gpu-data/"; shift ;;
       *) echo "bundle: unknown option $1" >&2; exit 2 ;;
     esac
   done
@@ -122,6 +128,28 @@ bundle_env() {
   export PMIX_MCA_pcompress_base_silence_warning=1
   export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_osc=^ucx OMPI_MCA_mca_base_component_show_load_errors=0
   export RINGTRAIN_SOURCE_DIR="$ROOT"
+  find_cuda_libs
+}
+
+# Without --with-cuda-libs the host must provide cudart/cuBLAS/cuDNN 9 of CUDA
+# 13: from the loader's cache, the toolkit, or the pip wheels (nvidia-*) that
+# a PyTorch install brings. Add the first directory that has each one.
+find_cuda_libs() {
+  local lib d found
+  for lib in libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libcudnn.so.9 libnvrtc.so.13; do
+    [[ -e "$B/lib/$lib" ]] && continue
+    ldconfig -p 2>/dev/null | grep -q "$lib " && continue
+    found=""
+    for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
+             $(python3 -c 'import site,glob; print(" ".join(d for p in site.getsitepackages() for d in glob.glob(p + "/nvidia/*/lib") + glob.glob(p + "/nvidia/cu13/lib")))' 2>/dev/null); do
+      if [[ -e "$d/$lib" ]]; then found="$d"; break; fi
+    done
+    if [[ -n "$found" ]]; then
+      case ":$LD_LIBRARY_PATH:" in *":$found:"*) ;; *) export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$found" ;; esac
+    else
+      echo "warning: $lib not found on this host (bundle with --with-cuda-libs)" >&2
+    fi
+  done
 }
 
 cmd_check() {
@@ -188,14 +216,14 @@ cmd_run() {
         for ((n = 1; n <= np; n++)); do
           echo "== $name at $n ranks"
           set +e
-          timeout 600 mpirun -np "$n" --oversubscribe "$t" --rt-gpu > "$R/$name.np$n.log" 2>&1; rc=$?
+          timeout "${RT_GPU_TIMEOUT:-300}" mpirun -np "$n" --oversubscribe "$t" --rt-gpu > "$R/$name.np$n.log" 2>&1; rc=$?
           set -e
           report "$name np$n" "$rc" "$R/$name.np$n.log"
         done
       else
         echo "== $name"
         set +e
-        timeout 600 "$t" --rt-gpu > "$R/$name.log" 2>&1; rc=$?
+        timeout "${RT_GPU_TIMEOUT:-300}" "$t" --rt-gpu > "$R/$name.log" 2>&1; rc=$?
         set -e
         report "$name" "$rc" "$R/$name.log"
       fi
@@ -220,6 +248,35 @@ cmd_run() {
   return "$failed"
 }
 
+cmd_job() {
+  local idx="$ROOT/.gpu-data" np=1 precisions="fp32,bf16" extra=() prec rc
+  while [[ $# -gt 0 ]]; do
+    case "$1" in
+      --idx) idx="$2"; shift 2 ;;
+      --np) np="$2"; shift 2 ;;
+      --precisions) precisions="$2"; shift 2 ;;
+      --) shift; extra=("$@"); break ;;
+      *) echo "job: unknown option $1" >&2; exit 2 ;;
+    esac
+  done
+  bundle_env
+  local R="$B/results" data="$ROOT/data/fashion-mnist"
+  mkdir -p "$R"
+  [[ -f "$data/fashion-mnist-train.h5" ]] || \
+    mpirun -np 1 "$B/bin/ringtrain" prepare --dataset fashion-mnist --input "$idx" --out "$data"
+  IFS=, read -ra precs <<< "$precisions"
+  for prec in "${precs[@]}"; do
+    echo "== main job, --device cuda, $prec, $np rank(s)"
+    set +e
+    (cd "$ROOT" && timeout 900 mpirun -np "$np" --bind-to none "$B/bin/ringtrain" train --config jobs/fashion_cnn.toml \
+        --device cuda --set train.precision="$prec" --set checkpoint.dir="$R/job-$prec-np$np" \
+        --set log.metrics="$R/job-$prec-np$np.jsonl" "${extra[@]}") 2>&1 | tee "$R/job-$prec-np$np.log"
+    rc=${PIPESTATUS[0]}
+    set -e
+    echo "   rc $rc"
+  done
+}
+
 report() {  # report NAME RC LOG
   case "$2" in
     0) passed=$((passed + 1)); echo "   passed" ;;
@@ -232,6 +289,7 @@ case "${1:-}" in
   bundle) shift; cmd_bundle "$@" ;;
   check) shift; cmd_check ;;
   run) shift; cmd_run "$@" ;;
+  job) shift; cmd_job "$@" ;;
   mpi-smoke) shift; cmd_mpi_smoke ;;
   *) sed -n '2,30p' "$0"; exit 2 ;;
 esac

@@ -3,6 +3,7 @@
 // must track the CPU's step by step (strict fp32 on both) and fall the same
 // way (within 1%); the caching allocator must not cudaMalloc once the first step is done.
 #include "gpu_test_util.hpp"
+#include "nn/fixed_batch.hpp"
 #include "ringtrain/cuda/context.hpp"
 #include "ringtrain/cuda/memory.hpp"
 #include "ringtrain/cuda/optim.hpp"
@@ -13,18 +14,15 @@
 
 using namespace ringtrain;
 using namespace rt_gpu;
+namespace fb = rt_fixed_batch;
 
 TEST(GpuTraining, CnnLossTracksCpuAndFalls) {
-  ModelConfig mc;
-  mc.name = "cnn";
-  const int N = 64, steps = 12;
-  const double lr = 0.1;  // PyTorch's same-sized cnn drops 2.30 -> 1.94 in 12 steps here
-  Tensor x = randu({N, 1, 28, 28}, 21);
-  Tensor y = Tensor::empty({N}, DType::i32);
-  for (int i = 0; i < N; ++i) y.data<std::int32_t>()[i] = (i * 7) % 10;
-  OptimizerConfig oc;
-  oc.name = "sgd";
-  oc.momentum = 0.9;
+  // The set-up of test_nn_cnn_fixed_batch, which checks on the CPU that it learns.
+  ModelConfig mc = fb::model_config();
+  const int N = fb::kBatch, steps = fb::kSteps;
+  const double lr = fb::kLr;
+  Tensor x = fb::images(), y = fb::labels();
+  OptimizerConfig oc = fb::optimizer_config();
 
   auto cpu_model = build_model(mc, Device::cpu());
   auto gpu_model = build_model(mc, gpu());

@@ -14,6 +14,7 @@
 #include <cudnn.h>
 
 #include <cstddef>
+#include <mutex>
 
 #include "ringtrain/comm/communicator.hpp"
 #include "ringtrain/core/device.hpp"
@@ -64,7 +65,8 @@ class CudaContext {
   cudaStream_t compute_ = nullptr, comm_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   cudnnHandle_t cudnn_ = nullptr;
-  cudaEvent_t order_ = nullptr;  // reused by stream_wait
+  cudaEvent_t order_ = nullptr;  // reused by stream_wait, under order_mu_
+  std::mutex order_mu_;
   void* ws_ = nullptr;
   std::size_t ws_bytes_ = 0, ws_limit_ = 0;
 };
