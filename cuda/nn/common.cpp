@@ -17,6 +17,11 @@ BackendOptions BackendOptions::from_env() {
     RT_CHECK(!std::strcmp(v, "0") || !std::strcmp(v, "1"), "RINGTRAIN_CUDNN_FIND must be 0 or 1, got '", v, "'");
     o.cudnn_find = v[0] == '1';
   }
+  if (const char* v = std::getenv("RINGTRAIN_CUDNN_DETERMINISTIC")) {
+    RT_CHECK(!std::strcmp(v, "0") || !std::strcmp(v, "1"), "RINGTRAIN_CUDNN_DETERMINISTIC must be 0 or 1, got '", v,
+             "'");
+    o.cudnn_deterministic = v[0] == '1';
+  }
   return o;
 }
 

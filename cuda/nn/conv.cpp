@@ -4,6 +4,7 @@
 #include <map>
 
 #include "nn/common.hpp"
+#include "ringtrain/core/log.hpp"
 #include "ringtrain/cuda/kernels.hpp"
 
 namespace ringtrain::cuda::nnimpl {
@@ -23,13 +24,22 @@ struct ConvPlan {
   }
 };
 
+// The first candidate (best first) that ran, fits the workspace limit and,
+// when asked, is deterministic; if no deterministic one fits, the first that
+// fits (with a warning: such a run does not repeat bitwise).
 template <typename Perf, typename Get>
-Perf pick(Get get, int max_algos, std::size_t limit, const char* what) {
+Perf pick(Get get, int max_algos, std::size_t limit, bool deterministic, const char* what) {
   std::vector<Perf> perf(max_algos);
   int found = 0;
   RT_CUDNN(get(max_algos, &found, perf.data()));
+  auto fits = [&](const Perf& p) { return p.status == CUDNN_STATUS_SUCCESS && p.memory <= limit; };
   for (int i = 0; i < found; ++i)
-    if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= limit) return perf[i];
+    if (fits(perf[i]) && (!deterministic || perf[i].determinism == CUDNN_DETERMINISTIC)) return perf[i];
+  for (int i = 0; i < found; ++i)
+    if (fits(perf[i])) {
+      log::warn(what, ": no deterministic cuDNN algorithm fits the workspace limit; using a non-deterministic one");
+      return perf[i];
+    }
   RT_FAIL(what, ": no cuDNN algorithm fits the workspace limit of ", limit, " bytes");
 }
 
@@ -130,26 +140,26 @@ class CudnnConv final : public Conv2dKernel {
     cudnnHandle_t h = c.cudnn();
     // Heuristics or timed trials (cudnnFind*, BackendOptions::cudnn_find): both
     // return candidates best first; pick() takes the first within the limit.
-    const bool find = sh_->opt.cudnn_find;
+    const bool find = sh_->opt.cudnn_find, det = sh_->opt.cudnn_deterministic;
     if (find) c.sync_compute();  // trials run on the handle's stream: time them alone
     auto f = pick<cudnnConvolutionFwdAlgoPerf_t>(
         [&](int m, int* k, cudnnConvolutionFwdAlgoPerf_t* r) {
           return find ? cudnnFindConvolutionForwardAlgorithm(h, p->x.d, p->w, p->conv, p->y.d, m, k, r)
                       : cudnnGetConvolutionForwardAlgorithm_v7(h, p->x.d, p->w, p->conv, p->y.d, m, k, r);
         },
-        CUDNN_CONVOLUTION_FWD_ALGO_COUNT, lim, "conv2d forward");
+        CUDNN_CONVOLUTION_FWD_ALGO_COUNT, lim, det, "conv2d forward");
     auto d = pick<cudnnConvolutionBwdDataAlgoPerf_t>(
         [&](int m, int* k, cudnnConvolutionBwdDataAlgoPerf_t* r) {
           return find ? cudnnFindConvolutionBackwardDataAlgorithm(h, p->w, p->y.d, p->conv, p->x.d, m, k, r)
                       : cudnnGetConvolutionBackwardDataAlgorithm_v7(h, p->w, p->y.d, p->conv, p->x.d, m, k, r);
         },
-        CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, lim, "conv2d backward data");
+        CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, lim, det, "conv2d backward data");
     auto w = pick<cudnnConvolutionBwdFilterAlgoPerf_t>(
         [&](int m, int* k, cudnnConvolutionBwdFilterAlgoPerf_t* r) {
           return find ? cudnnFindConvolutionBackwardFilterAlgorithm(h, p->x.d, p->y.d, p->conv, p->w, m, k, r)
                       : cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, p->x.d, p->y.d, p->conv, p->w, m, k, r);
         },
-        CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, lim, "conv2d backward filter");
+        CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, lim, det, "conv2d backward filter");
     p->fwd = f.algo;
     p->ws_fwd = f.memory;
     p->bwd_data = d.algo;

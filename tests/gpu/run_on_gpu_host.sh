@@ -2,7 +2,7 @@
 # Run ringtrain's GPU tests and benchmarks on a bare GPU host (no MPI, HDF5,
 # oneDNN installed; no network) — see tests/gpu/README.md.
 #
-#   tests/gpu/run_on_gpu_host.sh bundle [--build DIR] [--with-cuda-libs] [--archive]
+#   tests/gpu/run_on_gpu_host.sh bundle [--build DIR] [--with-cuda-libs] [--with-data] [--archive]
 #       (here, after building DIR, default build-cuda) copies the binaries
 #       (ringtrain, test_gpu_*, bench_gpu_*, plus test_comm_* as a non-GPU MPI
 #       smoke test) and every shared library they and Open MPI's plugins load
@@ -12,7 +12,8 @@
 #       PMIx go under .gpu-bundle/ompi and OPAL_PREFIX points there.
 #       --with-cuda-libs also bundles cudart/cuBLAS(Lt)/cuDNN 9 (all engine
 #       libraries, which cuDNN dlopens) and NVRTC from the toolkit, for hosts
-#       without a CUDA 13 toolkit. --archive writes .gpu-bundle/bundle.tar.xz.
+#       without a CUDA 13 toolkit. --with-data copies Debian's Fashion-MNIST IDX
+#       files to .gpu-data/ (for 'job'). --archive writes .gpu-bundle/bundle.tar.xz.
 #   tests/gpu/run_on_gpu_host.sh check
 #       ldd every bundled ELF with only the bundle on LD_LIBRARY_PATH and list
 #       what is missing (libcuda is expected to be missing on a machine without a GPU).
@@ -25,6 +26,10 @@
 #       (default .gpu-data/, copied there by 'bundle --with-data') and runs the
 #       README's main job (jobs/fashion_cnn.toml) with --device cuda in each
 #       precision; logs and metrics go to .gpu-bundle/results/job-*.
+#   tests/gpu/run_on_gpu_host.sh all
+#       (on the GPU host) the whole check in one command: 'run' (every test at
+#       1..2 ranks, every benchmark) and then 'job' at 1 rank (fp32, bf16) and
+#       2 ranks (fp32) when .gpu-data/ holds the IDX files.
 #   tests/gpu/run_on_gpu_host.sh mpi-smoke
 #       runs 2 ranks of test_comm_* from the bundle's own mpirun (OPAL_PREFIX),
 #       to check the relocated Open MPI without a GPU.
@@ -80,8 +85,9 @@ cmd_bundle() {
   mkdir -p "$B/bin" "$B/lib" "$B/ompi/bin" "$B/ompi/share" "$B/results"
   local bins=()
   [[ -x "$build/ringtrain" ]] && bins+=("$build/ringtrain")
+  # test_comm_mpi_allreduce: the relocated Open MPI's smoke test (mpi-smoke).
   while IFS= read -r f; do bins+=("$f"); done < <(find "$build/tests" "$build/bench" -maxdepth 1 -type f -perm -u+x \
-      \( -name 'test_gpu_*' -o -name 'bench_gpu_*' -o -name 'test_comm_*' \) 2>/dev/null | sort)
+      \( -name 'test_gpu_*' -o -name 'bench_gpu_*' -o -name 'test_comm_mpi_allreduce' \) 2>/dev/null | sort)
   [[ ${#bins[@]} -gt 0 ]] || { echo "bundle: no binaries in $build (build the test_gpu_* targets)" >&2; exit 1; }
   cp "${bins[@]}" "$B/bin/"
   echo "bundle: ${#bins[@]} binaries"
@@ -108,7 +114,10 @@ cmd_bundle() {
   cp "$ROOT/tests/gpu/run_on_gpu_host.sh" "$B/"
   echo "bundle: $(ls "$B/lib" | wc -l) libraries, $(du -sh "$B" | cut -f1) in $B"
   if [[ "$archive" == 1 ]]; then
-    tar -C "$B" -cJf "$B/../gpu-bundle.tar.xz" --exclude=results . && mv "$B/../gpu-bundle.tar.xz" "$B/bundle.tar.xz"
+    # -9e, one thread: the 64 MiB dictionary spans the binaries, whose CUDA
+    # fatbins repeat (184 MB -> 29 MB, small enough to travel with the data).
+    XZ_OPT="-9e -T1" tar -C "$B" -cJf "$B/../gpu-bundle.tar.xz" --exclude=results . &&
+      mv "$B/../gpu-bundle.tar.xz" "$B/bundle.tar.xz"
     echo "bundle: archive $(du -sh "$B/bundle.tar.xz" | cut -f1) at $B/bundle.tar.xz"
   fi
   cmd_check || true
@@ -237,11 +246,11 @@ cmd_run() {
       [[ -z "$filter" || "$name" =~ $filter ]] || continue
       echo "== $name"
       set +e
-      if [[ "$name" == *allreduce* ]]; then
-        timeout 600 mpirun -np 2 --oversubscribe "$t" --out "$R/$name.json" 2>&1 | tee "$R/$name.log"
-      else
-        timeout 600 "$t" --reference "$B/reference" --out "$R/$name.json" 2>&1 | tee "$R/$name.log"
-      fi
+      case "$name" in
+        *allreduce*) timeout 600 mpirun -np 2 --oversubscribe "$t" --out "$R/$name.json" 2>&1 | tee "$R/$name.log" ;;
+        *train_step*) timeout 600 "$t" --reference "$B/reference" --out "$R/$name.json" 2>&1 | tee "$R/$name.log" ;;
+        *) timeout 600 "$t" --out "$R/$name.json" 2>&1 | tee "$R/$name.log" ;;
+      esac
       set -e
     done
   fi
@@ -290,6 +299,15 @@ case "${1:-}" in
   check) shift; cmd_check ;;
   run) shift; cmd_run "$@" ;;
   job) shift; cmd_job "$@" ;;
+  all)
+    shift
+    set +e
+    cmd_run "$@"; failed=$?
+    if compgen -G "$ROOT/.gpu-data/*idx3-ubyte.gz" >/dev/null; then
+      cmd_job --precisions fp32,bf16
+      cmd_job --np 2 --precisions fp32
+    fi
+    exit "$failed" ;;
   mpi-smoke) shift; cmd_mpi_smoke ;;
   *) sed -n '2,30p' "$0"; exit 2 ;;
 esac

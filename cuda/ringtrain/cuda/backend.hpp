@@ -26,6 +26,11 @@ struct BackendOptions {
   // true = cudnnFind* times every algorithm once per new input shape
   // (torch.backends.cudnn.benchmark). Either way the choice is cached per shape.
   bool cudnn_find = false;                      // RINGTRAIN_CUDNN_FIND=1
+  // Only algorithms cuDNN marks deterministic (no float atomics), so a run
+  // repeats bitwise; the first H100 run found bf16 `cnn` jobs ending anywhere
+  // between 10% and 100% accuracy from run-to-run noise alone.
+  // RINGTRAIN_CUDNN_DETERMINISTIC=0 allows the fastest regardless.
+  bool cudnn_deterministic = true;
   std::size_t conv_workspace_limit = 256 << 20;  // per cuDNN call, bytes
   static BackendOptions from_env();
 };
