@@ -78,25 +78,27 @@ PipelineExecutor::~PipelineExecutor() {
   for (int k = 0; k < slots_; ++k) wait_sends(k);
 }
 
-// Polls with short sleeps once the wait gets long, so a waiting stage leaves
-// the cores to the others; past the deadline the job ends naming the stages.
-void PipelineExecutor::wait_recv(int mb, bool act) {
-  MPI_Request& r = req(act ? act_req_[mb] : grad_req_[mb]);
+void await_stage(std::uint64_t& request, const ProcessGrid& grid, int peer_stage, double timeout_s,
+                 const std::string& what) {
+  MPI_Request& r = req(request);
   int done = 0;
   auto t0 = Clock::now();
   for (long spin = 0;; ++spin) {
     MPI_Test(&r, &done, MPI_STATUS_IGNORE);
     if (done) return;
     if (spin > 200) std::this_thread::sleep_for(std::chrono::microseconds(50));
-    if ((spin & 255) == 0 && timeout_s_ > 0 && since(t0) > timeout_s_) {
-      const int peer = grid_.pp_rank() + (act ? -1 : 1);
-      log::error(grid_.tag(), " waited ", timeout_s_, " s for the ", act ? "activation" : "gradient",
-                 " of micro-batch ", mb, " from pipeline stage ", peer, " (world rank ",
-                 grid_.world_rank_of(grid_.tp_rank(), grid_.dp_rank(), peer),
+    if ((spin & 255) == 0 && timeout_s > 0 && since(t0) > timeout_s) {
+      log::error(grid.tag(), " waited ", timeout_s, " s for ", what, " from pipeline stage ", peer_stage,
+                 " (world rank ", grid.world_rank_of(grid.tp_rank(), grid.dp_rank(), peer_stage),
                  "): that stage died or stalled; ending the job");
       MPI_Abort(MPI_COMM_WORLD, 1);
     }
   }
+}
+
+void PipelineExecutor::wait_recv(int mb, bool act) {
+  await_stage(act ? act_req_[mb] : grad_req_[mb], grid_, grid_.pp_rank() + (act ? -1 : 1), timeout_s_,
+              cat("the ", act ? "activation" : "gradient", " of micro-batch ", mb));
 }
 
 void PipelineExecutor::wait_sends(int slot) {

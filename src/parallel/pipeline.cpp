@@ -180,23 +180,32 @@ PipeStepResult PipelineModel::train_step(const Tensor& images, const Tensor& lab
   return r;
 }
 
+// Forward along the chain. Every transfer is non-blocking and bounded by the
+// stage timeout (await_stage), so a stage that died or stalled during
+// evaluation ends the job naming it instead of hanging its neighbours.
 std::pair<double, std::int64_t> PipelineModel::eval_batch(const Tensor& images, const Tensor& labels,
                                                           std::int64_t valid) {
   const int s = grid_.pp_rank(), p = grid_.pp_size();
   MPI_Comm c = grid_.pp().handle("pipeline evaluation");
-  const std::int64_t n = grid_.first_stage() ? images.dim(0) : labels.defined() ? labels.dim(0) : 0;
-  std::int64_t bn = n;
-  MPI_Bcast(&bn, 1, MPI_INT64_T, 0, c);  // the batch size (last batches may be short)
-  Tensor x;
-  if (s == 0) {
-    x = images;
-  } else {
+  constexpr int kTag = 1 << 20;
+  // The batch size (last batches may be short) travels ahead of the activation.
+  std::int64_t bn = grid_.first_stage() ? images.dim(0) : 0;
+  std::uint64_t h = 0;
+  auto* r = reinterpret_cast<MPI_Request*>(&h);
+  Tensor x = images;
+  if (s > 0) {
+    MPI_Irecv(&bn, 1, MPI_INT64_T, s - 1, kTag, c, r);
+    await_stage(h, grid_, s - 1, pc_.timeout_s, "the evaluation batch size");
     x = Tensor::empty(stage_->input_shape(bn), DType::f32);
-    MPI_Recv(x.raw(), static_cast<int>(x.nbytes()), MPI_BYTE, s - 1, 1 << 20, c, MPI_STATUS_IGNORE);
+    MPI_Irecv(x.raw(), static_cast<int>(x.nbytes()), MPI_BYTE, s - 1, kTag + 1, c, r);
+    await_stage(h, grid_, s - 1, pc_.timeout_s, "an evaluation activation");
   }
   Tensor out = stage_->forward(0, x, Mode::eval);
   if (s + 1 < p) {
-    MPI_Send(out.raw(), static_cast<int>(out.nbytes()), MPI_BYTE, s + 1, 1 << 20, c);
+    MPI_Isend(&bn, 1, MPI_INT64_T, s + 1, kTag, c, r);
+    await_stage(h, grid_, s + 1, pc_.timeout_s, "the evaluation batch size to be received");
+    MPI_Isend(out.raw(), static_cast<int>(out.nbytes()), MPI_BYTE, s + 1, kTag + 1, c, r);
+    await_stage(h, grid_, s + 1, pc_.timeout_s, "an evaluation activation to be received");
     return {0.0, 0};
   }
   if (valid <= 0) return {0.0, 0};

@@ -23,6 +23,7 @@
 #include "jobs.hpp"
 #include "ringtrain/core/log.hpp"
 #include "ringtrain/data/prepare.hpp"
+#include "ringtrain/parallel/pipeline.hpp"
 #include "ringtrain/train/exit_codes.hpp"
 #include "ringtrain/train/signals.hpp"
 #include "ringtrain/train/trainer.hpp"
@@ -118,6 +119,27 @@ TEST(FailureChild, DISABLED_PipelineStageOneIsStopped) {
   run_like_cli(c, world, h);
 }
 
+// Evaluation on a 2-stage pipeline whose first stage stops after two batches:
+// the last stage waits for an activation that never comes (this hung for good
+// with blocking MPI_Bcast/MPI_Recv before).
+TEST(FailureChild, DISABLED_PipelineEvalStageZeroIsStopped) {
+  Communicator world = Communicator::world();
+  ProcessGrid grid = ProcessGrid::make(world, {2, 1});
+  ModelConfig mc;
+  mc.name = "cnn";
+  PipelineConfig pc;
+  pc.micro_batches = 2;
+  pc.batch = 16;
+  pc.timeout_s = 3;
+  OptimizerConfig oc;
+  PipelineModel pm(grid, mc, pc, oc);
+  Tensor x = Tensor::zeros({16, 1, 28, 28}), y = Tensor::zeros({16}, DType::i32);
+  for (int b = 0; b < 1000; ++b) {
+    if (b == 2 && world.rank() == 0) std::raise(SIGSTOP);
+    pm.eval_batch(x, y, 16);
+  }
+}
+
 // ---- the jobs ------------------------------------------------------------------
 
 class FailureJobs : public ::testing::Test {
@@ -148,6 +170,15 @@ TEST_F(FailureJobs, StoppedRankEndsTheJobNamingTheRank) {
   EXPECT_LT(r.seconds, 90) << "the 3 s collective timeout did not end the job\n" << r.out;
   EXPECT_NE(r.out.find("rank 1 did not reach it"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("rank 2 did not"), std::string::npos) << "a live rank was blamed\n" << r.out;
+}
+
+TEST_F(FailureJobs, StoppedStageEndsPipelineEvaluationNamingTheStage) {
+  JobResult r = run_job(child("PipelineEvalStageZeroIsStopped", 2));
+  EXPECT_NE(r.status, 0) << r.out;
+  EXPECT_LT(r.seconds, 60) << "the 3 s stage timeout did not end the evaluation\n" << r.out;
+  EXPECT_NE(r.out.find("evaluation"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("from pipeline stage 0 (world rank 0): that stage died or stalled"), std::string::npos)
+      << r.out;
 }
 
 TEST_F(FailureJobs, StoppedPipelineStageEndsTheJobNamingTheStage) {

@@ -53,6 +53,14 @@ struct StepTiming {
   double bubble() const { return wall_s > 0 ? 1.0 - busy_s / wall_s : 0; }
 };
 
+// Waits for one point-to-point request with a stage of this pipeline. Polls
+// with short sleeps once the wait gets long (a waiting stage leaves the cores
+// to the others); past timeout_s (0 = never) the job ends with MPI_Abort after
+// logging "<tag> waited T s for <what> from pipeline stage S (world rank R):
+// that stage died or stalled". `request` holds an MPI_Request.
+void await_stage(std::uint64_t& request, const ProcessGrid& grid, int peer_stage, double timeout_s,
+                 const std::string& what);
+
 class PipelineExecutor {
  public:
   // in_mb / out_mb: this stage's input and output shapes for one micro-batch.
