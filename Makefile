@@ -1,45 +1,65 @@
-# Thin front for CMake. `make deps` installs every Debian package the project
-# needs (the one list, below); `make test` builds and runs the whole suite.
+# Thin front for CMake. The Debian packages live in two lists, each in one
+# place: RUN_PACKAGES build and run ringtrain (`make run`), TEST_PACKAGES add
+# what the tests and benchmarks need (`make test`: GoogleTest, Google
+# Benchmark, PyTorch and h5py for the references, Slurm and munge for the
+# cluster tests, SimGrid for the SMPI study).
 BUILD ?= build
 JOBS  ?= $(shell nproc)
 CMAKE_FLAGS ?=
 NP ?= 2
 CONFIG ?= jobs/fashion_cnn.toml
 
-DEBIAN_PACKAGES := \
-  build-essential cmake pkg-config ccache iproute2 util-linux \
+RUN_PACKAGES := \
+  build-essential cmake pkg-config ccache \
   openmpi-bin libopenmpi-dev \
   libhdf5-openmpi-dev hdf5-tools zlib1g-dev \
   libdnnl-dev libopenblas-dev \
-  libgtest-dev googletest libbenchmark-dev \
   libcli11-dev libtomlplusplus-dev nlohmann-json3-dev \
-  dataset-fashion-mnist \
+  dataset-fashion-mnist
+
+TEST_PACKAGES := \
+  libgtest-dev googletest libbenchmark-dev \
   python3-torch python3-h5py python3-numpy python3-matplotlib \
   munge slurmctld slurmd slurm-client iproute2 util-linux libsimgrid-dev
 
 MPIRUN := mpirun --allow-run-as-root --oversubscribe
 
-.PHONY: deps build test test-gpu bench run prepare clean cluster-up cluster-down
+.PHONY: deps deps-run build build-run test test-gpu bench run prepare clean cluster-up cluster-down
 
-deps:
-	@missing=$$(dpkg-query -W -f='$${Package} $${Status}\n' $(DEBIAN_PACKAGES) 2>/dev/null | \
-	  awk '$$NF=="installed"{print $$1}' | sort | comm -13 - $$(printf '%s\n' $(DEBIAN_PACKAGES) | sort > /tmp/.rt-pkgs && echo /tmp/.rt-pkgs)); \
+# install-packages LIST: apt-get installs whichever of LIST is missing.
+define install-packages
+	@missing=$$(for p in $(1); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
-	  echo "make deps: installing $$missing"; \
+	  echo "make: installing" $$missing; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
-	else echo "make deps: all $(words $(DEBIAN_PACKAGES)) Debian packages present"; fi
+	else echo "make: all $(words $(1)) Debian packages present"; fi
+endef
 
-$(BUILD)/CMakeCache.txt:
-	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS) \
+deps-run:
+	$(call install-packages,$(RUN_PACKAGES))
+
+deps: deps-run
+	$(call install-packages,$(TEST_PACKAGES))
+
+# Configured every time (seconds when cached), so that a build first made by
+# `make run` picks up the tests once `make test` has installed GoogleTest.
+CONFIGURE = cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS) \
 	  $$(command -v ccache >/dev/null && echo -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
 
-build: deps $(BUILD)/CMakeCache.txt
+build: deps
+	$(CONFIGURE) >/dev/null
 	cmake --build $(BUILD) -j $(JOBS)
 
+build-run: deps-run
+	$(CONFIGURE) >/dev/null
+	cmake --build $(BUILD) -j $(JOBS) --target ringtrain
+
 test: build
-	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) $(CTEST_ARGS)
+	@start=$$(date +%s); status=0; \
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) $(CTEST_ARGS) || status=$$?; \
+	echo "make test: $$(( $$(date +%s) - start )) s"; exit $$status
 
 # On a GPU host (see tests/gpu/run_on_gpu_host.sh for hosts without MPI/HDF5/oneDNN).
 test-gpu: build
@@ -50,7 +70,7 @@ bench: build
 
 FASHION := data/fashion-mnist/fashion-mnist-train.h5
 
-prepare: build
+prepare: build-run
 	@[ -f $(FASHION) ] || $(BUILD)/ringtrain prepare --dataset fashion-mnist --out data/fashion-mnist
 
 run: prepare

@@ -146,10 +146,14 @@ int run_eval(const EvalArgs& a, const Communicator& world) {
   TrainerHooks hooks;
   hooks.report = false;
   Trainer trainer(cfg, world, hooks);
-  trainer.load_weights(a.checkpoint);
+  const LoadedCheckpoint ck = trainer.load_weights(a.checkpoint);
   EvalResult r = trainer.evaluate(cfg.data.test);
+  // The file, not just the directory asked for: "the newest" is resolved here.
   if (world.rank() == 0)
-    std::printf("eval %s on %s: loss %.4f accuracy %.2f%% (%lld samples)\n", a.checkpoint.c_str(),
+    std::printf("eval %s (run %s, global step %lld, %s) on %s: loss %.4f accuracy %.2f%% (%lld samples)\n",
+                ck.file.c_str(), ck.run_id.c_str(), static_cast<long long>(ck.step),
+                ck.step_in_epoch ? cat("epoch ", ck.epochs_done + 1, " step ", ck.step_in_epoch).c_str()
+                                 : cat(ck.epochs_done, " epoch(s) done").c_str(),
                 cfg.data.test.c_str(), r.loss, 100 * r.accuracy, static_cast<long long>(r.samples));
   return 0;
 }
@@ -218,15 +222,21 @@ int main(int argc, char** argv) {
   MpiRuntime mpi(&argc, &argv);
   Communicator world = Communicator::world();
 
-  CLI::App app{"ringtrain: data-parallel neural-network training under MPI (ring/tree all-reduce, tensor fusion)"};
+  CLI::App app{"ringtrain: neural-network training under MPI on a data x pipeline x tensor process grid:\n"
+               "data parallelism (gradients averaged by ring/tree/shared-memory all-reduce with tensor fusion),\n"
+               "pipeline parallelism (parallel.pipeline stages; schedules afab, 1f1b, zb-h1) and\n"
+               "tensor parallelism (parallel.tensor shards of every layer), with ZeRO-1 (parallel.shard_optimizer)"};
   app.require_subcommand(1);
-  app.footer("Run under MPI: mpirun -np 4 ringtrain train --config jobs/fashion_cnn.toml\n"
+  app.footer("Run under MPI, one rank per device (ranks = data x pipeline x tensor):\n"
+             "  mpirun -np 2 ringtrain train --config jobs/fashion_cnn.toml\n"
+             "  mpirun -np 4 --oversubscribe ringtrain train --config jobs/fashion_cnn.toml --set parallel.pipeline=2\n"
              "Environment: RINGTRAIN_FUSION_THRESHOLD, RINGTRAIN_CYCLE_TIME, RINGTRAIN_TIMELINE,\n"
-             "RINGTRAIN_TREE_THRESHOLD, RINGTRAIN_COLLECTIVE_TIMEOUT, RINGTRAIN_LOG=debug|info|warn");
+             "RINGTRAIN_TREE_THRESHOLD, RINGTRAIN_COLLECTIVE_TIMEOUT, RINGTRAIN_LOG=debug|info|warn\n"
+             "(all of them: README.md, \"Environment variables\")");
 
   TrainArgs ta;
   Overrides overrides;
-  auto* train = app.add_subcommand("train", "train a model data-parallel (one rank per device)");
+  auto* train = app.add_subcommand("train", "train a model on the data x pipeline x tensor grid (one rank per device)");
   train->add_option("-c,--config", ta.config, "TOML configuration (see jobs/*.toml; defaults otherwise)")
       ->check(CLI::ExistingFile);
   train->add_option("--resume", ta.resume,

@@ -228,6 +228,7 @@ bool CheckpointSession::load(const std::string& path, bool with_optimizer, const
                [&] { run_state::check_resumable(ck, f.path, cfg_, pos_.data_parallel); });
   run_agreed(world_, "restoring the checkpoint", [&] { restore.apply(f.data, with_optimizer); });
 
+  loaded_ = {f.path, ck.run_id, ck.step, ck.epochs_done, ck.step_in_epoch};
   if (world_.rank() == 0 && hooks_.report)
     log::info("loaded checkpoint ", f.path, " (run ", ck.run_id, ", epoch ",
               ck.epochs_done + (ck.step_in_epoch ? 1 : 0), ck.step_in_epoch ? cat(" step ", ck.step_in_epoch, " of ", steps_per_epoch) : std::string(" done"),

@@ -74,6 +74,9 @@ class CheckpointSession {
 
   bool resumed() const { return resumed_; }
 
+  // What the last successful load() read (rank 0 knows the file).
+  const LoadedCheckpoint& loaded() const { return loaded_; }
+
  private:
   void check_names(const CheckpointData& ck, const NamedTensorList& wanted, bool with_optimizer,
                    const std::string& file) const;
@@ -84,6 +87,7 @@ class CheckpointSession {
   const TrainerHooks& hooks_;
   RunPosition& pos_;
   bool resumed_ = false;
+  LoadedCheckpoint loaded_;
 };
 
 }  // namespace ringtrain

@@ -300,7 +300,23 @@ void TrainConfig::validate() const {
   }
 }
 
-std::string TrainConfig::to_toml() const {
+namespace {
+
+// The shortest text that reads back as the same double (0.05, not
+// 0.050000000000000003), always a TOML float: 300 -> 300.0.
+std::string toml_float(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  char buf[64];
+  auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v, std::chars_format::general);  // 0.0005, 1e-08
+  std::string s(buf, ec == std::errc() ? end : buf);
+  if (s.find_first_of(".e") == std::string::npos) s += ".0";
+  return s;
+}
+
+}  // namespace
+
+std::string TrainConfig::to_toml(bool legacy_floats) const {
   TrainConfig copy = *this;
   std::ostringstream os;
   std::string section;
@@ -317,7 +333,10 @@ std::string TrainConfig::to_toml() const {
           using T = std::remove_pointer_t<decltype(p)>;
           if constexpr (std::is_same_v<T, std::string>) os << toml::value<std::string>(*p);
           else if constexpr (std::is_same_v<T, bool>) os << (*p ? "true" : "false");
-          else if constexpr (std::is_floating_point_v<T>) os << toml::value<double>(*p);
+          else if constexpr (std::is_floating_point_v<T>) {
+            if (legacy_floats) os << toml::value<double>(*p);
+            else os << toml_float(*p);
+          }
           else os << *p;
         },
         f.get(copy));

@@ -261,6 +261,7 @@ PipelineTrainer::~PipelineTrainer() { log::set_prefix(""); }
 TrainResult PipelineTrainer::fit() { return impl_->fit(); }
 EvalResult PipelineTrainer::evaluate(const std::string& path) { return impl_->evaluate(path); }
 bool PipelineTrainer::load(const std::string& path, bool with_optimizer) { return impl_->load(path, with_optimizer); }
+const LoadedCheckpoint& PipelineTrainer::loaded() const { return impl_->ckpt.loaded(); }
 std::string PipelineTrainer::save_checkpoint() { return impl_->save_now(); }
 const std::string& PipelineTrainer::run_id() const { return impl_->pos.run_id; }
 

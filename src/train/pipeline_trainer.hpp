@@ -26,6 +26,7 @@ class PipelineTrainer {
   bool load(const std::string& path, bool with_optimizer);  // false: --resume auto found nothing
   std::string save_checkpoint();
   const std::string& run_id() const;
+  const LoadedCheckpoint& loaded() const;
 
  private:
   struct Impl;

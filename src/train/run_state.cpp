@@ -43,7 +43,7 @@ std::string fingerprint(const TrainConfig& cfg, int ranks) {
   c.log = d.log;
   // ZeRO-1 changes where the optimizer state lives, not the update: a run may resume either way.
   c.parallel.shard_optimizer = d.parallel.shard_optimizer;
-  std::string text = c.to_toml() + cat("\nranks = ", ranks, "\n");
+  std::string text = c.to_toml(/*legacy_floats=*/true) + cat("\nranks = ", ranks, "\n");
   std::uint64_t h = 1469598103934665603ull;  // FNV-1a
   for (unsigned char ch : text) h = (h ^ ch) * 1099511628211ull;
   char buf[20];

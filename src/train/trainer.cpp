@@ -454,9 +454,13 @@ std::string Trainer::save_checkpoint() {
   impl_->save_checkpoint(true);
   return impl_->last_checkpoint;
 }
-void Trainer::load_weights(const std::string& path) {
-  if (pipe_) pipe_->load(path, false);
-  else impl_->load(path, false);
+LoadedCheckpoint Trainer::load_weights(const std::string& path) {
+  if (pipe_) {
+    pipe_->load(path, false);
+    return pipe_->loaded();
+  }
+  impl_->load(path, false);
+  return impl_->ckpt.loaded();
 }
 std::size_t Trainer::optimizer_state_bytes() const {
   RT_CHECK(impl_, "Trainer::optimizer_state_bytes(): not available with parallel.pipeline/tensor > 1 yet");

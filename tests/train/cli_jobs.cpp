@@ -109,6 +109,23 @@ TEST_F(CliJobs, CheckpointsCrossLayoutsAndAnotherModelExitsTwo) {
   EXPECT_EQ(count(r.out, "has no tensor 'param/conv"), 1u) << "one message for the job\n" << r.out;
 }
 
+// `eval --checkpoint DIR` names the file it chose (the newest intact one), its
+// run and position, next to the result.
+TEST_F(CliJobs, EvalSaysWhichCheckpointItRead) {
+  const std::string data = prepared(), ck = (dir_ / "ckpt-eval").string();
+  JobResult r = run_job(ringtrain_exe() + " train --train-data " + data + " --test-data " + data +
+                        " --threads 1 --epochs 1 --batch-size 16 --no-eval --log-format plain --set model.name=mlp "
+                        "--checkpoint-dir " + ck);
+  ASSERT_EQ(r.status, 0) << r.out;
+  r = run_job(ringtrain_exe() + " eval --checkpoint " + ck + " --data " + data +
+              " --set data.train=" + data + " --set model.name=mlp --set train.threads=1");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("eval " + ck + "/ckpt-"), std::string::npos) << "the file, not only the directory\n" << r.out;
+  EXPECT_NE(r.out.find(".h5 (run "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("global step 32, 1 epoch(s) done) on " + data), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("(64 samples)"), std::string::npos) << r.out;
+}
+
 TEST(Signals, SecondSignalExitsAtOnce) {
   pid_t pid = ::fork();
   ASSERT_GE(pid, 0);

@@ -107,6 +107,34 @@ TEST(Config, LoadsTomlAndOverrides) {
   fs::remove_all(d);
 }
 
+// Floats print in their shortest round-trip form, as the user wrote them, and
+// read back bit for bit (whole numbers stay TOML floats).
+TEST(Config, FloatsPrintShortestAndRoundTrip) {
+  auto d = temp_dir("cfgfloat");
+  TrainConfig c;
+  c.optimizer.lr = 0.05;
+  c.optimizer.weight_decay = 5e-4;
+  c.optimizer.eps = 1e-8;
+  c.optimizer.beta2 = 0.1 + 0.2;  // 0.30000000000000004: shortest is not always short
+  c.comm.collective_timeout_s = 300;
+  const std::string t = c.to_toml();
+  EXPECT_NE(t.find("\nlr = 0.05\n"), std::string::npos) << t;
+  EXPECT_NE(t.find("weight_decay = 0.0005\n"), std::string::npos) << t;
+  EXPECT_NE(t.find("eps = 1e-08\n"), std::string::npos) << t;
+  EXPECT_NE(t.find("beta2 = 0.30000000000000004\n"), std::string::npos) << t;
+  EXPECT_NE(t.find("collective_timeout_s = 300.0\n"), std::string::npos) << t;
+  EXPECT_EQ(t.find("0.050000000000000003"), std::string::npos) << t;
+  std::ofstream(d / "f.toml") << t;
+  TrainConfig back;
+  back.load_toml((d / "f.toml").string());
+  EXPECT_EQ(back.optimizer.lr, c.optimizer.lr);
+  EXPECT_EQ(back.optimizer.weight_decay, c.optimizer.weight_decay);
+  EXPECT_EQ(back.optimizer.eps, c.optimizer.eps);
+  EXPECT_EQ(back.optimizer.beta2, c.optimizer.beta2);
+  EXPECT_EQ(back.comm.collective_timeout_s, 300.0);
+  fs::remove_all(d);
+}
+
 TEST(Config, ErrorsNameTheKeyAndTheFile) {
   auto d = temp_dir("cfgbad");
   std::ofstream(d / "typo.toml") << "[optimizer]\nlearning_rate = 0.1\n";

@@ -102,7 +102,10 @@ struct TrainConfig {
   // Cross-field checks (positive batch, known names, ...); throws Error naming the key.
   void validate() const;
   // The whole configuration as TOML text (stored in checkpoints, printed by --print-config).
-  std::string to_toml() const;
+  // Floats in their shortest round-trip form (0.05). `legacy_floats`: as
+  // before 2026-11-24 (0.050000000000000003), only for run fingerprints, so
+  // that `--resume auto` still finds checkpoints written by earlier versions.
+  std::string to_toml(bool legacy_floats = false) const;
   // Keys, for help text.
   static std::vector<std::string> keys();
 };

@@ -62,6 +62,12 @@ struct TrainerHooks {
   std::function<void(const std::string&)> checkpoint_write_hook;
 };
 
+// A checkpoint that was loaded: its file (known on rank 0), run and position.
+struct LoadedCheckpoint {
+  std::string file, run_id;
+  std::int64_t step = 0, epochs_done = 0, step_in_epoch = 0;
+};
+
 class Trainer {
  public:
   Trainer(TrainConfig cfg, Communicator world, TrainerHooks hooks = {});
@@ -80,7 +86,7 @@ class Trainer {
   // Evaluates the current parameters on a split, spread across ranks.
   EvalResult evaluate(const std::string& path);
   // Loads parameters (and buffers) from a checkpoint file or directory.
-  void load_weights(const std::string& path);
+  LoadedCheckpoint load_weights(const std::string& path);
   // Writes a checkpoint of the state as it stands into checkpoint.dir now
   // (collective); returns its path on rank 0, "" elsewhere.
   std::string save_checkpoint();
