@@ -24,7 +24,7 @@ TEST_PACKAGES := \
 
 MPIRUN := mpirun --allow-run-as-root --oversubscribe
 
-.PHONY: deps deps-run build build-run test test-gpu bench run prepare clean cluster-up cluster-down
+.PHONY: deps deps-run build build-run install uninstall test test-gpu bench run prepare clean cluster-up cluster-down
 
 # install-packages LIST: apt-get installs whichever of LIST is missing.
 define install-packages
@@ -84,6 +84,15 @@ cluster-up: deps
 
 cluster-down:
 	tests/slurm/cluster.sh down
+
+# make install PREFIX=DIR (default /usr/local): bin/ringtrain, the libraries,
+# include/ringtrain, lib/cmake/ringtrain (find_package) and lib/pkgconfig.
+PREFIX ?= /usr/local
+install: build-run
+	cmake --install $(BUILD) --prefix $(PREFIX)
+
+uninstall:
+	cmake --build $(BUILD) --target uninstall
 
 clean:
 	rm -rf $(BUILD)

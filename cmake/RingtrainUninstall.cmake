@@ -1,0 +1,12 @@
+# cmake -DMANIFEST=<build>/install_manifest.txt -P RingtrainUninstall.cmake
+if(NOT EXISTS "${MANIFEST}")
+  message(FATAL_ERROR "uninstall: ${MANIFEST} not found (nothing was installed from this build)")
+endif()
+file(STRINGS "${MANIFEST}" files)
+foreach(f ${files})
+  if(EXISTS "${f}" OR IS_SYMLINK "${f}")
+    file(REMOVE "${f}")
+  endif()
+endforeach()
+list(LENGTH files n)
+message(STATUS "uninstall: removed ${n} files listed in ${MANIFEST}")
