@@ -23,7 +23,7 @@ PipelineModel::PipelineModel(const ProcessGrid& grid, const ModelConfig& mc, con
     : grid_(grid), pc_(pc) {
   const int p = grid.pp_size();
   run_agreed(grid.world(), "setting up the pipeline", [&] {
-    RT_CHECK(dev.is_cpu(), "parallel.pipeline > 1 runs on the CPU for now (train.device = cpu)");
+    RT_CHECK(dev.is_cpu(), "the pipeline/tensor grid runs on the CPU for now (train.device = cpu)");
     RT_CHECK(pc.micro_batches >= 1, "configuration key 'parallel.micro_batches' must be >= 1, got ", pc.micro_batches);
     RT_CHECK(pc.batch > 0 && pc.batch % pc.micro_batches == 0, "data.batch_size = ", pc.batch,
              " is not divisible by parallel.micro_batches = ", pc.micro_batches);

@@ -18,6 +18,7 @@
 #include "ringtrain/parallel/pipeline.hpp"
 #include "ringtrain/train/checkpoint.hpp"
 #include "checkpoint_session.hpp"
+#include "run_state.hpp"
 
 namespace ringtrain {
 namespace {
@@ -45,11 +46,25 @@ struct PipelineTrainer::Impl {
     cfg.validate();
     grid = ProcessGrid::make(world, {cfg.parallel.pipeline, cfg.parallel.tensor});
     log::set_prefix(cat("[rank ", world.rank(), " ", grid.tag().substr(1), " "));
-    RT_CHECK(cfg.train.device != "cuda", "parallel.pipeline > 1 runs on the CPU for now (set train.device = cpu)");
-    RT_CHECK(cfg.train.accumulation == 1, "parallel.pipeline > 1: use parallel.micro_batches, not train.accumulation");
-    RT_CHECK(cfg.train.precision == "fp32", "parallel.pipeline > 1 supports train.precision = fp32 only for now");
+    // Errors name the keys this job set, not always parallel.pipeline.
+    std::string layout;
+    if (cfg.parallel.pipeline > 1) layout = cat("parallel.pipeline = ", cfg.parallel.pipeline);
+    if (cfg.parallel.tensor > 1)
+      layout += cat(layout.empty() ? "" : " with ", "parallel.tensor = ", cfg.parallel.tensor);
+    RT_CHECK(cfg.train.device != "cuda", "train.device = cuda is not supported with ", layout,
+             " yet: the model-parallel trainer runs on the CPU (set train.device = cpu)");
+    if (cfg.train.device == "auto" && world.rank() == 0)
+      log::info("train.device = auto: ", layout, " runs on the CPU for now");
+    RT_CHECK(cfg.train.accumulation == 1, "train.accumulation = ", cfg.train.accumulation, " is not supported with ",
+             layout, " yet: use parallel.micro_batches for more micro-batches per step");
+    RT_CHECK(cfg.train.precision == "fp32", "train.precision = ", cfg.train.precision, " is not supported with ",
+             layout, " yet (fp32 only)");
     omp_set_num_threads(compute_threads(cfg));
+    flush_denormals();
     loader = open_train_loader(cfg, grid.dp());
+    // The test split is checked now, not after an epoch of training.
+    run_agreed(world, "checking the data files",
+               [&] { run_state::check_data_files(cfg, loader->info(), hooks.evaluate); });
     ModelConfig mc = model_config(cfg, loader->info());
     PipelineConfig pc;
     pc.micro_batches = micro_batches();

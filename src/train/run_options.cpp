@@ -1,5 +1,7 @@
 #include "run_options.hpp"
 
+#include <xmmintrin.h>
+
 #include <algorithm>
 #include <cstdlib>
 
@@ -106,6 +108,8 @@ void record_evaluation(const TrainConfig& cfg, int epoch, const EvalResult& ev, 
                 "% at epoch ", epoch + 1, " after ", run_s, " s");
   }
 }
+
+void flush_denormals() { _mm_setcsr(_mm_getcsr() | 0x8040); }
 
 int compute_threads(const TrainConfig& cfg) {
   if (cfg.train.threads > 0) return cfg.train.threads;

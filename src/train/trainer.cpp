@@ -1,7 +1,6 @@
 #include "ringtrain/train/trainer.hpp"
 
 #include <omp.h>
-#include <xmmintrin.h>
 
 #include <chrono>
 #include <csignal>
@@ -76,10 +75,7 @@ Trainer::Impl::Impl(TrainConfig c, Communicator w, TrainerHooks h)
     scaler_state = Tensor::zeros({4}, DType::f64);
   }
   omp_set_num_threads(compute_threads(cfg));
-  // Flush denormals to zero (FTZ+DAZ) on the compute thread, as DL frameworks
-  // do: tiny gradients late in training otherwise cost ~100 cycles per
-  // operation in microcode assists (measured ~15% of a `cnn` step here).
-  _mm_setcsr(_mm_getcsr() | 0x8040);
+  flush_denormals();
   open_loader();
   // The test split is checked now, not after an epoch of training.
   run_agreed(world, "checking the data files",

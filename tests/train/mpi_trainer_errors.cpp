@@ -144,6 +144,16 @@ TEST(TrainerErrors, DataFilesAreCheckedAtStartAndCheckpointPrecedesEvaluation) {
   EXPECT_NE(m.find("data.test"), std::string::npos) << m;
   EXPECT_NE(m.find("synthetic-test.h5"), std::string::npos) << m;
   EXPECT_NE(m.find("3x28x28"), std::string::npos) << m;
+  // The same check on the model-parallel grid (pipeline 2, tensor 2).
+  if (world.size() % 2 == 0)
+    for (auto [pp, tp] : {std::pair{2, 1}, std::pair{1, 2}}) {
+      TrainConfig g = c;
+      g.parallel.pipeline = pp;
+      g.parallel.tensor = tp;
+      m = trainer_error_with(g, world, true, [](Trainer&) { FAIL() << "the grid was built with a wrong test split"; });
+      EXPECT_NE(m.find("data.test"), std::string::npos) << "pipeline " << pp << " tensor " << tp << ": " << m;
+      EXPECT_NE(m.find("3x28x28"), std::string::npos) << m;
+    }
   c.data.test = dir + "/nothing-here";
   m = trainer_error_with(c, world, true);
   EXPECT_NE(m.find("data.test"), std::string::npos) << m;
@@ -228,6 +238,30 @@ TEST(TrainerErrors, IncompatibleResumeAndUncreatableCheckpointDir) {
     EXPECT_NE(std::string(e.what()).find("checkpoint.dir"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("rt-cannot-create"), std::string::npos) << e.what();
   }
+  world.barrier();
+  if (world.rank() == 0) fs::remove_all(dir);
+}
+
+// Refusals on the model-parallel grid name the keys the job set: a tensor-only
+// job hears about parallel.tensor, not parallel.pipeline.
+TEST(TrainerErrors, GridRefusalsNameTheLayoutKeys) {
+  Communicator world = Communicator::world();
+  if (world.size() % 2 != 0) GTEST_SKIP() << "needs an even rank count";
+  std::string dir = test_fixtures::synthetic_mnist_like(world, "gridkeys", 256, 64);
+  TrainConfig c = test_fixtures::small_config(dir);
+  c.data.batch_size = 16;
+  c.parallel.tensor = 2;
+  c.train.precision = "bf16";
+  std::string m = trainer_error_with(c, world, false, [](Trainer&) { FAIL() << "bf16 on the grid was accepted"; });
+  EXPECT_NE(m.find("train.precision = bf16 is not supported with parallel.tensor = 2"), std::string::npos) << m;
+  EXPECT_EQ(m.find("parallel.pipeline"), std::string::npos) << m;
+  c.train.precision = "fp32";
+  c.train.accumulation = 2;
+  c.parallel.pipeline = world.size() >= 4 ? 2 : 1;
+  m = trainer_error_with(c, world, false);
+  EXPECT_NE(m.find("train.accumulation = 2"), std::string::npos) << m;
+  EXPECT_NE(m.find(c.parallel.pipeline > 1 ? "parallel.pipeline = 2 with parallel.tensor = 2" : "parallel.tensor = 2"),
+            std::string::npos) << m;
   world.barrier();
   if (world.rank() == 0) fs::remove_all(dir);
 }
