@@ -159,10 +159,12 @@ struct PipelineTrainer::Impl {
       auto t0 = Clock::now();
       for (std::int64_t s = pos.step_in_epoch; s < steps_per_epoch(); ++s) {
         if (cfg.train.max_steps > 0 && pos.step >= cfg.train.max_steps) break;
-        if (stop_requested()) break;
+        if (stop_signal) break;  // agreed in the previous step
         std::optional<data::Batch> b = loader->next();
         RT_CHECK(b.has_value(), grid.tag(), " training data ended inside an epoch");
-        PipeStepResult r = pm->train_step(b->images, b->labels, schedule->lr_at(pos.step));
+        const int mine = hooks.stop_signal ? hooks.stop_signal() : 0;
+        PipeStepResult r = pm->train_step(b->images, b->labels, schedule->lr_at(pos.step), mine != 0);
+        if (r.stop) stop_signal = mine ? mine : -1;  // every rank stops after this step
         RT_CHECK(std::isfinite(r.loss), "training diverged: loss is ", r.loss, " at step ", pos.step);
         ++pos.step;
         ++steps;
@@ -172,6 +174,7 @@ struct PipelineTrainer::Impl {
         seen += r.seen;
         compute += r.timing.busy_s;
         bubble += r.timing.bubble();
+        if (cfg.train.verify_every > 0 && pos.step % cfg.train.verify_every == 0) verify_replicas();
         if (hooks.on_step) hooks.on_step(pos.step, r.loss);
         reporter->step(s + 1, r.loss, static_cast<double>(global_batch()) * (s + 1) / since(t0));
       }
@@ -220,13 +223,21 @@ struct PipelineTrainer::Impl {
 
   // A stop signal (SIGUSR1/SIGTERM/SIGINT, signals.hpp) on any rank, agreed by all
   // ranks at this step boundary (one small all-reduce per step, only when signals are watched).
-  bool stop_requested() {
-    if (!hooks.stop_signal) return false;
-    if (stop_signal) return true;
-    int mine = hooks.stop_signal(), any = mine ? 1 : 0;
-    allreduce(&any, &any, 1, DType::i32, ReduceOp::max, world);
-    if (any) stop_signal = mine ? mine : -1;
-    return any != 0;
+  // A stop agreed in a step's all-reduce (a signal after the epoch's last step
+  // is seen in the next epoch's first step, which then stops at once).
+  bool stop_requested() const { return stop_signal != 0; }
+
+  // train.verify_every: the replicas of this rank's stage and tensor shard
+  // (its data-parallel group) hold bitwise-identical parameters, buffers and
+  // optimizer state; the job ends naming the tensor otherwise.
+  void verify_replicas() {
+    std::vector<Tensor> ts;
+    std::vector<std::string> names;
+    for (auto& [name, t] : pm->named_state()) {
+      names.push_back(name);
+      ts.push_back(t);
+    }
+    verify_identical(ts, grid.dp(), names);
   }
 
   int announce_stop() {
