@@ -74,6 +74,12 @@ class CheckpointSession {
 
   bool resumed() const { return resumed_; }
 
+  // checkpoint.every_steps: a checkpoint is due after global step `step`.
+  // Every rank computes the same answer from the position alone.
+  bool due_after_step(std::int64_t step) const {
+    return !cfg_.checkpoint.dir.empty() && cfg_.checkpoint.every_steps > 0 && step % cfg_.checkpoint.every_steps == 0;
+  }
+
   // What the last successful load() read (rank 0 knows the file).
   const LoadedCheckpoint& loaded() const { return loaded_; }
 

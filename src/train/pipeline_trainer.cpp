@@ -175,6 +175,7 @@ struct PipelineTrainer::Impl {
         compute += r.timing.busy_s;
         bubble += r.timing.bubble();
         if (cfg.train.verify_every > 0 && pos.step % cfg.train.verify_every == 0) verify_replicas();
+        if (pos.step_in_epoch < steps_per_epoch() && ckpt.due_after_step(pos.step)) save_checkpoint(true);
         if (hooks.on_step) hooks.on_step(pos.step, r.loss);
         reporter->step(s + 1, r.loss, static_cast<double>(global_batch()) * (s + 1) / since(t0));
       }
@@ -202,7 +203,7 @@ struct PipelineTrainer::Impl {
       const bool stopping = stop_requested() && pos.epochs_done < cfg.train.epochs;
       const bool limit = cfg.train.max_steps > 0 && pos.step >= cfg.train.max_steps;
       // Save before evaluating: a problem in the test data must not cost the epoch.
-      save_checkpoint(stopping || limit || pos.epochs_done == cfg.train.epochs);
+      save_checkpoint(stopping || limit || pos.epochs_done == cfg.train.epochs || ckpt.due_after_step(pos.step));
       if (stopping) {
         reporter->epoch_end(m);
         res.stopped_by_signal = announce_stop();

@@ -353,7 +353,7 @@ TrainResult Trainer::Impl::fit() {
     // A signal carried by the epoch's last step: stop now, before evaluating.
     const bool stopping = stop_signal != 0 && pos.epochs_done < cfg.train.epochs;
     // Save before evaluating: a problem in the test data must not cost the epoch.
-    save_checkpoint(stopping || limit_hit() || pos.epochs_done == cfg.train.epochs);
+    save_checkpoint(stopping || limit_hit() || pos.epochs_done == cfg.train.epochs || ckpt.due_after_step(pos.step));
     if (stopping) {
       reporter->epoch_end(m);
       res.last = m;
@@ -400,6 +400,7 @@ EpochMetrics Trainer::Impl::train_epoch(int epoch, bool& finished) {
     ++st.steps;
     if (hooks.on_step) hooks.on_step(pos.step, loss);
     if (cfg.train.verify_every > 0 && pos.step % cfg.train.verify_every == 0) verify_identical_state();
+    if (pos.step_in_epoch < spe && ckpt.due_after_step(pos.step)) save_checkpoint(true);  // epoch ends save below
     reporter->step(s + 1, loss, static_cast<double>(global_batch()) * st.steps / since(t0));
   }
   // The epoch's last step may itself carry the stop: the epoch is complete then.

@@ -3,6 +3,7 @@
 // 2-epoch run at the same rank count. Also: bad checkpoints are errors on every rank.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 
@@ -90,6 +91,82 @@ TEST(Resume, DeterministicBucketsAreBitwiseAtAnyRankCount) { check_resume_is_bit
 TEST(Resume, DynamicFusionIsBitwiseAtUpToTwoRanks) {
   if (Communicator::world().size() > 2) GTEST_SKIP() << "float addition of 3+ partial sums is not associative";
   check_resume_is_bitwise(false);
+}
+
+// checkpoint.every_steps: checkpoints at the exact position inside an epoch;
+// resuming from the mid-epoch one ends bit for bit where the uninterrupted run
+// ended (static buckets, so at any rank count), on the data-parallel path and,
+// at an even rank count, at pipeline 2.
+TEST(Resume, EveryStepsCheckpointsResumeExactlyFromInsideAnEpoch) {
+  Communicator world = Communicator::world();
+  std::string data = test_fixtures::synthetic_mnist_like(world, "everysteps", 384, 64);
+  std::vector<std::pair<int, const char*>> layouts = {{1, "data"}};
+  if (world.size() % 2 == 0) layouts.push_back({2, "pipeline 2"});
+  for (auto [pp, what] : layouts) {
+    TrainConfig c = test_fixtures::small_config(data);
+    c.data.batch_size = 16;  // per replica
+    c.train.epochs = 2;
+    c.comm.deterministic = pp == 1;
+    c.parallel.pipeline = pp;
+    c.checkpoint.every_steps = 5;
+    c.checkpoint.keep = 100;
+    TrainerHooks hooks;
+    hooks.evaluate = false;
+    hooks.report = false;
+    const std::int64_t spe = 384 / (16 * (world.size() / pp));
+    const std::string full = data + "/every-" + std::to_string(pp);
+    {
+      TrainConfig a = c;
+      a.checkpoint.dir = full;
+      Trainer t(a, world, hooks);
+      t.fit();
+    }
+    world.barrier();
+    std::vector<std::int64_t> steps;
+    std::string mid;
+    if (world.rank() == 0) {
+      for (const auto& e : fs::directory_iterator(full)) {
+        const std::string n = e.path().filename().string();
+        if (n.rfind("ckpt-", 0) != 0 || e.path().extension() != ".h5") continue;
+        const std::int64_t s = std::stoll(n.substr(n.rfind("-s") + 2));
+        steps.push_back(s);
+        if (s == 5) mid = e.path().string();
+      }
+      std::sort(steps.begin(), steps.end());
+      std::vector<std::int64_t> want;
+      for (std::int64_t s = 5; s <= 2 * spe; s += 5) want.push_back(s);
+      for (std::int64_t e : {spe, 2 * spe})
+        if (e % 5) want.push_back(e);
+      std::sort(want.begin(), want.end());
+      EXPECT_EQ(steps, want) << what << ": a checkpoint every 5 steps and at each epoch's end";
+      ASSERT_FALSE(mid.empty());
+    }
+    // Resume from step 5 (inside epoch 1) in a new directory; finish; compare the final states.
+    const std::string cut = data + "/every-cut-" + std::to_string(pp);
+    if (world.rank() == 0) {
+      fs::create_directories(cut);
+      fs::copy_file(mid, cut + "/" + fs::path(mid).filename().string());
+    }
+    world.barrier();
+    {
+      TrainConfig b = c;
+      b.checkpoint.dir = cut;
+      Trainer t(b, world, hooks);
+      t.resume(cut);
+      t.fit();
+    }
+    world.barrier();
+    if (world.rank() == 0) {
+      CheckpointData x = final_state(full), y = final_state(cut);
+      EXPECT_EQ(x.scalars.at("step"), y.scalars.at("step")) << what;
+      ASSERT_EQ(x.tensors.size(), y.tensors.size());
+      for (std::size_t i = 0; i < x.tensors.size(); ++i)
+        EXPECT_EQ(std::memcmp(x.tensors[i].second.raw(), y.tensors[i].second.raw(), x.tensors[i].second.nbytes()), 0)
+            << what << ": tensor " << x.tensors[i].first << " differs after resuming from step 5";
+    }
+    world.barrier();
+  }
+  if (world.rank() == 0) fs::remove_all(data);
 }
 
 TEST(Resume, MissingOrCorruptCheckpointIsAnErrorOnEveryRank) {

@@ -87,6 +87,7 @@ struct TrainConfig {
   struct Checkpoint {
     std::string dir;               // "" = no checkpoints
     int every_epochs = 1;
+    int every_steps = 0;           // also every N optimizer steps, mid-epoch too (0 = off)
     int keep = 3;
   } checkpoint;
   struct Log {
