@@ -150,7 +150,8 @@ void PipelineModel::optimizer_step() {
   opt_->step(lr_);
 }
 
-PipeStepResult PipelineModel::train_step(const Tensor& images, const Tensor& labels, double lr, bool stop) {
+PipeStepResult PipelineModel::train_step(const Tensor& images, const Tensor& labels, double lr, bool stop,
+                                         bool save) {
   if (grid_.first_stage())
     RT_CHECK(images.defined() && images.dim(0) == pc_.batch, grid_.tag(), " pipeline step: expected ", pc_.batch,
              " images");
@@ -168,17 +169,18 @@ PipeStepResult PipelineModel::train_step(const Tensor& images, const Tensor& lab
   stage_->commit_batch_stats();  // every forward of the step has run
   // Loss and accuracy from the last stages to everyone, and the stop flag
   // from anyone: one small all-reduce.
-  double v[4] = {0, 0, 0, stop ? 1.0 : 0.0};
+  double v[5] = {0, 0, 0, stop ? 1.0 : 0.0, save ? 1.0 : 0.0};
   if (grid_.last_stage() && grid_.tp_rank() == 0) {  // tensor ranks hold the same logits: count once
     v[0] = loss_sum_ / pc_.micro_batches;
     v[1] = static_cast<double>(correct_);
     v[2] = static_cast<double>(pc_.batch);
   }
-  allreduce(v, v, 4, DType::f64, ReduceOp::sum, grid_.world());
+  allreduce(v, v, 5, DType::f64, ReduceOp::sum, grid_.world());
   r.loss = v[0] / grid_.dp_size();
   r.correct = static_cast<std::int64_t>(v[1]);
   r.seen = static_cast<std::int64_t>(v[2]);
   r.stop = v[3] > 0;
+  r.save = v[4] > 0;
   return r;
 }
 

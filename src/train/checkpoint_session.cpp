@@ -128,6 +128,7 @@ std::string CheckpointSession::save(bool force, const GatherWhole& gather_whole_
                     hooks_.checkpoint_write_hook);
   });
   if (world_.rank() == 0 && hooks_.report) log::info("checkpoint written: ", path);
+  last_save_ = std::chrono::steady_clock::now();
   return path;
 }
 

@@ -19,6 +19,7 @@
 //  - a checkpoint of another model or optimizer is an error naming the first
 //    tensor that is missing, shaped differently or left over, on every rank,
 //    before anything is restored.
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -79,6 +80,14 @@ class CheckpointSession {
   bool due_after_step(std::int64_t step) const {
     return !cfg_.checkpoint.dir.empty() && cfg_.checkpoint.every_steps > 0 && step % cfg_.checkpoint.every_steps == 0;
   }
+  // checkpoint.every_s, on rank 0 only (its clock decides; the trainers carry
+  // the answer to every rank in the step's all-reduce): that long since the
+  // last checkpoint, or since the run started.
+  bool time_due() const {
+    return world_.rank() == 0 && !cfg_.checkpoint.dir.empty() && cfg_.checkpoint.every_s > 0 &&
+           std::chrono::duration<double>(std::chrono::steady_clock::now() - last_save_).count() >=
+               cfg_.checkpoint.every_s;
+  }
 
   // What the last successful load() read (rank 0 knows the file).
   const LoadedCheckpoint& loaded() const { return loaded_; }
@@ -94,6 +103,7 @@ class CheckpointSession {
   RunPosition& pos_;
   bool resumed_ = false;
   LoadedCheckpoint loaded_;
+  std::chrono::steady_clock::time_point last_save_ = std::chrono::steady_clock::now();
 };
 
 }  // namespace ringtrain

@@ -88,6 +88,7 @@ const std::vector<Field>& fields() {
       RT_FIELD(checkpoint, dir, "checkpoint directory (empty = no checkpoints)"),
       RT_FIELD(checkpoint, every_epochs, "write a checkpoint every N epochs"),
       RT_FIELD(checkpoint, every_steps, "also write one every N optimizer steps, at the exact position inside an epoch (0 = off)"),
+      RT_FIELD(checkpoint, every_s, "also write one after the step during which this many seconds passed since the last (rank 0's clock, agreed in the step's all-reduce; 0 = off)"),
       RT_FIELD(checkpoint, keep, "keep the last K checkpoints of this run (other runs' files are never touched)"),
       RT_FIELD(log, format, "auto | bar | plain"),
       RT_FIELD(log, metrics, "JSON-lines metrics file (empty = <checkpoint.dir>/metrics.jsonl)"),
@@ -278,6 +279,7 @@ void TrainConfig::validate() const {
   range("comm.bucket_bytes", static_cast<double>(comm.bucket_bytes), 1, 1LL << 40);
   range("checkpoint.every_epochs", checkpoint.every_epochs, 1, kHuge);
   range("checkpoint.every_steps", checkpoint.every_steps, 0, kHuge);
+  range("checkpoint.every_s", checkpoint.every_s, 0, 1e9);
   range("checkpoint.keep", checkpoint.keep, 1, kHuge);
   one_of("log.format", log.format, {"auto", "bar", "plain"});
   RT_CHECK(parallel.pipeline >= 1, "configuration key 'parallel.pipeline' must be >= 1, got ", parallel.pipeline);

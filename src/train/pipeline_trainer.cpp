@@ -39,7 +39,8 @@ struct PipelineTrainer::Impl {
   RunPosition pos;                 // where the run stands (step_in_epoch: exact resume)
   CheckpointSession ckpt{cfg, world, hooks, pos};  // the checkpoint logic both trainers share
   std::string last_checkpoint;     // rank 0
-  int stop_signal = 0;             // agreed stop request: the signal, or -1 when it reached another rank
+  int stop_signal = 0;
+  bool save_due = false;           // the last step asked for a checkpoint (checkpoint.every_steps / every_s)             // agreed stop request: the signal, or -1 when it reached another rank
   std::int64_t num_params = 0;
 
   Impl(const TrainConfig& c, const Communicator& w, const TrainerHooks& h) : cfg(c), world(w), hooks(h) {
@@ -163,7 +164,7 @@ struct PipelineTrainer::Impl {
         std::optional<data::Batch> b = loader->next();
         RT_CHECK(b.has_value(), grid.tag(), " training data ended inside an epoch");
         const int mine = hooks.stop_signal ? hooks.stop_signal() : 0;
-        PipeStepResult r = pm->train_step(b->images, b->labels, schedule->lr_at(pos.step), mine != 0);
+        PipeStepResult r = pm->train_step(b->images, b->labels, schedule->lr_at(pos.step), mine != 0, ckpt.time_due());
         if (r.stop) stop_signal = mine ? mine : -1;  // every rank stops after this step
         RT_CHECK(std::isfinite(r.loss), "training diverged: loss is ", r.loss, " at step ", pos.step);
         ++pos.step;
@@ -175,7 +176,9 @@ struct PipelineTrainer::Impl {
         compute += r.timing.busy_s;
         bubble += r.timing.bubble();
         if (cfg.train.verify_every > 0 && pos.step % cfg.train.verify_every == 0) verify_replicas();
-        if (pos.step_in_epoch < steps_per_epoch() && ckpt.due_after_step(pos.step)) save_checkpoint(true);
+        // checkpoint.every_steps / every_s (agreed in the step's all-reduce); an epoch's end saves below.
+        save_due = ckpt.due_after_step(pos.step) || r.save;
+        if (pos.step_in_epoch < steps_per_epoch() && save_due) save_checkpoint(true);
         if (hooks.on_step) hooks.on_step(pos.step, r.loss);
         reporter->step(s + 1, r.loss, static_cast<double>(global_batch()) * (s + 1) / since(t0));
       }
@@ -203,7 +206,7 @@ struct PipelineTrainer::Impl {
       const bool stopping = stop_requested() && pos.epochs_done < cfg.train.epochs;
       const bool limit = cfg.train.max_steps > 0 && pos.step >= cfg.train.max_steps;
       // Save before evaluating: a problem in the test data must not cost the epoch.
-      save_checkpoint(stopping || limit || pos.epochs_done == cfg.train.epochs || ckpt.due_after_step(pos.step));
+      save_checkpoint(stopping || limit || pos.epochs_done == cfg.train.epochs || save_due);
       if (stopping) {
         reporter->epoch_end(m);
         res.stopped_by_signal = announce_stop();

@@ -100,7 +100,7 @@ void Trainer::Impl::build_model() {
   model = ringtrain::build_model(mc, device);
   for (int i = 0; i < model->num_layers(); ++i)
     if (auto* d = dynamic_cast<Dropout*>(&model->layer(i))) dropout_calls.emplace_back(d, Tensor::zeros({1}, DType::i64));
-  loss_buf = Tensor::zeros({2}, DType::f32);
+  loss_buf = Tensor::zeros({3}, DType::f32);  // loss, stop flag, checkpoint.every_s flag
 }
 
 void Trainer::Impl::build_optimizer() {
@@ -244,6 +244,7 @@ double Trainer::Impl::train_step(EpochStats& st) {
   float* lb = loss_buf.data<float>();
   lb[0] = static_cast<float>(local_loss / k);  // rides along, fused with the gradients
   lb[1] = hooks.stop_signal && hooks.stop_signal() ? 1.0f : 0.0f;
+  lb[2] = ckpt.time_due() ? 1.0f : 0.0f;
   handles.push_back(engine->allreduce_async("loss", loss_buf));
 
   auto tw = Clock::now();
@@ -353,7 +354,7 @@ TrainResult Trainer::Impl::fit() {
     // A signal carried by the epoch's last step: stop now, before evaluating.
     const bool stopping = stop_signal != 0 && pos.epochs_done < cfg.train.epochs;
     // Save before evaluating: a problem in the test data must not cost the epoch.
-    save_checkpoint(stopping || limit_hit() || pos.epochs_done == cfg.train.epochs || ckpt.due_after_step(pos.step));
+    save_checkpoint(stopping || limit_hit() || pos.epochs_done == cfg.train.epochs || save_due);
     if (stopping) {
       reporter->epoch_end(m);
       res.last = m;
@@ -400,7 +401,9 @@ EpochMetrics Trainer::Impl::train_epoch(int epoch, bool& finished) {
     ++st.steps;
     if (hooks.on_step) hooks.on_step(pos.step, loss);
     if (cfg.train.verify_every > 0 && pos.step % cfg.train.verify_every == 0) verify_identical_state();
-    if (pos.step_in_epoch < spe && ckpt.due_after_step(pos.step)) save_checkpoint(true);  // epoch ends save below
+    // checkpoint.every_steps / every_s (agreed in the step's all-reduce); an epoch's end saves below.
+    save_due = ckpt.due_after_step(pos.step) || loss_buf.data<float>()[2] > 0;
+    if (pos.step_in_epoch < spe && save_due) save_checkpoint(true);
     reporter->step(s + 1, loss, static_cast<double>(global_batch()) * st.steps / since(t0));
   }
   // The epoch's last step may itself carry the stop: the epoch is complete then.

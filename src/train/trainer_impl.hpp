@@ -46,6 +46,7 @@ struct Trainer::Impl {
   // the stop flag (> 0 when a signal reached any rank: every rank sees it at
   // the same step, for free).
   Tensor loss_buf;
+  bool save_due = false;  // the last step asked for a checkpoint (checkpoint.every_steps / every_s)
   Tensor dlogits;               // reused across steps
   std::vector<Handle> handles;  // this step's outstanding all-reduces
   // comm.deterministic: static buckets of consecutive parameters, in backward order.

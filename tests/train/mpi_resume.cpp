@@ -169,6 +169,42 @@ TEST(Resume, EveryStepsCheckpointsResumeExactlyFromInsideAnEpoch) {
   if (world.rank() == 0) fs::remove_all(data);
 }
 
+// checkpoint.every_s: rank 0's clock decides and the step's all-reduce carries
+// the decision, so every rank writes (collectively) after the same steps. With
+// a limit far below a step's time, that is after every step, on both paths.
+TEST(Resume, EverySecondsCheckpointsAfterTheSameStepsOnEveryRank) {
+  Communicator world = Communicator::world();
+  std::string data = test_fixtures::synthetic_mnist_like(world, "everys", 256, 64);
+  std::vector<int> pipelines = {1};
+  if (world.size() % 2 == 0) pipelines.push_back(2);
+  for (int pp : pipelines) {
+    TrainConfig c = test_fixtures::small_config(data);
+    c.data.batch_size = 16;
+    c.train.epochs = 1;
+    c.parallel.pipeline = pp;
+    c.checkpoint.every_s = 1e-9;
+    c.checkpoint.keep = 1000;
+    c.checkpoint.dir = data + "/every-s-" + std::to_string(pp);
+    TrainerHooks hooks;
+    hooks.evaluate = false;
+    hooks.report = false;
+    {
+      Trainer t(c, world, hooks);
+      t.fit();
+    }
+    world.barrier();
+    if (world.rank() == 0) {
+      const std::int64_t spe = 256 / (16 * (world.size() / pp));
+      std::int64_t n = 0;
+      for (const auto& e : fs::directory_iterator(c.checkpoint.dir))
+        n += e.path().extension() == ".h5" && e.path().filename().string().rfind("ckpt-", 0) == 0;
+      EXPECT_EQ(n, spe) << "pipeline " << pp << ": one checkpoint after each of the " << spe << " steps";
+    }
+    world.barrier();
+  }
+  if (world.rank() == 0) fs::remove_all(data);
+}
+
 TEST(Resume, MissingOrCorruptCheckpointIsAnErrorOnEveryRank) {
   Communicator world = Communicator::world();
   std::string data = test_fixtures::synthetic_mnist_like(world, "badckpt", 256, 64);

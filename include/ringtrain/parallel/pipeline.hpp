@@ -56,6 +56,7 @@ struct PipeStepResult {
   double loss = 0;              // mean over the global batch
   std::int64_t correct = 0, seen = 0;  // over the global batch
   bool stop = false;            // some rank passed stop = true to this step
+  bool save = false;            // some rank passed save = true to this step
   StepTiming timing;            // this rank's
 };
 
@@ -65,9 +66,11 @@ class PipelineModel final : private PipeOps {
                 Device dev = Device::cpu());
   ~PipelineModel() override;
 
-  // `stop` (a pending stop signal on this rank) rides in the step's one
-  // all-reduce of loss and accuracy: every rank learns it without a second one.
-  PipeStepResult train_step(const Tensor& images, const Tensor& labels, double lr, bool stop = false);
+  // `stop` (a pending stop signal on this rank) and `save` (a checkpoint due
+  // by this rank's clock) ride in the step's one all-reduce of loss and
+  // accuracy: every rank learns them without a second one.
+  PipeStepResult train_step(const Tensor& images, const Tensor& labels, double lr, bool stop = false,
+                            bool save = false);
   // Forward only, in eval mode, over the pipeline group; returns {loss sum,
   // correct} over the first `valid` samples on the last stage, zeros elsewhere.
   std::pair<double, std::int64_t> eval_batch(const Tensor& images, const Tensor& labels, std::int64_t valid);

@@ -88,6 +88,7 @@ struct TrainConfig {
     std::string dir;               // "" = no checkpoints
     int every_epochs = 1;
     int every_steps = 0;           // also every N optimizer steps, mid-epoch too (0 = off)
+    double every_s = 0;            // also when this many seconds passed since the last one (0 = off)
     int keep = 3;
   } checkpoint;
   struct Log {
