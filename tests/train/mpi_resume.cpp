@@ -19,6 +19,28 @@ namespace fs = std::filesystem;
 namespace {
 CheckpointData final_state(const std::string& dir) { return find_intact_checkpoint(dir).data; }
 
+// A new trainer continues from the newest checkpoint in `dir` and finishes the run.
+void resume_and_finish(TrainConfig c, const std::string& dir, const Communicator& world, const TrainerHooks& hooks) {
+  c.checkpoint.dir = dir;
+  Trainer t(c, world, hooks);
+  t.resume(dir);
+  t.fit();
+}
+
+// Rank 0: the newest checkpoints of two runs hold the same step and the same
+// bytes in every tensor.
+void expect_same_final_state(const std::string& a, const std::string& b, const std::string& what) {
+  CheckpointData x = final_state(a), y = final_state(b);
+  EXPECT_EQ(x.scalars.at("step"), y.scalars.at("step")) << what;
+  ASSERT_EQ(x.tensors.size(), y.tensors.size()) << what;
+  for (std::size_t i = 0; i < x.tensors.size(); ++i) {
+    EXPECT_EQ(x.tensors[i].first, y.tensors[i].first) << what;
+    ASSERT_EQ(x.tensors[i].second.nbytes(), y.tensors[i].second.nbytes()) << what;
+    EXPECT_EQ(std::memcmp(x.tensors[i].second.raw(), y.tensors[i].second.raw(), x.tensors[i].second.nbytes()), 0)
+        << what << ": tensor " << x.tensors[i].first << " differs after resume";
+  }
+}
+
 // Runs 2 epochs straight, and 1 epoch + resume + 1 epoch; compares the final
 // checkpoints (parameters, optimizer state, step) byte for byte.
 void check_resume_is_bitwise(bool deterministic) {
@@ -53,26 +75,12 @@ void check_resume_is_bitwise(bool deterministic) {
     t.fit();
   }
   world.barrier();
-  {
-    TrainConfig b = c;
-    b.checkpoint.dir = cut;
-    Trainer t(b, world, hooks);
-    t.resume(cut);
-    t.fit();
-  }
+  resume_and_finish(c, cut, world, hooks);
   world.barrier();
   if (world.rank() == 0) {
-    CheckpointData x = final_state(full), y = final_state(cut);
-    EXPECT_EQ(x.scalars.at("epochs_done"), 2);
-    EXPECT_EQ(y.scalars.at("epochs_done"), 2);
-    EXPECT_EQ(x.scalars.at("step"), y.scalars.at("step"));
-    ASSERT_EQ(x.tensors.size(), y.tensors.size());
-    for (std::size_t i = 0; i < x.tensors.size(); ++i) {
-      EXPECT_EQ(x.tensors[i].first, y.tensors[i].first);
-      ASSERT_EQ(x.tensors[i].second.nbytes(), y.tensors[i].second.nbytes());
-      EXPECT_EQ(std::memcmp(x.tensors[i].second.raw(), y.tensors[i].second.raw(), x.tensors[i].second.nbytes()), 0)
-          << "tensor " << x.tensors[i].first << " differs after resume";
-    }
+    EXPECT_EQ(final_state(full).scalars.at("epochs_done"), 2);
+    EXPECT_EQ(final_state(cut).scalars.at("epochs_done"), 2);
+    expect_same_final_state(full, cut, "resumed after epoch 1");
   }
   world.barrier();
   if (world.rank() == 0) fs::remove_all(data);
@@ -148,22 +156,9 @@ TEST(Resume, EveryStepsCheckpointsResumeExactlyFromInsideAnEpoch) {
       fs::copy_file(mid, cut + "/" + fs::path(mid).filename().string());
     }
     world.barrier();
-    {
-      TrainConfig b = c;
-      b.checkpoint.dir = cut;
-      Trainer t(b, world, hooks);
-      t.resume(cut);
-      t.fit();
-    }
+    resume_and_finish(c, cut, world, hooks);
     world.barrier();
-    if (world.rank() == 0) {
-      CheckpointData x = final_state(full), y = final_state(cut);
-      EXPECT_EQ(x.scalars.at("step"), y.scalars.at("step")) << what;
-      ASSERT_EQ(x.tensors.size(), y.tensors.size());
-      for (std::size_t i = 0; i < x.tensors.size(); ++i)
-        EXPECT_EQ(std::memcmp(x.tensors[i].second.raw(), y.tensors[i].second.raw(), x.tensors[i].second.nbytes()), 0)
-            << what << ": tensor " << x.tensors[i].first << " differs after resuming from step 5";
-    }
+    if (world.rank() == 0) expect_same_final_state(full, cut, std::string(what) + ", resumed from step 5");
     world.barrier();
   }
   if (world.rank() == 0) fs::remove_all(data);
