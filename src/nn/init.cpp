@@ -38,7 +38,7 @@ void init_weight(const ParamArena& arena, std::size_t index, Init kind, double f
                  std::uint64_t seed) {
   Tensor p = arena.param(index);
   RT_CHECK(p.dtype() == DType::f32, "init of parameter '", arena.info(index).name, "': only float32 is supported");
-  std::vector<float> host = init_values(static_cast<std::size_t>(p.numel()), index, kind, fan_in, fan_out, seed);
+  std::vector<float> host = init_values(static_cast<std::size_t>(p.numel()), arena.model_index(index), kind, fan_in, fan_out, seed);
   p.copy_from(Tensor::wrap(host.data(), p.shape(), DType::f32));
 }
 

@@ -119,6 +119,20 @@ std::vector<LayerPtr> build_model_layers(const ModelConfig& cfg, Device dev) {
   return build_layers(cfg, backend_for(dev).conv_fuses_pool());
 }
 
+std::vector<LayerPlan> plan_model_layers(const ModelConfig& cfg, Device dev) {
+  std::vector<LayerPlan> out;
+  ParamArena scratch;  // never finalised: registration records names and shapes only
+  int i = 0;
+  for (auto& l : build_layers(cfg, backend_for(dev).conv_fuses_pool())) {
+    const std::size_t before = scratch.size();
+    l->register_params(scratch, i++, "");
+    LayerPlan p{l->name(), scratch.size() - before, 0};
+    for (std::size_t k = before; k < scratch.size(); ++k) p.numel += shape_numel(scratch.info(k).shape);
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
 double model_flops_per_sample(const ModelConfig& cfg) {
   Shape s = {1, cfg.in_channels, cfg.height, cfg.width};
   double f = 0;

@@ -37,6 +37,11 @@ const ParamArena::Flat& ParamArena::flat(DType dt) const {
   RT_FAIL("the parameter arena holds no ", dtype_name(dt), " parameters");
 }
 
+void ParamArena::set_index_base(std::size_t base) {
+  RT_CHECK(!finalized_, "the parameter arena's index base is set after finalize()");
+  base_ = base;
+}
+
 void ParamArena::finalize(Device dev) {
   RT_CHECK(!finalized_, "parameter arena finalised twice");
   device_ = dev;

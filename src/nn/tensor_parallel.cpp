@@ -185,7 +185,7 @@ Tensor ReduceFromTensorRegion::do_forward(const Tensor& x, Mode) {
 void detail::init_shard(const ParamArena& arena, std::size_t index, Init kind, double fan_in, double fan_out,
                         std::uint64_t seed) {
   const ShardSpec& s = arena.info(index).shard;
-  std::vector<float> all = detail::init_values(std::size_t(shape_numel(s.global)), index, kind, fan_in, fan_out, seed);
+  std::vector<float> all = detail::init_values(std::size_t(shape_numel(s.global)), arena.model_index(index), kind, fan_in, fan_out, seed);
   Tensor p = arena.param(index);
   p.copy_from(shard_of(Tensor::wrap(all.data(), s.global, DType::f32), s));
 }

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "ringtrain/core/error.hpp"
+#include "ringtrain/nn/backend.hpp"
 #include "ringtrain/nn/model.hpp"
 
 namespace ringtrain {
@@ -92,53 +93,49 @@ std::vector<int> parse_balance(const std::string& s) {
   return out;
 }
 
-std::vector<double> layer_param_costs(const Model& model) {
+std::vector<double> layer_param_costs(const std::vector<LayerPlan>& plan) {
   std::vector<double> out;
-  Model& m = const_cast<Model&>(model);
-  for (int i = 0; i < m.num_layers(); ++i) {
-    double n = 1;
-    for (auto p : m.layer(i).params()) n += static_cast<double>(shape_numel(model.arena().info(p).shape));
-    out.push_back(n);
-  }
+  for (const LayerPlan& l : plan) out.push_back(1.0 + static_cast<double>(l.numel));
   return out;
 }
 
-std::vector<double> layer_time_costs(Model& model, std::int64_t batch, int reps) {
+// One layer at a time, each in an arena of its own that is freed before the
+// next: the probe never holds more than one layer's parameters and activations.
+std::vector<double> layer_time_costs(const ModelConfig& mc, Device dev, std::int64_t batch, int reps) {
   using Clock = std::chrono::steady_clock;
-  const int n = model.num_layers();
-  Shape s = {batch};
-  s.insert(s.end(), model.sample_shape().begin(), model.sample_shape().end());
-  Tensor x = Tensor::empty(s, DType::f32, model.device());
-  {
-    Tensor h = Tensor::empty(s, DType::f32);
-    for (std::int64_t i = 0; i < h.numel(); ++i) h.data<float>()[i] = float((i * 7919) % 255) / 255.f - 0.5f;
-    x.copy_from(h);
-  }
-  std::vector<std::vector<double>> t(n);
-  for (int r = 0; r < reps + 1; ++r) {  // the first round warms caches and kernel plans
-    std::vector<Tensor> outs;
-    std::vector<double> dt(n, 0);
-    Tensor h = x;
-    for (int i = 0; i < n; ++i) {
-      auto t0 = Clock::now();
-      h = model.layer(i).forward(h, Mode::train);
-      dt[i] += std::chrono::duration<double>(Clock::now() - t0).count();
-    }
-    Tensor g = Tensor::empty(h.shape(), DType::f32, h.device());
-    g.fill_(1.0 / static_cast<double>(g.numel()));
-    for (int i = n; i-- > 0;) {
-      auto t0 = Clock::now();
-      g = model.layer(i).backward(g, i > 0, false);
-      dt[i] += std::chrono::duration<double>(Clock::now() - t0).count();
-    }
-    if (r > 0)
-      for (int i = 0; i < n; ++i) t[i].push_back(dt[i]);
-  }
-  model.zero_grad();
+  std::vector<LayerPtr> layers = build_model_layers(mc, dev);
+  Shape s = {batch, mc.in_channels, mc.height, mc.width};
+  std::size_t index = 0;  // model index of the layer's first parameter
   std::vector<double> out;
-  for (auto& v : t) {
-    std::sort(v.begin(), v.end());
-    out.push_back(v[v.size() / 2]);
+  for (std::size_t i = 0; i < layers.size(); ++i) {
+    Layer& l = *layers[i];
+    ParamArena a;
+    a.set_index_base(index);
+    l.register_params(a, static_cast<int>(i), "");
+    index += a.size();
+    a.finalize(dev);
+    l.bind(BindContext{backend_for(dev), dev, a, mc.seed, mc.math});
+    l.init(a, mc.seed);
+    Tensor x = Tensor::empty(s, DType::f32, dev);
+    {
+      Tensor h = Tensor::empty(s, DType::f32);
+      for (std::int64_t k = 0; k < h.numel(); ++k) h.data<float>()[k] = float((k * 7919) % 255) / 255.f - 0.5f;
+      x.copy_from(h);
+    }
+    std::vector<double> t;
+    for (int r = 0; r < reps + 1; ++r) {  // the first round warms caches and kernel plans
+      auto t0 = Clock::now();
+      Tensor y = l.forward(x, Mode::train);
+      Tensor g = Tensor::empty(y.shape(), DType::f32, y.device());
+      g.fill_(1.0 / static_cast<double>(g.numel()));
+      l.backward(g, i > 0, false);
+      backend_for(dev).synchronize();
+      if (r > 0) t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    }
+    s = l.output_shape(s);
+    layers[i].reset();  // frees its activations; the arena goes with this scope
+    std::sort(t.begin(), t.end());
+    out.push_back(t[t.size() / 2]);
   }
   return out;
 }

@@ -31,18 +31,16 @@ PipelineModel::PipelineModel(const ProcessGrid& grid, const ModelConfig& mc, con
   mb_size_ = pc.batch / pc.micro_batches;
   ModelConfig mc_tp = mc;  // parallel.tensor: the model splits its layers over grid.tp()
   mc_tp.tensor = TensorGroup::of(grid.tp(), mc.tensor.stats);  // stats: the caller's counter, if any
-  std::unique_ptr<Model> full = build_model(mc_tp, dev);  // initial weights, shapes, costs
+  // Nothing of the whole model is allocated: the partition works from what each
+  // layer registers (or times layers one by one), the stage builds its own layers.
+  const std::vector<LayerPlan> plan = plan_model_layers(mc_tp, dev);
   run_agreed(grid.world(), "partitioning the model into stages", [&] {
-    const int n = full->num_layers();
+    const int n = static_cast<int>(plan.size());
     switch (pc.partition) {
       case PartitionKind::uniform: balance_ = balance_uniform(n, p); break;
-      case PartitionKind::params: balance_ = balance_by_cost(layer_param_costs(*full), p); break;
+      case PartitionKind::params: balance_ = balance_by_cost(layer_param_costs(plan), p); break;
       case PartitionKind::list: balance_ = check_balance_list(pc.balance, n, p); break;
-      case PartitionKind::time: {
-        auto probe = build_model(mc_tp, dev);  // profiling must not touch the initial state
-        balance_ = balance_by_cost(layer_time_costs(*probe, mb_size_), p);
-        break;
-      }
+      case PartitionKind::time: balance_ = balance_by_cost(layer_time_costs(mc_tp, dev, mb_size_), p); break;
     }
   });
   // Timings differ per rank: every rank takes world rank 0's cut.
@@ -50,21 +48,10 @@ PipelineModel::PipelineModel(const ProcessGrid& grid, const ModelConfig& mc, con
   int first = 0;
   for (int s = 0; s < grid.pp_rank(); ++s) first += balance_[s];
   const int end = first + balance_[grid.pp_rank()];
-
-  // The executor knows the slots the schedule needs; build it first.
-  Shape in_mb, out_mb;
-  {
-    Shape sh = {mb_size_};
-    sh.insert(sh.end(), full->sample_shape().begin(), full->sample_shape().end());
-    for (int i = 0; i < end; ++i) {
-      if (i == first) in_mb = sh;
-      sh = full->layer(i).output_shape(sh);
-    }
-    out_mb = sh;
-  }
+  // The executor knows the slots the schedule needs: the stage is built after it.
+  const auto [in_mb, out_mb] = Stage::boundary_shapes(mc_tp, dev, first, end, mb_size_);
   exec_ = std::make_unique<PipelineExecutor>(grid, pc.schedule, pc.micro_batches, in_mb, out_mb, pc.timeout_s);
-  stage_ = std::make_unique<Stage>(mc_tp, dev, first, end, exec_->slots(), *full);
-  full.reset();
+  stage_ = std::make_unique<Stage>(mc_tp, dev, first, end, exec_->slots());
   // BatchNorm: per-micro-batch normalisation, running statistics over the whole step (stage.hpp).
   if (pc.micro_batches > 1) stage_->set_deferred_batch_stats(true);
   opt_ = make_optimizer(stage_->arena(), oc);

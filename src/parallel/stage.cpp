@@ -14,20 +14,28 @@ void collect_bn(Layer& l, std::vector<BatchNorm2d*>& out) {
 
 }  // namespace
 
-Stage::Stage(const ModelConfig& mc, Device dev, int first, int end, int slots, const Model& init)
+Stage::Stage(const ModelConfig& mc, Device dev, int first, int end, int slots)
     : device_(dev), first_(first), end_(end) {
   RT_CHECK(slots >= 1, "pipeline stage: needs at least one activation slot");
-  RT_CHECK(first >= 0 && first < end && end <= init.num_layers(), "pipeline stage: layers [", first, ", ", end,
-           ") out of the model's ", init.num_layers());
-  // The stage's input shape: the model's sample shape through the earlier layers.
-  Shape s = {1};
-  s.insert(s.end(), init.sample_shape().begin(), init.sample_shape().end());
-  Model& full = const_cast<Model&>(init);
-  for (int i = 0; i < first; ++i) s = full.layer(i).output_shape(s);
+  // Layer objects hold no parameters until registered and bound: building the
+  // whole list per slot is cheap, and only [first, end) is ever allocated.
+  std::vector<LayerPtr> all = build_model_layers(mc, dev);
+  const int n = static_cast<int>(all.size());
+  RT_CHECK(first >= 0 && first < end && end <= n, "pipeline stage: layers [", first, ", ", end,
+           ") out of the model's ", n);
+  // The stage's input shape (the model's sample shape through the earlier
+  // layers) and the model index of its first parameter (init values are drawn per index).
+  Shape s = {1, mc.in_channels, mc.height, mc.width};
+  ParamArena before;
+  for (int i = 0; i < first; ++i) {
+    s = all[static_cast<std::size_t>(i)]->output_shape(s);
+    all[static_cast<std::size_t>(i)]->register_params(before, i, "");
+  }
   sample_in_.assign(s.begin() + 1, s.end());
+  arena_.set_index_base(before.size());
 
   for (int k = 0; k < slots; ++k) {
-    std::vector<LayerPtr> all = build_model_layers(mc, dev);
+    if (k > 0) all = build_model_layers(mc, dev);
     std::vector<LayerPtr> mine;
     for (int i = first; i < end; ++i) mine.push_back(std::move(all[static_cast<std::size_t>(i)]));
     // Slot 0 registers into the stage's arena; the others into a scratch arena
@@ -46,26 +54,28 @@ Stage::Stage(const ModelConfig& mc, Device dev, int first, int end, int slots, c
       for (auto& nb : l->buffers()) b.push_back(nb);
     slot_buffers_.push_back(std::move(b));
   }
-  // The unpipelined model's initial parameters and buffers, by name.
-  for (std::size_t i = 0; i < arena_.size(); ++i) {
-    Tensor dst = arena_.param(i);
-    dst.copy_from(init.arena().param(init.arena().index_of(arena_.info(i).name)));
-  }
-  std::vector<NamedBuffer> src = init.buffers();
-  for (auto& b : slot_buffers_[0]) {
-    bool found = false;
-    for (auto& sb : src)
-      if (sb.name == b.name) {
-        b.tensor.copy_from(sb.tensor);
-        found = true;
-      }
-    RT_CHECK(found, "pipeline stage: buffer '", b.name, "' not in the model");
-  }
+  // The whole model's initial parameters and buffers (Model::reset_parameters), once.
+  for (auto& l : slots_[0]) l->init(arena_, mc.seed);
+  for (std::size_t k = 1; k < slot_buffers_.size(); ++k)
+    for (std::size_t i = 0; i < slot_buffers_[k].size(); ++i) slot_buffers_[k][i].tensor.copy_from(slot_buffers_[0][i].tensor);
   first_param_layer_ = 0;
   while (first_param_layer_ + 1 < num_layers() && slots_[0][first_param_layer_]->params().empty()) ++first_param_layer_;
 }
 
 Stage::~Stage() = default;
+
+std::pair<Shape, Shape> Stage::boundary_shapes(const ModelConfig& mc, Device dev, int first, int end,
+                                               std::int64_t n) {
+  std::vector<LayerPtr> all = build_model_layers(mc, dev);
+  RT_CHECK(first >= 0 && first < end && end <= static_cast<int>(all.size()), "pipeline stage: layers [", first,
+           ", ", end, ") out of the model's ", all.size());
+  Shape s = {n, mc.in_channels, mc.height, mc.width}, in;
+  for (int i = 0; i < end; ++i) {
+    if (i == first) in = s;
+    s = all[static_cast<std::size_t>(i)]->output_shape(s);
+  }
+  return {in, s};
+}
 
 Shape Stage::input_shape(std::int64_t n) const {
   Shape s = {n};

@@ -78,7 +78,7 @@ struct PipelineTrainer::Impl {
     pc.engine = engine_options(cfg);
     pc.deterministic = cfg.comm.deterministic;
     OptimizerConfig oc = optimizer_config(cfg);
-    num_params = build_model(mc)->num_params();
+    for (const LayerPlan& l : plan_model_layers(mc)) num_params += l.numel;  // the whole model, never built here
     pm = std::make_unique<PipelineModel>(grid, mc, pc, oc);
     ckpt.describe_run(num_params, grid.pp_size(), grid.tp_size(), grid.dp_size());
     ckpt.create_dir();

@@ -84,9 +84,15 @@ TEST(Partition, ParamsAndTimeCostsCoverEveryLayer) {
   ModelConfig mc;
   mc.height = mc.width = 8;
   auto m = build_model(mc);
-  std::vector<double> pc = layer_param_costs(*m), tc = layer_time_costs(*m, 4, 1);
+  std::vector<double> pc = layer_param_costs(plan_model_layers(mc)), tc = layer_time_costs(mc, Device::cpu(), 4, 1);
   ASSERT_EQ(static_cast<int>(pc.size()), m->num_layers());
   ASSERT_EQ(static_cast<int>(tc.size()), m->num_layers());
+  // The plan counts what the built model registers.
+  for (int i = 0; i < m->num_layers(); ++i) {
+    double n = 1;
+    for (auto p : m->layer(i).params()) n += static_cast<double>(shape_numel(m->arena().info(p).shape));
+    EXPECT_EQ(pc[static_cast<std::size_t>(i)], n) << m->layer(i).name();
+  }
   for (double t : tc) EXPECT_GE(t, 0.0);
   // fc1 (64*2*2 -> 128) outweighs flatten (no parameters).
   EXPECT_GT(pc[3], pc[2]);

@@ -101,6 +101,16 @@ std::unique_ptr<Model> build_model(const ModelConfig& cfg, Device dev = Device::
 // The same model's top-level layers, unregistered and unbound (pipeline stages
 // build their own copies of a contiguous range of them).
 std::vector<LayerPtr> build_model_layers(const ModelConfig& cfg, Device dev = Device::cpu());
+// What each top-level layer registers, found without allocating anything: a
+// pipeline stage sizes and places itself with it (parameter counts for the
+// partition, the model index of its first parameter) instead of building the
+// whole model. numel counts this rank's shard of tensor-parallel parameters.
+struct LayerPlan {
+  std::string name;
+  std::size_t params = 0;     // registered parameters (arena entries)
+  std::int64_t numel = 0;     // their elements
+};
+std::vector<LayerPlan> plan_model_layers(const ModelConfig& cfg, Device dev = Device::cpu());
 // Forward+backward FLOPs per sample of conv and linear layers (for GFLOP/s).
 double model_flops_per_sample(const ModelConfig& cfg);
 

@@ -54,6 +54,12 @@ class ParamArena {
   // checks that the local shape is the global one divided as `s` says.
   void set_shard(std::size_t i, ShardSpec s);
   std::size_t index_of(const std::string& name) const;  // throws Error naming it
+  // A pipeline stage's arena holds a contiguous run of the whole model's
+  // parameters: index i here is parameter base + i of the model. Initial values
+  // are drawn per model index (nn/init.hpp), so a stage built on its own starts
+  // from the same weights as the whole model.
+  void set_index_base(std::size_t base);
+  std::size_t model_index(std::size_t i) const { return base_ + i; }
 
   Tensor param(std::size_t i) const;
   Tensor grad(std::size_t i) const;
@@ -78,6 +84,7 @@ class ParamArena {
   std::vector<ParamInfo> infos_;
   std::vector<Flat> flats_;
   Device device_ = Device::cpu();
+  std::size_t base_ = 0;
   bool finalized_ = false;
 };
 

@@ -10,9 +10,10 @@
 #include <string>
 #include <vector>
 
+#include "ringtrain/nn/model.hpp"
+
 namespace ringtrain {
 
-class Model;
 
 enum class PartitionKind { uniform, params, time, list };
 PartitionKind parse_partition(const std::string& s);  // Error names parallel.partition
@@ -25,10 +26,11 @@ std::vector<int> check_balance_list(const std::vector<int>& counts, int layers, 
 // "[3, 2, 2]" or "3,2,2" -> {3, 2, 2}; Error naming parallel.balance otherwise.
 std::vector<int> parse_balance(const std::string& s);
 
-// Per top-level layer costs of `model`: parameter counts (+1 so that layers
-// without parameters still weigh something), or seconds of one forward and
-// backward on a random micro-batch of `batch` samples (median of `reps`).
-std::vector<double> layer_param_costs(const Model& model);
-std::vector<double> layer_time_costs(Model& model, std::int64_t batch, int reps = 3);
+// Per top-level layer costs: parameter counts (+1 so that layers without
+// parameters still weigh something), or seconds of one forward and backward
+// of each layer alone on a random micro-batch of `batch` samples (median of
+// `reps`; the layers are built one at a time, never the whole model at once).
+std::vector<double> layer_param_costs(const std::vector<LayerPlan>& plan);
+std::vector<double> layer_time_costs(const ModelConfig& mc, Device dev, std::int64_t batch, int reps = 3);
 
 }  // namespace ringtrain

@@ -9,9 +9,10 @@
 //    Each slot is its own copy of the stage's layers, bound to the one arena
 //    (shared parameters and gradients), so each keeps its own activations and
 //    kernel state. A slot is busy from forward() to backward_weight().
-//  - Parameters start equal to the unpipelined model's (copied by name from
-//    `init`, built from the same ModelConfig), so every stage count starts
-//    from the same weights.
+//  - A stage allocates and initialises only its own layers. Parameters start
+//    equal to the unpipelined model's built from the same ModelConfig (values
+//    are drawn per model parameter index, ParamArena::set_index_base), so
+//    every stage count starts from the same weights.
 //  - Gradients accumulate over the step's micro-batches: zero_grads() first.
 //  - BatchNorm: each micro-batch is normalised with its own statistics (as
 //    GPipe); the running statistics live in slot 0's layers. By default every
@@ -26,6 +27,7 @@
 //    split, after backward_weight for those that do).
 #include <functional>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "ringtrain/nn/model.hpp"
@@ -36,8 +38,12 @@ class Stage {
  public:
   using GradReady = std::function<void(int local_layer)>;
 
-  Stage(const ModelConfig& mc, Device dev, int first, int end, int slots, const Model& init);
+  Stage(const ModelConfig& mc, Device dev, int first, int end, int slots);
   ~Stage();
+  // Input and output shapes of layers [first, end) for n samples, without
+  // allocating anything (the executor sizes its buffers before the stage exists).
+  static std::pair<Shape, Shape> boundary_shapes(const ModelConfig& mc, Device dev, int first, int end,
+                                                 std::int64_t n);
 
   int first_layer() const { return first_; }
   int end_layer() const { return end_; }
