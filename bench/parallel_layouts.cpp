@@ -40,7 +40,7 @@
 #include "ringtrain/comm/collectives.hpp"
 #include "ringtrain/nn/rng.hpp"
 #include "ringtrain/nn/tensor_parallel.hpp"
-#include "ringtrain/parallel/pipeline.hpp"
+#include "ringtrain/parallel/grid_model.hpp"
 
 using namespace ringtrain;
 
@@ -82,7 +82,7 @@ struct Layout {
   std::string name;
   int pp = 1, tp = 1, m = 1;
   std::unique_ptr<ProcessGrid> grid;
-  std::unique_ptr<PipelineModel> model;
+  std::unique_ptr<GridModel> model;
   std::shared_ptr<TpStats> stats = std::make_shared<TpStats>();
   Tensor x, y;
   // per timed step: step (this rank), executor wall, busy, tensor comm, dp wait, tensor calls, thread CPU
@@ -219,14 +219,14 @@ int main(int argc, char** argv) {
   try {  // configuration errors (heads, partition, ...) are raised alike on every rank
     for (Layout& L : layouts) {
       L.grid = std::make_unique<ProcessGrid>(ProcessGrid::make(world, {L.pp, L.tp}));
-      PipelineConfig pc;
+      GridConfig pc;
       pc.micro_batches = L.m;
       pc.schedule = parse_schedule(schedule);
       pc.partition = parse_partition(partition);
       pc.batch = batch / L.grid->dp_size();
       ModelConfig lm = mc;
       lm.tensor.stats = L.stats;
-      L.model = std::make_unique<PipelineModel>(*L.grid, lm, pc, oc);
+      L.model = std::make_unique<GridModel>(*L.grid, lm, pc, oc);
       // Every layout sees the same global batch: replica r takes samples [r*b, (r+1)*b).
       L.x = Tensor::empty({pc.batch, 1, 28, 28});
       L.y = Tensor::empty({pc.batch}, DType::i64);
@@ -261,7 +261,7 @@ int main(int argc, char** argv) {
       L.stats->reset();
       const double c0 = thread_cpu();
       auto t0 = Clock::now();
-      PipeStepResult r = L.model->train_step(L.x, L.y, 0.01);
+      GridStepResult r = L.model->train_step(L.x, L.y, 0.01);
       L.step.push_back(since(t0));
       L.cpu.push_back(thread_cpu() - c0);
       L.wall.push_back(r.timing.wall_s);

@@ -2,7 +2,7 @@
 // and ZB-H1, m micro-batches, one replica) next to pure data parallelism over
 // the same 2 ranks (each rank the whole model, half the batch, gradients
 // averaged by the fusion engine), same global batch, in one run. The DP
-// reference runs through PipelineModel with one stage (p = 1, m = 1): the
+// reference runs through GridModel with one stage (p = 1, m = 1): the
 // same layers, engine and optimizer as the trainer's DP path.
 // Run: mpirun -np 2 bench_parallel_throughput [--batch 128 --m 8 --steps 8]
 #include <omp.h>
@@ -16,7 +16,7 @@
 
 #include "ringtrain/comm/collectives.hpp"
 #include "ringtrain/nn/rng.hpp"
-#include "ringtrain/parallel/pipeline.hpp"
+#include "ringtrain/parallel/grid_model.hpp"
 
 using namespace ringtrain;
 
@@ -33,14 +33,14 @@ Result measure(const Communicator& world, int p, int m, std::int64_t global, int
   mc.in_channels = 3;
   mc.height = mc.width = 32;
   mc.depth = 20;
-  PipelineConfig pc;
+  GridConfig pc;
   pc.micro_batches = m;
   pc.schedule = kind;
   pc.partition = PartitionKind::time;
   pc.batch = global / grid.dp_size();
   OptimizerConfig oc;
   oc.momentum = 0.9;
-  PipelineModel pm(grid, mc, pc, oc);
+  GridModel pm(grid, mc, pc, oc);
   Tensor x = Tensor::empty({pc.batch, 3, 32, 32});
   Tensor y = Tensor::empty({pc.batch}, DType::i64);
   for (std::int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = counter_uniform(3, 0, static_cast<std::uint64_t>(i)) - 0.5f;

@@ -15,7 +15,7 @@
 #include "ringtrain/data/loader.hpp"
 #include "ringtrain/data/schema.hpp"
 #include "ringtrain/optim/schedule.hpp"
-#include "ringtrain/parallel/pipeline.hpp"
+#include "ringtrain/parallel/grid_model.hpp"
 #include "ringtrain/train/checkpoint.hpp"
 #include "checkpoint_session.hpp"
 #include "run_state.hpp"
@@ -33,7 +33,7 @@ struct PipelineTrainer::Impl {
   TrainerHooks hooks;
   ProcessGrid grid;
   std::unique_ptr<data::Loader> loader;
-  std::unique_ptr<PipelineModel> pm;
+  std::unique_ptr<GridModel> pm;
   std::unique_ptr<LrSchedule> schedule;
   std::unique_ptr<Reporter> reporter;
   RunPosition pos;                 // where the run stands (step_in_epoch: exact resume)
@@ -67,7 +67,7 @@ struct PipelineTrainer::Impl {
     run_agreed(world, "checking the data files",
                [&] { run_state::check_data_files(cfg, loader->info(), hooks.evaluate); });
     ModelConfig mc = model_config(cfg, loader->info());
-    PipelineConfig pc;
+    GridConfig pc;
     pc.micro_batches = micro_batches();
     pc.schedule = parse_schedule(cfg.parallel.schedule);
     pc.partition = parse_partition(cfg.parallel.partition);
@@ -79,7 +79,7 @@ struct PipelineTrainer::Impl {
     pc.deterministic = cfg.comm.deterministic;
     OptimizerConfig oc = optimizer_config(cfg);
     for (const LayerPlan& l : plan_model_layers(mc)) num_params += l.numel;  // the whole model, never built here
-    pm = std::make_unique<PipelineModel>(grid, mc, pc, oc);
+    pm = std::make_unique<GridModel>(grid, mc, pc, oc);
     ckpt.describe_run(num_params, grid.pp_size(), grid.tp_size(), grid.dp_size());
     ckpt.create_dir();
 
@@ -164,7 +164,7 @@ struct PipelineTrainer::Impl {
         std::optional<data::Batch> b = loader->next();
         RT_CHECK(b.has_value(), grid.tag(), " training data ended inside an epoch");
         const int mine = hooks.stop_signal ? hooks.stop_signal() : 0;
-        PipeStepResult r = pm->train_step(b->images, b->labels, schedule->lr_at(pos.step), mine != 0, ckpt.time_due());
+        GridStepResult r = pm->train_step(b->images, b->labels, schedule->lr_at(pos.step), mine != 0, ckpt.time_due());
         if (r.stop) stop_signal = mine ? mine : -1;  // every rank stops after this step
         RT_CHECK(std::isfinite(r.loss), "training diverged: loss is ", r.loss, " at step ", pos.step);
         ++pos.step;

@@ -1,6 +1,8 @@
 #pragma once
 // Trainer::Impl, shared by trainer.cpp (building, the step, the epoch,
-// evaluation) and trainer_checkpoint.cpp (checkpoints, resume, stopping).
+// evaluation), trainer_grid.cpp (the step and state of a rank's part of the
+// grid: parallel.pipeline or parallel.tensor > 1) and trainer_checkpoint.cpp
+// (checkpoints, resume, stopping).
 #include <chrono>
 #include <memory>
 #include <string>
@@ -14,6 +16,7 @@
 #include "ringtrain/optim/optimizer.hpp"
 #include "ringtrain/optim/schedule.hpp"
 #include "ringtrain/optim/sharded_optimizer.hpp"
+#include "ringtrain/parallel/grid_model.hpp"
 #include "ringtrain/train/device_runtime.hpp"
 #include "ringtrain/train/state.hpp"
 #include "ringtrain/train/trainer.hpp"
@@ -32,6 +35,13 @@ struct Trainer::Impl {
   std::unique_ptr<LossScaler> scaler;  // train.precision = fp16 only
   Tensor scaler_state;                 // f64 [4] on the host: checkpointed and broadcast
   std::unique_ptr<data::Loader> loader;
+  // parallel.pipeline or parallel.tensor > 1: this rank's stage and tensor shard
+  // (trainer_grid.cpp); the members below up to `engine` stay empty then.
+  // Otherwise the whole model is replicated on every rank (data parallelism).
+  std::unique_ptr<ProcessGrid> grid;
+  std::unique_ptr<GridModel> gm;
+  std::string layout;            // "parallel.pipeline = 2 with parallel.tensor = 2", for messages
+  std::int64_t num_params = 0;   // the whole model's
   std::unique_ptr<Model> model;
   std::unique_ptr<Optimizer> optimizer;  // null with parallel.shard_optimizer: `zero` updates instead
   // parallel.shard_optimizer (ZeRO-1): each rank holds its slice of the state;
@@ -47,6 +57,7 @@ struct Trainer::Impl {
   // the same step, for free).
   Tensor loss_buf;
   bool save_due = false;  // the last step asked for a checkpoint (checkpoint.every_steps / every_s)
+  bool save_asked = false;  // a rank's checkpoint.every_s clock asked in the last step's all-reduce
   Tensor dlogits;               // reused across steps
   std::vector<Handle> handles;  // this step's outstanding all-reduces
   // comm.deterministic: static buckets of consecutive parameters, in backward order.
@@ -68,13 +79,22 @@ struct Trainer::Impl {
 
   // Per-epoch counters of this rank.
   struct EpochStats {
-    double loss_sum = 0, compute_s = 0, comm_s = 0;
+    double loss_sum = 0, compute_s = 0, comm_s = 0, pipeline_wait_s = 0;
     std::int64_t steps = 0, correct = 0, seen = 0, skipped = 0;
   };
 
   Impl(TrainConfig c, Communicator w, TrainerHooks h);
 
+  // trainer_grid.cpp
+  void build_grid();
+  double grid_step(EpochStats& st);
+  std::pair<double, std::int64_t> grid_eval_batch(const data::Batch& b);  // {loss sum, samples counted here}
+  void save_grid_checkpoint(bool force);
+  bool load_grid(const std::string& path, bool with_optimizer);
+  void verify_grid_replicas();
+
   // trainer.cpp
+  const Communicator& dp() const { return grid ? grid->dp() : world; }  // ranks sharing this rank's part
   void open_loader();
   void build_model();
   void build_optimizer();

@@ -28,7 +28,7 @@
 #include "ringtrain/nn/layers.hpp"
 #include "ringtrain/nn/loss.hpp"
 #include "ringtrain/nn/rng.hpp"
-#include "ringtrain/parallel/pipeline.hpp"
+#include "ringtrain/parallel/grid_model.hpp"
 
 namespace ringtrain {
 namespace {
@@ -163,11 +163,11 @@ TEST_P(PipelineBatchNorm, RunningStatisticsCoverTheWholeStep) {
   Reference deferred = reference(dp, mine, true), per_mb = reference(dp, mine, false);
   const auto stem = whole_batch_stem(dp, mine);
 
-  PipelineConfig pc;
+  GridConfig pc;
   pc.micro_batches = kMicro;
   pc.schedule = GetParam();
   pc.batch = kPerReplica;
-  PipelineModel pm(grid, resnet(), pc, sgd());
+  GridModel pm(grid, resnet(), pc, sgd());
   const std::string what = cat(schedule_name(GetParam()), " p=", p, " dp=", dp, " ", grid.tag());
   double diff_per_mb = 0;
   for (int t = 0; t < kSteps; ++t) {
@@ -220,10 +220,10 @@ TEST(PipelineBatchNorm, OneMicroBatchIsTheOrdinaryUpdate) {
   ProcessGrid grid = ProcessGrid::make(world, {p, 1});
   const int dp = grid.dp_size(), mine = grid.dp_rank();
   auto ref = build_model(resnet());
-  PipelineConfig pc;
+  GridConfig pc;
   pc.micro_batches = 1;
   pc.batch = kPerReplica;
-  PipelineModel pm(grid, resnet(), pc, sgd());
+  GridModel pm(grid, resnet(), pc, sgd());
   Tensor x, y;
   global_batch(0, kPerReplica * dp, x, y);
   pm.train_step(rows(x, mine * kPerReplica, kPerReplica), rows(y, mine * kPerReplica, kPerReplica), kLr);

@@ -1,4 +1,4 @@
-// Must-show: with PipelineConfig::deterministic (comm.deterministic on the grid
+// Must-show: with GridConfig::deterministic (comm.deterministic on the grid
 // path) two runs of the same DP x PP job end with bitwise-identical parameters
 // and running statistics, although the second run's engine cycles 100x slower
 // with a 4 KiB instead of a 64 MiB fusion threshold and its ranks arrive at
@@ -18,7 +18,7 @@
 
 #include "ringtrain/comm/communicator.hpp"
 #include "ringtrain/nn/rng.hpp"
-#include "ringtrain/parallel/pipeline.hpp"
+#include "ringtrain/parallel/grid_model.hpp"
 
 namespace ringtrain {
 namespace {
@@ -53,7 +53,7 @@ struct RunResult {
 };
 
 RunResult run(const ProcessGrid& grid, bool slow_and_jittered) {
-  PipelineConfig pc;
+  GridConfig pc;
   pc.micro_batches = kMicro;
   pc.batch = kPerReplica;
   pc.deterministic = true;
@@ -64,7 +64,7 @@ RunResult run(const ProcessGrid& grid, bool slow_and_jittered) {
   pc.engine.fusion_threshold = slow_and_jittered ? std::size_t{4} << 10 : std::size_t{64} << 20;
   OptimizerConfig oc;
   oc.momentum = 0.9;
-  PipelineModel pm(grid, resnet(), pc, oc);
+  GridModel pm(grid, resnet(), pc, oc);
   for (int t = 0; t < kSteps; ++t) {
     if (slow_and_jittered && (t + grid.dp_rank() + grid.pp_rank()) % 2 == 0)
       std::this_thread::sleep_for(std::chrono::milliseconds(3 * (1 + grid.dp_rank() + 2 * grid.pp_rank())));

@@ -11,7 +11,7 @@
 #include "ringtrain/comm/communicator.hpp"
 #include "ringtrain/nn/loss.hpp"
 #include "ringtrain/nn/rng.hpp"
-#include "ringtrain/parallel/pipeline.hpp"
+#include "ringtrain/parallel/grid_model.hpp"
 
 namespace ringtrain {
 namespace {
@@ -82,17 +82,17 @@ void check(int p, ScheduleKind kind) {
   ProcessGrid grid = ProcessGrid::make(world, {p, 1});
   const std::int64_t global = static_cast<std::int64_t>(kPerReplica) * grid.dp_size();
   Reference ref = reference(global);
-  PipelineConfig pc;
+  GridConfig pc;
   pc.micro_batches = kMicro;
   pc.schedule = kind;
   pc.batch = kPerReplica;
-  PipelineModel pm(grid, cnn(), pc, sgd());
+  GridModel pm(grid, cnn(), pc, sgd());
   const std::string what = cat(schedule_name(kind), " p=", p, " dp=", grid.dp_size(), " ", grid.tag());
   for (int t = 0; t < kSteps; ++t) {
     Tensor x, y;
     global_batch(t, global, x, y);
     const std::int64_t lo = grid.dp_rank() * kPerReplica;
-    PipeStepResult r = pm.train_step(rows(x, lo, kPerReplica), rows(y, lo, kPerReplica), 0.05);
+    GridStepResult r = pm.train_step(rows(x, lo, kPerReplica), rows(y, lo, kPerReplica), 0.05);
     ASSERT_NEAR(r.loss, ref.loss[t], 1e-4 * std::abs(ref.loss[t])) << what << " step " << t;
     EXPECT_EQ(r.seen, global);
   }
@@ -126,12 +126,12 @@ TEST(PipelineGrid, BadSizesAreErrorsNamingTheValues) {
   if (world.size() == 3) { EXPECT_THROW(ProcessGrid::make(world, {2, 1}), Error); }
   EXPECT_THROW(ProcessGrid::data_parallel_size(6, {4, 1}), Error);
   EXPECT_EQ(ProcessGrid::data_parallel_size(8, {4, 1}), 2);
-  PipelineConfig pc;
+  GridConfig pc;
   pc.micro_batches = 3;
   pc.batch = 8;
   ProcessGrid g = ProcessGrid::make(world, {1, 1});
   try {
-    PipelineModel pm(g, cnn(), pc, sgd());
+    GridModel pm(g, cnn(), pc, sgd());
     ADD_FAILURE() << "m = 3 does not divide 8";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("not divisible by parallel.micro_batches = 3"), std::string::npos) << e.what();

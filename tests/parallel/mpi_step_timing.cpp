@@ -13,7 +13,7 @@
 #include <thread>
 
 #include "ringtrain/nn/rng.hpp"
-#include "ringtrain/parallel/pipeline.hpp"
+#include "ringtrain/parallel/grid_model.hpp"
 
 namespace ringtrain {
 namespace {
@@ -34,8 +34,8 @@ ModelConfig small_vit() {
   return mc;
 }
 
-PipelineConfig pipe_cfg() {
-  PipelineConfig pc;
+GridConfig pipe_cfg() {
+  GridConfig pc;
   pc.micro_batches = kM;
   pc.batch = kBatch;
   return pc;
@@ -57,13 +57,13 @@ TEST(StepTiming, TpStatsCountTheBlocksAllReducesAndTheirWait) {
   auto stats = std::make_shared<TpStats>();
   ModelConfig mc = small_vit();
   mc.tensor.stats = stats;
-  PipelineModel pm(grid, mc, pipe_cfg(), OptimizerConfig{});
+  GridModel pm(grid, mc, pipe_cfg(), OptimizerConfig{});
   auto [x, y] = batch(grid.dp_rank());
   pm.train_step(x, y, 0.01);  // first-step allocations
   world.barrier();
   stats->reset();
   if (grid.tp_rank() != 0) sleep_s(kLate);
-  PipeStepResult r = pm.train_step(x, y, 0.01);
+  GridStepResult r = pm.train_step(x, y, 0.01);
   if (T == 1) {  // no tensor group: the collectives return before counting
     EXPECT_EQ(stats->calls, 0);
     return;
@@ -82,12 +82,12 @@ TEST(StepTiming, ReduceWaitHoldsTheDataParallelWaitOutsideBusy) {
   Communicator world = Communicator::world();
   if (world.size() < 2) GTEST_SKIP() << "needs 2 data-parallel replicas";
   ProcessGrid grid = ProcessGrid::make(world, {1, 1});
-  PipelineModel pm(grid, small_vit(), pipe_cfg(), OptimizerConfig{});
+  GridModel pm(grid, small_vit(), pipe_cfg(), OptimizerConfig{});
   auto [x, y] = batch(grid.dp_rank());
   pm.train_step(x, y, 0.01);
   world.barrier();
   if (grid.dp_rank() != 0) sleep_s(kLate);
-  PipeStepResult r = pm.train_step(x, y, 0.01);
+  GridStepResult r = pm.train_step(x, y, 0.01);
   const StepTiming& t = r.timing;
   EXPECT_LE(t.busy_s + t.reduce_s, t.wall_s + 1e-6);
   if (grid.dp_rank() == 0) {

@@ -23,7 +23,7 @@
 #include "jobs.hpp"
 #include "ringtrain/core/log.hpp"
 #include "ringtrain/data/prepare.hpp"
-#include "ringtrain/parallel/pipeline.hpp"
+#include "ringtrain/parallel/grid_model.hpp"
 #include "ringtrain/train/exit_codes.hpp"
 #include "ringtrain/train/signals.hpp"
 #include "ringtrain/train/trainer.hpp"
@@ -127,12 +127,12 @@ TEST(FailureChild, DISABLED_PipelineEvalStageZeroIsStopped) {
   ProcessGrid grid = ProcessGrid::make(world, {2, 1});
   ModelConfig mc;
   mc.name = "cnn";
-  PipelineConfig pc;
+  GridConfig pc;
   pc.micro_batches = 2;
   pc.batch = 16;
   pc.timeout_s = 3;
   OptimizerConfig oc;
-  PipelineModel pm(grid, mc, pc, oc);
+  GridModel pm(grid, mc, pc, oc);
   Tensor x = Tensor::zeros({16, 1, 28, 28}), y = Tensor::zeros({16}, DType::i32);
   for (int b = 0; b < 1000; ++b) {
     if (b == 2 && world.rank() == 0) std::raise(SIGSTOP);

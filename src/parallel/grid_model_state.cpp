@@ -1,4 +1,4 @@
-// PipelineModel's checkpoint state with tensor-parallel shards whole: the file
+// GridModel's checkpoint state with tensor-parallel shards whole: the file
 // layout ("param/<name>", "buffer/<name>", "optim/<slot>/<name>") is the same at any
 // parallel.tensor, so a run saved at tensor 2 resumes at tensor 1 and back.
 #include <cmath>
@@ -7,7 +7,7 @@
 #include "ringtrain/comm/collectives.hpp"
 #include "ringtrain/comm/named_tensors.hpp"
 #include "ringtrain/nn/tensor_parallel.hpp"
-#include "ringtrain/parallel/pipeline.hpp"
+#include "ringtrain/parallel/grid_model.hpp"
 
 namespace ringtrain {
 namespace {
@@ -36,7 +36,7 @@ const ShardSpec* shard_of_name(const ParamArena& a, const std::vector<NamedBuffe
 
 }  // namespace
 
-std::vector<std::pair<std::string, Tensor>> PipelineModel::whole_state() {
+std::vector<std::pair<std::string, Tensor>> GridModel::whole_state() {
   auto out = named_state();
   if (grid_.tp_size() == 1) return out;
   const TensorGroup g = TensorGroup::of(grid_.tp());
@@ -46,7 +46,7 @@ std::vector<std::pair<std::string, Tensor>> PipelineModel::whole_state() {
   return out;
 }
 
-std::vector<std::pair<std::string, Tensor>> PipelineModel::gather_whole_state(int root) {
+std::vector<std::pair<std::string, Tensor>> GridModel::gather_whole_state(int root) {
   auto mine = whole_state();  // collective over the tensor group
   const Communicator& w = grid_.world();
   const bool sends = grid_.dp_rank() == 0 && grid_.tp_rank() == 0;
@@ -65,7 +65,7 @@ std::vector<std::pair<std::string, Tensor>> PipelineModel::gather_whole_state(in
   return out;
 }
 
-void PipelineModel::restore_whole_state(const std::function<bool(const std::string&, Tensor& whole)>& fill) {
+void GridModel::restore_whole_state(const std::function<bool(const std::string&, Tensor& whole)>& fill) {
   const auto buffers = stage_->buffers();
   for (auto& [name, local] : named_state()) {
     const ShardSpec* s = shard_of_name(stage_->arena(), buffers, name);
@@ -78,7 +78,7 @@ void PipelineModel::restore_whole_state(const std::function<bool(const std::stri
   }
 }
 
-double PipelineModel::clip_grads(double max_norm) {
+double GridModel::clip_grads(double max_norm) {
   double sq = tensor_grad_sq_norm(stage_->arena(), grid_.tp_rank());
   if (grid_.tp_size() > 1) allreduce(&sq, &sq, 1, DType::f64, ReduceOp::sum, grid_.tp());
   if (grid_.pp_size() > 1) allreduce(&sq, &sq, 1, DType::f64, ReduceOp::sum, grid_.pp());

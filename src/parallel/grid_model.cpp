@@ -1,4 +1,4 @@
-#include "ringtrain/parallel/pipeline.hpp"
+#include "ringtrain/parallel/grid_model.hpp"
 
 #include <mpi.h>
 
@@ -18,7 +18,7 @@ Tensor rows(const Tensor& t, std::int64_t first, std::int64_t n) {
 
 }  // namespace
 
-PipelineModel::PipelineModel(const ProcessGrid& grid, const ModelConfig& mc, const PipelineConfig& pc,
+GridModel::GridModel(const ProcessGrid& grid, const ModelConfig& mc, const GridConfig& pc,
                              const OptimizerConfig& oc, Device dev)
     : grid_(grid), pc_(pc) {
   const int p = grid.pp_size();
@@ -68,7 +68,7 @@ PipelineModel::PipelineModel(const ProcessGrid& grid, const ModelConfig& mc, con
 
 // A layer's parameters are a contiguous run of the arena (model.hpp): when they
 // share one dtype their gradients are one span (alignment padding inside stays zero).
-void PipelineModel::make_layer_buckets() {
+void GridModel::make_layer_buckets() {
   const ParamArena& a = stage_->arena();
   layer_bucket_.assign(static_cast<std::size_t>(stage_->num_layers()), Tensor());
   for (int l = 0; l < stage_->num_layers(); ++l) {
@@ -85,13 +85,13 @@ void PipelineModel::make_layer_buckets() {
   }
 }
 
-PipelineModel::~PipelineModel() = default;
+GridModel::~GridModel() = default;
 
-Tensor PipelineModel::load(int mb) { return rows(images_, mb * mb_size_, mb_size_); }
+Tensor GridModel::load(int mb) { return rows(images_, mb * mb_size_, mb_size_); }
 
-Tensor PipelineModel::forward(int slot, int, const Tensor& x) { return stage_->forward(slot, x, Mode::train); }
+Tensor GridModel::forward(int slot, int, const Tensor& x) { return stage_->forward(slot, x, Mode::train); }
 
-Tensor PipelineModel::loss_grad(int slot, int mb, const Tensor& out) {
+Tensor GridModel::loss_grad(int slot, int mb, const Tensor& out) {
   Tensor y = rows(labels_, mb * mb_size_, mb_size_);
   Tensor& d = dlogits_[slot];
   if (!d.defined() || d.shape() != out.shape()) d = Tensor::empty(out.shape(), DType::f32, out.device());
@@ -104,7 +104,7 @@ Tensor PipelineModel::loss_grad(int slot, int mb, const Tensor& out) {
   return d;
 }
 
-void PipelineModel::submit(int local_layer) {
+void GridModel::submit(int local_layer) {
   if (!engine_) return;
   if (!layer_bucket_.empty() && layer_bucket_[static_cast<std::size_t>(local_layer)].defined()) {
     handles_.push_back(engine_->allreduce_async(cat("layer.", stage_->first_layer() + local_layer),
@@ -115,29 +115,29 @@ void PipelineModel::submit(int local_layer) {
     handles_.push_back(engine_->allreduce_async(stage_->arena().info(p).name, stage_->arena().grad(p)));
 }
 
-Tensor PipelineModel::backward_input(int slot, int, const Tensor& dy, bool last_mb) {
+Tensor GridModel::backward_input(int slot, int, const Tensor& dy, bool last_mb) {
   Stage::GradReady ready;
   if (last_mb && engine_) ready = [this](int l) { submit(l); };
   return stage_->backward_input(slot, dy, !grid_.first_stage(), ready);
 }
 
-void PipelineModel::backward_weight(int slot, int, bool last_mb) {
+void GridModel::backward_weight(int slot, int, bool last_mb) {
   Stage::GradReady ready;
   if (last_mb && engine_) ready = [this](int l) { submit(l); };
   stage_->backward_weight(slot, ready);
 }
 
-void PipelineModel::reduce_grads() {
+void GridModel::reduce_grads() {
   for (auto& h : handles_) engine_->wait(h);
   handles_.clear();
 }
 
-void PipelineModel::optimizer_step() {
+void GridModel::optimizer_step() {
   if (pc_.clip_norm > 0) clip_grads(pc_.clip_norm);
   opt_->step(lr_);
 }
 
-PipeStepResult PipelineModel::train_step(const Tensor& images, const Tensor& labels, double lr, bool stop,
+GridStepResult GridModel::train_step(const Tensor& images, const Tensor& labels, double lr, bool stop,
                                          bool save) {
   if (grid_.first_stage())
     RT_CHECK(images.defined() && images.dim(0) == pc_.batch, grid_.tag(), " pipeline step: expected ", pc_.batch,
@@ -151,7 +151,7 @@ PipeStepResult PipelineModel::train_step(const Tensor& images, const Tensor& lab
   loss_sum_ = 0;
   correct_ = 0;
   stage_->zero_grads();
-  PipeStepResult r;
+  GridStepResult r;
   r.timing = exec_->run_step(*this);
   stage_->commit_batch_stats();  // every forward of the step has run
   // Loss and accuracy from the last stages to everyone, and the stop flag
@@ -174,7 +174,7 @@ PipeStepResult PipelineModel::train_step(const Tensor& images, const Tensor& lab
 // Forward along the chain. Every transfer is non-blocking and bounded by the
 // stage timeout (await_stage), so a stage that died or stalled during
 // evaluation ends the job naming it instead of hanging its neighbours.
-std::pair<double, std::int64_t> PipelineModel::eval_batch(const Tensor& images, const Tensor& labels,
+std::pair<double, std::int64_t> GridModel::eval_batch(const Tensor& images, const Tensor& labels,
                                                           std::int64_t valid) {
   const int s = grid_.pp_rank(), p = grid_.pp_size();
   MPI_Comm c = grid_.pp().handle("pipeline evaluation");
@@ -204,7 +204,7 @@ std::pair<double, std::int64_t> PipelineModel::eval_batch(const Tensor& images, 
   return {softmax_cross_entropy_loss(o, y) * static_cast<double>(valid), count_correct(o, y)};
 }
 
-std::vector<std::pair<std::string, Tensor>> PipelineModel::named_state() {
+std::vector<std::pair<std::string, Tensor>> GridModel::named_state() {
   std::vector<std::pair<std::string, Tensor>> out;
   ParamArena& a = stage_->arena();
   for (std::size_t i = 0; i < a.size(); ++i) out.emplace_back("param/" + a.info(i).name, a.param(i));

@@ -1,11 +1,14 @@
 #pragma once
-// PipelineModel: one rank's part of a DP x PP trained model — its Stage, the
-// optimizer over the stage's arena, the executor running the schedule, and a
-// fusion Engine on the data-parallel group that averages the stage's
-// gradients, each layer's as soon as its last micro-batch gradient exists.
+// GridModel: one rank's part of a model trained on a DP x PP x TP grid — its
+// Stage (its layers only, each split over the tensor group), the optimizer
+// over the stage's arena, the executor running the pipeline schedule (one
+// stage: forward, backward), and a fusion Engine on the data-parallel group
+// that averages the stage's gradients, each layer's as soon as its last
+// micro-batch gradient exists. The Trainer runs it when parallel.pipeline or
+// parallel.tensor is above 1.
 //
-//   PipelineModel pm(grid, model_cfg, pipe_cfg, optim_cfg);
-//   StepResult r = pm.train_step(images, labels, lr);   // collective over the world
+//   GridModel gm(grid, model_cfg, grid_cfg, optim_cfg);
+//   GridStepResult r = gm.train_step(images, labels, lr);   // collective over the world
 //
 // Rules:
 //  - images/labels are this data-parallel replica's batch (B samples, m | B):
@@ -36,7 +39,7 @@
 
 namespace ringtrain {
 
-struct PipelineConfig {
+struct GridConfig {
   int micro_batches = 1;
   ScheduleKind schedule = ScheduleKind::one_f_one_b;
   PartitionKind partition = PartitionKind::uniform;
@@ -52,7 +55,7 @@ struct PipelineConfig {
   double timeout_s = 300;       // a stage receive waiting longer ends the job (0 = never)
 };
 
-struct PipeStepResult {
+struct GridStepResult {
   double loss = 0;              // mean over the global batch
   std::int64_t correct = 0, seen = 0;  // over the global batch
   bool stop = false;            // some rank passed stop = true to this step
@@ -60,16 +63,16 @@ struct PipeStepResult {
   StepTiming timing;            // this rank's
 };
 
-class PipelineModel final : private PipeOps {
+class GridModel final : private PipeOps {
  public:
-  PipelineModel(const ProcessGrid& grid, const ModelConfig& mc, const PipelineConfig& pc, const OptimizerConfig& oc,
+  GridModel(const ProcessGrid& grid, const ModelConfig& mc, const GridConfig& pc, const OptimizerConfig& oc,
                 Device dev = Device::cpu());
-  ~PipelineModel() override;
+  ~GridModel() override;
 
   // `stop` (a pending stop signal on this rank) and `save` (a checkpoint due
   // by this rank's clock) ride in the step's one all-reduce of loss and
   // accuracy: every rank learns them without a second one.
-  PipeStepResult train_step(const Tensor& images, const Tensor& labels, double lr, bool stop = false,
+  GridStepResult train_step(const Tensor& images, const Tensor& labels, double lr, bool stop = false,
                             bool save = false);
   // Forward only, in eval mode, over the pipeline group; returns {loss sum,
   // correct} over the first `valid` samples on the last stage, zeros elsewhere.
@@ -109,7 +112,7 @@ class PipelineModel final : private PipeOps {
   void make_layer_buckets();
 
   const ProcessGrid& grid_;
-  PipelineConfig pc_;
+  GridConfig pc_;
   std::int64_t mb_size_ = 0;
   std::vector<int> balance_;
   std::unique_ptr<Stage> stage_;
