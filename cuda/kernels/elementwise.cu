@@ -47,9 +47,9 @@ __global__ void gelu_bwd_kernel(T* dx, const T* dy, const T* x, std::size_t n) {
 
 template <typename T>
 __global__ void dropout_fwd_kernel(T* y, std::uint8_t* mask, const T* x, std::size_t n, float p, float inv_keep,
-                                   std::uint64_t seed, std::uint64_t offset) {
+                                   std::uint64_t seed, std::uint64_t offset, std::uint64_t first) {
   RT_GRID_STRIDE(i, n) {
-    bool keep = dropout_keep(seed, offset, i, p);
+    bool keep = dropout_keep(seed, offset, first + i, p);
     mask[i] = keep;
     y[i] = from_acc<T>(keep ? to_acc(x[i]) * static_cast<acc_t<T>>(inv_keep) : static_cast<acc_t<T>>(0));
   }
@@ -183,14 +183,14 @@ void gelu_backward(void* dx, const void* dy, const void* x, std::size_t n, DType
 }
 
 void dropout_forward(void* y, std::uint8_t* mask, const void* x, std::size_t n, DType dt, float p,
-                     std::uint64_t seed, std::uint64_t offset, cudaStream_t s) {
+                     std::uint64_t seed, std::uint64_t offset, std::uint64_t first, cudaStream_t s) {
   RT_CHECK(p >= 0.0f && p < 1.0f, "dropout: probability ", p, " must be in [0, 1)");
   if (n == 0) return;
   float inv_keep = 1.0f / (1.0f - p);
   detail::dispatch_float(dt, "cuda::dropout_forward", [&](auto tag) {
     using T = decltype(tag);
     dropout_fwd_kernel<T><<<detail::blocks_for(n), detail::kThreads, 0, s>>>(
-        static_cast<T*>(y), mask, static_cast<const T*>(x), n, p, inv_keep, seed, offset);
+        static_cast<T*>(y), mask, static_cast<const T*>(x), n, p, inv_keep, seed, offset, first);
   });
   RT_CUDA_LAUNCHED("dropout_forward");
 }

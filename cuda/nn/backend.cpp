@@ -112,14 +112,14 @@ class CudaBackend final : public Backend {
     RT_CHECK(x.numel() == y.numel(), "axpy: x has ", x.numel(), " elements, y ", y.numel());
     axpby(y.raw(), x.raw(), y.raw(), static_cast<float>(alpha), 1.0f, y.numel(), y.dtype(), sh_->ctx(y).compute());
   }
-  void dropout_forward(const Tensor& x, double p, std::uint64_t seed, std::uint64_t stream, Tensor& mask,
-                       Tensor& y) override {
+  void dropout_forward(const Tensor& x, double p, std::uint64_t seed, std::uint64_t stream, std::uint64_t first,
+                       Tensor& mask, Tensor& y) override {
     expect_cuda(x, x.dtype(), "dropout forward", "x");
     expect_cuda(mask, DType::u8, "dropout forward", "mask");
     expect_cuda(y, x.dtype(), "dropout forward", "y");
     RT_CHECK(mask.numel() == x.numel() && y.numel() == x.numel(), "dropout forward: x, mask, y sizes differ");
     cuda::dropout_forward(y.raw(), mask.data<std::uint8_t>(), x.raw(), x.numel(), x.dtype(), static_cast<float>(p),
-                          seed, stream, sh_->ctx(x).compute());
+                          seed, stream, first, sh_->ctx(x).compute());
   }
   void dropout_backward(const Tensor& dy, const Tensor& mask, double p, Tensor& dx) override {
     expect_cuda(dy, dy.dtype(), "dropout backward", "dy");

@@ -1,4 +1,4 @@
-// The CUDA DeviceRuntime (train/device_runtime.hpp): device choice by
+// The CUDA DeviceRuntime (parallel/device_runtime.hpp): device choice by
 // node-local rank, DeviceOptimizer, the fusion engine's kernels, and the
 // step's whole-arena gradient operations on the backend's compute stream.
 #include <cmath>
@@ -59,28 +59,38 @@ class CudaRuntime final : public DeviceRuntime {
     return bad == 0;
   }
 
-  double clip_grad_norm(ParamArena& arena, double max_norm) override {
-    RT_CHECK(std::isfinite(max_norm) && max_norm > 0, "clip_grad_norm: max_norm must be finite and > 0, got ",
-             max_norm);
-    CudaContext& ctx = context_of(arena.device(), "clip_grad_norm");
+  double grad_sq_norm(const ParamArena& arena, const std::vector<char>& include) override {
+    RT_CHECK(include.empty() || include.size() == arena.size(), "grad_sq_norm: selection of ", include.size(),
+             " entries for ", arena.size(), " parameters");
+    CudaContext& ctx = context_of(arena.device(), "grad_sq_norm");
     Scratch& sc = scratch(ctx);
     bool first = true;
-    for (DType dt : arena.dtypes()) {
+    // One kernel per run of consecutive selected parameters of a dtype (padding
+    // between them is zero): the whole flat buffer when everything is selected.
+    auto span = [&](DType dt, std::size_t lo, std::size_t hi) {
       Tensor g = arena.grads_flat(dt);
-      sum_squares(g.raw(), static_cast<std::size_t>(g.numel()), dt, sc.norm.data<double>(), !first,
+      sum_squares(static_cast<char*>(g.raw()) + lo * dtype_size(dt), hi - lo, dt, sc.norm.data<double>(), !first,
                   sc.partial.raw(), ctx.compute());
       first = false;
+    };
+    if (include.empty()) {
+      for (DType dt : arena.dtypes()) span(dt, 0, static_cast<std::size_t>(arena.grads_flat(dt).numel()));
+    } else {
+      std::size_t i = 0;
+      while (i < arena.size()) {
+        if (!include[i]) { ++i; continue; }
+        const ParamInfo& p0 = arena.info(i);
+        std::size_t j = i + 1;
+        while (j < arena.size() && include[j] && arena.info(j).dtype == p0.dtype && arena.info(j).offset > p0.offset) ++j;
+        const ParamInfo& pl = arena.info(j - 1);
+        span(p0.dtype, p0.offset, pl.offset + static_cast<std::size_t>(shape_numel(pl.shape)));
+        i = j;
+      }
     }
     double sq = 0.0;
     if (!first) RT_CUDA(cudaMemcpyAsync(&sq, sc.norm.raw(), sizeof sq, cudaMemcpyDeviceToHost, ctx.compute()));
     ctx.sync_compute();
-    const double total = std::sqrt(sq), coef = max_norm / (total + 1e-6);  // as the CPU's clip_grad_norm
-    if (coef < 1.0)
-      for (DType dt : arena.dtypes()) {
-        Tensor g = arena.grads_flat(dt);
-        cuda::scale(g.raw(), static_cast<std::size_t>(g.numel()), dt, coef, ctx.compute());
-      }
-    return total;
+    return sq;
   }
 
   void synchronize(Device dev) override { context_of(dev, "synchronize").sync_compute(); }

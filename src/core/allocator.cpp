@@ -1,6 +1,7 @@
 #include "ringtrain/core/allocator.hpp"
 
 #include <array>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -11,6 +12,9 @@
 namespace ringtrain {
 namespace {
 
+// Live and peak bytes of host tensors (relaxed counters: a few atomic adds per allocation).
+std::atomic<std::size_t> g_live{0}, g_peak{0};
+
 class CpuAllocator final : public Allocator {
  public:
   void* allocate(std::size_t bytes, Device) override {
@@ -19,9 +23,16 @@ class CpuAllocator final : public Allocator {
     std::size_t rounded = (bytes + 63) / 64 * 64;
     void* p = std::aligned_alloc(64, rounded);
     RT_CHECK(p != nullptr, "out of host memory allocating ", bytes, " bytes");
+    const std::size_t live = g_live.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+    std::size_t peak = g_peak.load(std::memory_order_relaxed);
+    while (live > peak && !g_peak.compare_exchange_weak(peak, live, std::memory_order_relaxed)) {
+    }
     return p;
   }
-  void deallocate(void* p, std::size_t, Device) override { std::free(p); }
+  void deallocate(void* p, std::size_t bytes, Device) override {
+    if (p) g_live.fetch_sub(bytes, std::memory_order_relaxed);
+    std::free(p);
+  }
   void copy(void* dst, Device, const void* src, Device, std::size_t bytes) override {
     if (bytes) std::memcpy(dst, src, bytes);
   }
@@ -42,6 +53,11 @@ Registry& registry() {
 }
 
 }  // namespace
+
+HostMemoryStats host_memory_stats() {
+  return {g_live.load(std::memory_order_relaxed), g_peak.load(std::memory_order_relaxed)};
+}
+void reset_host_memory_peak() { g_peak.store(g_live.load(std::memory_order_relaxed), std::memory_order_relaxed); }
 
 void register_allocator(DeviceKind kind, std::unique_ptr<Allocator> a) {
   auto& r = registry();

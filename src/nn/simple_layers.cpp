@@ -85,6 +85,7 @@ void Dropout::bind(const BindContext& ctx) {
   be_ = &ctx.backend;
   seed_ = ctx.seed;
   stream_ = mix64(std::hash<std::string>{}(name_)) << 20;  // each layer its own streams
+  position_ = ctx.position;
 }
 
 Tensor Dropout::do_forward(const Tensor& x, Mode mode) {
@@ -92,20 +93,25 @@ Tensor Dropout::do_forward(const Tensor& x, Mode mode) {
   if (identity_) return x;
   ensure(mask_, x.shape(), DType::u8, x.device());
   ensure(y_, x.shape(), x.dtype(), x.device());
+  // A sample's elements are numbered from the step's first sample (see the header).
+  const std::uint64_t stream = stream_ + (position_ ? position_->step : calls_++);
+  const std::int64_t per_sample = x.dim(0) > 0 ? x.numel() / x.dim(0) : 0;
+  const std::int64_t first_sample = position_ ? position_->first_sample : 0;
   if (parts_ == 1) {
-    be_->dropout_forward(x, p_, seed_, stream_ + calls_++, mask_, y_);
+    be_->dropout_forward(x, p_, seed_, stream, static_cast<std::uint64_t>(first_sample * per_sample), mask_, y_);
     return y_;
   }
   RT_CHECK(x.device().is_cpu() && x.dtype() == DType::f32, "Dropout '", name_,
            "': a feature-sharded dropout runs on float32 CPU tensors");
-  const std::uint64_t stream = stream_ + calls_++;
+  // Feature shard `index_` of `parts_`: number elements as in the whole activation.
   const std::int64_t d = x.shape().back(), whole = d * parts_;
+  const std::int64_t base = first_sample * per_sample * parts_;
   const float pf = static_cast<float>(p_), scale = static_cast<float>(1.0 / (1.0 - p_));  // as the backends
   const float* px = x.data<float>();
   float* py = y_.data<float>();
   std::uint8_t* pm = mask_.data<std::uint8_t>();
   for (std::int64_t i = 0; i < x.numel(); ++i) {
-    const std::int64_t global = (i / d) * whole + index_ * d + i % d;
+    const std::int64_t global = base + (i / d) * whole + index_ * d + i % d;
     const bool keep = dropout_keep(seed_, stream, static_cast<std::uint64_t>(global), pf);
     pm[i] = keep;
     py[i] = keep ? px[i] * scale : 0.f;

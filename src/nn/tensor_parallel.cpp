@@ -70,13 +70,19 @@ class TpTimer {
 // ---- operators ----------------------------------------------------------------
 void tp_all_reduce(Tensor& t, const TensorGroup& g) {
   if (g.size == 1) return;
-  need_host(t, "tensor-parallel all-reduce");
   TpTimer timer(g, t.nbytes());
-  allreduce(t.raw(), t.raw(), std::size_t(t.numel()), t.dtype(), ReduceOp::sum, g.comm);
+  CollectiveOptions o;
+  o.device = t.device();  // device buffers go through the device collectives (comm/collectives.hpp)
+  allreduce(t.raw(), t.raw(), std::size_t(t.numel()), t.dtype(), ReduceOp::sum, g.comm, o);
 }
 
 void tp_gather_last(const Tensor& local, Tensor& whole, const TensorGroup& g) {
-  need_host(local, "tensor-parallel gather");
+  if (!local.device().is_cpu()) {  // through host memory: an all-gather has no device path yet
+    Tensor host;
+    tp_gather_last(local.to(Device::cpu()), host, g);
+    whole = host.to(local.device());
+    return;
+  }
   TpTimer timer(g, g.size > 1 ? local.nbytes() : 0);
   Shape ws = local.shape();
   ws.back() *= g.size;
@@ -99,7 +105,12 @@ void tp_gather_last(const Tensor& local, Tensor& whole, const TensorGroup& g) {
 }
 
 void tp_split_last(const Tensor& whole, Tensor& local, const TensorGroup& g) {
-  need_host(whole, "tensor-parallel split");
+  if (!whole.device().is_cpu()) {  // a local copy, through host memory for now
+    Tensor host;
+    tp_split_last(whole.to(Device::cpu()), host, g);
+    local = host.to(whole.device());
+    return;
+  }
   TpTimer timer(g, 0);  // a local copy: no traffic, but time spent on the tensor-parallel path
   const std::int64_t D = whole.shape().back();
   RT_CHECK(D % g.size == 0, "tensor-parallel split: last dimension ", D, " is not divisible by the tensor size ",

@@ -59,25 +59,35 @@ bool grads_finite(const ParamArena& arena) {
   return scale_and_count(arena, 1.0, "grads_finite") == 0;
 }
 
-double grad_global_norm(const ParamArena& arena) {
-  check_cpu(arena, "grad_global_norm");
+double grad_sq_norm(const ParamArena& arena, const std::vector<char>& include) {
+  check_cpu(arena, "grad_sq_norm");
+  RT_CHECK(include.empty() || include.size() == arena.size(), "grad_sq_norm: selection of ", include.size(),
+           " entries for ", arena.size(), " parameters");
   double sq = 0.0;
-  for (DType dt : arena.dtypes()) {
-    Tensor flat = arena.grads_flat(dt);
-    dispatch_floating(dt, "grad_global_norm", [&](auto tag) {
+  // Sums run over spans of the flat buffers in fixed chunks: the same bits for any thread count.
+  auto span = [&](DType dt, std::int64_t first, std::int64_t n) {
+    Tensor flat = arena.grads_flat(dt).flat_view(first, n);
+    dispatch_floating(dt, "grad_sq_norm", [&](auto tag) {
       using T = decltype(tag);
       const T* g = flat.template data<T>();
-      sq += chunked_reduce<double>(flat.numel(),
-                                   [&](std::int64_t b, std::int64_t e) { return optim_detail::sum_squares(g, b, e); });
+      sq += chunked_reduce<double>(n, [&](std::int64_t b, std::int64_t e) { return optim_detail::sum_squares(g, b, e); });
     });
+  };
+  if (include.empty()) {
+    for (DType dt : arena.dtypes()) span(dt, 0, arena.grads_flat(dt).numel());
+    return sq;
   }
-  return std::sqrt(sq);
+  for (std::size_t i = 0; i < arena.size(); ++i)
+    if (include[i]) span(arena.info(i).dtype, static_cast<std::int64_t>(arena.info(i).offset), shape_numel(arena.info(i).shape));
+  return sq;
 }
+
+double grad_global_norm(const ParamArena& arena) { return std::sqrt(grad_sq_norm(arena)); }
 
 double clip_grad_norm(ParamArena& arena, double max_norm) {
   RT_CHECK(std::isfinite(max_norm) && max_norm > 0, "clip_grad_norm: max_norm must be finite and > 0, got ", max_norm);
   const double total = grad_global_norm(arena);
-  const double coef = max_norm / (total + 1e-6);
+  const double coef = clip_coefficient(total, max_norm);
   if (coef < 1.0) scale_and_count(arena, coef, "clip_grad_norm");
   return total;
 }

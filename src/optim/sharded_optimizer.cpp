@@ -175,31 +175,6 @@ void ShardedOptimizer::reduce_scatter_grads() {
   if (group_.size() > 1) ringtrain::unscale_grads(shard_, 1.0 / group_.size());
 }
 
-bool ShardedOptimizer::unscale_grads(double inv_scale) {
-  int finite = ringtrain::unscale_grads(shard_, inv_scale) ? 1 : 0;
-  allreduce(&finite, &finite, 1, DType::i32, ReduceOp::min, group_, copt_);
-  return finite != 0;
-}
-
-double ShardedOptimizer::clip_grad_norm(double max_norm) {
-  RT_CHECK(std::isfinite(max_norm) && max_norm > 0, "clip_grad_norm: max_norm must be finite and > 0, got ", max_norm);
-  double sq = 0.0;
-  for (DType dt : shard_.dtypes()) {
-    Tensor g = shard_.grads_flat(dt);
-    optim_detail::dispatch_floating(dt, "clip_grad_norm", [&](auto tag) {
-      using T = decltype(tag);
-      const T* p = g.template data<T>();
-      sq += optim_detail::chunked_reduce<double>(
-          g.numel(), [&](std::int64_t b, std::int64_t e) { return optim_detail::sum_squares(p, b, e); });
-    });
-  }
-  allreduce(&sq, &sq, 1, DType::f64, ReduceOp::sum, group_, copt_);
-  const double total = std::sqrt(sq);
-  const double coef = max_norm / (total + 1e-6);
-  if (coef < 1.0) ringtrain::unscale_grads(shard_, coef);  // grads *= coef (its finiteness verdict is not needed)
-  return total;
-}
-
 void ShardedOptimizer::step(double lr) {
   const int me = group_.rank();
   for (const Slice& s : slices_) {

@@ -42,8 +42,8 @@ Shape unpack_shape(const std::vector<std::int64_t>& v) {
 }  // namespace
 
 PipelineExecutor::PipelineExecutor(const ProcessGrid& grid, ScheduleKind kind, int m, Shape in_mb, Shape out_mb,
-                                   double timeout_s)
-    : grid_(grid), m_(m), timeout_s_(timeout_s) {
+                                   double timeout_s, Device dev)
+    : grid_(grid), m_(m), timeout_s_(timeout_s), dev_(dev) {
   const int s = grid.pp_rank(), p = grid.pp_size();
   sched_ = make_schedule(kind, p, m, s);
   slots_ = peak_in_flight(sched_);
@@ -65,6 +65,7 @@ PipelineExecutor::PipelineExecutor(const ProcessGrid& grid, ScheduleKind kind, i
   act_req_.assign(m, null_req());
   grad_req_.assign(m, null_req());
   slot_sends_.assign(slots_, {});
+  slot_staged_.assign(slots_, {});
 }
 
 PipelineExecutor::~PipelineExecutor() {
@@ -104,6 +105,7 @@ void PipelineExecutor::wait_recv(int mb, bool act) {
 void PipelineExecutor::wait_sends(int slot) {
   for (auto& h : slot_sends_[slot]) MPI_Wait(&req(h), MPI_STATUS_IGNORE);
   slot_sends_[slot].clear();
+  slot_staged_[slot].clear();
 }
 
 StepTiming PipelineExecutor::run_step(PipeOps& ops) {
@@ -130,9 +132,11 @@ StepTiming PipelineExecutor::run_step(PipeOps& ops) {
     tm.busy_s += since(t0);
   };
   auto post_send = [&](int mb, const Tensor& t, int to, bool act) {
-    RT_CHECK(t.defined() && t.device().is_cpu(), "pipeline stage ", s, ": nothing to send for micro-batch ", mb);
+    RT_CHECK(t.defined(), "pipeline stage ", s, ": nothing to send for micro-batch ", mb);
+    Tensor host = t.device().is_cpu() ? t : t.to(Device::cpu());
+    if (!t.device().is_cpu()) slot_staged_[slot_of[mb]].push_back(host);
     std::uint64_t h = null_req();
-    MPI_Isend(t.raw(), static_cast<int>(t.nbytes()), MPI_BYTE, to, tag_of(mb, act), c, &req(h));
+    MPI_Isend(host.raw(), static_cast<int>(host.nbytes()), MPI_BYTE, to, tag_of(mb, act), c, &req(h));
     slot_sends_[slot_of[mb]].push_back(h);
   };
   for (const Instr& in : sched_) {
@@ -141,7 +145,7 @@ StepTiming PipelineExecutor::run_step(PipeOps& ops) {
       case Op::load_micro_batch: timed([&] { input[mb] = ops.load(mb); }); break;
       case Op::recv_act:
         wait_recv(mb, true);
-        input[mb] = act_in_[mb];
+        input[mb] = dev_.is_cpu() ? act_in_[mb] : act_in_[mb].to(dev_);
         break;
       case Op::forward: {
         RT_ASSERT(!free_slots.empty());
@@ -156,7 +160,8 @@ StepTiming PipelineExecutor::run_step(PipeOps& ops) {
       case Op::backward_input: {
         const bool last_mb = ++b_done == m_;
         timed([&] {
-          Tensor dy = s + 1 == p ? ops.loss_grad(slot_of[mb], mb, output[mb]) : grad_in_[mb];
+          Tensor dy = s + 1 == p ? ops.loss_grad(slot_of[mb], mb, output[mb])
+                                 : dev_.is_cpu() ? grad_in_[mb] : grad_in_[mb].to(dev_);
           dinput[mb] = ops.backward_input(slot_of[mb], mb, dy, last_mb);
         });
         break;

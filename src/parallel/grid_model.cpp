@@ -1,3 +1,6 @@
+// GridModel: building a rank's part of the model and running its step (the
+// schedule's operations, the step's one small all-reduce) and its evaluation.
+// The update is grid_update.cpp, the checkpoint state grid_model_state.cpp.
 #include "ringtrain/parallel/grid_model.hpp"
 
 #include <mpi.h>
@@ -18,16 +21,18 @@ Tensor rows(const Tensor& t, std::int64_t first, std::int64_t n) {
 
 }  // namespace
 
-GridModel::GridModel(const ProcessGrid& grid, const ModelConfig& mc, const GridConfig& pc,
-                             const OptimizerConfig& oc, Device dev)
-    : grid_(grid), pc_(pc) {
+GridModel::GridModel(const ProcessGrid& grid, const ModelConfig& mc, const GridConfig& pc, const OptimizerConfig& oc,
+                     Device dev, DeviceRuntime* runtime)
+    : grid_(grid), pc_(pc), dev_(dev), rt_(runtime ? *runtime : device_runtime(dev.kind)) {
+  DeviceRuntime& rt = rt_;
   const int p = grid.pp_size();
-  run_agreed(grid.world(), "setting up the pipeline", [&] {
-    RT_CHECK(dev.is_cpu(), "the pipeline/tensor grid runs on the CPU for now (train.device = cpu)");
+  run_agreed(grid.world(), "setting up the process grid", [&] {
     RT_CHECK(pc.micro_batches >= 1, "configuration key 'parallel.micro_batches' must be >= 1, got ", pc.micro_batches);
+    RT_CHECK(pc.accumulation >= 1, "configuration key 'train.accumulation' must be >= 1, got ", pc.accumulation);
     RT_CHECK(pc.batch > 0 && pc.batch % pc.micro_batches == 0, "data.batch_size = ", pc.batch,
              " is not divisible by parallel.micro_batches = ", pc.micro_batches);
   });
+  steps_m_ = pc.accumulation * pc.micro_batches;
   mb_size_ = pc.batch / pc.micro_batches;
   ModelConfig mc_tp = mc;  // parallel.tensor: the model splits its layers over grid.tp()
   mc_tp.tensor = TensorGroup::of(grid.tp(), mc.tensor.stats);  // stats: the caller's counter, if any
@@ -50,19 +55,42 @@ GridModel::GridModel(const ProcessGrid& grid, const ModelConfig& mc, const GridC
   const int end = first + balance_[grid.pp_rank()];
   // The executor knows the slots the schedule needs: the stage is built after it.
   const auto [in_mb, out_mb] = Stage::boundary_shapes(mc_tp, dev, first, end, mb_size_);
-  exec_ = std::make_unique<PipelineExecutor>(grid, pc.schedule, pc.micro_batches, in_mb, out_mb, pc.timeout_s);
+  exec_ = std::make_unique<PipelineExecutor>(grid, pc.schedule, steps_m_, in_mb, out_mb, pc.timeout_s, dev);
   stage_ = std::make_unique<Stage>(mc_tp, dev, first, end, exec_->slots());
   // BatchNorm: per-micro-batch normalisation, running statistics over the whole step (stage.hpp).
-  if (pc.micro_batches > 1) stage_->set_deferred_batch_stats(true);
-  opt_ = make_optimizer(stage_->arena(), oc);
+  if (steps_m_ > 1) stage_->set_deferred_batch_stats(true);
   dlogits_.resize(exec_->slots());
-  if (grid.dp_size() > 1) {
+  step_vec_ = Tensor::zeros({3}, DType::f32);
+  if (pc.loss_scaling) scaler_ = std::make_unique<LossScaler>();
+
+  // The update's sums (clipping, fp16's finiteness) run over the ranks that
+  // together hold each gradient once: the stages and shards of this replica,
+  // or with ZeRO-1 (each replica a slice) the whole world.
+  owners_ = pc.shard_optimizer ? grid.world().dup("owners")
+                               : grid.world().split(grid.dp_rank(), grid.world().rank(), "model-parallel");
+  if (pc.shard_optimizer) {
+    run_agreed(grid.world(), "setting up parallel.shard_optimizer", [&] {
+      RT_CHECK(dev.is_cpu(), "parallel.shard_optimizer needs train.device = cpu: its reduce-scatter and all-gather "
+               "are host-only (this run chose ", dev.str(), ")");
+    });
+    zero_ = std::make_unique<ShardedOptimizer>(stage_->arena(), oc, grid.dp().dup("zero"), pc.zero_collectives,
+                                               [&rt](ParamArena& a, const OptimizerConfig& c) {
+                                                 return rt.make_optimizer(a, c);
+                                               });
+  } else {
+    opt_ = rt.make_optimizer(stage_->arena(), oc);
+  }
+  if (grid.dp_size() > 1 && !pc.shard_optimizer) {
     EngineOptions eo = pc.engine;
+    eo.device_ops = rt.fusion_ops(dev);
     if (pc.deterministic) {
       eo.fusion_threshold = 0;  // each bucket is its own all-reduce: composition never varies
       make_layer_buckets();
     }
     engine_ = std::make_unique<Engine>(grid.dp(), eo);
+  } else if (grid.dp_size() > 1 && grid.pp_size() * grid.tp_size() == 1) {
+    // ZeRO-1 reduce-scatters the gradients itself; the engine still carries the step's loss.
+    engine_ = std::make_unique<Engine>(grid.dp(), pc.engine);
   }
 }
 
@@ -87,25 +115,40 @@ void GridModel::make_layer_buckets() {
 
 GridModel::~GridModel() = default;
 
-Tensor GridModel::load(int mb) { return rows(images_, mb * mb_size_, mb_size_); }
+// Micro-batch mb of the step: loader batch mb / m, its (mb % m)-th slice.
+Tensor GridModel::load(int mb) {
+  const Tensor& x = images_[static_cast<std::size_t>(mb / pc_.micro_batches)];
+  Tensor t = rows(x, (mb % pc_.micro_batches) * mb_size_, mb_size_);
+  return t.device() == dev_ ? t : t.to(dev_);
+}
 
-Tensor GridModel::forward(int slot, int, const Tensor& x) { return stage_->forward(slot, x, Mode::train); }
+Tensor GridModel::forward(int slot, int mb, const Tensor& x) {
+  // The micro-batch's first sample in the step's global batch (the samples of
+  // loader batch a sit at a·G + dp_rank·B in it, G = dp·B; data/sampler.hpp).
+  const std::int64_t a = mb / pc_.micro_batches, j = mb % pc_.micro_batches;
+  const std::int64_t g = static_cast<std::int64_t>(grid_.dp_size()) * pc_.batch;
+  stage_->set_position(static_cast<std::uint64_t>(step_), a * g + grid_.dp_rank() * pc_.batch + j * mb_size_);
+  return stage_->forward(slot, x, Mode::train);
+}
 
 Tensor GridModel::loss_grad(int slot, int mb, const Tensor& out) {
-  Tensor y = rows(labels_, mb * mb_size_, mb_size_);
+  const Tensor& yl = labels_[static_cast<std::size_t>(mb / pc_.micro_batches)];
+  Tensor y = rows(yl, (mb % pc_.micro_batches) * mb_size_, mb_size_);
+  if (y.device() != dev_) y = y.to(dev_);
   Tensor& d = dlogits_[slot];
   if (!d.defined() || d.shape() != out.shape()) d = Tensor::empty(out.shape(), DType::f32, out.device());
   loss_sum_ += softmax_cross_entropy(out, y, 0.0, d);
   correct_ += count_correct(out, y);
-  // The batch's loss is the mean of the micro-batch means.
-  const float k = 1.0f / static_cast<float>(pc_.micro_batches);
-  float* g = d.data<float>();
-  for (std::int64_t i = 0; i < d.numel(); ++i) g[i] *= k;
+  seen_ += out.dim(0);
+  // The step's loss is the mean of its micro-batch means; fp16 scales it up so
+  // that small gradients survive the down-converted backward.
+  const double k = (scaler_ ? scaler_->scale() : 1.0) / steps_m_;
+  if (k != 1.0) rt_.scale(d, k);
   return d;
 }
 
 void GridModel::submit(int local_layer) {
-  if (!engine_) return;
+  if (!engine_ || zero_ || pc_.skip_allreduce) return;
   if (!layer_bucket_.empty() && layer_bucket_[static_cast<std::size_t>(local_layer)].defined()) {
     handles_.push_back(engine_->allreduce_async(cat("layer.", stage_->first_layer() + local_layer),
                                                 layer_bucket_[static_cast<std::size_t>(local_layer)]));
@@ -127,47 +170,57 @@ void GridModel::backward_weight(int slot, int, bool last_mb) {
   stage_->backward_weight(slot, ready);
 }
 
+// Pure data parallelism: the step's loss vector rides with the gradients.
 void GridModel::reduce_grads() {
+  if (engine_ && grid_.pp_size() * grid_.tp_size() == 1) {
+    step_vec_.data<float>()[0] = static_cast<float>(loss_sum_ / steps_m_);  // every backward has run
+    handles_.push_back(engine_->allreduce_async("step", step_vec_));
+  }
   for (auto& h : handles_) engine_->wait(h);
   handles_.clear();
+  if (zero_ && !pc_.skip_allreduce) zero_->reduce_scatter_grads();
 }
 
-void GridModel::optimizer_step() {
-  if (pc_.clip_norm > 0) clip_grads(pc_.clip_norm);
-  opt_->step(lr_);
-}
+void GridModel::optimizer_step() { skipped_ = !update(lr_); }
 
-GridStepResult GridModel::train_step(const Tensor& images, const Tensor& labels, double lr, bool stop,
-                                         bool save) {
-  if (grid_.first_stage())
-    RT_CHECK(images.defined() && images.dim(0) == pc_.batch, grid_.tag(), " pipeline step: expected ", pc_.batch,
-             " images");
-  if (grid_.last_stage())
-    RT_CHECK(labels.defined() && labels.dim(0) == pc_.batch, grid_.tag(), " pipeline step: expected ", pc_.batch,
-             " labels");
+GridStepResult GridModel::train_step(const std::vector<Tensor>& images, const std::vector<Tensor>& labels,
+                                     std::int64_t step, double lr, bool stop, bool save) {
+  const std::size_t k = static_cast<std::size_t>(pc_.accumulation);
+  auto check = [&](const std::vector<Tensor>& v, const char* what) {
+    RT_CHECK(v.size() == k, grid_.tag(), " step: expected ", k, " batches of ", what, ", got ", v.size());
+    for (const Tensor& t : v)
+      RT_CHECK(t.defined() && t.dim(0) == pc_.batch, grid_.tag(), " step: expected ", pc_.batch, " ", what);
+  };
+  if (grid_.first_stage()) check(images, "images");
+  if (grid_.last_stage()) check(labels, "labels");
   images_ = images;
   labels_ = labels;
+  step_ = step;
   lr_ = lr;
   loss_sum_ = 0;
-  correct_ = 0;
+  correct_ = seen_ = 0;
   stage_->zero_grads();
+  // The loss vector: the last stages' tensor rank 0 speak for their replica;
+  // averaged over the world it is rescaled below. Filled before the schedule's
+  // ReduceGrads, which may send it with the gradients.
+  const bool speaks = grid_.last_stage() && grid_.tp_rank() == 0;
+  float* v = step_vec_.data<float>();
+  v[1] = stop ? 1.0f : 0.0f;
+  v[2] = save ? 1.0f : 0.0f;
   GridStepResult r;
   r.timing = exec_->run_step(*this);
   stage_->commit_batch_stats();  // every forward of the step has run
-  // Loss and accuracy from the last stages to everyone, and the stop flag
-  // from anyone: one small all-reduce.
-  double v[5] = {0, 0, 0, stop ? 1.0 : 0.0, save ? 1.0 : 0.0};
-  if (grid_.last_stage() && grid_.tp_rank() == 0) {  // tensor ranks hold the same logits: count once
-    v[0] = loss_sum_ / pc_.micro_batches;
-    v[1] = static_cast<double>(correct_);
-    v[2] = static_cast<double>(pc_.batch);
+  if (grid_.pp_size() * grid_.tp_size() > 1 || !engine_) {
+    v[0] = speaks ? static_cast<float>(loss_sum_ / steps_m_) : 0.0f;
+    if (grid_.world().size() > 1) allreduce(v, v, 3, DType::f32, ReduceOp::avg, grid_.world());
   }
-  allreduce(v, v, 5, DType::f64, ReduceOp::sum, grid_.world());
-  r.loss = v[0] / grid_.dp_size();
-  r.correct = static_cast<std::int64_t>(v[1]);
-  r.seen = static_cast<std::int64_t>(v[2]);
-  r.stop = v[3] > 0;
-  r.save = v[4] > 0;
+  // Averaged over the world, the replicas' losses sum to v[0]·world / dp.
+  r.loss = static_cast<double>(v[0]) * grid_.world().size() / grid_.dp_size();
+  r.correct = speaks ? correct_ : 0;
+  r.seen = speaks ? seen_ : 0;
+  r.stop = v[1] > 0;
+  r.save = v[2] > 0;
+  r.skipped = skipped_;
   return r;
 }
 
@@ -175,7 +228,7 @@ GridStepResult GridModel::train_step(const Tensor& images, const Tensor& labels,
 // stage timeout (await_stage), so a stage that died or stalled during
 // evaluation ends the job naming it instead of hanging its neighbours.
 std::pair<double, std::int64_t> GridModel::eval_batch(const Tensor& images, const Tensor& labels,
-                                                          std::int64_t valid) {
+                                                      std::int64_t valid) {
   const int s = grid_.pp_rank(), p = grid_.pp_size();
   MPI_Comm c = grid_.pp().handle("pipeline evaluation");
   constexpr int kTag = 1 << 20;
@@ -191,39 +244,21 @@ std::pair<double, std::int64_t> GridModel::eval_batch(const Tensor& images, cons
     MPI_Irecv(x.raw(), static_cast<int>(x.nbytes()), MPI_BYTE, s - 1, kTag + 1, c, r);
     await_stage(h, grid_, s - 1, pc_.timeout_s, "an evaluation activation");
   }
+  if (x.device() != dev_) x = x.to(dev_);
   Tensor out = stage_->forward(0, x, Mode::eval);
   if (s + 1 < p) {
+    Tensor host = out.device().is_cpu() ? out : out.to(Device::cpu());
     MPI_Isend(&bn, 1, MPI_INT64_T, s + 1, kTag, c, r);
     await_stage(h, grid_, s + 1, pc_.timeout_s, "the evaluation batch size to be received");
-    MPI_Isend(out.raw(), static_cast<int>(out.nbytes()), MPI_BYTE, s + 1, kTag + 1, c, r);
+    MPI_Isend(host.raw(), static_cast<int>(host.nbytes()), MPI_BYTE, s + 1, kTag + 1, c, r);
     await_stage(h, grid_, s + 1, pc_.timeout_s, "an evaluation activation to be received");
     return {0.0, 0};
   }
-  if (valid <= 0) return {0.0, 0};
-  Tensor o = valid < bn ? out.slice_rows(0, valid) : out, y = valid < bn ? labels.slice_rows(0, valid) : labels;
+  if (valid <= 0 || grid_.tp_rank() != 0) return {0.0, 0};  // tensor ranks hold the same logits: count once
+  Tensor y = labels.device() == dev_ ? labels : labels.to(dev_);
+  Tensor o = valid < bn ? out.slice_rows(0, valid) : out;
+  if (valid < bn) y = y.slice_rows(0, valid);
   return {softmax_cross_entropy_loss(o, y) * static_cast<double>(valid), count_correct(o, y)};
-}
-
-std::vector<std::pair<std::string, Tensor>> GridModel::named_state() {
-  std::vector<std::pair<std::string, Tensor>> out;
-  ParamArena& a = stage_->arena();
-  for (std::size_t i = 0; i < a.size(); ++i) out.emplace_back("param/" + a.info(i).name, a.param(i));
-  for (auto& b : stage_->buffers()) out.emplace_back("buffer/" + b.name, b.tensor);
-  for (auto& [kind, t] : opt_->state()) {
-    if (kind == "step") {
-      out.emplace_back("optim/step", t);
-      continue;
-    }
-    // "<dtype>.<slot>" flat buffers share the arena's layout: slice per parameter.
-    const std::string slot = kind.substr(kind.find('.') + 1);
-    for (std::size_t i = 0; i < a.size(); ++i) {
-      const ParamInfo& pi = a.info(i);
-      if (kind.rfind(std::string(dtype_name(pi.dtype)) + ".", 0) != 0) continue;
-      out.emplace_back("optim/" + slot + "/" + pi.name,
-                       t.flat_view(static_cast<std::int64_t>(pi.offset), shape_numel(pi.shape)).reshape(pi.shape));
-    }
-  }
-  return out;
 }
 
 }  // namespace ringtrain

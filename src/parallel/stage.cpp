@@ -45,7 +45,7 @@ Stage::Stage(const ModelConfig& mc, Device dev, int first, int end, int slots)
     slots_.push_back(std::move(mine));
   }
   arena_.finalize(dev);
-  BindContext ctx{backend_for(dev), dev, arena_, mc.seed, mc.math};
+  BindContext ctx{backend_for(dev), dev, arena_, mc.seed, mc.math, &position_};
   for (auto& sl : slots_)
     for (auto& l : sl) l->bind(ctx);
   for (auto& sl : slots_) {

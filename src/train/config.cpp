@@ -295,8 +295,6 @@ void TrainConfig::validate() const {
            "configuration key 'parallel.partition' = list needs parallel.balance (layers per stage, e.g. [3, 2, 2])");
   range("log.interval", log.interval, 1, kHuge);
   if (parallel.shard_optimizer) {
-    RT_CHECK(parallel.pipeline == 1 && parallel.tensor == 1, "parallel.shard_optimizer with parallel.pipeline/tensor > 1 "
-             "is not supported yet (parallel.pipeline = ", parallel.pipeline, ", parallel.tensor = ", parallel.tensor, ")");
     RT_CHECK(!comm.fp16_allreduce, "parallel.shard_optimizer reduce-scatters full-precision gradients: "
              "comm.fp16_allreduce = true is not supported with it");
     RT_CHECK(!comm.deterministic, "parallel.shard_optimizer replaces the gradient buckets of comm.deterministic by "

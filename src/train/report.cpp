@@ -88,6 +88,7 @@ void Reporter::epoch_end(const EpochMetrics& m) {
                         {"time_s", m.time_s},
                         {"compute_s", m.compute_s},
                         {"comm_exposed_s", m.comm_exposed_s},
+                        {"pipeline_wait_s", m.pipeline_wait_s},
                         {"data_wait_s", m.data_wait_s},
                         {"eval_s", m.eval_s}};
     if (m.loss_scale > 0) {

@@ -16,16 +16,15 @@
 #include "ringtrain/core/log.hpp"
 #include "ringtrain/data/loader.hpp"
 #include "ringtrain/engine/engine.hpp"
+#include "ringtrain/parallel/device_runtime.hpp"
 #include "ringtrain/nn/loss.hpp"
 #include "ringtrain/nn/model.hpp"
 #include "ringtrain/optim/loss_scale.hpp"
 #include "ringtrain/optim/optimizer.hpp"
 #include "ringtrain/optim/schedule.hpp"
 #include "ringtrain/train/checkpoint.hpp"
-#include "ringtrain/train/device_runtime.hpp"
 #include "ringtrain/train/signals.hpp"
 #include "ringtrain/train/state.hpp"
-#include "pipeline_trainer.hpp"
 #include "run_options.hpp"
 #include "run_state.hpp"
 #include "trainer_impl.hpp"
@@ -67,13 +66,12 @@ Trainer::Impl::Impl(TrainConfig c, Communicator w, TrainerHooks h)
   // The trainer's own collectives (metrics, agreement, broadcasts) time out like the engine's.
   if (!std::getenv("RINGTRAIN_COLLECTIVE_TIMEOUT") && world.size() > 1)
     host_context(world.handle(), world.local_size()).timeout_s = cfg.comm.collective_timeout_s;
+  grid = std::make_unique<ProcessGrid>(ProcessGrid::make(world, {cfg.parallel.pipeline, cfg.parallel.tensor}));
+  if (cfg.parallel.pipeline > 1) layout = cat("parallel.pipeline = ", cfg.parallel.pipeline);
+  if (cfg.parallel.tensor > 1) layout += cat(layout.empty() ? "" : " with ", "parallel.tensor = ", cfg.parallel.tensor);
+  if (!layout.empty()) log::set_prefix(cat("[rank ", world.rank(), " ", grid->tag().substr(1), " "));
   device = choose_device(cfg, world);
   rt = &device_runtime(device.kind);
-  math = parse_math_mode(cfg.train.precision);
-  if (math == MathMode::fp16) {
-    scaler = std::make_unique<LossScaler>();
-    scaler_state = Tensor::zeros({4}, DType::f64);
-  }
   omp_set_num_threads(compute_threads(cfg));
   flush_denormals();
   open_loader();
@@ -81,14 +79,15 @@ Trainer::Impl::Impl(TrainConfig c, Communicator w, TrainerHooks h)
   run_agreed(world, "checking the data files",
              [&] { run_state::check_data_files(cfg, loader->info(), hooks.evaluate); });
   build_model();
-  build_optimizer();
-  build_engine();
-  ckpt.describe_run(model->num_params(), 1, 1, world.size());
-  broadcast_state();
+  ckpt.describe_run(num_params, grid->pp_size(), grid->tp_size(), grid->dp_size());
+  gm->broadcast_state();  // one source of truth: each replica starts from data-parallel rank 0's
+  schedule = std::make_unique<LrSchedule>(schedule_config(cfg, global_batch()), steps_per_epoch(), total_steps());
 }
 
+// Every stage of a replica opens the loader over the data-parallel group, so
+// all of them see the same batches; the first uses the images, the last the labels.
 void Trainer::Impl::open_loader() {
-  loader = open_train_loader(cfg, world);
+  loader = open_train_loader(cfg, dp());
   RT_CHECK(loader->steps_per_epoch() >= cfg.train.accumulation, "data.train '", cfg.data.train, "' gives ",
            loader->steps_per_epoch(), " micro-batches per epoch, fewer than train.accumulation = ",
            cfg.train.accumulation);
@@ -96,175 +95,77 @@ void Trainer::Impl::open_loader() {
 
 void Trainer::Impl::build_model() {
   ModelConfig mc = model_config(cfg, loader->info());
-  mc.math = math;
-  model = ringtrain::build_model(mc, device);
-  for (int i = 0; i < model->num_layers(); ++i)
-    if (auto* d = dynamic_cast<Dropout*>(&model->layer(i))) dropout_calls.emplace_back(d, Tensor::zeros({1}, DType::i64));
-  loss_buf = Tensor::zeros({3}, DType::f32);  // loss, stop flag, checkpoint.every_s flag
-}
-
-void Trainer::Impl::build_optimizer() {
-  OptimizerConfig oc = optimizer_config(cfg);
-  if (cfg.parallel.shard_optimizer) build_sharded_optimizer(oc);
-  else optimizer = rt->make_optimizer(model->arena(), oc);
-
-  ScheduleConfig sc = schedule_config(cfg, global_batch());
-  schedule = std::make_unique<LrSchedule>(sc, steps_per_epoch(), total_steps());
-}
-
-void Trainer::Impl::build_engine() {
-  EngineOptions eo = engine_options(cfg);
-  eo.device_ops = rt->fusion_ops(device);
-  if (cfg.comm.deterministic && !zero) {
-    make_buckets();
-    eo.fusion_threshold = 0;  // each bucket is its own all-reduce: composition never varies
+  mc.math = parse_math_mode(cfg.train.precision);
+  for (const LayerPlan& l : plan_model_layers(mc)) num_params += l.numel;  // the whole model, never built here
+  GridConfig pc;
+  pc.micro_batches = cfg.parallel.micro_batches > 0 ? cfg.parallel.micro_batches : cfg.parallel.pipeline;
+  pc.accumulation = cfg.train.accumulation;
+  pc.schedule = parse_schedule(cfg.parallel.schedule);
+  pc.partition = parse_partition(cfg.parallel.partition);
+  if (pc.partition == PartitionKind::list) pc.balance = parse_balance(cfg.parallel.balance);
+  pc.batch = cfg.data.batch_size;
+  pc.engine = engine_options(cfg);
+  pc.deterministic = cfg.comm.deterministic;
+  pc.clip_norm = cfg.optimizer.clip_norm;
+  pc.timeout_s = cfg.comm.collective_timeout_s;
+  pc.loss_scaling = mc.math == MathMode::fp16;
+  pc.shard_optimizer = cfg.parallel.shard_optimizer;
+  pc.zero_collectives.algorithm = parse_algorithm(cfg.comm.algorithm);
+  pc.skip_allreduce = hooks.skip_allreduce;
+  gm = std::make_unique<GridModel>(*grid, mc, pc, optimizer_config(cfg), device, rt);
+  if (gm->scaler()) scaler_state = Tensor::zeros({4}, DType::f64);
+  if (gm->zero() && world.rank() == 0 && hooks.report) {
+    const auto [per_rank, unsharded] = gm->zero()->state_bytes_summary();
+    log::info("ZeRO-1: optimizer '", cfg.optimizer.name, "' state ", per_rank, " bytes per rank (largest slice) over ",
+              grid->dp_size(), " data-parallel rank(s); unsharded ", unsharded, " bytes");
+  } else if (gm->zero()) {
+    gm->zero()->state_bytes_summary();  // collective
   }
-  engine = std::make_unique<Engine>(world, eo);
-}
-
-// Buckets: walk parameters from the last (first ready in backward) to the
-// first, closing a bucket once it holds bucket_bytes. Parameters of one dtype
-// are contiguous in the arena, so each bucket is one zero-copy span.
-void Trainer::Impl::make_buckets() {
-  const ParamArena& a = model->arena();
-  RT_CHECK(a.dtypes().size() == 1, "comm.deterministic needs parameters of a single dtype");
-  bucket_of.assign(a.size(), -1);
-  std::size_t lo = 0, hi = 0, bytes = 0;
-  Bucket cur;
-  auto close = [&] {
-    cur.grads = a.grads_flat(a.dtypes()[0]).flat_view(static_cast<std::int64_t>(lo), static_cast<std::int64_t>(hi - lo));
-    buckets.push_back(cur);
-    cur = Bucket{};
-    bytes = 0;
-  };
-  for (std::size_t i = a.size(); i-- > 0;) {
-    const ParamInfo& p = a.info(i);
-    std::size_t end = p.offset + static_cast<std::size_t>(shape_numel(p.shape));
-    if (cur.params == 0) hi = end;
-    lo = p.offset;
-    bytes += static_cast<std::size_t>(shape_numel(p.shape)) * dtype_size(p.dtype);
-    bucket_of[i] = static_cast<int>(buckets.size());
-    ++cur.params;
-    if (bytes >= static_cast<std::size_t>(cfg.comm.bucket_bytes)) close();
-  }
-  if (cur.params) close();
-}
-
-// The backward hook: hands gradients to the engine as soon as they exist.
-void Trainer::Impl::on_grads_ready(std::span<const std::size_t> params) {
-  if (buckets.empty()) {
-    for (std::size_t p : params)
-      handles.push_back(engine->allreduce_async(model->arena().info(p).name, model->arena().grad(p)));
-    return;
-  }
-  for (std::size_t p : params) {
-    Bucket& b = buckets[static_cast<std::size_t>(bucket_of[p])];
-    if (--b.pending == 0) handles.push_back(engine->allreduce_async(cat("bucket.", bucket_of[p]), b.grads));
-  }
-}
-
-NamedTensorList Trainer::Impl::run_state() {
-  NamedTensorList s = model_state(*model, state_optimizer());
-  for (auto& [d, t] : dropout_calls) {
-    t.data<std::int64_t>()[0] = static_cast<std::int64_t>(d->call_count());
-    s.emplace_back("rng/" + d->name() + ".calls", t);
-  }
-  if (scaler) {
-    scaler->save(scaler_state.data<double>());
-    s.emplace_back("amp.loss_scale", scaler_state);
-  }
-  return s;
-}
-
-// Every rank continues from rank 0's parameters, buffers and optimizer state
-// (flat buffers: a few large broadcasts).
-void Trainer::Impl::broadcast_state() {
-  std::vector<Tensor> ts;
-  for (auto& [name, t] : flat_state(*model, optimizer.get())) ts.push_back(t);
-  if (scaler) {
-    scaler->save(scaler_state.data<double>());
-    ts.push_back(scaler_state);
-  }
-  for (auto& [d, t] : dropout_calls) {
-    t.data<std::int64_t>()[0] = static_cast<std::int64_t>(d->call_count());
-    ts.push_back(t);
-  }
-  broadcast_tensors(ts, 0, world);
-  if (scaler) scaler->load(scaler_state.data<double>());
-  for (auto& [d, t] : dropout_calls) d->set_call_count(static_cast<std::uint64_t>(t.data<std::int64_t>()[0]));
 }
 
 std::int64_t Trainer::Impl::global_batch() const {
-  return static_cast<std::int64_t>(cfg.data.batch_size) * world.size() * cfg.train.accumulation;
+  return static_cast<std::int64_t>(cfg.data.batch_size) * grid->dp_size() * cfg.train.accumulation;
 }
 std::int64_t Trainer::Impl::steps_per_epoch() const { return loader->steps_per_epoch() / cfg.train.accumulation; }
 // The schedule spans the configured epochs; train.max_steps only stops early
 // (so a run cut short follows the same learning rates as the full one).
 std::int64_t Trainer::Impl::total_steps() const { return steps_per_epoch() * cfg.train.epochs; }
 
-// One optimizer step:
-//   for each micro-batch: forward, loss, backward — the last backward hands each
-//   layer's gradients to the engine as soon as they exist (overlap);
-//   wait for the averaged gradients; (fp16: unscale, skip the step on inf/NaN);
-//   optimizer step with the scheduled lr (apply_update, zero.cpp).
-// ZeRO-1 (parallel.shard_optimizer): no all-reduce during backward; one
-// reduce-scatter per dtype after it, the update of this rank's slice, an all-gather.
-// Returns the loss averaged over ranks and micro-batches.
+// One optimizer step on every layout (GridModel::train_step):
+//   read train.accumulation batches; for each micro-batch: forward, loss,
+//   backward — the last backward of each layer hands its gradients to the
+//   engine as soon as they exist (overlap); the stages exchange activations
+//   and gradients as the pipeline schedule says; then the averaged gradients
+//   go through the one update path (fp16 unscale/skip, clipping, ZeRO-1, step).
+// The loss, the stop flag and a due checkpoint ride in one small all-reduce.
 double Trainer::Impl::train_step(EpochStats& st) {
-  const int k = cfg.train.accumulation;
-  double local_loss = 0;
-  model->zero_grad();
-  for (int micro = 0; micro < k; ++micro) {
-    std::optional<data::Batch> batch = loader->next();
-    RT_CHECK(batch.has_value(), "training data ended inside an optimizer step");
-    auto t0 = Clock::now();
-    Tensor x = device.is_cpu() ? batch->images : batch->images.to(device);
-    Tensor y = device.is_cpu() ? batch->labels : batch->labels.to(device);
-
-    Tensor logits = model->forward(x, Mode::train);
-    if (!dlogits.defined() || dlogits.shape() != logits.shape())
-      dlogits = Tensor::empty(logits.shape(), DType::f32, device);
-    local_loss += softmax_cross_entropy(logits, y, 0.0, dlogits);
-    st.correct += count_correct(logits, y);
-    st.seen += batch->valid;
-    // The step's loss is the mean over its k micro-batches; fp16 scales it up
-    // so that small gradients survive the down-converted backward.
-    const double gscale = (scaler ? scaler->scale() : 1.0) / k;
-    if (gscale != 1.0) rt->scale(dlogits, gscale);
-
-    const bool last = micro == k - 1;
-    for (auto& b : buckets) b.pending = b.params;
-    model->backward(dlogits, [&](int, std::span<const std::size_t> params) {
-      // Accumulation: no communication until the last micro-batch.
-      // ZeRO-1 reduce-scatters once after backward instead (below).
-      if (last && !hooks.skip_allreduce && !zero) on_grads_ready(params);
-    });
-    st.compute_s += since(t0);
+  std::vector<Tensor> images, labels;
+  for (int micro = 0; micro < cfg.train.accumulation; ++micro) {
+    std::optional<data::Batch> b = loader->next();
+    RT_CHECK(b.has_value(), "training data ended inside an optimizer step");
+    // A batch views the loader's buffer until the next next(): keep copies of all but the last.
+    const bool last = micro + 1 == cfg.train.accumulation;
+    images.push_back(last ? b->images : b->images.clone());
+    labels.push_back(last ? b->labels : b->labels.clone());
   }
-  float* lb = loss_buf.data<float>();
-  lb[0] = static_cast<float>(local_loss / k);  // rides along, fused with the gradients
-  lb[1] = hooks.stop_signal && hooks.stop_signal() ? 1.0f : 0.0f;
-  lb[2] = ckpt.time_due() ? 1.0f : 0.0f;
-  handles.push_back(engine->allreduce_async("loss", loss_buf));
-
-  auto tw = Clock::now();
-  for (auto& h : handles) engine->wait(h);
-  handles.clear();
-  if (zero && !hooks.skip_allreduce) zero->reduce_scatter_grads();
-  st.comm_s += since(tw);
-
-  auto to = Clock::now();
-  if (!apply_update(schedule->lr_at(pos.step))) ++st.skipped;
+  auto t0 = Clock::now();  // reading the batches is data wait, counted by the loader
+  const int mine = hooks.stop_signal ? hooks.stop_signal() : 0;
+  GridStepResult r = gm->train_step(images, labels, pos.step, schedule->lr_at(pos.step), mine != 0, ckpt.time_due());
+  st.compute_s += since(t0) - r.timing.reduce_s - r.timing.wait_s();
+  st.comm_s += r.timing.reduce_s;
+  st.pipeline_wait_s += r.timing.wait_s();
+  st.correct += r.correct;
+  st.seen += r.seen;
+  st.skipped += r.skipped ? 1 : 0;
   ++pos.step;  // the schedule advances either way (as PyTorch's scheduler.step())
-  st.compute_s += since(to);
-  if (lb[1] > 0 && !stop_signal) {
-    // Every rank sees the same average: all stop after this step. -1: the signal reached another rank.
-    int mine = hooks.stop_signal ? hooks.stop_signal() : 0;
+  save_due = r.save;
+  if (r.stop && !stop_signal) {
+    // Every rank sees the same flag: all stop after this step. -1: the signal reached another rank.
     stop_signal = mine ? mine : -1;
     if (mine && world.rank() != 0)
       log::warn("rank ", world.rank(), " received ", StopSignals::name(mine), ": every rank stops after step ", pos.step);
   }
-  return lb[0];
+  return r.loss;
 }
 
 EvalResult Trainer::Impl::evaluate(const std::string& path) {
@@ -279,25 +180,19 @@ EvalResult Trainer::Impl::evaluate(const std::string& path) {
     }
   });
   // Every sample exactly once: no shuffle, padded tail excluded through Batch::valid.
-  lo.batch_size = std::max<std::int64_t>(1, std::min<std::int64_t>(256, n / world.size()));
+  lo.batch_size = std::max<std::int64_t>(1, std::min<std::int64_t>(256, n / grid->dp_size()));
   lo.shuffle = false;
   lo.tail = data::TailPolicy::pad;
   lo.seed = cfg.train.seed;
-  data::Loader test(lo, world);
+  data::Loader test(lo, dp());
   double loss_sum = 0;
   std::int64_t correct = 0, count = 0;
+  const bool counts = grid->last_stage() && grid->tp_rank() == 0;  // the logits' owner speaks for the replica
   while (auto b = test.next()) {
-    Tensor x = device.is_cpu() ? b->images : b->images.to(device);
-    Tensor y = device.is_cpu() ? b->labels : b->labels.to(device);
-    Tensor logits = model->forward(x, Mode::eval);
-    if (b->valid < logits.dim(0)) {
-      logits = logits.slice_rows(0, b->valid);
-      y = y.slice_rows(0, b->valid);
-    }
-    if (b->valid == 0) continue;
-    loss_sum += softmax_cross_entropy_loss(logits, y) * b->valid;
-    correct += count_correct(logits, y);
-    count += b->valid;
+    auto [l, c] = gm->eval_batch(b->images, b->labels, b->valid);
+    loss_sum += l;
+    correct += c;
+    if (counts) count += b->valid;
   }
   std::vector<double> v = {loss_sum, static_cast<double>(correct), static_cast<double>(count)};
   sum_over_ranks(v, world);
@@ -319,13 +214,25 @@ void Trainer::Impl::start_reporting() {
                                                        steps_per_epoch());
   reporter->set_run(pos.run_id, pos.resumes);
   if (world.rank() == 0 && hooks.report) {
-    log::info("ringtrain: ", cfg.model.name, " (", model->num_params(), " parameters) on ", world.size(),
-              " rank(s), ", device.str(), ", ", cfg.train.precision, ", batch ", cfg.data.batch_size, "/rank (global ",
-              global_batch(), "), ", steps_per_epoch(), " steps/epoch, all-reduce ", cfg.comm.algorithm, ", run ",
-              pos.run_id, ckpt.resumed() ? cat(" (resume ", pos.resumes, " at epoch ", pos.epochs_done + 1, " step ",
-                                        pos.step_in_epoch, ")") : std::string());
+    std::string grid_text;
+    if (!layout.empty()) {
+      std::string bal;
+      for (int b : gm->balance()) bal += cat(bal.empty() ? "" : ", ", b);
+      grid_text = cat(" = ", grid->dp_size(), " DP x ", grid->pp_size(), " PP x ", grid->tp_size(), " TP (layers [", bal,
+                      "] per stage, schedule ", cfg.parallel.schedule, ", ", cfg.data.batch_size / (cfg.parallel.micro_batches > 0 ? cfg.parallel.micro_batches : cfg.parallel.pipeline),
+                      "-sample micro-batches)");
+    }
+    const GridMemory mem = gm->memory();
+    log::info("ringtrain: ", cfg.model.name, " (", num_params, " parameters; ", mem.param_count, " on this rank) on ",
+              world.size(), " rank(s)", grid_text, ", ", device.str(), ", ", cfg.train.precision, ", batch ",
+              cfg.data.batch_size, "/rank (global ", global_batch(), "), ", steps_per_epoch(),
+              " steps/epoch, all-reduce ", cfg.comm.algorithm, ", run ", pos.run_id,
+              ckpt.resumed() ? cat(" (resume ", pos.resumes, " at epoch ", pos.epochs_done + 1, " step ",
+                                   pos.step_in_epoch, ")") : std::string());
     nlohmann::json head = {{"event", ckpt.resumed() ? "resume" : "start"}, {"model", cfg.model.name},
-                           {"params", model->num_params()}, {"ranks", world.size()}, {"device", device.str()},
+                           {"params", num_params}, {"ranks", world.size()}, {"device", device.str()},
+                           {"pipeline", grid->pp_size()}, {"tensor", grid->tp_size()},
+                           {"data_parallel", grid->dp_size()}, {"schedule", cfg.parallel.schedule},
                            {"precision", cfg.train.precision}, {"global_batch", global_batch()},
                            {"steps_per_epoch", steps_per_epoch()}, {"epochs_done", pos.epochs_done},
                            {"step", pos.step}, {"config", cfg.to_toml()}};
@@ -369,7 +276,6 @@ TrainResult Trainer::Impl::fit() {
     reporter->epoch_end(m);
     res.last = m;
   }
-  engine->synchronize();
   res.steps = pos.step;
   // A signal that came after the last step changes nothing: the run finished.
   res.stopped_by_signal = pos.epochs_done == cfg.train.epochs ? 0 : stop_signal;
@@ -400,9 +306,9 @@ EpochMetrics Trainer::Impl::train_epoch(int epoch, bool& finished) {
     st.loss_sum += loss;
     ++st.steps;
     if (hooks.on_step) hooks.on_step(pos.step, loss);
-    if (cfg.train.verify_every > 0 && pos.step % cfg.train.verify_every == 0) verify_identical_state();
+    if (cfg.train.verify_every > 0 && pos.step % cfg.train.verify_every == 0) verify_replicas();
     // checkpoint.every_steps / every_s (agreed in the step's all-reduce); an epoch's end saves below.
-    save_due = ckpt.due_after_step(pos.step) || loss_buf.data<float>()[2] > 0;
+    save_due = ckpt.due_after_step(pos.step) || save_due;
     if (pos.step_in_epoch < spe && save_due) save_checkpoint(true);
     reporter->step(s + 1, loss, static_cast<double>(global_batch()) * st.steps / since(t0));
   }
@@ -415,9 +321,10 @@ EpochMetrics Trainer::Impl::train_epoch(int epoch, bool& finished) {
   m.time_s = since(t0);
   m.compute_s = st.compute_s;
   m.comm_exposed_s = st.comm_s;
+  m.pipeline_wait_s = st.pipeline_wait_s;
   m.data_wait_s = loader->wait_seconds() - wait0;
   m.skipped_steps = st.skipped;
-  m.loss_scale = scaler ? scaler->scale() : 0.0;
+  m.loss_scale = gm->scaler() ? gm->scaler()->scale() : 0.0;
   std::vector<double> v = {static_cast<double>(st.correct), static_cast<double>(st.seen)};
   sum_over_ranks(v, world);
   m.train_loss = st.steps ? st.loss_sum / st.steps : 0;
@@ -426,56 +333,48 @@ EpochMetrics Trainer::Impl::train_epoch(int epoch, bool& finished) {
   return m;
 }
 
-void Trainer::Impl::verify_identical_state() {
+// train.verify_every: the replicas of this rank's stage and tensor shard (its
+// data-parallel group) hold bitwise-identical parameters, buffers and
+// optimizer state; the job ends naming the tensor otherwise.
+void Trainer::Impl::verify_replicas() {
   std::vector<Tensor> ts;
   std::vector<std::string> names;
-  for (auto& [name, t] : flat_state(*model, optimizer.get())) {
+  for (auto& [name, t] : gm->replicated_state()) {
     names.push_back(name);
     ts.push_back(t);
   }
-  verify_identical(ts, world, names);
+  verify_identical(ts, dp(), names);
 }
 
-Trainer::Trainer(TrainConfig cfg, Communicator world, TrainerHooks hooks) {
-  if (cfg.parallel.pipeline > 1 || cfg.parallel.tensor > 1) {
-    cfg_ = cfg;
-    pipe_ = std::make_unique<PipelineTrainer>(cfg, world, hooks);
-  } else {
-    impl_ = std::make_unique<Impl>(std::move(cfg), std::move(world), std::move(hooks));
-  }
-}
-Trainer::~Trainer() = default;
+Trainer::Trainer(TrainConfig cfg, Communicator world, TrainerHooks hooks)
+    : impl_(std::make_unique<Impl>(std::move(cfg), std::move(world), std::move(hooks))) {}
+Trainer::~Trainer() { log::set_prefix(""); }
 
-bool Trainer::resume(const std::string& path) { return pipe_ ? pipe_->load(path, true) : impl_->load(path, true); }
+bool Trainer::resume(const std::string& path) { return impl_->load(path, true); }
 std::string Trainer::save_checkpoint() {
   RT_CHECK(!config().checkpoint.dir.empty(), "Trainer::save_checkpoint: checkpoint.dir is not set");
-  if (pipe_) return pipe_->save_checkpoint();
   impl_->ckpt.start_run();
   impl_->save_checkpoint(true);
   return impl_->last_checkpoint;
 }
 LoadedCheckpoint Trainer::load_weights(const std::string& path) {
-  if (pipe_) {
-    pipe_->load(path, false);
-    return pipe_->loaded();
-  }
   impl_->load(path, false);
   return impl_->ckpt.loaded();
 }
-std::size_t Trainer::optimizer_state_bytes() const {
-  RT_CHECK(impl_, "Trainer::optimizer_state_bytes(): not available with parallel.pipeline/tensor > 1 yet");
-  if (impl_->zero) return impl_->zero->state_bytes();
-  std::size_t n = 0;
-  for (const auto& [name, t] : impl_->optimizer->state()) n += t.nbytes();
-  return n;
+TrainResult Trainer::fit() { return impl_->fit(); }
+EvalResult Trainer::evaluate(const std::string& path) { return impl_->evaluate(path); }
+const std::string& Trainer::run_id() const { return impl_->pos.run_id; }
+ParamArena& Trainer::parameters() { return impl_->gm->stage().arena(); }
+TrainerMemory Trainer::memory() const {
+  const GridMemory g = impl_->gm->memory();
+  TrainerMemory m;
+  m.params = g.params;
+  m.grads = g.grads;
+  m.optimizer = g.optimizer;
+  m.param_count = g.param_count;
+  m.model_param_count = impl_->num_params;
+  return m;
 }
-TrainResult Trainer::fit() { return pipe_ ? pipe_->fit() : impl_->fit(); }
-EvalResult Trainer::evaluate(const std::string& path) { return pipe_ ? pipe_->evaluate(path) : impl_->evaluate(path); }
-const std::string& Trainer::run_id() const { return impl_ ? impl_->pos.run_id : pipe_->run_id(); }
-Model& Trainer::model() {
-  RT_CHECK(impl_, "Trainer::model(): with parallel.pipeline > 1 the model is split across the pipeline stages");
-  return *impl_->model;
-}
-const TrainConfig& Trainer::config() const { return impl_ ? impl_->cfg : cfg_; }
+const TrainConfig& Trainer::config() const { return impl_->cfg; }
 
 }  // namespace ringtrain

@@ -1,53 +1,54 @@
-// The data-parallel trainer's side of checkpoints (the logic both trainers
-// share is checkpoint_session.cpp): what its state is, and how it is restored.
+// The trainer's side of checkpoints (the logic of writing, finding and
+// checking them is checkpoint_session.cpp): what the state is on every layout
+// and how it is restored. The grid model hands over its state per parameter,
+// tensor shards whole and ZeRO-1 slices gathered, so one file serves every layout.
 #include "ringtrain/train/checkpoint.hpp"
 #include "trainer_impl.hpp"
 
 namespace ringtrain {
 
+NamedTensorList Trainer::Impl::extra_state() {
+  NamedTensorList s;
+  if (LossScaler* sc = gm->scaler()) {
+    sc->save(scaler_state.data<double>());
+    s.emplace_back("amp.loss_scale", scaler_state);
+  }
+  return s;
+}
+
 // Every `checkpoint.every_epochs` epochs, or always with `force` (the run ends:
 // last epoch, train.max_steps, signal).
 void Trainer::Impl::save_checkpoint(bool force) {
   std::string path = ckpt.save(force, [&] {
-    // Gather the whole named state on world rank 0 — collective on every rank.
-    // A replicated optimizer: rank 0's own state is the whole; ZeRO-1 gathers its slices first.
-    if (zero) whole = zero->gather(0);
-    return world.rank() == 0 ? run_state() : NamedTensorList{};
+    // World rank 0 gathers every stage's whole state (collective on every rank).
+    NamedTensorList all = gm->gather_whole_state(0);
+    if (world.rank() == 0)
+      for (auto& e : extra_state()) all.push_back(e);
+    return all;
   });
-  whole.reset();
   if (!path.empty()) last_checkpoint = path;
 }
 
-// Every rank receives the checkpoint and restores the same bytes (no broadcast afterwards).
+// Every rank receives the checkpoint; each checks and takes the names it owns
+// (its stage, its part of a tensor shard, its ZeRO-1 slice), so any layout
+// loads any checkpoint.
 bool Trainer::Impl::load(const std::string& path, bool with_optimizer) {
-  // ZeRO-1: rank 0 restores the optimizer state whole, then every rank takes its slice.
-  if (zero && with_optimizer) whole = zero->make_whole(0);
   CheckpointSession::Restore r;
-  r.wanted = [&](bool with_opt) { return model_state(*model, with_opt ? state_optimizer() : nullptr); };
+  r.wanted = [&](bool with_opt) { return gm->whole_names(with_opt); };
   r.apply = [&](const CheckpointData& ck, bool with_opt) {
-    for (auto& [name, t] : model_state(*model, with_opt ? state_optimizer() : nullptr)) restore_tensor(ck, name, t);
+    gm->restore_whole_state([&](const std::string& name, Tensor& whole) {
+      restore_tensor(ck, name, whole);
+      return true;
+    }, with_opt);
     if (!with_opt) return;
-    auto has = [&](const std::string& name) {
-      for (auto& [n, x] : ck.tensors)
-        if (n == name) return true;
-      return false;
-    };
     // The loss scale continues where it was (a checkpoint of an fp32 run has none: start afresh).
-    if (scaler && has("amp.loss_scale")) {
-      restore_tensor(ck, "amp.loss_scale", scaler_state);
-      scaler->load(scaler_state.data<double>());
-    }
-    for (auto& [d, t] : dropout_calls) {
-      const std::string name = "rng/" + d->name() + ".calls";
-      if (!has(name)) continue;
-      restore_tensor(ck, name, t);
-      d->set_call_count(static_cast<std::uint64_t>(t.data<std::int64_t>()[0]));
-    }
+    for (auto& [name, t] : ck.tensors)
+      if (name == "amp.loss_scale" && gm->scaler()) {
+        restore_tensor(ck, name, scaler_state);
+        gm->scaler()->load(scaler_state.data<double>());
+      }
   };
-  const bool found = ckpt.load(path, with_optimizer, r, steps_per_epoch());
-  if (found && zero && with_optimizer) zero->scatter(whole.get(), 0);
-  whole.reset();
-  return found;
+  return ckpt.load(path, with_optimizer, r, steps_per_epoch());
 }
 
 }  // namespace ringtrain

@@ -178,8 +178,8 @@ TEST_P(CudaBackendTest, EltwiseDropoutAddAxpy) {
   }
   Tensor mc = Tensor::empty(s, DType::u8), mg = dev_empty(s, DType::u8);
   Tensor yc = Tensor::empty(s), yg = dev_empty(s, dt);
-  cpu().dropout_forward(x.cpu, 0.25, 77, 3, mc, yc);
-  gpu_be().dropout_forward(x.dev, 0.25, 77, 3, mg, yg);
+  cpu().dropout_forward(x.cpu, 0.25, 77, 3, 1000, mc, yc);
+  gpu_be().dropout_forward(x.dev, 0.25, 77, 3, 1000, mg, yg);
   Tensor mgh = mg.to(Device::cpu());
   EXPECT_EQ(0, std::memcmp(mgh.raw(), mc.raw(), mc.nbytes())) << "dropout masks differ between CPU and GPU";
   EXPECT_LE(rel_err(host_f32(yg), host_f32(yc)), bound(dt));

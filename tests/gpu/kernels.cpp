@@ -223,7 +223,7 @@ TEST(CudaKernels, DropoutMaskFollowsTheSharedRule) {
   Tensor x = randu({static_cast<std::int64_t>(n)}, 5);
   Tensor dx = x.to(gpu()), dy = Tensor::empty(x.shape(), DType::f32, gpu());
   Tensor mask = Tensor::empty(x.shape(), DType::u8, gpu());
-  cuda::dropout_forward(dy.raw(), mask.data<std::uint8_t>(), dx.raw(), n, DType::f32, p, 1234, 9, nullptr);
+  cuda::dropout_forward(dy.raw(), mask.data<std::uint8_t>(), dx.raw(), n, DType::f32, p, 1234, 9, 0, nullptr);
   auto m = download<std::uint8_t>(mask);
   auto y = host_f32(dy);
   const float* xv = x.data<float>();
@@ -235,7 +235,7 @@ TEST(CudaKernels, DropoutMaskFollowsTheSharedRule) {
     kept += keep;
   }
   EXPECT_NEAR(static_cast<double>(kept) / n, 1.0 - p, 0.01);
-  EXPECT_THROW(cuda::dropout_forward(dy.raw(), mask.data<std::uint8_t>(), dx.raw(), n, DType::f32, 1.0f, 1, 0, nullptr),
+  EXPECT_THROW(cuda::dropout_forward(dy.raw(), mask.data<std::uint8_t>(), dx.raw(), n, DType::f32, 1.0f, 1, 0, 0, nullptr),
                Error);
 }
 

@@ -7,7 +7,7 @@
 #include <cmath>
 
 #include "engine/engine_test_util.hpp"
-#include "ringtrain/train/device_runtime.hpp"
+#include "ringtrain/parallel/device_runtime.hpp"
 
 using namespace ringtrain;
 using namespace rt_test;

@@ -26,7 +26,7 @@ TrainResult train(TrainConfig c, const Communicator& world, std::vector<float>* 
   Trainer t(c, world, hooks);
   TrainResult r = t.fit();
   if (params) {
-    Tensor p = t.model().arena().params_flat(DType::f32).to(Device::cpu());
+    Tensor p = t.parameters().params_flat(DType::f32).to(Device::cpu());
     params->assign(p.data<float>(), p.data<float>() + p.numel());
   }
   return r;

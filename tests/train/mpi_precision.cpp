@@ -11,7 +11,7 @@
 #include "fixtures.hpp"
 #include "ringtrain/core/error.hpp"
 #include "ringtrain/train/checkpoint.hpp"
-#include "ringtrain/train/device_runtime.hpp"
+#include "ringtrain/parallel/device_runtime.hpp"
 #include "ringtrain/train/trainer.hpp"
 
 using namespace ringtrain;

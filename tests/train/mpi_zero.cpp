@@ -81,7 +81,7 @@ TrainerHooks quiet() {
 // Every parameter, copied out of the trainer's arena.
 std::vector<std::pair<std::string, std::vector<float>>> params_of(Trainer& t) {
   std::vector<std::pair<std::string, std::vector<float>>> out;
-  const ParamArena& a = t.model().arena();
+  const ParamArena& a = t.parameters();
   for (std::size_t i = 0; i < a.size(); ++i) {
     Tensor p = a.param(i);
     out.emplace_back(a.info(i).name, std::vector<float>(p.data<float>(), p.data<float>() + p.numel()));
@@ -112,7 +112,7 @@ std::vector<std::pair<std::string, std::vector<float>>> train(const Communicator
                                                               std::size_t* state_bytes = nullptr) {
   Trainer t(c, world, quiet());
   t.fit();
-  if (state_bytes) *state_bytes = t.optimizer_state_bytes();
+  if (state_bytes) *state_bytes = t.memory().optimizer;
   return params_of(t);
 }
 

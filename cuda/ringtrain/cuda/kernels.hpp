@@ -36,10 +36,10 @@ void relu_forward(void* y, const void* x, std::size_t n, DType dt, cudaStream_t 
 void relu_backward(void* dx, const void* dy, const void* y, std::size_t n, DType dt, cudaStream_t stream);
 void gelu_forward(void* y, const void* x, std::size_t n, DType dt, cudaStream_t stream);
 void gelu_backward(void* dx, const void* dy, const void* x, std::size_t n, DType dt, cudaStream_t stream);
-// Inverted dropout: mask[i] = dropout_keep(seed, offset, i, p) (nn/rng.hpp, the
-// CPU backend's rule, so masks match across devices), y = x * mask / (1-p).
+// Inverted dropout: mask[i] = dropout_keep(seed, offset, first + i, p) (nn/rng.hpp,
+// the CPU backend's rule, so masks match across devices), y = x * mask / (1-p).
 void dropout_forward(void* y, std::uint8_t* mask, const void* x, std::size_t n, DType dt, float p,
-                     std::uint64_t seed, std::uint64_t offset, cudaStream_t stream);
+                     std::uint64_t seed, std::uint64_t offset, std::uint64_t first, cudaStream_t stream);
 void dropout_backward(void* dx, const void* dy, const std::uint8_t* mask, std::size_t n, DType dt, float p,
                       cudaStream_t stream);
 

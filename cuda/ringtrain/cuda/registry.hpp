@@ -5,7 +5,7 @@
 #include <memory>
 
 #include "ringtrain/comm/collectives.hpp"
-#include "ringtrain/train/device_runtime.hpp"
+#include "ringtrain/parallel/device_runtime.hpp"
 
 namespace ringtrain::cuda {
 

@@ -24,6 +24,14 @@ void register_allocator(DeviceKind kind, std::unique_ptr<Allocator> a);
 bool has_allocator(DeviceKind kind);
 Allocator& allocator_for(DeviceKind kind);  // throws Error naming the kind if not built in
 
+// Bytes of host tensors alive now and at most since the last reset (the CPU
+// allocator counts them; benchmarks split a rank's memory with it).
+struct HostMemoryStats {
+  std::size_t live = 0, peak = 0;
+};
+HostMemoryStats host_memory_stats();
+void reset_host_memory_peak();
+
 // Copies bytes between any two devices (staging through the host if neither is the CPU).
 void copy_bytes(void* dst, Device dst_dev, const void* src, Device src_dev, std::size_t bytes);
 

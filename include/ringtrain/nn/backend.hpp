@@ -227,11 +227,11 @@ class Backend {
   virtual void add(const Tensor& a, const Tensor& b, Tensor& out) = 0;
   // y += alpha * x (same numel): plain SGD steps, gradient accumulation.
   virtual void axpy(double alpha, const Tensor& x, Tensor& y) = 0;
-  // Inverted dropout: keep element i iff dropout_keep(seed, stream, i, p)
+  // Inverted dropout: keep element i iff dropout_keep(seed, stream, first + i, p)
   // (nn/rng.hpp, identical on every device); y = keep ? x / (1 - p) : 0.
   // mask (u8, x's shape) records keep for the backward.
-  virtual void dropout_forward(const Tensor& x, double p, std::uint64_t seed, std::uint64_t stream, Tensor& mask,
-                               Tensor& y) = 0;
+  virtual void dropout_forward(const Tensor& x, double p, std::uint64_t seed, std::uint64_t stream,
+                               std::uint64_t first, Tensor& mask, Tensor& y) = 0;
   virtual void dropout_backward(const Tensor& dy, const Tensor& mask, double p, Tensor& dx) = 0;
   // Softmax cross-entropy, mean over the batch. logits [N,K] float, labels [N]
   // i32 or i64 in [0,K). With smoothing s the target is (1-s) onehot + s/K.

@@ -50,6 +50,16 @@ struct NamedBuffer {
   ShardSpec shard;   // tensor parallelism: a part of a whole buffer (replicated by default)
 };
 
+// Where a forward stands in the run, for layers that draw random numbers
+// (Dropout): the optimizer step, and the position of the micro-batch's first
+// sample in the step's global batch (its place in the epoch's permutation,
+// data/sampler.hpp). Keyed by these, masks are the same at every layout and
+// need no state of their own to resume. A grid stage sets it before each forward.
+struct SamplePosition {
+  std::uint64_t step = 0;
+  std::int64_t first_sample = 0;
+};
+
 // What bind() needs: the device's backend, the finalised arena, the model seed.
 struct BindContext {
   Backend& backend;
@@ -57,6 +67,8 @@ struct BindContext {
   const ParamArena& arena;
   std::uint64_t seed = 0;
   MathMode math = MathMode::fp32;  // for Conv2d/Linear kernels (backend.hpp)
+  // Null (a Model on its own): Dropout keys its masks by its own call count.
+  const SamplePosition* position = nullptr;
 };
 
 class Layer {

@@ -169,7 +169,11 @@ class Pool2d : public Layer {
 };
 
 // Inverted dropout, deterministic: the mask depends on (model seed, layer
-// stream, forward call count, element index) only. Identity in eval mode.
+// stream, optimizer step, global element index) only, where an element's index
+// counts from the first sample of the step's global batch (BindContext::position),
+// so every layout draws the 1-rank run's mask for a sample. Without a position
+// (a Model on its own) the forward call count stands in for the step and the
+// local element index for the global one. Identity in eval mode.
 class Dropout : public Layer {
  public:
   Dropout(std::string name, double p);
@@ -193,6 +197,7 @@ class Dropout : public Layer {
   double p_;
   Backend* be_ = nullptr;
   std::uint64_t seed_ = 0, stream_ = 0, calls_ = 0;
+  const SamplePosition* position_ = nullptr;
   int parts_ = 1, index_ = 0;
   bool identity_ = true;  // last forward was eval (or p == 0)
   Tensor mask_, y_, dx_;

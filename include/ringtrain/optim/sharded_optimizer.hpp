@@ -16,7 +16,8 @@
 //   from its parameters without copies. Any CPU Optimizer runs on it unchanged.
 // - LARS and LAMB need whole-parameter norms: the pieces' partial sums of
 //   squares are all-reduced over the group (Optimizer::set_sums_hook, one small
-//   all-reduce per step). Clipping and the fp16 inf/NaN check combine likewise.
+//   all-reduce per step). Clipping and the fp16 inf/NaN check work on shard()
+//   and are combined by the caller (parallel/grid_update.cpp).
 //   Results equal the unsharded optimizer up to summation order (not bitwise).
 // - Every call is collective over the group, in the same order on every rank.
 // - Checkpoints keep the per-parameter layout: gather() assembles the state on
@@ -47,10 +48,6 @@ class ShardedOptimizer {
 
   // The full arena's gradients, averaged over the group, into this rank's slice.
   void reduce_scatter_grads();
-  // fp16: slice gradients *= inv_scale; true when every rank's slice is finite.
-  bool unscale_grads(double inv_scale);
-  // Global norm from the slices; scales the slice gradients as clip_grad_norm does.
-  double clip_grad_norm(double max_norm);
   // Updates this rank's slice from its averaged gradients, then all-gathers the
   // parameters into the full arena. The slice's parameters are first refreshed
   // from the full arena (so a broadcast or load of the full arena is seen).
@@ -63,7 +60,12 @@ class ShardedOptimizer {
   std::pair<std::size_t, std::size_t> state_bytes_summary() const;
   // Elements of dtype dt's flat buffer owned by each rank.
   const std::vector<std::size_t>& counts(DType dt) const;
+  // This rank's slice as an arena: fp16 unscaling and clipping work on its
+  // gradients (the trainer's update path combines the partial results).
+  ParamArena& shard() { return shard_; }
   const ParamArena& shard() const { return shard_; }
+  // Full-arena index of each shard parameter (a piece of that parameter).
+  const std::vector<std::size_t>& full_index() const { return full_index_; }
 
   // Checkpoints. gather: the root gets an Optimizer over the full arena holding
   // the whole state (others get null). make_whole: an empty one on the root, to

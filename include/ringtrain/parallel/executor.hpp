@@ -19,6 +19,9 @@
 //    (MPI_Abort) with a message naming this stage and the one it waits for.
 //  - Activation slots: a micro-batch takes a free slot at its forward and
 //    frees it after its weight backward; slots() = peak_in_flight(schedule).
+//  - Devices: transfers go through host memory. A stage on a GPU sends a host
+//    copy of its output (kept until the send completes) and moves what it
+//    receives to its device before use.
 //  - Timing: busy seconds per step (compute ops), the seconds ReduceGrads
 //    waits for the data-parallel all-reduces, and the step's wall time, for
 //    the bubble (idle / total; bubble() counts the ReduceGrads wait as idle).
@@ -51,6 +54,8 @@ struct StepTiming {
   double busy_s = 0;  // in load/forward/loss/backward ops
   double reduce_s = 0;  // waiting in ReduceGrads for the data-parallel all-reduces (exposed communication)
   double bubble() const { return wall_s > 0 ? 1.0 - busy_s / wall_s : 0; }
+  // Idle, waiting for other pipeline stages (the rest of the step).
+  double wait_s() const { return wall_s > busy_s + reduce_s ? wall_s - busy_s - reduce_s : 0; }
 };
 
 // Waits for one point-to-point request with a stage of this pipeline. Polls
@@ -65,7 +70,7 @@ class PipelineExecutor {
  public:
   // in_mb / out_mb: this stage's input and output shapes for one micro-batch.
   PipelineExecutor(const ProcessGrid& grid, ScheduleKind kind, int micro_batches, Shape in_mb, Shape out_mb,
-                   double timeout_s = 300);
+                   double timeout_s = 300, Device dev = Device::cpu());
   ~PipelineExecutor();
   PipelineExecutor(const PipelineExecutor&) = delete;
   PipelineExecutor& operator=(const PipelineExecutor&) = delete;
@@ -84,7 +89,9 @@ class PipelineExecutor {
   std::vector<Tensor> act_in_, grad_in_;     // per micro-batch receive buffers
   std::vector<std::uint64_t> act_req_, grad_req_;  // MPI_Request handles (as integers)
   std::vector<std::vector<std::uint64_t>> slot_sends_;
+  std::vector<std::vector<Tensor>> slot_staged_;  // host copies being sent, per slot
   double timeout_s_ = 300;
+  Device dev_;
 };
 
 }  // namespace ringtrain

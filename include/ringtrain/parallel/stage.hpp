@@ -66,6 +66,8 @@ class Stage {
   // number of BatchNorm2d layers of the stage.
   int set_deferred_batch_stats(bool on);
   void commit_batch_stats();
+  // Where the next forward stands (Dropout masks; layer.hpp SamplePosition).
+  void set_position(std::uint64_t step, std::int64_t first_sample) { position_ = {step, first_sample}; }
 
  private:
   Device device_;
@@ -76,6 +78,7 @@ class Stage {
   std::vector<std::vector<NamedBuffer>> slot_buffers_;
   int first_param_layer_ = 0;  // without an input gradient, backward stops here
   bool deferred_bn_ = false;
+  SamplePosition position_;  // the layers read it through BindContext::position
 };
 
 }  // namespace ringtrain

@@ -21,6 +21,7 @@ struct EpochMetrics {
   double time_s = 0;              // wall time of the epoch's training part
   double compute_s = 0;           // forward + backward + optimizer (root rank)
   double comm_exposed_s = 0;      // time blocked on gradient all-reduce, not hidden by compute
+  double pipeline_wait_s = 0;     // time waiting for other pipeline stages (the bubble; 0 without a pipeline)
   double data_wait_s = 0;         // time blocked on the loader
   double eval_s = 0;
   std::int64_t skipped_steps = 0;  // fp16: steps skipped for inf/NaN gradients

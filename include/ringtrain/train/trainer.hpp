@@ -1,17 +1,21 @@
 #pragma once
-// Trainer: data-parallel training of one model per rank. The step reads like
-// the algorithm (see Trainer::train_step in trainer.cpp):
+// Trainer: one trainer for every layout of the DP x PP x TP process grid
+// (data parallelism is the grid with one stage and one tensor shard). A rank
+// builds only its own stage and shard (parallel/grid_model.hpp). The step
+// reads like the algorithm (GridModel::train_step):
 //
-//   for each micro-batch:  logits = model.forward(x)
-//                          loss, dlogits = cross_entropy(logits, y)
-//                          model.backward(dlogits, on_ready = engine.allreduce_async)
-//   engine.wait(all)       # gradients averaged across ranks, mostly while backward ran
-//   optimizer.step(schedule.lr(step))
+//   for each micro-batch (train.accumulation x parallel.micro_batches of them),
+//   in the order the pipeline schedule gives:
+//       x = first stage ? batch : receive(previous stage);  y = stage.forward(x)
+//       last stage ? dy = d cross_entropy(y) : send y, receive dy;  stage.backward(dy)
+//       (the last micro-batch hands each layer's gradients to the fusion engine
+//        as soon as they exist: averaged over the data-parallel group while
+//        backward goes on)
+//   wait for the averages; fp16 unscale and skip, clip, optimizer step
+//   (ZeRO-1: reduce-scatter, slice update, all-gather) — grid_update.cpp
 //
-// parallel.pipeline > 1 or parallel.tensor > 1 hands everything to
-// PipelineTrainer (the grid path); both write the same checkpoints.
-// parallel.shard_optimizer (ZeRO-1, src/train/zero.cpp): the all-reduce becomes a
-// reduce-scatter after backward, each rank updates its slice, parameters are all-gathered.
+// Every feature (precision, accumulation, ZeRO-1, clipping, dropout, exact
+// resume, comm.deterministic, the CUDA device) is the same code on every layout.
 //
 // Rules: every rank runs the same number of steps (the loader guarantees equal
 // batch counts); rank 0's initial parameters and optimizer state are broadcast
@@ -27,9 +31,7 @@
 
 namespace ringtrain {
 
-class Model;
-class Optimizer;
-class PipelineTrainer;
+class ParamArena;
 
 struct EvalResult {
   double loss = 0, accuracy = 0;
@@ -62,6 +64,13 @@ struct TrainerHooks {
   std::function<void(const std::string&)> checkpoint_write_hook;
 };
 
+// Bytes one rank holds (Trainer::memory).
+struct TrainerMemory {
+  std::size_t params = 0, grads = 0, optimizer = 0;
+  std::int64_t param_count = 0;        // this rank's parameters
+  std::int64_t model_param_count = 0;  // the whole model's
+};
+
 // A checkpoint that was loaded: its file (known on rank 0), run and position.
 struct LoadedCheckpoint {
   std::string file, run_id;
@@ -90,19 +99,18 @@ class Trainer {
   // Writes a checkpoint of the state as it stands into checkpoint.dir now
   // (collective); returns its path on rank 0, "" elsewhere.
   std::string save_checkpoint();
-  // Bytes of optimizer state this rank holds: its slice with parallel.shard_optimizer
-  // (ZeRO-1), the whole state otherwise.
-  std::size_t optimizer_state_bytes() const;
+  // What this rank holds: its stage's and shard's parameters, their
+  // gradients, and its optimizer state (its slice with parallel.shard_optimizer).
+  TrainerMemory memory() const;
+  // This rank's parameters (its pipeline stage and tensor shard).
+  ParamArena& parameters();
 
   const std::string& run_id() const;  // set by resume() or at the start of fit()
-  Model& model();
   const TrainConfig& config() const;
 
  private:
   struct Impl;
-  std::unique_ptr<Impl> impl_;              // parallel.pipeline = 1: data parallelism
-  std::unique_ptr<PipelineTrainer> pipe_;   // parallel.pipeline > 1 (src/train/pipeline_trainer.hpp)
-  TrainConfig cfg_;                         // pipe_'s configuration
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace ringtrain

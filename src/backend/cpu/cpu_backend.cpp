@@ -176,8 +176,8 @@ class CpuBackend final : public Backend {
     cblas_saxpy(static_cast<blasint>(x.numel()), static_cast<float>(alpha), x.data<float>(), 1, y.data<float>(), 1);
   }
 
-  void dropout_forward(const Tensor& x, double p, std::uint64_t seed, std::uint64_t stream, Tensor& mask,
-                       Tensor& y) override {
+  void dropout_forward(const Tensor& x, double p, std::uint64_t seed, std::uint64_t stream, std::uint64_t first,
+                       Tensor& mask, Tensor& y) override {
     check_f32(x, "dropout input");
     RT_CHECK(mask.dtype() == DType::u8 && mask.numel() == x.numel() && y.numel() == x.numel(),
              "dropout: mask (u8) and output must match the input");
@@ -188,7 +188,7 @@ class CpuBackend final : public Backend {
     const std::int64_t n = x.numel();
 #pragma omp parallel for schedule(static)
     for (std::int64_t i = 0; i < n; ++i) {
-      bool keep = dropout_keep(seed, stream, static_cast<std::uint64_t>(i), pf);
+      bool keep = dropout_keep(seed, stream, first + static_cast<std::uint64_t>(i), pf);
       pm[i] = keep;
       py[i] = keep ? px[i] * scale : 0.f;
     }

@@ -1,16 +1,17 @@
 #pragma once
-// DeviceRuntime: what the trainer needs from a device kind besides the layer
-// math (nn/backend.hpp): binding a rank to a device, an optimizer over an
-// arena on it, the fusion engine's byte movers, and the few whole-arena
-// gradient operations of a step (scaling, unscaling with an inf/NaN check,
-// global-norm clipping). The trainer calls only this interface, so its step
-// is the same code on every device.
+// DeviceRuntime: what a grid model (parallel/grid_model.hpp) needs from a
+// device kind besides the layer math (nn/backend.hpp): binding a rank to a
+// device, an optimizer over an arena on it, the fusion engine's byte movers,
+// and the few whole-arena gradient operations of a step (scaling, unscaling
+// with an inf/NaN check, sums of squares for global-norm clipping). The update
+// path calls only this interface, so the step is the same code on every device.
 //
 // Rules: the CPU runtime is built in; the CUDA runtime registers itself from
 // cuda/ at static-initialisation time when a GPU is present (the one place a
 // device kind is wired in, like register_backend). Calls that return host
-// values (unscale_grads, clip_grad_norm) wait for the device work they read.
+// values (unscale_grads, grad_sq_norm) wait for the device work they read.
 #include <memory>
+#include <vector>
 
 #include "ringtrain/comm/communicator.hpp"
 #include "ringtrain/core/device.hpp"
@@ -37,8 +38,10 @@ class DeviceRuntime {
   virtual void scale(Tensor& t, double s) = 0;
   // Every gradient *= inv_scale; true when all of them are finite afterwards.
   virtual bool unscale_grads(ParamArena& arena, double inv_scale) = 0;
-  // torch.nn.utils.clip_grad_norm_: returns the norm before clipping.
-  virtual double clip_grad_norm(ParamArena& arena, double max_norm) = 0;
+  // Sum of the squared gradients of the parameters `include` selects (indexed
+  // like the arena; empty = all of them), in double. Clipping combines these
+  // partial sums over the ranks that hold the rest of the model (grid_update.cpp).
+  virtual double grad_sq_norm(const ParamArena& arena, const std::vector<char>& include) = 0;
   // Waits until the device finished the work queued so far (CPU: nothing).
   virtual void synchronize(Device dev) {}
 };

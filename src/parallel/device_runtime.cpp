@@ -1,6 +1,6 @@
 // The registry of device runtimes (one per device kind) and the built-in CPU
 // runtime, created on first use like the CPU backend.
-#include "ringtrain/train/device_runtime.hpp"
+#include "ringtrain/parallel/device_runtime.hpp"
 
 #include "ringtrain/core/kind_registry.hpp"
 #include "ringtrain/optim/grad_utils.hpp"
@@ -26,8 +26,8 @@ class CpuRuntime final : public DeviceRuntime {
   bool unscale_grads(ParamArena& arena, double inv_scale) override {
     return ringtrain::unscale_grads(arena, inv_scale);
   }
-  double clip_grad_norm(ParamArena& arena, double max_norm) override {
-    return ringtrain::clip_grad_norm(arena, max_norm);
+  double grad_sq_norm(const ParamArena& arena, const std::vector<char>& include) override {
+    return ringtrain::grad_sq_norm(arena, include);
   }
 };
 
