@@ -94,7 +94,9 @@ void check(int p, ScheduleKind kind) {
     const std::int64_t lo = grid.dp_rank() * kPerReplica;
     GridStepResult r = pm.train_step(rows(x, lo, kPerReplica), rows(y, lo, kPerReplica), 0.05);
     ASSERT_NEAR(r.loss, ref.loss[t], 1e-4 * std::abs(ref.loss[t])) << what << " step " << t;
-    EXPECT_EQ(r.seen, global);
+    std::int64_t seen = r.seen;  // each rank's share: the world's sum is the global batch
+    allreduce(&seen, &seen, 1, DType::i64, ReduceOp::sum, world);
+    EXPECT_EQ(seen, global);
   }
   EXPECT_LT(ref.loss.back(), 0.8 * ref.loss.front()) << "the reference should learn something";
   // Same final parameters, for the layers this stage owns.

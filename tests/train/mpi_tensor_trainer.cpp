@@ -30,7 +30,7 @@ void expect_follows(const std::vector<double>& got, const std::vector<double>& r
                     const std::string& what) {
   ASSERT_EQ(got.size() + first, ref.size()) << what;
   for (std::size_t i = 0; i < got.size(); ++i)
-    EXPECT_NEAR(got[i], ref[first + i], 1e-4 * std::abs(ref[first + i])) << what << " step " << first + i;
+    EXPECT_NEAR(got[i], ref[first + i], 1e-5) << what << " step " << first + i;  // fp32 rounding: 1e-6 seen
 }
 
 TEST(TensorTrainer, FollowsTheOneRankTrainerAndReshardsCheckpoints) {
