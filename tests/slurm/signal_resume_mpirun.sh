@@ -7,7 +7,7 @@ set -uo pipefail
 SRC=$1; BIN=$2
 . "$(dirname "$0")/lib.sh"
 WORK=$(mktemp -d /tmp/rt-sigresume.XXXXXX); trap 'rm -rf "$WORK"' EXIT
-dump_logs() { tail -n 30 "$WORK"/*.log >&2; }
+dump_logs() { tail -n 30 "$WORK"/*.log >&2 2>/dev/null; }
 # The option is part of the trainer: its absence is a regression (FAIL), never a reason to skip.
 check "ringtrain train --help documents --resume auto" \
     bash -c '"$1" train --help 2>&1 | grep -q -- "--resume.*auto"' _ "$BIN"
