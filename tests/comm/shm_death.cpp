@@ -23,8 +23,12 @@ namespace {
 
 // Child jobs (disabled in the normal run). Every rank all-reduces 8 MiB with shm
 // in a loop; rank 1 is SIGKILLed by its own timer thread while the loop runs.
+// The survivors ignore SIGTERM, as a trainer that catches it to checkpoint
+// does: mpirun's own reaction to the death (SIGTERM, then SIGKILL after
+// odls_base_sigkill_timeout) must not end them before ringtrain notices.
 TEST(ShmDeath, DISABLED_RankOneKilledMidway) {
   auto comm = Communicator::world();
+  if (comm.rank() != 1) ::signal(SIGTERM, SIG_IGN);
   std::printf("rank %d pid %d\n", comm.rank(), static_cast<int>(getpid()));
   std::fflush(stdout);
   std::vector<float> x(2 << 20, 1.0f);
@@ -88,11 +92,11 @@ TEST(ShmDeath, KilledRankIsNamedAndNoSegmentRemains) {
   EXPECT_NE(j.status, 0) << j.out;
   EXPECT_LT(j.seconds, 60.0) << j.out;
   EXPECT_NE(j.out.find("rank 2 pid"), std::string::npos) << "the child job did not start:\n" << j.out;
-  // Our message (a survivor notices the death) or, if mpirun got there first, its own; both name rank 1.
-  bool ours = j.out.find("allreduce: rank 1 of communicator 'world'") != std::string::npos &&
-              j.out.find("died during a shared-memory all-reduce") != std::string::npos;
-  bool mpiruns = std::regex_search(j.out, std::regex("rank 1 with PID \\d+ on node \\S+ exited on signal 9"));
-  EXPECT_TRUE(ours || mpiruns) << j.out;
+  // ringtrain's own message from a survivor (src/comm/shm_node.cpp), naming rank 1;
+  // mpirun's "exited on signal 9" alone is not enough.
+  EXPECT_TRUE(std::regex_search(j.out, std::regex("error: allreduce: rank 1 of communicator 'world' \\(pid \\d+ on "
+                                                  "this node\\) died during a shared-memory all-reduce")))
+      << j.out;
   EXPECT_TRUE(leftovers(j.out).empty()) << leftovers(j.out).front();
 }
 

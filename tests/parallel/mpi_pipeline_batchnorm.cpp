@@ -200,8 +200,9 @@ TEST_P(PipelineBatchNorm, RunningStatisticsCoverTheWholeStep) {
   ParamArena& a = pm.stage().arena();
   for (std::size_t i = 0; i < a.size(); ++i) {
     Tensor mine_p = a.param(i), ref = deferred.model->arena().param(deferred.model->arena().index_of(a.info(i).name));
+    // Rounding only: worst |d| / (1 + |ref|) measured 7.5e-8 at dp 2, 0 at dp 1.
     for (std::int64_t k = 0; k < mine_p.numel(); ++k)
-      ASSERT_NEAR(mine_p.data<float>()[k], ref.data<float>()[k], 1e-4 + 1e-3 * std::abs(ref.data<float>()[k]))
+      ASSERT_NEAR(mine_p.data<float>()[k], ref.data<float>()[k], 5e-7 * (1 + std::abs(ref.data<float>()[k])))
           << what << " " << a.info(i).name << "[" << k << "]";
   }
 }

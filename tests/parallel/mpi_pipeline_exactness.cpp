@@ -103,8 +103,9 @@ void check(int p, ScheduleKind kind) {
   ParamArena& a = pm.stage().arena();
   for (std::size_t i = 0; i < a.size(); ++i) {
     Tensor mine = a.param(i), theirs = ref.model->arena().param(ref.model->arena().index_of(a.info(i).name));
+    // Rounding only: worst |d| / (1 + |ref|) measured 2.9e-7 at 1-4 ranks.
     for (std::int64_t k = 0; k < mine.numel(); ++k)
-      ASSERT_NEAR(mine.data<float>()[k], theirs.data<float>()[k], 1e-4 + 1e-3 * std::abs(theirs.data<float>()[k]))
+      ASSERT_NEAR(mine.data<float>()[k], theirs.data<float>()[k], 2e-6 * (1 + std::abs(theirs.data<float>()[k])))
           << what << " " << a.info(i).name << "[" << k << "]";
   }
 }

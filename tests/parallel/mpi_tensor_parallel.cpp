@@ -2,9 +2,13 @@
 // operators against MPI_Allreduce and analytic layouts, the shard
 // bookkeeping, and the must-show exactness: `mlp`, `vit` and `cnn` built with
 // parallel.tensor = T (T = the world at 2 and 4 ranks, and T = 2 x data 2 at
-// 4 ranks) start from the 1-rank model's weights and follow its loss within
-// 1e-4 relative over 50 SGD steps on the same global batches; `resnet` too at
-// T = the world (not x data: its BatchNorm statistics are per replica batch).
+// 4 ranks) start from the ordinary unsplit model's weights, follow its loss
+// within 1e-4 relative over 50 SGD steps on the same global batches and end
+// with its parameters to rounding; `resnet` too at T = the world (not x data:
+// its BatchNorm statistics are per replica batch). At 3 ranks vit (3 heads)
+// and resnet (widths 9, 18, 36) run at T = 3; mlp and cnn, whose widths 3 does
+// not divide, and every model at 1 rank (T = 1 builds the unsplit model
+// itself) report skipped.
 #include <gtest/gtest.h>
 #include <mpi.h>
 #include <omp.h>
@@ -107,6 +111,15 @@ ModelConfig model_cfg(const std::string& name) {
   return mc;
 }
 
+// The model at tensor size T: where T = 3, widths it divides (vit: 3 heads of 4,
+// hidden 24; resnet: widths 9, 18, 36, shards of 3, 6 and 12 channels).
+ModelConfig model_cfg(const std::string& name, int tensor) {
+  ModelConfig mc = model_cfg(name);
+  if (tensor % 3 == 0 && name == "vit") mc.base_width = 12, mc.heads = 3;
+  if (tensor % 3 == 0 && name == "resnet") mc.base_width = 9;
+  return mc;
+}
+
 void batch(int t, std::int64_t n, Tensor& x, Tensor& y) {
   x = Tensor::empty({n, 1, 8, 8}, DType::f32);
   y = Tensor::empty({n}, DType::i32);
@@ -142,10 +155,17 @@ void expect_params_match(const ParamArena& mine, const ParamArena& whole, double
   }
 }
 
+// The split model and the unsplit one differ by float rounding only (sums
+// over channel shards in another order), ~1e-7 per step, until a rounding
+// difference flips the sign of a pre-activation near zero; the trajectories
+// then separate by a finite amount. Plain SGD (no momentum) at lr 0.05 keeps
+// all 50 steps of every layout here at rounding level (worst 4e-7); momentum
+// 0.9 flipped mlp at tensor 2 x data 2 after 14 steps, and resnet of width 6
+// (seed 9) flips after 2 steps whatever the optimizer, hence width 9 at T = 3.
 void check_follows_one_rank(const std::string& name, int tensor, double dropout = 0) {
   omp_set_num_threads(1);
   ProcessGrid grid = ProcessGrid::make(Communicator::world(), {1, tensor});
-  ModelConfig whole_cfg = model_cfg(name), tp_cfg = model_cfg(name);
+  ModelConfig whole_cfg = model_cfg(name, tensor), tp_cfg = whole_cfg;
   whole_cfg.dropout = tp_cfg.dropout = dropout;
   tp_cfg.tensor = TensorGroup::of(grid.tp());
   auto whole = build_model(whole_cfg), mine = build_model(tp_cfg);
@@ -153,12 +173,10 @@ void check_follows_one_rank(const std::string& name, int tensor, double dropout 
                                grid.tag());
   int sharded = 0;
   for (const auto& info : mine->arena().infos()) sharded += info.shard.sharded();
-  if (tensor > 1) {
-    EXPECT_GT(sharded, 0) << what;
-  }
+  ASSERT_GT(sharded, 0) << what << ": the model under test must be split";
   expect_params_match(mine->arena(), whole->arena(), 0.0, what + " at start");  // bitwise: same init
   OptimizerConfig oc;
-  oc.momentum = 0.9;
+  oc.momentum = 0.0;  // see above
   oc.weight_decay = 5e-4;
   auto opt_w = make_optimizer(whole->arena(), oc), opt_m = make_optimizer(mine->arena(), oc);
   const std::int64_t global = std::int64_t(kPerReplica) * grid.dp_size();
@@ -191,25 +209,47 @@ void check_follows_one_rank(const std::string& name, int tensor, double dropout 
   double first = 0, last = 0;  // means over 10 steps: single-batch losses are noisy
   for (int t = 0; t < 10; ++t) first += ref_loss[t] / 10, last += ref_loss[kSteps - 1 - t] / 10;
   EXPECT_LT(last, 0.9 * first) << what << ": the reference should learn";
-  expect_params_match(mine->arena(), whole->arena(), 1e-3, what + " after training");
+  // Rounding only: worst |d| / (1 + |ref|) measured 1.9e-7 over every layout at 2-4 ranks.
+  expect_params_match(mine->arena(), whole->arena(), 1e-6, what + " after training");
 }
 
-TEST(TensorParallelExactness, MlpAndVitFollowTheOneRankLoss) {
-  const int w = Communicator::world().size();
-  for (const char* name : {"mlp", "vit"}) {
-    if (w == 1 || w == 2 || w == 4) check_follows_one_rank(name, w);
-    if (w == 4) check_follows_one_rank(name, 2);  // tensor 2 x data 2
-  }
+// Why no layout of this world splits `name` (empty when tensor = the world does).
+std::string no_split_layout(const std::string& name, int w) {
+  if (w == 1) return "1 rank: tensor parallelism needs 2+ ranks (tensor 1 builds the unsplit model, the reference)";
+  if (w > 4) return cat(w, " ranks: the model widths here are chosen for 2, 3 and 4");
+  if (w == 3 && (name == "mlp" || name == "cnn"))
+    return cat("3 ranks: ", name, "'s widths are not divisible by 3 (mlp: hidden 256; cnn: 32 and 64 filters) and "
+               "tensor 1 x data 3 would split nothing");
+  return "";
 }
 
-TEST(TensorParallelExactness, CnnAndResnetFollowTheOneRankLoss) {
+TEST(TensorParallelExactness, MlpFollowsTheOneRankLoss) {
   const int w = Communicator::world().size();
-  if (w == 1 || w == 2 || w == 4) {
-    check_follows_one_rank("cnn", w);
-    check_follows_one_rank("cnn", w, 0.3);  // fc1's shard of the 1-rank dropout mask
-    check_follows_one_rank("resnet", w);
-  }
+  if (std::string why = no_split_layout("mlp", w); !why.empty()) GTEST_SKIP() << why;
+  check_follows_one_rank("mlp", w);
+  if (w == 4) check_follows_one_rank("mlp", 2);  // tensor 2 x data 2
+}
+
+TEST(TensorParallelExactness, VitFollowsTheOneRankLoss) {
+  const int w = Communicator::world().size();
+  if (std::string why = no_split_layout("vit", w); !why.empty()) GTEST_SKIP() << why;
+  check_follows_one_rank("vit", w);
+  if (w == 4) check_follows_one_rank("vit", 2);  // tensor 2 x data 2
+}
+
+TEST(TensorParallelExactness, CnnFollowsTheOneRankLoss) {
+  const int w = Communicator::world().size();
+  if (std::string why = no_split_layout("cnn", w); !why.empty()) GTEST_SKIP() << why;
+  check_follows_one_rank("cnn", w);
+  check_follows_one_rank("cnn", w, 0.3);  // fc1's shard of the 1-rank dropout mask
   if (w == 4) check_follows_one_rank("cnn", 2);  // tensor 2 x data 2
+}
+
+// Tensor = the world only: BatchNorm statistics are per replica batch, so x data differs.
+TEST(TensorParallelExactness, ResnetFollowsTheOneRankLoss) {
+  const int w = Communicator::world().size();
+  if (std::string why = no_split_layout("resnet", w); !why.empty()) GTEST_SKIP() << why;
+  check_follows_one_rank("resnet", w);
 }
 
 TEST(TensorGrid, SpanWarningOnlyWhenAGroupLeavesANode) {

@@ -51,8 +51,11 @@ TEST(PipelineTrainer, FollowsTheOneRankTrainerAndResumes) {
   ASSERT_EQ(got.size(), ref.size());
   for (std::size_t i = 0; i < ref.size(); ++i)
     EXPECT_NEAR(got[i], ref[i], 1e-4 * std::abs(ref[i])) << "step " << i << " rel " << (got[i] - ref[i]) / ref[i];
-  EXPECT_NEAR(pr.last.test_accuracy, ref_r.last.test_accuracy, 0.02);
-  EXPECT_NEAR(pr.last.test_loss, ref_r.last.test_loss, 1e-3 * ref_r.last.test_loss);
+  // Evaluation of the same weights to rounding: the test loss measured 5.3e-6 relative
+  // apart at 2-4 ranks (a small loss, 2.6e-4: every margin is wide), so the same
+  // predictions, hence the same accuracy.
+  EXPECT_EQ(pr.last.test_accuracy, ref_r.last.test_accuracy);
+  EXPECT_NEAR(pr.last.test_loss, ref_r.last.test_loss, 3e-5 * ref_r.last.test_loss);
 
   // Stop after epoch 1, resume (same pipeline), finish: the same losses as the uninterrupted run.
   TrainConfig cut = p;
