@@ -8,7 +8,7 @@
 #   ```sh norun REASON   not executed (needs a cluster, root daemons, hours); REASON is required.
 # Checks on every block: training goes through jobs/mpirun.sh (or jobs/mpirun_fashion.sh), never a
 # bare `mpirun` (which fails as root and beyond the core count). docs/gpu.md is left out: its
-# commands run on a GPU host (tests/gpu/run_on_gpu_host.sh).
+# commands run on a GPU host (tests/gpu/run_on_gpu_host.sh). BLOCK_LOG_DIR=DIR keeps every block's output.
 set -uo pipefail
 SRC=$(cd "${1:?usage: command_blocks.sh SOURCE_DIR BUILD_DIR [FILE.md...]}" && pwd)
 BUILD=$(cd "${2:?usage: command_blocks.sh SOURCE_DIR BUILD_DIR}" && pwd)
@@ -23,12 +23,10 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_va
 
 SCRATCH=$(mktemp -d /tmp/rt-docs-blocks.XXXXXX)
 trap 'rm -rf "$SCRATCH"' EXIT
-# One prepared Fashion-MNIST for every file: the source tree's if `make run` made it, else ours.
-DATA="$SRC/data/fashion-mnist"
-if [ ! -f "$DATA/fashion-mnist-train.h5" ]; then
-  DATA="$SCRATCH/fashion-mnist"
-  "$BUILD/ringtrain" prepare --dataset fashion-mnist --out "$DATA" >/dev/null || { echo "command_blocks: prepare failed"; exit 1; }
-fi
+# One prepared Fashion-MNIST for every file, in the scratch directory (a block that prepares it
+# again then never touches the source tree's copy).
+DATA="$SCRATCH/fashion-mnist"
+"$BUILD/ringtrain" prepare --dataset fashion-mnist --out "$DATA" </dev/null >/dev/null || { echo "command_blocks: prepare failed"; exit 1; }
 
 # blocks FILE: "LINE<TAB>INFO" for every fenced block start, the body into $SCRATCH/b/<n>.sh
 extract() {
@@ -64,8 +62,9 @@ for f in "${files[@]}"; do
       echo "FAIL $rel:$line: 'ringtrain train' outside jobs/mpirun.sh: RT_MAX_STEPS cannot cap it"; fail=1; continue
     fi
     start=$(date +%s)
-    (cd "$SCRATCH/w" && RT_MAX_STEPS=2 timeout -k 10 "$BLOCK_TIMEOUT" bash -e -o pipefail "$body") > "$SCRATCH/log" 2>&1
+    (cd "$SCRATCH/w" && RT_MAX_STEPS=2 timeout -k 10 "$BLOCK_TIMEOUT" bash -e -o pipefail "$body") < /dev/null > "$SCRATCH/log" 2>&1
     rc=$?; ran=$((ran + 1))
+    [ -n "${BLOCK_LOG_DIR:-}" ] && cp "$SCRATCH/log" "$BLOCK_LOG_DIR/$(basename "$rel" .md)-$line.log"
     if [ $rc -ne 0 ]; then
       echo "FAIL $rel:$line: exit status $rc after $(( $(date +%s) - start )) s; the block:"
       sed 's/^/    | /' "$body"
