@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The figures of docs/: PNG plots drawn from the data under docs/data/ (`make figures`).
 #   docs/figures.sh [BUILD]               redraw every plot from docs/data/*.csv (seconds)
-#   MEASURE=1 docs/figures.sh [BUILD]     first measure the data again on this machine (about 10 min
+#   MEASURE=1 docs/figures.sh [BUILD]     first measure all the data again on this machine (about 10 min
 #                                         of 2 cores; needs `make build`), recording the CPU and the
 #                                         load average next to each CSV (docs/data/<name>.machine.txt)
+#   MEASURE="allreduce_np2 parallel_layouts" ...   only those (names: allreduce_np2 pipeline_bubble parallel_layouts)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${1:-build}
@@ -21,16 +22,21 @@ machine() {  # machine NAME COMMAND...: run it, writing the CPU, the load before
     echo "date: $(date -u +%FT%TZ)"; } > "$D/$name.machine.txt"
 }
 
-if [ "${MEASURE:-0}" = 1 ]; then
-  for t in bench_comm_allreduce_sweep bench_parallel_bubble bench_parallel_layouts; do
-    [ -x "$B/bench/$t" ] || { echo "figures: $B/bench/$t missing (make build)" >&2; exit 2; }
-  done
-  rm -f "$D/allreduce_np2.csv" "$D/pipeline_bubble.csv" "$D/parallel_layouts.csv"
+want() { [ "${MEASURE:-0}" = 1 ] || [[ " ${MEASURE:-} " == *" $1 "* ]]; }
+need() { [ -x "$B/bench/$1" ] || { echo "figures: $B/bench/$1 missing (make build)" >&2; exit 2; }; }
+if want allreduce_np2; then
+  need bench_comm_allreduce_sweep; rm -f "$D/allreduce_np2.csv"
   machine allreduce_np2 "${MPI[@]}" -np 2 "$B/bench/bench_comm_allreduce_sweep" -b 8 -e 64M -f 4 -n 10 -w 3 -c 1 \
       --csv "$D/allreduce_np2.csv"
+fi
+if want pipeline_bubble; then
+  need bench_parallel_bubble; rm -f "$D/pipeline_bubble.csv"
   # the bubble sweep at p = 2, 4, 8 stages (its machine.txt names the function "bubble")
   bubble() { for p in 2 4 8; do "${MPI[@]}" -np "$p" "$B/bench/bench_parallel_bubble" --unit-ms 10 --csv "$D/pipeline_bubble.csv"; done; }
   machine pipeline_bubble bubble
+fi
+if want parallel_layouts; then
+  need bench_parallel_layouts; rm -f "$D/parallel_layouts.csv"
   machine parallel_layouts "${MPI[@]}" -np 2 "$B/bench/bench_parallel_layouts" --csv "$D/parallel_layouts.csv"
 fi
 /usr/bin/python3 docs/plot_figures.py "$D" docs
