@@ -17,7 +17,7 @@ machine() {  # machine NAME COMMAND...: run it, writing the CPU, the load before
   local before; before=$(cut -d' ' -f1-3 /proc/loadavg)
   "$@"
   { echo "command: $*"
-    echo "cpu: $(lscpu | sed -n 's/^Model name:[[:space:]]*//p'), $(nproc) logical CPUs"
+    echo "cpu: $(lscpu | sed -n 's/^Model name:[[:space:]]*//p'), $(getconf _NPROCESSORS_ONLN) logical CPUs"
     echo "load average (1/5/15 min) before: $before, after: $(cut -d' ' -f1-3 /proc/loadavg)"
     echo "date: $(date -u +%FT%TZ)"; } > "$D/$name.machine.txt"
 }
