@@ -4,7 +4,8 @@
 #   MEASURE=1 docs/figures.sh [BUILD]     first measure all the data again on this machine (about 10 min
 #                                         of 2 cores; needs `make build`), recording the CPU and the
 #                                         load average next to each CSV (docs/data/<name>.machine.txt)
-#   MEASURE="allreduce_np2 parallel_layouts" ...   only those (names: allreduce_np2 pipeline_bubble parallel_layouts)
+#   MEASURE="allreduce_np2 parallel_layouts" ...   only those (names: allreduce_np2 pipeline_bubble
+#                                         parallel_layouts smpi; smpi needs smpicxx, ~3 min)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${1:-build}
@@ -38,5 +39,10 @@ fi
 if want parallel_layouts; then
   need bench_parallel_layouts; rm -f "$D/parallel_layouts.csv"
   machine parallel_layouts "${MPI[@]}" -np 2 "$B/bench/bench_parallel_layouts" --csv "$D/parallel_layouts.csv"
+fi
+if want smpi; then
+  # SimGrid: simulated times, independent of this machine's load (docs/scaling.md)
+  machine smpi env RING_MAX_RANKS=64 OUT=runs/smpi-docs jobs/smpi/run.sh
+  mkdir -p "$D/smpi"; cp runs/smpi-docs/smpi.csv runs/smpi-docs/smpi.txt "$D/smpi/"; mv "$D/smpi.machine.txt" "$D/smpi/machine.txt"
 fi
 /usr/bin/python3 docs/plot_figures.py "$D" docs
