@@ -38,6 +38,12 @@ extract() {
 }
 
 fail=0; ran=0; skipped=0
+# An indented fence (a block inside a list item) would escape the extraction below: refuse it.
+for f in "${files[@]}"; do
+  if grep -n '^[[:space:]]\+```' "$f" >/dev/null; then
+    echo "FAIL ${f#"$SRC"/}:$(grep -n '^[[:space:]]\+```' "$f" | head -1 | cut -d: -f1): indented code fence; start fences in column 1"; fail=1
+  fi
+done
 for f in "${files[@]}"; do
   rel=${f#"$SRC"/}
   rm -rf "$SCRATCH/b" "$SCRATCH/w"; mkdir -p "$SCRATCH/b" "$SCRATCH/w/data"
@@ -47,7 +53,7 @@ for f in "${files[@]}"; do
   while IFS=$'\t' read -r line info; do
     n=$((n + 1)); body="$SCRATCH/b/$n.sh"
     lang=${info%% *}
-    case $lang in sh|bash|console) ;; *) continue ;; esac
+    case $lang in sh|bash) ;; *) continue ;; esac   # text, toml, ... blocks are not commands
     # Joined continuation lines, comments dropped: what the shell will see.
     joined=$(sed -e 's/[[:space:]]#.*$//' -e 's/^#.*$//' "$body" | sed -e ':a' -e '/\\$/N; s/\\\n/ /; ta')
     if grep -Eq '(^|[;&|(])[[:space:]]*mpirun[[:space:]]' <<<"$joined"; then

@@ -14,6 +14,7 @@ page sh 'mpirun -np 2 build/ringtrain train --config jobs/fashion_cnn.toml' bare
 page sh 'build/ringtrain train --config jobs/fashion_cnn.toml' uncapped
 page 'sh norun' 'make cluster-up' no_reason
 page sh 'jobs/mpirun.sh -np 2 build/ringtrain train --config jobs/fashion_cnn.toml --set model.name=nope' bad_key
+printf '# page\n\n- a list item\n\n  %ssh\n  echo hidden\n  %s\n' "$fence" "$fence" > "$T/indented.md"
 status=0
 expect() {  # expect NAME RC PATTERN
   out=$("$SRC/tests/docs/command_blocks.sh" "$SRC" "$BUILD" "$T/$1.md" 2>&1); rc=$?
@@ -27,4 +28,5 @@ expect bare_mpirun 1 "a bare 'mpirun'"
 expect uncapped 1 "outside jobs/mpirun.sh"
 expect no_reason 1 "'norun' without a reason"
 expect bad_key 1 "model.name"
+expect indented 1 "indented code fence"
 exit $status
