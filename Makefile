@@ -24,7 +24,7 @@ TEST_PACKAGES := \
 
 MPIRUN := mpirun --allow-run-as-root --oversubscribe
 
-.PHONY: deps deps-run build build-run install uninstall test test-gpu bench run prepare clean cluster-up cluster-down
+.PHONY: deps deps-run build build-run install uninstall test test-gpu bench run prepare clean cluster-up cluster-down docs figures
 
 # install-packages LIST: apt-get installs whichever of LIST is missing.
 define install-packages
@@ -67,6 +67,15 @@ test-gpu: build
 
 bench: build
 	bench/run_all.sh $(BUILD)
+
+# docs/configuration.md from the binary (`ctest -R docs/configuration` fails when it is stale).
+docs: build-run
+	docs/gen_configuration.sh $(BUILD)/ringtrain
+
+# The PNG plots of docs/ from the data checked in under docs/data/ (Debian's python3 + matplotlib);
+# MEASURE=1 first measures that data again on this machine (docs/figures.sh: minutes, see there).
+figures:
+	docs/figures.sh $(BUILD)
 
 FASHION := data/fashion-mnist/fashion-mnist-train.h5
 
