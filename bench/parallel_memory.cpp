@@ -1,0 +1,106 @@
+// What one rank holds under a layout, measured on the trainer users run: peak
+// RSS (getrusage), the peak of live host tensor bytes (the CPU allocator's
+// counter), and the parameter, gradient and optimizer-state bytes the rank's
+// grid model holds; activations and workspaces are the tensor peak minus
+// those. One layout per process (peak RSS is per process); bench/parallel_memory.sh
+// runs every layout and prints each figure beside its ideal (1 rank / (PP·TP),
+// ZeRO-1's optimizer state / DP).
+//   mpirun -np 4 bench_parallel_memory --model vit --pipeline 2 --tensor 2 [--zero] [--steps 2]
+// Prints one CSV row per rank (rank 0 writes them all):
+//   model,ranks,pipeline,tensor,zero,rank,peak_rss_mb,tensor_peak_mb,params_b,grads_b,optimizer_b,activations_b,param_count,model_param_count
+#include <sys/resource.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <filesystem>
+#include <vector>
+
+#include "ringtrain/comm/collectives.hpp"
+#include "ringtrain/comm/communicator.hpp"
+#include "ringtrain/core/allocator.hpp"
+#include "ringtrain/data/prepare.hpp"
+#include "ringtrain/train/trainer.hpp"
+
+using namespace ringtrain;
+
+int main(int argc, char** argv) {
+  MpiRuntime mpi(&argc, &argv);
+  Communicator world = Communicator::world();
+  CLI::App app{"per-rank memory of one layout"};
+  std::string model = "vit", data = "/tmp/rt-bench-memory";
+  int pipeline = 1, tensor = 1, steps = 2, batch = 32;
+  bool zero = false, header = false;
+  app.add_option("--model", model, "vit (width 512, depth 8, 8 heads) | resnet (ResNet-20 width 16)");
+  app.add_option("--pipeline", pipeline);
+  app.add_option("--tensor", tensor);
+  app.add_flag("--zero", zero, "parallel.shard_optimizer (ZeRO-1)");
+  app.add_option("--steps", steps);
+  app.add_option("--batch", batch, "global batch");
+  app.add_option("--data", data, "synthetic 28x28 data directory (made if absent)");
+  app.add_flag("--header", header, "print the CSV header first");
+  CLI11_PARSE(app, argc, argv);
+
+  if (!std::filesystem::exists(data + "/synthetic-train.h5")) {
+    data::SyntheticOptions o;
+    o.output = data;
+    o.train_samples = 512;
+    o.test_samples = 64;
+    o.channels = 1;
+    o.height = o.width = 28;
+    data::generate_synthetic(o, world);
+  }
+  TrainConfig c;
+  c.model.name = model;
+  if (model == "vit") {
+    c.model.width = 512;
+    c.model.depth = 8;
+    c.model.heads = 8;
+    c.model.patch = 4;
+  }
+  c.data.train = c.data.test = data;
+  c.parallel.pipeline = pipeline;
+  c.parallel.tensor = tensor;
+  c.parallel.shard_optimizer = zero;
+  const int dp = world.size() / (pipeline * tensor);
+  c.data.batch_size = batch / dp;
+  c.train.max_steps = steps;
+  c.train.threads = 1;
+  c.optimizer.name = "adamw";
+  c.optimizer.lr = 1e-4;
+  c.schedule.name = "constant";
+  c.validate();
+  TrainerHooks h;
+  h.report = false;
+  h.evaluate = false;
+  TrainerMemory m;
+  {
+    Trainer t(c, world, h);
+    t.fit();
+    m = t.memory();
+  }
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  const HostMemoryStats hs = host_memory_stats();
+  const double held = static_cast<double>(m.params + m.grads + m.optimizer);
+  std::vector<double> mine = {static_cast<double>(ru.ru_maxrss) / 1024.0,
+                              static_cast<double>(hs.peak) / (1 << 20),
+                              static_cast<double>(m.params),
+                              static_cast<double>(m.grads),
+                              static_cast<double>(m.optimizer),
+                              std::max(0.0, static_cast<double>(hs.peak) - held),
+                              static_cast<double>(m.param_count),
+                              static_cast<double>(m.model_param_count)};
+  std::vector<double> all(mine.size() * world.size());
+  allgather(mine.data(), mine.size(), all.data(), DType::f64, world);
+  if (world.rank() == 0) {
+    if (header)
+      std::printf("model,ranks,pipeline,tensor,zero,rank,peak_rss_mb,tensor_peak_mb,params_b,grads_b,optimizer_b,"
+                  "activations_b,param_count,model_param_count\n");
+    for (int r = 0; r < world.size(); ++r) {
+      const double* v = &all[mine.size() * r];
+      std::printf("%s,%d,%d,%d,%d,%d,%.1f,%.1f,%.0f,%.0f,%.0f,%.0f,%.0f,%.0f\n", model.c_str(), world.size(), pipeline,
+                  tensor, zero ? 1 : 0, r, v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]);
+    }
+  }
+  return 0;
+}

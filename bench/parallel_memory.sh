@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Memory per rank under each layout against its ideal, on the trainer users
+# run (bench_parallel_memory, one process set per layout: peak RSS is per process).
+#   bench/parallel_memory.sh [BUILD_DIR] [CSV]   (root: mpirun gets --allow-run-as-root)
+# For vit (width 512, depth 8, 8 heads, global batch 32) and resnet: 1 rank,
+# pipeline 2 and 4, tensor 2 and 4, pipeline 2 x tensor 2, ZeRO-1 over 4 ranks.
+# Prints per layout the largest rank's peak RSS and its parameter + gradient +
+# optimizer bytes as fractions of the 1-rank run, beside the ideal: 1/(PP·TP)
+# for model parallelism; for ZeRO-1 the state falls to 1/DP (parameters and
+# gradients stay whole).
+set -euo pipefail
+BUILD=${1:-build}
+CSV=${2:-docs/data/parallel_memory.csv}
+BIN=$BUILD/bench/bench_parallel_memory
+MPI=(mpirun --bind-to none --oversubscribe -x OMP_NUM_THREADS=1)
+[[ $(id -u) == 0 ]] && MPI+=(--allow-run-as-root)
+mkdir -p "$(dirname "$CSV")"
+first=--header
+: > "$CSV"
+for model in vit resnet; do
+  for layout in "1 1 1" "2 2 1" "4 4 1" "2 1 2" "4 1 4" "4 2 2" "4 1 1 --zero"; do
+    set -- $layout
+    np=$1 pp=$2 tp=$3; shift 3
+    echo "== $model: $np rank(s), pipeline $pp, tensor $tp $*" >&2
+    "${MPI[@]}" -np "$np" "$BIN" --model "$model" --pipeline "$pp" --tensor "$tp" "$@" $first >> "$CSV"
+    first=
+  done
+done
+/usr/bin/python3 - "$CSV" <<'PY'
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+cpu = next((l.split(':', 1)[1].strip() for l in open('/proc/cpuinfo') if l.startswith('model name')), '?')
+print(f"CPU: {cpu}; CSV: {sys.argv[1]}")
+print(f"{'model':7} {'layout':22} {'peak RSS MB':>11} {'x 1 rank':>8} {'params+grads+opt B':>19} {'x 1 rank':>8} {'ideal':>6} {'act MB':>7}")
+for model in ('vit', 'resnet'):
+    mine = [r for r in rows if r['model'] == model]
+    base = [r for r in mine if r['ranks'] == '1'][0]
+    held = lambda r: int(float(r['params_b']) + float(r['grads_b']) + float(r['optimizer_b']))
+    for key in sorted({(r['ranks'], r['pipeline'], r['tensor'], r['zero']) for r in mine}, key=lambda k: (int(k[0]), k[3], k)):
+        rs = [r for r in mine if (r['ranks'], r['pipeline'], r['tensor'], r['zero']) == key]
+        top = max(rs, key=lambda r: float(r['peak_rss_mb']))
+        big = max(rs, key=held)
+        pp, tp, dp = int(key[1]), int(key[2]), int(key[0]) // (int(key[1]) * int(key[2]))
+        if key[3] == '1':
+            b = held(base); opt = float(base['optimizer_b'])
+            ideal = (b - opt + opt / dp) / b
+            name = f"ZeRO-1 over {dp} ranks"
+        else:
+            ideal = 1 / (pp * tp)
+            name = f"{key[0]} rank(s): PP {pp} x TP {tp}"
+        print(f"{model:7} {name:22} {float(top['peak_rss_mb']):11.0f} {float(top['peak_rss_mb'])/float(base['peak_rss_mb']):8.2f} "
+              f"{held(big):19d} {held(big)/held(base):8.3f} {ideal:6.3f} {float(big['activations_b'])/2**20:7.1f}")
+PY

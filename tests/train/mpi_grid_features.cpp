@@ -1,0 +1,221 @@
+// One trainer, every layout: each feature at a grid layout follows the 1-rank
+// run of the same settings (same global batch and accumulation), resume with
+// dropout is bitwise on every layout, and a rank holds only its share of the
+// parameters and optimizer state.
+//  - data parallel, pipeline 2, tensor 2 and pipeline 2 x tensor 2 as the rank
+//    count allows; the 1-rank reference runs on a communicator of this rank alone.
+//  - fp32 features: every step's loss within 1e-5 of the 1-rank run (sums run in
+//    another order: rounding only). bf16/fp16: against the 1-rank run at the same precision.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+
+#include "fixtures.hpp"
+#include "ringtrain/comm/collectives.hpp"
+#include "ringtrain/nn/parameters.hpp"
+#include "ringtrain/train/checkpoint.hpp"
+#include "ringtrain/train/trainer.hpp"
+
+using namespace ringtrain;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Layout {
+  int pipeline, tensor;
+};
+
+std::vector<Layout> layouts(int w) {
+  std::vector<Layout> v = {{1, 1}};
+  if (w % 2 == 0) v.insert(v.end(), {{2, 1}, {1, 2}});
+  if (w == 4) v.push_back({2, 2});
+  return v;
+}
+
+std::string name_of(const Layout& l, int w) {
+  return cat("data ", w / (l.pipeline * l.tensor), " x pipeline ", l.pipeline, " x tensor ", l.tensor);
+}
+
+std::vector<double> losses(TrainConfig c, const Communicator& comm, const std::string& resume = "") {
+  TrainerHooks h;
+  h.report = false;
+  h.evaluate = false;
+  std::vector<double> out;
+  h.on_step = [&](std::int64_t, double l) { out.push_back(l); };
+  Trainer t(c, comm, h);
+  if (!resume.empty()) t.resume(resume);
+  t.fit();
+  return out;
+}
+
+// The features together: dropout, accumulation, clipping, AdamW (state to shard), weight decay.
+TrainConfig features(const std::string& data, int global_batch, int ranks, const Layout& l) {
+  TrainConfig c = test_fixtures::small_config(data);
+  c.model.name = "cnn";
+  c.model.dropout = 0.3;
+  c.train.accumulation = 2;
+  c.data.batch_size = global_batch / 2 / (ranks / (l.pipeline * l.tensor));
+  c.parallel.pipeline = l.pipeline;
+  c.parallel.tensor = l.tensor;
+  c.optimizer.name = "adamw";
+  c.optimizer.lr = 1e-3;
+  c.optimizer.weight_decay = 0.01;
+  c.optimizer.clip_norm = 0.5;
+  c.schedule.name = "constant";
+  c.train.max_steps = 10;
+  c.train.epochs = 4;  // 10 steps fit at every rank count (max_steps stops)
+  return c;
+}
+
+}  // namespace
+
+TEST(GridFeatures, EveryLayoutFollowsTheOneRankRun) {
+  Communicator world = Communicator::world();
+  const int w = world.size();
+  if (w == 3) GTEST_SKIP() << "a global batch of 48 per step splits at 1, 2 and 4 ranks here; 3 ranks add nothing";
+  std::string data = test_fixtures::synthetic_mnist_like(world, "gridfeat", 512, 64);
+  Communicator self = world.split(world.rank(), 0, "self");
+  for (const char* precision : {"fp32", "bf16", "fp16"})
+    for (bool zero : {false, true}) {
+      if (zero && std::string(precision) != "fp32") continue;
+      TrainConfig one = features(data, 32, 1, {1, 1});
+      one.train.precision = precision;
+      const std::vector<double> ref = losses(one, self);
+      ASSERT_EQ(ref.size(), 10u);
+      EXPECT_LT(ref.back(), ref.front()) << "the reference should learn";
+      for (const Layout& l : layouts(w)) {
+        if (w == 1) break;  // the reference itself
+        TrainConfig c = features(data, 32, w, l);
+        c.train.precision = precision;
+        c.parallel.shard_optimizer = zero;
+        const std::vector<double> got = losses(c, world);
+        const std::string what = cat(name_of(l, w), ", ", precision, zero ? ", ZeRO-1" : "");
+        ASSERT_EQ(got.size(), ref.size()) << what;
+        for (std::size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], ref[i], 1e-5) << what << " step " << i + 1;
+      }
+    }
+  world.barrier();
+  if (world.rank() == 0) fs::remove_all(data);
+}
+
+// Stopped at step 5 and resumed to step 10 in a new trainer, with dropout,
+// accumulation and (second pass) ZeRO-1: the same final checkpoint, byte for
+// byte, as 10 steps straight. Dropout masks are keyed by the step and the
+// sample's place in the global batch, so they need no state of their own.
+TEST(GridFeatures, ResumeWithDropoutIsBitwiseOnEveryLayout) {
+  Communicator world = Communicator::world();
+  const int w = world.size();
+  std::string data = test_fixtures::synthetic_mnist_like(world, "gridresume", 512, 64);
+  for (const Layout& l : layouts(w))
+    for (bool zero : {false, true}) {
+      if (w == 3 && l.pipeline * l.tensor == 1 && zero) continue;
+      const int dp = w / (l.pipeline * l.tensor);
+      TrainConfig c = features(data, 8 * dp * 2, w, l);  // 8 samples per replica and micro-step
+      c.parallel.shard_optimizer = zero;
+      const std::string what = cat(name_of(l, w), zero ? ", ZeRO-1" : "");
+      const std::string full = cat(data, "/full-", l.pipeline, l.tensor, zero), cut = cat(data, "/cut-", l.pipeline,
+                                                                                          l.tensor, zero);
+      TrainConfig a = c;
+      a.checkpoint.dir = full;
+      losses(a, world);
+      TrainConfig b = c;
+      b.checkpoint.dir = cut;
+      b.train.max_steps = 5;
+      losses(b, world);
+      b.train.max_steps = 10;
+      losses(b, world, cut);
+      world.barrier();
+      if (world.rank() == 0) {
+        CheckpointData x = find_intact_checkpoint(full).data, y = find_intact_checkpoint(cut).data;
+        EXPECT_EQ(x.scalars.at("step"), 10) << what;
+        EXPECT_EQ(y.scalars.at("step"), 10) << what;
+        ASSERT_EQ(x.tensors.size(), y.tensors.size()) << what;
+        int differ = 0;
+        for (std::size_t i = 0; i < x.tensors.size(); ++i) {
+          ASSERT_EQ(x.tensors[i].first, y.tensors[i].first) << what;
+          ASSERT_EQ(x.tensors[i].second.nbytes(), y.tensors[i].second.nbytes()) << what;
+          differ += std::memcmp(x.tensors[i].second.raw(), y.tensors[i].second.raw(), x.tensors[i].second.nbytes()) != 0;
+        }
+        EXPECT_EQ(differ, 0) << what << ": " << differ << " of " << x.tensors.size() << " tensors differ after resume";
+      }
+    }
+  world.barrier();
+  if (world.rank() == 0) fs::remove_all(data);
+}
+
+// At tensor T every split parameter is exactly 1/T of the whole on each rank;
+// pipeline stages partition the parameters; ZeRO-1 slices the optimizer state.
+TEST(GridFeatures, ARankHoldsItsShareOfParametersAndState) {
+  Communicator world = Communicator::world();
+  const int w = world.size();
+  std::string data = test_fixtures::synthetic_mnist_like(world, "gridbytes", 256, 64);
+  TrainConfig c = test_fixtures::small_config(data);
+  c.model.name = "vit";
+  c.model.width = 24;
+  c.model.heads = w == 3 ? 3 : 4;
+  c.model.depth = 2;
+  c.model.patch = 7;
+  c.optimizer.name = "adam";
+  c.data.batch_size = 8;
+  c.train.max_steps = 1;
+  TrainerHooks h;
+  h.report = false;
+  h.evaluate = false;
+  TrainerMemory whole;
+  {
+    Communicator self = world.split(world.rank(), 0, "self");
+    Trainer t(c, self, h);
+    t.fit();
+    whole = t.memory();
+  }
+  EXPECT_EQ(whole.param_count, whole.model_param_count);
+  auto sum = [&](std::int64_t v) {
+    allreduce(&v, &v, 1, DType::i64, ReduceOp::sum, world);
+    return v;
+  };
+  if (w > 1) {  // tensor = the world
+    TrainConfig tc = c;
+    tc.parallel.tensor = w;
+    Trainer t(tc, world, h);
+    t.fit();
+    const ParamArena& a = t.parameters();
+    std::int64_t split = 0, replicated = 0;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      const ParamInfo& p = a.info(i);
+      if (p.shard.sharded()) {
+        EXPECT_EQ(shape_numel(p.shape) * w, shape_numel(p.shard.global)) << p.name;
+        split += shape_numel(p.shape);
+      } else {
+        replicated += shape_numel(p.shape);
+      }
+    }
+    EXPECT_GT(split, 0);
+    // The split layers' parameters over the group make the whole; the rest is replicated.
+    EXPECT_EQ(sum(split) + replicated, whole.model_param_count);
+    EXPECT_EQ(t.memory().model_param_count, whole.model_param_count);
+    // Optimizer state (Adam: two moments per parameter) follows the parameters.
+    EXPECT_NEAR(static_cast<double>(t.memory().optimizer) / t.memory().params,
+                static_cast<double>(whole.optimizer) / whole.params, 0.01);
+  }
+  if (w > 1) {  // pipeline = the world: the stages partition the parameters
+    TrainConfig pc = c;
+    pc.parallel.pipeline = w;
+    pc.parallel.micro_batches = 1;
+    Trainer t(pc, world, h);
+    t.fit();
+    EXPECT_EQ(sum(t.memory().param_count), whole.model_param_count);
+  }
+  if (w > 1) {  // ZeRO-1 over the world: optimizer state / w (up to 64-byte slice alignment)
+    TrainConfig zc = c;
+    zc.parallel.shard_optimizer = true;
+    Trainer t(zc, world, h);
+    t.fit();
+    EXPECT_EQ(t.memory().param_count, whole.param_count);
+    EXPECT_NEAR(static_cast<double>(t.memory().optimizer), static_cast<double>(whole.optimizer) / w,
+                static_cast<double>(whole.optimizer) / w * 0.02 + 128 * 2);
+  }
+  world.barrier();
+  if (world.rank() == 0) fs::remove_all(data);
+}
