@@ -95,22 +95,47 @@ GridModel::GridModel(const ProcessGrid& grid, const ModelConfig& mc, const GridC
 }
 
 // A layer's parameters are a contiguous run of the arena (model.hpp): when they
-// share one dtype their gradients are one span (alignment padding inside stays zero).
+// share one dtype their gradients are one span (alignment padding inside stays
+// zero), and so are those of consecutive such layers. Buckets gather layers
+// from the last one back until they hold bucket_bytes.
 void GridModel::make_layer_buckets() {
   const ParamArena& a = stage_->arena();
-  layer_bucket_.assign(static_cast<std::size_t>(stage_->num_layers()), Tensor());
-  for (int l = 0; l < stage_->num_layers(); ++l) {
+  bucket_of_layer_.assign(static_cast<std::size_t>(stage_->num_layers()), -1);
+  std::size_t lo = 0, hi = 0, bytes = 0;
+  DType dt = DType::f32;
+  Bucket cur;
+  auto close = [&] {
+    if (cur.layers == 0) return;
+    cur.grads = a.grads_flat(dt).flat_view(static_cast<std::int64_t>(lo), static_cast<std::int64_t>(hi - lo));
+    cur.name = cat("bucket.", stage_->first_layer(), ".", buckets_.size());
+    buckets_.push_back(cur);
+    cur = Bucket{};
+    bytes = 0;
+  };
+  for (int l = stage_->num_layers(); l-- > 0;) {
     const auto& ps = stage_->layer(l).params();
     if (ps.empty()) continue;
-    const ParamInfo &lo = a.info(ps.front()), &hi = a.info(ps.back());
+    const ParamInfo &first = a.info(ps.front()), &last = a.info(ps.back());
     bool one_span = true;
     for (std::size_t k = 0; k < ps.size(); ++k)
-      one_span = one_span && a.info(ps[k]).dtype == lo.dtype && (k == 0 || ps[k] == ps[k - 1] + 1);
-    if (!one_span) continue;  // per parameter, still unfused
-    const std::size_t end = hi.offset + static_cast<std::size_t>(shape_numel(hi.shape));
-    layer_bucket_[static_cast<std::size_t>(l)] = a.grads_flat(lo.dtype).flat_view(
-        static_cast<std::int64_t>(lo.offset), static_cast<std::int64_t>(end - lo.offset));
+      one_span = one_span && a.info(ps[k]).dtype == first.dtype && (k == 0 || ps[k] == ps[k - 1] + 1);
+    if (!one_span) {  // per parameter, still unfused
+      close();
+      continue;
+    }
+    const std::size_t end = last.offset + static_cast<std::size_t>(shape_numel(last.shape));
+    if (cur.layers > 0 && (first.dtype != dt || end != lo)) close();  // not adjacent: a new span
+    if (cur.layers == 0) {
+      hi = end;
+      dt = first.dtype;
+    }
+    lo = first.offset;
+    bytes += (end - first.offset) * dtype_size(first.dtype);
+    bucket_of_layer_[static_cast<std::size_t>(l)] = static_cast<int>(buckets_.size());
+    ++cur.layers;
+    if (bytes >= static_cast<std::size_t>(pc_.bucket_bytes)) close();
   }
+  close();
 }
 
 GridModel::~GridModel() = default;
@@ -149,9 +174,10 @@ Tensor GridModel::loss_grad(int slot, int mb, const Tensor& out) {
 
 void GridModel::submit(int local_layer) {
   if (!engine_ || zero_ || pc_.skip_allreduce) return;
-  if (!layer_bucket_.empty() && layer_bucket_[static_cast<std::size_t>(local_layer)].defined()) {
-    handles_.push_back(engine_->allreduce_async(cat("layer.", stage_->first_layer() + local_layer),
-                                                layer_bucket_[static_cast<std::size_t>(local_layer)]));
+  const int b = bucket_of_layer_.empty() ? -1 : bucket_of_layer_[static_cast<std::size_t>(local_layer)];
+  if (b >= 0) {  // comm.deterministic: the bucket goes once all its layers are ready
+    Bucket& k = buckets_[static_cast<std::size_t>(b)];
+    if (--k.pending == 0) handles_.push_back(engine_->allreduce_async(k.name, k.grads));
     return;
   }
   for (std::size_t p : stage_->layer(local_layer).params())
@@ -200,6 +226,7 @@ GridStepResult GridModel::train_step(const std::vector<Tensor>& images, const st
   loss_sum_ = 0;
   correct_ = seen_ = 0;
   stage_->zero_grads();
+  for (Bucket& k : buckets_) k.pending = k.layers;
   // The loss vector: the last stages' tensor rank 0 speak for their replica;
   // averaged over the world it is rescaled below. Filled before the schedule's
   // ReduceGrads, which may send it with the gradients.

@@ -106,6 +106,7 @@ void Trainer::Impl::build_model() {
   pc.batch = cfg.data.batch_size;
   pc.engine = engine_options(cfg);
   pc.deterministic = cfg.comm.deterministic;
+  pc.bucket_bytes = cfg.comm.bucket_bytes;
   pc.clip_norm = cfg.optimizer.clip_norm;
   pc.timeout_s = cfg.comm.collective_timeout_s;
   pc.loss_scaling = mc.math == MathMode::fp16;

@@ -60,11 +60,13 @@ struct GridConfig {
   std::vector<int> balance;     // partition = list
   std::int64_t batch = 0;       // samples per loader batch on this replica (data.batch_size)
   EngineOptions engine;         // for the data-parallel gradient averages (device_ops filled here)
-  // comm.deterministic: each layer's gradients go to the engine as ONE static
-  // bucket (a span of the arena) and the engine does not fuse (fusion by
-  // readiness changes which ring chunk, hence which summation order, an element
-  // gets at DP >= 3): bitwise-reproducible runs.
+  // comm.deterministic: static buckets — consecutive layers' gradients, one
+  // span of the arena, closed once they hold bucket_bytes (walking from the
+  // last layer, the first ready in backward) — go to the engine, which does not
+  // fuse (fusion by readiness changes which ring chunk, hence which summation
+  // order, an element gets at DP >= 3): bitwise-reproducible runs.
   bool deterministic = false;
+  std::int64_t bucket_bytes = 1 << 20;  // comm.bucket_bytes
   double clip_norm = 0;         // > 0: clip to this global norm over the whole model
   double timeout_s = 300;       // a stage receive waiting longer ends the job (0 = never)
   bool loss_scaling = false;    // train.precision = fp16: dynamic loss scaling (optim/loss_scale.hpp)
@@ -177,7 +179,14 @@ class GridModel final : private PipeOps {
   std::unique_ptr<PipelineExecutor> exec_;
   std::unique_ptr<Engine> engine_;   // dp > 1 only
   std::vector<Handle> handles_;
-  std::vector<Tensor> layer_bucket_; // deterministic: per local layer, its gradients' span (undefined: none)
+  // comm.deterministic: buckets of consecutive layers, and each layer's bucket (-1: per parameter).
+  struct Bucket {
+    Tensor grads;            // a span of the arena's gradients
+    int layers = 0, pending = 0;
+    std::string name;
+  };
+  std::vector<Bucket> buckets_;
+  std::vector<int> bucket_of_layer_;
   std::vector<Tensor> dlogits_;      // per slot (kept by the last layer for its W)
   Tensor step_vec_;                  // f32 [3] host: loss, stop, save (averaged)
   std::vector<Tensor> images_, labels_;
