@@ -1,4 +1,5 @@
-// The model zoo: mlp, cnn, resnet (ResNet-20 style) and vit (vit.cpp), built by name.
+// The model zoo: mlp, cnn, resnet (ResNet-20 style) and vit (vit.cpp), built by name,
+// and the models programs register (model_registry.hpp).
 // ReLUs (and in `cnn` the max pooling) that directly follow a Conv2d or
 // Linear are fused into it (the backend then applies them in the same pass and
 // keeps the large intermediate in its preferred layout); the math is unchanged.
@@ -6,6 +7,7 @@
 
 #include "ringtrain/nn/layers.hpp"
 #include "ringtrain/nn/model.hpp"
+#include "ringtrain/nn/model_registry.hpp"
 #include "ringtrain/nn/tensor_parallel.hpp"
 #include "ringtrain/nn/tensor_parallel_conv.hpp"
 #include "vit.hpp"
@@ -100,8 +102,10 @@ std::vector<LayerPtr> build_layers(const ModelConfig& c, bool fuse_pool) {
     L.push_back(linear("fc", in, c.classes, false));
   } else if (c.name == "vit") {
     L = vit_layers(c);
+  } else if (is_registered_model(c.name)) {  // register_model (model_registry.hpp)
+    L = build_registered_model(c);
   } else {
-    RT_FAIL("unknown model '", c.name, "' (known: mlp, cnn, resnet, vit)");
+    RT_FAIL("unknown model '", c.name, "' (known: ", known_model_list(), ")");
   }
   return L;
 }

@@ -13,6 +13,7 @@ Reporter::Reporter(bool root, const std::string& format, int interval, const std
                    int epochs, std::int64_t steps_per_epoch)
     : root_(root), interval_(interval), epochs_(epochs), steps_(steps_per_epoch) {
   bar_ = format == "bar" || (format == "auto" && ::isatty(STDERR_FILENO));
+  json_ = format == "json";
   if (root_ && !metrics_path.empty()) {
     auto parent = std::filesystem::path(metrics_path).parent_path();
     if (!parent.empty()) std::filesystem::create_directories(parent);
@@ -57,7 +58,12 @@ void Reporter::step(std::int64_t s, double loss, double images_per_s) {
                  bar.c_str(), steps_ ? static_cast<int>(100 * s / steps_) : 100, loss, images_per_s,
                  hms(eta).c_str());
     std::fflush(stderr);
-  } else if (s % interval_ == 0 || s == steps_) {
+  } else if (json_ && (s % interval_ == 0 || s == steps_)) {
+    // The loss at full precision, for comparing runs step by step.
+    nlohmann::json j = {{"event", "step"}, {"epoch", epoch_ + 1}, {"step", epoch_ * steps_ + s},
+                        {"step_in_epoch", s}, {"loss", loss},     {"images_per_s", images_per_s}};
+    std::fprintf(stderr, "%s\n", j.dump().c_str());
+  } else if (!json_ && (s % interval_ == 0 || s == steps_)) {
     std::fprintf(stderr, "epoch %d/%d step %lld/%lld loss %.4f %.0f img/s ETA %s\n", epoch_ + 1, epochs_,
                  static_cast<long long>(s), static_cast<long long>(steps_), loss, images_per_s, hms(eta).c_str());
   }
@@ -66,6 +72,9 @@ void Reporter::step(std::int64_t s, double loss, double images_per_s) {
 void Reporter::epoch_end(const EpochMetrics& m) {
   if (!root_) return;
   if (bar_) std::fprintf(stderr, "\n");
+  if (json_) std::fprintf(stderr, "%s\n", epoch_json(m).dump().c_str());
+  if (metrics_) json_line(epoch_json(m));
+  if (json_) return;
   std::string test = m.evaluated ? cat(" | test loss ", fixed(m.test_loss, 4), " acc ", fixed(100 * m.test_accuracy, 2), "%")
                                  : std::string();
   std::string amp = m.loss_scale > 0 ? cat(" | loss scale ", m.loss_scale, ", ", m.skipped_steps, " skipped") : "";
@@ -75,27 +84,28 @@ void Reporter::epoch_end(const EpochMetrics& m) {
                m.epoch + 1, epochs_, m.train_loss, 100 * m.train_accuracy, test.c_str(), m.images_per_s, m.compute_s,
                m.comm_exposed_s, m.data_wait_s, m.lr, amp.c_str());
   std::fflush(stderr);
-  if (metrics_) {
-    nlohmann::json j = {{"event", "epoch"},
-                        {"epoch", m.epoch + 1},
-                        {"step", m.step},
-                        {"lr", m.lr},
-                        {"train_loss", m.train_loss},
-                        {"train_accuracy", m.train_accuracy},
-                        {"test_loss", m.evaluated ? nlohmann::json(m.test_loss) : nlohmann::json()},
-                        {"test_accuracy", m.evaluated ? nlohmann::json(m.test_accuracy) : nlohmann::json()},
-                        {"images_per_s", m.images_per_s},
-                        {"time_s", m.time_s},
-                        {"compute_s", m.compute_s},
-                        {"comm_exposed_s", m.comm_exposed_s},
-                        {"data_wait_s", m.data_wait_s},
-                        {"eval_s", m.eval_s}};
-    if (m.loss_scale > 0) {
-      j["loss_scale"] = m.loss_scale;
-      j["skipped_steps"] = m.skipped_steps;
-    }
-    json_line(std::move(j));
+}
+
+nlohmann::json Reporter::epoch_json(const EpochMetrics& m) const {
+  nlohmann::json j = {{"event", "epoch"},
+                      {"epoch", m.epoch + 1},
+                      {"step", m.step},
+                      {"lr", m.lr},
+                      {"train_loss", m.train_loss},
+                      {"train_accuracy", m.train_accuracy},
+                      {"test_loss", m.evaluated ? nlohmann::json(m.test_loss) : nlohmann::json()},
+                      {"test_accuracy", m.evaluated ? nlohmann::json(m.test_accuracy) : nlohmann::json()},
+                      {"images_per_s", m.images_per_s},
+                      {"time_s", m.time_s},
+                      {"compute_s", m.compute_s},
+                      {"comm_exposed_s", m.comm_exposed_s},
+                      {"data_wait_s", m.data_wait_s},
+                      {"eval_s", m.eval_s}};
+  if (m.loss_scale > 0) {
+    j["loss_scale"] = m.loss_scale;
+    j["skipped_steps"] = m.skipped_steps;
   }
+  return j;
 }
 
 void Reporter::set_run(const std::string& run_id, std::int64_t resumes) {

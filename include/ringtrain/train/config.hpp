@@ -12,7 +12,7 @@ namespace ringtrain {
 
 struct TrainConfig {
   struct Model {
-    std::string name = "cnn";      // mlp | cnn | resnet | vit
+    std::string name = "cnn";      // mlp | cnn | resnet | vit | registered (register_model)
     int depth = 20;                // resnet: 6n+2
     int width = 16;                // resnet: channels of the first stage; vit: embedding width
     double dropout = 0.0;
@@ -92,7 +92,7 @@ struct TrainConfig {
     int keep = 3;
   } checkpoint;
   struct Log {
-    std::string format = "auto";   // auto (bar on a terminal, plain otherwise) | bar | plain
+    std::string format = "auto";   // auto (bar on a terminal, plain otherwise) | bar | plain | json (JSON lines)
     std::string metrics = "";      // JSON-lines file ("" = <checkpoint.dir>/metrics.jsonl or none)
     int interval = 50;             // plain log line every N steps
   } log;
