@@ -93,7 +93,7 @@ const std::vector<Field>& fields() {
       RT_FIELD(checkpoint, keep, "keep the last K checkpoints of this run (other runs' files are never touched)"),
       RT_FIELD(log, format, "auto | bar | plain | json (step and epoch records as JSON lines on stderr)"),
       RT_FIELD(log, metrics, "JSON-lines metrics file (empty = <checkpoint.dir>/metrics.jsonl)"),
-      RT_FIELD(log, interval, "steps between plain log lines"),
+      RT_FIELD(log, interval, "steps between plain (or json) log lines"),
   };
   return f;
 }
