@@ -8,7 +8,8 @@
 #     full precision), then at 2 ranks as data 2, pipeline 2 and tensor 2 with
 #     the same global batch: every step's loss follows the 1-rank run within 1e-5;
 #  4. `eval` of the 1-rank run's checkpoint rebuilds the registered model;
-#  5. the stock `ringtrain` binary refuses model.name = tinynet, naming the built-in models.
+#  5. the stock `ringtrain` binary refuses model.name = tinynet, naming the built-in models;
+#  6. the program also builds with pkg-config.
 # Usage: custom_model.sh SOURCE_DIR BUILD_DIR
 set -euo pipefail
 SRC="$1" BUILD="$2"
@@ -75,4 +76,9 @@ st=$?
 set -e
 [[ $st == 2 ]] && grep -q "'tinynet' is not one of mlp, cnn, resnet, vit" "$T/stock.log" ||
   { cat "$T/stock.log"; fail "the stock ringtrain should refuse model.name = tinynet with status 2 (got $st)"; }
+# 6. The same program builds with pkg-config, and its --help lists its model.
+g++ -std=c++20 -O1 "$SRC/examples/custom_model/custom_model.cpp" -o "$T/custom_model_pc" \
+  $(PKG_CONFIG_PATH="$T/prefix/lib/pkgconfig" pkg-config --cflags --libs ringtrain) 2> "$T/pc.log" ||
+  { tail -20 "$T/pc.log"; fail "building custom_model with pkg-config failed"; }
+"$T/custom_model_pc" train --help | grep -q -- "--model .*tinynet" || fail "custom_model --help does not list tinynet"
 echo "custom_model: OK"
