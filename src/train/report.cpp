@@ -72,40 +72,38 @@ void Reporter::step(std::int64_t s, double loss, double images_per_s) {
 void Reporter::epoch_end(const EpochMetrics& m) {
   if (!root_) return;
   if (bar_) std::fprintf(stderr, "\n");
-  if (json_) std::fprintf(stderr, "%s\n", epoch_json(m).dump().c_str());
-  if (metrics_) json_line(epoch_json(m));
-  if (json_) return;
   std::string test = m.evaluated ? cat(" | test loss ", fixed(m.test_loss, 4), " acc ", fixed(100 * m.test_accuracy, 2), "%")
                                  : std::string();
   std::string amp = m.loss_scale > 0 ? cat(" | loss scale ", m.loss_scale, ", ", m.skipped_steps, " skipped") : "";
-  std::fprintf(stderr,
-               "epoch %d/%d: train loss %.4f acc %.2f%%%s | %.0f img/s | "
-               "compute %.1fs, exposed comm %.2fs, data wait %.2fs | lr %.4g%s\n",
-               m.epoch + 1, epochs_, m.train_loss, 100 * m.train_accuracy, test.c_str(), m.images_per_s, m.compute_s,
-               m.comm_exposed_s, m.data_wait_s, m.lr, amp.c_str());
+  if (!json_)  // json: the epoch record below instead
+    std::fprintf(stderr,
+                 "epoch %d/%d: train loss %.4f acc %.2f%%%s | %.0f img/s | "
+                 "compute %.1fs, exposed comm %.2fs, data wait %.2fs | lr %.4g%s\n",
+                 m.epoch + 1, epochs_, m.train_loss, 100 * m.train_accuracy, test.c_str(), m.images_per_s, m.compute_s,
+                 m.comm_exposed_s, m.data_wait_s, m.lr, amp.c_str());
   std::fflush(stderr);
-}
-
-nlohmann::json Reporter::epoch_json(const EpochMetrics& m) const {
-  nlohmann::json j = {{"event", "epoch"},
-                      {"epoch", m.epoch + 1},
-                      {"step", m.step},
-                      {"lr", m.lr},
-                      {"train_loss", m.train_loss},
-                      {"train_accuracy", m.train_accuracy},
-                      {"test_loss", m.evaluated ? nlohmann::json(m.test_loss) : nlohmann::json()},
-                      {"test_accuracy", m.evaluated ? nlohmann::json(m.test_accuracy) : nlohmann::json()},
-                      {"images_per_s", m.images_per_s},
-                      {"time_s", m.time_s},
-                      {"compute_s", m.compute_s},
-                      {"comm_exposed_s", m.comm_exposed_s},
-                      {"data_wait_s", m.data_wait_s},
-                      {"eval_s", m.eval_s}};
-  if (m.loss_scale > 0) {
-    j["loss_scale"] = m.loss_scale;
-    j["skipped_steps"] = m.skipped_steps;
+  if (metrics_ || json_) {
+    nlohmann::json j = {{"event", "epoch"},
+                        {"epoch", m.epoch + 1},
+                        {"step", m.step},
+                        {"lr", m.lr},
+                        {"train_loss", m.train_loss},
+                        {"train_accuracy", m.train_accuracy},
+                        {"test_loss", m.evaluated ? nlohmann::json(m.test_loss) : nlohmann::json()},
+                        {"test_accuracy", m.evaluated ? nlohmann::json(m.test_accuracy) : nlohmann::json()},
+                        {"images_per_s", m.images_per_s},
+                        {"time_s", m.time_s},
+                        {"compute_s", m.compute_s},
+                        {"comm_exposed_s", m.comm_exposed_s},
+                        {"data_wait_s", m.data_wait_s},
+                        {"eval_s", m.eval_s}};
+    if (m.loss_scale > 0) {
+      j["loss_scale"] = m.loss_scale;
+      j["skipped_steps"] = m.skipped_steps;
+    }
+    if (json_) std::fprintf(stderr, "%s\n", j.dump().c_str());
+    json_line(std::move(j));
   }
-  return j;
 }
 
 void Reporter::set_run(const std::string& run_id, std::int64_t resumes) {

@@ -49,8 +49,6 @@ class Reporter {
   void json_line(nlohmann::json j);
 
  private:
-  nlohmann::json epoch_json(const EpochMetrics& m) const;
-
   bool root_, bar_, json_ = false;
   int interval_, epochs_, epoch_ = 0;
   std::int64_t steps_;
