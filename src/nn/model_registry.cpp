@@ -30,7 +30,7 @@ std::string join(const std::vector<std::string>& v) {
 }  // namespace
 
 const std::vector<std::string>& builtin_model_names() {
-  // The names build_model_layers (models.cpp) dispatches itself.
+  // The names build_layers (models.cpp) dispatches itself; anything else goes to the registry.
   static const std::vector<std::string> names = {"mlp", "cnn", "resnet", "vit"};
   return names;
 }
@@ -38,9 +38,8 @@ const std::vector<std::string>& builtin_model_names() {
 void register_model(const std::string& name, ModelBuilder builder) {
   RT_CHECK(!name.empty(), "register_model: the model name is empty");
   RT_CHECK(builder != nullptr, "register_model('", name, "'): the builder is empty");
-  const auto& builtin = builtin_model_names();
-  RT_CHECK(std::find(builtin.begin(), builtin.end(), name) == builtin.end(), "register_model('", name,
-           "'): '", name, "' is a built-in model (built-in: ", join(builtin), "); choose another name");
+  RT_CHECK(!is_builtin_model(name), "register_model('", name, "'): '", name, "' is a built-in model (built-in: ",
+           join(builtin_model_names()), "); choose another name");
   Registry& r = registry();
   std::lock_guard lk(r.mu);
   RT_CHECK(!r.builders.count(name), "register_model('", name, "'): a model of that name is already registered");
@@ -61,10 +60,12 @@ std::vector<std::string> registered_model_names() {
   return out;
 }
 
-bool is_known_model(const std::string& name) {
+bool is_builtin_model(const std::string& name) {
   const auto& builtin = builtin_model_names();
-  return std::find(builtin.begin(), builtin.end(), name) != builtin.end() || is_registered_model(name);
+  return std::find(builtin.begin(), builtin.end(), name) != builtin.end();
 }
+
+bool is_known_model(const std::string& name) { return is_builtin_model(name) || is_registered_model(name); }
 
 std::string known_model_list() {
   std::vector<std::string> all = builtin_model_names();

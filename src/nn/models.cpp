@@ -48,6 +48,8 @@ std::vector<LayerPtr> build_layers(const ModelConfig& c, bool fuse_pool) {
            "': in_channels, height and width must be positive");
   RT_CHECK(c.classes > 1, "model '", c.name, "': needs at least 2 classes, got ", c.classes);
   RT_CHECK(c.dropout >= 0 && c.dropout < 1, "model '", c.name, "': dropout must be in [0, 1), got ", c.dropout);
+  // Not built in: a model the program registered, or an error listing every known name.
+  if (!is_builtin_model(c.name)) return build_registered_model(c);
   std::vector<LayerPtr> L;
   if (c.name == "mlp") {
     L.push_back(std::make_unique<Flatten>("flatten"));
@@ -102,10 +104,8 @@ std::vector<LayerPtr> build_layers(const ModelConfig& c, bool fuse_pool) {
     L.push_back(linear("fc", in, c.classes, false));
   } else if (c.name == "vit") {
     L = vit_layers(c);
-  } else if (is_registered_model(c.name)) {  // register_model (model_registry.hpp)
-    L = build_registered_model(c);
   } else {
-    RT_FAIL("unknown model '", c.name, "' (known: ", known_model_list(), ")");
+    RT_FAIL("unknown model '", c.name, "' (known: mlp, cnn, resnet, vit)");
   }
   return L;
 }

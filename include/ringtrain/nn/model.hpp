@@ -32,7 +32,7 @@ namespace ringtrain {
 using GradReadyFn = std::function<void(int layer, std::span<const std::size_t> params)>;
 
 struct ModelConfig {
-  std::string name = "cnn";     // mlp | cnn | resnet | vit | a registered one (model_registry.hpp)
+  std::string name = "cnn";     // mlp | cnn | resnet | vit
   std::int64_t in_channels = 1;
   std::int64_t height = 28, width = 28;
   std::int64_t classes = 10;

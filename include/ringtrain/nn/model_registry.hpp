@@ -56,9 +56,10 @@ void register_model(const std::string& name, ModelBuilder builder);
 bool is_registered_model(const std::string& name);
 std::vector<std::string> registered_model_names();  // sorted
 
-// The built-in models' names and every name a configuration may use
-// (built-in, then registered); `known_model_list()` as "mlp, cnn, ...".
+// The built-in models' names (those models.cpp dispatches itself) and every
+// name a configuration may use (built-in, then registered), as "mlp, cnn, ...".
 const std::vector<std::string>& builtin_model_names();
+bool is_builtin_model(const std::string& name);
 bool is_known_model(const std::string& name);
 std::string known_model_list();
 

@@ -12,7 +12,7 @@ namespace ringtrain {
 
 struct TrainConfig {
   struct Model {
-    std::string name = "cnn";      // mlp | cnn | resnet | vit | registered (register_model)
+    std::string name = "cnn";      // mlp | cnn | resnet | vit
     int depth = 20;                // resnet: 6n+2
     int width = 16;                // resnet: channels of the first stage; vit: embedding width
     double dropout = 0.0;
