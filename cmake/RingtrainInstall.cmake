@@ -33,7 +33,7 @@ install(FILES ${CMAKE_BINARY_DIR}/ringtrainConfig.cmake ${CMAKE_BINARY_DIR}/ring
 
 # pkg-config: static libraries in link order, then what they need.
 set(RT_PC_LIBS "")
-foreach(l train parallel data optim engine nn comm core)
+foreach(l cli train parallel data optim engine nn comm core)
   if(TARGET ringtrain_${l})
     get_target_property(type ringtrain_${l} TYPE)
     if(type STREQUAL "STATIC_LIBRARY")

@@ -1,4 +1,5 @@
-// The model zoo: mlp, cnn, resnet (ResNet-20 style) and vit (vit.cpp), built by name.
+// The model zoo: mlp, cnn, resnet (ResNet-20 style) and vit (vit.cpp), built by name,
+// and the models programs register (model_registry.hpp).
 // ReLUs (and in `cnn` the max pooling) that directly follow a Conv2d or
 // Linear are fused into it (the backend then applies them in the same pass and
 // keeps the large intermediate in its preferred layout); the math is unchanged.
@@ -6,6 +7,7 @@
 
 #include "ringtrain/nn/layers.hpp"
 #include "ringtrain/nn/model.hpp"
+#include "ringtrain/nn/model_registry.hpp"
 #include "ringtrain/nn/tensor_parallel.hpp"
 #include "ringtrain/nn/tensor_parallel_conv.hpp"
 #include "vit.hpp"
@@ -46,6 +48,8 @@ std::vector<LayerPtr> build_layers(const ModelConfig& c, bool fuse_pool) {
            "': in_channels, height and width must be positive");
   RT_CHECK(c.classes > 1, "model '", c.name, "': needs at least 2 classes, got ", c.classes);
   RT_CHECK(c.dropout >= 0 && c.dropout < 1, "model '", c.name, "': dropout must be in [0, 1), got ", c.dropout);
+  // Not built in: a model the program registered, or an error listing every known name.
+  if (!is_builtin_model(c.name)) return build_registered_model(c);
   std::vector<LayerPtr> L;
   if (c.name == "mlp") {
     L.push_back(std::make_unique<Flatten>("flatten"));

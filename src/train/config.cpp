@@ -10,6 +10,7 @@
 #include <variant>
 
 #include "ringtrain/core/error.hpp"
+#include "ringtrain/nn/model_registry.hpp"
 
 namespace ringtrain {
 namespace {
@@ -29,7 +30,7 @@ struct Field {
 
 const std::vector<Field>& fields() {
   static const std::vector<Field> f = {
-      RT_FIELD(model, name, "mlp | cnn | resnet | vit"),
+      RT_FIELD(model, name, "mlp | cnn | resnet | vit, or a model the program registered (register_model)"),
       RT_FIELD(model, depth, "resnet depth (6n+2); vit: transformer blocks"),
       RT_FIELD(model, width, "resnet channels of the first stage; vit: embedding width"),
       RT_FIELD(model, dropout, "dropout before the classifier (0 = none); vit: in every block"),
@@ -90,9 +91,9 @@ const std::vector<Field>& fields() {
       RT_FIELD(checkpoint, every_steps, "also write one every N optimizer steps, at the exact position inside an epoch (0 = off)"),
       RT_FIELD(checkpoint, every_s, "also write one after the step during which this many seconds passed since the last (rank 0's clock, agreed in the step's all-reduce; 0 = off)"),
       RT_FIELD(checkpoint, keep, "keep the last K checkpoints of this run (other runs' files are never touched)"),
-      RT_FIELD(log, format, "auto | bar | plain"),
+      RT_FIELD(log, format, "auto | bar | plain | json (step and epoch records as JSON lines on stderr)"),
       RT_FIELD(log, metrics, "JSON-lines metrics file (empty = <checkpoint.dir>/metrics.jsonl)"),
-      RT_FIELD(log, interval, "steps between plain log lines"),
+      RT_FIELD(log, interval, "steps between plain (or json) log lines"),
   };
   return f;
 }
@@ -233,7 +234,9 @@ void TrainConfig::validate() const {
     RT_CHECK(ok, "configuration key '", key, "' must be in ", lo_open ? "(" : "[", lo, ", ",
              hi == kHuge ? std::string("inf") : cat(hi), hi_open ? ")" : "]", ", got ", v);
   };
-  one_of("model.name", model.name, {"mlp", "cnn", "resnet", "vit"});
+  RT_CHECK(is_known_model(model.name), "configuration key 'model.name': '", model.name, "' is not one of ",
+           known_model_list(), registered_model_names().empty() ? " (a program of its own adds models with "
+                                                                  "ringtrain::register_model)" : "");
   range("model.depth", model.depth, 1, kHuge);
   RT_CHECK(model.name != "resnet" || (model.depth >= 8 && (model.depth - 2) % 6 == 0),
            "configuration key 'model.depth': resnet depth must be 6n+2 >= 8, got ", model.depth);
@@ -281,7 +284,7 @@ void TrainConfig::validate() const {
   range("checkpoint.every_steps", checkpoint.every_steps, 0, kHuge);
   range("checkpoint.every_s", checkpoint.every_s, 0, 1e9);
   range("checkpoint.keep", checkpoint.keep, 1, kHuge);
-  one_of("log.format", log.format, {"auto", "bar", "plain"});
+  one_of("log.format", log.format, {"auto", "bar", "plain", "json"});
   RT_CHECK(parallel.pipeline >= 1, "configuration key 'parallel.pipeline' must be >= 1, got ", parallel.pipeline);
   RT_CHECK(parallel.tensor >= 1, "configuration key 'parallel.tensor' must be >= 1, got ", parallel.tensor);
   RT_CHECK(parallel.micro_batches >= 0, "configuration key 'parallel.micro_batches' must be >= 1 (0 = pipeline), got ",

@@ -13,6 +13,7 @@ Reporter::Reporter(bool root, const std::string& format, int interval, const std
                    int epochs, std::int64_t steps_per_epoch)
     : root_(root), interval_(interval), epochs_(epochs), steps_(steps_per_epoch) {
   bar_ = format == "bar" || (format == "auto" && ::isatty(STDERR_FILENO));
+  json_ = format == "json";
   if (root_ && !metrics_path.empty()) {
     auto parent = std::filesystem::path(metrics_path).parent_path();
     if (!parent.empty()) std::filesystem::create_directories(parent);
@@ -57,7 +58,12 @@ void Reporter::step(std::int64_t s, double loss, double images_per_s) {
                  bar.c_str(), steps_ ? static_cast<int>(100 * s / steps_) : 100, loss, images_per_s,
                  hms(eta).c_str());
     std::fflush(stderr);
-  } else if (s % interval_ == 0 || s == steps_) {
+  } else if (json_ && (s % interval_ == 0 || s == steps_)) {
+    // The loss at full precision, for comparing runs step by step.
+    nlohmann::json j = {{"event", "step"}, {"epoch", epoch_ + 1}, {"step", epoch_ * steps_ + s},
+                        {"step_in_epoch", s}, {"loss", loss},     {"images_per_s", images_per_s}};
+    std::fprintf(stderr, "%s\n", j.dump().c_str());
+  } else if (!json_ && (s % interval_ == 0 || s == steps_)) {
     std::fprintf(stderr, "epoch %d/%d step %lld/%lld loss %.4f %.0f img/s ETA %s\n", epoch_ + 1, epochs_,
                  static_cast<long long>(s), static_cast<long long>(steps_), loss, images_per_s, hms(eta).c_str());
   }
@@ -69,13 +75,14 @@ void Reporter::epoch_end(const EpochMetrics& m) {
   std::string test = m.evaluated ? cat(" | test loss ", fixed(m.test_loss, 4), " acc ", fixed(100 * m.test_accuracy, 2), "%")
                                  : std::string();
   std::string amp = m.loss_scale > 0 ? cat(" | loss scale ", m.loss_scale, ", ", m.skipped_steps, " skipped") : "";
-  std::fprintf(stderr,
-               "epoch %d/%d: train loss %.4f acc %.2f%%%s | %.0f img/s | "
-               "compute %.1fs, exposed comm %.2fs, data wait %.2fs | lr %.4g%s\n",
-               m.epoch + 1, epochs_, m.train_loss, 100 * m.train_accuracy, test.c_str(), m.images_per_s, m.compute_s,
-               m.comm_exposed_s, m.data_wait_s, m.lr, amp.c_str());
+  if (!json_)  // json: the epoch record below instead
+    std::fprintf(stderr,
+                 "epoch %d/%d: train loss %.4f acc %.2f%%%s | %.0f img/s | "
+                 "compute %.1fs, exposed comm %.2fs, data wait %.2fs | lr %.4g%s\n",
+                 m.epoch + 1, epochs_, m.train_loss, 100 * m.train_accuracy, test.c_str(), m.images_per_s, m.compute_s,
+                 m.comm_exposed_s, m.data_wait_s, m.lr, amp.c_str());
   std::fflush(stderr);
-  if (metrics_) {
+  if (metrics_ || json_) {
     nlohmann::json j = {{"event", "epoch"},
                         {"epoch", m.epoch + 1},
                         {"step", m.step},
@@ -95,6 +102,7 @@ void Reporter::epoch_end(const EpochMetrics& m) {
       j["loss_scale"] = m.loss_scale;
       j["skipped_steps"] = m.skipped_steps;
     }
+    if (json_) std::fprintf(stderr, "%s\n", j.dump().c_str());
     json_line(std::move(j));
   }
 }

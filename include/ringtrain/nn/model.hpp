@@ -96,7 +96,8 @@ class Model {
   bool grads_zero_ = true;  // arena grads known to be zero: backward may overwrite
 };
 
-// Builds mlp / cnn / resnet / vit on `dev`; throws Error naming unknown models or bad sizes.
+// Builds mlp / cnn / resnet / vit or a registered model (model_registry.hpp) on
+// `dev`; throws Error naming unknown models or bad sizes.
 std::unique_ptr<Model> build_model(const ModelConfig& cfg, Device dev = Device::cpu());
 // The same model's top-level layers, unregistered and unbound (pipeline stages
 // build their own copies of a contiguous range of them).

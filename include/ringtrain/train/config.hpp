@@ -92,7 +92,7 @@ struct TrainConfig {
     int keep = 3;
   } checkpoint;
   struct Log {
-    std::string format = "auto";   // auto (bar on a terminal, plain otherwise) | bar | plain
+    std::string format = "auto";   // auto (bar on a terminal, plain otherwise) | bar | plain | json (JSON lines)
     std::string metrics = "";      // JSON-lines file ("" = <checkpoint.dir>/metrics.jsonl or none)
     int interval = 50;             // plain log line every N steps
   } log;

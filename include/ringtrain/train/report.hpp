@@ -1,7 +1,10 @@
 #pragma once
 // What a run tells people: a progress bar on a terminal, plain periodic lines
-// when not on one (sbatch logs), and one JSON object per epoch in a metrics
-// file for plots and scaling studies. Only the root rank reports.
+// when not on one (sbatch logs) or, with log.format = json, the same records
+// as JSON lines on stderr (every log.interval steps: {"event":"step", "step",
+// "loss" at full precision, ...}; each epoch: the metrics record), and one
+// JSON object per epoch in a metrics file for plots and scaling studies.
+// Only the root rank reports.
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -30,7 +33,7 @@ struct EpochMetrics {
 
 class Reporter {
  public:
-  // format: auto | bar | plain. metrics_path "" = no metrics file.
+  // format: auto | bar | plain | json. metrics_path "" = no metrics file.
   Reporter(bool root, const std::string& format, int interval, const std::string& metrics_path, int epochs,
            std::int64_t steps_per_epoch);
   ~Reporter();
@@ -47,7 +50,7 @@ class Reporter {
   void json_line(nlohmann::json j);
 
  private:
-  bool root_, bar_;
+  bool root_, bar_, json_ = false;
   int interval_, epochs_, epoch_ = 0;
   std::int64_t steps_;
   std::FILE* metrics_ = nullptr;

@@ -1,5 +1,8 @@
-// ringtrain: the command line. Subcommands train, eval and prepare; each has
-// --help. Runs under mpirun/srun (one rank per device) or as a single process.
+// ringtrain::main, the command line (ringtrain/cli/main.hpp). Subcommands train,
+// eval and prepare; each has --help. Runs under mpirun/srun (one rank per
+// device) or as a single process.
+#include "ringtrain/cli/main.hpp"
+
 #include <CLI/CLI.hpp>
 #include <mpi.h>
 
@@ -13,13 +16,13 @@
 #include "ringtrain/core/error.hpp"
 #include "ringtrain/core/log.hpp"
 #include "ringtrain/data/prepare.hpp"
+#include "ringtrain/nn/model_registry.hpp"
 #include "ringtrain/train/config.hpp"
 #include "ringtrain/train/exit_codes.hpp"
 #include "ringtrain/train/signals.hpp"
 #include "ringtrain/train/trainer.hpp"
 
-using namespace ringtrain;
-
+namespace ringtrain {
 namespace {
 
 struct TrainArgs {
@@ -43,8 +46,9 @@ struct Overrides {
 };
 
 void add_shortcuts(CLI::App* app, Overrides& o) {
-  static const char* table[][3] = {
-      {"--model", "model.name", "mlp | cnn | resnet"},
+  const std::string models = known_model_list();
+  const char* table[][3] = {
+      {"--model", "model.name", models.c_str()},
       {"--train-data", "data.train", "training split: .h5 file or prepared directory"},
       {"--test-data", "data.test", "test split: .h5 file or prepared directory"},
       {"--batch-size", "data.batch_size", "samples per rank per micro-batch"},
@@ -62,7 +66,7 @@ void add_shortcuts(CLI::App* app, Overrides& o) {
       {"--timeline", "comm.timeline", "write a Chrome-trace timeline here"},
       {"--checkpoint-dir", "checkpoint.dir", "checkpoint directory"},
       {"--metrics", "log.metrics", "JSON-lines metrics file"},
-      {"--log-format", "log.format", "auto | bar | plain"},
+      {"--log-format", "log.format", "auto | bar | plain | json"},
   };
   o.storage.reserve(std::size(table) + 1);
   o.storage.emplace_back();
@@ -303,3 +307,5 @@ int main(int argc, char** argv) {
   }
   return exit_code::ok;
 }
+
+}  // namespace ringtrain
