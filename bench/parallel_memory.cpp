@@ -27,13 +27,14 @@ int main(int argc, char** argv) {
   MpiRuntime mpi(&argc, &argv);
   Communicator world = Communicator::world();
   CLI::App app{"per-rank memory of one layout"};
-  std::string model = "vit", data = "/tmp/rt-bench-memory";
+  std::string model = "vit", data = "/tmp/rt-bench-memory", partition = "params";
   int pipeline = 1, tensor = 1, steps = 2, batch = 32;
   bool zero = false, header = false;
   app.add_option("--model", model, "vit (width 512, depth 8, 8 heads) | resnet (ResNet-20 width 16)");
   app.add_option("--pipeline", pipeline);
   app.add_option("--tensor", tensor);
   app.add_flag("--zero", zero, "parallel.shard_optimizer (ZeRO-1)");
+  app.add_option("--partition", partition, "parallel.partition: params balances the stages' parameters");
   app.add_option("--steps", steps);
   app.add_option("--batch", batch, "global batch");
   app.add_option("--data", data, "synthetic 28x28 data directory (made if absent)");
@@ -61,6 +62,7 @@ int main(int argc, char** argv) {
   c.parallel.pipeline = pipeline;
   c.parallel.tensor = tensor;
   c.parallel.shard_optimizer = zero;
+  c.parallel.partition = partition;
   const int dp = world.size() / (pipeline * tensor);
   c.data.batch_size = batch / dp;
   c.train.max_steps = steps;
