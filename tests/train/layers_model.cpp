@@ -230,6 +230,9 @@ type = "linear"
   EXPECT_EQ(back.to_toml(), text);
   back.validate();
   EXPECT_EQ(TrainConfig().to_toml().find("model.layers"), std::string::npos);  // other models: unchanged text
+  bool listed = false;  // --list-keys
+  for (const auto& k : TrainConfig::keys()) listed |= k.rfind("model.layers ", 0) == 0;
+  EXPECT_TRUE(listed);
 }
 
 TEST(LayersModel, ErrorsNameTheEntryTheKeyAndTheShape) {
