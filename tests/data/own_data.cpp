@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <algorithm>
 #include <fstream>
 
 #include "ringtrain/data/prepare.hpp"
@@ -155,5 +156,37 @@ TEST(OwnData, BadInputsNameTheFileAndTheProblem) {
   // --check on a directory with a test split missing, and on a corrupt file.
   fs::create_directories(d / "half");
   EXPECT_NE(error_of([&] { data::check_prepared((d / "half").string()); }).find("half"), std::string::npos);
+  fs::remove_all(d);
+}
+
+// examples/own_data: make_npz.py writes Fashion-MNIST's IDX arrays as a .npz;
+// prepared, its bytes and labels equal the IDX route's; write_h5.py's h5py
+// files pass prepare --check and hold the same bytes too.
+TEST(OwnData, ExampleScriptsGiveTheIdxBytes) {
+  const char* src = std::getenv("RINGTRAIN_SOURCE_DIR");
+  if (!src) GTEST_SKIP() << "RINGTRAIN_SOURCE_DIR not set (ctest sets it)";
+  if (!fs::exists("/usr/share/datasets/fashion-mnist")) GTEST_SKIP() << "dataset-fashion-mnist not installed";
+  const fs::path d = temp_dir("example");
+  const fs::path ex = fs::path(src) / "examples" / "own_data";
+  const std::string cmd = "/usr/bin/python3 " + (ex / "make_npz.py").string() + " " + (d / "fm.npz").string() +
+                          " 600 200 > /dev/null && /usr/bin/python3 " + (ex / "write_h5.py").string() + " " +
+                          (d / "fm.npz").string() + " " + (d / "h5py").string() + " fm > /dev/null";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  prepare(d / "fm.npz", d / "npz", data::SourceFormat::npz);
+  prepare("/usr/share/datasets/fashion-mnist", d / "idx", data::SourceFormat::idx);
+  EXPECT_NE(data::check_prepared((d / "h5py").string()).find("ok: train 600 samples"), std::string::npos);
+  for (const char* split : {"train", "test"}) {
+    std::vector<std::uint8_t> xi, xn, xh;
+    std::vector<std::int64_t> yi, yn, yh;
+    read_h5((d / "idx" / (std::string("fashion-mnist-") + split + ".h5")).string(), xi, yi);
+    read_h5((d / "npz" / (std::string("fm-") + split + ".h5")).string(), xn, yn);
+    read_h5((d / "h5py" / (std::string("fm-") + split + ".h5")).string(), xh, yh);
+    const std::size_t n = split == std::string("train") ? 600 : 200;
+    ASSERT_EQ(yn.size(), n);
+    EXPECT_TRUE(std::equal(xn.begin(), xn.end(), xi.begin())) << split;  // the first n IDX images
+    EXPECT_TRUE(std::equal(yn.begin(), yn.end(), yi.begin())) << split;
+    EXPECT_EQ(xh, xn) << split;
+    EXPECT_EQ(yh, yn) << split;
+  }
   fs::remove_all(d);
 }
