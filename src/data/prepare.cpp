@@ -9,6 +9,7 @@
 
 #include "ringtrain/comm/agree.hpp"
 #include "ringtrain/data/sources.hpp"
+#include "h5.hpp"
 #include "writer.hpp"
 
 namespace ringtrain::data {
@@ -173,6 +174,23 @@ PreparedDataset prepare_dataset(const PrepareOptions& o, const Communicator& com
 }  // namespace ringtrain::data
 
 namespace ringtrain::data {
+namespace {
+
+// Every label of one file in [0, num_classes) (the loader would fail mid-run otherwise).
+void check_labels(const FileInfo& f, const std::string& path) {
+  std::vector<std::int64_t> y(static_cast<std::size_t>(f.count));
+  {
+    std::lock_guard<std::mutex> lock(hdf5_mutex());
+    h5::Handle file = h5::open_file(path);
+    h5::Handle d(h5::check_id(H5Dopen2(file.get(), "labels", H5P_DEFAULT), path, "open /labels"));
+    h5::check(H5Dread(d.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, y.data()), path, "read /labels");
+  }
+  for (std::size_t i = 0; i < y.size(); ++i)
+    RT_CHECK(y[i] >= 0 && y[i] < f.num_classes, path, ": label ", y[i], " of sample ", i, " is out of range [0, ",
+             f.num_classes, ")");
+}
+
+}  // namespace
 
 std::string check_prepared(const std::string& dir) {
   std::string summary;
@@ -182,6 +200,7 @@ std::string check_prepared(const std::string& dir) {
     std::int64_t next = 0;
     for (std::size_t i = 0; i < files.size(); ++i) {
       const FileInfo f = read_file_info(files[i]);  // attributes, datasets, shapes, dtypes
+      check_labels(f, files[i]);
       if (summary.empty() && i == 0) first = f;
       RT_CHECK(f.split == split, files[i], ": attribute split = '", f.split, "', expected '", split, "'");
       RT_CHECK(f.channels == first.channels && f.height == first.height && f.width == first.width, files[i],

@@ -153,9 +153,17 @@ TEST(OwnData, BadInputsNameTheFileAndTheProblem) {
   const std::string e = err("imgs", F::images);
   EXPECT_NE(e.find("b/0.png: image is 1x5x4 (CxHxW) but the first image"), std::string::npos) << e;
   EXPECT_NE(err("imgs2", F::images).find("0.png: not a readable PNG"), std::string::npos) << err("imgs2", F::images);
-  // --check on a directory with a test split missing, and on a corrupt file.
+  // --check: a directory without data, and a label that h5py wrote out of range.
   fs::create_directories(d / "half");
   EXPECT_NE(error_of([&] { data::check_prepared((d / "half").string()); }).find("half"), std::string::npos);
+  python(d, "np.savez('ok.npz', x_train=np.zeros((4, 5, 5), np.uint8), y_train=np.arange(4), "
+            "x_test=np.zeros((2, 5, 5), np.uint8), y_test=np.arange(2))\n");
+  prepare(d / "ok.npz", d / "ok", F::npz);
+  EXPECT_EQ(data::check_prepared((d / "ok").string()).find("error"), std::string::npos);
+  python(d, "import h5py\nf = h5py.File('ok/ok-test.h5', 'r+'); f['labels'][1] = 7; f.close()\n");
+  EXPECT_NE(error_of([&] { data::check_prepared((d / "ok").string()); })
+                .find("ok-test.h5: label 7 of sample 1 is out of range [0, 4)"),
+            std::string::npos);
   fs::remove_all(d);
 }
 
