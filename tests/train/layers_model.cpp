@@ -145,6 +145,11 @@ type = "batchnorm"
 [[model.layers]]
 type = "gelu"
 [[model.layers]]
+type = "maxpool"
+kernel = 3
+stride = 1
+padding = 1
+[[model.layers]]
 type = "residual"
 relu = true
 layers = [{ type = "conv", out = 6, stride = 2, padding = 1 }, { type = "batchnorm" }]
@@ -165,6 +170,8 @@ heads = 2
 mlp_ratio = 1.5
 [[model.layers]]
 type = "token_mean"
+[[model.layers]]
+type = "flatten"
 [[model.layers]]
 type = "linear"
 out = 12
@@ -236,12 +243,11 @@ type = "linear"
 }
 
 TEST(LayersModel, ErrorsNameTheEntryTheKeyAndTheShape) {
-  auto build_err = [](const std::string& layers, int tensor = 1) {
+  auto build_err = [](const std::string& layers) {
     return error_of([&] {
       TrainConfig t = parse("[model]\nname = \"layers\"\n" + layers);
       t.validate();
       build_model_layers(model_of(t));
-      (void)tensor;
     });
   };
   const std::string flat = "[[model.layers]]\ntype = \"flatten\"\n";
