@@ -133,10 +133,10 @@ void check_entry(const LayerDesc& d, const std::string& where) {
                                                                                           : "a string");
   }
   const Entry e(d, w);
-  for (const char* k : {"out", "kernel", "stride", "pool", "heads", "patch"})
-    if (e.has(k) && (k != std::string("pool") || e.i(k, 0) != 0))
-      RT_CHECK(e.i(k, 1) > 0, w, ": key '", k, "' must be positive, got ", e.i(k, 1));
-  RT_CHECK(e.i("padding", 0) >= 0, w, ": key 'padding' must be >= 0, got ", e.i("padding", 0));
+  for (const char* k : {"out", "kernel", "stride", "heads", "patch"})
+    RT_CHECK(!e.has(k) || e.i(k, 1) > 0, w, ": key '", k, "' must be positive, got ", e.i(k, 1));
+  for (const char* k : {"padding", "pool"})  // pool = 0: none
+    RT_CHECK(e.i(k, 0) >= 0, w, ": key '", k, "' must be >= 0, got ", e.i(k, 0));
   if (e.has("tensor")) {
     const std::string t = e.s("tensor", "");
     RT_CHECK(t == "column" || t == "row", w, ": key 'tensor' must be \"column\" or \"row\", got \"", t, "\"");
