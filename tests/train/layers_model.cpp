@@ -329,3 +329,22 @@ tensor = "row"
   auto b = build_model(model_of(plain));
   expect_identical(*a, *b, {2, 1, 28, 28});
 }
+
+// The job files of examples/layers_toml/README.md: they load, validate and
+// build with the parameter counts stated there, and the examples' copies are
+// the jobs' files.
+TEST(LayersModel, JobFilesBuildWithTheirStatedSizes) {
+  const char* src = std::getenv("RINGTRAIN_SOURCE_DIR");
+  if (!src) GTEST_SKIP() << "RINGTRAIN_SOURCE_DIR not set (ctest sets it)";
+  const std::filesystem::path root(src);
+  for (const auto& [file, params] : {std::pair{"layers_lenet5.toml", 61706}, std::pair{"layers_vgg.toml", 218538},
+                                     std::pair{"layers_vit.toml", 60634}}) {
+    TrainConfig t;
+    t.load_toml((root / "jobs" / file).string());
+    t.validate();
+    EXPECT_EQ(build_model(model_of(t))->num_params(), params) << file;
+    std::ifstream a(root / "jobs" / file), b(root / "examples" / "layers_toml" / file);
+    const std::string ta{std::istreambuf_iterator<char>(a), {}}, tb{std::istreambuf_iterator<char>(b), {}};
+    EXPECT_EQ(ta, tb) << file << ": examples/layers_toml/ and jobs/ differ";
+  }
+}
