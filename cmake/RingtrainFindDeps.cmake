@@ -9,6 +9,12 @@ find_package(Threads REQUIRED)
 find_package(MPI REQUIRED COMPONENTS ${RT_MPI_COMPONENTS})
 find_package(OpenMP REQUIRED COMPONENTS CXX)
 find_package(ZLIB REQUIRED)
+# The user's own data (prepare --dataset npz | images): .npz zips, PNG and JPEG.
+# libzip through pkg-config: Debian's libzip-config.cmake demands its command-line tools.
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(LIBZIP REQUIRED IMPORTED_TARGET GLOBAL libzip)
+find_package(PNG REQUIRED)
+find_package(JPEG REQUIRED)
 
 # Parallel HDF5 (libhdf5-openmpi-dev) so that MPI-IO collective reads are available.
 set(HDF5_PREFER_PARALLEL ON)

@@ -163,7 +163,7 @@ int run_eval(const EvalArgs& a, const Communicator& world) {
 }
 
 struct PrepareArgs {
-  std::string dataset = "fashion-mnist", input, out;
+  std::string dataset = "fashion-mnist", input, out, check;
   int shards = 1, chunk = 0, deflate = 0;
   // synthetic
   std::int64_t samples = 1024, test_samples = 256, channels = 3, height = 224, width = 224, classes = 10;
@@ -171,6 +171,13 @@ struct PrepareArgs {
 };
 
 int run_prepare(const PrepareArgs& a, const Communicator& world) {
+  if (!a.check.empty()) {
+    std::string summary;
+    run_agreed(world, "prepare --check", [&] { summary = data::check_prepared(a.check); });
+    if (world.rank() == 0) std::printf("%s\n", summary.c_str());
+    return 0;
+  }
+  RT_CHECK(!a.out.empty(), "prepare needs --out DIR (or --check DIR to validate prepared files)");
   data::StorageOptions st;
   st.num_shards = a.shards;
   st.chunk_samples = a.chunk;
@@ -206,8 +213,15 @@ int run_prepare(const PrepareArgs& a, const Communicator& world) {
       o.input = a.input;
       o.format = data::SourceFormat::cifar10;
       o.name = "cifar10";
+    } else if (a.dataset == "npz" || a.dataset == "images") {
+      RT_CHECK(!a.input.empty(), "prepare --dataset ", a.dataset, " needs --input ",
+               a.dataset == "npz" ? "FILE.npz (x_train, y_train, x_test, y_test)"
+                                  : "DIR with train/<class>/ and test/<class>/ image folders");
+      o.input = a.input;
+      o.format = a.dataset == "npz" ? data::SourceFormat::npz : data::SourceFormat::images;
     } else {
-      RT_FAIL("prepare: unknown --dataset '", a.dataset, "' (fashion-mnist, mnist, idx, cifar10, synthetic)");
+      RT_FAIL("prepare: unknown --dataset '", a.dataset,
+              "' (fashion-mnist, mnist, idx, cifar10, npz, images, synthetic)");
     }
     ds = data::prepare_dataset(o, world);
   }
@@ -261,9 +275,12 @@ int main(int argc, char** argv) {
 
   PrepareArgs pa;
   auto* prep = app.add_subcommand("prepare", "convert a data set to ringtrain's HDF5 schema (data/SCHEMA.md)");
-  prep->add_option("--dataset", pa.dataset, "fashion-mnist | mnist | idx | cifar10 | synthetic")->capture_default_str();
-  prep->add_option("--input", pa.input, "directory with the raw files (default for fashion-mnist: Debian's)");
-  prep->add_option("--out", pa.out, "output directory")->required();
+  prep->add_option("--dataset", pa.dataset, "fashion-mnist | mnist | idx | cifar10 | npz | images | synthetic")
+      ->capture_default_str();
+  prep->add_option("--input", pa.input, "raw files: a directory (default for fashion-mnist: Debian's), a .npz "
+                   "(npz), or DIR with train/<class>/ and test/<class>/ PNG/JPEG folders (images)");
+  prep->add_option("--out", pa.out, "output directory");
+  prep->add_option("--check", pa.check, "validate the prepared files in DIR against the schema and exit");
   prep->add_option("--shards", pa.shards, "files per split (1 = single file; 0 = one per rank)")->capture_default_str();
   prep->add_option("--chunk", pa.chunk, "samples per HDF5 chunk (0 = automatic)")->capture_default_str();
   prep->add_option("--deflate", pa.deflate, "gzip level 0-9 (0 = none)")->capture_default_str()->check(CLI::Range(0, 9));

@@ -5,9 +5,11 @@
 #include <cmath>
 #include <filesystem>
 #include <memory>
+#include <tuple>
 
 #include "ringtrain/comm/agree.hpp"
 #include "ringtrain/data/sources.hpp"
+#include "h5.hpp"
 #include "writer.hpp"
 
 namespace ringtrain::data {
@@ -36,9 +38,12 @@ std::string need_raw(const std::string& dir, const std::string& given, const std
 
 SourceFormat detect(const std::string& dir) {
   std::error_code ec;
+  if (fs::is_regular_file(dir, ec) && dir.ends_with(".npz")) return SourceFormat::npz;
   RT_CHECK(fs::is_directory(dir, ec), dir, ": input directory not found");
   if (!find_raw(dir, "train-images-idx3-ubyte").empty()) return SourceFormat::idx;
   if (!find_raw(dir, "data_batch_1.bin").empty()) return SourceFormat::cifar10;
+  if (fs::is_directory(fs::path(dir) / "train", ec) && fs::is_directory(fs::path(dir) / "test", ec))
+    return SourceFormat::images;
   RT_FAIL(dir, ": cannot tell the format: no train-images-idx3-ubyte[.gz] (MNIST-style IDX) and no data_batch_1.bin ",
           "(CIFAR-10 binary); give the IDX file names explicitly");
 }
@@ -62,6 +67,16 @@ Splits load(const PrepareOptions& o) {
     bool fashion = dir.find("fashion") != std::string::npos;
     s.name = fashion ? "fashion-mnist" : "mnist";
     if (fashion) s.classes = kFashionClasses;
+  } else if (fmt == SourceFormat::npz) {
+    std::tie(s.train, s.test) = read_npz(o.input);
+    s.name = fs::path(o.input).stem().string();
+  } else if (fmt == SourceFormat::images) {
+    s.train = read_image_folders((fs::path(o.input) / "train").string(), s.classes);
+    s.test = read_image_folders((fs::path(o.input) / "test").string(), s.classes);
+    s.train.sources = {fs::absolute(o.input).string() + "/train"};  // not every file name: a folder may hold many
+    s.test.sources = {fs::absolute(o.input).string() + "/test"};
+    s.name = fs::absolute(o.input).lexically_normal().filename().string();
+    if (s.name.empty()) s.name = fs::absolute(o.input).lexically_normal().parent_path().filename().string();
   } else {
     std::vector<std::string> train;
     for (int i = 1; i <= 5; ++i) train.push_back(need_raw(o.input, "", cat("data_batch_", i, ".bin")));
@@ -154,6 +169,58 @@ PreparedDataset prepare_dataset(const PrepareOptions& o, const Communicator& com
   if (comm.valid()) comm.barrier();  // every file is in place before anyone reads
   out.train = read_file_info(out.train_files.front());
   return out;
+}
+
+}  // namespace ringtrain::data
+
+namespace ringtrain::data {
+namespace {
+
+// Every label of one file in [0, num_classes) (the loader would fail mid-run otherwise).
+void check_labels(const FileInfo& f, const std::string& path) {
+  std::vector<std::int64_t> y(static_cast<std::size_t>(f.count));
+  {
+    std::lock_guard<std::mutex> lock(hdf5_mutex());
+    h5::Handle file = h5::open_file(path);
+    h5::Handle d(h5::check_id(H5Dopen2(file.get(), "labels", H5P_DEFAULT), path, "open /labels"));
+    h5::check(H5Dread(d.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, y.data()), path, "read /labels");
+  }
+  for (std::size_t i = 0; i < y.size(); ++i)
+    RT_CHECK(y[i] >= 0 && y[i] < f.num_classes, path, ": label ", y[i], " of sample ", i, " is out of range [0, ",
+             f.num_classes, ")");
+}
+
+}  // namespace
+
+std::string check_prepared(const std::string& dir) {
+  std::string summary;
+  FileInfo first;
+  for (const char* split : {"train", "test"}) {
+    const std::vector<std::string> files = find_split_files(dir, split);
+    std::int64_t next = 0;
+    for (std::size_t i = 0; i < files.size(); ++i) {
+      const FileInfo f = read_file_info(files[i]);  // attributes, datasets, shapes, dtypes
+      check_labels(f, files[i]);
+      if (summary.empty() && i == 0) first = f;
+      RT_CHECK(f.split == split, files[i], ": attribute split = '", f.split, "', expected '", split, "'");
+      RT_CHECK(f.channels == first.channels && f.height == first.height && f.width == first.width, files[i],
+               ": images are ", f.channels, "x", f.height, "x", f.width, " but ", files.front(), " has ",
+               first.channels, "x", first.height, "x", first.width);
+      RT_CHECK(f.num_classes == first.num_classes, files[i], ": num_classes = ", f.num_classes, " but the train "
+               "split has ", first.num_classes);
+      RT_CHECK(f.num_shards == std::int64_t(files.size()) && f.shard_index == std::int64_t(i), files[i],
+               ": shard_index/num_shards = ", f.shard_index, "/", f.num_shards, ", but it is file ", i, " of ",
+               files.size(), " of split '", split, "'");
+      RT_CHECK(f.first_index == next, files[i], ": first_index = ", f.first_index, ", expected ", next,
+               " (the shards must cover the split in order)");
+      next += f.count;
+      RT_CHECK(f.total_count == (i + 1 == files.size() ? next : f.total_count) && next <= f.total_count, files[i],
+               ": total_count = ", f.total_count, " but the shards hold ", next, " samples");
+    }
+    summary += cat(summary.empty() ? "" : ", ", split, " ", next, " samples in ", files.size(), " file(s)");
+  }
+  return cat(dir, ": ok: ", summary, ", images ", first.channels, "x", first.height, "x", first.width, ", ",
+             first.num_classes, " classes");
 }
 
 }  // namespace ringtrain::data

@@ -104,8 +104,10 @@ std::vector<LayerPtr> build_layers(const ModelConfig& c, bool fuse_pool) {
     L.push_back(linear("fc", in, c.classes, false));
   } else if (c.name == "vit") {
     L = vit_layers(c);
+  } else if (c.name == "layers") {
+    L = layers_model(c, fuse_pool);
   } else {
-    RT_FAIL("unknown model '", c.name, "' (known: mlp, cnn, resnet, vit)");
+    RT_FAIL("unknown model '", c.name, "' (known: mlp, cnn, resnet, vit, layers)");
   }
   return L;
 }

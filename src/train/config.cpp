@@ -9,6 +9,7 @@
 #include <sstream>
 #include <variant>
 
+#include "config_layers.hpp"
 #include "ringtrain/core/error.hpp"
 #include "ringtrain/nn/model_registry.hpp"
 
@@ -30,7 +31,7 @@ struct Field {
 
 const std::vector<Field>& fields() {
   static const std::vector<Field> f = {
-      RT_FIELD(model, name, "mlp | cnn | resnet | vit, or a model the program registered (register_model)"),
+      RT_FIELD(model, name, "mlp | cnn | resnet | vit | layers (the [[model.layers]] list), or a model the program registered (register_model)"),
       RT_FIELD(model, depth, "resnet depth (6n+2); vit: transformer blocks"),
       RT_FIELD(model, width, "resnet channels of the first stage; vit: embedding width"),
       RT_FIELD(model, dropout, "dropout before the classifier (0 = none); vit: in every block"),
@@ -202,6 +203,10 @@ void TrainConfig::load_toml(const std::string& path) {
     RT_CHECK(sub != nullptr, path, ": top-level key '", section.str(), "' must be a [section]");
     for (auto& [key, value] : *sub) {
       std::string full = std::string(section.str()) + "." + std::string(key.str());
+      if (full == "model.layers") {
+        model.layers = parse_layers_toml(value, path);
+        continue;
+      }
       try {
         assign_toml(find_field(full), *this, value, path);
       } catch (const Error& e) {
@@ -216,6 +221,8 @@ void TrainConfig::load_toml(const std::string& path) {
 void TrainConfig::set(const std::string& assignment) {
   auto eq = assignment.find('=');
   RT_CHECK(eq != std::string::npos && eq > 0, "override '", assignment, "' must look like section.key=value");
+  RT_CHECK(assignment.substr(0, eq) != "model.layers", "configuration key 'model.layers' is a list of tables: give "
+           "it as [[model.layers]] in the TOML file, not with --set");
   assign_text(find_field(assignment.substr(0, eq)), *this, assignment.substr(eq + 1));
 }
 
@@ -237,6 +244,11 @@ void TrainConfig::validate() const {
   RT_CHECK(is_known_model(model.name), "configuration key 'model.name': '", model.name, "' is not one of ",
            known_model_list(), registered_model_names().empty() ? " (a program of its own adds models with "
                                                                   "ringtrain::register_model)" : "");
+  RT_CHECK(model.name != "layers" || !model.layers.empty(), "configuration key 'model.name' = layers needs a "
+           "[[model.layers]] list in the TOML file (docs/own_model_toml.md)");
+  RT_CHECK(model.name == "layers" || model.layers.empty(), "configuration key 'model.layers' is given, but "
+           "model.name = '", model.name, "' does not use it: set model.name = \"layers\"");
+  check_layer_descs(model.layers);
   range("model.depth", model.depth, 1, kHuge);
   RT_CHECK(model.name != "resnet" || (model.depth >= 8 && (model.depth - 2) % 6 == 0),
            "configuration key 'model.depth': resnet depth must be 6n+2 >= 8, got ", model.depth);
@@ -329,6 +341,7 @@ std::string TrainConfig::to_toml(bool legacy_floats) const {
     std::string key = f.key;
     auto dot = key.find('.');
     if (key.substr(0, dot) != section) {
+      if (section == "model") os << layers_to_toml(copy.model.layers, legacy_floats);  // after [model]'s keys
       section = key.substr(0, dot);
       os << (os.tellp() > 0 ? "\n" : "") << '[' << section << "]\n";
     }
@@ -352,7 +365,13 @@ std::string TrainConfig::to_toml(bool legacy_floats) const {
 
 std::vector<std::string> TrainConfig::keys() {
   std::vector<std::string> out;
-  for (const auto& f : fields()) out.push_back(std::string(f.key) + "  — " + f.help);
+  for (const auto& f : fields()) {
+    out.push_back(std::string(f.key) + "  — " + f.help);
+    if (std::string(f.key) == "model.patch")
+      out.push_back("model.layers  — model.name = layers: [[model.layers]] entries, one per top-level layer: type = "
+                    "conv | linear | batchnorm | layernorm | relu | gelu | maxpool | avgpool | dropout | flatten | "
+                    "residual | attention | transformer | patch_embed | token_mean (docs/own_model_toml.md)");
+  }
   return out;
 }
 

@@ -50,6 +50,7 @@ ModelConfig model_config(const TrainConfig& cfg, const data::FileInfo& info) {
   mc.heads = cfg.model.heads;
   mc.mlp_ratio = cfg.model.mlp_ratio;
   mc.patch = cfg.model.patch;
+  mc.layers = cfg.model.layers;
   mc.seed = cfg.train.seed;
   return mc;
 }

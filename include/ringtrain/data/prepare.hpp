@@ -17,7 +17,8 @@
 
 namespace ringtrain::data {
 
-enum class SourceFormat { auto_detect, idx, cifar10 };
+// npz: `input` is a .npz file; images: `input` has train/<class>/ and test/<class>/ folders.
+enum class SourceFormat { auto_detect, idx, cifar10, npz, images };
 
 struct StorageOptions {
   // Files per split: 1 = single-file layout ("<name>-<split>.h5", each rank reads
@@ -48,6 +49,12 @@ struct PreparedDataset {
 };
 
 PreparedDataset prepare_dataset(const PrepareOptions& opt, const Communicator& comm);
+
+// `ringtrain prepare --check DIR`: every file of both splits against the
+// schema (attributes, datasets, dtypes, shapes) and against each other (image
+// size, classes, shard order and counts). Returns a one-line summary; throws
+// Error naming the file and what is wrong.
+std::string check_prepared(const std::string& dir);
 
 // Synthetic, learnable images: class k has a smooth mean pattern (per-channel
 // sinusoids whose frequency and phase depend on k) plus uniform noise of

@@ -6,6 +6,7 @@
 // and the problem; nothing is trusted before it is checked.
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace ringtrain::data {
@@ -32,5 +33,12 @@ struct ImageSet {
 ImageSet read_idx_pair(const std::string& images, const std::string& labels);
 // CIFAR-10 binary batches (records of 1 label byte + 3*32*32 pixels, CHW), concatenated.
 ImageSet read_cifar10(const std::vector<std::string>& batches);
+// A NumPy .npz with uint8 x_train/x_test ([N,H,W], [N,H,W,C] with C <= 4, or
+// [N,C,H,W]) and integer y_train/y_test ([N] or [N,1]): (train, test).
+std::pair<ImageSet, ImageSet> read_npz(const std::string& path);
+// DIR/<class>/*.png|*.jpg|*.jpeg, classes in name order (label k = k-th
+// folder), files in name order. `classes` empty: set from DIR; else DIR must
+// have exactly these folders. All images must have one size and channel count.
+ImageSet read_image_folders(const std::string& dir, std::vector<std::string>& classes);
 
 }  // namespace ringtrain::data

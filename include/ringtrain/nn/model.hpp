@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "ringtrain/nn/layer.hpp"
+#include "ringtrain/nn/layers_model.hpp"
 #include "ringtrain/nn/parameters.hpp"
 #include "ringtrain/nn/tensor_group.hpp"
 
@@ -32,7 +33,7 @@ namespace ringtrain {
 using GradReadyFn = std::function<void(int layer, std::span<const std::size_t> params)>;
 
 struct ModelConfig {
-  std::string name = "cnn";     // mlp | cnn | resnet | vit
+  std::string name = "cnn";     // mlp | cnn | resnet | vit | layers
   std::int64_t in_channels = 1;
   std::int64_t height = 28, width = 28;
   std::int64_t classes = 10;
@@ -45,6 +46,7 @@ struct ModelConfig {
   std::uint64_t seed = 42;      // initialisation and dropout
   MathMode math = MathMode::fp32;  // down-conversion allowed inside Conv2d/Linear (backend.hpp)
   TensorGroup tensor;              // parallel.tensor: every model splits its layers over it
+  std::vector<LayerDesc> layers;   // name = layers: the [[model.layers]] entries (layers_model.hpp)
 };
 
 class Model {

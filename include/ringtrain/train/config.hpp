@@ -8,17 +8,20 @@
 #include <string>
 #include <vector>
 
+#include "ringtrain/nn/layers_model.hpp"
+
 namespace ringtrain {
 
 struct TrainConfig {
   struct Model {
-    std::string name = "cnn";      // mlp | cnn | resnet | vit
+    std::string name = "cnn";      // mlp | cnn | resnet | vit | layers
     int depth = 20;                // resnet: 6n+2
     int width = 16;                // resnet: channels of the first stage; vit: embedding width
     double dropout = 0.0;
     int heads = 4;                 // vit: attention heads (divides width)
     double mlp_ratio = 4.0;        // vit: MLP hidden units = width * mlp_ratio
     int patch = 4;                 // vit: patch side (divides the image height and width)
+    std::vector<LayerDesc> layers; // name = layers: the [[model.layers]] list (TOML file only)
   } model;
   struct Data {
     std::string train = "data/fashion-mnist";  // file, or a shard pattern/dir
