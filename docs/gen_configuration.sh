@@ -46,6 +46,8 @@ HEAD
     key=${line%%  — *}
     help=${line#*  — }
     def=$(awk -F'\t' -v k="$key" '$1==k {print $2}' <<<"$defs")
+    # model.layers is a [[model.layers]] list of tables: empty by default, never a plain value.
+    [ "$key" = model.layers ] && def='(none)'
     [ -n "$def" ] || { echo "gen_configuration: key '$key' has no default in --print-config" >&2; exit 1; }
     help=${help//|/\\|}
     printf '| `%s` | `%s` | %s |\n' "$key" "$def" "$help"

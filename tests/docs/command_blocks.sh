@@ -48,6 +48,7 @@ for f in "${files[@]}"; do
   rel=${f#"$SRC"/}
   rm -rf "$SCRATCH/b" "$SCRATCH/w"; mkdir -p "$SCRATCH/b" "$SCRATCH/w/data"
   ln -s "$BUILD" "$SCRATCH/w/build"; ln -s "$SRC/jobs" "$SCRATCH/w/jobs"; ln -s "$SRC/Makefile" "$SCRATCH/w/Makefile"
+  ln -s "$SRC/examples" "$SCRATCH/w/examples"
   ln -s "$DATA" "$SCRATCH/w/data/fashion-mnist"
   n=0
   while IFS=$'\t' read -r line info; do
