@@ -12,11 +12,12 @@
 // ones. Two measurements per point:
 //  - wall: idle / span of real time (includes message latency and the
 //    wake-up delays of a loaded machine);
-//  - virtual: a clock carried in each message (the sender's time) and
-//    advanced by exactly one unit per F, B or W, so idle is only what the
-//    dependencies of the messages the executor really exchanged force
-//    (independent of machine load; an executor that ran ops out of order or
-//    waited on the wrong message would show here).
+//  - replay (a virtual clock, NOT a measurement of time): a clock carried in
+//    each message (the sender's time) and advanced by exactly one unit per F,
+//    B or W, so idle is only what the dependencies of the messages the
+//    executor really exchanged force (independent of machine load; an
+//    executor that ran ops out of order or waited on the wrong message would
+//    show here). It replays the executed schedule on ideal hardware.
 // Run with mpirun -np p; rows are appended to --csv.
 #include <algorithm>
 #include <chrono>
@@ -107,7 +108,7 @@ int main(int argc, char** argv) {
   if (world.rank() == 0) {
     std::printf("pipeline bubble, p = %d stages, F = B = W = %.1f ms sleeps; bubble = idle / step time per stage\n", p,
                 unit_ms);
-    std::printf("%-6s %4s %10s %10s %10s %8s %14s %10s\n", "sched", "m", "wall", "virtual", "analytic", "virt/an",
+    std::printf("%-6s %4s %10s %10s %10s %8s %14s %10s\n", "sched", "m", "wall", "replay", "analytic", "repl/an",
                 "peak act (s0)", "max stage");
   }
   std::ofstream out;

@@ -29,7 +29,7 @@ for ax, p in zip(axes, ["2", "4", "8"]):
         if not r:
             continue
         m = [x[0] for x in r]
-        ax.plot(m, [x[1] for x in r], "o-", color=c, label=f"{s} measured (virtual clock)")
+        ax.plot(m, [x[1] for x in r], "o-", color=c, label=f"{s} replay (virtual clock, not a timing)")
         ax.plot(m, [x[2] for x in r], "x:", color=c, alpha=0.6, label=f"{s} measured (wall)")
         ax.plot(m, [x[3] for x in r], "--", color=c, alpha=0.5, label=f"{s} analytic")
     ax.set_xscale("log", base=2)

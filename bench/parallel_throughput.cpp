@@ -2,8 +2,9 @@
 // and ZB-H1, m micro-batches, one replica) next to pure data parallelism over
 // the same 2 ranks (each rank the whole model, half the batch, gradients
 // averaged by the fusion engine), same global batch, in one run. The DP
-// reference runs through GridModel with one stage (p = 1, m = 1): the
-// same layers, engine and optimizer as the trainer's DP path.
+// reference runs through GridModel with one stage (p = 1, m = 1), which is
+// the trainer's own step for data parallelism (one trainer runs every layout
+// through GridModel), not a stand-in for it.
 // Run: mpirun -np 2 bench_parallel_throughput [--batch 128 --m 8 --steps 8]
 #include <omp.h>
 
