@@ -101,20 +101,27 @@ Tensor Dropout::do_forward(const Tensor& x, Mode mode) {
     be_->dropout_forward(x, p_, seed_, stream, static_cast<std::uint64_t>(first_sample * per_sample), mask_, y_);
     return y_;
   }
-  RT_CHECK(x.device().is_cpu() && x.dtype() == DType::f32, "Dropout '", name_,
-           "': a feature-sharded dropout runs on float32 CPU tensors");
+  RT_CHECK(x.dtype() == DType::f32, "Dropout '", name_, "': a feature-sharded dropout runs on float32 tensors");
   // Feature shard `index_` of `parts_`: number elements as in the whole activation.
+  // Computed on the host (a device tensor makes the round trip).
+  const bool host = x.device().is_cpu();
+  const Tensor xh = host ? x : x.to(Device::cpu());
+  Tensor yh = host ? y_ : Tensor::empty(x.shape(), DType::f32), mh = host ? mask_ : Tensor::empty(x.shape(), DType::u8);
   const std::int64_t d = x.shape().back(), whole = d * parts_;
   const std::int64_t base = first_sample * per_sample * parts_;
   const float pf = static_cast<float>(p_), scale = static_cast<float>(1.0 / (1.0 - p_));  // as the backends
-  const float* px = x.data<float>();
-  float* py = y_.data<float>();
-  std::uint8_t* pm = mask_.data<std::uint8_t>();
+  const float* px = xh.data<float>();
+  float* py = yh.data<float>();
+  std::uint8_t* pm = mh.data<std::uint8_t>();
   for (std::int64_t i = 0; i < x.numel(); ++i) {
     const std::int64_t global = base + (i / d) * whole + index_ * d + i % d;
     const bool keep = dropout_keep(seed_, stream, static_cast<std::uint64_t>(global), pf);
     pm[i] = keep;
     py[i] = keep ? px[i] * scale : 0.f;
+  }
+  if (!host) {
+    y_.copy_from(yh);
+    mask_.copy_from(mh);
   }
   return y_;
 }

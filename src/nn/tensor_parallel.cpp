@@ -72,7 +72,10 @@ void tp_all_reduce(Tensor& t, const TensorGroup& g) {
   if (g.size == 1) return;
   TpTimer timer(g, t.nbytes());
   CollectiveOptions o;
-  o.device = t.device();  // device buffers go through the device collectives (comm/collectives.hpp)
+  o.device = t.device();  // device buffers go through the device collectives (comm/collectives.hpp),
+  // which read them on their own stream once the kernels that wrote them have finished, and
+  // return with the result complete.
+  if (!t.device().is_cpu()) backend_for(t.device()).synchronize();
   allreduce(t.raw(), t.raw(), std::size_t(t.numel()), t.dtype(), ReduceOp::sum, g.comm, o);
 }
 
@@ -159,19 +162,6 @@ Tensor gather_whole(const Tensor& local, const ShardSpec& s, const TensorGroup& 
   return whole;
 }
 
-double tensor_grad_sq_norm(const ParamArena& a, int tensor_rank) {
-  double sq = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    if (!a.info(i).shard.sharded() && tensor_rank != 0) continue;
-    Tensor g = a.grad(i);
-    need_host(g, "gradient norm");
-    RT_CHECK(g.dtype() == DType::f32, "gradient norm: parameter '", a.info(i).name, "' is not float32");
-    const float* p = g.data<float>();
-    for (std::int64_t k = 0; k < g.numel(); ++k) sq += double(p[k]) * double(p[k]);
-  }
-  return sq;
-}
-
 void check_tensor_divides(std::int64_t value, const char* key, const TensorGroup& g, const char* model) {
   RT_CHECK(value % g.size == 0, "model '", model, "': ", key, " = ", value, " is not divisible by parallel.tensor = ",
            g.size);
@@ -220,8 +210,6 @@ void ColumnParallelLinear::register_params(ParamArena& arena, int li, const std:
 }
 
 void ColumnParallelLinear::bind(const BindContext& ctx) {
-  RT_CHECK(ctx.device.is_cpu() || g_.size == 1, "ColumnParallelLinear '", name_,
-           "': tensor parallelism runs on the CPU device only");
   local_->bind(ctx);
 }
 
@@ -237,7 +225,10 @@ void ColumnParallelLinear::init(const ParamArena& arena, std::uint64_t seed) {
 Tensor detail::column_parallel_backward(Layer& local, const Tensor& dy, bool need_dx, bool accumulate,
                                         const TensorGroup& g) {
   Tensor dx = local.backward_input(dy, need_dx, accumulate);
-  if (!need_dx || g.size == 1) {
+  // On a GPU the all-reduce runs inline: the device collectives own the stream
+  // work of the calling thread (no second thread touching the device context).
+  if (!need_dx || g.size == 1 || !dx.device().is_cpu()) {
+    if (need_dx && g.size > 1) tp_all_reduce(dx, g);
     local.backward_weight();
     return dx;
   }
@@ -276,8 +267,6 @@ void RowParallelLinear::register_params(ParamArena& arena, int li, const std::st
 }
 
 void RowParallelLinear::bind(const BindContext& ctx) {
-  RT_CHECK(ctx.device.is_cpu() || g_.size == 1, "RowParallelLinear '", name_,
-           "': tensor parallelism runs on the CPU device only");
   local_->bind(ctx);
   be_ = &ctx.backend;
   if (spec_.bias) {

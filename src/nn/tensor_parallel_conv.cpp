@@ -13,10 +13,6 @@ double receptive_field(const Conv2dSpec& s) { return double(s.kernel_h * s.kerne
 
 Shape whole_weight(const Conv2dSpec& s) { return {s.out_channels, s.in_channels, s.kernel_h, s.kernel_w}; }
 
-void need_cpu(const BindContext& ctx, const TensorGroup& g, const char* type, const std::string& name) {
-  RT_CHECK(ctx.device.is_cpu() || g.size == 1, type, " '", name, "': tensor parallelism runs on the CPU device only");
-}
-
 }  // namespace
 
 // ---- ColumnParallelConv2d ----------------------------------------------------
@@ -37,7 +33,6 @@ void ColumnParallelConv2d::register_params(ParamArena& arena, int li, const std:
 }
 
 void ColumnParallelConv2d::bind(const BindContext& ctx) {
-  need_cpu(ctx, g_, type(), name_);
   local_->bind(ctx);
 }
 
@@ -70,7 +65,6 @@ void RowParallelConv2d::register_params(ParamArena& arena, int li, const std::st
 }
 
 void RowParallelConv2d::bind(const BindContext& ctx) {
-  need_cpu(ctx, g_, type(), name_);
   local_->bind(ctx);
   if (spec_.bias) {
     b = ctx.arena.param(b_);

@@ -18,8 +18,9 @@
 // clipping, checkpoints and broadcasts know what is sharded. Initial values
 // are the 1-rank model's (same counter-RNG stream for the whole weight, then
 // the rank's part), so tensor = T starts where tensor = 1 starts. The
-// collectives are ringtrain's own (comm/collectives.hpp) on the host: these
-// layers run on the CPU device.
+// collectives are ringtrain's own (comm/collectives.hpp): all-reduces of device
+// tensors go through the device collectives, gathers and splits through host
+// memory. (The CUDA path is compiled and reviewed; it has not run on a GPU yet.)
 #include <cstdint>
 #include <string>
 
@@ -136,11 +137,6 @@ class RowParallelLinear : public Layer {
 // biases and the dropouts (outside the parallel regions: the same stream on
 // every tensor rank) are replicated. Errors name model.heads / model.mlp_ratio.
 LayerPtr tensor_parallel_block(const std::string& name, const TransformerBlockSpec& s, const TensorGroup& g);
-
-// This rank's share of the squared global gradient norm: sharded parameters
-// fully, replicated ones only on tensor rank 0 (every tensor rank holds the
-// same copy), so summing over the tensor group counts each element once.
-double tensor_grad_sq_norm(const ParamArena& arena, int tensor_rank);
 
 // Divisibility checks with errors naming the configuration key and values.
 void check_tensor_divides(std::int64_t value, const char* key, const TensorGroup& g, const char* model);
