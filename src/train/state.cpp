@@ -2,45 +2,8 @@
 
 #include <algorithm>
 
-#include "ringtrain/nn/model.hpp"
-#include "ringtrain/optim/optimizer.hpp"
 
 namespace ringtrain {
-
-NamedTensorList model_state(Model& model, Optimizer* optimizer) {
-  NamedTensorList out;
-  const ParamArena& a = model.arena();
-  for (std::size_t i = 0; i < a.size(); ++i) out.emplace_back("param/" + a.info(i).name, a.param(i));
-  for (auto& b : model.buffers()) out.emplace_back("buffer/" + b.name, b.tensor);
-  if (!optimizer) return out;
-  // Optimizer state: "<param dtype>.<slot>" buffers laid out like the arena are
-  // cut per parameter; anything else (the step counter) is kept whole.
-  for (auto& [name, t] : optimizer->state()) {
-    auto dot = name.find('.');
-    bool per_param = false;
-    if (dot != std::string::npos) {
-      const std::string dt = name.substr(0, dot), slot = name.substr(dot + 1);
-      for (std::size_t i = 0; i < a.size(); ++i) {
-        const ParamInfo& p = a.info(i);
-        if (dtype_name(p.dtype) != dt) continue;
-        per_param = true;
-        out.emplace_back("optim/" + slot + "/" + p.name,
-                         t.flat_view(static_cast<std::int64_t>(p.offset), shape_numel(p.shape)).reshape(p.shape));
-      }
-    }
-    if (!per_param) out.emplace_back("optim/" + name, t);
-  }
-  return out;
-}
-
-NamedTensorList flat_state(Model& model, Optimizer* optimizer) {
-  NamedTensorList out;
-  for (DType dt : model.arena().dtypes()) out.emplace_back(cat("param.", dtype_name(dt)), model.arena().params_flat(dt));
-  for (auto& b : model.buffers()) out.emplace_back("buffer." + b.name, b.tensor);
-  if (optimizer)
-    for (auto& [name, t] : optimizer->state()) out.emplace_back("optim." + name, t);
-  return out;
-}
 
 CheckpointData checkpoint_data(NamedTensorList tensors, const TrainConfig& cfg, const RunPosition& pos) {
   CheckpointData d;

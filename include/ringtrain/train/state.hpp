@@ -13,20 +13,13 @@
 
 namespace ringtrain {
 
-class Model;
-class Optimizer;
-
 using NamedTensorList = std::vector<std::pair<std::string, Tensor>>;
 
-// Per parameter, so the layout does not depend on how parameters lie in arenas
-// (a pipeline stage or tensor shard contributes its own subset of names). Views,
-// not copies: "param/<param name>", "buffer/<buffer name>",
-// "optim/<slot>/<param name>" (each slot of the optimizer's per-parameter state,
-// e.g. optim/exp_avg/conv1.weight) and "optim/<scalar>" (e.g. optim/step).
-NamedTensorList model_state(Model& model, Optimizer* optimizer);
-// The same state as a few flat buffers (arena per dtype, buffers, optimizer
-// buffers): what the ranks broadcast and compare, in few large messages.
-NamedTensorList flat_state(Model& model, Optimizer* optimizer);
+// The state's names (GridModel::named_state makes them, once for every layout),
+// per parameter so the layout does not depend on how parameters lie in arenas:
+// "param/<param name>", "buffer/<buffer name>", "optim/<slot>/<param name>"
+// (each slot of the optimizer's per-parameter state, e.g.
+// optim/exp_avg/conv1.weight), "optim/step", and "amp.loss_scale" (fp16).
 
 // Where a run stands: enough to continue it bit for bit.
 struct RunPosition {
