@@ -8,6 +8,8 @@
 //    (default 240), so a stalled collective never hangs CI.
 //  - With --rt-gpu the binary exits 77 (CTest's "skipped") when no CUDA device
 //    is registered, saying so.
+//  - A binary whose every test skipped (GTEST_SKIP, e.g. a layout that this
+//    rank count cannot form) also exits 77: CTest shows it as skipped, not passed.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -144,5 +146,7 @@ int main(int argc, char** argv) {
   int rc = RUN_ALL_TESTS();
   int local = (rc != 0 || rl->failed_any()) ? 1 : 0, global = 0;
   MPI_Allreduce(&local, &global, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  const testing::UnitTest& u = *testing::UnitTest::GetInstance();
+  if (global == 0 && u.test_to_run_count() > 0 && u.skipped_test_count() == u.test_to_run_count()) return 77;
   return global;
 }
