@@ -35,7 +35,7 @@ using namespace ringtrain;
 
 namespace {
 
-class SleepOps final : public PipeOps {
+class SleepOps final : public StageOps {
  public:
   // fold_w: W runs before the gradient is sent (afab, 1f1b), so the sent
   // gradient carries the time after W; with zb-h1 it is already on its way.
@@ -119,7 +119,7 @@ int main(int argc, char** argv) {
   }
   for (ScheduleKind k : {ScheduleKind::afab, ScheduleKind::one_f_one_b, ScheduleKind::zb_h1})
     for (int m : ms) {
-      PipelineExecutor ex(grid, k, m, {1, 64}, {1, 64});
+      ScheduleExecutor ex(grid, k, m, {1, 64}, {1, 64});
       SleepOps ops(ex.slots(), unit_ms * 1e-3, k != ScheduleKind::zb_h1);
       std::vector<double> bub, wall, vbub;
       for (int s = 0; s <= steps; ++s) {

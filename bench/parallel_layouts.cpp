@@ -3,7 +3,7 @@
 // pipeline (w stages, m micro-batches) and tensor parallel (w shards of every
 // block), same model, same global batch, same synthetic data.
 //
-// Per step and rank (PipelineExecutor's StepTiming plus the TensorGroup's
+// Per step and rank (ScheduleExecutor's StepTiming plus the TensorGroup's
 // TpStats, which tp_all_reduce & co. add to):
 //   tensor comm = time inside the tensor-parallel collectives (part of busy);
 //                 includes waiting for the slower tensor rank, so it is also

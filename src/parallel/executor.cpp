@@ -41,7 +41,7 @@ Shape unpack_shape(const std::vector<std::int64_t>& v) {
 
 }  // namespace
 
-PipelineExecutor::PipelineExecutor(const ProcessGrid& grid, ScheduleKind kind, int m, Shape in_mb, Shape out_mb,
+ScheduleExecutor::ScheduleExecutor(const ProcessGrid& grid, ScheduleKind kind, int m, Shape in_mb, Shape out_mb,
                                    double timeout_s, Device dev)
     : grid_(grid), m_(m), timeout_s_(timeout_s), dev_(dev) {
   const int s = grid.pp_rank(), p = grid.pp_size();
@@ -68,7 +68,7 @@ PipelineExecutor::PipelineExecutor(const ProcessGrid& grid, ScheduleKind kind, i
   slot_staged_.assign(slots_, {});
 }
 
-PipelineExecutor::~PipelineExecutor() {
+ScheduleExecutor::~ScheduleExecutor() {
   for (int i = 0; i < m_; ++i) {
     for (auto* r : {&act_req_[i], &grad_req_[i]})
       if (req(*r) != MPI_REQUEST_NULL) {
@@ -97,18 +97,18 @@ void await_stage(std::uint64_t& request, const ProcessGrid& grid, int peer_stage
   }
 }
 
-void PipelineExecutor::wait_recv(int mb, bool act) {
+void ScheduleExecutor::wait_recv(int mb, bool act) {
   await_stage(act ? act_req_[mb] : grad_req_[mb], grid_, grid_.pp_rank() + (act ? -1 : 1), timeout_s_,
               cat("the ", act ? "activation" : "gradient", " of micro-batch ", mb));
 }
 
-void PipelineExecutor::wait_sends(int slot) {
+void ScheduleExecutor::wait_sends(int slot) {
   for (auto& h : slot_sends_[slot]) MPI_Wait(&req(h), MPI_STATUS_IGNORE);
   slot_sends_[slot].clear();
   slot_staged_[slot].clear();
 }
 
-StepTiming PipelineExecutor::run_step(PipeOps& ops) {
+StepTiming ScheduleExecutor::run_step(StageOps& ops) {
   const int s = grid_.pp_rank(), p = grid_.pp_size();
   MPI_Comm c = grid_.pp().handle("pipeline step");
   auto t_step = Clock::now();

@@ -55,7 +55,7 @@ GridModel::GridModel(const ProcessGrid& grid, const ModelConfig& mc, const GridC
   const int end = first + balance_[grid.pp_rank()];
   // The executor knows the slots the schedule needs: the stage is built after it.
   const auto [in_mb, out_mb] = Stage::boundary_shapes(mc_tp, dev, first, end, mb_size_);
-  exec_ = std::make_unique<PipelineExecutor>(grid, pc.schedule, steps_m_, in_mb, out_mb, pc.timeout_s, dev);
+  exec_ = std::make_unique<ScheduleExecutor>(grid, pc.schedule, steps_m_, in_mb, out_mb, pc.timeout_s, dev);
   stage_ = std::make_unique<Stage>(mc_tp, dev, first, end, exec_->slots());
   // BatchNorm: per-micro-batch normalisation, running statistics over the whole step (stage.hpp).
   if (steps_m_ > 1) stage_->set_deferred_batch_stats(true);

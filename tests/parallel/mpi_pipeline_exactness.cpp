@@ -149,13 +149,13 @@ namespace {
 
 // Neighbouring stages that disagree on the activation shape: an Error on
 // every rank naming both stages, not a hang or a garbled transfer.
-TEST(PipelineExecutor, ShapeMismatchBetweenStagesIsAnErrorNamingThem) {
+TEST(ScheduleExecutor, ShapeMismatchBetweenStagesIsAnErrorNamingThem) {
   Communicator world = Communicator::world();
   if (world.size() < 2) GTEST_SKIP() << "needs 2 stages";
   ProcessGrid grid = ProcessGrid::make(world, {world.size(), 1});
   Shape out = {2, grid.pp_rank() == 0 ? 5 : 6};
   try {
-    PipelineExecutor ex(grid, ScheduleKind::one_f_one_b, 2, {2, 6}, out);
+    ScheduleExecutor ex(grid, ScheduleKind::one_f_one_b, 2, {2, 6}, out);
     ADD_FAILURE() << "stage 0 sends [2, 5] but stage 1 expects [2, 6]";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("pipeline stage 0 sends activations of shape [2, 5] but stage 1"),

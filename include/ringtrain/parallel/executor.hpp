@@ -1,6 +1,7 @@
 #pragma once
-// PipelineExecutor: interprets one stage's schedule (schedule.hpp) for one
-// optimizer step, over the grid's pipeline communicator.
+// ScheduleExecutor: interprets one stage's schedule (schedule.hpp) for one
+// optimizer step, over the grid's pipeline communicator: every layout runs it (a
+// single stage, data or tensor parallelism, is the schedule F, B, W per micro-batch).
 //
 // Rules:
 //  - Transfers: activation/gradient shapes are known ahead (from the model),
@@ -36,9 +37,9 @@
 namespace ringtrain {
 
 // What a stage computes; the executor moves the tensors between stages.
-class PipeOps {
+class StageOps {
  public:
-  virtual ~PipeOps() = default;
+  virtual ~StageOps() = default;
   virtual Tensor load(int mb) = 0;                                   // first stage: the input
   virtual Tensor forward(int slot, int mb, const Tensor& x) = 0;     // the stage's output
   virtual Tensor loss_grad(int slot, int mb, const Tensor& out) = 0; // last stage: d loss / d output
@@ -66,18 +67,18 @@ struct StepTiming {
 void await_stage(std::uint64_t& request, const ProcessGrid& grid, int peer_stage, double timeout_s,
                  const std::string& what);
 
-class PipelineExecutor {
+class ScheduleExecutor {
  public:
   // in_mb / out_mb: this stage's input and output shapes for one micro-batch.
-  PipelineExecutor(const ProcessGrid& grid, ScheduleKind kind, int micro_batches, Shape in_mb, Shape out_mb,
+  ScheduleExecutor(const ProcessGrid& grid, ScheduleKind kind, int micro_batches, Shape in_mb, Shape out_mb,
                    double timeout_s = 300, Device dev = Device::cpu());
-  ~PipelineExecutor();
-  PipelineExecutor(const PipelineExecutor&) = delete;
-  PipelineExecutor& operator=(const PipelineExecutor&) = delete;
+  ~ScheduleExecutor();
+  ScheduleExecutor(const ScheduleExecutor&) = delete;
+  ScheduleExecutor& operator=(const ScheduleExecutor&) = delete;
 
   int slots() const { return slots_; }
   const std::vector<Instr>& schedule() const { return sched_; }
-  StepTiming run_step(PipeOps& ops);
+  StepTiming run_step(StageOps& ops);
 
  private:
   void wait_recv(int mb, bool act);

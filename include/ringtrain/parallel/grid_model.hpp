@@ -92,7 +92,7 @@ struct GridMemory {
   std::int64_t param_count = 0;  // elements of this rank's parameters
 };
 
-class GridModel final : private PipeOps {
+class GridModel final : private StageOps {
  public:
   // rt: the device kind's runtime (null: the registered one for dev).
   GridModel(const ProcessGrid& grid, const ModelConfig& mc, const GridConfig& pc, const OptimizerConfig& oc,
@@ -176,7 +176,7 @@ class GridModel final : private PipeOps {
   std::unique_ptr<Optimizer> whole_opt_;  // ZeRO-1: the gathered state while a checkpoint is written or read
   std::unique_ptr<LossScaler> scaler_;
   Communicator owners_;              // ranks that together hold each gradient once (update's sums)
-  std::unique_ptr<PipelineExecutor> exec_;
+  std::unique_ptr<ScheduleExecutor> exec_;
   std::unique_ptr<Engine> engine_;   // dp > 1 only
   std::vector<Handle> handles_;
   // comm.deterministic: buckets of consecutive layers, and each layer's bucket (-1: per parameter).
