@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "fixtures.hpp"
 #include "ringtrain/train/trainer.hpp"
@@ -66,7 +67,17 @@ Outcome train(const Communicator& world, const std::string& data, const std::str
   }
   EXPECT_FALSE(o.epoch.is_null()) << "no epoch record in " << c.log.metrics;
   std::printf("%s: %s\n", name.c_str(), o.epoch.dump().c_str());  // the figures, for the log
+  std::istringstream lines(o.err);
+  for (std::string line; std::getline(lines, line);)
+    if (line.find("straggler") != std::string::npos || line.find("slowest") != std::string::npos)
+      std::printf("%s: %s\n", name.c_str(), line.c_str());
   return o;
+}
+
+// Collective: the test's data and metrics files go once every rank is done with them.
+void remove_dir(const Communicator& world, const std::string& dir) {
+  MPI_Barrier(world.handle());
+  if (world.rank() == 0) fs::remove_all(dir);
 }
 
 bool names_straggler(const std::string& err) { return err.find("straggler") != std::string::npos; }
@@ -78,6 +89,7 @@ TEST(Straggler, TheSlowRankIsNamed) {
   if (world.size() < 2) GTEST_SKIP() << "one rank: nobody to be slower than";
   std::string data = test_fixtures::synthetic_mnist_like(world, "straggler", 768, 64);
   Outcome o = train(world, data, "slow", 1);
+  remove_dir(world, data);
   if (world.rank() != 0) {
     EXPECT_FALSE(names_straggler(o.err)) << "the warning is rank 0's:\n" << o.err;
     return;
@@ -102,6 +114,7 @@ TEST(Straggler, NobodyIsNamedWithoutASlowRank) {
   Communicator world = Communicator::world();
   std::string data = test_fixtures::synthetic_mnist_like(world, "straggler", 768, 64);
   Outcome o = train(world, data, "even", -1);
+  remove_dir(world, data);
   EXPECT_FALSE(names_straggler(o.err)) << o.err;
   if (world.rank() != 0) return;
   EXPECT_TRUE(o.epoch["straggler"].is_null()) << o.epoch.dump();
@@ -125,6 +138,7 @@ TEST(Straggler, PipelineStagesCompareWithinAStage) {
   if (world.size() != 2 && world.size() != 4) GTEST_SKIP() << "2 pipeline stages of 1 or 2 replicas";
   std::string data = test_fixtures::synthetic_mnist_like(world, "straggler", 768, 64);
   Outcome o = train(world, data, "pipeline", 1, 2);
+  remove_dir(world, data);
   if (world.rank() != 0) return;
   SCOPED_TRACE(o.err);
   if (world.size() == 2) {

@@ -4,6 +4,7 @@
 // a warning comes once per streak of intervals above the factor.
 #include <gtest/gtest.h>
 
+#include "ringtrain/train/config.hpp"
 #include "ringtrain/train/straggler.hpp"
 
 using namespace ringtrain;
@@ -73,4 +74,23 @@ TEST(Straggler, WarningOncePerStreakOfThreeIntervals) {
 TEST(Straggler, FactorZeroNeverWarns) {
   StragglerStreaks k(0);
   for (int i = 0; i < 10; ++i) EXPECT_TRUE(k.update({1.0, 100.0}).empty());
+}
+
+TEST(Straggler, FactorKeyIsZeroOrAboveOne) {
+  TrainConfig c;
+  EXPECT_EQ(c.comm.straggler_factor, 1.5);
+  c.set("comm.straggler_factor=0");
+  EXPECT_NO_THROW(c.validate());
+  c.set("comm.straggler_factor=3");
+  EXPECT_NO_THROW(c.validate());
+  for (const char* bad : {"comm.straggler_factor=1", "comm.straggler_factor=0.5", "comm.straggler_factor=-2"}) {
+    c.set(bad);
+    try {
+      c.validate();
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("'comm.straggler_factor' must be 0 (off) or in (1, 1e6]"), std::string::npos)
+          << e.what();
+    }
+  }
 }
