@@ -67,6 +67,7 @@ SlowestRank find_slowest(const std::vector<RankTimes>& t) {
     SlowestRank s = describe_rank(t, r);
     if (s.rank >= 0 && (best.rank < 0 || s.slowdown > best.slowdown)) best = s;
   }
+  if (best.compute_s <= 0) return {};  // no step timed (an epoch resumed at its end): nothing to say
   return best;
 }
 

@@ -43,6 +43,7 @@ TEST(Straggler, PipelineStagesAreNotComparedWithEachOther) {
   EXPECT_EQ(find_slowest(alone).rank, -1);
   EXPECT_EQ(slowdowns(alone), (std::vector<double>{0.0, 0.0}));
   EXPECT_EQ(find_slowest({{1.0, 0.0, 0}}).rank, -1);
+  EXPECT_EQ(find_slowest({{0.0, 0.0, 0}, {0.0, 0.0, 0}}).rank, -1);  // no step timed
 }
 
 TEST(Straggler, EqualRanksNameTheFirstWithSlowdownOne) {

@@ -34,7 +34,7 @@ struct RankTimes {
 };
 
 struct SlowestRank {
-  int rank = -1;             // -1: no rank has a peer to compare with (1 rank, or one rank per stage)
+  int rank = -1;             // -1: no rank has a peer to compare with (1 rank, one rank per stage), or no step was timed
   double slowdown = 0;       // its compute over the median of its peers'
   double compute_s = 0, peer_median_s = 0;
   double wait_fraction = 0;  // of its peers' step time, spent waiting on it
