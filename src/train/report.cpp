@@ -126,8 +126,8 @@ void Reporter::straggler(const SlowestRank& s, std::int64_t step, int intervals,
   if (bar_) std::fprintf(stderr, "\n");  // off the progress bar's line
   if (json_) std::fprintf(stderr, "%s\n", j.dump().c_str());
   else
-    log::warn("straggler: rank ", s.rank, "'s compute took more than comm.straggler_factor = ", factor,
-              " x the median of its peers' in each of the last ", intervals, " intervals of ", interval,
+    log::warn("straggler: rank ", s.rank, " computed more than comm.straggler_factor = ", factor,
+              " times as long as the median of its peers in each of the last ", intervals, " intervals of ", interval,
               " steps (up to step ", step, "; ", fixed(s.slowdown, 2), "x in the last); the other ranks spent ",
               fixed(100 * s.wait_fraction, 0), "% of their step time waiting on it");
   json_line(std::move(j));

@@ -3,7 +3,9 @@
 // compute) is named by the epoch record (metrics file and plain line) and by
 // the warning on rank 0 after 3 intervals of log.interval steps; without a
 // slow rank nobody is named. The machine is shared and noisy, so the slowdown
-// is large and comm.straggler_factor = 2.5, out of noise's reach.
+// is large and comm.straggler_factor = 3, out of noise's reach (measured with 4 ranks and 2
+// busy loops on 2 cores: 1.7x without a slow rank, 4.3x and more with one, before the spin
+// went from 150 to 200 ms).
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -20,8 +22,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr double kFactor = 2.5;
-constexpr double kSpinS = 0.15;  // per step; a step of the config below computes in about 10-20 ms
+constexpr double kFactor = 3;
+constexpr double kSpinS = 0.2;  // per step; a step of the config below computes in about 10-20 ms
 
 void spin(double seconds) {
   const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
@@ -98,7 +100,7 @@ TEST(Straggler, TheSlowRankIsNamed) {
   EXPECT_EQ(o.epoch["slowest_rank"], 1) << o.epoch.dump();
   EXPECT_EQ(o.epoch["straggler"], 1) << o.epoch.dump();
   EXPECT_GT(o.epoch["slowest_slowdown"].get<double>(), kFactor) << o.epoch.dump();
-  // The others wait out most of the spin (150 ms of a step that otherwise computes in 10-20 ms).
+  // The others wait out most of the spin (200 ms of a step that otherwise computes in 10-20 ms).
   EXPECT_GT(o.epoch["slowest_wait_fraction"].get<double>(), 0.4) << o.epoch.dump();
   EXPECT_LE(o.epoch["slowest_wait_fraction"].get<double>(), 1.0) << o.epoch.dump();
   // Named once, at the end of the third interval (steps 1-4, 5-8, 9-12), though still slow at step 16.
@@ -106,7 +108,7 @@ TEST(Straggler, TheSlowRankIsNamed) {
   EXPECT_EQ(o.stragglers[0]["rank"], 1);
   EXPECT_EQ(o.stragglers[0]["step"], 12);
   EXPECT_GT(o.stragglers[0]["slowdown"].get<double>(), kFactor);
-  EXPECT_NE(o.err.find("straggler: rank 1's compute took more than comm.straggler_factor = 2.5"), std::string::npos);
+  EXPECT_NE(o.err.find("straggler: rank 1 computed more than comm.straggler_factor = 3 times as long"), std::string::npos);
   EXPECT_NE(o.err.find("| straggler rank 1: compute "), std::string::npos);  // the plain epoch line
 }
 
