@@ -39,11 +39,12 @@ struct Outcome {
 
 // 16 steps of a global batch of 48 (768 samples), straggler checks every 4 steps.
 Outcome train(const Communicator& world, const std::string& data, const std::string& name, int slow_rank,
-              int pipeline = 1) {
+              int pipeline = 1, const char* format = "plain") {
   TrainConfig c = test_fixtures::small_config(data);
   c.data.batch_size = 48 / (world.size() / pipeline);
   c.parallel.pipeline = pipeline;
   c.log.interval = 4;
+  c.log.format = format;
   c.comm.straggler_factor = kFactor;
   c.log.metrics = (fs::path(data) / (name + ".jsonl")).string();
   if (world.rank() == 0) fs::remove(c.log.metrics);
@@ -135,21 +136,26 @@ TEST(Straggler, NobodyIsNamedWithoutASlowRank) {
 // Pipeline stages are compared only within a stage: 2 ranks as 2 stages have no
 // peers (nobody is named, though rank 1 is slow); 4 ranks as 2 stages x 2
 // replicas name rank 1 (stage 0 of replica 1) against rank 0, its peer.
+// With log.format = json the warning is a JSON record on stderr.
 TEST(Straggler, PipelineStagesCompareWithinAStage) {
   Communicator world = Communicator::world();
   if (world.size() != 2 && world.size() != 4) GTEST_SKIP() << "2 pipeline stages of 1 or 2 replicas";
   std::string data = test_fixtures::synthetic_mnist_like(world, "straggler", 768, 64);
-  Outcome o = train(world, data, "pipeline", 1, 2);
+  Outcome o = train(world, data, "pipeline", 1, 2, "json");
   remove_dir(world, data);
   if (world.rank() != 0) return;
   SCOPED_TRACE(o.err);
   if (world.size() == 2) {
     EXPECT_TRUE(o.epoch["slowest_rank"].is_null()) << o.epoch.dump();
     EXPECT_TRUE(o.stragglers.empty());
-    EXPECT_FALSE(names_straggler(o.err));
+    EXPECT_EQ(o.err.find(R"("event":"straggler")"), std::string::npos);
+    EXPECT_NE(o.err.find(R"("straggler":null)"), std::string::npos);  // the epoch record on stderr
   } else {
     EXPECT_EQ(o.epoch["straggler"], 1) << o.epoch.dump();
     ASSERT_EQ(o.stragglers.size(), 1u);
     EXPECT_EQ(o.stragglers[0]["rank"], 1);
+    EXPECT_NE(o.err.find(R"("event":"straggler")"), std::string::npos);
+    EXPECT_NE(o.err.find(R"("straggler":1)"), std::string::npos);
+    EXPECT_EQ(o.err.find("warning: straggler"), std::string::npos);  // JSON instead of the plain warning
   }
 }
