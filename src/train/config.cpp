@@ -80,6 +80,7 @@ const std::vector<Field>& fields() {
       RT_FIELD(comm, collective_timeout_s, "end the job when a collective (or a pipeline stage's receive) waits this long for a rank that never comes (0 = never)"),
       RT_FIELD(comm, deterministic, "static gradient buckets: bitwise-reproducible at any rank count"),
       RT_FIELD(comm, bucket_bytes, "gradient bucket size with comm.deterministic"),
+      RT_FIELD(comm, straggler_factor, "warn naming a rank whose compute takes more than this many times its peers' median (the ranks of its pipeline stage) in 3 consecutive log.interval intervals (0 = off; the epoch record names the slowest rank either way)"),
       RT_FIELD(parallel, pipeline, "pipeline stages (data-parallel size = ranks / (pipeline x tensor))"),
       RT_FIELD(parallel, tensor, "tensor-parallel size: the model splits its layers over this many neighbouring ranks"),
       RT_FIELD(parallel, micro_batches, "micro-batches per step and replica (0 = pipeline); divides data.batch_size"),
@@ -94,7 +95,7 @@ const std::vector<Field>& fields() {
       RT_FIELD(checkpoint, keep, "keep the last K checkpoints of this run (other runs' files are never touched)"),
       RT_FIELD(log, format, "auto | bar | plain | json (step and epoch records as JSON lines on stderr)"),
       RT_FIELD(log, metrics, "JSON-lines metrics file (empty = <checkpoint.dir>/metrics.jsonl)"),
-      RT_FIELD(log, interval, "steps between plain (or json) log lines"),
+      RT_FIELD(log, interval, "steps between plain (or json) log lines and straggler checks"),
   };
   return f;
 }
@@ -292,6 +293,8 @@ void TrainConfig::validate() const {
   range("comm.stall_shutdown_s", comm.stall_shutdown_s, 0, 1e7);
   range("comm.collective_timeout_s", comm.collective_timeout_s, 0, 1e7);
   range("comm.bucket_bytes", static_cast<double>(comm.bucket_bytes), 1, 1LL << 40);
+  RT_CHECK(comm.straggler_factor == 0 || (comm.straggler_factor > 1 && comm.straggler_factor <= 1e6),
+           "configuration key 'comm.straggler_factor' must be 0 (off) or in (1, 1e6], got ", comm.straggler_factor);
   range("checkpoint.every_epochs", checkpoint.every_epochs, 1, kHuge);
   range("checkpoint.every_steps", checkpoint.every_steps, 0, kHuge);
   range("checkpoint.every_s", checkpoint.every_s, 0, 1e9);

@@ -6,6 +6,8 @@
 #include <nlohmann/json.hpp>
 
 #include "ringtrain/core/error.hpp"
+#include "ringtrain/core/log.hpp"
+#include "ringtrain/train/straggler.hpp"
 
 namespace ringtrain {
 
@@ -75,12 +77,16 @@ void Reporter::epoch_end(const EpochMetrics& m) {
   std::string test = m.evaluated ? cat(" | test loss ", fixed(m.test_loss, 4), " acc ", fixed(100 * m.test_accuracy, 2), "%")
                                  : std::string();
   std::string amp = m.loss_scale > 0 ? cat(" | loss scale ", m.loss_scale, ", ", m.skipped_steps, " skipped") : "";
+  std::string slow = m.slowest_rank < 0 ? ""
+                     : cat(" | ", m.straggler ? "straggler" : "slowest", " rank ", m.slowest_rank, ": compute ",
+                           fixed(m.slowest_slowdown, 2), "x the median, others waited ",
+                           fixed(100 * m.slowest_wait_fraction, 0), "% of the step");
   if (!json_)  // json: the epoch record below instead
     std::fprintf(stderr,
                  "epoch %d/%d: train loss %.4f acc %.2f%%%s | %.0f img/s | "
-                 "compute %.1fs, exposed comm %.2fs, data wait %.2fs | lr %.4g%s\n",
+                 "compute %.1fs, exposed comm %.2fs, data wait %.2fs | lr %.4g%s%s\n",
                  m.epoch + 1, epochs_, m.train_loss, 100 * m.train_accuracy, test.c_str(), m.images_per_s, m.compute_s,
-                 m.comm_exposed_s, m.data_wait_s, m.lr, amp.c_str());
+                 m.comm_exposed_s, m.data_wait_s, m.lr, amp.c_str(), slow.c_str());
   std::fflush(stderr);
   if (metrics_ || json_) {
     nlohmann::json j = {{"event", "epoch"},
@@ -98,6 +104,11 @@ void Reporter::epoch_end(const EpochMetrics& m) {
                         {"pipeline_wait_s", m.pipeline_wait_s},
                         {"data_wait_s", m.data_wait_s},
                         {"eval_s", m.eval_s}};
+    const bool slowest = m.slowest_rank >= 0;
+    j["slowest_rank"] = slowest ? nlohmann::json(m.slowest_rank) : nlohmann::json();
+    j["slowest_slowdown"] = slowest ? nlohmann::json(m.slowest_slowdown) : nlohmann::json();
+    j["slowest_wait_fraction"] = slowest ? nlohmann::json(m.slowest_wait_fraction) : nlohmann::json();
+    j["straggler"] = m.straggler ? nlohmann::json(m.slowest_rank) : nlohmann::json();
     if (m.loss_scale > 0) {
       j["loss_scale"] = m.loss_scale;
       j["skipped_steps"] = m.skipped_steps;
@@ -105,6 +116,21 @@ void Reporter::epoch_end(const EpochMetrics& m) {
     if (json_) std::fprintf(stderr, "%s\n", j.dump().c_str());
     json_line(std::move(j));
   }
+}
+
+void Reporter::straggler(const SlowestRank& s, std::int64_t step, int intervals, int interval, double factor) {
+  if (!root_) return;
+  nlohmann::json j = {{"event", "straggler"}, {"rank", s.rank},       {"slowdown", s.slowdown},
+                      {"wait_fraction", s.wait_fraction}, {"step", step}, {"intervals", intervals},
+                      {"interval_steps", interval}, {"factor", factor}};
+  if (bar_) std::fprintf(stderr, "\n");  // off the progress bar's line
+  if (json_) std::fprintf(stderr, "%s\n", j.dump().c_str());
+  else
+    log::warn("straggler: rank ", s.rank, " computed more than comm.straggler_factor = ", factor,
+              " times as long as the median of its peers in each of the last ", intervals, " intervals of ", interval,
+              " steps (up to step ", step, "; ", fixed(s.slowdown, 2), "x in the last); the other ranks spent ",
+              fixed(100 * s.wait_fraction, 0), "% of their step time waiting on it");
+  json_line(std::move(j));
 }
 
 void Reporter::set_run(const std::string& run_id, std::int64_t resumes) {

@@ -151,6 +151,7 @@ double Trainer::Impl::train_step(EpochStats& st) {
   }
   auto t0 = Clock::now();  // reading the batches is data wait, counted by the loader
   const int mine = hooks.stop_signal ? hooks.stop_signal() : 0;
+  if (hooks.in_step) hooks.in_step(pos.step);
   GridStepResult r = gm->train_step(images, labels, pos.step, schedule->lr_at(pos.step), mine != 0, ckpt.time_due());
   st.compute_s += since(t0) - r.timing.reduce_s - r.timing.wait_s();
   st.comm_s += r.timing.reduce_s;
@@ -294,13 +295,18 @@ EpochMetrics Trainer::Impl::train_epoch(int epoch, bool& finished) {
   EpochStats st;
   auto t0 = Clock::now();
   const std::int64_t spe = steps_per_epoch();
+  if (!stragglers)
+    stragglers = std::make_unique<StragglerMonitor>(cfg.comm.straggler_factor, cfg.log.interval, grid->pp_rank());
   finished = true;
   for (std::int64_t s = pos.step_in_epoch; s < spe; ++s) {
     if ((cfg.train.max_steps > 0 && pos.step >= cfg.train.max_steps) || stop_signal) {
       finished = false;
       break;
     }
+    const EpochStats before = st;
     double loss = train_step(st);
+    stragglers->after_step(pos.step, st.compute_s - before.compute_s,
+                           st.comm_s + st.pipeline_wait_s - before.comm_s - before.pipeline_wait_s, world, *reporter);
     RT_CHECK(std::isfinite(loss), "training diverged: loss is ", loss, " at step ", pos.step,
              " (lower optimizer.lr, or enable warm-up with schedule.warmup_epochs)");
     pos.step_in_epoch = s + 1;
@@ -326,6 +332,11 @@ EpochMetrics Trainer::Impl::train_epoch(int epoch, bool& finished) {
   m.data_wait_s = loader->wait_seconds() - wait0;
   m.skipped_steps = st.skipped;
   m.loss_scale = gm->scaler() ? gm->scaler()->scale() : 0.0;
+  const SlowestRank slow = stragglers->epoch(st.compute_s, st.comm_s + st.pipeline_wait_s, world);
+  m.slowest_rank = slow.rank;
+  m.slowest_slowdown = slow.slowdown;
+  m.slowest_wait_fraction = slow.wait_fraction;
+  m.straggler = slow.rank >= 0 && cfg.comm.straggler_factor > 0 && slow.slowdown > cfg.comm.straggler_factor;
   std::vector<double> v = {static_cast<double>(st.correct), static_cast<double>(st.seen)};
   sum_over_ranks(v, world);
   m.train_loss = st.steps ? st.loss_sum / st.steps : 0;

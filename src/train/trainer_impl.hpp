@@ -14,6 +14,7 @@
 #include "ringtrain/parallel/device_runtime.hpp"
 #include "ringtrain/parallel/grid_model.hpp"
 #include "ringtrain/train/state.hpp"
+#include "ringtrain/train/straggler.hpp"
 #include "ringtrain/train/trainer.hpp"
 #include "checkpoint_session.hpp"
 
@@ -39,6 +40,7 @@ struct Trainer::Impl {
   bool save_due = false;          // the last step asked for a checkpoint (checkpoint.every_steps / every_s)
   std::string last_checkpoint;    // path of the last checkpoint written (rank 0)
   Tensor scaler_state;            // f64 [4] on the host: the fp16 loss scale, checkpointed
+  std::unique_ptr<StragglerMonitor> stragglers;  // made in train_epoch's first call
 
   // Per-epoch counters of this rank.
   struct EpochStats {

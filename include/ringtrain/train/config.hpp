@@ -77,6 +77,9 @@ struct TrainConfig {
     // engine's timing-dependent fusion: bitwise-reproducible runs at any rank count.
     bool deterministic = false;
     std::int64_t bucket_bytes = 1 << 20;
+    // A rank whose compute is this many times its peers' median in 3 consecutive
+    // log.interval intervals is named in a warning (0 = off; train/straggler.hpp).
+    double straggler_factor = 1.5;
   } comm;
   struct Parallel {                // process grid (parallel/grid.hpp); DP size = world / (pipeline · tensor)
     int pipeline = 1;              // pipeline stages

@@ -29,7 +29,14 @@ struct EpochMetrics {
   double eval_s = 0;
   std::int64_t skipped_steps = 0;  // fp16: steps skipped for inf/NaN gradients
   double loss_scale = 0;           // fp16: the loss scale at the epoch's end (0 = none)
+  // The rank whose compute was slowest against its peers' median (train/straggler.hpp).
+  int slowest_rank = -1;            // -1: no rank has a peer to compare with
+  double slowest_slowdown = 0;      // its compute seconds / the median of its peers'
+  double slowest_wait_fraction = 0; // of its peers' step time, spent waiting on it
+  bool straggler = false;           // slowest_slowdown > comm.straggler_factor
 };
+
+struct SlowestRank;
 
 class Reporter {
  public:
@@ -43,6 +50,10 @@ class Reporter {
   void epoch_start(int epoch);
   void step(std::int64_t step_in_epoch, double loss, double images_per_s);
   void epoch_end(const EpochMetrics& m);
+  // A rank slower than `factor` x its peers' median compute in `intervals`
+  // consecutive intervals of `interval` steps, up to `step`: a warning (a
+  // JSON record with log.format = json) and a metrics-file record.
+  void straggler(const SlowestRank& s, std::int64_t step, int intervals, int interval, double factor);
   // Every record carries "run" (the run id) and "resume" (0 for a fresh run,
   // k after the k-th resume), so a reader can tell runs and resumes apart.
   void set_run(const std::string& run_id, std::int64_t resumes);

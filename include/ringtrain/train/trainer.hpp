@@ -60,6 +60,9 @@ struct TrainerHooks {
   // Polled once per step: a pending stop signal's number, or 0 (the CLI passes
   // StopSignals::pending; null = never stop). Ranks agree on it at the step's end.
   std::function<int()> stop_signal;
+  // Tests only: called on this rank inside each optimizer step's compute
+  // (counted as compute), e.g. to make one rank a straggler.
+  std::function<void(std::int64_t step)> in_step;
   // Tests only: called after each tensor written to a checkpoint (throw to inject a write error).
   std::function<void(const std::string&)> checkpoint_write_hook;
 };
