@@ -38,6 +38,8 @@ struct Trainer::Impl {
   int stop_signal = 0;            // set when the ranks agreed to stop on a signal (-1: it reached another rank)
   bool save_due = false;          // the last step asked for a checkpoint (checkpoint.every_steps / every_s)
   std::string last_checkpoint;    // path of the last checkpoint written (rank 0)
+  int checkpoints = 0;            // written by save_checkpoint, and the time it paused training
+  double checkpoint_stall_s = 0;
   Tensor scaler_state;            // f64 [4] on the host: the fp16 loss scale, checkpointed
 
   // Per-epoch counters of this rank.
@@ -64,6 +66,7 @@ struct Trainer::Impl {
 
   // trainer_checkpoint.cpp
   NamedTensorList extra_state();  // beside the model: the loss scale
+  void snapshot(NamedTensorList& state);  // rank 0, checkpoint.async: private host copies
   void save_checkpoint(bool force);
   bool load(const std::string& path, bool with_optimizer);  // false: --resume auto found nothing
 };
