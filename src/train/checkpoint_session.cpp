@@ -1,6 +1,7 @@
 #include "checkpoint_session.hpp"
 
 #include <algorithm>
+#include <exception>
 #include <filesystem>
 #include <unordered_map>
 
@@ -121,11 +122,18 @@ std::string CheckpointSession::save(bool force, const GatherWhole& gather_whole_
   if (!force && pos_.epochs_done % cfg_.checkpoint.every_epochs != 0) return "";
   // Gather the whole named state on world rank 0 — collective on every rank.
   // With checkpoint.async it is a private host snapshot: training may change the live state at once.
+  // The previous background write ends first (one snapshot at a time, and its
+  // memory is free to take the next); its error ends the run below, on every rank.
+  std::exception_ptr previous;
+  try {
+    writer_.wait();
+  } catch (...) {
+    previous = std::current_exception();
+  }
   NamedTensorList whole = gather_whole_state_on_rank0();
   std::string path;
   run_on_root(world_, "writing a checkpoint", [&] {
-    // The previous background write first: one snapshot at a time; its error ends the run here, on every rank.
-    writer_.wait();
+    if (previous) std::rethrow_exception(previous);
     CheckpointDir dir(cfg_.checkpoint.dir, cfg_.checkpoint.keep);
     path = dir.path_for(pos_.run_id, pos_.step);
     auto write = [dir, run_id = pos_.run_id, step = pos_.step, hook = hooks_.checkpoint_write_hook,

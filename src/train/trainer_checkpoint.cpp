@@ -29,18 +29,32 @@ void Trainer::Impl::snapshot(NamedTensorList& state) {
       const char* p = static_cast<const char*>(t.raw());
       live.emplace_back(p, p + t.nbytes());
     }
-  for (auto& [name, t] : state) {
+  for (std::size_t i = 0; i < state.size(); ++i) {
+    auto& [name, t] = state[i];
     const char* p = static_cast<const char*>(t.raw());
     const bool shared = !t.device().is_cpu() || std::any_of(live.begin(), live.end(), [&](const auto& r) {
       return p >= r.first && p < r.second;
     });
-    if (shared) t = t.device().is_cpu() ? t.clone() : t.to(Device::cpu());
+    if (!shared) continue;
+    // The last snapshot's buffer (its write is over: CheckpointSession::save waited before
+    // gathering): fresh pages would cost more than the copy itself.
+    if (i < snapshot_pool.size() && snapshot_pool[i].first == name && snapshot_pool[i].second.dtype() == t.dtype() &&
+        snapshot_pool[i].second.shape() == t.shape()) {
+      snapshot_pool[i].second.copy_from(t);
+      t = snapshot_pool[i].second;
+    } else {
+      t = t.device().is_cpu() ? t.clone() : t.to(Device::cpu());
+    }
   }
+  snapshot_pool.clear();
+  for (auto& [name, t] : state) snapshot_pool.emplace_back(name, t);
 }
 
 // Every `checkpoint.every_epochs` epochs, or always with `force` (the run ends:
 // last epoch, train.max_steps, signal).
 void Trainer::Impl::save_checkpoint(bool force) {
+  // The position was just saved (checkpoint.every_steps on train.max_steps' step): the same file again.
+  if (saved_at_step == pos.step) return;
   const auto t0 = Clock::now();
   bool saved = false;
   std::string path = ckpt.save(force, [&] {
@@ -55,6 +69,7 @@ void Trainer::Impl::save_checkpoint(bool force) {
   });
   if (!path.empty()) last_checkpoint = path;
   if (saved) {
+    saved_at_step = pos.step;
     ++checkpoints;
     checkpoint_stall_s += std::chrono::duration<double>(Clock::now() - t0).count();
   }

@@ -40,6 +40,8 @@ struct Trainer::Impl {
   std::string last_checkpoint;    // path of the last checkpoint written (rank 0)
   int checkpoints = 0;            // written by save_checkpoint, and the time it paused training
   double checkpoint_stall_s = 0;
+  std::int64_t saved_at_step = -1; // the step of this process's last checkpoint
+  NamedTensorList snapshot_pool;  // rank 0, checkpoint.async: the last snapshot, reused by the next
   Tensor scaler_state;            // f64 [4] on the host: the fp16 loss scale, checkpointed
 
   // Per-epoch counters of this rank.
