@@ -3,9 +3,9 @@
 #include <fcntl.h>
 #include <hdf5.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <algorithm>
-#include <array>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -96,19 +96,21 @@ std::string space_hint(const fs::path& dir) {
   return cat(" (", s.available / 1024, " KiB free on '", dir.string(), "')");
 }
 
-void write_tensors(hid_t file, const std::string& path, const CheckpointData& data, const CheckpointWriteHook& hook);
+void write_tensors(hid_t file, const std::string& path, const CheckpointData& data,
+                   const std::vector<std::uint32_t>& crcs, const CheckpointWriteHook& hook);
 
 // Builds the HDF5 file in memory (the core driver, no backing store) and
 // returns its bytes. HDF5 never touches the disk: a full disk is a plain
 // write() error below, and HDF5 is not left holding a half-flushed file.
-std::vector<char> build_image(const std::string& path, const CheckpointData& data, const CheckpointWriteHook& hook) {
+std::vector<char> build_image(const std::string& path, const CheckpointData& data,
+                              const std::vector<std::uint32_t>& crcs, const CheckpointWriteHook& hook) {
   std::vector<char> image;
   H5 fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
   H5Pset_fapl_core(fapl, 1 << 20, 0);
   {
     H5 file(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl), H5Fclose);
     RT_CHECK(file.id >= 0, "checkpoint '", path, "': cannot create the HDF5 image in memory");
-    write_tensors(file, path, data, hook);
+    write_tensors(file, path, data, crcs, hook);
     RT_CHECK(H5Fflush(file, H5F_SCOPE_GLOBAL) >= 0, "checkpoint '", path, "': HDF5 flush failed");
     ssize_t n = H5Fget_file_image(file, nullptr, 0);
     RT_CHECK(n > 0, "checkpoint '", path, "': cannot get the HDF5 image");
@@ -142,13 +144,15 @@ void write_bytes(const std::string& tmp, const std::string& path, const std::vec
   RT_CHECK(rc == 0, "checkpoint '", path, "': fsync failed: ", std::strerror(e), space_hint(parent));
 }
 
-void write_tensors(hid_t file, const std::string& path, const CheckpointData& data, const CheckpointWriteHook& hook) {
+void write_tensors(hid_t file, const std::string& path, const CheckpointData& data,
+                   const std::vector<std::uint32_t>& crcs, const CheckpointWriteHook& hook) {
   write_string_attr(file, "schema", kCheckpointSchema);
   write_string_attr(file, "config", data.config_toml);
   H5 lcpl(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
   H5Pset_create_intermediate_group(lcpl, 1);
   H5 group(H5Gcreate2(file, "tensors", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
-  for (const auto& [name, t] : data.tensors) {
+  for (std::size_t i = 0; i < data.tensors.size(); ++i) {
+    const auto& [name, t] = data.tensors[i];
     Tensor host = t.device().is_cpu() ? t : t.to(Device::cpu());
     std::vector<hsize_t> dims;
     for (auto d : host.shape()) dims.push_back(static_cast<hsize_t>(d));
@@ -160,7 +164,7 @@ void write_tensors(hid_t file, const std::string& path, const CheckpointData& da
       RT_CHECK(H5Dwrite(ds, h5_type(host.dtype()), H5S_ALL, H5S_ALL, H5P_DEFAULT, host.raw()) >= 0,
                "checkpoint '", path, "': cannot write tensor '", name, "'");
     write_string_attr(ds, "dtype", dtype_name(host.dtype()));
-    write_int_attr(ds, "crc32", crc32(host.raw(), host.nbytes()));
+    write_int_attr(ds, "crc32", crcs[i]);
     if (hook) hook(name);
   }
   H5 scalars(H5Gcreate2(file, "scalars", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
@@ -204,28 +208,31 @@ std::int64_t first_non_finite(const Tensor& t) {
 }  // namespace
 
 std::uint32_t crc32(const void* data, std::size_t bytes, std::uint32_t crc) {
-  static const auto table = [] {
-    std::array<std::uint32_t, 256> t{};
-    for (std::uint32_t i = 0; i < 256; ++i) {
-      std::uint32_t c = i;
-      for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-      t[i] = c;
-    }
-    return t;
-  }();
-  const auto* p = static_cast<const unsigned char*>(data);
-  crc = ~crc;
-  for (std::size_t i = 0; i < bytes; ++i) crc = table[(crc ^ p[i]) & 0xFF] ^ (crc >> 8);
-  return ~crc;
+  // zlib's (the same IEEE CRC-32): several GB/s, so a large state's checksum is not the write's bottleneck.
+  const auto* p = static_cast<const Bytef*>(data);
+  uLong c = crc;
+  while (bytes > 0) {
+    const uInt n = static_cast<uInt>(std::min<std::size_t>(bytes, 1u << 30));
+    c = ::crc32(c, p, n);
+    p += n;
+    bytes -= n;
+  }
+  return static_cast<std::uint32_t>(c);
 }
 
 void write_checkpoint(const std::string& path, const CheckpointData& data, const CheckpointWriteHook& hook) {
+  // Checksums before taking the HDF5 lock: it also stalls the loader's reads.
+  std::vector<std::uint32_t> crcs;
+  for (const auto& [name, t] : data.tensors) {
+    Tensor host = t.device().is_cpu() ? t : t.to(Device::cpu());
+    crcs.push_back(crc32(host.raw(), host.nbytes()));
+  }
   std::vector<char> image;
   {
     // HDF5 1.10 is not thread-safe and the loader's prefetch thread reads concurrently.
     std::lock_guard lock(data::hdf5_mutex());
     H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
-    image = build_image(path, data, hook);
+    image = build_image(path, data, crcs, hook);
   }
   fs::path target(path);
   if (target.has_parent_path()) fs::create_directories(target.parent_path());
@@ -365,12 +372,16 @@ std::vector<CheckpointDir::Entry> CheckpointDir::list() const {
   return out;
 }
 
-std::string CheckpointDir::save(const std::string& run_id, std::int64_t step, const CheckpointData& data,
-                                const CheckpointWriteHook& hook) {
+std::string CheckpointDir::path_for(const std::string& run_id, std::int64_t step) const {
   RT_CHECK(!run_id.empty(), "CheckpointDir::save needs a run id");
   char name[128];
   std::snprintf(name, sizeof name, "ckpt-%s-s%09lld.h5", run_id.c_str(), static_cast<long long>(step));
-  std::string path = (fs::path(dir_) / name).string();
+  return (fs::path(dir_) / name).string();
+}
+
+std::string CheckpointDir::save(const std::string& run_id, std::int64_t step, const CheckpointData& data,
+                                const CheckpointWriteHook& hook) {
+  const std::string path = path_for(run_id, step);
   write_checkpoint(path, data, hook);
   // Rotation within this run only, by step (the newest `keep` survive).
   std::vector<Entry> mine;

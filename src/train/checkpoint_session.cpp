@@ -1,6 +1,7 @@
 #include "checkpoint_session.hpp"
 
 #include <algorithm>
+#include <exception>
 #include <filesystem>
 #include <unordered_map>
 
@@ -120,16 +121,39 @@ std::string CheckpointSession::save(bool force, const GatherWhole& gather_whole_
   if (cfg_.checkpoint.dir.empty()) return "";
   if (!force && pos_.epochs_done % cfg_.checkpoint.every_epochs != 0) return "";
   // Gather the whole named state on world rank 0 — collective on every rank.
+  // With checkpoint.async it is a private host snapshot: training may change the live state at once.
+  // The previous background write ends first (one snapshot at a time, and its
+  // memory is free to take the next); its error ends the run below, on every rank.
+  std::exception_ptr previous;
+  try {
+    writer_.wait();
+  } catch (...) {
+    previous = std::current_exception();
+  }
   NamedTensorList whole = gather_whole_state_on_rank0();
   std::string path;
   run_on_root(world_, "writing a checkpoint", [&] {
+    if (previous) std::rethrow_exception(previous);
     CheckpointDir dir(cfg_.checkpoint.dir, cfg_.checkpoint.keep);
-    path = dir.save(pos_.run_id, pos_.step, checkpoint_data(std::move(whole), cfg_, pos_),
-                    hooks_.checkpoint_write_hook);
+    path = dir.path_for(pos_.run_id, pos_.step);
+    auto write = [dir, run_id = pos_.run_id, step = pos_.step, hook = hooks_.checkpoint_write_hook,
+                  report = hooks_.report, data = checkpoint_data(std::move(whole), cfg_, pos_)] {
+      const auto t0 = std::chrono::steady_clock::now();
+      std::string written = CheckpointDir(dir).save(run_id, step, data, hook);
+      if (report)
+        log::info("checkpoint written: ", written, " (",
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), " s)");
+    };
+    if (cfg_.checkpoint.async) writer_.submit(std::move(write));
+    else write();
   });
-  if (world_.rank() == 0 && hooks_.report) log::info("checkpoint written: ", path);
   last_save_ = std::chrono::steady_clock::now();
   return path;
+}
+
+void CheckpointSession::finish() {
+  if (cfg_.checkpoint.dir.empty()) return;
+  run_on_root(world_, "finishing the checkpoint write", [&] { writer_.wait(); });
 }
 
 // Every wanted name exists with its dtype and shape, and (collectively) every

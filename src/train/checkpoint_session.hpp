@@ -27,6 +27,7 @@
 #include "ringtrain/comm/communicator.hpp"
 #include "ringtrain/train/state.hpp"
 #include "ringtrain/train/trainer.hpp"
+#include "async_writer.hpp"
 
 namespace ringtrain {
 
@@ -52,8 +53,13 @@ class CheckpointSession {
   using GatherWhole = std::function<NamedTensorList()>;
   // Writes the position as it stands every checkpoint.every_epochs epochs, or
   // always with `force`. Collective. Returns the path on rank 0, "" elsewhere
-  // or when nothing was written.
+  // or when nothing was written. With checkpoint.async the gathered tensors
+  // must be a private snapshot: the file is written in the background (the
+  // path is durable after the next save() or finish()); a failed background
+  // write is an Error on every rank at the next save() or finish().
   std::string save(bool force, const GatherWhole& gather_whole_state_on_rank0);
+  // Collective: waits until the last checkpoint is durable (the run's end, a stop).
+  void finish();
 
   struct Restore {
     // Every rank: the names it takes from a checkpoint, with their WHOLE dtype and
@@ -104,6 +110,7 @@ class CheckpointSession {
   bool resumed_ = false;
   LoadedCheckpoint loaded_;
   std::chrono::steady_clock::time_point last_save_ = std::chrono::steady_clock::now();
+  AsyncWriter writer_;  // checkpoint.async: the background write (last member: joined first)
 };
 
 }  // namespace ringtrain

@@ -93,6 +93,7 @@ const std::vector<Field>& fields() {
       RT_FIELD(checkpoint, every_steps, "also write one every N optimizer steps, at the exact position inside an epoch (0 = off)"),
       RT_FIELD(checkpoint, every_s, "also write one after the step during which this many seconds passed since the last (rank 0's clock, agreed in the step's all-reduce; 0 = off)"),
       RT_FIELD(checkpoint, keep, "keep the last K checkpoints of this run (other runs' files are never touched)"),
+      RT_FIELD(checkpoint, async, "true: training stops only to copy the state to host memory; a background thread writes the file (atomically, checksummed). A save while the previous write is in flight waits for it. The run's end and a stop wait until the file is durable. false: write before the next step"),
       RT_FIELD(log, format, "auto | bar | plain | json (step and epoch records as JSON lines on stderr)"),
       RT_FIELD(log, metrics, "JSON-lines metrics file (empty = <checkpoint.dir>/metrics.jsonl)"),
       RT_FIELD(log, interval, "steps between plain (or json) log lines and straggler checks"),

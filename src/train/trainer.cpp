@@ -255,6 +255,7 @@ TrainResult Trainer::Impl::fit() {
     if (!finished) {
       // Stopped inside the epoch (train.max_steps or a signal): save the exact position.
       save_checkpoint(true);
+      ckpt.finish();  // exit 75 only once the file is durable
       if (stop_signal) ckpt.announce_stop(stop_signal, pos.step_in_epoch, steps_per_epoch(), last_checkpoint);
       break;
     }
@@ -265,6 +266,7 @@ TrainResult Trainer::Impl::fit() {
     // Save before evaluating: a problem in the test data must not cost the epoch.
     save_checkpoint(stopping || limit_hit() || pos.epochs_done == cfg.train.epochs || save_due);
     if (stopping) {
+      ckpt.finish();
       reporter->epoch_end(m);
       res.last = m;
       ckpt.announce_stop(stop_signal, 0, steps_per_epoch(), last_checkpoint);
@@ -278,10 +280,13 @@ TrainResult Trainer::Impl::fit() {
     reporter->epoch_end(m);
     res.last = m;
   }
+  ckpt.finish();  // the last checkpoint is durable before fit() returns
   res.steps = pos.step;
   // A signal that came after the last step changes nothing: the run finished.
   res.stopped_by_signal = pos.epochs_done == cfg.train.epochs ? 0 : stop_signal;
   res.checkpoint = last_checkpoint;
+  res.checkpoints = checkpoints;
+  res.checkpoint_stall_s = checkpoint_stall_s;
   return res;
 }
 
@@ -367,6 +372,7 @@ std::string Trainer::save_checkpoint() {
   RT_CHECK(!config().checkpoint.dir.empty(), "Trainer::save_checkpoint: checkpoint.dir is not set");
   impl_->ckpt.start_run();
   impl_->save_checkpoint(true);
+  impl_->ckpt.finish();
   return impl_->last_checkpoint;
 }
 LoadedCheckpoint Trainer::load_weights(const std::string& path) {

@@ -2,6 +2,8 @@
 // checking them is checkpoint_session.cpp): what the state is on every layout
 // and how it is restored. The grid model hands over its state per parameter,
 // tensor shards whole and ZeRO-1 slices gathered, so one file serves every layout.
+#include <algorithm>
+
 #include "ringtrain/train/checkpoint.hpp"
 #include "trainer_impl.hpp"
 
@@ -16,17 +18,61 @@ NamedTensorList Trainer::Impl::extra_state() {
   return s;
 }
 
+// checkpoint.async: the gathered tensors become a private host snapshot. A
+// tensor received from another rank, gathered from shards or copied off the
+// GPU is one already; a view of this rank's live host memory (its parameters,
+// buffers, optimizer state) is copied, so its bytes are copied exactly once.
+void Trainer::Impl::snapshot(NamedTensorList& state) {
+  std::vector<std::pair<const char*, const char*>> live;
+  for (auto& [name, t] : gm->replicated_state())
+    if (t.device().is_cpu() && t.nbytes()) {
+      const char* p = static_cast<const char*>(t.raw());
+      live.emplace_back(p, p + t.nbytes());
+    }
+  for (std::size_t i = 0; i < state.size(); ++i) {
+    auto& [name, t] = state[i];
+    const char* p = static_cast<const char*>(t.raw());
+    const bool shared = !t.device().is_cpu() || std::any_of(live.begin(), live.end(), [&](const auto& r) {
+      return p >= r.first && p < r.second;
+    });
+    if (!shared) continue;
+    // The last snapshot's buffer (its write is over: CheckpointSession::save waited before
+    // gathering): fresh pages would cost more than the copy itself.
+    if (i < snapshot_pool.size() && snapshot_pool[i].first == name && snapshot_pool[i].second.dtype() == t.dtype() &&
+        snapshot_pool[i].second.shape() == t.shape()) {
+      snapshot_pool[i].second.copy_from(t);
+      t = snapshot_pool[i].second;
+    } else {
+      t = t.device().is_cpu() ? t.clone() : t.to(Device::cpu());
+    }
+  }
+  snapshot_pool.clear();
+  for (auto& [name, t] : state) snapshot_pool.emplace_back(name, t);
+}
+
 // Every `checkpoint.every_epochs` epochs, or always with `force` (the run ends:
 // last epoch, train.max_steps, signal).
 void Trainer::Impl::save_checkpoint(bool force) {
+  // The position was just saved (checkpoint.every_steps on train.max_steps' step): the same file again.
+  if (saved_at_step == pos.step) return;
+  const auto t0 = Clock::now();
+  bool saved = false;
   std::string path = ckpt.save(force, [&] {
     // World rank 0 gathers every stage's whole state (collective on every rank).
+    saved = true;
     NamedTensorList all = gm->gather_whole_state(0);
-    if (world.rank() == 0)
-      for (auto& e : extra_state()) all.push_back(e);
+    if (world.rank() == 0) {
+      for (auto& e : extra_state()) all.emplace_back(e.first, e.second.clone());  // small, and live
+      if (cfg.checkpoint.async) snapshot(all);
+    }
     return all;
   });
   if (!path.empty()) last_checkpoint = path;
+  if (saved) {
+    saved_at_step = pos.step;
+    ++checkpoints;
+    checkpoint_stall_s += std::chrono::duration<double>(Clock::now() - t0).count();
+  }
 }
 
 // Every rank receives the checkpoint; each checks and takes the names it owns

@@ -39,6 +39,10 @@ struct Trainer::Impl {
   int stop_signal = 0;            // set when the ranks agreed to stop on a signal (-1: it reached another rank)
   bool save_due = false;          // the last step asked for a checkpoint (checkpoint.every_steps / every_s)
   std::string last_checkpoint;    // path of the last checkpoint written (rank 0)
+  int checkpoints = 0;            // written by save_checkpoint, and the time it paused training
+  double checkpoint_stall_s = 0;
+  std::int64_t saved_at_step = -1; // the step of this process's last checkpoint
+  NamedTensorList snapshot_pool;  // rank 0, checkpoint.async: the last snapshot, reused by the next
   Tensor scaler_state;            // f64 [4] on the host: the fp16 loss scale, checkpointed
   std::unique_ptr<StragglerMonitor> stragglers;  // made in train_epoch's first call
 
@@ -66,6 +70,7 @@ struct Trainer::Impl {
 
   // trainer_checkpoint.cpp
   NamedTensorList extra_state();  // beside the model: the loss scale
+  void snapshot(NamedTensorList& state);  // rank 0, checkpoint.async: private host copies
   void save_checkpoint(bool force);
   bool load(const std::string& path, bool with_optimizer);  // false: --resume auto found nothing
 };

@@ -35,7 +35,8 @@ struct CheckpointData {
 };
 
 // Test hook: when set, write_checkpoint calls it after each tensor is written
-// (a thrown Error simulates a failed write, e.g. ENOSPC).
+// (a thrown Error simulates a failed write, e.g. ENOSPC). With checkpoint.async
+// it runs on the background writer's thread.
 using CheckpointWriteHook = std::function<void(const std::string& tensor)>;
 
 void write_checkpoint(const std::string& path, const CheckpointData& data, const CheckpointWriteHook& hook = {});
@@ -61,6 +62,7 @@ class CheckpointDir {
   CheckpointDir(std::string dir, int keep);
   std::string save(const std::string& run_id, std::int64_t step, const CheckpointData& data,
                    const CheckpointWriteHook& hook = {});  // returns the path
+  std::string path_for(const std::string& run_id, std::int64_t step) const;  // the file save() writes
   std::vector<Entry> list() const;   // newest first (write time, then step)
   std::string latest() const;        // newest file, intact or not; "" when none
   // Removes temporary files left by an interrupted write of run `run_id`; returns how many.

@@ -96,6 +96,7 @@ struct TrainConfig {
     int every_steps = 0;           // also every N optimizer steps, mid-epoch too (0 = off)
     double every_s = 0;            // also when this many seconds passed since the last one (0 = off)
     int keep = 3;
+    bool async = true;             // snapshot to host memory, write in a background thread
   } checkpoint;
   struct Log {
     std::string format = "auto";   // auto (bar on a terminal, plain otherwise) | bar | plain | json (JSON lines)

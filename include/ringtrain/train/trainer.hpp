@@ -48,6 +48,10 @@ struct TrainResult {
   // after writing a checkpoint at the exact position; the CLI exits with 75.
   int stopped_by_signal = 0;
   std::string checkpoint;     // the last checkpoint written ("" if none)
+  // Checkpoints written by fit() and the time training paused for them on this
+  // rank (gather, host snapshot; with checkpoint.async not the write itself).
+  int checkpoints = 0;
+  double checkpoint_stall_s = 0;
 };
 
 struct TrainerHooks {

@@ -1,0 +1,70 @@
+#include "async_writer.hpp"
+
+#include <utility>
+
+#include "ringtrain/core/error.hpp"
+#include "ringtrain/core/log.hpp"
+
+namespace ringtrain {
+
+AsyncWriter::~AsyncWriter() {
+  {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return !job_ && !running_; });  // the write in flight completes
+    quit_ = true;
+    // Only reached with an error pending when the run is already ending on another one.
+    if (error_) try {
+        std::rethrow_exception(error_);
+      } catch (const std::exception& e) {
+        log::error("background checkpoint write failed: ", e.what());
+      }
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void AsyncWriter::submit(std::function<void()> job) {
+  wait();
+  {
+    std::lock_guard lock(mu_);
+    job_ = std::move(job);
+    if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
+  }
+  cv_.notify_all();
+}
+
+void AsyncWriter::wait() {
+  std::unique_lock lock(mu_);
+  cv_.wait(lock, [&] { return !job_ && !running_; });
+  if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+}
+
+bool AsyncWriter::busy() const {
+  std::lock_guard lock(mu_);
+  return job_ || running_;
+}
+
+void AsyncWriter::loop() {
+  std::unique_lock lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [&] { return quit_ || job_; });
+    if (!job_) return;  // quit_ with nothing left to write
+    std::function<void()> job = std::move(job_);
+    job_ = nullptr;
+    running_ = true;
+    lock.unlock();
+    std::exception_ptr err;
+    try {
+      job();
+    } catch (...) {
+      err = std::current_exception();
+    }
+    job = nullptr;  // the snapshot is freed before anyone waiting is told
+    lock.lock();
+    running_ = false;
+    error_ = err;
+    cv_.notify_all();
+  }
+}
+
+}  // namespace ringtrain
