@@ -89,7 +89,7 @@ splits() {
 alive_nodes() {  # the allocation's nodes that run a one-task step within PROBE_S seconds
     local n
     for n in "${nodes[@]}"; do
-        timeout "$PROBE_S" srun --nodes=1 --ntasks=1 --nodelist="$n" --time=1 true >/dev/null 2>&1 && echo "$n"
+        timeout "$PROBE_S" srun --overlap --nodes=1 --ntasks=1 --nodelist="$n" --time=1 true >/dev/null 2>&1 && echo "$n"
     done
 }
 
@@ -104,6 +104,9 @@ last_step() { awk '/^epoch [0-9]+\/[0-9]+ step [0-9]+\/[0-9]+ /{split($2,e,"/");
 # resumed_at LOG: the global step of the checkpoint the step loaded ("" when it started fresh).
 resumed_at() { sed -n 's/.*loaded checkpoint .*global step \([0-9]*\)).*/\1/p' "$1" | tail -1; }
 
+# A step that lost a node never completes in slurmctld's eyes (until the node is marked down) and
+# keeps its CPUs: later steps share them (srun --overlap; SLURM_OVERLAP reaches mpirun's srun too).
+export SLURM_OVERLAP=1
 use=("${nodes[@]}")
 launches=0 lost_total=0 prev_log=
 say "job $SLURM_JOB_ID: ${#nodes[@]} node(s) (${nodes[*]}), $TPN rank(s) per node, global batch $G, checkpoints in $CKPT_DIR; up to $MAX_RELAUNCHES relaunch(es), at least $MIN_NODES node(s)"
