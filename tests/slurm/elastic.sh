@@ -2,7 +2,7 @@
 # CTest slurm/elastic: a 3-node job of jobs/sbatch_elastic.sh loses a node mid-run (every process of
 # emulated node3 killed: its slurmd and its rank) and finishes on the 2 nodes left: the step is
 # relaunched at 2 ranks from the last checkpoint with --resume auto, the final checkpoint's step
-# count is the uninterrupted 3-node job's, the last loss matches it (the same global batch and
+# count is the uninterrupted 3-node job's, every loss after the resumed step matches its (the same global batch and
 # data order: data.global_batch), and the lost steps are reported and at most
 # checkpoint.every_steps. Usage: elastic.sh SRC_DIR RINGTRAIN_BIN (inside cluster.sh run 3 -- ...)
 set -uo pipefail
@@ -10,14 +10,16 @@ SRC=$1; BIN=$2
 . "$(dirname "$0")/lib.sh"
 WORK=$(mktemp -d /tmp/rt-slurm-elastic.XXXXXX); trap 'rm -rf "$WORK"' EXIT
 NODE3=${RT_SLURM_NAME:?}3   # node3's network namespace (cluster.sh)
-STEPS=120 EVERY=20
+STEPS=300 EVERY=20
 export BIN PROBE_S=10 MAX_RELAUNCHES=2 MIN_NODES=2
-"$BIN" prepare --dataset synthetic --samples 7680 --test-samples 64 --channels 1 --height 28 --width 28 \
-    --out "$WORK/data" > /dev/null || exit 1
+[ -f "$SRC/data/fashion-mnist/fashion-mnist-train.h5" ] ||
+    "$BIN" prepare --dataset fashion-mnist --out "$SRC/data/fashion-mnist" >/dev/null || exit 1
 sb=(-N 3 --ntasks-per-node=1 --cpus-per-task=1 --time=00:10:00)
-# Global batch 48: 16 per rank on 3 nodes, 24 on 2; 160 steps per epoch.
-args=(--set data.train="$WORK/data" --set data.test="$WORK/data" --set data.global_batch=48
-      --set train.epochs=1 --set train.max_steps=$STEPS --set comm.deterministic=true
+# `mlp` + AdamW on Fashion-MNIST, global batch 48: 16 per rank on 3 nodes, 24 on 2. (With the
+# README's `cnn` + SGD at lr 0.05 and momentum 0.9 the rounding differences of the other sum order
+# grow to ~1e-2 in the loss after 80 steps: that trajectory is chaotic, not wrong.)
+args=(--set model.name=mlp --set optimizer.name=adamw --set optimizer.nesterov=false --set optimizer.lr=0.001
+      --set data.global_batch=48 --set train.epochs=1 --set train.max_steps=$STEPS --set comm.deterministic=true
       --set checkpoint.every_steps=$EVERY --set checkpoint.keep=20 --set log.interval=1 --no-eval)
 
 ref=$(CKPT_DIR=$WORK/ref submit "${sb[@]}" --output="$WORK/ref-%j.out" jobs/sbatch_elastic.sh "${args[@]}")
@@ -46,9 +48,23 @@ run_step=$(/usr/bin/python3 -c "import h5py,sys;print(h5py.File(sys.argv[1],'r')
 check "final checkpoint at step $run_step = the uninterrupted job's $ref_step" test "$run_step" = "$ref_step" -a "$ref_step" = $STEPS
 lost=$(sed -n 's/.*: \([0-9]*\) step(s) lost and trained again.*/\1/p' "$out" | tail -1)
 check "lost steps reported (${lost:-none}) and at most checkpoint.every_steps = $EVERY" test -n "$lost" -a "${lost:-99}" -le $EVERY
-last() { grep -E "^epoch 1/1 step $STEPS/" "$1" | tail -1 | awk '{print $6}'; }
-check "last loss $(last "$out") follows the uninterrupted job's $(last "$WORK/ref-$ref.out") (2e-4)" \
-    /usr/bin/python3 -c "import sys; a, b = map(float, sys.argv[1:]); sys.exit(abs(a - b) > 2e-4)" \
-    "$(last "$out")" "$(last "$WORK/ref-$ref.out")"
+# Every step's loss from the resumed step on, against the uninterrupted job's (the last line of
+# a step wins: the relaunch logs again the steps it recomputes).
+losses() { sed -n 's/^epoch 1\/1 step \([0-9]*\)\/[0-9]* loss \([0-9.]*\) .*/\1 \2/p' "$1"; }
+resumed=$(sed -n 's/.*launch 1 resumed at step \([0-9]*\);.*/\1/p' "$out")
+cmp=$(/usr/bin/python3 - "$resumed" <(losses "$WORK/ref-$ref.out") <(losses "$out") <<'EOF'
+import sys
+start = int(sys.argv[1] or 10**9)
+ref, run = (dict(l.split() for l in open(p)) for p in sys.argv[2:4])
+steps = [s for s in map(str, range(start + 1, 10**5)) if s in ref]
+diff = max((abs(float(ref[s]) - float(run.get(s, "inf"))) for s in steps), default=float("inf"))
+print(len(steps), diff, ref[steps[-1]] if steps else "?")
+EOF
+)
+read -r n diff last_loss <<< "$cmp"
+check "the $n losses after resuming (to $last_loss) follow the uninterrupted job's: max difference $diff <= 2e-4" \
+    /usr/bin/python3 -c "import sys; sys.exit(not (int(sys.argv[1]) >= 200 and float(sys.argv[2]) <= 2e-4 and float(sys.argv[3]) > 0.05))" \
+    "$n" "$diff" "$last_loss"
+grep -E '^\[sbatch_elastic|continuing at' "$out"
 echo "elastic: node3 killed at ${at_kill:-?}; $lost step(s) lost (checkpoint.every_steps = $EVERY); finished at step $run_step on 2 nodes"
 echo "1 passed, 0 failed"

@@ -6,8 +6,9 @@
 // data 2 x pipeline 2 -> data 2, data 4 -> tensor 2, and data 2 -> tensor 2 at
 // 2 ranks. The derived batch and accumulation follow the documented rule; a
 // global batch without an exact split is an error naming the keys on every
-// rank; a checkpoint written before run identities is still found at its own
-// layout (by its fingerprint) and only there.
+// rank; another number of steps per epoch (a padded tail) is refused; a
+// checkpoint written before run identities is still found at its own layout
+// (by its fingerprint) and only there.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -171,6 +172,27 @@ TEST_F(ElasticResume, GlobalBatchSplitsByTheRule) {
   EXPECT_NE(m.find("data.global_batch = 25 has no exact split"), std::string::npos) << m;
   EXPECT_NE(m.find("data-parallel size " + std::to_string(n)), std::string::npos) << m;
   EXPECT_NE(m.find("train.accumulation"), std::string::npos) << m;
+}
+
+// With a padded tail (data.drop_last = false) another accumulation pads
+// another number of micro-batches: 256 samples in global batches of 48 are 6
+// steps at accumulation 1 (ceil(256 / 48)) but 5 at accumulation 2 (11 micro-
+// batches of 24): resuming is refused on every rank, saying so.
+TEST_F(ElasticResume, AnotherStepCountPerEpochIsRefused) {
+  const std::string dir = data_ + "/pad";
+  TrainConfig c = run_config(data_, {}, dir);
+  c.data.global_batch = 48;
+  c.data.drop_last = false;
+  c.train.max_steps = 2;
+  Trainer(c, world_, quiet()).fit();
+  world_.barrier();
+  c.train.accumulation = 2;
+  const std::string m = error_of([&] {
+    Trainer t(c, world_, quiet());
+    t.resume(dir);
+  });
+  EXPECT_NE(m.find("optimizer steps per epoch 6 -> 5"), std::string::npos) << m;
+  EXPECT_NE(m.find("data.drop_last"), std::string::npos) << m;
 }
 
 // A checkpoint written before run identities (no run_identity string) is
