@@ -30,7 +30,7 @@ id=$(CKPT_DIR=$WORK/run submit "${sb[@]}" --output="$WORK/run-%j.out" jobs/sbatc
 out=$WORK/run-$id.out
 # Kill node3 once the job is past its second checkpoint and before its end.
 end=$((SECONDS + 240))
-until grep -qE "^epoch 1/1 step (4[5-9]|[5-9][0-9])/" "$out" 2>/dev/null || [ $SECONDS -ge $end ]; do sleep 0.05; done
+until grep -qE "^epoch 1/1 step (4[5-9]|[5-9][0-9]|[1-3][0-9][0-9])/" "$out" 2>/dev/null || [ $SECONDS -ge $end ]; do sleep 0.05; done
 check "job $id is training on 3 ranks" grep -q 'launch 0: 3 rank(s) on 3 node(s)' "$out"
 pids=$(ip netns pids "$NODE3" | tr '\n' ' ')
 check "node3 runs processes (slurmd and a rank)" test -n "$pids"
