@@ -73,7 +73,8 @@ CheckpointSession::CheckpointSession(const TrainConfig& cfg, const Communicator&
                                      RunPosition& pos)
     : cfg_(cfg), world_(world), hooks_(hooks), pos_(pos) {}
 
-void CheckpointSession::describe_run(std::int64_t params, int pipeline, int tensor, int data_parallel) {
+void CheckpointSession::describe_run(std::int64_t params, int pipeline, int tensor, int data_parallel,
+                                     std::int64_t steps_per_epoch) {
   pos_.ranks = world_.size();
   pos_.seed = static_cast<std::int64_t>(cfg_.train.seed);
   pos_.batch_size = cfg_.data.batch_size;
@@ -82,7 +83,10 @@ void CheckpointSession::describe_run(std::int64_t params, int pipeline, int tens
   pos_.pipeline = pipeline;
   pos_.tensor = tensor;
   pos_.data_parallel = data_parallel;
+  pos_.steps_per_epoch = steps_per_epoch;
   pos_.fingerprint = run_state::fingerprint(cfg_, world_.size());
+  pos_.identity = run_state::run_identity(
+      cfg_, std::int64_t{cfg_.data.batch_size} * data_parallel * cfg_.train.accumulation);
 }
 
 void CheckpointSession::create_dir() {
@@ -192,12 +196,14 @@ void CheckpointSession::check_names(const CheckpointData& ck, const NamedTensorL
 void CheckpointSession::log_layout_change(const RunPosition& ck) const {
   if (world_.rank() != 0) return;
   if (ck.pipeline == pos_.pipeline && ck.tensor == pos_.tensor && ck.data_parallel == pos_.data_parallel &&
-      ck.ranks == pos_.ranks)
+      ck.ranks == pos_.ranks && ck.batch_size == pos_.batch_size && ck.accumulation == pos_.accumulation)
     return;
   log::info("checkpoint written at ", layout_str(ck.pipeline, ck.tensor, ck.data_parallel, ck.ranks),
             ", continuing at ", layout_str(pos_.pipeline, pos_.tensor, pos_.data_parallel, pos_.ranks),
-            ": parameters and optimizer state resharded bitwise, the same data order and schedule (global batch ",
-            pos_.batch_size * pos_.data_parallel, "); sums run in another order, so losses follow up to rounding");
+            " (data.batch_size ", ck.batch_size, " -> ", pos_.batch_size, ", train.accumulation ", ck.accumulation,
+            " -> ", pos_.accumulation, "): parameters and optimizer state resharded bitwise, the same data order and "
+            "schedule (global batch ", pos_.batch_size * pos_.data_parallel * pos_.accumulation,
+            "); sums run in another order, so losses follow up to rounding");
 }
 
 bool CheckpointSession::load(const std::string& path, bool with_optimizer, const Restore& restore,
@@ -216,17 +222,25 @@ bool CheckpointSession::load(const std::string& path, bool with_optimizer, const
         log::info("--resume auto: no checkpoint in ", where, ": starting a new run");
         return;
       }
+      // The same run at any layout; a file from before run identities: the same
+      // configuration, layout and rank count.
       accept = [&](const CheckpointData& d) {
+        auto id = d.strings.find("run_identity");
+        if (id != d.strings.end() && !id->second.empty()) {
+          RT_CHECK(id->second == pos_.identity, "written by another run (another model, data, optimizer, seed or "
+                   "global batch; the layout may differ)");
+          return;
+        }
         auto it = d.strings.find("fingerprint");
         RT_CHECK(it != d.strings.end() && it->second == pos_.fingerprint,
-                 "written by a run of another configuration, layout or rank count");
+                 "written before run identities by a run of another configuration, layout or rank count");
       };
     }
     try {
       f = find_intact_checkpoint(where, accept);
     } catch (const Error& e) {
       if (!automatic) throw;
-      log::info("--resume auto: no usable checkpoint of this configuration in ", where, ": starting a new run (",
+      log::info("--resume auto: no usable checkpoint of this run in ", where, ": starting a new run (",
                 e.what(), ")");
       return;
     }
@@ -250,7 +264,7 @@ bool CheckpointSession::load(const std::string& path, bool with_optimizer, const
   check_names(f.data, wanted, with_optimizer, f.path);
   if (with_optimizer)
     run_agreed(world_, "checking the checkpoint against this run",
-               [&] { run_state::check_resumable(ck, f.path, cfg_, pos_.data_parallel); });
+               [&] { run_state::check_resumable(ck, f.path, cfg_, pos_.data_parallel, pos_.steps_per_epoch); });
   run_agreed(world_, "restoring the checkpoint", [&] { restore.apply(f.data, with_optimizer); });
 
   loaded_ = {f.path, ck.run_id, ck.step, ck.epochs_done, ck.step_in_epoch};

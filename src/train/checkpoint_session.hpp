@@ -8,14 +8,18 @@
 // A trainer hands over its state as WHOLE named tensors (state.hpp's names,
 // tensor-parallel shards gathered whole), so a file does not depend on the
 // layout that wrote it. Resume rules:
-//  - `--resume auto` continues only a checkpoint with this run's fingerprint:
-//    the same configuration, layout (parallel.*) and rank count;
-//  - an explicit path continues at any layout (pipeline, tensor, rank count) as
-//    long as the global batch (data.batch_size x data-parallel size),
-//    train.accumulation and train.seed are the checkpoint's: parameters and
-//    optimizer state load bitwise and the data order and schedule are the same
-//    (sums then run in another order: the losses follow up to rounding); other
-//    values are refused, naming the keys;
+//  - `--resume auto` continues a checkpoint of the same RUN (run_state::
+//    run_identity): model, data, optimizer, seed and the other keys that shape
+//    the trajectory, and the GLOBAL batch (data.batch_size x data-parallel size
+//    x train.accumulation); the layout (parallel.*) and the rank count are not
+//    part of it. Checkpoints written before run identities match by their
+//    fingerprint (the same configuration, layout and rank count);
+//  - an explicit path continues at any layout likewise, as long as the global
+//    batch and train.seed are the checkpoint's: parameters and optimizer state
+//    load bitwise and the data order and schedule are the same (sums then run
+//    in another order: the losses follow up to rounding); other values are
+//    refused, naming the keys. data.global_batch keeps the global batch at any
+//    layout (run_options.hpp, derive_batch);
 //  - a checkpoint of another model or optimizer is an error naming the first
 //    tensor that is missing, shaped differently or left over, on every rank,
 //    before anything is restored.
@@ -37,8 +41,9 @@ class CheckpointSession {
   CheckpointSession(const TrainConfig& cfg, const Communicator& world, const TrainerHooks& hooks, RunPosition& pos);
 
   // The run's fixed facts in `pos`: rank count, seed, batch, accumulation,
-  // layout, parameter count, fingerprint. Called once the model exists.
-  void describe_run(std::int64_t params, int pipeline, int tensor, int data_parallel);
+  // layout, parameter count, steps per epoch, fingerprint and run identity.
+  // Called once the model exists.
+  void describe_run(std::int64_t params, int pipeline, int tensor, int data_parallel, std::int64_t steps_per_epoch);
   // Collective, at start-up: checkpoint.dir exists or can be made (an error naming the key).
   void create_dir();
   // Collective, at the start of fit(): a fresh run takes rank 0's new run id;

@@ -41,6 +41,7 @@ const std::vector<Field>& fields() {
       RT_FIELD(data, train, "training set: HDF5 file, or shard directory/pattern"),
       RT_FIELD(data, test, "test set: HDF5 file, or shard directory/pattern"),
       RT_FIELD(data, batch_size, "samples per rank per micro-batch"),
+      RT_FIELD(data, global_batch, "samples per optimizer step over all ranks (0 = data.batch_size x data-parallel size x train.accumulation); when set, data.batch_size and train.accumulation are derived from it at every layout: the smallest accumulation >= train.accumulation that splits it exactly"),
       RT_FIELD(data, drop_last, "drop the epoch's last partial global batch"),
       RT_FIELD(data, augment, "random crop (pad 2) and horizontal flip"),
       RT_FIELD(data, prefetch, "batches prepared ahead by the loader thread"),
@@ -264,6 +265,7 @@ void TrainConfig::validate() const {
     range("model.patch", model.patch, 1, 65536);
   }
   range("data.batch_size", data.batch_size, 1, 1 << 24);
+  range("data.global_batch", static_cast<double>(data.global_batch), 0, 1LL << 40);
   range("data.prefetch", data.prefetch, 1, 1024);
   range("train.epochs", train.epochs, 1, 1e6);
   range("train.threads", train.threads, 0, 4096);
@@ -306,7 +308,8 @@ void TrainConfig::validate() const {
   RT_CHECK(parallel.micro_batches >= 0, "configuration key 'parallel.micro_batches' must be >= 1 (0 = pipeline), got ",
            parallel.micro_batches);
   const int m = parallel.micro_batches > 0 ? parallel.micro_batches : parallel.pipeline;
-  RT_CHECK(data.batch_size % m == 0, "data.batch_size = ", data.batch_size, " is not divisible by ",
+  // With data.global_batch the batch is derived later, divisible by m (derive_batch).
+  RT_CHECK(data.global_batch > 0 || data.batch_size % m == 0, "data.batch_size = ", data.batch_size, " is not divisible by ",
            "parallel.micro_batches = ", m);
   one_of("parallel.schedule", parallel.schedule, {"afab", "1f1b", "zb-h1"});
   one_of("parallel.partition", parallel.partition, {"uniform", "params", "time", "list"});

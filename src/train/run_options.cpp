@@ -110,6 +110,26 @@ void record_evaluation(const TrainConfig& cfg, int epoch, const EvalResult& ev, 
   }
 }
 
+void derive_batch(TrainConfig& cfg, int data_parallel) {
+  const std::int64_t g = cfg.data.global_batch, dp = data_parallel;
+  if (g <= 0) return;
+  const std::int64_t m = cfg.parallel.micro_batches > 0 ? cfg.parallel.micro_batches : cfg.parallel.pipeline;
+  for (std::int64_t a = cfg.train.accumulation; a * dp <= g; ++a) {
+    if (g % (dp * a) != 0 || (g / (dp * a)) % m != 0) continue;
+    RT_CHECK(g / (dp * a) <= (1 << 24), "data.global_batch = ", g, " over data-parallel size ", dp,
+             " gives data.batch_size = ", g / (dp * a), ", above the limit 16777216: raise train.accumulation");
+    cfg.data.batch_size = static_cast<int>(g / (dp * a));
+    cfg.train.accumulation = static_cast<int>(a);
+    return;
+  }
+  RT_FAIL("data.global_batch = ", g, " has no exact split at this layout: data-parallel size ", dp,
+          " (ranks / (parallel.pipeline ", cfg.parallel.pipeline, " x parallel.tensor ", cfg.parallel.tensor,
+          ")) x train.accumulation (>= ", cfg.train.accumulation, ") x data.batch_size (a multiple of ",
+          cfg.parallel.micro_batches > 0 ? "parallel.micro_batches = " : "parallel.pipeline = ", m,
+          ") must equal it; choose a data.global_batch that is a multiple of ", dp * m * cfg.train.accumulation,
+          ", or another layout");
+}
+
 void flush_denormals() { _mm_setcsr(_mm_getcsr() | 0x8040); }
 
 int compute_threads(const TrainConfig& cfg) {

@@ -29,6 +29,14 @@ EngineOptions engine_options(const TrainConfig& cfg);
 // accuracy, first epoch at train.target_accuracy, announced by `speak`).
 void record_evaluation(const TrainConfig& cfg, int epoch, const EvalResult& ev, double eval_s, double run_s,
                        bool speak, EpochMetrics& m, TrainResult& res);
+// data.global_batch = G > 0: sets data.batch_size = G / (data_parallel x A)
+// and train.accumulation = A for the smallest A >= the configured
+// train.accumulation such that the split is exact and the per-rank batch is
+// divisible by the pipeline's micro-batches (parallel.micro_batches, else
+// parallel.pipeline). Fewer, larger micro-batches are preferred: they are
+// faster, and the optimizer step sees the same G samples either way. No exact
+// split is an error naming the keys (on every rank alike: the inputs are).
+void derive_batch(TrainConfig& cfg, int data_parallel);
 // train.threads, else OMP_NUM_THREADS, else 1.
 int compute_threads(const TrainConfig& cfg);
 // Flush denormals to zero (FTZ+DAZ) on the calling (compute) thread, as DL

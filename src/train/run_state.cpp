@@ -23,13 +23,16 @@ std::string new_run_id() {
   return std::string(buf) + tail;
 }
 
-std::string fingerprint(const TrainConfig& cfg, int ranks) {
-  // Reset what does not change the parameters a run produces.
+namespace {
+
+// The configuration without what does not change the parameters a run produces.
+TrainConfig trajectory_keys(const TrainConfig& cfg) {
   TrainConfig c = cfg;
   const TrainConfig d;
   c.data.test = d.data.test;
   c.data.prefetch = d.data.prefetch;
   c.data.mpi_io = d.data.mpi_io;
+  c.data.global_batch = d.data.global_batch;  // the derived batch and accumulation are hashed instead
   c.train.threads = d.train.threads;
   c.train.max_steps = d.train.max_steps;
   c.train.verify_every = d.train.verify_every;
@@ -43,7 +46,10 @@ std::string fingerprint(const TrainConfig& cfg, int ranks) {
   c.log = d.log;
   // ZeRO-1 changes where the optimizer state lives, not the update: a run may resume either way.
   c.parallel.shard_optimizer = d.parallel.shard_optimizer;
-  std::string text = c.to_toml(/*legacy_floats=*/true) + cat("\nranks = ", ranks, "\n");
+  return c;
+}
+
+std::string hash(const std::string& text) {
   std::uint64_t h = 1469598103934665603ull;  // FNV-1a
   for (unsigned char ch : text) h = (h ^ ch) * 1099511628211ull;
   char buf[20];
@@ -51,24 +57,55 @@ std::string fingerprint(const TrainConfig& cfg, int ranks) {
   return buf;
 }
 
+// to_toml without the data.global_batch line, which fingerprints written
+// before the key existed did not have.
+std::string toml_without_global_batch(const TrainConfig& c) {
+  std::string text = c.to_toml(/*legacy_floats=*/true);
+  const std::string line = "global_batch = 0\n";
+  if (auto at = text.find(line); at != std::string::npos) text.erase(at, line.size());
+  return text;
+}
+
+}  // namespace
+
+std::string fingerprint(const TrainConfig& cfg, int ranks) {
+  return hash(toml_without_global_batch(trajectory_keys(cfg)) + cat("\nranks = ", ranks, "\n"));
+}
+
+std::string run_identity(const TrainConfig& cfg, std::int64_t global_batch) {
+  TrainConfig c = trajectory_keys(cfg);
+  const TrainConfig d;
+  c.parallel = d.parallel;
+  c.data.batch_size = d.data.batch_size;
+  c.train.accumulation = d.train.accumulation;
+  return hash(toml_without_global_batch(c) + cat("\nglobal batch = ", global_batch, "\n"));
+}
+
 void check_resumable(const RunPosition& ck, const std::string& file, const TrainConfig& cfg,
-                     std::int64_t data_parallel) {
+                     std::int64_t data_parallel, std::int64_t steps_per_epoch) {
   std::string diff;
   auto differs = [&](const std::string& what, std::int64_t was, std::int64_t now) {
     if (was != now) diff += cat(diff.empty() ? "" : ", ", what, " ", was, " -> ", now);
   };
-  // The layout (pipeline, tensor, rank count) may change; the global batch may not.
-  const std::int64_t was = ck.batch_size * ck.data_parallel, now = cfg.data.batch_size * data_parallel;
+  // The layout (pipeline, tensor, rank count) and the split of the global batch
+  // into per-rank batches and accumulation may change; the global batch may not.
+  const std::int64_t was = ck.batch_size * ck.data_parallel * ck.accumulation,
+                     now = std::int64_t{cfg.data.batch_size} * data_parallel * cfg.train.accumulation;
   if (was != now) {
     differs("data.batch_size", ck.batch_size, cfg.data.batch_size);
     differs("data-parallel size", ck.data_parallel, data_parallel);
+    differs("train.accumulation", ck.accumulation, cfg.train.accumulation);
     diff += cat(" (global batch ", was, " -> ", now, ")");
   }
-  differs("train.accumulation", ck.accumulation, cfg.train.accumulation);
   differs("train.seed", ck.seed, static_cast<std::int64_t>(cfg.train.seed));
+  if (ck.steps_per_epoch > 0 && steps_per_epoch != ck.steps_per_epoch)
+    diff += cat(diff.empty() ? "" : ", ", "optimizer steps per epoch ", ck.steps_per_epoch, " -> ", steps_per_epoch,
+                " (data.drop_last = false pads the last micro-batch, and another split of the global batch pads "
+                "another number of them: set data.drop_last = true, or keep the checkpoint's train.accumulation)");
   RT_CHECK(diff.empty(), "checkpoint '", file, "' cannot continue this run: ", diff,
            " (the data order, the steps per epoch and the learning-rate schedule depend on them; the layout may "
-           "change as long as data.batch_size x data-parallel size stays the same). "
+           "change as long as data.batch_size x data-parallel size x train.accumulation stays the same: "
+           "data.global_batch keeps it at any layout). "
            "Resume with the checkpoint's values, or start a new run (`eval --checkpoint` still reads it)");
 }
 

@@ -16,14 +16,19 @@ namespace ringtrain::run_state {
 std::string new_run_id();
 // Hash of the keys that shape the trajectory (not log.*, checkpoint.*, timeouts,
 // train.max_steps, threads, ...), the layout (parallel.*) and the rank count:
-// `--resume auto` continues only the same configuration at the same layout.
+// what `--resume auto` matched before run identities (checkpoints without one).
 std::string fingerprint(const TrainConfig& cfg, int ranks);
+// The run regardless of layout: the same keys without parallel.*,
+// data.batch_size and train.accumulation, with the global batch (data.batch_size
+// x data-parallel size x train.accumulation). `--resume auto` continues a
+// checkpoint of the same identity at any layout and rank count.
+std::string run_identity(const TrainConfig& cfg, std::int64_t global_batch);
 // Throws an Error naming the keys when `ck` (read from `file`) cannot continue
-// this run: another global batch (data.batch_size x data-parallel size),
-// accumulation or seed would change the data order or the schedule. The layout
-// (parallel.pipeline, parallel.tensor, the rank count) may differ.
+// this run: another global batch, seed or (with a padded tail) number of steps
+// per epoch would change the data order or the schedule. The layout and the
+// split of the global batch into per-rank batch and accumulation may differ.
 void check_resumable(const RunPosition& ck, const std::string& file, const TrainConfig& cfg,
-                     std::int64_t data_parallel);
+                     std::int64_t data_parallel, std::int64_t steps_per_epoch);
 // Removes the epoch records of run `run_id` beyond `epochs_done` from a metrics
 // file (the resumed run writes them again): a reader never sees an epoch twice.
 // Returns the number of records dropped.

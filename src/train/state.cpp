@@ -12,8 +12,8 @@ CheckpointData checkpoint_data(NamedTensorList tensors, const TrainConfig& cfg, 
                {"ranks", pos.ranks},             {"seed", pos.seed},     {"params", pos.params},
                {"batch_size", pos.batch_size},   {"accumulation", pos.accumulation},
                {"resumes", pos.resumes},         {"pipeline", pos.pipeline}, {"tensor", pos.tensor},
-               {"data_parallel", pos.data_parallel}};
-  d.strings = {{"run_id", pos.run_id}, {"fingerprint", pos.fingerprint}};
+               {"data_parallel", pos.data_parallel}, {"steps_per_epoch", pos.steps_per_epoch}};
+  d.strings = {{"run_id", pos.run_id}, {"fingerprint", pos.fingerprint}, {"run_identity", pos.identity}};
   d.config_toml = cfg.to_toml();
   return d;
 }
@@ -47,6 +47,8 @@ RunPosition checkpoint_position(const CheckpointData& ckpt) {
   p.data_parallel = get_or("data_parallel", p.ranks / std::max<std::int64_t>(1, p.pipeline * p.tensor));
   p.run_id = text("run_id");
   p.fingerprint = text("fingerprint");
+  p.identity = text("run_identity");
+  p.steps_per_epoch = get_or("steps_per_epoch", 0);
   return p;
 }
 

@@ -67,6 +67,7 @@ Trainer::Impl::Impl(TrainConfig c, Communicator w, TrainerHooks h)
   if (!std::getenv("RINGTRAIN_COLLECTIVE_TIMEOUT") && world.size() > 1)
     host_context(world.handle(), world.local_size()).timeout_s = cfg.comm.collective_timeout_s;
   grid = std::make_unique<ProcessGrid>(ProcessGrid::make(world, {cfg.parallel.pipeline, cfg.parallel.tensor}));
+  derive_batch(cfg, grid->dp_size());  // data.global_batch: this layout's batch and accumulation
   if (cfg.parallel.pipeline > 1) layout = cat("parallel.pipeline = ", cfg.parallel.pipeline);
   if (cfg.parallel.tensor > 1) layout += cat(layout.empty() ? "" : " with ", "parallel.tensor = ", cfg.parallel.tensor);
   if (!layout.empty()) log::set_prefix(cat("[rank ", world.rank(), " ", grid->tag().substr(1), " "));
@@ -79,7 +80,7 @@ Trainer::Impl::Impl(TrainConfig c, Communicator w, TrainerHooks h)
   run_agreed(world, "checking the data files",
              [&] { run_state::check_data_files(cfg, loader->info(), hooks.evaluate); });
   build_model();
-  ckpt.describe_run(num_params, grid->pp_size(), grid->tp_size(), grid->dp_size());
+  ckpt.describe_run(num_params, grid->pp_size(), grid->tp_size(), grid->dp_size(), steps_per_epoch());
   gm->broadcast_state();  // one source of truth: each replica starts from data-parallel rank 0's
   schedule = std::make_unique<LrSchedule>(schedule_config(cfg, global_batch()), steps_per_epoch(), total_steps());
 }

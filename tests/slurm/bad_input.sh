@@ -36,6 +36,14 @@ expect "unknown launcher" 2 "LAUNCHER must be mpirun or srun, not 'ssh'" \
 : > "$WORK/afile"
 expect "checkpoint dir under a file" 2 "cannot create checkpoint directory '$WORK/afile/ckpt'" \
     "${slurm_env[@]}" SLURM_NTASKS=2 CKPT_DIR="$WORK/afile/ckpt" "$JOB"
+# jobs/sbatch_elastic.sh: the same refusals, and its own settings.
+EJOB=$SRC/jobs/sbatch_elastic.sh
+expect "elastic: run outside Slurm" 2 'not inside a Slurm job \(SLURM_JOB_ID is unset\).*sbatch -N 3' \
+    env -u SLURM_JOB_ID "$EJOB"
+expect "elastic: MAX_RELAUNCHES not a number" 2 "MAX_RELAUNCHES must be a non-negative integer, not 'many'" \
+    "${slurm_env[@]}" MAX_RELAUNCHES=many "$EJOB"
+expect "elastic: unknown launcher" 2 "LAUNCHER must be mpirun or srun, not 'ssh'" \
+    "${slurm_env[@]}" LAUNCHER=ssh "$EJOB"
 # Root writes through file modes, so a read-only mount makes the directory unwritable.
 mkdir -p "$WORK/ro"
 if mount --bind "$WORK/ro" "$WORK/ro" 2>/dev/null && mount -o remount,bind,ro "$WORK/ro" 2>/dev/null; then

@@ -27,6 +27,7 @@ struct TrainConfig {
     std::string train = "data/fashion-mnist";  // file, or a shard pattern/dir
     std::string test = "data/fashion-mnist";
     int batch_size = 64;           // per rank
+    std::int64_t global_batch = 0; // > 0: batch_size and accumulation derived from it and the layout
     bool drop_last = true;
     bool augment = false;          // random crop (pad 2) + horizontal flip
     int prefetch = 4;              // batches queued ahead

@@ -35,6 +35,10 @@ struct RunPosition {
   std::int64_t pipeline = 1, tensor = 1, data_parallel = 1;
   std::string run_id;              // names the run's checkpoint files and metrics records
   std::string fingerprint;         // of the configuration that shapes the trajectory
+  // Of the run regardless of layout: the configuration without parallel.* and
+  // the per-rank split, with the global batch (`--resume auto` matches it).
+  std::string identity;
+  std::int64_t steps_per_epoch = 0;  // optimizer steps per epoch (0: not recorded)
 };
 
 // A checkpoint of the whole named state `tensors` (model_state's names, with

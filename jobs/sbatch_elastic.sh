@@ -1,0 +1,156 @@
+#!/usr/bin/env bash
+# Slurm job that survives the loss of nodes: data-parallel training (`cnn` on Fashion-MNIST by
+# default) that, when a node dies, continues on the nodes still alive from the last checkpoint.
+#   sbatch -N 3 jobs/sbatch_elastic.sh --set train.epochs=20
+#   MAX_RELAUNCHES=5 MIN_NODES=2 sbatch -N 4 --ntasks-per-node=4 jobs/sbatch_elastic.sh
+# Environment: BIN, CONFIG, CKPT_DIR, LAUNCHER (mpirun | srun) as in jobs/sbatch_fashion.sh, and
+#   MAX_RELAUNCHES (default 3)  relaunches after failed steps before giving up
+#   MIN_NODES (default 1)       fewer nodes alive than this ends the job
+#   PROBE_S (default 20)        seconds a node has to run `true` to count as alive
+#
+# How: the allocation is kept when a node fails (--no-kill). Each step trains with
+# `--resume auto` and a fixed data.global_batch (from the configuration, else data.batch_size x
+# data-parallel size x train.accumulation of the first launch), so a checkpoint of this run
+# continues at any layout with the same data order and schedule (README: elastic training). When a
+# step fails, every node of the allocation is probed with a one-task srun; the step is relaunched
+# on the nodes that answer, at the largest rank count whose layout splits the global batch
+# exactly, from the newest checkpoint. Each relaunch reports the steps lost (trained after the last
+# checkpoint, trained again): set checkpoint.every_steps to bound them.
+#SBATCH --job-name=ringtrain-elastic
+#SBATCH --nodes=3
+#SBATCH --ntasks-per-node=1
+#SBATCH --cpus-per-task=1
+#SBATCH --time=01:00:00
+#SBATCH --no-kill
+#SBATCH --open-mode=append
+#SBATCH --output=runs/slurm-%j.out
+set -uo pipefail
+
+say() { echo "[sbatch_elastic $(date -u +%H:%M:%S)] $*"; }
+fail() { echo "sbatch_elastic: error: $*" >&2; exit 2; }
+
+[ -n "${SLURM_JOB_ID:-}" ] || fail "not inside a Slurm job (SLURM_JOB_ID is unset). Submit it: sbatch -N 3 jobs/sbatch_elastic.sh [ringtrain args]"
+cd "${SLURM_SUBMIT_DIR:?}" || fail "cannot enter the submit directory '$SLURM_SUBMIT_DIR'"
+export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}
+BIN=${BIN:-build/ringtrain}
+CONFIG=${CONFIG:-jobs/fashion_cnn.toml}
+CKPT_DIR=${CKPT_DIR:-runs/elastic-$SLURM_JOB_ID}
+LAUNCHER=${LAUNCHER:-mpirun}
+MAX_RELAUNCHES=${MAX_RELAUNCHES:-3}
+MIN_NODES=${MIN_NODES:-1}
+PROBE_S=${PROBE_S:-20}
+TPN=${SLURM_NTASKS_PER_NODE:-1}; TPN=${TPN%%(*}
+[ -x "$BIN" ] || fail "ringtrain binary '$BIN' not found or not executable (set BIN=...)"
+[ -f "$CONFIG" ] || fail "configuration '$CONFIG' not found (set CONFIG=...)"
+for v in MAX_RELAUNCHES MIN_NODES PROBE_S TPN; do
+    [[ "${!v}" =~ ^[0-9]+$ ]] || fail "$v must be a non-negative integer, not '${!v}'"
+done
+case $LAUNCHER in mpirun|srun) ;; *) fail "LAUNCHER must be mpirun or srun, not '$LAUNCHER'" ;; esac
+
+# config_value SECTION KEY DEFAULT ARGS...: the value as ringtrain reads it (the config file,
+# then --set in order; the last wins).
+config_value() {
+    local sec=$1 key=$2 v a x prev=; shift 2
+    v=$(awk -v s="[$sec]" -v k="$key" '/^\[/{c=$1} c==s && $1==k {print $3}' "$CONFIG" | tail -1)
+    v=${v:-$1}; shift
+    for a in "$@"; do
+        x=
+        [ "$prev" = --set ] && x=$a
+        case $a in --set=*) x=${a#--set=} ;; esac
+        case $x in "$sec.$key="*) v=${x#*=} ;; esac
+        prev=$a
+    done
+    echo "${v//[^0-9]/}"
+}
+PP=$(config_value parallel pipeline 1 "$@"); TP=$(config_value parallel tensor 1 "$@")
+MB=$(config_value parallel micro_batches 0 "$@"); [ "${MB:-0}" -gt 0 ] || MB=$PP
+ACC=$(config_value train accumulation 1 "$@"); B=$(config_value data batch_size 64 "$@")
+G=$(config_value data global_batch 0 "$@")
+nodes=($(scontrol show hostnames "${SLURM_JOB_NODELIST:?}"))
+if [ "${G:-0}" -eq 0 ]; then
+    r=$(( ${#nodes[@]} * TPN ))
+    [ $((r % (PP * TP))) -eq 0 ] || fail "the job has $r ranks, which parallel.pipeline=$PP x parallel.tensor=$TP does not divide"
+    G=$(( B * (r / (PP * TP)) * ACC ))
+fi
+
+# splits RANKS: true when data.global_batch G has an exact split at RANKS (the rule of
+# ringtrain's derive_batch: some train.accumulation >= the configured one, per-rank batch a
+# multiple of the pipeline's micro-batches).
+splits() {
+    local r=$1 dp a
+    [ $((r % (PP * TP))) -eq 0 ] || return 1
+    dp=$((r / (PP * TP)))
+    for ((a = ACC; a * dp <= G; a++)); do
+        [ $((G % (dp * a))) -eq 0 ] && [ $((G / (dp * a) % MB)) -eq 0 ] && return 0
+    done
+    return 1
+}
+
+alive_nodes() {  # the allocation's nodes that run a one-task step within PROBE_S seconds
+    local n
+    for n in "${nodes[@]}"; do
+        timeout "$PROBE_S" srun --overlap --nodes=1 --ntasks=1 --nodelist="$n" --time=1 true >/dev/null 2>&1 && echo "$n"
+    done
+}
+
+mkdir -p "$CKPT_DIR" 2>/dev/null || fail "cannot create checkpoint directory '$CKPT_DIR'"
+probe="$CKPT_DIR/.write-probe-$SLURM_JOB_ID"
+{ : > "$probe"; } 2>/dev/null && rm -f "$probe" || fail "checkpoint directory '$CKPT_DIR' is not writable"
+[ -f data/fashion-mnist/fashion-mnist-train.h5 ] || "$BIN" prepare --dataset fashion-mnist --out data/fashion-mnist ||
+    fail "could not prepare data/fashion-mnist"
+
+# last_step LOG: the last global step the log reports trained ("epoch E/N step s/S" lines).
+last_step() { awk '/^epoch [0-9]+\/[0-9]+ step [0-9]+\/[0-9]+ /{split($2,e,"/"); split($4,s,"/"); g=(e[1]-1)*s[2]+s[1]} END{print g+0}' "$1"; }
+# resumed_at LOG: the global step of the checkpoint the step loaded ("" when it started fresh).
+resumed_at() { sed -n 's/.*loaded checkpoint .*global step \([0-9]*\)).*/\1/p' "$1" | tail -1; }
+
+# A step that lost a node never completes in slurmctld's eyes (until the node is marked down) and
+# keeps its CPUs: later steps share them (srun --overlap; SLURM_OVERLAP reaches mpirun's srun too).
+export SLURM_OVERLAP=1
+use=("${nodes[@]}")
+launches=0 lost_total=0 prev_log=
+say "job $SLURM_JOB_ID: ${#nodes[@]} node(s) (${nodes[*]}), $TPN rank(s) per node, global batch $G, checkpoints in $CKPT_DIR; up to $MAX_RELAUNCHES relaunch(es), at least $MIN_NODES node(s)"
+while :; do
+    # The largest rank count on the nodes in `use` whose layout keeps the global batch.
+    k=${#use[@]}
+    while [ "$k" -ge "$MIN_NODES" ] && [ "$k" -gt 0 ] && ! splits $((k * TPN)); do k=$((k - 1)); done
+    if [ "$k" -lt "$MIN_NODES" ] || [ "$k" -eq 0 ]; then
+        say "stopping: ${#use[@]} node(s) alive, and no layout on at least MIN_NODES=$MIN_NODES of them splits data.global_batch=$G exactly (pipeline $PP x tensor $TP, $TPN rank(s) per node); checkpoints stay in $CKPT_DIR"
+        exit 3
+    fi
+    run=("${use[@]:0:k}"); ranks=$((k * TPN))
+    log=$CKPT_DIR/step-$launches.log
+    train=("$BIN" train --config "$CONFIG" --set checkpoint.dir="$CKPT_DIR" --set log.format=plain
+           --resume auto "$@" --set data.global_batch="$G")
+    hosts=$(printf "%s:$TPN," "${run[@]}")
+    case $LAUNCHER in
+        mpirun) step=(mpirun -np "$ranks" --host "${hosts%,}" -x OMP_NUM_THREADS "${train[@]}") ;;
+        srun) step=(srun --mpi=pmix --kill-on-bad-exit=1 --nodes="$k" --ntasks="$ranks" --nodelist="$(IFS=,; echo "${run[*]}")" "${train[@]}") ;;
+    esac
+    say "launch $launches: $ranks rank(s) on $k node(s) (${run[*]}) via $LAUNCHER"
+    # Output to the job's file and to a log of this launch (the lost-work accounting reads it).
+    "${step[@]}" > >(tee "$log") 2>&1
+    rc=$?
+    sleep 0.5  # tee's last lines
+    if [ -n "$prev_log" ]; then
+        at=$(resumed_at "$log"); reached=$(last_step "$prev_log")
+        if [ -n "$at" ]; then
+            lost=$((reached > at ? reached - at : 0)); lost_total=$((lost_total + lost))
+            say "launch $launches resumed at step $at; the failed launch had reached step $reached: $lost step(s) lost and trained again"
+        else
+            say "launch $launches found no checkpoint of this run: it started from step 0 (the failed launch had reached step $reached)"
+        fi
+    fi
+    case $rc in
+        0) say "training finished after $launches relaunch(es), $lost_total step(s) lost in all (metrics: $CKPT_DIR/metrics.jsonl)"; exit 0 ;;
+        2) say "training rejected its input (exit 2): see the messages above; not relaunched"; exit 2 ;;
+    esac
+    if [ "$launches" -ge "$MAX_RELAUNCHES" ]; then
+        say "stopping: the step failed (exit $rc) and MAX_RELAUNCHES=$MAX_RELAUNCHES relaunch(es) are used up; checkpoints stay in $CKPT_DIR"
+        exit "$rc"
+    fi
+    use=($(alive_nodes))
+    gone=$(comm -23 <(printf '%s\n' "${nodes[@]}" | sort) <(printf '%s\n' "${use[@]}" | sort) | tr '\n' ' ')
+    say "step failed (exit $rc); nodes alive: ${use[*]:-none}${gone:+; lost: $gone}"
+    nodes=("${use[@]}") prev_log=$log launches=$((launches + 1))
+done
