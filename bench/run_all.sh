@@ -25,3 +25,5 @@ run bench/parallel_bubble.sh "$B" 10
 run $MPIRUN -np 2 "$B/bench/bench_parallel_throughput" --csv "$OUT/pipeline_throughput.csv"
 # Layouts: per-step split (compute / tensor comm / bubble / DP exposed) of vit at data, pipeline, tensor = 2.
 run $MPIRUN -np 2 "$B/bench/bench_parallel_layouts" --csv "$OUT/parallel_layouts.csv"
+# Checkpoint stall: checkpoint.async (host snapshot) vs a synchronous write vs memcpy of the state (vit 25 M, resnet).
+run "$B/bench/bench_train_checkpoint_stall" --models resnet,vit --every 8 --checkpoints 4

@@ -286,8 +286,7 @@ TrainResult Trainer::Impl::fit() {
   // A signal that came after the last step changes nothing: the run finished.
   res.stopped_by_signal = pos.epochs_done == cfg.train.epochs ? 0 : stop_signal;
   res.checkpoint = last_checkpoint;
-  res.checkpoints = checkpoints;
-  res.checkpoint_stall_s = checkpoint_stall_s;
+  res.checkpoint_stalls_s = checkpoint_stalls_s;
   return res;
 }
 

@@ -70,8 +70,7 @@ void Trainer::Impl::save_checkpoint(bool force) {
   if (!path.empty()) last_checkpoint = path;
   if (saved) {
     saved_at_step = pos.step;
-    ++checkpoints;
-    checkpoint_stall_s += std::chrono::duration<double>(Clock::now() - t0).count();
+    checkpoint_stalls_s.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
   }
 }
 

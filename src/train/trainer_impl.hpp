@@ -39,8 +39,7 @@ struct Trainer::Impl {
   int stop_signal = 0;            // set when the ranks agreed to stop on a signal (-1: it reached another rank)
   bool save_due = false;          // the last step asked for a checkpoint (checkpoint.every_steps / every_s)
   std::string last_checkpoint;    // path of the last checkpoint written (rank 0)
-  int checkpoints = 0;            // written by save_checkpoint, and the time it paused training
-  double checkpoint_stall_s = 0;
+  std::vector<double> checkpoint_stalls_s;  // how long each save_checkpoint paused training
   std::int64_t saved_at_step = -1; // the step of this process's last checkpoint
   NamedTensorList snapshot_pool;  // rank 0, checkpoint.async: the last snapshot, reused by the next
   Tensor scaler_state;            // f64 [4] on the host: the fp16 loss scale, checkpointed

@@ -24,6 +24,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "ringtrain/comm/communicator.hpp"
 #include "ringtrain/train/config.hpp"
@@ -50,8 +51,7 @@ struct TrainResult {
   std::string checkpoint;     // the last checkpoint written ("" if none)
   // Checkpoints written by fit() and the time training paused for them on this
   // rank (gather, host snapshot; with checkpoint.async not the write itself).
-  int checkpoints = 0;
-  double checkpoint_stall_s = 0;
+  std::vector<double> checkpoint_stalls_s;  // one per checkpoint, in order
 };
 
 struct TrainerHooks {
