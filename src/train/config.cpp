@@ -348,7 +348,7 @@ std::string TrainConfig::to_toml(bool legacy_floats) const {
     std::string key = f.key;
     // Fingerprints hash this text: a key that does not shape the trajectory and came later is left
     // out, so that changing it keeps --resume auto and checkpoints of earlier versions still match.
-    if (legacy_floats && key == "comm.straggler_factor") continue;
+    if (legacy_floats && (key == "comm.straggler_factor" || key == "checkpoint.async")) continue;
     auto dot = key.find('.');
     if (key.substr(0, dot) != section) {
       if (section == "model") os << layers_to_toml(copy.model.layers, legacy_floats);  // after [model]'s keys
