@@ -59,6 +59,9 @@ GridModel::GridModel(const ProcessGrid& grid, const ModelConfig& mc, const GridC
   stage_ = std::make_unique<Stage>(mc_tp, dev, first, end, exec_->slots());
   // BatchNorm: per-micro-batch normalisation, running statistics over the whole step (stage.hpp).
   if (steps_m_ > 1) stage_->set_deferred_batch_stats(true);
+  // Only zero-bubble schedules defer the weight gradients; the others run each
+  // layer's backward whole (its gradients go to the engine at once).
+  stage_->set_fused_backward(pc.schedule != ScheduleKind::zb_h1);
   dlogits_.resize(exec_->slots());
   step_vec_ = Tensor::zeros({3}, DType::f32);
   if (pc.loss_scaling) scaler_ = std::make_unique<LossScaler>();

@@ -142,6 +142,16 @@ void Stage::commit_batch_stats() {
 Tensor Stage::backward_input(int slot, const Tensor& dy, bool need_dx, const GradReady& ready) {
   auto& layers = slots_.at(slot);
   const int stop = need_dx ? 0 : first_param_layer_;
+  if (fused_) {
+    const bool accumulate = !overwrite_next_;
+    overwrite_next_ = false;
+    Tensor g = dy;
+    for (int i = num_layers(); i-- > stop;) {
+      g = layers[i]->backward(g, need_dx || i > stop, accumulate);
+      if (ready && !layers[i]->params().empty()) ready(i);
+    }
+    return need_dx ? g : Tensor();
+  }
   Tensor g = dy;
   for (int i = num_layers(); i-- > stop;) {
     g = layers[i]->backward_input(g, need_dx || i > stop, true);
@@ -151,6 +161,7 @@ Tensor Stage::backward_input(int slot, const Tensor& dy, bool need_dx, const Gra
 }
 
 void Stage::backward_weight(int slot, const GradReady& ready) {
+  if (fused_) return;  // done in backward_input
   auto& layers = slots_.at(slot);
   for (int i = num_layers(); i-- > 0;) {
     layers[i]->backward_weight();

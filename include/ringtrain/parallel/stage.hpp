@@ -61,7 +61,17 @@ class Stage {
   // need_dx: whether the stage's input gradient is wanted (false on the first stage).
   Tensor backward_input(int slot, const Tensor& dy, bool need_dx, const GradReady& ready = {});
   void backward_weight(int slot, const GradReady& ready = {});
-  void zero_grads() { arena_.zero_grads(); }
+  // The next backward starts the step's gradients. Fused backward: its first
+  // micro-batch overwrites them (no pass to zero them); else they are zeroed now.
+  void zero_grads() {
+    if (fused_) overwrite_next_ = true;
+    else arena_.zero_grads();
+  }
+  // Fused (schedules without a deferred W: afab, 1f1b): backward_input runs
+  // each layer's whole backward (the unsplit kernels, input and weight
+  // gradients together, a layer's gradients ready at once), backward_weight
+  // does nothing. Micro-batches must then be backwarded in order.
+  void set_fused_backward(bool on) { fused_ = on; }
   // Deferred BatchNorm running statistics (see the rules above); returns the
   // number of BatchNorm2d layers of the stage.
   int set_deferred_batch_stats(bool on);
@@ -78,6 +88,7 @@ class Stage {
   std::vector<std::vector<NamedBuffer>> slot_buffers_;
   int first_param_layer_ = 0;  // without an input gradient, backward stops here
   bool deferred_bn_ = false;
+  bool fused_ = false, overwrite_next_ = false;
   SamplePosition position_;  // the layers read it through BindContext::position
 };
 
