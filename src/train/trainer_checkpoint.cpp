@@ -22,10 +22,6 @@ NamedTensorList Trainer::Impl::extra_state() {
 // tensor received from another rank, gathered from shards or copied off the
 // GPU is one already; a view of this rank's live host memory (its parameters,
 // buffers, optimizer state) is copied, so its bytes are copied exactly once.
-// The copies go into ONE block reused from checkpoint to checkpoint (its write
-// is over: CheckpointSession::save waited before gathering): fresh pages would
-// cost more than the copy itself. (The copy is the whole stall: 45 ms for vit's
-// 303 MB against 28 ms for one memcpy of that size, docs/failures.md.)
 void Trainer::Impl::snapshot(NamedTensorList& state) {
   std::vector<std::pair<const char*, const char*>> live;
   for (auto& [name, t] : gm->replicated_state())
@@ -33,33 +29,27 @@ void Trainer::Impl::snapshot(NamedTensorList& state) {
       const char* p = static_cast<const char*>(t.raw());
       live.emplace_back(p, p + t.nbytes());
     }
-  std::vector<std::size_t> copied;
-  std::size_t total = 0;
-  std::string layout;  // what the block holds: names, dtypes, shapes
   for (std::size_t i = 0; i < state.size(); ++i) {
-    const Tensor& t = state[i].second;
+    auto& [name, t] = state[i];
     const char* p = static_cast<const char*>(t.raw());
     const bool shared = !t.device().is_cpu() || std::any_of(live.begin(), live.end(), [&](const auto& r) {
       return p >= r.first && p < r.second;
     });
     if (!shared) continue;
-    copied.push_back(i);
-    total += (t.nbytes() + 63) / 64 * 64;
-    layout += cat(state[i].first, ' ', dtype_name(t.dtype()), ' ', shape_str(t.shape()), '\n');
+    // The last snapshot's buffer (its write is over: CheckpointSession::save waited before
+    // gathering): fresh pages would cost more than the copy itself. The buffers are owned
+    // here and by the write job, so a trainer ending mid-write never frees them under it.
+    // (The copy is the whole stall: 45 ms for vit's 303 MB, docs/failures.md.)
+    if (i < snapshot_pool.size() && snapshot_pool[i].first == name && snapshot_pool[i].second.dtype() == t.dtype() &&
+        snapshot_pool[i].second.shape() == t.shape()) {
+      snapshot_pool[i].second.copy_from(t);
+      t = snapshot_pool[i].second;
+    } else {
+      t = t.device().is_cpu() ? t.clone() : t.to(Device::cpu());
+    }
   }
-  if (layout != snapshot_layout || !snapshot_block.defined()) {
-    snapshot_block = Tensor::empty({static_cast<std::int64_t>(std::max<std::size_t>(total, 64))}, DType::u8);
-    snapshot_layout = layout;
-  }
-  char* base = static_cast<char*>(snapshot_block.raw());
-  std::size_t off = 0;
-  for (std::size_t i : copied) {
-    Tensor& t = state[i].second;
-    Tensor dst = Tensor::wrap(base + off, t.shape(), t.dtype());
-    dst.copy_from(t);
-    off += (t.nbytes() + 63) / 64 * 64;
-    t = dst;
-  }
+  snapshot_pool.clear();
+  for (auto& [name, t] : state) snapshot_pool.emplace_back(name, t);
 }
 
 // Every `checkpoint.every_epochs` epochs, or always with `force` (the run ends:
