@@ -2,7 +2,6 @@
 
 #include <algorithm>
 
-
 namespace ringtrain {
 
 CheckpointData checkpoint_data(NamedTensorList tensors, const TrainConfig& cfg, const RunPosition& pos) {

@@ -14,6 +14,7 @@
 #include <filesystem>
 
 #include "fixtures.hpp"
+#include "support/error_of.hpp"
 #include "ringtrain/core/error.hpp"
 #include "ringtrain/train/checkpoint.hpp"
 #include "ringtrain/train/trainer.hpp"
@@ -54,14 +55,7 @@ TrainConfig run_config(const std::string& data, Layout l, const std::string& dir
   return c;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using test_support::error_of;
 
 class ElasticResume : public ::testing::Test {
  protected:
