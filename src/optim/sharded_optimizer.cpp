@@ -228,6 +228,27 @@ std::unique_ptr<Optimizer> ShardedOptimizer::gather(int root) const {
   return whole;
 }
 
+std::vector<ShardedOptimizer::StateSlice> ShardedOptimizer::state_slices() const {
+  std::vector<StateSlice> out;
+  for (const auto& [kind, t] : inner_->state()) {
+    if (kind == "step") continue;
+    const DType dt = parse_dtype(kind.substr(0, kind.find('.')));
+    const std::size_t lo = slice(dt).offsets[static_cast<std::size_t>(group_.rank())];
+    for (std::size_t j = 0; j < shard_.size(); ++j) {
+      const ParamInfo& p = full_.info(full_index_[j]);
+      if (p.dtype != dt) continue;
+      // Shard piece j starts at full element max(p.offset, lo); the dtype's last piece may run into padding.
+      const std::size_t start = std::max(p.offset, lo);
+      const std::int64_t n = std::min<std::int64_t>(shard_.info(j).shape[0],
+                                                    static_cast<std::int64_t>(p.offset) + shape_numel(p.shape) -
+                                                        static_cast<std::int64_t>(start));
+      out.push_back({kind.substr(kind.find('.') + 1), full_index_[j], static_cast<std::int64_t>(start - p.offset),
+                     t.flat_view(static_cast<std::int64_t>(shard_.info(j).offset), n)});
+    }
+  }
+  return out;
+}
+
 void ShardedOptimizer::scatter(const Optimizer* whole, int root) {
   RT_CHECK(group_.rank() != root || whole, "parallel.shard_optimizer: scatter needs the whole state on the root");
   const Optimizer::NamedTensors mine = inner_->state();

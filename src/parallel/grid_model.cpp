@@ -63,7 +63,7 @@ GridModel::GridModel(const ProcessGrid& grid, const ModelConfig& mc, const GridC
   // layer's backward whole (its gradients go to the engine at once).
   stage_->set_fused_backward(pc.schedule != ScheduleKind::zb_h1);
   dlogits_.resize(exec_->slots());
-  step_vec_ = Tensor::zeros({3}, DType::f32);
+  step_vec_ = Tensor::zeros({4}, DType::f32);
   if (pc.loss_scaling) scaler_ = std::make_unique<LossScaler>();
 
   // The update's sums (clipping, fp16's finiteness) run over the ranks that
@@ -213,7 +213,7 @@ void GridModel::reduce_grads() {
 void GridModel::optimizer_step() { skipped_ = !update(lr_); }
 
 GridStepResult GridModel::train_step(const std::vector<Tensor>& images, const std::vector<Tensor>& labels,
-                                     std::int64_t step, double lr, bool stop, bool save) {
+                                     std::int64_t step, double lr, StepFlags flags) {
   const std::size_t k = static_cast<std::size_t>(pc_.accumulation);
   auto check = [&](const std::vector<Tensor>& v, const char* what) {
     RT_CHECK(v.size() == k, grid_.tag(), " step: expected ", k, " batches of ", what, ", got ", v.size());
@@ -235,14 +235,15 @@ GridStepResult GridModel::train_step(const std::vector<Tensor>& images, const st
   // ReduceGrads, which may send it with the gradients.
   const bool speaks = grid_.last_stage() && grid_.tp_rank() == 0;
   float* v = step_vec_.data<float>();
-  v[1] = stop ? 1.0f : 0.0f;
-  v[2] = save ? 1.0f : 0.0f;
+  v[1] = flags.stop ? 1.0f : 0.0f;
+  v[2] = flags.save ? 1.0f : 0.0f;
+  v[3] = flags.checkpoint_ready ? 1.0f : 0.0f;
   GridStepResult r;
   r.timing = exec_->run_step(*this);
   stage_->commit_batch_stats();  // every forward of the step has run
   if (grid_.pp_size() * grid_.tp_size() > 1 || !engine_) {
     v[0] = speaks ? static_cast<float>(loss_sum_ / steps_m_) : 0.0f;
-    if (grid_.world().size() > 1) allreduce(v, v, 3, DType::f32, ReduceOp::avg, grid_.world());
+    if (grid_.world().size() > 1) allreduce(v, v, 4, DType::f32, ReduceOp::avg, grid_.world());
   }
   // Averaged over the world, the replicas' losses sum to v[0]·world / dp.
   r.loss = static_cast<double>(v[0]) * grid_.world().size() / grid_.dp_size();
@@ -250,6 +251,7 @@ GridStepResult GridModel::train_step(const std::vector<Tensor>& images, const st
   r.seen = speaks ? seen_ : 0;
   r.stop = v[1] > 0;
   r.save = v[2] > 0;
+  r.checkpoint_ready = v[3] > 1.0f - 0.5f / static_cast<float>(grid_.world().size());  // the mean of ones is one
   r.skipped = skipped_;
   return r;
 }

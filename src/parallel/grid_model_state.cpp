@@ -37,6 +37,34 @@ const ShardSpec* shard_of_name(const ParamArena& a, const std::vector<NamedBuffe
 
 Tensor on_host(const Tensor& t) { return t.device().is_cpu() ? t : t.to(Device::cpu()); }
 
+// A state tensor that several ranks hold alike, and where it sits in its whole tensor.
+struct Held {
+  std::string name;
+  Tensor t;
+  PiecePlace place;
+};
+
+// Writer `j` of `n`: its byte range [total·j/n, total·(j+1)/n) of the tensors'
+// concatenation, as pieces cut at element boundaries (the same cut on both sides
+// of a boundary, so the writers' pieces tile every tensor).
+void take_share(const std::vector<Held>& ts, int n, int j, std::vector<StatePiece>& out) {
+  std::size_t total = 0;
+  for (const Held& h : ts) total += h.t.nbytes();
+  const std::size_t lo = total * static_cast<std::size_t>(j) / static_cast<std::size_t>(n);
+  const std::size_t hi = total * static_cast<std::size_t>(j + 1) / static_cast<std::size_t>(n);
+  std::size_t at = 0;
+  for (const Held& h : ts) {
+    const std::size_t esz = dtype_size(h.t.dtype()), count = static_cast<std::size_t>(h.t.numel());
+    auto first_at = [&](std::size_t byte) { return byte <= at ? 0 : std::min(count, (byte - at + esz - 1) / esz); };
+    const std::size_t b = first_at(lo), e = first_at(hi);
+    at += h.t.nbytes();
+    if (e <= b) continue;
+    PiecePlace p = h.place;
+    p.begin = static_cast<std::int64_t>(b);
+    out.push_back({h.name, h.t.flat_view(static_cast<std::int64_t>(b), static_cast<std::int64_t>(e - b)), p});
+  }
+}
+
 }  // namespace
 
 std::vector<std::pair<std::string, Tensor>> GridModel::named_state() {
@@ -116,6 +144,38 @@ std::vector<std::pair<std::string, Tensor>> GridModel::gather_whole_state(int ro
     for (auto& [name, t] : part)
       if (seen.insert(name).second) out.emplace_back(name, t);
   }
+  return out;
+}
+
+std::vector<StatePiece> GridModel::state_pieces() {
+  const ParamArena& a = stage_->arena();
+  const auto buffers = stage_->buffers();
+  // Tensor-parallel shards are held alike by the data-parallel group, the rest by tensor x data.
+  std::vector<Held> shards, replicated;
+  std::vector<StatePiece> out;
+  for (auto& [name, t] : named_state()) {
+    if (name == "optim/step" && !grid_.first_stage()) continue;  // every stage holds it alike
+    const ShardSpec* s = shard_of_name(a, buffers, name);
+    if (s) shards.push_back({name, t, {s->global, *s, 0}});
+    else replicated.push_back({name, t, {t.shape(), {}, 0}});
+  }
+  if (zero_) {
+    // ZeRO-1: each rank holds its own slice (alike on the tensor ranks for a replicated parameter).
+    for (auto& sl : zero_->state_slices()) {
+      const ParamInfo& pi = a.info(sl.param);
+      if (!pi.shard.sharded() && grid_.tp_rank() != 0) continue;
+      PiecePlace p = pi.shard.sharded() ? PiecePlace{pi.shard.global, pi.shard, sl.begin} : PiecePlace{pi.shape, {}, sl.begin};
+      out.push_back({"optim/" + sl.slot + "/" + pi.name, sl.data, p});
+    }
+    if (grid_.first_stage()) {
+      Tensor step = Tensor::empty({1}, DType::i64);
+      step.data<std::int64_t>()[0] = zero_->steps();
+      replicated.push_back({"optim/step", step, {{1}, {}, 0}});
+    }
+  }
+  const int dp = grid_.dp_size();
+  take_share(shards, dp, grid_.dp_rank(), out);
+  take_share(replicated, dp * grid_.tp_size(), grid_.tp_rank() * dp + grid_.dp_rank(), out);
   return out;
 }
 

@@ -49,6 +49,11 @@ bool AsyncWriter::busy() const {
   return job_ || running_;
 }
 
+bool AsyncWriter::succeeded() const {
+  std::lock_guard lock(mu_);
+  return !job_ && !running_ && !error_;
+}
+
 void AsyncWriter::loop() {
   // Below the training threads: on a busy node the write yields the cores to the steps
   // (Linux: a thread's nice value is its own; failing to lower it changes nothing else).

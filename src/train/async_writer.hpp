@@ -30,6 +30,8 @@ class AsyncWriter {
   // Blocks until no job is in flight; rethrows the last job's error once.
   void wait();
   bool busy() const;
+  // No job in flight, and none failed since the last wait().
+  bool succeeded() const;
 
  private:
   void loop();

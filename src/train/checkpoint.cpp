@@ -10,10 +10,12 @@
 #include <cmath>
 #include <cstring>
 #include <regex>
+#include <utility>
 
 #include "ringtrain/core/allocator.hpp"
 #include "ringtrain/core/error.hpp"
 #include "ringtrain/data/schema.hpp"
+#include "checkpoint_parts.hpp"
 
 namespace fs = std::filesystem;
 
@@ -58,6 +60,25 @@ void write_int_attr(hid_t obj, const char* name, std::int64_t v) {
   H5 space(H5Screate(H5S_SCALAR), H5Sclose);
   H5 attr(H5Acreate2(obj, name, H5T_NATIVE_INT64, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
   RT_CHECK(attr.id >= 0 && H5Awrite(attr, H5T_NATIVE_INT64, &v) >= 0, "cannot write attribute '", name, "'");
+}
+
+void write_ints_attr(hid_t obj, const char* name, const std::vector<std::int64_t>& v) {
+  const hsize_t n = std::max<std::size_t>(1, v.size());
+  std::vector<std::int64_t> data = v.empty() ? std::vector<std::int64_t>{0} : v;
+  H5 space(H5Screate_simple(1, &n, nullptr), H5Sclose);
+  H5 attr(H5Acreate2(obj, name, H5T_NATIVE_INT64, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+  RT_CHECK(attr.id >= 0 && H5Awrite(attr, H5T_NATIVE_INT64, data.data()) >= 0, "cannot write attribute '", name, "'");
+}
+
+std::vector<std::int64_t> read_ints_attr(hid_t obj, const char* name, const std::string& where) {
+  RT_CHECK(H5Aexists(obj, name) > 0, where, ": attribute '", name, "' is missing");
+  H5 attr(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
+  H5 space(H5Aget_space(attr), H5Sclose);
+  const hssize_t n = H5Sget_simple_extent_npoints(space);
+  RT_CHECK(n >= 1 && n <= 16, where, ": attribute '", name, "' has ", n, " values");
+  std::vector<std::int64_t> v(static_cast<std::size_t>(n));
+  RT_CHECK(H5Aread(attr, H5T_NATIVE_INT64, v.data()) >= 0, where, ": cannot read attribute '", name, "'");
+  return v;
 }
 
 std::string read_string_attr(hid_t obj, const char* name, const std::string& where) {
@@ -146,8 +167,17 @@ void write_bytes(const std::string& tmp, const std::string& path, const std::vec
 
 void write_tensors(hid_t file, const std::string& path, const CheckpointData& data,
                    const std::vector<std::uint32_t>& crcs, const CheckpointWriteHook& hook) {
-  write_string_attr(file, "schema", kCheckpointSchema);
+  const bool part = !data.part_of.empty();
+  RT_CHECK(data.places.empty() || data.places.size() == data.tensors.size(), "checkpoint '", path, "': ",
+           data.places.size(), " places for ", data.tensors.size(), " tensors");
+  write_string_attr(file, "schema", part ? kCheckpointPartSchema : kCheckpointSchema);
   write_string_attr(file, "config", data.config_toml);
+  if (part) write_string_attr(file, "part_of", data.part_of);
+  if (!data.parts.empty()) {
+    std::string names;
+    for (const auto& p : data.parts) names += p + "\n";
+    write_string_attr(file, "parts", names);
+  }
   H5 lcpl(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
   H5Pset_create_intermediate_group(lcpl, 1);
   H5 group(H5Gcreate2(file, "tensors", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
@@ -165,6 +195,12 @@ void write_tensors(hid_t file, const std::string& path, const CheckpointData& da
                "checkpoint '", path, "': cannot write tensor '", name, "'");
     write_string_attr(ds, "dtype", dtype_name(host.dtype()));
     write_int_attr(ds, "crc32", crcs[i]);
+    if (!data.places.empty()) {
+      const PiecePlace& pl = data.places[i];
+      write_ints_attr(ds, "whole", std::vector<std::int64_t>(pl.whole.begin(), pl.whole.end()));
+      write_ints_attr(ds, "shard", {pl.shard.dim, pl.shard.parts, pl.shard.index, pl.shard.blocks});
+      write_int_attr(ds, "begin", pl.begin);
+    }
     if (hook) hook(name);
   }
   H5 scalars(H5Gcreate2(file, "scalars", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
@@ -252,6 +288,14 @@ void write_checkpoint(const std::string& path, const CheckpointData& data, const
 }
 
 CheckpointData read_checkpoint(const std::string& path) {
+  CheckpointData d = read_checkpoint_file(path);
+  RT_CHECK(d.part_of.empty(), "checkpoint '", path, "' is one rank's part of the parallel checkpoint '", d.part_of,
+           "' (in the same directory): resume from that file or from the directory");
+  if (!d.parts.empty()) assemble_parts(path, d);
+  return d;
+}
+
+CheckpointData read_checkpoint_file(const std::string& path) {
   std::lock_guard lock(data::hdf5_mutex());
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
   RT_CHECK(fs::exists(path), "checkpoint '", path, "' does not exist");
@@ -259,7 +303,7 @@ CheckpointData read_checkpoint(const std::string& path) {
   RT_CHECK(file.id >= 0, "checkpoint '", path, "' is not a readable HDF5 file (truncated or corrupt?)");
   const std::string where = "checkpoint '" + path + "'";
   std::string schema = read_string_attr(file, "schema", where);
-  RT_CHECK(schema == kCheckpointSchema, where, " has schema '", schema, "', but this ringtrain reads '",
+  RT_CHECK(schema == kCheckpointSchema || schema == kCheckpointPartSchema, where, " has schema '", schema, "', but this ringtrain reads '",
            kCheckpointSchema, "' only (",
            schema == "ringtrain-checkpoint-1" ? "written by an older ringtrain with flat per-dtype tensors and no "
                                                 "checksums; start a new run"
@@ -267,6 +311,14 @@ CheckpointData read_checkpoint(const std::string& path) {
            ")");
   CheckpointData out;
   out.config_toml = read_string_attr(file, "config", where);
+  if (schema == kCheckpointPartSchema) out.part_of = read_string_attr(file, "part_of", where);
+  if (H5Aexists(file, "parts") > 0) {
+    std::string names = read_string_attr(file, "parts", where), line;
+    for (char c : names)
+      if (c != '\n') line += c;
+      else if (!line.empty()) out.parts.push_back(std::exchange(line, std::string()));
+    RT_CHECK(!out.parts.empty(), where, ": its attribute 'parts' names no part file");
+  }
 
   RT_CHECK(H5Lexists(file, "tensors", H5P_DEFAULT) > 0, where, " has no /tensors group");
   H5 group(H5Gopen2(file, "tensors", H5P_DEFAULT), H5Gclose);
@@ -297,6 +349,19 @@ CheckpointData read_checkpoint(const std::string& path) {
     RT_CHECK(static_cast<std::uint32_t>(want) == got, tw, " fails its checksum (crc32 ", got, ", stored ", want,
              "): the file is corrupt");
     out.tensors.emplace_back(name, t);
+    if (!out.part_of.empty()) {
+      PiecePlace pl;
+      for (auto d : read_ints_attr(ds, "whole", tw)) pl.whole.push_back(d);
+      const auto sh = read_ints_attr(ds, "shard", tw);
+      RT_CHECK(sh.size() == 4, tw, ": attribute 'shard' has ", sh.size(), " values, not 4");
+      pl.shard.dim = static_cast<int>(sh[0]);
+      pl.shard.parts = static_cast<int>(sh[1]);
+      pl.shard.index = static_cast<int>(sh[2]);
+      pl.shard.blocks = static_cast<int>(sh[3]);
+      if (pl.shard.sharded()) pl.shard.global = pl.whole;
+      pl.begin = read_int_attr(ds, "begin", tw);
+      out.places.push_back(std::move(pl));
+    }
   }
   auto read_attrs = [&](const char* grp, auto&& each) {
     if (H5Lexists(file, grp, H5P_DEFAULT) <= 0) return;
@@ -340,6 +405,18 @@ void check_finite(const CheckpointData& ckpt, const std::string& path, const std
   }
 }
 
+std::vector<std::string> checkpoint_files(const std::string& path) {
+  std::vector<std::string> out = {path};
+  const fs::path p(path);
+  const std::string stem = p.stem().string() + ".part-";
+  std::error_code ec;
+  const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (e.path().filename().string().rfind(stem, 0) == 0 && e.path().extension() == ".h5") out.push_back(e.path().string());
+  std::sort(out.begin() + 1, out.end());
+  return out;
+}
+
 // ---- directory ----------------------------------------------------------------
 
 CheckpointDir::CheckpointDir(std::string dir, int keep) : dir_(std::move(dir)), keep_(keep) {}
@@ -379,8 +456,15 @@ std::string CheckpointDir::path_for(const std::string& run_id, std::int64_t step
   return (fs::path(dir_) / name).string();
 }
 
+std::string CheckpointDir::part_path_for(const std::string& run_id, std::int64_t step, int rank, int ranks) const {
+  std::string m = path_for(run_id, step);
+  char tail[64];
+  std::snprintf(tail, sizeof tail, ".part-%05d-of-%05d.h5", rank, ranks);
+  return m.substr(0, m.size() - 3) + tail;
+}
+
 std::string CheckpointDir::save(const std::string& run_id, std::int64_t step, const CheckpointData& data,
-                                const CheckpointWriteHook& hook) {
+                                const CheckpointWriteHook& hook) const {
   const std::string path = path_for(run_id, step);
   write_checkpoint(path, data, hook);
   // Rotation within this run only, by step (the newest `keep` survive).
@@ -388,7 +472,11 @@ std::string CheckpointDir::save(const std::string& run_id, std::int64_t step, co
   for (auto& e : list())
     if (e.run_id == run_id) mine.push_back(e);
   std::sort(mine.begin(), mine.end(), [](const Entry& a, const Entry& b) { return a.step > b.step; });
-  for (std::size_t i = static_cast<std::size_t>(keep_); i < mine.size(); ++i) fs::remove(mine[i].path);
+  for (std::size_t i = static_cast<std::size_t>(keep_); i < mine.size(); ++i) {
+    // A parallel checkpoint's parts go with their manifest (the manifest first: never a manifest without parts).
+    std::error_code ec;
+    for (const auto& f : checkpoint_files(mine[i].path)) fs::remove(f, ec);
+  }
   return path;
 }
 
@@ -402,10 +490,16 @@ int CheckpointDir::remove_stale_temps(const std::string& run_id) const {
   std::error_code ec;
   if (run_id.empty() || !fs::is_directory(dir_, ec)) return 0;
   const std::string prefix = "ckpt-" + run_id + "-";
+  std::vector<fs::path> stale;
   for (const auto& e : fs::directory_iterator(dir_, ec)) {
     std::string name = e.path().filename().string();
-    if (name.rfind(prefix, 0) == 0 && name.find(".h5.tmp.") != std::string::npos) n += fs::remove(e.path(), ec);
+    if (name.rfind(prefix, 0) != 0) continue;
+    const auto part = name.find(".part-");
+    if (name.find(".h5.tmp.") != std::string::npos ||
+        (part != std::string::npos && !fs::exists(fs::path(dir_) / (name.substr(0, part) + ".h5"), ec)))
+      stale.push_back(e.path());
   }
+  for (const auto& p : stale) n += fs::remove(p, ec);
   return n;
 }
 

@@ -109,7 +109,7 @@ void CheckpointSession::start_run() {
   if (cfg_.checkpoint.dir.empty() || world_.rank() != 0) return;
   int n = CheckpointDir(cfg_.checkpoint.dir, cfg_.checkpoint.keep).remove_stale_temps(pos_.run_id);
   if (n)
-    log::info("checkpoint.dir: removed ", n, " temporary file(s) of run ", pos_.run_id,
+    log::info("checkpoint.dir: removed ", n, " temporary file(s) or uncommitted part file(s) of run ", pos_.run_id,
               " left by an interrupted write");
 }
 
@@ -121,44 +121,96 @@ void CheckpointSession::truncate_metrics(const std::string& metrics) const {
               " from ", metrics, " (the resumed run writes them again)");
 }
 
-std::string CheckpointSession::save(bool force, const GatherWhole& gather_whole_state_on_rank0) {
+std::string CheckpointSession::save(bool force, const StateSource& state) {
   if (cfg_.checkpoint.dir.empty()) return "";
   if (!force && pos_.epochs_done % cfg_.checkpoint.every_epochs != 0) return "";
-  // Gather the whole named state on world rank 0 — collective on every rank.
-  // With checkpoint.async it is a private host snapshot: training may change the live state at once.
-  // The previous background write ends first (one snapshot at a time, and its
-  // memory is free to take the next); its error ends the run below, on every rank.
-  std::exception_ptr previous;
-  try {
-    writer_.wait();
-  } catch (...) {
-    previous = std::current_exception();
-  }
-  NamedTensorList whole = gather_whole_state_on_rank0();
+  // The previous write ends first (one snapshot at a time, and its memory is
+  // free to take the next); its error ends the run here, on every rank.
+  settle();
   std::string path;
-  run_on_root(world_, "writing a checkpoint", [&] {
-    if (previous) std::rethrow_exception(previous);
-    CheckpointDir dir(cfg_.checkpoint.dir, cfg_.checkpoint.keep);
-    path = dir.path_for(pos_.run_id, pos_.step);
-    auto write = [dir, run_id = pos_.run_id, step = pos_.step, hook = hooks_.checkpoint_write_hook,
-                  report = hooks_.report, data = checkpoint_data(std::move(whole), cfg_, pos_)] {
-      const auto t0 = std::chrono::steady_clock::now();
-      std::string written = CheckpointDir(dir).save(run_id, step, data, hook);
-      if (report)
-        log::info("checkpoint written: ", written, " (",
-                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), " s)");
-    };
-    if (cfg_.checkpoint.async) writer_.submit(std::move(write));
-    else write();
-  });
+  if (parallel()) {
+    path = save_parts(state.pieces());
+  } else {
+    // Gather the whole named state on world rank 0 — collective on every rank.
+    NamedTensorList whole = state.whole();
+    run_on_root(world_, "writing a checkpoint", [&] {
+      CheckpointDir dir(cfg_.checkpoint.dir, cfg_.checkpoint.keep);
+      path = dir.path_for(pos_.run_id, pos_.step);
+      auto write = [dir, run_id = pos_.run_id, step = pos_.step, hook = hooks_.checkpoint_write_hook,
+                    report = hooks_.report, data = checkpoint_data(std::move(whole), cfg_, pos_)] {
+        const auto t0 = std::chrono::steady_clock::now();
+        std::string written = CheckpointDir(dir).save(run_id, step, data, hook);
+        if (report)
+          log::info("checkpoint written: ", written, " (",
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), " s)");
+      };
+      if (cfg_.checkpoint.async) writer_.submit(std::move(write));
+      else write();
+    });
+  }
   last_save_ = std::chrono::steady_clock::now();
   return path;
 }
 
-void CheckpointSession::finish() {
-  if (cfg_.checkpoint.dir.empty()) return;
-  run_on_root(world_, "finishing the checkpoint write", [&] { writer_.wait(); });
+// Every rank writes its pieces to its own part file; the manifest that commits
+// them is written by rank 0 once every part is durable: at once when writing
+// synchronously, after the step that agrees on it with checkpoint.async.
+std::string CheckpointSession::save_parts(const std::vector<StatePiece>& pieces) {
+  const CheckpointDir dir(cfg_.checkpoint.dir, cfg_.checkpoint.keep);
+  Pending p;
+  p.path = dir.path_for(pos_.run_id, pos_.step);
+  p.step = pos_.step;
+  if (world_.rank() == 0) {
+    p.manifest = checkpoint_data({}, cfg_, pos_);
+    for (int r = 0; r < world_.size(); ++r)
+      p.manifest.parts.push_back(fs::path(dir.part_path_for(pos_.run_id, pos_.step, r, world_.size())).filename());
+  }
+  CheckpointData part;
+  part.part_of = fs::path(p.path).filename().string();
+  for (const StatePiece& sp : pieces) {
+    part.tensors.emplace_back(sp.name, sp.data);
+    part.places.push_back(sp.place);
+  }
+  auto write = [file = dir.part_path_for(pos_.run_id, pos_.step, world_.rank(), world_.size()),
+                hook = hooks_.checkpoint_write_hook, data = std::move(part)] { write_checkpoint(file, data, hook); };
+  pending_ = std::move(p);
+  if (cfg_.checkpoint.async) {
+    writer_.submit(std::move(write));
+  } else {
+    run_agreed(world_, "writing this rank's part of a checkpoint", write);
+    run_on_root(world_, "writing a checkpoint's manifest", [&] { commit(false); });
+    pending_.reset();
+  }
+  return world_.rank() == 0 ? dir.path_for(pos_.run_id, pos_.step) : std::string();
 }
+
+void CheckpointSession::commit(bool background) {
+  if (!pending_) return;
+  if (world_.rank() == 0) {
+    auto write = [dir = CheckpointDir(cfg_.checkpoint.dir, cfg_.checkpoint.keep), run_id = pos_.run_id,
+                  step = pending_->step, data = std::move(pending_->manifest), report = hooks_.report] {
+      std::string written = dir.save(run_id, step, data);
+      if (report) log::info("checkpoint written: ", written, " (", data.parts.size(), " parts)");
+    };
+    if (background) writer_.submit(std::move(write));
+    else write();
+  }
+  pending_.reset();
+}
+
+void CheckpointSession::after_step(bool all_ready) {
+  if (pending_ && all_ready) commit(true);
+}
+
+void CheckpointSession::settle() {
+  if (cfg_.checkpoint.dir.empty()) return;
+  // Every rank's write durable, or the failure on every rank, naming the rank.
+  run_agreed(world_, "writing a checkpoint", [&] { writer_.wait(); });
+  if (pending_) run_on_root(world_, "writing a checkpoint's manifest", [&] { commit(false); });
+  pending_.reset();
+}
+
+void CheckpointSession::finish() { settle(); }
 
 // Every wanted name exists with its dtype and shape, and (collectively) every
 // parameter, buffer and optimizer tensor of the file is wanted by some rank.

@@ -1,13 +1,14 @@
 #pragma once
-// One checkpoint logic for both trainers (trainer.cpp's data-parallel path and
-// pipeline_trainer.cpp's grid path): the run id and configuration fingerprint,
+// The trainer's checkpoint logic (trainer_checkpoint.cpp says what the state
+// is on each layout): the run id and configuration fingerprint,
 // the position scalars, writing with rotation, finding the newest intact
 // checkpoint, `--resume auto`, the checks that a checkpoint fits this model and
 // run, metrics truncation on resume, the stop announcement.
 //
 // A trainer hands over its state as WHOLE named tensors (state.hpp's names,
-// tensor-parallel shards gathered whole), so a file does not depend on the
-// layout that wrote it. Resume rules:
+// tensor-parallel shards gathered whole), or with checkpoint.parallel as each
+// rank's pieces of them with their places; either way a checkpoint reads as
+// whole tensors and does not depend on the layout that wrote it. Resume rules:
 //  - `--resume auto` continues a checkpoint of the same RUN (run_state::
 //    run_identity): model, data, optimizer, seed and the other keys that shape
 //    the trajectory, and the GLOBAL batch (data.batch_size x data-parallel size
@@ -26,9 +27,11 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "ringtrain/comm/communicator.hpp"
+#include "ringtrain/train/checkpoint.hpp"
 #include "ringtrain/train/state.hpp"
 #include "ringtrain/train/trainer.hpp"
 #include "async_writer.hpp"
@@ -53,18 +56,36 @@ class CheckpointSession {
   // epoch records beyond the checkpoint (the resumed run writes them again).
   void truncate_metrics(const std::string& metrics) const;
 
-  // Gathers the whole named state on world rank 0 — collective on every rank
-  // (a sharded optimizer gathers its slices here); other ranks return {}.
-  using GatherWhole = std::function<NamedTensorList()>;
+  // The state for a checkpoint, as the trainer hands it over:
+  //  - whole: the whole named state gathered on world rank 0 — collective on
+  //    every rank (a sharded optimizer gathers its slices here); {} elsewhere;
+  //  - pieces: this rank's share (checkpoint.parallel), no communication.
+  // With checkpoint.async either must be a private snapshot.
+  struct StateSource {
+    std::function<NamedTensorList()> whole;
+    std::function<std::vector<StatePiece>()> pieces;
+  };
+  // checkpoint.parallel at more than one rank: every rank writes its share to
+  // a part file and rank 0 commits a manifest once all are durable
+  // (checkpoint.hpp); otherwise rank 0 writes one file.
+  bool parallel() const { return cfg_.checkpoint.parallel && world_.size() > 1; }
   // Writes the position as it stands every checkpoint.every_epochs epochs, or
   // always with `force`. Collective. Returns the path on rank 0, "" elsewhere
-  // or when nothing was written. With checkpoint.async the gathered tensors
-  // must be a private snapshot: the file is written in the background (the
-  // path is durable after the next save() or finish()); a failed background
-  // write is an Error on every rank at the next save() or finish().
-  std::string save(bool force, const GatherWhole& gather_whole_state_on_rank0);
+  // or when nothing was written. With checkpoint.async the file (or the parts)
+  // is written in the background: the path is durable after the next save()
+  // or finish(), and a parallel checkpoint's manifest follows as soon as
+  // after_step() learns that every part is durable. A failed background write
+  // is an Error on every rank at the next save() or finish().
+  std::string save(bool force, const StateSource& state);
   // Collective: waits until the last checkpoint is durable (the run's end, a stop).
   void finish();
+  // checkpoint.async with parallel parts: this rank has no part of an
+  // uncommitted checkpoint in flight (it is durable, or there is none). The
+  // trainers carry it in the step's all-reduce; after_step() gets the verdict.
+  bool part_ready() const { return !pending_ || writer_.succeeded(); }
+  // After a step: `all_ready` — part_ready() on every rank. Rank 0 then writes
+  // the pending manifest in the background: the checkpoint is committed.
+  void after_step(bool all_ready);
 
   struct Restore {
     // Every rank: the names it takes from a checkpoint, with their WHOLE dtype and
@@ -107,6 +128,9 @@ class CheckpointSession {
   void check_names(const CheckpointData& ck, const NamedTensorList& wanted, bool with_optimizer,
                    const std::string& file) const;
   void log_layout_change(const RunPosition& ck) const;
+  void settle();                  // collective: the last write durable (or its error everywhere), committed
+  void commit(bool background);   // rank 0 writes the pending manifest; every rank forgets it
+  std::string save_parts(const std::vector<StatePiece>& pieces);
 
   const TrainConfig& cfg_;
   const Communicator& world_;
@@ -115,6 +139,13 @@ class CheckpointSession {
   bool resumed_ = false;
   LoadedCheckpoint loaded_;
   std::chrono::steady_clock::time_point last_save_ = std::chrono::steady_clock::now();
+  // A parallel checkpoint whose parts are being written: its manifest (rank 0's copy holds the data).
+  struct Pending {
+    std::string path;
+    std::int64_t step = 0;
+    CheckpointData manifest;
+  };
+  std::optional<Pending> pending_;
   AsyncWriter writer_;  // checkpoint.async: the background write (last member: joined first)
 };
 

@@ -95,6 +95,7 @@ const std::vector<Field>& fields() {
       RT_FIELD(checkpoint, every_s, "also write one after the step during which this many seconds passed since the last (rank 0's clock, agreed in the step's all-reduce; 0 = off)"),
       RT_FIELD(checkpoint, keep, "keep the last K checkpoints of this run (other runs' files are never touched)"),
       RT_FIELD(checkpoint, async, "true: training stops only to copy the state to host memory; a background thread writes the file (atomically, checksummed). A save while the previous write is in flight waits for it. The run's end and a stop wait until the file is durable. false: write before the next step"),
+      RT_FIELD(checkpoint, parallel, "true, at more than one rank: every rank writes its share of the state (its tensor shards, ZeRO-1 slices and an equal part of what ranks hold alike) to its own part file, and rank 0 commits them with a manifest once all are durable; needs a checkpoint.dir that every rank sees (a shared file system). It loads at any layout like one file. false: rank 0 gathers the whole state and writes one file"),
       RT_FIELD(log, format, "auto | bar | plain | json (step and epoch records as JSON lines on stderr)"),
       RT_FIELD(log, metrics, "JSON-lines metrics file (empty = <checkpoint.dir>/metrics.jsonl)"),
       RT_FIELD(log, interval, "steps between plain (or json) log lines and straggler checks"),
@@ -348,7 +349,9 @@ std::string TrainConfig::to_toml(bool legacy_floats) const {
     std::string key = f.key;
     // Fingerprints hash this text: a key that does not shape the trajectory and came later is left
     // out, so that changing it keeps --resume auto and checkpoints of earlier versions still match.
-    if (legacy_floats && (key == "comm.straggler_factor" || key == "checkpoint.async")) continue;
+    if (legacy_floats && (key == "comm.straggler_factor" || key == "checkpoint.async" ||
+                          key == "checkpoint.parallel"))
+      continue;
     auto dot = key.find('.');
     if (key.substr(0, dot) != section) {
       if (section == "model") os << layers_to_toml(copy.model.layers, legacy_floats);  // after [model]'s keys

@@ -139,7 +139,8 @@ std::int64_t Trainer::Impl::total_steps() const { return steps_per_epoch() * cfg
 //   engine as soon as they exist (overlap); the stages exchange activations
 //   and gradients as the pipeline schedule says; then the averaged gradients
 //   go through the one update path (fp16 unscale/skip, clipping, ZeRO-1, step).
-// The loss, the stop flag and a due checkpoint ride in one small all-reduce.
+// The loss, the stop flag, a due checkpoint and the durability of a
+// checkpoint's parts ride in one small all-reduce.
 double Trainer::Impl::train_step(EpochStats& st) {
   std::vector<Tensor> images, labels;
   for (int micro = 0; micro < cfg.train.accumulation; ++micro) {
@@ -153,7 +154,8 @@ double Trainer::Impl::train_step(EpochStats& st) {
   auto t0 = Clock::now();  // reading the batches is data wait, counted by the loader
   const int mine = hooks.stop_signal ? hooks.stop_signal() : 0;
   if (hooks.in_step) hooks.in_step(pos.step);
-  GridStepResult r = gm->train_step(images, labels, pos.step, schedule->lr_at(pos.step), mine != 0, ckpt.time_due());
+  GridStepResult r = gm->train_step(images, labels, pos.step, schedule->lr_at(pos.step),
+                                    {mine != 0, ckpt.time_due(), ckpt.part_ready()});
   st.compute_s += since(t0) - r.timing.reduce_s - r.timing.wait_s();
   st.comm_s += r.timing.reduce_s;
   st.pipeline_wait_s += r.timing.wait_s();
@@ -162,6 +164,7 @@ double Trainer::Impl::train_step(EpochStats& st) {
   st.skipped += r.skipped ? 1 : 0;
   ++pos.step;  // the schedule advances either way (as PyTorch's scheduler.step())
   save_due = r.save;
+  ckpt.after_step(r.checkpoint_ready);  // every rank's part of a checkpoint durable: rank 0 commits it
   if (r.stop && !stop_signal) {
     // Every rank sees the same flag: all stop after this step. -1: the signal reached another rank.
     stop_signal = mine ? mine : -1;

@@ -5,6 +5,7 @@
 // GridModel (parallel/grid_model.hpp); data parallelism is the grid with one
 // stage and one tensor shard.
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -41,7 +42,7 @@ struct Trainer::Impl {
   std::string last_checkpoint;    // path of the last checkpoint written (rank 0)
   std::vector<double> checkpoint_stalls_s;  // how long each save_checkpoint paused training
   std::int64_t saved_at_step = -1; // the step of this process's last checkpoint
-  NamedTensorList snapshot_pool;  // rank 0, checkpoint.async: the last snapshot, reused by the next
+  NamedTensorList snapshot_pool;  // checkpoint.async: the last snapshot, reused by the next
   Tensor scaler_state;            // f64 [4] on the host: the fp16 loss scale, checkpointed
   std::unique_ptr<StragglerMonitor> stragglers;  // made in train_epoch's first call
 
@@ -69,7 +70,8 @@ struct Trainer::Impl {
 
   // trainer_checkpoint.cpp
   NamedTensorList extra_state();  // beside the model: the loss scale
-  void snapshot(NamedTensorList& state);  // rank 0, checkpoint.async: private host copies
+  // checkpoint.async: private host copies of the tensors for which `live` says true, and of device tensors.
+  void snapshot(NamedTensorList& state, const std::function<bool(const Tensor&)>& live);
   void save_checkpoint(bool force);
   bool load(const std::string& path, bool with_optimizer);  // false: --resume auto found nothing
 };

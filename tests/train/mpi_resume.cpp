@@ -133,12 +133,9 @@ TEST(Resume, EveryStepsCheckpointsResumeExactlyFromInsideAnEpoch) {
     std::vector<std::int64_t> steps;
     std::string mid;
     if (world.rank() == 0) {
-      for (const auto& e : fs::directory_iterator(full)) {
-        const std::string n = e.path().filename().string();
-        if (n.rfind("ckpt-", 0) != 0 || e.path().extension() != ".h5") continue;
-        const std::int64_t s = std::stoll(n.substr(n.rfind("-s") + 2));
-        steps.push_back(s);
-        if (s == 5) mid = e.path().string();
+      for (const auto& e : CheckpointDir(full, 1).list()) {
+        steps.push_back(e.step);
+        if (e.step == 5) mid = e.path;
       }
       std::sort(steps.begin(), steps.end());
       std::vector<std::int64_t> want;
@@ -153,7 +150,7 @@ TEST(Resume, EveryStepsCheckpointsResumeExactlyFromInsideAnEpoch) {
     const std::string cut = data + "/every-cut-" + std::to_string(pp);
     if (world.rank() == 0) {
       fs::create_directories(cut);
-      fs::copy_file(mid, cut + "/" + fs::path(mid).filename().string());
+      for (const auto& f : checkpoint_files(mid)) fs::copy_file(f, cut + "/" + fs::path(f).filename().string());
     }
     world.barrier();
     resume_and_finish(c, cut, world, hooks);
@@ -190,9 +187,7 @@ TEST(Resume, EverySecondsCheckpointsAfterTheSameStepsOnEveryRank) {
     world.barrier();
     if (world.rank() == 0) {
       const std::int64_t spe = 256 / (16 * (world.size() / pp));
-      std::int64_t n = 0;
-      for (const auto& e : fs::directory_iterator(c.checkpoint.dir))
-        n += e.path().extension() == ".h5" && e.path().filename().string().rfind("ckpt-", 0) == 0;
+      const std::int64_t n = static_cast<std::int64_t>(CheckpointDir(c.checkpoint.dir, 1).list().size());
       EXPECT_EQ(n, spe) << "pipeline " << pp << ": one checkpoint after each of the " << spe << " steps";
     }
     world.barrier();

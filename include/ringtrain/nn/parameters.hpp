@@ -29,6 +29,23 @@ struct ShardSpec {
   bool sharded() const { return dim >= 0; }
 };
 
+// Where a piece of a whole state tensor sits (checkpoints that every rank
+// writes in part): elements [begin, begin + n) in row-major order of the
+// tensor-parallel part `shard.index` of `shard` (replicated: of the whole
+// tensor `whole`). Pieces of every part together cover the whole exactly once.
+struct PiecePlace {
+  Shape whole;
+  ShardSpec shard;
+  std::int64_t begin = 0;
+};
+
+// One rank's piece of the state (a 1-D view of live memory until snapshotted).
+struct StatePiece {
+  std::string name;  // "param/fc1.weight", "optim/exp_avg/fc1.weight", ...
+  Tensor data;       // 1-D, the piece's elements
+  PiecePlace place;
+};
+
 struct ParamInfo {
   std::string name;        // "conv1.weight"
   Shape shape;

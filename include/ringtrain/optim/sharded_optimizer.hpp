@@ -71,6 +71,17 @@ class ShardedOptimizer {
   // the whole state (others get null). make_whole: an empty one on the root, to
   // restore a checkpoint into. scatter: every rank takes its slice of the root's
   // `whole` (ignored elsewhere), and the step counter.
+  // This rank's slice of each optimizer state buffer, one entry per piece of a
+  // parameter it touches (checkpoints written by every rank; no communication):
+  // `slot` as in "optim/<slot>/<name>", `param` the full arena's index,
+  // elements [begin, begin + data.numel()) of that parameter. Padding excluded.
+  struct StateSlice {
+    std::string slot;
+    std::size_t param = 0;
+    std::int64_t begin = 0;
+    Tensor data;
+  };
+  std::vector<StateSlice> state_slices() const;
   std::unique_ptr<Optimizer> gather(int root) const;
   std::unique_ptr<Optimizer> make_whole(int root) const;
   void scatter(const Optimizer* whole, int root);

@@ -75,6 +75,13 @@ struct GridConfig {
   bool skip_allreduce = false;  // benchmarks: compute alone, gradients not averaged
 };
 
+// What each rank tells every other in the step's loss all-reduce.
+struct StepFlags {
+  bool stop = false;              // a stop signal is pending on this rank
+  bool save = false;              // a checkpoint is due by this rank's clock
+  bool checkpoint_ready = true;   // this rank's part of a checkpoint in flight is durable
+};
+
 struct GridStepResult {
   double loss = 0;              // mean over the global batch (every rank gets it)
   // This rank's share of the step's counts: the samples its logits saw (last
@@ -82,6 +89,7 @@ struct GridStepResult {
   std::int64_t correct = 0, seen = 0;
   bool stop = false;            // some rank passed stop = true to this step
   bool save = false;            // some rank passed save = true to this step
+  bool checkpoint_ready = true; // every rank passed checkpoint_ready = true
   bool skipped = false;         // fp16: a non-finite gradient somewhere, no update (every rank alike)
   StepTiming timing;            // this rank's
 };
@@ -101,11 +109,10 @@ class GridModel final : private StageOps {
 
   // One optimizer step over `accumulation` loader batches (images[i],
   // labels[i]: this replica's batch i, B samples). `step` is the run's
-  // optimizer step (Dropout masks). `stop` (a pending stop signal on this
-  // rank) and `save` (a checkpoint due by this rank's clock) ride in the
-  // step's loss all-reduce: every rank learns them without another one.
+  // optimizer step (Dropout masks). `flags` ride in the step's loss
+  // all-reduce: every rank learns them without another one.
   GridStepResult train_step(const std::vector<Tensor>& images, const std::vector<Tensor>& labels, std::int64_t step,
-                            double lr, bool stop = false, bool save = false);
+                            double lr, StepFlags flags = {});
   // Forward only, in eval mode, over the pipeline group; returns {loss sum,
   // correct} over the first `valid` samples on the last stage's tensor rank 0,
   // zeros elsewhere. Every transfer is bounded by the stage timeout.
@@ -137,6 +144,13 @@ class GridModel final : private StageOps {
   // "optim/step", held by every stage alike, once); empty elsewhere.
   // Collective over the world.
   std::vector<std::pair<std::string, Tensor>> gather_whole_state(int root = 0);
+  // This rank's share of the whole model's state for a checkpoint written by
+  // every rank (no communication): its tensor shards and ZeRO-1 slices, and
+  // for what several ranks hold alike (replicas, tensor-replicated tensors)
+  // an equal byte range of the concatenation, so the writes balance. Views of
+  // live memory. The pieces of every rank cover each whole tensor of
+  // gather_whole_state exactly once.
+  std::vector<StatePiece> state_pieces();
   // The names this rank restores, with their WHOLE dtype and shape (host
   // tensors whose contents are not meaningful): what a checkpoint must hold.
   std::vector<std::pair<std::string, Tensor>> whole_names(bool with_optimizer);
@@ -188,7 +202,7 @@ class GridModel final : private StageOps {
   std::vector<Bucket> buckets_;
   std::vector<int> bucket_of_layer_;
   std::vector<Tensor> dlogits_;      // per slot (kept by the last layer for its W)
-  Tensor step_vec_;                  // f32 [3] host: loss, stop, save (averaged)
+  Tensor step_vec_;                  // f32 [4] host: loss, stop, save, checkpoint ready (averaged)
   std::vector<Tensor> images_, labels_;
   std::int64_t step_ = 0;
   double lr_ = 0, loss_sum_ = 0;

@@ -13,6 +13,19 @@
 //   attributes on /:  "schema", "config" = TOML text
 // Files of schema 1 (flat per-dtype tensors, no checksums) are refused with a
 // message saying so.
+//
+// Checkpoints written in parallel (checkpoint.parallel): each rank writes its
+// share of the state to a part file, schema "ringtrain-checkpoint-2-part",
+// ckpt-<run>-s<step>.part-<k>-of-<n>.h5, whose tensors are 1-D pieces with
+// attributes "whole" (the whole tensor's shape), "shard" (dim, parts, index,
+// blocks of its tensor-parallel split; dim -1: replicated) and "begin" (the
+// first element within that part); root attribute "part_of" names the
+// manifest. Once every part is durable, rank 0 writes the manifest
+// ckpt-<run>-s<step>.h5: the usual file without tensors, with root attribute
+// "parts" (the part file names, one per line). The manifest is the commit
+// point: a crash before it leaves the previous checkpoint the newest intact
+// one. read_checkpoint assembles the whole tensors from the parts, so a
+// parallel checkpoint loads at any layout like a single file.
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -22,16 +35,24 @@
 #include <vector>
 
 #include "ringtrain/core/tensor.hpp"
+#include "ringtrain/nn/parameters.hpp"
 
 namespace ringtrain {
 
 inline constexpr const char* kCheckpointSchema = "ringtrain-checkpoint-2";
+inline constexpr const char* kCheckpointPartSchema = "ringtrain-checkpoint-2-part";
 
 struct CheckpointData {
   std::vector<std::pair<std::string, Tensor>> tensors;  // any device; copied to host to write
   std::map<std::string, std::int64_t> scalars;
   std::map<std::string, std::string> strings;
   std::string config_toml;
+  // A part file: the manifest's file name, and where each tensor (a 1-D piece)
+  // sits in its whole tensor, parallel to `tensors`.
+  std::string part_of;
+  std::vector<PiecePlace> places;
+  // A manifest: its part files' names (same directory), in rank order.
+  std::vector<std::string> parts;
 };
 
 // Test hook: when set, write_checkpoint calls it after each tensor is written
@@ -40,10 +61,18 @@ struct CheckpointData {
 using CheckpointWriteHook = std::function<void(const std::string& tensor)>;
 
 void write_checkpoint(const std::string& path, const CheckpointData& data, const CheckpointWriteHook& hook = {});
-// Reads every tensor into new host tensors, verifying each one's checksum.
+// Reads every tensor into new host tensors, verifying each one's checksum; a
+// manifest's whole tensors are assembled from its part files (an error names
+// a missing, foreign or incomplete part). A part file alone is refused.
 CheckpointData read_checkpoint(const std::string& path);
+// One file as stored: a part file's pieces with their places, a manifest's
+// part names without its tensors.
+CheckpointData read_checkpoint_file(const std::string& path);
 // Copies checkpoint tensor `name` into `dst` (any device), checking dtype and shape.
 void restore_tensor(const CheckpointData& ckpt, const std::string& name, Tensor dst);
+// The files that make up the checkpoint at `path`: the file itself and, for a
+// parallel checkpoint, its part files beside it (to copy or move one whole).
+std::vector<std::string> checkpoint_files(const std::string& path);
 // Throws an Error naming the first float tensor whose name starts with one of
 // `prefixes` and that holds NaN or Inf.
 void check_finite(const CheckpointData& ckpt, const std::string& path, const std::vector<std::string>& prefixes);
@@ -61,11 +90,14 @@ class CheckpointDir {
   };
   CheckpointDir(std::string dir, int keep);
   std::string save(const std::string& run_id, std::int64_t step, const CheckpointData& data,
-                   const CheckpointWriteHook& hook = {});  // returns the path
+                   const CheckpointWriteHook& hook = {}) const;  // returns the path
   std::string path_for(const std::string& run_id, std::int64_t step) const;  // the file save() writes
+  // Rank `rank`'s part of the parallel checkpoint whose manifest is path_for(run_id, step).
+  std::string part_path_for(const std::string& run_id, std::int64_t step, int rank, int ranks) const;
   std::vector<Entry> list() const;   // newest first (write time, then step)
   std::string latest() const;        // newest file, intact or not; "" when none
-  // Removes temporary files left by an interrupted write of run `run_id`; returns how many.
+  // Removes temporary files left by an interrupted write of run `run_id`, and
+  // its part files that no manifest names (a parallel write cut short); returns how many.
   int remove_stale_temps(const std::string& run_id) const;
   const std::string& dir() const { return dir_; }
 

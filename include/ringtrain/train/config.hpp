@@ -98,6 +98,7 @@ struct TrainConfig {
     double every_s = 0;            // also when this many seconds passed since the last one (0 = off)
     int keep = 3;
     bool async = true;             // snapshot to host memory, write in a background thread
+    bool parallel = true;          // every rank writes its share (part files + a manifest)
   } checkpoint;
   struct Log {
     std::string format = "auto";   // auto (bar on a terminal, plain otherwise) | bar | plain | json (JSON lines)
