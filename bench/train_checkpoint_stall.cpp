@@ -7,9 +7,15 @@
 // save (gather, snapshot, a wait for a previous write still in flight); the
 // table gives the median over the checkpoints after the first, and the first
 // apart (async: its snapshot buffers are fresh pages, reused afterwards).
-// step_ms (sync run) and async_step: median step time away from checkpoints;
-// async_step also holds the background write's competition for cores and memory bandwidth.
+// step_ms: median step time away from checkpoints (async: with the background
+// write competing for cores and memory bandwidth); after_ms: the mean of each
+// checkpoint's following step minus step_ms (the stall is not in it).
+// Under mpirun (data parallelism, or --pipeline/--tensor/--zero) each mode runs
+// twice: every rank writing its part (checkpoint.parallel, the default) and
+// rank 0 gathering one file; a stall is the slowest rank's, and the ideal of
+// the parallel write is the memcpy of the largest rank's share.
 // Run: build/bench/bench_train_checkpoint_stall [--models vit,resnet] [--device cpu|cuda]
+//      mpirun -np 2 build/bench/bench_train_checkpoint_stall --models vit [--pipeline 2] [--zero]
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -20,9 +26,11 @@
 #include <sstream>
 #include <vector>
 
+#include "ringtrain/comm/collectives.hpp"
 #include "ringtrain/comm/communicator.hpp"
 #include "ringtrain/core/log.hpp"
 #include "ringtrain/data/prepare.hpp"
+#include "ringtrain/train/checkpoint.hpp"
 #include "ringtrain/train/trainer.hpp"
 
 using namespace ringtrain;
@@ -33,14 +41,16 @@ namespace {
 
 struct Options {
   std::string models = "vit,resnet", device = "cpu", data = "/usr/share/datasets/fashion-mnist", dir;
-  int batch = 8, every = 10, checkpoints = 4, threads = 1;
+  int batch = 8, every = 10, checkpoints = 4, threads = 1, pipeline = 1, tensor = 1;
+  bool zero = false;
 };
 
 struct Run {
   double first_s = 0, stall_s = 0, step_s = 0;  // the first checkpoint's stall (fresh pages), the median of the others; median step
   std::vector<double> all;          // each checkpoint's stall
   std::vector<double> after;        // each checkpoint's following step minus the median step
-  std::size_t state_bytes = 0;
+  std::size_t state_bytes = 0;      // the whole model's parameters + optimizer state
+  std::size_t rank_bytes = 0;       // the largest rank's
   std::int64_t params = 0;
 };
 
@@ -64,10 +74,15 @@ TrainConfig model_config(const std::string& model, const Options& o, const std::
   return c;
 }
 
-Run run(const std::string& model, bool async, const Options& o, const std::string& data, const Communicator& w) {
+Run run(const std::string& model, bool async, bool parallel, const Options& o, const std::string& data,
+        const Communicator& w) {
   TrainConfig c = model_config(model, o, data);
-  c.checkpoint.dir = (fs::path(o.dir) / (model + (async ? "-async" : "-sync"))).string();
+  c.checkpoint.dir = (fs::path(o.dir) / (model + (async ? "-async" : "-sync") + (parallel ? "-parts" : ""))).string();
   c.checkpoint.async = async;
+  c.checkpoint.parallel = parallel;
+  c.parallel.pipeline = o.pipeline;
+  c.parallel.tensor = o.tensor;
+  c.parallel.shard_optimizer = o.zero;
   c.checkpoint.every_steps = o.every;
   c.checkpoint.keep = 2;
   // The run ends on a checkpoint step (saved once). `every` must leave the write time to finish,
@@ -91,6 +106,8 @@ Run run(const std::string& model, bool async, const Options& o, const std::strin
   TrainResult r = t.fit();
   Run out;
   std::vector<double> st = r.checkpoint_stalls_s;
+  // The step goes on when the slowest rank does: each checkpoint's stall is the maximum over ranks.
+  if (!st.empty()) allreduce(st.data(), st.data(), st.size(), DType::f64, ReduceOp::max, w);
   out.all = st;
   if (!st.empty()) out.first_s = st.front();
   if (st.size() > 1) st.erase(st.begin());
@@ -100,7 +117,34 @@ Run run(const std::string& model, bool async, const Options& o, const std::strin
   out.step_s = steps.empty() ? 0 : steps[steps.size() / 2];
   for (double a : after) out.after.push_back(a - out.step_s);
   TrainerMemory m = t.memory();
-  out.state_bytes = m.params + m.optimizer;
+  double mine = static_cast<double>(m.params + m.optimizer), sum = mine, most = mine;
+  allreduce(&sum, &sum, 1, DType::f64, ReduceOp::sum, w);
+  allreduce(&most, &most, 1, DType::f64, ReduceOp::max, w);
+  // Replicas hold the same bytes: the whole state is the sum over one replica's ranks (ZeRO-1: every rank's
+  // optimizer share counts, so the sum over the world of the shares plus one replica's parameters).
+  const int replicas = w.size() / (o.pipeline * o.tensor);
+  double params_bytes = static_cast<double>(m.params), opt_bytes = static_cast<double>(m.optimizer);
+  allreduce(&params_bytes, &params_bytes, 1, DType::f64, ReduceOp::sum, w);
+  allreduce(&opt_bytes, &opt_bytes, 1, DType::f64, ReduceOp::sum, w);
+  out.state_bytes = static_cast<std::size_t>(params_bytes / replicas + (o.zero ? opt_bytes : opt_bytes / replicas));
+  out.rank_bytes = static_cast<std::size_t>(most);
+  (void)sum;
+  // A parallel checkpoint: what each rank wrote (its part file's tensors); the largest is the ideal's share.
+  if (parallel && w.size() > 1 && w.rank() == 0) {
+    std::vector<CheckpointDir::Entry> e = CheckpointDir(c.checkpoint.dir, 1).list();
+    if (!e.empty()) {
+      out.rank_bytes = 0;
+      const fs::path dir = fs::path(e.front().path).parent_path();
+      for (const auto& part : read_checkpoint_file(e.front().path).parts) {
+        std::size_t b = 0;
+        for (const auto& [name, t] : read_checkpoint_file((dir / part).string()).tensors) b += t.nbytes();
+        out.rank_bytes = std::max(out.rank_bytes, b);
+      }
+    }
+  }
+  std::uint64_t rb = out.rank_bytes;
+  broadcast(&rb, 1, DType::i64, 0, w);
+  out.rank_bytes = static_cast<std::size_t>(rb);
   out.params = m.model_param_count;
   return out;
 }
@@ -133,6 +177,9 @@ int main(int argc, char** argv) {
   app.add_option("--every", o.every, "checkpoint.every_steps");
   app.add_option("--checkpoints", o.checkpoints, "checkpoints per run");
   app.add_option("--threads", o.threads, "compute threads");
+  app.add_option("--pipeline", o.pipeline, "parallel.pipeline");
+  app.add_option("--tensor", o.tensor, "parallel.tensor");
+  app.add_flag("--zero", o.zero, "parallel.shard_optimizer (ZeRO-1)");
   app.add_option("--dir", o.dir, "where to write (default: a temporary directory, removed)");
   CLI11_PARSE(app, argc, argv);
   Communicator world = Communicator::world();
@@ -147,32 +194,44 @@ int main(int argc, char** argv) {
   p.name = "fashion-mnist";
   data::prepare_dataset(p, world);
 
+  const bool multi = world.size() > 1;
   if (world.rank() == 0) {
-    std::printf("ratios against the median memcpy of the state (parameters + optimizer state)\n");
-    std::printf("%-8s %10s %9s %10s %11s %12s %8s %8s %12s %9s %10s\n", "model", "params", "state_MB", "memcpy_med",
-                "sync_stall", "async_stall", "sync/mc", "async/mc", "async_first", "step_ms", "async_step");
+    std::printf("%d rank(s): pipeline %d x tensor %d x data %d%s, %d thread(s) each\n", world.size(), o.pipeline,
+                o.tensor, world.size() / (o.pipeline * o.tensor), o.zero ? " with ZeRO-1" : "", o.threads);
+    std::printf("ratios against the median memcpy of the state (parameters + optimizer state)%s\n",
+                multi ? " and of the largest rank's share (the ideal of the parallel write)" : "");
   }
   std::stringstream list(o.models);
   for (std::string m; std::getline(list, m, ',');) {
-    Run s = run(m, false, o, data, world);
-    Run a = run(m, true, o, data, world);
+    struct Mode {
+      const char* name;
+      bool async, parallel;
+      Run r;
+    };
+    std::vector<Mode> modes = {{"sync", false, multi, {}}, {"async", true, multi, {}}};
+    if (multi) modes = {{"sync, one file", false, false, {}}, {"sync, parts", false, true, {}},
+                        {"async, one file", true, false, {}}, {"async, parts", true, true, {}}};
+    for (Mode& md : modes) md.r = run(m, md.async, md.parallel, o, data, world);
+    const Run& a = modes.back().r;
     const auto [mc_best, mc] = memcpy_s(a.state_bytes);
-    if (world.rank() == 0)
-      std::printf("%-8s %10lld %9.1f %10.2f %11.2f %12.2f %8.2f %8.2f %12.2f %9.1f %10.1f%s\n", m.c_str(),
-                  static_cast<long long>(a.params), a.state_bytes / 1e6, mc * 1e3, s.stall_s * 1e3, a.stall_s * 1e3,
-                  s.stall_s / mc, a.stall_s / mc, a.first_s * 1e3, s.step_s * 1e3, a.step_s * 1e3,
-                  a.stall_s <= 1.5 * mc ? "" : "  (above 1.5x memcpy)");
-    if (world.rank() == 0) {
-      std::printf("  %s: memcpy best %.2f ms; stall of each checkpoint (ms): sync", m.c_str(), mc_best * 1e3);
-      for (double x : s.all) std::printf(" %.1f", x * 1e3);
-      std::printf("; async");
-      for (double x : a.all) std::printf(" %.1f", x * 1e3);
-      std::printf("\n  %s: the step after each checkpoint minus the median step (ms; async: the write competes for cores): sync",
-                  m.c_str());
-      for (double x : s.after) std::printf(" %.1f", x * 1e3);
-      std::printf("; async");
-      for (double x : a.after) std::printf(" %.1f", x * 1e3);
-      std::printf("\n");
+    const auto [share_best, share] = memcpy_s(a.rank_bytes);  // every rank at once: they share the node's bandwidth
+    double share_max = share;
+    allreduce(&share_max, &share_max, 1, DType::f64, ReduceOp::max, world);
+    if (world.rank() != 0) continue;
+    std::printf("%s: %lld parameters, state %.1f MB (memcpy median %.2f ms, best %.2f)", m.c_str(),
+                static_cast<long long>(a.params), a.state_bytes / 1e6, mc * 1e3, mc_best * 1e3);
+    if (multi) std::printf("; largest rank's share %.1f MB (memcpy on every rank at once %.2f ms)", a.rank_bytes / 1e6,
+                           share_max * 1e3);
+    std::printf("\n  %-16s %10s %9s %s %11s %9s %10s  %s\n", "mode", "stall_ms", "stall/mc", multi ? "stall/share_mc" : "",
+                "first_ms", "step_ms", "after_ms", "each checkpoint's stall (ms)");
+    for (const Mode& md : modes) {
+      std::printf("  %-16s %10.2f %9.2f ", md.name, md.r.stall_s * 1e3, md.r.stall_s / mc);
+      if (multi) std::printf("%14.2f ", md.r.stall_s / share_max);
+      double after = 0;
+      for (double x : md.r.after) after += x / std::max<std::size_t>(1, md.r.after.size());
+      std::printf("%11.2f %9.1f %10.1f  ", md.r.first_s * 1e3, md.r.step_s * 1e3, after * 1e3);
+      for (double x : md.r.all) std::printf(" %.1f", x * 1e3);
+      std::printf("%s\n", md.async && md.r.stall_s > 1.5 * mc ? "  (above 1.5x memcpy)" : "");
     }
     std::fflush(stdout);
   }

@@ -96,6 +96,19 @@ Tensor Tensor::flat_view(std::int64_t offset, std::int64_t n) const {
   return t;
 }
 
+Tensor Tensor::view_bytes(std::size_t byte_offset, const Shape& shape, DType dt) const {
+  const std::size_t at = offset_ * dtype_size(dtype_) + byte_offset, esz = dtype_size(dt);
+  const std::int64_t n = shape_numel(shape);
+  RT_CHECK(at % esz == 0 && byte_offset + static_cast<std::size_t>(n) * esz <= nbytes(), "byte view at ",
+           byte_offset, " of ", n, " ", dtype_name(dt), " elements: misaligned or beyond ", nbytes(), " bytes");
+  Tensor t = *this;
+  t.shape_ = shape;
+  t.numel_ = n;
+  t.dtype_ = dt;
+  t.offset_ = at / esz;
+  return t;
+}
+
 Tensor Tensor::clone() const { return to(device()); }
 
 Tensor Tensor::to(Device dev) const {

@@ -2,10 +2,13 @@
 // checking them is checkpoint_session.cpp): what the state is on every layout
 // and how it is restored. The grid model hands over its state per parameter,
 // tensor shards whole and ZeRO-1 slices gathered, so one file serves every layout.
+#include <omp.h>
+
 #include <algorithm>
 #include <cstring>
 #include <functional>
 
+#include "ringtrain/core/stream_copy.hpp"
 #include "ringtrain/train/checkpoint.hpp"
 #include "trainer_impl.hpp"
 
@@ -22,23 +25,53 @@ NamedTensorList Trainer::Impl::extra_state() {
 
 namespace {
 
-// Host-to-host copies cut into 4 MiB chunks over the compute threads (idle at
-// the step boundary): one thread's memcpy does not reach the memory bandwidth.
-void copy_chunked(const std::vector<std::pair<Tensor, Tensor>>& copies) {
-  struct Chunk {
+// Contiguous stretches of live host memory, to copy with one memcpy each.
+struct Run {
+  const char* src;
+  std::size_t bytes;
+};
+
+// Runs covering `ts` (sorted by address; gaps up to 64 bytes, the arena's
+// alignment padding, are copied along), and each tensor's run and offset in it.
+std::vector<Run> runs_of(const std::vector<const Tensor*>& ts, std::vector<std::pair<std::size_t, std::size_t>>& at) {
+  std::vector<std::size_t> order(ts.size());
+  for (std::size_t i = 0; i < ts.size(); ++i) order[i] = i;
+  auto src = [&](std::size_t i) { return static_cast<const char*>(ts[i]->raw()); };
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return src(a) < src(b); });
+  std::vector<Run> runs;
+  at.assign(ts.size(), {0, 0});
+  for (std::size_t i : order) {
+    const char* p = src(i);
+    const std::size_t n = ts[i]->nbytes();
+    if (runs.empty() || p > runs.back().src + runs.back().bytes + 64) runs.push_back({p, 0});
+    Run& r = runs.back();
+    at[i] = {runs.size() - 1, static_cast<std::size_t>(p - r.src)};
+    r.bytes = std::max(r.bytes, static_cast<std::size_t>(p - r.src) + n);
+  }
+  return runs;
+}
+
+// Each run in at most one piece per compute thread (idle at the step
+// boundary), with non-temporal stores: the snapshot is not read again until
+// the background write.
+void copy_runs(const std::vector<Run>& runs, const std::vector<Tensor>& blocks) {
+  struct Piece {
     char* dst;
     const char* src;
     std::size_t n;
   };
-  constexpr std::size_t kChunk = std::size_t{4} << 20;
-  std::vector<Chunk> chunks;
-  for (const auto& [dst, src] : copies)
-    for (std::size_t at = 0; at < dst.nbytes(); at += kChunk)
-      chunks.push_back({static_cast<char*>(dst.raw()) + at, static_cast<const char*>(src.raw()) + at,
-                        std::min(kChunk, dst.nbytes() - at)});
-  const std::int64_t n = static_cast<std::int64_t>(chunks.size());
+  const std::size_t threads = static_cast<std::size_t>(std::max(1, omp_get_max_threads()));
+  constexpr std::size_t kMinPiece = std::size_t{16} << 20;
+  std::vector<Piece> pieces;
+  for (std::size_t r = 0; r < runs.size(); ++r) {
+    const std::size_t parts = std::clamp<std::size_t>(runs[r].bytes / kMinPiece, 1, threads);
+    const std::size_t per = (runs[r].bytes / parts + 16383) / 16384 * 16384;  // whole 4-page blocks
+    for (std::size_t at = 0; at < runs[r].bytes; at += per)
+      pieces.push_back({static_cast<char*>(blocks[r].raw()) + at, runs[r].src + at, std::min(per, runs[r].bytes - at)});
+  }
+  const std::int64_t n = static_cast<std::int64_t>(pieces.size());
 #pragma omp parallel for schedule(dynamic) if (n > 1)
-  for (std::int64_t i = 0; i < n; ++i) std::memcpy(chunks[i].dst, chunks[i].src, chunks[i].n);
+  for (std::int64_t i = 0; i < n; ++i) stream_copy(pieces[i].dst, pieces[i].src, pieces[i].n);
 }
 
 }  // namespace
@@ -46,28 +79,37 @@ void copy_chunked(const std::vector<std::pair<Tensor, Tensor>>& copies) {
 // checkpoint.async: the tensors to write become a private host snapshot. A
 // tensor received from another rank, gathered from shards or copied off the
 // GPU is one already; a view of this rank's live memory (`live`) is copied,
-// so its bytes are copied exactly once. The copy is the whole stall.
+// so its bytes are copied exactly once. The copy is the whole stall: it goes
+// run by run (the arena's flat buffers) into blocks reused from checkpoint to
+// checkpoint (fresh pages cost more than the copy), and the snapshot's tensors
+// are views that keep their block alive, so a trainer ending mid-write never
+// frees memory under the write.
 void Trainer::Impl::snapshot(NamedTensorList& state, const std::function<bool(const Tensor&)>& live) {
-  std::vector<std::pair<Tensor, Tensor>> host;  // (snapshot buffer, live tensor)
+  std::vector<const Tensor*> host;
+  std::vector<std::size_t> which;
   for (std::size_t i = 0; i < state.size(); ++i) {
-    auto& [name, t] = state[i];
-    if (t.device().is_cpu() && !live(t)) continue;
-    // The last snapshot's buffer (its write is over: CheckpointSession::save waited before
-    // asking): fresh pages would cost more than the copy itself. The buffers are owned here
-    // and by the write job, so a trainer ending mid-write never frees them under it.
-    Tensor buf;
-    if (i < snapshot_pool.size() && snapshot_pool[i].first == name && snapshot_pool[i].second.dtype() == t.dtype() &&
-        snapshot_pool[i].second.shape() == t.shape())
-      buf = snapshot_pool[i].second;
-    else
-      buf = Tensor::empty(t.shape(), t.dtype());
-    if (t.device().is_cpu()) host.emplace_back(buf, t);
-    else buf.copy_from(t);  // off the device
-    t = buf;
+    Tensor& t = state[i].second;
+    if (!t.device().is_cpu()) t = t.to(Device::cpu());  // off the device: a private copy already
+    else if (t.nbytes() && live(t)) {
+      host.push_back(&t);
+      which.push_back(i);
+    }
   }
-  copy_chunked(host);
-  snapshot_pool.clear();
-  for (auto& [name, t] : state) snapshot_pool.emplace_back(name, t);
+  std::vector<std::pair<std::size_t, std::size_t>> at;
+  const std::vector<Run> runs = runs_of(host, at);
+  // The last snapshot's blocks when the runs are the same sizes (its write is
+  // over: CheckpointSession::save waited before asking for this one).
+  bool reuse = snapshot_blocks.size() == runs.size();
+  for (std::size_t r = 0; reuse && r < runs.size(); ++r) reuse = snapshot_blocks[r].nbytes() == runs[r].bytes;
+  if (!reuse) {
+    snapshot_blocks.clear();
+    for (const Run& r : runs) snapshot_blocks.push_back(Tensor::empty({static_cast<std::int64_t>(r.bytes)}, DType::u8));
+  }
+  copy_runs(runs, snapshot_blocks);
+  for (std::size_t k = 0; k < which.size(); ++k) {
+    Tensor& t = state[which[k]].second;
+    t = snapshot_blocks[at[k].first].view_bytes(at[k].second, t.shape(), t.dtype());
+  }
 }
 
 // Every `checkpoint.every_epochs` epochs, or always with `force` (the run ends:

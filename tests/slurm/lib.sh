@@ -36,23 +36,11 @@ submit() {  # submit SBATCH-ARGS... -- SCRIPT-ARGS...: prints the job id
     echo "${out%%;*}"
 }
 
-# Compares every tensor of two checkpoints bit for bit (HDF5, /tensors/...).
+# Compares every tensor of two checkpoints bit for bit (one file, or a parallel
+# checkpoint's manifest and parts; an independent reader of the format).
 same_tensors() {
-    /usr/bin/python3 - "$1" "$2" <<'EOF'
-import sys, h5py, numpy as np
-def load(p):
-    out = {}
-    with h5py.File(p, "r") as f:
-        f["tensors"].visititems(lambda n, o: out.__setitem__(n, o[()]) if isinstance(o, h5py.Dataset) else None)
-    return out
-a, b = load(sys.argv[1]), load(sys.argv[2])
-if a.keys() != b.keys():
-    sys.exit(f"tensor names differ: {sorted(a.keys() ^ b.keys())[:5]}")
-bad = [k for k in a if a[k].tobytes() != b[k].tobytes()]
-if bad:
-    sys.exit(f"{len(bad)} of {len(a)} tensors differ, e.g. {bad[0]}")
-print(f"{len(a)} tensors bitwise equal")
-EOF
+    /usr/bin/python3 "$(dirname "${BASH_SOURCE[0]}")/../support/checkpoint_tensors.py" "$1" "$2"
 }
 
-newest_ckpt() { ls -t "$1"/*.h5 2>/dev/null | head -1; }
+# The newest checkpoint (a file, or a parallel checkpoint's manifest: not its parts).
+newest_ckpt() { ls -t "$1"/*.h5 2>/dev/null | grep -v '\.part-' | head -1; }

@@ -69,6 +69,9 @@ class Tensor {
   Tensor slice_rows(std::int64_t begin, std::int64_t end) const;
   // Elements [offset, offset + n) as a flat view.
   Tensor flat_view(std::int64_t offset, std::int64_t n) const;
+  // The bytes from `byte_offset` on as a tensor of `shape` and `dt`, sharing
+  // (and keeping alive) this tensor's storage; the offset must be a multiple of dt's size.
+  Tensor view_bytes(std::size_t byte_offset, const Shape& shape, DType dt) const;
 
   Tensor clone() const;              // deep copy on the same device
   Tensor to(Device dev) const;       // deep copy onto dev (self if already there? no: always a copy)
