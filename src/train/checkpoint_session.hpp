@@ -79,6 +79,12 @@ class CheckpointSession {
   std::string save(bool force, const StateSource& state);
   // Collective: waits until the last checkpoint is durable (the run's end, a stop).
   void finish();
+  // Collective: a parallel checkpoint still waiting for its manifest is
+  // committed now (before an evaluation that could end the run: a one-file
+  // checkpoint is durable then anyway, as its writer finishes on the way out).
+  void commit_parts() {
+    if (pending_) settle();
+  }
   // checkpoint.async with parallel parts: this rank has no part of an
   // uncommitted checkpoint in flight (it is durable, or there is none). The
   // trainers carry it in the step's all-reduce; after_step() gets the verdict.

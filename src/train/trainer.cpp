@@ -277,6 +277,7 @@ TrainResult Trainer::Impl::fit() {
       break;
     }
     if (hooks.evaluate) {
+      ckpt.commit_parts();  // the epoch stays saved if its evaluation fails
       auto te = Clock::now();
       EvalResult ev = evaluate(cfg.data.test);
       record_evaluation(cfg, epoch, ev, since(te), since(run_t0), world.rank() == 0, m, res);
