@@ -291,7 +291,10 @@ CheckpointData read_checkpoint(const std::string& path) {
   CheckpointData d = read_checkpoint_file(path);
   RT_CHECK(d.part_of.empty(), "checkpoint '", path, "' is one rank's part of the parallel checkpoint '", d.part_of,
            "' (in the same directory): resume from that file or from the directory");
-  if (!d.parts.empty()) assemble_parts(path, d);
+  if (!d.parts.empty()) {
+    assemble_parts(path, d);
+    d.parts.clear();  // whole tensors now: written back, it is one file
+  }
   return d;
 }
 
