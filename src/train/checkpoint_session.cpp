@@ -85,6 +85,7 @@ void CheckpointSession::describe_run(std::int64_t params, int pipeline, int tens
   pos_.data_parallel = data_parallel;
   pos_.steps_per_epoch = steps_per_epoch;
   pos_.fingerprint = run_state::fingerprint(cfg_, world_.size());
+  config_toml_ = cfg_.to_toml();  // the configuration is final now; every checkpoint stores it
   pos_.identity = run_state::run_identity(
       cfg_, std::int64_t{cfg_.data.batch_size} * data_parallel * cfg_.train.accumulation);
 }
@@ -137,7 +138,7 @@ std::string CheckpointSession::save(bool force, const StateSource& state) {
       CheckpointDir dir(cfg_.checkpoint.dir, cfg_.checkpoint.keep);
       path = dir.path_for(pos_.run_id, pos_.step);
       auto write = [dir, run_id = pos_.run_id, step = pos_.step, hook = hooks_.checkpoint_write_hook,
-                    report = hooks_.report, data = checkpoint_data(std::move(whole), cfg_, pos_)] {
+                    report = hooks_.report, data = checkpoint_data(std::move(whole), config_toml_, pos_)] {
         const auto t0 = std::chrono::steady_clock::now();
         std::string written = CheckpointDir(dir).save(run_id, step, data, hook);
         if (report)
@@ -161,7 +162,7 @@ std::string CheckpointSession::save_parts(const std::vector<StatePiece>& pieces)
   p.path = dir.path_for(pos_.run_id, pos_.step);
   p.step = pos_.step;
   if (world_.rank() == 0) {
-    p.manifest = checkpoint_data({}, cfg_, pos_);
+    p.manifest = checkpoint_data({}, config_toml_, pos_);
     for (int r = 0; r < world_.size(); ++r)
       p.manifest.parts.push_back(fs::path(dir.part_path_for(pos_.run_id, pos_.step, r, world_.size())).filename());
   }

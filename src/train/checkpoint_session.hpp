@@ -143,6 +143,7 @@ class CheckpointSession {
   const TrainerHooks& hooks_;
   RunPosition& pos_;
   bool resumed_ = false;
+  std::string config_toml_;       // stored in every checkpoint
   LoadedCheckpoint loaded_;
   std::chrono::steady_clock::time_point last_save_ = std::chrono::steady_clock::now();
   // A parallel checkpoint whose parts are being written: its manifest (rank 0's copy holds the data).

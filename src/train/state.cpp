@@ -4,7 +4,7 @@
 
 namespace ringtrain {
 
-CheckpointData checkpoint_data(NamedTensorList tensors, const TrainConfig& cfg, const RunPosition& pos) {
+CheckpointData checkpoint_data(NamedTensorList tensors, std::string config_toml, const RunPosition& pos) {
   CheckpointData d;
   d.tensors = std::move(tensors);
   d.scalars = {{"epochs_done", pos.epochs_done}, {"step", pos.step},     {"step_in_epoch", pos.step_in_epoch},
@@ -13,7 +13,7 @@ CheckpointData checkpoint_data(NamedTensorList tensors, const TrainConfig& cfg, 
                {"resumes", pos.resumes},         {"pipeline", pos.pipeline}, {"tensor", pos.tensor},
                {"data_parallel", pos.data_parallel}, {"steps_per_epoch", pos.steps_per_epoch}};
   d.strings = {{"run_id", pos.run_id}, {"fingerprint", pos.fingerprint}, {"run_identity", pos.identity}};
-  d.config_toml = cfg.to_toml();
+  d.config_toml = std::move(config_toml);
   return d;
 }
 

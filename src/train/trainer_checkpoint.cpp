@@ -123,17 +123,22 @@ void Trainer::Impl::save_checkpoint(bool force) {
   state.whole = [&] {
     // World rank 0 gathers every stage's whole state (collective on every rank).
     saved = true;
-    NamedTensorList all = gm->gather_whole_state(0);
+    // One rank on the host: the state is views of memory that never moves, the same list every time.
+    const bool local = world.size() == 1 && device.is_cpu();
+    if (local && whole_views.empty()) whole_views = gm->gather_whole_state(0);
+    NamedTensorList all = local ? whole_views : gm->gather_whole_state(0);
     if (world.rank() == 0) {
       for (auto& e : extra_state()) all.emplace_back(e.first, e.second.clone());  // small, and live
       if (cfg.checkpoint.async) {
-        std::vector<std::pair<const char*, const char*>> ranges;
-        for (auto& [name, t] : gm->replicated_state())
-          if (t.device().is_cpu() && t.nbytes())
-            ranges.emplace_back(static_cast<const char*>(t.raw()), static_cast<const char*>(t.raw()) + t.nbytes());
+        if (live_ranges.empty())  // this rank's host state: where it lives does not change
+          for (auto& [name, t] : gm->replicated_state())
+            if (t.device().is_cpu() && t.nbytes())
+              live_ranges.emplace_back(static_cast<const char*>(t.raw()),
+                                       static_cast<const char*>(t.raw()) + t.nbytes());
         snapshot(all, [&](const Tensor& t) {
           const char* p = static_cast<const char*>(t.raw());
-          return std::any_of(ranges.begin(), ranges.end(), [&](const auto& r) { return p >= r.first && p < r.second; });
+          return std::any_of(live_ranges.begin(), live_ranges.end(),
+                             [&](const auto& r) { return p >= r.first && p < r.second; });
         });
       }
     }

@@ -42,6 +42,8 @@ struct Trainer::Impl {
   std::string last_checkpoint;    // path of the last checkpoint written (rank 0)
   std::vector<double> checkpoint_stalls_s;  // how long each save_checkpoint paused training
   std::int64_t saved_at_step = -1; // the step of this process's last checkpoint
+  NamedTensorList whole_views;    // one rank on the host: gather_whole_state's views, listed once
+  std::vector<std::pair<const char*, const char*>> live_ranges;  // the host memory of this rank's state
   std::vector<Tensor> snapshot_blocks;  // checkpoint.async: the last snapshot's host memory, reused by the next
   Tensor scaler_state;            // f64 [4] on the host: the fp16 loss scale, checkpointed
   std::unique_ptr<StragglerMonitor> stragglers;  // made in train_epoch's first call

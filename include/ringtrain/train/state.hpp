@@ -42,8 +42,8 @@ struct RunPosition {
 };
 
 // A checkpoint of the whole named state `tensors` (model_state's names, with
-// tensor-parallel shards whole) at `pos`: scalars, strings and the config.
-CheckpointData checkpoint_data(NamedTensorList tensors, const TrainConfig& cfg, const RunPosition& pos);
+// tensor-parallel shards whole) at `pos`: scalars, strings and the configuration (TOML text).
+CheckpointData checkpoint_data(NamedTensorList tensors, std::string config_toml, const RunPosition& pos);
 // Reads the position scalars and strings of a checkpoint (files written before
 // the layout scalars existed read as pipeline = tensor = 1, data_parallel = ranks).
 RunPosition checkpoint_position(const CheckpointData& ckpt);
