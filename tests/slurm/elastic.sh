@@ -40,7 +40,8 @@ echo "killed node3 ($pids) at ${at_kill:-?}"
 state=$(wait_job "$id" 400)
 check "job $id completed on the nodes left (state $state)" test "$state" = COMPLETED
 check "the script saw node3 lost" grep -qE 'step failed \(exit [0-9]+\); nodes alive: node1 node2; lost: node3' "$out"
-check "relaunched at 2 ranks on node1 node2" grep -q 'launch 1: 2 rank(s) on 2 node(s) (node1 node2)' "$out"
+check "relaunched at 2 ranks on node1 node2 via ${LAUNCHER:-mpirun}" \
+    grep -q "launch 1: 2 rank(s) on 2 node(s) (node1 node2) via ${LAUNCHER:-mpirun}" "$out"
 check "the trainer logged the layout change" grep -qE 'checkpoint written at .*data 3 \(3 ranks\), continuing at .*data 2 \(2 ranks\)' "$out"
 check "training finished" grep -q 'training finished after 1 relaunch' "$out"
 ref_step=$(/usr/bin/python3 -c "import h5py,sys;print(h5py.File(sys.argv[1],'r')['scalars'].attrs['step'])" "$(newest_ckpt "$WORK/ref")")

@@ -9,6 +9,7 @@
 #include "ringtrain/comm/communicator.hpp"
 #include "ringtrain/data/prepare.hpp"
 #include "ringtrain/train/config.hpp"
+#include "ringtrain/train/trainer.hpp"
 
 namespace ringtrain::test_fixtures {
 
@@ -46,6 +47,14 @@ inline std::string fashion_mnist(const Communicator& world, const std::string& t
   o.name = "fashion-mnist";
   data::prepare_dataset(o, world);
   return dir.string();
+}
+
+// Hooks of a trainer under test: no evaluation, no log lines.
+inline TrainerHooks quiet_hooks() {
+  TrainerHooks h;
+  h.evaluate = false;
+  h.report = false;
+  return h;
 }
 
 inline TrainConfig small_config(const std::string& dir) {

@@ -39,12 +39,7 @@ TrainConfig config(const std::string& data, const std::string& dir) {
   return c;
 }
 
-TrainerHooks quiet() {
-  TrainerHooks h;
-  h.evaluate = false;
-  h.report = false;
-  return h;
-}
+TrainerHooks quiet() { return test_fixtures::quiet_hooks(); }
 
 // The checkpoint number (1, 2, ...) a write-hook call belongs to: the first
 // tensor's name comes back at the start of each file.

@@ -69,12 +69,7 @@ TrainConfig config(const std::string& data, const std::string& dir, const Layout
   return c;
 }
 
-TrainerHooks quiet() {
-  TrainerHooks h;
-  h.evaluate = false;
-  h.report = false;
-  return h;
-}
+TrainerHooks quiet() { return test_fixtures::quiet_hooks(); }
 
 std::map<std::string, Tensor> by_name(const CheckpointData& d) {
   std::map<std::string, Tensor> m;

@@ -71,12 +71,7 @@ TrainConfig config(const Communicator& world, const Case& k, bool shard, int ste
   return c;
 }
 
-TrainerHooks quiet() {
-  TrainerHooks h;
-  h.evaluate = false;
-  h.report = false;
-  return h;
-}
+TrainerHooks quiet() { return test_fixtures::quiet_hooks(); }
 
 // Every parameter, copied out of the trainer's arena.
 std::vector<std::pair<std::string, std::vector<float>>> params_of(Trainer& t) {
