@@ -43,8 +43,10 @@ struct Layout {
 std::vector<Layout> layouts(int w) {
   std::vector<Layout> v = {{1, 1, false}};
   if (w > 1) v.push_back({1, 1, true});
-  if (w % 2 == 0) v.insert(v.end(), {{2, 1, false}, {1, 2, false}});
-  if (w == 4) v.insert(v.end(), {{2, 1, true}, {1, 2, true}, {2, 2, false}});
+  if (w % 2 == 0)
+    for (Layout l : {Layout{2, 1, false}, Layout{1, 2, false}}) v.push_back(l);
+  if (w == 4)
+    for (Layout l : {Layout{2, 1, true}, Layout{1, 2, true}, Layout{2, 2, false}}) v.push_back(l);
   return v;
 }
 
