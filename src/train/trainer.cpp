@@ -249,6 +249,7 @@ void Trainer::Impl::start_reporting() {
 TrainResult Trainer::Impl::fit() {
   TrainResult res;
   ckpt.start_run();  // a fresh run's id; stale temporary files of this run removed
+  prepare_snapshot();
   start_reporting();
   auto run_t0 = Clock::now();
   auto limit_hit = [&] { return cfg.train.max_steps > 0 && pos.step >= cfg.train.max_steps; };

@@ -84,13 +84,18 @@ void copy_runs(const std::vector<Run>& runs, const std::vector<Tensor>& blocks) 
 // checkpoint (fresh pages cost more than the copy), and the snapshot's tensors
 // are views that keep their block alive, so a trainer ending mid-write never
 // frees memory under the write.
-void Trainer::Impl::snapshot(NamedTensorList& state, const std::function<bool(const Tensor&)>& live) {
+void Trainer::Impl::snapshot(NamedTensorList& state, const std::function<bool(const Tensor&)>& live, bool copy) {
   std::vector<const Tensor*> host;
   std::vector<std::size_t> which;
   for (std::size_t i = 0; i < state.size(); ++i) {
     Tensor& t = state[i].second;
-    if (!t.device().is_cpu()) t = t.to(Device::cpu());  // off the device: a private copy already
-    else if (t.nbytes() && live(t)) {
+    if (!t.device().is_cpu()) {
+      if (copy) t = t.to(Device::cpu());  // off the device: a private copy already
+    } else if (t.nbytes() && live(t)) {
+      if (t.nbytes() < 4096) {  // small: a copy of its own (fresh small tensors would reorder the runs)
+        if (copy) t = t.clone();
+        continue;
+      }
       host.push_back(&t);
       which.push_back(i);
     }
@@ -103,12 +108,68 @@ void Trainer::Impl::snapshot(NamedTensorList& state, const std::function<bool(co
   for (std::size_t r = 0; reuse && r < runs.size(); ++r) reuse = snapshot_blocks[r].nbytes() == runs[r].bytes;
   if (!reuse) {
     snapshot_blocks.clear();
-    for (const Run& r : runs) snapshot_blocks.push_back(Tensor::empty({static_cast<std::int64_t>(r.bytes)}, DType::u8));
+    for (const Run& r : runs) {
+      snapshot_blocks.push_back(Tensor::empty({static_cast<std::int64_t>(r.bytes)}, DType::u8));
+      if (!copy) std::memset(snapshot_blocks.back().raw(), 0, r.bytes);  // pages faulted in now, not in a stall
+    }
   }
+  if (!copy) return;
   copy_runs(runs, snapshot_blocks);
   for (std::size_t k = 0; k < which.size(); ++k) {
     Tensor& t = state[which[k]].second;
     t = snapshot_blocks[at[k].first].view_bytes(at[k].second, t.shape(), t.dtype());
+  }
+}
+
+// Rank 0 gets the whole state (collective). One rank on the host without ZeRO-1
+// (whose gather makes a new whole optimizer each time): its views, listed once.
+bool Trainer::Impl::local_views() const { return world.size() == 1 && device.is_cpu() && !gm->zero(); }
+
+NamedTensorList Trainer::Impl::whole_for_checkpoint() {
+  const bool local = local_views();
+  if (local && whole_views.empty()) whole_views = gm->gather_whole_state(0);
+  NamedTensorList all = local ? whole_views : gm->gather_whole_state(0);
+  if (world.rank() == 0)
+    for (auto& e : extra_state()) all.emplace_back(e.first, e.second.clone());  // small, and live
+  return all;
+}
+
+// This rank's share, no communication; everything in it views live memory.
+std::vector<StatePiece> Trainer::Impl::pieces_for_checkpoint() {
+  std::vector<StatePiece> pieces = gm->state_pieces();
+  if (world.rank() == 0)
+    for (auto& [name, t] : extra_state()) pieces.push_back({name, t.flat_view(0, t.numel()), {t.shape(), {}, 0}});
+  return pieces;
+}
+
+// Whether a host tensor views this rank's live state (the memory does not move: listed once).
+bool Trainer::Impl::is_live(const Tensor& t) {
+  if (live_ranges.empty())
+    for (auto& [name, s] : gm->replicated_state())
+      if (s.device().is_cpu() && s.nbytes())
+        live_ranges.emplace_back(static_cast<const char*>(s.raw()), static_cast<const char*>(s.raw()) + s.nbytes());
+  const char* p = static_cast<const char*>(t.raw());
+  return std::any_of(live_ranges.begin(), live_ranges.end(), [&](const auto& r) { return p >= r.first && p < r.second; });
+}
+
+void Trainer::Impl::snapshot_pieces(std::vector<StatePiece>& pieces, bool copy) {
+  NamedTensorList ts;
+  for (auto& p : pieces) ts.emplace_back(p.name, p.data);
+  snapshot(ts, [](const Tensor&) { return true; }, copy);
+  for (std::size_t i = 0; i < pieces.size(); ++i) pieces[i].data = ts[i].second;
+}
+
+// checkpoint.async: the snapshot's blocks allocated and touched at the run's
+// start where this rank's snapshot is local (parallel parts, or one rank),
+// so the first checkpoint stalls no longer than the others.
+void Trainer::Impl::prepare_snapshot() {
+  if (cfg.checkpoint.dir.empty() || !cfg.checkpoint.async) return;
+  if (ckpt.parallel()) {
+    std::vector<StatePiece> pieces = pieces_for_checkpoint();
+    snapshot_pieces(pieces, false);
+  } else if (local_views()) {
+    NamedTensorList all = whole_for_checkpoint();
+    snapshot(all, [&](const Tensor& t) { return is_live(t); }, false);
   }
 }
 
@@ -121,41 +182,15 @@ void Trainer::Impl::save_checkpoint(bool force) {
   bool saved = false;
   CheckpointSession::StateSource state;
   state.whole = [&] {
-    // World rank 0 gathers every stage's whole state (collective on every rank).
     saved = true;
-    // One rank on the host: the state is views of memory that never moves, the same list every time.
-    const bool local = world.size() == 1 && device.is_cpu();
-    if (local && whole_views.empty()) whole_views = gm->gather_whole_state(0);
-    NamedTensorList all = local ? whole_views : gm->gather_whole_state(0);
-    if (world.rank() == 0) {
-      for (auto& e : extra_state()) all.emplace_back(e.first, e.second.clone());  // small, and live
-      if (cfg.checkpoint.async) {
-        if (live_ranges.empty())  // this rank's host state: where it lives does not change
-          for (auto& [name, t] : gm->replicated_state())
-            if (t.device().is_cpu() && t.nbytes())
-              live_ranges.emplace_back(static_cast<const char*>(t.raw()),
-                                       static_cast<const char*>(t.raw()) + t.nbytes());
-        snapshot(all, [&](const Tensor& t) {
-          const char* p = static_cast<const char*>(t.raw());
-          return std::any_of(live_ranges.begin(), live_ranges.end(),
-                             [&](const auto& r) { return p >= r.first && p < r.second; });
-        });
-      }
-    }
+    NamedTensorList all = whole_for_checkpoint();
+    if (world.rank() == 0 && cfg.checkpoint.async) snapshot(all, [&](const Tensor& t) { return is_live(t); });
     return all;
   };
   state.pieces = [&] {
-    // This rank's share, no communication; everything in it views live memory.
     saved = true;
-    std::vector<StatePiece> pieces = gm->state_pieces();
-    if (world.rank() == 0)
-      for (auto& [name, t] : extra_state()) pieces.push_back({name, t.flat_view(0, t.numel()), {t.shape(), {}, 0}});
-    if (cfg.checkpoint.async) {
-      NamedTensorList ts;
-      for (auto& p : pieces) ts.emplace_back(p.name, p.data);
-      snapshot(ts, [](const Tensor&) { return true; });
-      for (std::size_t i = 0; i < pieces.size(); ++i) pieces[i].data = ts[i].second;
-    }
+    std::vector<StatePiece> pieces = pieces_for_checkpoint();
+    if (cfg.checkpoint.async) snapshot_pieces(pieces);
     return pieces;
   };
   std::string path = ckpt.save(force, state);
