@@ -92,32 +92,38 @@ void Trainer::Impl::snapshot(NamedTensorList& state, const std::function<bool(co
     if (!t.device().is_cpu()) {
       if (copy) t = t.to(Device::cpu());  // off the device: a private copy already
     } else if (t.nbytes() && live(t)) {
-      if (t.nbytes() < 4096) {  // small: a copy of its own (fresh small tensors would reorder the runs)
-        if (copy) t = t.clone();
-        continue;
-      }
       host.push_back(&t);
       which.push_back(i);
     }
   }
   std::vector<std::pair<std::size_t, std::size_t>> at;
-  const std::vector<Run> runs = runs_of(host, at);
+  std::vector<Run> runs = runs_of(host, at);
+  // Runs under 4 KiB are copied tensor by tensor (a fresh small tensor, as ZeRO-1's step
+  // count, would otherwise move the blocks' order from one checkpoint to the next).
+  std::vector<int> block_of(runs.size(), -1);
+  std::vector<Run> big;
+  for (std::size_t r = 0; r < runs.size(); ++r)
+    if (runs[r].bytes >= 4096) {
+      block_of[r] = static_cast<int>(big.size());
+      big.push_back(runs[r]);
+    }
   // The last snapshot's blocks when the runs are the same sizes (its write is
   // over: CheckpointSession::save waited before asking for this one).
-  bool reuse = snapshot_blocks.size() == runs.size();
-  for (std::size_t r = 0; reuse && r < runs.size(); ++r) reuse = snapshot_blocks[r].nbytes() == runs[r].bytes;
+  bool reuse = snapshot_blocks.size() == big.size();
+  for (std::size_t r = 0; reuse && r < big.size(); ++r) reuse = snapshot_blocks[r].nbytes() == big[r].bytes;
   if (!reuse) {
     snapshot_blocks.clear();
-    for (const Run& r : runs) {
+    for (const Run& r : big) {
       snapshot_blocks.push_back(Tensor::empty({static_cast<std::int64_t>(r.bytes)}, DType::u8));
       if (!copy) std::memset(snapshot_blocks.back().raw(), 0, r.bytes);  // pages faulted in now, not in a stall
     }
   }
   if (!copy) return;
-  copy_runs(runs, snapshot_blocks);
+  copy_runs(big, snapshot_blocks);
   for (std::size_t k = 0; k < which.size(); ++k) {
     Tensor& t = state[which[k]].second;
-    t = snapshot_blocks[at[k].first].view_bytes(at[k].second, t.shape(), t.dtype());
+    const int b = block_of[at[k].first];
+    t = b < 0 ? t.clone() : snapshot_blocks[static_cast<std::size_t>(b)].view_bytes(at[k].second, t.shape(), t.dtype());
   }
 }
 
