@@ -50,7 +50,7 @@ struct Run {
   std::vector<double> all;          // each checkpoint's stall
   std::vector<double> after;        // each checkpoint's following step minus the median step
   std::size_t state_bytes = 0;      // the whole model's parameters + optimizer state
-  std::size_t rank_bytes = 0;       // the largest rank's
+  std::size_t rank_bytes = 0;       // the largest part of a parallel checkpoint (else the state)
   std::int64_t params = 0;
 };
 
@@ -116,36 +116,28 @@ Run run(const std::string& model, bool async, bool parallel, const Options& o, c
   std::sort(steps.begin(), steps.end());
   out.step_s = steps.empty() ? 0 : steps[steps.size() / 2];
   for (double a : after) out.after.push_back(a - out.step_s);
-  TrainerMemory m = t.memory();
-  double mine = static_cast<double>(m.params + m.optimizer), sum = mine, most = mine;
-  allreduce(&sum, &sum, 1, DType::f64, ReduceOp::sum, w);
-  allreduce(&most, &most, 1, DType::f64, ReduceOp::max, w);
-  // Replicas hold the same bytes: the whole state is the sum over one replica's ranks (ZeRO-1: every rank's
-  // optimizer share counts, so the sum over the world of the shares plus one replica's parameters).
-  const int replicas = w.size() / (o.pipeline * o.tensor);
-  double params_bytes = static_cast<double>(m.params), opt_bytes = static_cast<double>(m.optimizer);
-  allreduce(&params_bytes, &params_bytes, 1, DType::f64, ReduceOp::sum, w);
-  allreduce(&opt_bytes, &opt_bytes, 1, DType::f64, ReduceOp::sum, w);
-  out.state_bytes = static_cast<std::size_t>(params_bytes / replicas + (o.zero ? opt_bytes : opt_bytes / replicas));
-  out.rank_bytes = static_cast<std::size_t>(most);
-  (void)sum;
-  // A parallel checkpoint: what each rank wrote (its part file's tensors); the largest is the ideal's share.
-  if (parallel && w.size() > 1 && w.rank() == 0) {
-    std::vector<CheckpointDir::Entry> e = CheckpointDir(c.checkpoint.dir, 1).list();
-    if (!e.empty()) {
-      out.rank_bytes = 0;
-      const fs::path dir = fs::path(e.front().path).parent_path();
-      for (const auto& part : read_checkpoint_file(e.front().path).parts) {
-        std::size_t b = 0;
-        for (const auto& [name, t] : read_checkpoint_file((dir / part).string()).tensors) b += t.nbytes();
-        out.rank_bytes = std::max(out.rank_bytes, b);
-      }
+  // From the newest checkpoint (rank 0): the state is its parameters and optimizer state, whole; a
+  // parallel checkpoint's largest part (what one rank wrote) is the ideal's share.
+  out.params = t.memory().model_param_count;
+  if (w.rank() == 0) {
+    const std::string newest = CheckpointDir(c.checkpoint.dir, 1).latest();
+    for (const auto& [name, tensor] : read_checkpoint(newest).tensors)
+      if (name.rfind("param/", 0) == 0 || name.rfind("optim/", 0) == 0) out.state_bytes += tensor.nbytes();
+    const std::vector<std::string> files = checkpoint_files(newest);  // the file, then its parts
+    if (files.size() > 1) out.rank_bytes = 0;
+    else out.rank_bytes = out.state_bytes;
+    for (std::size_t i = 1; i < files.size(); ++i) {
+      std::size_t b = 0;
+      for (const auto& [name, tensor] : read_checkpoint_file(files[i]).tensors) b += tensor.nbytes();
+      out.rank_bytes = std::max(out.rank_bytes, b);
     }
   }
+  std::uint64_t sb = out.state_bytes;
+  broadcast(&sb, 1, DType::i64, 0, w);
+  out.state_bytes = static_cast<std::size_t>(sb);
   std::uint64_t rb = out.rank_bytes;
   broadcast(&rb, 1, DType::i64, 0, w);
   out.rank_bytes = static_cast<std::size_t>(rb);
-  out.params = m.model_param_count;
   return out;
 }
 
