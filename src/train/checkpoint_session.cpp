@@ -158,8 +158,8 @@ std::string CheckpointSession::save(bool force, const StateSource& state) {
 // synchronously, after the step that agrees on it with checkpoint.async.
 std::string CheckpointSession::save_parts(const std::vector<StatePiece>& pieces) {
   const CheckpointDir dir(cfg_.checkpoint.dir, cfg_.checkpoint.keep);
+  const std::string manifest = dir.path_for(pos_.run_id, pos_.step);
   Pending p;
-  p.path = dir.path_for(pos_.run_id, pos_.step);
   p.step = pos_.step;
   if (world_.rank() == 0) {
     p.manifest = checkpoint_data({}, config_toml_, pos_);
@@ -167,7 +167,7 @@ std::string CheckpointSession::save_parts(const std::vector<StatePiece>& pieces)
       p.manifest.parts.push_back(fs::path(dir.part_path_for(pos_.run_id, pos_.step, r, world_.size())).filename());
   }
   CheckpointData part;
-  part.part_of = fs::path(p.path).filename().string();
+  part.part_of = fs::path(manifest).filename().string();
   for (const StatePiece& sp : pieces) {
     part.tensors.emplace_back(sp.name, sp.data);
     part.places.push_back(sp.place);
@@ -179,10 +179,9 @@ std::string CheckpointSession::save_parts(const std::vector<StatePiece>& pieces)
     writer_.submit(std::move(write));
   } else {
     run_agreed(world_, "writing this rank's part of a checkpoint", write);
-    run_on_root(world_, "writing a checkpoint's manifest", [&] { commit(false); });
-    pending_.reset();
+    run_agreed(world_, "writing a checkpoint's manifest", [&] { commit(false); });
   }
-  return world_.rank() == 0 ? dir.path_for(pos_.run_id, pos_.step) : std::string();
+  return world_.rank() == 0 ? manifest : std::string();
 }
 
 void CheckpointSession::commit(bool background) {
@@ -207,8 +206,7 @@ void CheckpointSession::settle() {
   if (cfg_.checkpoint.dir.empty()) return;
   // Every rank's write durable, or the failure on every rank, naming the rank.
   run_agreed(world_, "writing a checkpoint", [&] { writer_.wait(); });
-  if (pending_) run_on_root(world_, "writing a checkpoint's manifest", [&] { commit(false); });
-  pending_.reset();
+  if (pending_) run_agreed(world_, "writing a checkpoint's manifest", [&] { commit(false); });
 }
 
 void CheckpointSession::finish() { settle(); }

@@ -135,7 +135,7 @@ class CheckpointSession {
                    const std::string& file) const;
   void log_layout_change(const RunPosition& ck) const;
   void settle();                  // collective: the last write durable (or its error everywhere), committed
-  void commit(bool background);   // rank 0 writes the pending manifest; every rank forgets it
+  void commit(bool background);   // every rank: rank 0 writes the pending manifest, every rank forgets it
   std::string save_parts(const std::vector<StatePiece>& pieces);
 
   const TrainConfig& cfg_;
@@ -148,7 +148,6 @@ class CheckpointSession {
   std::chrono::steady_clock::time_point last_save_ = std::chrono::steady_clock::now();
   // A parallel checkpoint whose parts are being written: its manifest (rank 0's copy holds the data).
   struct Pending {
-    std::string path;
     std::int64_t step = 0;
     CheckpointData manifest;
   };
