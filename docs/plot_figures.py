@@ -29,9 +29,9 @@ def pipeline_bubble(data, out):
             if not pts:
                 continue
             m = [x[0] for x in pts]
-            ax.plot(m, [x[1] for x in pts], "o-", color=c, label=f"{s} measured (virtual clock)")
+            ax.plot(m, [x[1] for x in pts], "o-", color=c, label=f"{s} replay (virtual clock, not a timing)")
             ax.plot(m, [x[2] for x in pts], "x:", color=c, alpha=0.6, label=f"{s} measured (wall)")
-            ax.plot(m, [x[3] for x in pts], "--", color=c, alpha=0.5, label=f"{s} formula")
+            ax.plot(m, [x[3] for x in pts], "--", color=c, alpha=0.5, label=f"{s} analytic")
         ax.set_xscale("log", base=2)
         ax.set_title(f"p = {p} stages")
         ax.set_xlabel("micro-batches m")
