@@ -3,6 +3,8 @@
 // the `cnn` input shape, written once per test binary into a temp directory.
 #include <unistd.h>
 
+#include <gtest/gtest.h>
+
 #include <filesystem>
 #include <string>
 
@@ -48,6 +50,28 @@ inline std::string fashion_mnist(const Communicator& world, const std::string& t
   data::prepare_dataset(o, world);
   return dir.string();
 }
+
+// A gtest fixture with a synthetic data set (`train` + `test` samples) in a
+// directory every rank shares, made before each test and removed after it.
+class SyntheticDataTest : public ::testing::Test {
+ protected:
+  SyntheticDataTest(std::string tag, std::int64_t train, std::int64_t test)
+      : tag_(std::move(tag)), train_(train), test_(test) {}
+  void SetUp() override {
+    world_ = Communicator::world();
+    data_ = synthetic_mnist_like(world_, tag_, train_, test_);
+  }
+  void TearDown() override {
+    world_.barrier();
+    if (world_.rank() == 0) std::filesystem::remove_all(data_);
+  }
+  Communicator world_;
+  std::string data_;
+
+ private:
+  std::string tag_;
+  std::int64_t train_, test_;
+};
 
 // Hooks of a trainer under test: no evaluation, no log lines.
 inline TrainerHooks quiet_hooks() {

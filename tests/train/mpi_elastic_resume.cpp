@@ -57,16 +57,9 @@ TrainConfig run_config(const std::string& data, Layout l, const std::string& dir
 
 using test_support::error_of;
 
-class ElasticResume : public ::testing::Test {
+class ElasticResume : public test_fixtures::SyntheticDataTest {
  protected:
-  void SetUp() override {
-    world_ = Communicator::world();
-    data_ = test_fixtures::synthetic_mnist_like(world_, "elastic", 256, 32);
-  }
-  void TearDown() override {
-    world_.barrier();
-    if (world_.rank() == 0) fs::remove_all(data_);
-  }
+  ElasticResume() : SyntheticDataTest("elastic", 256, 32) {}
 
   // The ranks [0, n) of the world (the others get a communicator they do not use).
   Communicator first(int n) const { return world_.split(world_.rank() < n ? 0 : 1, world_.rank(), "first"); }
@@ -115,9 +108,6 @@ class ElasticResume : public ::testing::Test {
     EXPECT_EQ(last.strings.at("run_identity"), uncut.strings.at("run_identity")) << name;
     EXPECT_NE(last.strings.at("fingerprint"), uncut.strings.at("fingerprint")) << name << ": another layout";
   }
-
-  Communicator world_;
-  std::string data_;
 };
 
 TEST_F(ElasticResume, Data4ToData2) {

@@ -106,18 +106,9 @@ std::string error_of(const std::function<void()>& f) {
   return "";
 }
 
-class Reshard : public ::testing::Test {
+class Reshard : public test_fixtures::SyntheticDataTest {
  protected:
-  void SetUp() override {
-    world_ = Communicator::world();
-    data_ = test_fixtures::synthetic_mnist_like(world_, "reshard", 256, 32);
-  }
-  void TearDown() override {
-    world_.barrier();
-    if (world_.rank() == 0) fs::remove_all(data_);
-  }
-  Communicator world_;
-  std::string data_;
+  Reshard() : SyntheticDataTest("reshard", 256, 32) {}
 };
 
 TEST_F(Reshard, GridCheckpointLoadsBitwiseAtEveryLayoutAndBack) {
