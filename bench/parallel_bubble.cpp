@@ -23,68 +23,78 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <memory>
 #include <thread>
 
 #include <CLI/CLI.hpp>
 
 #include "ringtrain/comm/collectives.hpp"
 #include "ringtrain/comm/communicator.hpp"
-#include "ringtrain/parallel/executor.hpp"
+#include "ringtrain/nn/model_registry.hpp"
+#include "ringtrain/parallel/parts.hpp"
 
 using namespace ringtrain;
 
 namespace {
 
-class SleepOps final : public StageOps {
- public:
-  // fold_w: W runs before the gradient is sent (afab, 1f1b), so the sent
-  // gradient carries the time after W; with zb-h1 it is already on its way.
-  SleepOps(int slots, double unit_s, bool fold_w) : unit_(unit_s), fold_w_(fold_w) {
-    for (int i = 0; i < slots; ++i) {
-      out_.push_back(Tensor::zeros({1, 64}));
-      dx_.push_back(Tensor::zeros({1, 64}));
-    }
-    in_ = Tensor::zeros({1, 64});
-    dy_ = Tensor::zeros({1, 64});
-  }
-  void reset() { clock_ = busy_ = 0; }
-  double clock() const { return clock_; }
-  double busy() const { return busy_; }
-  Tensor load(int) override { return in_; }
-  Tensor forward(int slot, int, const Tensor& x) override {
-    live_ = live_ + 1;
-    peak_ = std::max(peak_, live_);
-    clock_ = std::max(clock_, static_cast<double>(x.data<float>()[0]));
-    nap();
-    out_[slot].data<float>()[0] = static_cast<float>(clock_);
-    return out_[slot];
-  }
-  Tensor loss_grad(int, int, const Tensor&) override { return dy_; }
-  Tensor backward_input(int slot, int, const Tensor& dy, bool) override {
-    clock_ = std::max(clock_, static_cast<double>(dy.data<float>()[0]));
-    nap();
-    dx_[slot].data<float>()[0] = static_cast<float>(clock_);
-    return dx_[slot];
-  }
-  void backward_weight(int slot, int, bool) override {
-    nap();
-    if (fold_w_) dx_[slot].data<float>()[0] = static_cast<float>(clock_);
-    --live_;
-  }
-  int peak() const { return peak_; }
-
- private:
+// What every copy of the sleeping layers of this rank shares: the virtual
+// clock (in units of one op), the ops run, and the micro-batches whose
+// activations are held (forward done, weight backward not).
+struct SleepState {
+  double unit_s = 0;
+  double clock = 0;
+  long busy = 0;
+  int live = 0, peak = 0;
+  void reset() { clock = 0, busy = 0; }
   // Sleeps one unit; the virtual clock advances by exactly one unit.
   void nap() {
-    std::this_thread::sleep_for(std::chrono::duration<double>(unit_));
-    clock_ += unit_;
-    busy_ += unit_;
+    std::this_thread::sleep_for(std::chrono::duration<double>(unit_s));
+    clock += 1;
+    busy += 1;
   }
-  double unit_, clock_ = 0, busy_ = 0;
-  bool fold_w_;
-  int live_ = 0, peak_ = 0;
-  std::vector<Tensor> out_, dx_;
-  Tensor in_, dy_;
+};
+std::shared_ptr<SleepState> g_state = std::make_shared<SleepState>();
+
+// A stage's one layer: F, B and W each one nap; the clock rides in element 0
+// of the activations and gradients it sends (a loss gradient is at most 1 and
+// arrives after the stage's own F, so it never moves the clock).
+class SleepLayer final : public Layer {
+ public:
+  explicit SleepLayer(std::string name) : Layer(std::move(name)), st_(g_state) {}
+  const char* type() const override { return "Sleep"; }
+  Shape output_shape(const Shape& in) const override { return {in[0], 64}; }
+  bool splits_backward() const override { return true; }
+
+ protected:
+  Tensor do_forward(const Tensor& x, Mode) override {
+    st_->live += 1;
+    st_->peak = std::max(st_->peak, st_->live);
+    st_->clock = std::max(st_->clock, static_cast<double>(x.data<float>()[0]));
+    st_->nap();
+    ensure(out_, {x.dim(0), 64}, DType::f32, Device::cpu()).data<float>()[0] = static_cast<float>(st_->clock);
+    return out_;
+  }
+  // afab / 1f1b: B and W together, the gradient sent after both.
+  Tensor do_backward(const Tensor& dy, bool need_dx, bool accumulate) override {
+    do_backward_input(dy, need_dx, accumulate);
+    do_backward_weight();
+    dx_.data<float>()[0] = static_cast<float>(st_->clock);
+    return dx_;
+  }
+  Tensor do_backward_input(const Tensor& dy, bool, bool) override {
+    st_->clock = std::max(st_->clock, static_cast<double>(dy.data<float>()[0]));
+    st_->nap();
+    ensure(dx_, in_shape_, DType::f32, Device::cpu()).data<float>()[0] = static_cast<float>(st_->clock);
+    return dx_;
+  }
+  void do_backward_weight() override {
+    st_->nap();
+    --st_->live;
+  }
+
+ private:
+  std::shared_ptr<SleepState> st_;
+  Tensor out_, dx_;
 };
 
 }  // namespace
@@ -105,6 +115,17 @@ int main(int argc, char** argv) {
 
   const int p = world.size();
   ProcessGrid grid = ProcessGrid::make(world, {p, 1});
+  g_state->unit_s = unit_ms * 1e-3;
+  register_model("sleep", [p](const ModelConfig&) {
+    std::vector<LayerPtr> layers;
+    for (int i = 0; i < p; ++i) layers.push_back(std::make_unique<SleepLayer>(cat("sleep", i)));
+    return layers;
+  });
+  ModelConfig mc;
+  mc.name = "sleep";
+  mc.height = 1;
+  mc.width = 64;
+  mc.classes = 64;
   if (world.rank() == 0) {
     std::printf("pipeline bubble, p = %d stages, F = B = W = %.1f ms sleeps; bubble = idle / step time per stage\n", p,
                 unit_ms);
@@ -119,14 +140,22 @@ int main(int argc, char** argv) {
   }
   for (ScheduleKind k : {ScheduleKind::afab, ScheduleKind::one_f_one_b, ScheduleKind::zb_h1})
     for (int m : ms) {
-      ScheduleExecutor ex(grid, k, m, {1, 64}, {1, 64});
-      SleepOps ops(ex.slots(), unit_ms * 1e-3, k != ScheduleKind::zb_h1);
+      GridConfig gc;
+      gc.micro_batches = m;
+      gc.batch = m;  // one sample per micro-batch
+      gc.schedule = k;
+      ModelParts parts = build_parts(grid, mc, gc, OptimizerConfig{});
+      StepInput in;
+      in.images = {Tensor::zeros({m, 1, 1, 64})};
+      in.labels = {Tensor::zeros({m}, DType::i32)};
+      *g_state = SleepState{unit_ms * 1e-3};
       std::vector<double> bub, wall, vbub;
       for (int s = 0; s <= steps; ++s) {
         world.barrier();
-        ops.reset();
-        StepTiming t = ex.run_step(ops);
-        double vspan = ops.clock();
+        g_state->reset();
+        // The schedule alone (no synchronisation or update: nothing to update).
+        StepTiming t = parts.executor->run(*parts.stage, in, *parts.grad_sync).timing;
+        double vspan = g_state->clock;
         allreduce(&vspan, &vspan, 1, DType::f64, ReduceOp::max, world);
         // The step lasts until the last stage is done (the flush): every
         // stage's idle is measured against that common span.
@@ -134,14 +163,14 @@ int main(int argc, char** argv) {
         allreduce(&span, &span, 1, DType::f64, ReduceOp::max, world);
         if (s == 0) continue;
         bub.push_back(1.0 - t.busy_s / span);
-        vbub.push_back(1.0 - ops.busy() / vspan);
+        vbub.push_back(1.0 - static_cast<double>(g_state->busy) / vspan);
         wall.push_back(span);
       }
       std::sort(bub.begin(), bub.end());
       std::sort(wall.begin(), wall.end());
       std::sort(vbub.begin(), vbub.end());
       double v[3] = {bub[bub.size() / 2], wall[wall.size() / 2], vbub[vbub.size() / 2]};
-      double peak0 = ops.peak(), peakmax = ops.peak();
+      double peak0 = g_state->peak, peakmax = g_state->peak;
       allreduce(v, v, 3, DType::f64, ReduceOp::sum, world);
       allreduce(&peakmax, &peakmax, 1, DType::f64, ReduceOp::max, world);
       broadcast(&peak0, 1, DType::f64, 0, world);

@@ -10,7 +10,7 @@
 //                 shown on the rank with the least (nearer the transfer alone)
 //   compute     = busy - tensor comm
 //   bubble      = executor wall - busy - dp wait  (waiting for pipeline neighbours)
-//   dp exposed  = waiting in ReduceGrads for the data-parallel all-reduces
+//   dp exposed  = waiting in the gradient synchronisation for the data-parallel all-reduces
 //   other       = step - executor wall  (loss all-reduce, zeroing gradients)
 // Components are means over ranks, the step the slowest rank's; every figure
 // is the median over the timed steps. Layouts run interleaved step by step,
@@ -40,7 +40,7 @@
 #include "ringtrain/comm/collectives.hpp"
 #include "ringtrain/nn/rng.hpp"
 #include "ringtrain/nn/tensor_parallel.hpp"
-#include "ringtrain/parallel/grid_model.hpp"
+#include "ringtrain/parallel/parts.hpp"
 
 using namespace ringtrain;
 
@@ -82,7 +82,7 @@ struct Layout {
   std::string name;
   int pp = 1, tp = 1, m = 1;
   std::unique_ptr<ProcessGrid> grid;
-  std::unique_ptr<GridModel> model;
+  ModelParts model;
   std::shared_ptr<TpStats> stats = std::make_shared<TpStats>();
   Tensor x, y;
   // per timed step: step (this rank), executor wall, busy, tensor comm, dp wait, tensor calls, thread CPU
@@ -226,7 +226,7 @@ int main(int argc, char** argv) {
       pc.batch = batch / L.grid->dp_size();
       ModelConfig lm = mc;
       lm.tensor.stats = L.stats;
-      L.model = std::make_unique<GridModel>(*L.grid, lm, pc, oc);
+      L.model = build_parts(*L.grid, lm, pc, oc);
       // Every layout sees the same global batch: replica r takes samples [r*b, (r+1)*b).
       L.x = Tensor::empty({pc.batch, 1, 28, 28});
       L.y = Tensor::empty({pc.batch}, DType::i64);
@@ -242,7 +242,7 @@ int main(int argc, char** argv) {
 
   // Untimed steps, then the tensor all-reduce sweep, then the timed steps, interleaved.
   for (int s = 0; s < warmup; ++s)
-    for (Layout& L : layouts) L.model->train_step(L.x, L.y, 0.01);
+    for (Layout& L : layouts) train_step(*L.grid, L.model, L.x, L.y, 0.01);
   const std::int64_t S = (28 / patch) * (28 / patch);
   const std::int64_t msg = (batch / layouts[2].m) * S * width * 4;  // bytes of one tensor all-reduce
   std::vector<std::int64_t> sizes = {4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20};
@@ -261,7 +261,7 @@ int main(int argc, char** argv) {
       L.stats->reset();
       const double c0 = thread_cpu();
       auto t0 = Clock::now();
-      GridStepResult r = L.model->train_step(L.x, L.y, 0.01);
+      StepResult r = train_step(*L.grid, L.model, L.x, L.y, 0.01);
       L.step.push_back(since(t0));
       L.cpu.push_back(thread_cpu() - c0);
       L.wall.push_back(r.timing.wall_s);
@@ -273,8 +273,8 @@ int main(int argc, char** argv) {
   std::vector<Split> res;
   for (Layout& L : layouts) res.push_back(summarise(L, world));
   std::string balance;
-  for (int v : layouts[1].model->balance()) balance += cat(balance.empty() ? "" : ",", v);
-  const double params = static_cast<double>(layouts[0].model->stage().arena().numel());
+  for (int v : layouts[1].model.balance) balance += cat(balance.empty() ? "" : ",", v);
+  const double params = static_cast<double>(layouts[0].model.stage->arena().numel());
   if (world.rank() != 0) return 0;
 
   std::printf("vit: width %lld, depth %d, heads %lld, mlp ratio %.1f, patch %lld (S = %lld tokens), 28x28x1 synthetic,"

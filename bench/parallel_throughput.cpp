@@ -2,9 +2,9 @@
 // and ZB-H1, m micro-batches, one replica) next to pure data parallelism over
 // the same 2 ranks (each rank the whole model, half the batch, gradients
 // averaged by the fusion engine), same global batch, in one run. The DP
-// reference runs through GridModel with one stage (p = 1, m = 1), which is
+// reference runs through the same parts with one stage (p = 1, m = 1), which is
 // the trainer's own step for data parallelism (one trainer runs every layout
-// through GridModel), not a stand-in for it.
+// through the same parts), not a stand-in for it.
 // Run: mpirun -np 2 bench_parallel_throughput [--batch 128 --m 8 --steps 8]
 #include <omp.h>
 
@@ -17,7 +17,7 @@
 
 #include "ringtrain/comm/collectives.hpp"
 #include "ringtrain/nn/rng.hpp"
-#include "ringtrain/parallel/grid_model.hpp"
+#include "ringtrain/parallel/parts.hpp"
 
 using namespace ringtrain;
 
@@ -41,16 +41,16 @@ Result measure(const Communicator& world, int p, int m, std::int64_t global, int
   pc.batch = global / grid.dp_size();
   OptimizerConfig oc;
   oc.momentum = 0.9;
-  GridModel pm(grid, mc, pc, oc);
+  ModelParts pm = build_parts(grid, mc, pc, oc);
   Tensor x = Tensor::empty({pc.batch, 3, 32, 32});
   Tensor y = Tensor::empty({pc.batch}, DType::i64);
   for (std::int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = counter_uniform(3, 0, static_cast<std::uint64_t>(i)) - 0.5f;
   for (std::int64_t i = 0; i < pc.batch; ++i) y.data<std::int64_t>()[i] = i % 10;
-  pm.train_step(x, y, 0.01);  // warm-up: kernel plans, buffers
+  train_step(grid, pm, x, y, 0.01);  // warm-up: kernel plans, buffers
   world.barrier();
   auto t0 = std::chrono::steady_clock::now();
   double bubble = 0;
-  for (int s = 0; s < steps; ++s) bubble += pm.train_step(x, y, 0.01).timing.bubble();
+  for (int s = 0; s < steps; ++s) bubble += train_step(grid, pm, x, y, 0.01).timing.bubble();
   double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   allreduce(&dt, &dt, 1, DType::f64, ReduceOp::max, world);
   allreduce(&bubble, &bubble, 1, DType::f64, ReduceOp::sum, world);

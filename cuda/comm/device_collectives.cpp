@@ -89,8 +89,8 @@ void DeviceCollectives::allreduce(const void* send, void* recv, std::size_t coun
   }
   const bool tree = algo == Algorithm::tree;
   MPI_Comm mc = comm.handle("allreduce");
-  const HostCommContext& hc = host_context(mc, comm.local_size());  // timeout and spin, read once per communicator
-  MpiTransport mpi(mc, tree ? kTagTree : kTagRing, "allreduce", comm.name().c_str(), hc.timeout_s, hc.spin_s);
+  const HostCommContext& hc = host_context(mc, comm.local_size());  // spin, read once per communicator
+  MpiTransport mpi(mc, tree ? kTagTree : kTagRing, "allreduce", comm.name().c_str(), comm.timeout_s(), hc.spin_s);
   StagedTransport staged(mpi, pool_, ctx_.comm());
   CudaAwareTransport aware(mpi, ctx_.comm());
   Transport& t = cuda_aware_ ? static_cast<Transport&>(aware) : static_cast<Transport&>(staged);
@@ -118,7 +118,7 @@ void DeviceCollectives::broadcast(void* buf, std::size_t count, DType dtype, int
   enter();
   MPI_Comm mc = comm.handle("broadcast");
   const HostCommContext& hc = host_context(mc, comm.local_size());
-  MpiTransport mpi(mc, kTagBroadcast, "broadcast", comm.name().c_str(), hc.timeout_s, hc.spin_s);
+  MpiTransport mpi(mc, kTagBroadcast, "broadcast", comm.name().c_str(), comm.timeout_s(), hc.spin_s);
   StagedTransport staged(mpi, pool_, ctx_.comm());
   CudaAwareTransport aware(mpi, ctx_.comm());
   Transport& t = cuda_aware_ ? static_cast<Transport&>(aware) : static_cast<Transport&>(staged);

@@ -57,7 +57,7 @@ for p in $RANKS; do
         factors=()
         [ $net = ab ] && factors=(--cfg=smpi/lat-factor:0:1 --cfg=smpi/bw-factor:0:1)
         algos=ring,tree; [ "$p" -le "${RING_MAX_RANKS:-256}" ] || algos=tree
-        RINGTRAIN_COLLECTIVE_TIMEOUT=0 SMPI_ALGOS=$algos smpirun -np "$p" -platform "$OUT/cluster-$nodes.xml" \
+        SMPI_ALGOS=$algos smpirun -np "$p" -platform "$OUT/cluster-$nodes.xml" \
             -hostfile "$OUT/hosts-$nodes" --cfg=smpi/simulate-computation:no --cfg=smpi/test:${SMPI_TEST:-1e-7} \
             --cfg=smpi/privatization:dlopen "${factors[@]}" --log=root.thres:critical \
             "$BUILD/smpi_allreduce" $SIZES 2> "$OUT/smpirun-$p-$net.err" | sed "s/^/$net,/" | tee -a "$csv"

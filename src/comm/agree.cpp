@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "ringtrain/comm/host_backend.hpp"
+#include "ringtrain/comm/liveness.hpp"
 #include "ringtrain/comm/stall_diagnosis.hpp"
 #include "ringtrain/core/error.hpp"
 #include "ringtrain/core/log.hpp"
@@ -16,19 +17,20 @@ namespace {
 // Waits like a blocking call, but a rank that never arrives (hung or stopped)
 // ends the job after the communicator's collective timeout, naming that rank.
 void wait_agreement(MPI_Request& req, const Communicator& comm, const char* what) {
-  const double timeout = host_context(comm.handle(what), comm.local_size()).timeout_s;
+  const double timeout = comm.timeout_s();
   const auto t0 = std::chrono::steady_clock::now();
   for (int i = 0;; ++i) {
     int flag = 0;
     MPI_Test(&req, &flag, MPI_STATUS_IGNORE);
     if (flag) return;
+    if ((i & 63) == 0) liveness::serve();
     if (i > 64) std::this_thread::sleep_for(std::chrono::microseconds(i < 1000 ? 20 : 1000));
     double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (timeout > 0 && waited > timeout) {
       StallDiagnosis d = diagnose_stall(comm.handle(what), stall_grace_s(timeout));
       if (comm.rank() == d.first_live)
         log::error(what, ": stalled for ", static_cast<long long>(waited), " s: ", d.describe(),
-                   ". Aborting the job (comm.collective_timeout_s / RINGTRAIN_COLLECTIVE_TIMEOUT=", timeout, " s)");
+                   " on communicator '", comm.name(), "'. Aborting the job (comm.collective_timeout_s = ", timeout, " s)");
       else
         std::this_thread::sleep_for(std::chrono::seconds(1));
       MPI_Abort(comm.handle(what), 1);

@@ -103,11 +103,13 @@ struct Call {
   MPI_Comm comm;
   int rank, size;
   const std::string& comm_name;
+  double timeout_s;
   HostCommContext& ctx;
   std::string error;  // first local argument error, "" if none
 
   Call(const char* w, const Communicator& c, const CollectiveOptions& opt)
-      : what(w), comm(c.handle(w)), rank(c.rank()), size(c.size()), comm_name(c.name()), ctx(host_context(comm, c.local_size())) {
+      : what(w), comm(c.handle(w)), rank(c.rank()), size(c.size()), comm_name(c.name()), timeout_s(c.timeout_s()),
+        ctx(host_context(comm, c.local_size())) {
     RT_CHECK(opt.device.is_cpu(), what, ": buffers on ", opt.device.str(),
              " need the device collectives of the CUDA backend; these are host collectives");
   }
@@ -201,7 +203,7 @@ Primitives::Config config(const Call& c, DType dtype, ReduceOp op, const Collect
 // Runs `algo(P)` over the host backend on the call's communicator.
 template <typename F>
 void run(const Call& c, int tag, const Primitives::Config& cfg, F&& algo) {
-  MpiTransport t(c.comm, tag, c.what, c.comm_name.c_str(), c.ctx.timeout_s, c.ctx.spin_s);
+  MpiTransport t(c.comm, tag, c.what, c.comm_name.c_str(), c.timeout_s, c.ctx.spin_s);
   CpuReducer red;
   Primitives P(t, red, c.ctx.workspace, cfg);
   algo(P);

@@ -1,5 +1,6 @@
 #include "ringtrain/comm/communicator.hpp"
 
+#include "ringtrain/comm/liveness.hpp"
 #include "ringtrain/core/error.hpp"
 #include "ringtrain/core/log.hpp"
 
@@ -16,6 +17,7 @@ MpiRuntime::MpiRuntime(int* argc, char*** argv) {
   owns_ = true;
   // Errors become return codes, so they turn into ringtrain::Error with a message.
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  liveness::start();  // a stall names the rank that stopped (comm/liveness.hpp)
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
@@ -28,7 +30,10 @@ MpiRuntime::MpiRuntime(int* argc, char*** argv) {
 MpiRuntime::~MpiRuntime() {
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (owns_ && !finalized) MPI_Finalize();
+  if (owns_ && !finalized) {
+    liveness::stop();
+    MPI_Finalize();
+  }
 }
 
 Communicator::State::~State() {
@@ -37,7 +42,9 @@ Communicator::State::~State() {
   if (!closed && comm != MPI_COMM_NULL && !finalized) MPI_Comm_free(&comm);
 }
 
-Communicator Communicator::dup_of(MPI_Comm comm, std::string name) {
+Communicator Communicator::dup_of(MPI_Comm comm, std::string name, double timeout_s) {
+  RT_CHECK(timeout_s >= 0, "communicator '", name, "': the collective timeout must be >= 0 seconds (0 = never), got ",
+           timeout_s);
   Communicator c;
   c.state_ = std::make_shared<State>();
   auto& s = *c.state_;
@@ -57,6 +64,17 @@ Communicator Communicator::dup_of(MPI_Comm comm, std::string name) {
   s.max_local = facts[0];
   s.nodes = facts[1];
   s.name = std::move(name);
+  s.timeout_s = timeout_s;
+  // World ranks, for messages that name a peer (a local translation, no communication).
+  MPI_Group mine, world;
+  MPI_Comm_group(s.comm, &mine);
+  MPI_Comm_group(MPI_COMM_WORLD, &world);
+  std::vector<int> ranks(static_cast<std::size_t>(s.size));
+  for (int r = 0; r < s.size; ++r) ranks[static_cast<std::size_t>(r)] = r;
+  s.world_ranks.assign(ranks.size(), MPI_UNDEFINED);
+  MPI_Group_translate_ranks(mine, s.size, ranks.data(), world, s.world_ranks.data());
+  MPI_Group_free(&mine);
+  MPI_Group_free(&world);
   return c;
 }
 
@@ -71,6 +89,20 @@ int Communicator::local_size() const { RT_STATE_CHECK("local_size()"); return st
 int Communicator::node_count() const { RT_STATE_CHECK("node_count()"); return state_->nodes; }
 int Communicator::max_local_size() const { RT_STATE_CHECK("max_local_size()"); return state_->max_local; }
 const std::string& Communicator::name() const { RT_STATE_CHECK("name()"); return state_->name; }
+double Communicator::timeout_s() const { RT_STATE_CHECK("timeout_s()"); return state_->timeout_s; }
+
+int Communicator::world_rank(int rank) const {
+  RT_STATE_CHECK("world_rank()");
+  RT_CHECK(rank >= 0 && rank < state_->size, "world_rank(", rank, "): communicator '", state_->name, "' has ",
+           state_->size, " ranks");
+  return state_->world_ranks[static_cast<std::size_t>(rank)];
+}
+
+std::string Communicator::describe_rank(int rank) const {
+  RT_STATE_CHECK("describe_rank()");
+  if (rank < 0 || rank >= state_->size) return cat("rank ", rank, " of '", state_->name, "'");
+  return cat("rank ", rank, " of '", state_->name, "' (world rank ", world_rank(rank), ")");
+}
 
 MPI_Comm Communicator::handle(const char* what) const {
   RT_STATE_CHECK(what);
@@ -78,15 +110,22 @@ MPI_Comm Communicator::handle(const char* what) const {
 }
 
 Communicator Communicator::split(int color, int key, std::string name) const {
+  return split(color, key, std::move(name), timeout_s());
+}
+
+Communicator Communicator::split(int color, int key, std::string name, double timeout_s) const {
   MPI_Comm sub;
   RT_CHECK(MPI_Comm_split(handle("split"), color, key, &sub) == MPI_SUCCESS,
            "MPI_Comm_split of '", state_->name, "' failed");
-  Communicator c = dup_of(sub, std::move(name));
+  Communicator c = dup_of(sub, std::move(name), timeout_s);
   MPI_Comm_free(&sub);
   return c;
 }
 
-Communicator Communicator::dup(std::string name) const { return dup_of(handle("dup"), std::move(name)); }
+Communicator Communicator::dup(std::string name) const { return dup(std::move(name), timeout_s()); }
+Communicator Communicator::dup(std::string name, double timeout_s) const {
+  return dup_of(handle("dup"), std::move(name), timeout_s);
+}
 
 void Communicator::close() {
   if (!state_ || state_->closed) return;

@@ -8,6 +8,7 @@
 
 #include "ringtrain/comm/collectives.hpp"
 #include "ringtrain/comm/host_backend.hpp"
+#include "ringtrain/comm/liveness.hpp"
 #include "ringtrain/comm/stall_diagnosis.hpp"
 #include "ringtrain/core/error.hpp"
 #include "ringtrain/core/log.hpp"
@@ -33,16 +34,6 @@ MPI_Request unpack(std::uint64_t h) {
 constexpr unsigned kSpinPolls = 256;
 
 }  // namespace
-
-double collective_timeout_from_env() {
-  const char* v = std::getenv("RINGTRAIN_COLLECTIVE_TIMEOUT");
-  if (!v || !*v) return 300.0;
-  char* end = nullptr;
-  double s = std::strtod(v, &end);
-  RT_CHECK(end && *end == '\0' && s >= 0, "RINGTRAIN_COLLECTIVE_TIMEOUT must be a number of seconds >= 0, got '",
-           v, "'");
-  return s;
-}
 
 MpiTransport::MpiTransport(MPI_Comm comm, int tag, const char* what, const char* comm_name, double timeout_s,
                            double spin_s)
@@ -95,6 +86,7 @@ void MpiTransport::wait(Request& r) {
   for (unsigned i = 1;; ++i) {
     if (test(r)) return;
     if (i % 64 == 0) {
+      liveness::serve();
       double waited = std::chrono::duration<double>(clock::now() - start).count();
       if (timeout_s_ > 0 && waited > timeout_s_) stalled(r, waited);
       if (waited > spin_s_) yielding_ = true;
@@ -109,8 +101,9 @@ void MpiTransport::stalled(const Request& r, double waited_s) const {
   if (rank_ == d.first_live)
     log::error(what_, ": stalled for ", static_cast<long long>(waited_s), " s on communicator '", comm_name_,
                "': ", d.describe(), "; rank ", rank_, " of ", size_, " was waiting to ",
-               r.is_send ? "send to" : "receive from", " rank ", r.peer, " of communicator '", comm_name_,
-               "'. Aborting the job (comm.collective_timeout_s / RINGTRAIN_COLLECTIVE_TIMEOUT=", timeout_s_, " s)");
+               r.is_send ? "send to" : "receive from", " rank ", r.peer, " (world rank ", world_rank_of(comm_, r.peer),
+               ") of communicator '", comm_name_, "'. Aborting the job (comm.collective_timeout_s = ", timeout_s_,
+               " s)");
   else
     std::this_thread::sleep_for(std::chrono::seconds(1));  // let the reporting rank's message out first
   MPI_Abort(comm_, 1);
@@ -161,7 +154,6 @@ HostCommContext& host_context(MPI_Comm comm, int local_size) {
     ctx->env_tree_threshold = static_cast<long long>(parse_byte_size(e, "RINGTRAIN_TREE_THRESHOLD"));
   if (const char* e = std::getenv("RINGTRAIN_SEGMENT_BYTES"); e && *e)
     ctx->env_segment_bytes = parse_byte_size(e, "RINGTRAIN_SEGMENT_BYTES");
-  ctx->timeout_s = collective_timeout_from_env();
   // As many ranks on this node as cores (or more): a waiting rank must give its
   // core back quickly, because each rank also runs a fusion-engine and a loader
   // thread, and a spinning wait steals from the computing ranks (Open MPI's

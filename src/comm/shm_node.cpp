@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "ringtrain/comm/collectives.hpp"
+#include "ringtrain/comm/liveness.hpp"
 #include "ringtrain/comm/shm.hpp"
 #include "ringtrain/core/error.hpp"
 #include "ringtrain/core/log.hpp"
@@ -102,6 +103,7 @@ void ShmNode::wait_peers(const char* what) const {
       else if (yielding) sched_yield();
       else _mm_pause();
       if (!sleeping && k % 64 != 0) continue;
+      liveness::serve();
       auto now = clock::now();
       double waited = std::chrono::duration<double>(now - start).count();
       if (waited > spin_s) {
@@ -119,7 +121,8 @@ void ShmNode::wait_peers(const char* what) const {
         last_check = now;
         if (s.load(std::memory_order_acquire) >= target) break;
         if (process_gone(pid[j])) {
-          log::error(what, ": rank ", comm_rank[j], " of communicator '", comm_name, "' (pid ", pid[j],
+          log::error(what, ": rank ", comm_rank[j], " (world rank ", world_rank[j], ") of communicator '", comm_name,
+                     "' (pid ", pid[j],
                      " on this node) died during a shared-memory all-reduce (rank ", comm_rank[lrank], " of ",
                      size, " waited ", static_cast<long long>(waited * 1000), " ms). Aborting the job");
           MPI_Abort(MPI_COMM_WORLD, 70);
@@ -128,10 +131,10 @@ void ShmNode::wait_peers(const char* what) const {
       }
       if (timeout_s > 0 && waited > timeout_s) {
         log::error(what, ": stalled for ", static_cast<long long>(waited), " s waiting for rank ", comm_rank[j],
-                   " of communicator '", comm_name, "' in a shared-memory all-reduce (rank ", comm_rank[lrank],
+                   " (world rank ", world_rank[j], ") of communicator '", comm_name, "' in a shared-memory all-reduce (rank ", comm_rank[lrank],
                    " of ", size, " is at step ", target, ", rank ", comm_rank[j], " at ",
                    s.load(std::memory_order_acquire), "); a rank is missing from the collective or passed a ",
-                   "different count. Aborting the job (RINGTRAIN_COLLECTIVE_TIMEOUT=", timeout_s, " s)");
+                   "different count. Aborting the job (comm.collective_timeout_s = ", timeout_s, " s)");
         MPI_Abort(MPI_COMM_WORLD, 70);
         std::abort();
       }
@@ -150,7 +153,7 @@ ShmNode& shm_node(const Communicator& comm, const char* what) {
   auto node = std::make_unique<ShmNode>();
   ShmNode& n = *node;
   HostCommContext& ctx = host_context(h, comm.local_size());
-  n.timeout_s = ctx.timeout_s;
+  n.timeout_s = comm.timeout_s();
   n.spin_s = ctx.spin_s;
   n.comm_name = comm.name();
   n.size = comm.size();
@@ -205,6 +208,7 @@ ShmNode& shm_node(const Communicator& comm, const char* what) {
   for (int j = 0; j < n.lsize; ++j) {
     n.pid.push_back(ids[j].pid);
     n.comm_rank.push_back(ids[j].rank);
+    n.world_rank.push_back(comm.world_rank(ids[j].rank));
     if (j == n.lrank || !ids[j].ok || !error.empty()) continue;
     std::string peer = cat("/ringtrain-", ids[j].pid, "-", ids[j].serial);
     int fd = ::shm_open(peer.c_str(), O_RDWR, 0);

@@ -23,6 +23,7 @@ struct ShmNode {
   int size = 1;                      // the communicator's size
   int slices = 1;                    // slices per chunk: the largest node's rank count
   std::vector<int> comm_rank;        // local index -> rank in the communicator
+  std::vector<int> world_rank;       // local index -> rank in MPI_COMM_WORLD (messages)
   std::vector<int> pid;              // local index -> process id (liveness checks)
   std::vector<char*> base;           // local index -> mapped segment
   std::size_t seg_bytes = 0, slot_bytes = 0, small_bytes = 0;

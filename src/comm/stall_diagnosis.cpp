@@ -4,6 +4,7 @@
 #include <chrono>
 #include <thread>
 
+#include "ringtrain/comm/liveness.hpp"
 #include "ringtrain/core/error.hpp"
 
 namespace ringtrain {
@@ -15,6 +16,18 @@ StallDiagnosis diagnose_stall(MPI_Comm comm, double grace_s) {
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &size);
   StallDiagnosis d;
+  if (liveness::active()) {
+    // The job's view: the ranks that answer no ping, wherever they are.
+    d.silent_world = liveness::unresponsive(grace_s);
+    d.global = true;
+    d.first_live = size;
+    for (int r = 0; r < size; ++r) {
+      const int w = world_rank_of(comm, r);
+      if (std::find(d.silent_world.begin(), d.silent_world.end(), w) != d.silent_world.end()) d.silent.push_back(r);
+      else d.first_live = std::min(d.first_live, r);
+    }
+    return d;
+  }
   if (size == 1) return d;
   // Tokens are sent and never waited for: a stopped peer never takes them, and
   // the job ends right after this anyway.
@@ -45,18 +58,43 @@ StallDiagnosis diagnose_stall(MPI_Comm comm, double grace_s) {
   }
   d.first_live = rank;
   for (int r = 0; r < size; ++r) {
-    if (!heard[static_cast<std::size_t>(r)]) d.silent.push_back(r);
-    else d.first_live = std::min(d.first_live, r);
+    if (!heard[static_cast<std::size_t>(r)]) {
+      d.silent.push_back(r);
+      d.silent_world.push_back(world_rank_of(comm, r));
+    } else {
+      d.first_live = std::min(d.first_live, r);
+    }
   }
   return d;
 }
 
+int world_rank_of(MPI_Comm comm, int rank) {
+  MPI_Group mine, world;
+  MPI_Comm_group(comm, &mine);
+  MPI_Comm_group(MPI_COMM_WORLD, &world);
+  int out = MPI_UNDEFINED;
+  MPI_Group_translate_ranks(mine, 1, &rank, world, &out);
+  MPI_Group_free(&mine);
+  MPI_Group_free(&world);
+  return out;
+}
+
 std::string StallDiagnosis::describe() const {
+  if (global) {
+    if (silent_world.empty())
+      return "every rank of the job answers: the ranks disagree on the operation (count, dtype or order)";
+    std::string s = silent_world.size() == 1 ? "world rank " : "world ranks ";
+    for (std::size_t i = 0; i < silent_world.size(); ++i) s += cat(i ? ", " : "", silent_world[i]);
+    return s + (silent_world.size() == 1 ? " does" : " do") + " not respond (stopped, hung or dead)";
+  }
   if (silent.empty())
     return "every rank reached it: the ranks disagree on the operation (count, dtype or order)";
   std::string s = silent.size() == 1 ? "rank " : "ranks ";
-  for (std::size_t i = 0; i < silent.size(); ++i) s += cat(i ? ", " : "", silent[i]);
-  return s + (silent.size() == 1 ? " did" : " did") + " not reach it (hung, stopped or dead)";
+  for (std::size_t i = 0; i < silent.size(); ++i) {
+    s += cat(i ? ", " : "", silent[i]);
+    if (i < silent_world.size()) s += cat(" (world rank ", silent_world[i], ")");
+  }
+  return s + " did not reach it (hung, stopped or dead)";
 }
 
 }  // namespace ringtrain

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <thread>
 
+#include "ringtrain/comm/liveness.hpp"
 #include "ringtrain/comm/stall_diagnosis.hpp"
 #include "ringtrain/core/error.hpp"
 
@@ -29,6 +30,7 @@ void wait_mpi(MPI_Request& req, const char* what, double timeout_s, const Commun
       continue;
     }
     // Back off: a peer that is not yet in this cycle is usually a whole cycle away.
+    liveness::serve();
     std::this_thread::sleep_for(std::chrono::microseconds(spins < 128 ? 10 : spins < 1024 ? 50 : 100));
     if (timeout_s > 0 && (spins & 255) == 0 &&
         std::chrono::duration<double>(Clock::now() - t0).count() > timeout_s)
@@ -37,20 +39,9 @@ void wait_mpi(MPI_Request& req, const char* what, double timeout_s, const Commun
       // every live engine times out here together and answers the diagnosis.
       StallDiagnosis d = diagnose_stall(comm.handle(what), stall_grace_s(timeout_s));
       RT_FAIL("fusion engine: ", what, " has not completed after ", timeout_s, " s: ", d.describe(),
-              "; its engine no longer runs (comm.collective_timeout_s / RINGTRAIN_COLLECTIVE_TIMEOUT)");
+              "; its engine no longer runs (comm.collective_timeout_s = ", timeout_s, " s)");
     }
   }
-}
-
-// RINGTRAIN_COLLECTIVE_TIMEOUT (seconds, default 300, 0 = forever), shared with the collectives.
-double control_timeout(double configured) {
-  const char* v = std::getenv("RINGTRAIN_COLLECTIVE_TIMEOUT");
-  if (!v || !*v) return configured >= 0 ? configured : 300;
-  char* end = nullptr;
-  double s = std::strtod(v, &end);
-  RT_CHECK(end != v && *end == '\0' && s >= 0, "RINGTRAIN_COLLECTIVE_TIMEOUT='", v,
-           "' is not a number of seconds >= 0");
-  return s;
 }
 
 void mpi_ok(int rc, const char* what) {
@@ -65,9 +56,9 @@ bool bit(const std::vector<std::uint64_t>& v, int slot) {
 }  // namespace
 
 Controller::Controller(const Communicator& comm, std::size_t cache_capacity, double stall_warn_s,
-                       double stall_shutdown_s, double collective_timeout_s)
+                       double stall_shutdown_s)
     : comm_(comm), rank_(comm.rank()), size_(comm.size()), cache_(cache_capacity),
-      timeout_s_(control_timeout(collective_timeout_s)), stall_(stall_warn_s, stall_shutdown_s) {}
+      timeout_s_(comm.timeout_s()), stall_(stall_warn_s, stall_shutdown_s) {}
 
 bool Controller::table_holds_cached_name() const {
   for (const auto& [seq, e] : table_)

@@ -70,8 +70,8 @@ struct CycleResult {
 
 class Controller {
  public:
-  Controller(const Communicator& comm, std::size_t cache_capacity, double stall_warn_s, double stall_shutdown_s,
-             double collective_timeout_s = -1);  // < 0: RINGTRAIN_COLLECTIVE_TIMEOUT or 300 s
+  // Control collectives time out after comm.timeout_s().
+  Controller(const Communicator& comm, std::size_t cache_capacity, double stall_warn_s, double stall_shutdown_s);
 
   // One cycle over this rank's pending ops (name -> op); ops made ready or
   // failed are returned, the caller removes them from `pending`.

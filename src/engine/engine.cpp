@@ -11,6 +11,7 @@
 #include "controller.hpp"
 #include "fusion_buffer.hpp"
 #include "ringtrain/comm/host_backend.hpp"
+#include "ringtrain/comm/liveness.hpp"
 #include "ringtrain/core/log.hpp"
 #include "tensor_queue.hpp"
 #include "timeline.hpp"
@@ -100,9 +101,7 @@ Engine::Impl::Impl(const Communicator& c, EngineOptions o) : opts(std::move(o)) 
   check_engine_settings_agree(comm, opts);
   queue.set_accumulation(opts.backward_passes_per_step);
   controller = std::make_unique<engine::Controller>(comm, opts.cache_capacity, opts.stall_warning_s,
-                                                    opts.stall_shutdown_s, opts.collective_timeout_s);
-  // The data all-reduces on the engine's communicator time out alike.
-  if (opts.collective_timeout_s >= 0) host_context(comm.handle(), comm.local_size()).timeout_s = opts.collective_timeout_s;
+                                                    opts.stall_shutdown_s);
   if (!opts.timeline.empty() && (rank == 0 || opts.timeline_all_ranks)) {
     std::string path = opts.timeline;
     if (opts.timeline_all_ranks) {
@@ -251,6 +250,7 @@ void Engine::Impl::loop() {
   try {
     for (;;) {
       auto start = Clock::now();
+      liveness::serve();  // this thread cycles while the user computes: the process answers for itself
       for (auto& op : queue.drain()) {
         op->picked_up = start;
         if (timeline) timeline->span(op->name, "QUEUE", op->submitted, start);

@@ -60,7 +60,6 @@ EngineOptions EngineOptions::from_env(EngineOptions o) {
   if (env("RINGTRAIN_STALL_SHUTDOWN_TIME_SECONDS"))
     o.stall_shutdown_s = env_double("RINGTRAIN_STALL_SHUTDOWN_TIME_SECONDS", 0);
   if (const char* v = env("RINGTRAIN_ALLREDUCE_ALGORITHM")) o.collective.algorithm = parse_algorithm(v);
-  if (env("RINGTRAIN_COLLECTIVE_TIMEOUT")) o.collective_timeout_s = env_double("RINGTRAIN_COLLECTIVE_TIMEOUT", 0);
   return o;
 }
 

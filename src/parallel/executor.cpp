@@ -1,28 +1,17 @@
 #include "ringtrain/parallel/executor.hpp"
 
-#include <mpi.h>
-
 #include <chrono>
-#include <cstdlib>
-#include <thread>
 
 #include "ringtrain/comm/agree.hpp"
-#include "ringtrain/core/log.hpp"
+#include "ringtrain/nn/loss.hpp"
+#include "ringtrain/parallel/stage.hpp"
+#include "peer.hpp"
 
 namespace ringtrain {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-
-// MPI_Request stored as an integer handle (the header stays MPI-free).
-static_assert(sizeof(MPI_Request) <= sizeof(std::uint64_t));
-MPI_Request& req(std::uint64_t& h) { return *reinterpret_cast<MPI_Request*>(&h); }
-std::uint64_t null_req() {
-  std::uint64_t h = 0;
-  req(h) = MPI_REQUEST_NULL;
-  return h;
-}
 
 int tag_of(int mb, bool act) { return 2 * mb + (act ? 0 : 1); }
 
@@ -39,152 +28,201 @@ Shape unpack_shape(const std::vector<std::int64_t>& v) {
   return s;
 }
 
+Tensor on(const Tensor& t, Device dev) { return t.device() == dev ? t : t.to(dev); }
+
 }  // namespace
 
-ScheduleExecutor::ScheduleExecutor(const ProcessGrid& grid, ScheduleKind kind, int m, Shape in_mb, Shape out_mb,
-                                   double timeout_s, Device dev)
-    : grid_(grid), m_(m), timeout_s_(timeout_s), dev_(dev) {
-  const int s = grid.pp_rank(), p = grid.pp_size();
+ScheduleExecutor::ScheduleExecutor(const ProcessGrid& grid, ScheduleKind kind, MicroBatching mb, Shape in_mb,
+                                   Shape out_mb, Device dev, DeviceRuntime& rt)
+    : grid_(grid), mb_(mb), dev_(dev), rt_(rt) {
+  const int s = grid.pp_rank(), p = grid.pp_size(), m = mb.per_step();
+  run_agreed(grid.world(), "setting up the pipeline schedule", [&] {
+    RT_CHECK(mb.micro_batches >= 1, "configuration key 'parallel.micro_batches' must be >= 1, got ", mb.micro_batches);
+    RT_CHECK(mb.accumulation >= 1, "configuration key 'train.accumulation' must be >= 1, got ", mb.accumulation);
+    RT_CHECK(mb.batch > 0 && mb.batch % mb.micro_batches == 0, "data.batch_size = ", mb.batch,
+             " is not divisible by parallel.micro_batches = ", mb.micro_batches);
+    RT_CHECK(tag_of(m - 1, false) <= kMaxTransferTag, "train.accumulation x parallel.micro_batches = ", m,
+             " micro-batches per step: at most ", kMaxTransferTag / 2, " (MPI tags)");
+  });
   sched_ = make_schedule(kind, p, m, s);
   slots_ = peak_in_flight(sched_);
   // Handshake: each stage tells the next what it sends; the next compares.
   std::string err;
-  MPI_Comm c = grid.pp().handle("pipeline shape handshake");
   std::vector<std::int64_t> mine = pack_shape(out_mb), got(9, -1);
-  MPI_Sendrecv(mine.data(), 9, MPI_INT64_T, s + 1 < p ? s + 1 : MPI_PROC_NULL, 999999, got.data(), 9, MPI_INT64_T,
-               s > 0 ? s - 1 : MPI_PROC_NULL, 999999, c, MPI_STATUS_IGNORE);
+  MPI_Sendrecv(mine.data(), 9, MPI_INT64_T, s + 1 < p ? s + 1 : MPI_PROC_NULL, kTagShapeHandshake, got.data(), 9,
+               MPI_INT64_T, s > 0 ? s - 1 : MPI_PROC_NULL, kTagShapeHandshake,
+               grid.pp().handle("pipeline shape handshake"), MPI_STATUS_IGNORE);
   if (s > 0 && unpack_shape(got) != in_mb)
     err = cat("pipeline stage ", s - 1, " sends activations of shape ", shape_str(unpack_shape(got)), " but stage ", s,
               " ", grid.tag(), " expects ", shape_str(in_mb));
   agree_or_throw(grid.world(), err, "checking the pipeline stages' shapes");
-
   for (int i = 0; i < m; ++i) {
     if (s > 0) act_in_.push_back(Tensor::empty(in_mb, DType::f32));
     if (s + 1 < p) grad_in_.push_back(Tensor::empty(out_mb, DType::f32));
   }
-  act_req_.assign(m, null_req());
-  grad_req_.assign(m, null_req());
-  slot_sends_.assign(slots_, {});
-  slot_staged_.assign(slots_, {});
+  dlogits_.resize(static_cast<std::size_t>(slots_));
 }
 
-ScheduleExecutor::~ScheduleExecutor() {
-  for (int i = 0; i < m_; ++i) {
-    for (auto* r : {&act_req_[i], &grad_req_[i]})
-      if (req(*r) != MPI_REQUEST_NULL) {
-        MPI_Cancel(&req(*r));
-        MPI_Request_free(&req(*r));
-      }
+ScheduleExecutor::~ScheduleExecutor() = default;
+
+// The step's transfers: every receive posted up front, each slot's sends (and
+// the host copies they read) completed before the slot is reused.
+struct ScheduleExecutor::Transfers {
+  PeerLink link;
+  std::vector<PeerRequest> act, grad;
+  std::vector<std::vector<PeerRequest>> sends;  // per slot
+  std::vector<std::vector<Tensor>> staged;      // per slot: host copies being sent
+
+  Transfers(const ProcessGrid& g, int m, int slots) : link(g), act(m), grad(m), sends(slots), staged(slots) {}
+  ~Transfers() {  // an exception mid-step: nothing may stay posted on our buffers
+    for (auto& r : act) link.cancel(r);
+    for (auto& r : grad) link.cancel(r);
   }
-  for (int k = 0; k < slots_; ++k) wait_sends(k);
-}
-
-void await_stage(std::uint64_t& request, const ProcessGrid& grid, int peer_stage, double timeout_s,
-                 const std::string& what) {
-  MPI_Request& r = req(request);
-  int done = 0;
-  auto t0 = Clock::now();
-  for (long spin = 0;; ++spin) {
-    MPI_Test(&r, &done, MPI_STATUS_IGNORE);
-    if (done) return;
-    if (spin > 200) std::this_thread::sleep_for(std::chrono::microseconds(50));
-    if ((spin & 255) == 0 && timeout_s > 0 && since(t0) > timeout_s) {
-      log::error(grid.tag(), " waited ", timeout_s, " s for ", what, " from pipeline stage ", peer_stage,
-                 " (world rank ", grid.world_rank_of(grid.tp_rank(), grid.dp_rank(), peer_stage),
-                 "): that stage died or stalled; ending the job");
-      MPI_Abort(MPI_COMM_WORLD, 1);
-    }
+  void finish_sends(int slot) {
+    for (auto& r : sends[slot]) link.wait(r, "an activation or gradient");
+    sends[slot].clear();
+    staged[slot].clear();
   }
-}
-
-void ScheduleExecutor::wait_recv(int mb, bool act) {
-  await_stage(act ? act_req_[mb] : grad_req_[mb], grid_, grid_.pp_rank() + (act ? -1 : 1), timeout_s_,
-              cat("the ", act ? "activation" : "gradient", " of micro-batch ", mb));
-}
-
-void ScheduleExecutor::wait_sends(int slot) {
-  for (auto& h : slot_sends_[slot]) MPI_Wait(&req(h), MPI_STATUS_IGNORE);
-  slot_sends_[slot].clear();
-  slot_staged_[slot].clear();
-}
-
-StepTiming ScheduleExecutor::run_step(StageOps& ops) {
-  const int s = grid_.pp_rank(), p = grid_.pp_size();
-  MPI_Comm c = grid_.pp().handle("pipeline step");
-  auto t_step = Clock::now();
-  StepTiming tm;
-  for (int i = 0; i < m_; ++i) {
-    if (s > 0)
-      MPI_Irecv(act_in_[i].raw(), static_cast<int>(act_in_[i].nbytes()), MPI_BYTE, s - 1, tag_of(i, true), c,
-                &req(act_req_[i]));
-    if (s + 1 < p)
-      MPI_Irecv(grad_in_[i].raw(), static_cast<int>(grad_in_[i].nbytes()), MPI_BYTE, s + 1, tag_of(i, false), c,
-                &req(grad_req_[i]));
+  void send(int slot, int mb, const Tensor& t, int to, bool act) {
+    RT_CHECK(t.defined(), "pipeline: nothing to send for micro-batch ", mb);
+    Tensor host = t.device().is_cpu() ? t : t.to(Device::cpu());
+    staged[slot].push_back(host);
+    sends[slot].push_back(link.isend(host.raw(), host.nbytes(), to, tag_of(mb, act)));
   }
-  std::vector<int> slot_of(m_, -1);
-  std::vector<int> free_slots;
+};
+
+StepOutput ScheduleExecutor::run(Stage& stage, const StepInput& in, GradSync& sync) {
+  const int s = grid_.pp_rank(), p = grid_.pp_size(), m = mb_.per_step();
+  const std::int64_t rows = mb_.size();
+  auto check = [&](const std::vector<Tensor>& v, const char* what) {
+    RT_CHECK(static_cast<int>(v.size()) == mb_.accumulation, grid_.tag(), " step: expected ", mb_.accumulation,
+             " batches of ", what, ", got ", v.size());
+    for (const Tensor& t : v)
+      RT_CHECK(t.defined() && t.dim(0) == mb_.batch, grid_.tag(), " step: expected ", mb_.batch, " ", what);
+  };
+  if (grid_.first_stage()) check(in.images, "images");
+  if (grid_.last_stage()) check(in.labels, "labels");
+  // Micro-batch i is loader batch i / m's (i % m)-th slice.
+  auto slice = [&](const std::vector<Tensor>& v, int i) {
+    const Tensor& t = v[static_cast<std::size_t>(i / mb_.micro_batches)];
+    return on(t.slice_rows((i % mb_.micro_batches) * rows, (i % mb_.micro_batches + 1) * rows), dev_);
+  };
+  // Its first sample in the step's global batch: loader batch a's samples sit
+  // at a·G + dp_rank·B there, G = dp·B (data/sampler.hpp).
+  auto first_sample = [&](int i) {
+    const std::int64_t a = i / mb_.micro_batches, j = i % mb_.micro_batches;
+    return a * grid_.dp_size() * mb_.batch + grid_.dp_rank() * mb_.batch + j * rows;
+  };
+  const bool counts = grid_.last_stage() && grid_.tp_rank() == 0;  // the logits' owner speaks for the replica
+  const double dloss_scale = in.loss_scale / m;
+
+  StepOutput out;
+  const auto t_step = Clock::now();
+  stage.zero_grads();
+  sync.begin_step();
+  Transfers tr(grid_, m, slots_);
+  for (int i = 0; i < m; ++i) {
+    if (s > 0) tr.act[i] = tr.link.irecv(act_in_[i].raw(), act_in_[i].nbytes(), s - 1, tag_of(i, true));
+    if (s + 1 < p) tr.grad[i] = tr.link.irecv(grad_in_[i].raw(), grad_in_[i].nbytes(), s + 1, tag_of(i, false));
+  }
+  std::vector<int> slot_of(m, -1), free_slots;
   for (int k = slots_; k-- > 0;) free_slots.push_back(k);
-  std::vector<Tensor> input(m_), output(m_), dinput(m_);
+  std::vector<Tensor> input(m), output(m), dinput(m);
   int b_done = 0, w_done = 0;
   auto timed = [&](auto&& f) {
-    auto t0 = Clock::now();
+    const auto t0 = Clock::now();
     f();
-    tm.busy_s += since(t0);
+    out.timing.busy_s += since(t0);
   };
-  auto post_send = [&](int mb, const Tensor& t, int to, bool act) {
-    RT_CHECK(t.defined(), "pipeline stage ", s, ": nothing to send for micro-batch ", mb);
-    Tensor host = t.device().is_cpu() ? t : t.to(Device::cpu());
-    if (!t.device().is_cpu()) slot_staged_[slot_of[mb]].push_back(host);
-    std::uint64_t h = null_req();
-    MPI_Isend(host.raw(), static_cast<int>(host.nbytes()), MPI_BYTE, to, tag_of(mb, act), c, &req(h));
-    slot_sends_[slot_of[mb]].push_back(h);
-  };
-  for (const Instr& in : sched_) {
-    const int mb = in.mb;
-    switch (in.op) {
-      case Op::load_micro_batch: timed([&] { input[mb] = ops.load(mb); }); break;
+  const Stage::GradReady ready = [&sync](int l) { sync.layer_ready(l); };
+  for (const Instr& ins : sched_) {
+    const int i = ins.mb;
+    switch (ins.op) {
+      case Op::load_micro_batch: timed([&] { input[i] = slice(in.images, i); }); break;
       case Op::recv_act:
-        wait_recv(mb, true);
-        input[mb] = dev_.is_cpu() ? act_in_[mb] : act_in_[mb].to(dev_);
+        tr.link.wait(tr.act[i], cat("the activation of micro-batch ", i));
+        input[i] = on(act_in_[i], dev_);
         break;
       case Op::forward: {
         RT_ASSERT(!free_slots.empty());
-        slot_of[mb] = free_slots.back();
+        slot_of[i] = free_slots.back();
         free_slots.pop_back();
-        wait_sends(slot_of[mb]);  // the slot's outputs may be rewritten now
-        timed([&] { output[mb] = ops.forward(slot_of[mb], mb, input[mb]); });
-        break;
-      }
-      case Op::send_act: post_send(mb, output[mb], s + 1, true); break;
-      case Op::recv_grad: wait_recv(mb, false); break;
-      case Op::backward_input: {
-        const bool last_mb = ++b_done == m_;
+        tr.finish_sends(slot_of[i]);  // the slot's outputs may be rewritten now
         timed([&] {
-          Tensor dy = s + 1 == p ? ops.loss_grad(slot_of[mb], mb, output[mb])
-                                 : dev_.is_cpu() ? grad_in_[mb] : grad_in_[mb].to(dev_);
-          dinput[mb] = ops.backward_input(slot_of[mb], mb, dy, last_mb);
+          stage.set_position(static_cast<std::uint64_t>(in.step), first_sample(i));
+          output[i] = stage.forward(slot_of[i], input[i], Mode::train);
         });
         break;
       }
-      case Op::send_grad: post_send(mb, dinput[mb], s - 1, false); break;
+      case Op::send_act: tr.send(slot_of[i], i, output[i], s + 1, true); break;
+      case Op::recv_grad: tr.link.wait(tr.grad[i], cat("the gradient of micro-batch ", i)); break;
+      case Op::backward_input: {
+        const bool last = ++b_done == m;
+        timed([&] {
+          Tensor dy;
+          if (s + 1 == p) {  // the loss: mean over the micro-batch, scaled to the step's mean
+            const Tensor y = slice(in.labels, i);
+            Tensor& d = dlogits_[static_cast<std::size_t>(slot_of[i])];
+            if (!d.defined() || d.shape() != output[i].shape())
+              d = Tensor::empty(output[i].shape(), DType::f32, output[i].device());
+            const double loss = softmax_cross_entropy(output[i], y, 0.0, d);
+            if (counts) {
+              out.stats.loss_sum += loss * static_cast<double>(rows);
+              out.stats.samples += rows;
+              out.stats.correct += count_correct(output[i], y);
+            }
+            if (dloss_scale != 1.0) rt_.scale(d, dloss_scale);
+            dy = d;
+          } else {
+            dy = on(grad_in_[i], dev_);
+          }
+          dinput[i] = stage.backward_input(slot_of[i], dy, s > 0, last ? ready : Stage::GradReady{});
+        });
+        break;
+      }
+      case Op::send_grad: tr.send(slot_of[i], i, dinput[i], s - 1, false); break;
       case Op::backward_weight: {
-        const bool last_mb = ++w_done == m_;
-        timed([&] { ops.backward_weight(slot_of[mb], mb, last_mb); });
-        free_slots.push_back(slot_of[mb]);
+        const bool last = ++w_done == m;
+        timed([&] { stage.backward_weight(slot_of[i], last ? ready : Stage::GradReady{}); });
+        free_slots.push_back(slot_of[i]);
         break;
       }
-      case Op::reduce_grads: {  // waiting on DP, not compute
-        auto t0 = Clock::now();
-        ops.reduce_grads();
-        tm.reduce_s += since(t0);
-        break;
-      }
-      case Op::optimizer_step: timed([&] { ops.optimizer_step(); }); break;
     }
   }
-  for (int k = 0; k < slots_; ++k) wait_sends(k);
-  tm.wall_s = since(t_step);
-  return tm;
+  for (int k = 0; k < slots_; ++k) tr.finish_sends(k);
+  stage.commit_batch_stats();  // every forward of the step has run
+  out.timing.wall_s = since(t_step);
+  return out;
+}
+
+// Forward along the chain, the batch size (a last batch may be short) ahead of the activation.
+std::pair<double, std::int64_t> ScheduleExecutor::evaluate(Stage& stage, const Tensor& images, const Tensor& labels,
+                                                           std::int64_t valid) {
+  const int s = grid_.pp_rank(), p = grid_.pp_size();
+  PeerLink link(grid_);
+  std::int64_t bn = grid_.first_stage() ? images.dim(0) : 0;
+  Tensor x = images;
+  if (s > 0) {
+    PeerRequest r = link.irecv(&bn, sizeof bn, s - 1, kTagEvalSize);
+    link.wait(r, "the evaluation batch size");
+    x = Tensor::empty(stage.input_shape(bn), DType::f32);
+    r = link.irecv(x.raw(), x.nbytes(), s - 1, kTagEvalActivation);
+    link.wait(r, "an evaluation activation");
+  }
+  Tensor y_out = stage.forward(0, on(x, dev_), Mode::eval);
+  if (s + 1 < p) {
+    Tensor host = on(y_out, Device::cpu());
+    PeerRequest r = link.isend(&bn, sizeof bn, s + 1, kTagEvalSize);
+    link.wait(r, "the evaluation batch size");
+    r = link.isend(host.raw(), host.nbytes(), s + 1, kTagEvalActivation);
+    link.wait(r, "an evaluation activation");
+    return {0.0, 0};
+  }
+  if (valid <= 0 || grid_.tp_rank() != 0) return {0.0, 0};  // tensor ranks hold the same logits: count once
+  Tensor y = on(labels, dev_);
+  Tensor o = valid < bn ? y_out.slice_rows(0, valid) : y_out;
+  if (valid < bn) y = y.slice_rows(0, valid);
+  return {softmax_cross_entropy_loss(o, y) * static_cast<double>(valid), count_correct(o, y)};
 }
 
 }  // namespace ringtrain

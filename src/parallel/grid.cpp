@@ -13,21 +13,24 @@ int ProcessGrid::data_parallel_size(int world_size, GridShape s) {
   return world_size / (s.pipeline * s.tensor);
 }
 
-ProcessGrid ProcessGrid::make(const Communicator& world, GridShape s) {
+ProcessGrid ProcessGrid::make(const Communicator& world_in, GridShape s, double timeout_s) {
   // Pure arithmetic on values every rank shares: every rank raises the same Error.
   ProcessGrid g;
-  g.dp_size_ = data_parallel_size(world.size(), s);
   g.tp_size_ = s.tensor;
   g.pp_size_ = s.pipeline;
-  const int r = world.rank();
+  g.dp_size_ = data_parallel_size(world_in.size(), s);
+  const int r = world_in.rank();
   g.tp_ = r % g.tp_size_;
   g.dp_ = (r / g.tp_size_) % g.dp_size_;
   g.pp_ = r / (g.tp_size_ * g.dp_size_);
-  g.world_ = world;
+  g.world_ = world_in.dup("world", timeout_s);
+  const Communicator& world = g.world_;
   // Colour = the coordinates that stay fixed in the group, key = the one that varies.
   g.dp_comm_ = world.split(g.tp_ + g.pp_ * g.tp_size_, g.dp_, "dp");
   g.pp_comm_ = world.split(g.tp_ + g.dp_ * g.tp_size_, g.pp_, "pp");
   g.tp_comm_ = world.split(g.dp_ + g.pp_ * g.dp_size_, g.tp_, "tp");
+  g.replica_comm_ = world.split(g.dp_, world.rank(), "replica");
+  g.zero_comm_ = g.dp_comm_.dup("zero");
   // Tensor groups all-reduce on the critical path of every layer pair: across
   // nodes that costs far more. The widest group decides (nodes may be uneven).
   int spans = g.tp_comm_.node_count();

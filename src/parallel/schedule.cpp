@@ -95,8 +95,8 @@ const char* schedule_name(ScheduleKind k) {
 }
 
 const char* op_name(Op op) {
-  static const char* n[] = {"LoadMicroBatch", "Forward",  "BackwardInput", "BackwardWeight", "SendAct",
-                            "RecvAct",        "SendGrad", "RecvGrad",      "ReduceGrads",    "OptimizerStep"};
+  static const char* n[] = {"LoadMicroBatch", "Forward", "BackwardInput", "BackwardWeight",
+                            "SendAct",        "RecvAct", "SendGrad",      "RecvGrad"};
   return n[static_cast<int>(op)];
 }
 
@@ -126,8 +126,6 @@ std::vector<Instr> make_schedule(ScheduleKind kind, int p, int m, int stage) {
       case Compute::W: out.push_back({Op::backward_weight, s.mb}); break;
     }
   }
-  out.push_back({Op::reduce_grads, -1});
-  out.push_back({Op::optimizer_step, -1});
   return out;
 }
 

@@ -89,7 +89,6 @@ EngineOptions engine_options(const TrainConfig& cfg) {
   eo.timeline = cfg.comm.timeline;
   eo.stall_warning_s = cfg.comm.stall_warning_s;
   eo.stall_shutdown_s = cfg.comm.stall_shutdown_s;
-  eo.collective_timeout_s = cfg.comm.collective_timeout_s;
   eo.collective.algorithm = parse_algorithm(cfg.comm.algorithm);
   return EngineOptions::from_env(eo);
 }

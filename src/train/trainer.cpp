@@ -62,11 +62,11 @@ void sum_over_ranks(std::vector<double>& v, const Communicator& comm) {
 Trainer::Impl::Impl(TrainConfig c, Communicator w, TrainerHooks h)
     : cfg(std::move(c)), world(std::move(w)), hooks(std::move(h)) {
   cfg.validate();
+  // Every communicator of the run, the trainer's own included, waits at most comm.collective_timeout_s.
+  grid = std::make_unique<ProcessGrid>(
+      ProcessGrid::make(world, {cfg.parallel.pipeline, cfg.parallel.tensor}, cfg.comm.collective_timeout_s));
+  world = grid->world();
   ckpt.create_dir();
-  // The trainer's own collectives (metrics, agreement, broadcasts) time out like the engine's.
-  if (!std::getenv("RINGTRAIN_COLLECTIVE_TIMEOUT") && world.size() > 1)
-    host_context(world.handle(), world.local_size()).timeout_s = cfg.comm.collective_timeout_s;
-  grid = std::make_unique<ProcessGrid>(ProcessGrid::make(world, {cfg.parallel.pipeline, cfg.parallel.tensor}));
   derive_batch(cfg, grid->dp_size());  // data.global_batch: this layout's batch and accumulation
   if (cfg.parallel.pipeline > 1) layout = cat("parallel.pipeline = ", cfg.parallel.pipeline);
   if (cfg.parallel.tensor > 1) layout += cat(layout.empty() ? "" : " with ", "parallel.tensor = ", cfg.parallel.tensor);
@@ -81,7 +81,7 @@ Trainer::Impl::Impl(TrainConfig c, Communicator w, TrainerHooks h)
              [&] { run_state::check_data_files(cfg, loader->info(), hooks.evaluate); });
   build_model();
   ckpt.describe_run(num_params, grid->pp_size(), grid->tp_size(), grid->dp_size(), steps_per_epoch());
-  gm->broadcast_state();  // one source of truth: each replica starts from data-parallel rank 0's
+  parts.state->broadcast();  // one source of truth: each replica starts from data-parallel rank 0's
   schedule = std::make_unique<LrSchedule>(schedule_config(cfg, global_batch()), steps_per_epoch(), total_steps());
 }
 
@@ -98,6 +98,11 @@ void Trainer::Impl::build_model() {
   ModelConfig mc = model_config(cfg, loader->info());
   mc.math = parse_math_mode(cfg.train.precision);
   for (const LayerPlan& l : plan_model_layers(mc)) num_params += l.numel;  // the whole model, never built here
+  run_agreed(world, "choosing the layout", [&] {
+    RT_CHECK(cfg.parallel.tensor == 1 || device.is_cpu(), "parallel.tensor = ", cfg.parallel.tensor,
+             " with train.device = cuda is not supported yet: tensor-parallel layers have not run on a GPU "
+             "(use parallel.tensor = 1, or train.device = cpu)");
+  });
   GridConfig pc;
   pc.micro_batches = cfg.parallel.micro_batches > 0 ? cfg.parallel.micro_batches : cfg.parallel.pipeline;
   pc.accumulation = cfg.train.accumulation;
@@ -108,20 +113,20 @@ void Trainer::Impl::build_model() {
   pc.engine = engine_options(cfg);
   pc.deterministic = cfg.comm.deterministic;
   pc.bucket_bytes = cfg.comm.bucket_bytes;
-  pc.clip_norm = cfg.optimizer.clip_norm;
-  pc.timeout_s = cfg.comm.collective_timeout_s;
-  pc.loss_scaling = mc.math == MathMode::fp16;
-  pc.shard_optimizer = cfg.parallel.shard_optimizer;
-  pc.zero_collectives.algorithm = parse_algorithm(cfg.comm.algorithm);
+  pc.update.clip_norm = cfg.optimizer.clip_norm;
+  pc.update.loss_scaling = mc.math == MathMode::fp16;
+  pc.update.shard_optimizer = cfg.parallel.shard_optimizer;
+  pc.update.zero_collectives.algorithm = parse_algorithm(cfg.comm.algorithm);
   pc.skip_allreduce = hooks.skip_allreduce;
-  gm = std::make_unique<GridModel>(*grid, mc, pc, optimizer_config(cfg), device, rt);
-  if (gm->scaler()) scaler_state = Tensor::zeros({4}, DType::f64);
-  if (gm->zero() && world.rank() == 0 && hooks.report) {
-    const auto [per_rank, unsharded] = gm->zero()->state_bytes_summary();
+  parts = build_parts(*grid, mc, pc, optimizer_config(cfg), device, rt);
+  if (parts.updater->scaler()) scaler_state = Tensor::zeros({4}, DType::f64);
+  const ShardedOptimizer* zero = parts.updater->zero();
+  if (zero && world.rank() == 0 && hooks.report) {
+    const auto [per_rank, unsharded] = zero->state_bytes_summary();
     log::info("ZeRO-1: optimizer '", cfg.optimizer.name, "' state ", per_rank, " bytes per rank (largest slice) over ",
               grid->dp_size(), " data-parallel rank(s); unsharded ", unsharded, " bytes");
-  } else if (gm->zero()) {
-    gm->zero()->state_bytes_summary();  // collective
+  } else if (zero) {
+    zero->state_bytes_summary();  // collective
   }
 }
 
@@ -133,14 +138,10 @@ std::int64_t Trainer::Impl::steps_per_epoch() const { return loader->steps_per_e
 // (so a run cut short follows the same learning rates as the full one).
 std::int64_t Trainer::Impl::total_steps() const { return steps_per_epoch() * cfg.train.epochs; }
 
-// One optimizer step on every layout (GridModel::train_step):
-//   read train.accumulation batches; for each micro-batch: forward, loss,
-//   backward — the last backward of each layer hands its gradients to the
-//   engine as soon as they exist (overlap); the stages exchange activations
-//   and gradients as the pipeline schedule says; then the averaged gradients
-//   go through the one update path (fp16 unscale/skip, clipping, ZeRO-1, step).
-// The loss, the stop flag, a due checkpoint and the durability of a
-// checkpoint's parts ride in one small all-reduce.
+// One optimizer step on every layout: read train.accumulation batches, then
+// the step of parallel/parts.hpp (schedule, gradient synchronisation, update,
+// statistics). The stop flag, a due checkpoint and the durability of a
+// checkpoint's parts ride in the statistics' one small all-reduce.
 double Trainer::Impl::train_step(EpochStats& st) {
   std::vector<Tensor> images, labels;
   for (int micro = 0; micro < cfg.train.accumulation; ++micro) {
@@ -154,24 +155,25 @@ double Trainer::Impl::train_step(EpochStats& st) {
   auto t0 = Clock::now();  // reading the batches is data wait, counted by the loader
   const int mine = hooks.stop_signal ? hooks.stop_signal() : 0;
   if (hooks.in_step) hooks.in_step(pos.step);
-  GridStepResult r = gm->train_step(images, labels, pos.step, schedule->lr_at(pos.step),
-                                    {mine != 0, ckpt.time_due(), ckpt.part_ready()});
+  const StepInput in{std::move(images), std::move(labels), pos.step, schedule->lr_at(pos.step),
+                     parts.updater->loss_scale()};
+  const StepResult r = ringtrain::train_step(*grid, parts, in, {mine != 0, ckpt.time_due(), ckpt.part_ready()});
   st.compute_s += since(t0) - r.timing.reduce_s - r.timing.wait_s();
   st.comm_s += r.timing.reduce_s;
   st.pipeline_wait_s += r.timing.wait_s();
-  st.correct += r.correct;
-  st.seen += r.seen;
-  st.skipped += r.skipped ? 1 : 0;
+  st.correct += r.stats.correct;
+  st.seen += r.stats.samples;
+  st.skipped += r.stats.skipped ? 1 : 0;
   ++pos.step;  // the schedule advances either way (as PyTorch's scheduler.step())
-  save_due = r.save;
-  ckpt.after_step(r.checkpoint_ready);  // every rank's part of a checkpoint durable: rank 0 commits it
-  if (r.stop && !stop_signal) {
+  save_due = r.save();
+  ckpt.after_step(r.checkpoint_ready());  // every rank's part of a checkpoint durable: rank 0 commits it
+  if (r.stop() && !stop_signal) {
     // Every rank sees the same flag: all stop after this step. -1: the signal reached another rank.
     stop_signal = mine ? mine : -1;
     if (mine && world.rank() != 0)
       log::warn("rank ", world.rank(), " received ", StopSignals::name(mine), ": every rank stops after step ", pos.step);
   }
-  return r.loss;
+  return r.loss();
 }
 
 EvalResult Trainer::Impl::evaluate(const std::string& path) {
@@ -195,7 +197,7 @@ EvalResult Trainer::Impl::evaluate(const std::string& path) {
   std::int64_t correct = 0, count = 0;
   const bool counts = grid->last_stage() && grid->tp_rank() == 0;  // the logits' owner speaks for the replica
   while (auto b = test.next()) {
-    auto [l, c] = gm->eval_batch(b->images, b->labels, b->valid);
+    auto [l, c] = parts.executor->evaluate(*parts.stage, b->images, b->labels, b->valid);
     loss_sum += l;
     correct += c;
     if (counts) count += b->valid;
@@ -223,12 +225,12 @@ void Trainer::Impl::start_reporting() {
     std::string grid_text;
     if (!layout.empty()) {
       std::string bal;
-      for (int b : gm->balance()) bal += cat(bal.empty() ? "" : ", ", b);
+      for (int b : parts.balance) bal += cat(bal.empty() ? "" : ", ", b);
       grid_text = cat(" = ", grid->dp_size(), " DP x ", grid->pp_size(), " PP x ", grid->tp_size(), " TP (layers [", bal,
                       "] per stage, schedule ", cfg.parallel.schedule, ", ", cfg.data.batch_size / (cfg.parallel.micro_batches > 0 ? cfg.parallel.micro_batches : cfg.parallel.pipeline),
                       "-sample micro-batches)");
     }
-    const GridMemory mem = gm->memory();
+    const GridMemory mem = ringtrain::memory(parts);
     log::info("ringtrain: ", cfg.model.name, " (", num_params, " parameters; ", mem.param_count, " on this rank) on ",
               world.size(), " rank(s)", grid_text, ", ", device.str(), ", ", cfg.train.precision, ", batch ",
               cfg.data.batch_size, "/rank (global ", global_batch(), "), ", steps_per_epoch(),
@@ -341,16 +343,14 @@ EpochMetrics Trainer::Impl::train_epoch(int epoch, bool& finished) {
   m.pipeline_wait_s = st.pipeline_wait_s;
   m.data_wait_s = loader->wait_seconds() - wait0;
   m.skipped_steps = st.skipped;
-  m.loss_scale = gm->scaler() ? gm->scaler()->scale() : 0.0;
+  m.loss_scale = parts.updater->scaler() ? parts.updater->loss_scale() : 0.0;
   const SlowestRank slow = stragglers->epoch(st.compute_s, st.comm_s + st.pipeline_wait_s, world);
   m.slowest_rank = slow.rank;
   m.slowest_slowdown = slow.slowdown;
   m.slowest_wait_fraction = slow.wait_fraction;
   m.straggler = slow.rank >= 0 && cfg.comm.straggler_factor > 0 && slow.slowdown > cfg.comm.straggler_factor;
-  std::vector<double> v = {static_cast<double>(st.correct), static_cast<double>(st.seen)};
-  sum_over_ranks(v, world);
   m.train_loss = st.steps ? st.loss_sum / st.steps : 0;
-  m.train_accuracy = v[1] > 0 ? v[0] / v[1] : 0;
+  m.train_accuracy = st.seen > 0 ? static_cast<double>(st.correct) / static_cast<double>(st.seen) : 0;
   m.images_per_s = m.time_s > 0 ? static_cast<double>(global_batch()) * st.steps / m.time_s : 0;
   return m;
 }
@@ -361,7 +361,7 @@ EpochMetrics Trainer::Impl::train_epoch(int epoch, bool& finished) {
 void Trainer::Impl::verify_replicas() {
   std::vector<Tensor> ts;
   std::vector<std::string> names;
-  for (auto& [name, t] : gm->replicated_state()) {
+  for (auto& [name, t] : parts.state->replicated()) {
     names.push_back(name);
     ts.push_back(t);
   }
@@ -387,9 +387,9 @@ LoadedCheckpoint Trainer::load_weights(const std::string& path) {
 TrainResult Trainer::fit() { return impl_->fit(); }
 EvalResult Trainer::evaluate(const std::string& path) { return impl_->evaluate(path); }
 const std::string& Trainer::run_id() const { return impl_->pos.run_id; }
-ParamArena& Trainer::parameters() { return impl_->gm->stage().arena(); }
+ParamArena& Trainer::parameters() { return impl_->parts.stage->arena(); }
 TrainerMemory Trainer::memory() const {
-  const GridMemory g = impl_->gm->memory();
+  const GridMemory g = ringtrain::memory(impl_->parts);
   TrainerMemory m;
   m.params = g.params;
   m.grads = g.grads;

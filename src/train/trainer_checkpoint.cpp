@@ -16,7 +16,7 @@ namespace ringtrain {
 
 NamedTensorList Trainer::Impl::extra_state() {
   NamedTensorList s;
-  if (LossScaler* sc = gm->scaler()) {
+  if (LossScaler* sc = parts.updater->scaler()) {
     sc->save(scaler_state.data<double>());
     s.emplace_back("amp.loss_scale", scaler_state);
   }
@@ -129,12 +129,14 @@ void Trainer::Impl::snapshot(NamedTensorList& state, const std::function<bool(co
 
 // Rank 0 gets the whole state (collective). One rank on the host without ZeRO-1
 // (whose gather makes a new whole optimizer each time): its views, listed once.
-bool Trainer::Impl::local_views() const { return world.size() == 1 && device.is_cpu() && !gm->zero(); }
+bool Trainer::Impl::local_views() const {
+  return world.size() == 1 && device.is_cpu() && !parts.updater->zero();
+}
 
 NamedTensorList Trainer::Impl::whole_for_checkpoint() {
   const bool local = local_views();
-  if (local && whole_views.empty()) whole_views = gm->gather_whole_state(0);
-  NamedTensorList all = local ? whole_views : gm->gather_whole_state(0);
+  if (local && whole_views.empty()) whole_views = parts.state->gather_whole(0);
+  NamedTensorList all = local ? whole_views : parts.state->gather_whole(0);
   if (world.rank() == 0)
     for (auto& e : extra_state()) all.emplace_back(e.first, e.second.clone());  // small, and live
   return all;
@@ -142,7 +144,7 @@ NamedTensorList Trainer::Impl::whole_for_checkpoint() {
 
 // This rank's share, no communication; everything in it views live memory.
 std::vector<StatePiece> Trainer::Impl::pieces_for_checkpoint() {
-  std::vector<StatePiece> pieces = gm->state_pieces();
+  std::vector<StatePiece> pieces = parts.state->pieces();
   if (world.rank() == 0)
     for (auto& [name, t] : extra_state()) pieces.push_back({name, t.flat_view(0, t.numel()), {t.shape(), {}, 0}});
   return pieces;
@@ -151,7 +153,7 @@ std::vector<StatePiece> Trainer::Impl::pieces_for_checkpoint() {
 // Whether a host tensor views this rank's live state (the memory does not move: listed once).
 bool Trainer::Impl::is_live(const Tensor& t) {
   if (live_ranges.empty())
-    for (auto& [name, s] : gm->replicated_state())
+    for (auto& [name, s] : parts.state->replicated())
       if (s.device().is_cpu() && s.nbytes())
         live_ranges.emplace_back(static_cast<const char*>(s.raw()), static_cast<const char*>(s.raw()) + s.nbytes());
   const char* p = static_cast<const char*>(t.raw());
@@ -212,18 +214,18 @@ void Trainer::Impl::save_checkpoint(bool force) {
 // loads any checkpoint.
 bool Trainer::Impl::load(const std::string& path, bool with_optimizer) {
   CheckpointSession::Restore r;
-  r.wanted = [&](bool with_opt) { return gm->whole_names(with_opt); };
+  r.wanted = [&](bool with_opt) { return parts.state->whole_names(with_opt); };
   r.apply = [&](const CheckpointData& ck, bool with_opt) {
-    gm->restore_whole_state([&](const std::string& name, Tensor& whole) {
+    parts.state->restore_whole([&](const std::string& name, Tensor& whole) {
       restore_tensor(ck, name, whole);
       return true;
     }, with_opt);
     if (!with_opt) return;
     // The loss scale continues where it was (a checkpoint of an fp32 run has none: start afresh).
     for (auto& [name, t] : ck.tensors)
-      if (name == "amp.loss_scale" && gm->scaler()) {
+      if (name == "amp.loss_scale" && parts.updater->scaler()) {
         restore_tensor(ck, name, scaler_state);
-        gm->scaler()->load(scaler_state.data<double>());
+        parts.updater->scaler()->load(scaler_state.data<double>());
       }
   };
   return ckpt.load(path, with_optimizer, r, steps_per_epoch());

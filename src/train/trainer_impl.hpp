@@ -1,9 +1,9 @@
 #pragma once
 // Trainer::Impl, shared by trainer.cpp (building, the step, the epoch,
 // evaluation) and trainer_checkpoint.cpp (checkpoints, resume, stopping).
-// One implementation for every layout: the rank's part of the model is a
-// GridModel (parallel/grid_model.hpp); data parallelism is the grid with one
-// stage and one tensor shard.
+// One implementation for every layout: the rank's part of the model is a set
+// of parts (parallel/parts.hpp); data parallelism is the grid with one stage
+// and one tensor shard.
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -13,7 +13,7 @@
 #include "ringtrain/data/loader.hpp"
 #include "ringtrain/optim/schedule.hpp"
 #include "ringtrain/parallel/device_runtime.hpp"
-#include "ringtrain/parallel/grid_model.hpp"
+#include "ringtrain/parallel/parts.hpp"
 #include "ringtrain/train/state.hpp"
 #include "ringtrain/train/straggler.hpp"
 #include "ringtrain/train/trainer.hpp"
@@ -31,7 +31,7 @@ struct Trainer::Impl {
   std::unique_ptr<ProcessGrid> grid;
   std::string layout;             // "parallel.pipeline = 2 with parallel.tensor = 2" ("" for data parallelism)
   std::unique_ptr<data::Loader> loader;  // over the data-parallel group: a replica's stages read the same batches
-  std::unique_ptr<GridModel> gm;  // this rank's stage and tensor shard
+  ModelParts parts;               // this rank's stage and shard, and what trains them
   std::int64_t num_params = 0;    // the whole model's
   std::unique_ptr<LrSchedule> schedule;
   std::unique_ptr<Reporter> reporter;
@@ -48,7 +48,7 @@ struct Trainer::Impl {
   Tensor scaler_state;            // f64 [4] on the host: the fp16 loss scale, checkpointed
   std::unique_ptr<StragglerMonitor> stragglers;  // made in train_epoch's first call
 
-  // Per-epoch counters of this rank.
+  // Per-epoch counters: the job's statistics, this rank's times.
   struct EpochStats {
     double loss_sum = 0, compute_s = 0, comm_s = 0, pipeline_wait_s = 0;
     std::int64_t steps = 0, correct = 0, seen = 0, skipped = 0;

@@ -27,7 +27,7 @@ namespace {
 // does: mpirun's own reaction to the death (SIGTERM, then SIGKILL after
 // odls_base_sigkill_timeout) must not end them before ringtrain notices.
 TEST(ShmDeath, DISABLED_RankOneKilledMidway) {
-  auto comm = Communicator::world();
+  auto comm = Communicator::world(4.0);
   if (comm.rank() != 1) ::signal(SIGTERM, SIG_IGN);
   std::printf("rank %d pid %d\n", comm.rank(), static_cast<int>(getpid()));
   std::fflush(stdout);
@@ -43,7 +43,7 @@ TEST(ShmDeath, DISABLED_RankOneKilledMidway) {
 }
 
 TEST(ShmDeath, DISABLED_RankOneStalls) {
-  auto comm = Communicator::world();
+  auto comm = Communicator::world(4.0);
   std::printf("rank %d pid %d\n", comm.rank(), static_cast<int>(getpid()));
   std::fflush(stdout);
   std::vector<float> x(1000, 1.0f);
@@ -61,7 +61,7 @@ struct Job {
 Job run_child(const std::string& test) {
   std::string cmd =
       "env -i PATH=\"$PATH\" HOME=\"$HOME\" OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
-      "OMPI_MCA_btl_vader_single_copy_mechanism=none RINGTRAIN_COLLECTIVE_TIMEOUT=4 RINGTRAIN_TEST_WATCHDOG=100 "
+      "OMPI_MCA_btl_vader_single_copy_mechanism=none RINGTRAIN_TEST_WATCHDOG=100 "
       "mpirun -np 3 --oversubscribe --bind-to none /proc/" + std::to_string(getpid()) + "/exe "
       "--gtest_also_run_disabled_tests --gtest_filter=ShmDeath." + test + " 2>&1";
   auto t0 = std::chrono::steady_clock::now();
@@ -94,8 +94,8 @@ TEST(ShmDeath, KilledRankIsNamedAndNoSegmentRemains) {
   EXPECT_NE(j.out.find("rank 2 pid"), std::string::npos) << "the child job did not start:\n" << j.out;
   // ringtrain's own message from a survivor (src/comm/shm_node.cpp), naming rank 1;
   // mpirun's "exited on signal 9" alone is not enough.
-  EXPECT_TRUE(std::regex_search(j.out, std::regex("error: allreduce: rank 1 of communicator 'world' \\(pid \\d+ on "
-                                                  "this node\\) died during a shared-memory all-reduce")))
+  EXPECT_TRUE(std::regex_search(j.out, std::regex("error: allreduce: rank 1 \\(world rank 1\\) of communicator 'world' "
+                                                  "\\(pid \\d+ on this node\\) died during a shared-memory all-reduce")))
       << j.out;
   EXPECT_TRUE(leftovers(j.out).empty()) << leftovers(j.out).front();
 }
@@ -105,9 +105,10 @@ TEST(ShmDeath, StalledRankIsNamedWithinTheTimeout) {
   EXPECT_NE(j.status, 0) << j.out;
   EXPECT_LT(j.seconds, 60.0) << "not cut short by the 4 s timeout\n" << j.out;
   EXPECT_NE(j.out.find("allreduce: stalled for"), std::string::npos) << j.out;
-  EXPECT_NE(j.out.find("waiting for rank 1 of communicator 'world' in a shared-memory all-reduce"), std::string::npos)
+  EXPECT_NE(j.out.find("waiting for rank 1 (world rank 1) of communicator 'world' in a shared-memory all-reduce"),
+            std::string::npos)
       << j.out;
-  EXPECT_NE(j.out.find("RINGTRAIN_COLLECTIVE_TIMEOUT"), std::string::npos) << j.out;
+  EXPECT_NE(j.out.find("comm.collective_timeout_s = 4 s"), std::string::npos) << j.out;
   EXPECT_TRUE(leftovers(j.out).empty()) << leftovers(j.out).front();
 }
 

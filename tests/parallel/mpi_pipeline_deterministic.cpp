@@ -18,7 +18,7 @@
 
 #include "ringtrain/comm/communicator.hpp"
 #include "ringtrain/nn/rng.hpp"
-#include "ringtrain/parallel/grid_model.hpp"
+#include "ringtrain/parallel/parts.hpp"
 
 namespace ringtrain {
 namespace {
@@ -64,22 +64,22 @@ RunResult run(const ProcessGrid& grid, bool slow_and_jittered) {
   pc.engine.fusion_threshold = slow_and_jittered ? std::size_t{4} << 10 : std::size_t{64} << 20;
   OptimizerConfig oc;
   oc.momentum = 0.9;
-  GridModel pm(grid, resnet(), pc, oc);
+  ModelParts pm = build_parts(grid, resnet(), pc, oc);
   for (int t = 0; t < kSteps; ++t) {
     if (slow_and_jittered && (t + grid.dp_rank() + grid.pp_rank()) % 2 == 0)
       std::this_thread::sleep_for(std::chrono::milliseconds(3 * (1 + grid.dp_rank() + 2 * grid.pp_rank())));
     Tensor x, y;
     replica_batch(t, grid.dp_rank(), x, y);
-    pm.train_step(x, y, 0.05);
+    train_step(grid, pm, x, y, 0.05);
   }
   RunResult r;
   auto add = [&](const Tensor& t) {
     const char* p = static_cast<const char*>(t.raw());
     r.bytes.insert(r.bytes.end(), p, p + t.nbytes());
   };
-  for (std::size_t i = 0; i < pm.stage().arena().size(); ++i) add(pm.stage().arena().param(i));
-  for (auto& b : pm.stage().buffers()) add(b.tensor);
-  if (pm.engine()) r.fused = pm.engine()->stats().fused_allreduces;
+  for (std::size_t i = 0; i < (*pm.stage).arena().size(); ++i) add((*pm.stage).arena().param(i));
+  for (auto& b : (*pm.stage).buffers()) add(b.tensor);
+  if (pm.grad_sync->engine()) r.fused = pm.grad_sync->engine()->stats().fused_allreduces;
   return r;
 }
 

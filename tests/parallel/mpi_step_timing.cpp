@@ -13,7 +13,7 @@
 #include <thread>
 
 #include "ringtrain/nn/rng.hpp"
-#include "ringtrain/parallel/grid_model.hpp"
+#include "ringtrain/parallel/parts.hpp"
 
 namespace ringtrain {
 namespace {
@@ -58,13 +58,13 @@ TEST(StepTiming, TpStatsCountTheBlocksAllReducesAndTheirWait) {
   auto stats = std::make_shared<TpStats>();
   ModelConfig mc = small_vit();
   mc.tensor.stats = stats;
-  GridModel pm(grid, mc, pipe_cfg(), OptimizerConfig{});
+  ModelParts pm = build_parts(grid, mc, pipe_cfg(), OptimizerConfig{});
   auto [x, y] = batch(grid.dp_rank());
-  pm.train_step(x, y, 0.01);  // first-step allocations
+  train_step(grid, pm, x, y, 0.01);  // first-step allocations
   world.barrier();
   stats->reset();
   if (grid.tp_rank() != 0) sleep_s(kLate);
-  GridStepResult r = pm.train_step(x, y, 0.01);
+  StepResult r = train_step(grid, pm, x, y, 0.01);
   if (T == 1) {  // no tensor group: the collectives return before counting; nothing to time
     EXPECT_EQ(stats->calls, 0);
     GTEST_SKIP() << "1 rank: no tensor-parallel all-reduces to count or time (checked that none was counted)";
@@ -83,12 +83,12 @@ TEST(StepTiming, ReduceWaitHoldsTheDataParallelWaitOutsideBusy) {
   Communicator world = Communicator::world();
   if (world.size() < 2) GTEST_SKIP() << "needs 2 data-parallel replicas";
   ProcessGrid grid = ProcessGrid::make(world, {1, 1});
-  GridModel pm(grid, small_vit(), pipe_cfg(), OptimizerConfig{});
+  ModelParts pm = build_parts(grid, small_vit(), pipe_cfg(), OptimizerConfig{});
   auto [x, y] = batch(grid.dp_rank());
-  pm.train_step(x, y, 0.01);
+  train_step(grid, pm, x, y, 0.01);
   world.barrier();
   if (grid.dp_rank() != 0) sleep_s(kLate);
-  GridStepResult r = pm.train_step(x, y, 0.01);
+  StepResult r = train_step(grid, pm, x, y, 0.01);
   const StepTiming& t = r.timing;
   EXPECT_LE(t.busy_s + t.reduce_s, t.wall_s + 1e-6);
   if (grid.dp_rank() == 0) {

@@ -21,15 +21,9 @@ void check_stage(const std::vector<Instr>& s, int p, int m, int stage, const std
   std::map<Op, std::vector<int>> seen;
   std::vector<int> pos_f(m, -1), pos_b(m, -1), pos_w(m, -1);
   ASSERT_GE(s.size(), 2u) << what;
-  EXPECT_EQ(s[s.size() - 2].op, Op::reduce_grads) << what;
-  EXPECT_EQ(s.back().op, Op::optimizer_step) << what;
   for (std::size_t k = 0; k < s.size(); ++k) {
     const Instr& i = s[k];
     seen[i.op].push_back(i.mb);
-    if (i.op == Op::reduce_grads || i.op == Op::optimizer_step) {
-      EXPECT_GE(k, s.size() - 2) << what << ": step op before the end";
-      continue;
-    }
     ASSERT_TRUE(i.mb >= 0 && i.mb < m) << what;
     if (i.op == Op::forward) {
       pos_f[i.mb] = static_cast<int>(k);

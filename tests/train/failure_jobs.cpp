@@ -23,7 +23,7 @@
 #include "jobs.hpp"
 #include "ringtrain/core/log.hpp"
 #include "ringtrain/data/prepare.hpp"
-#include "ringtrain/parallel/grid_model.hpp"
+#include "ringtrain/parallel/parts.hpp"
 #include "ringtrain/train/exit_codes.hpp"
 #include "ringtrain/train/signals.hpp"
 #include "ringtrain/train/trainer.hpp"
@@ -124,19 +124,18 @@ TEST(FailureChild, DISABLED_PipelineStageOneIsStopped) {
 // with blocking MPI_Bcast/MPI_Recv before).
 TEST(FailureChild, DISABLED_PipelineEvalStageZeroIsStopped) {
   Communicator world = Communicator::world();
-  ProcessGrid grid = ProcessGrid::make(world, {2, 1});
+  ProcessGrid grid = ProcessGrid::make(world, {2, 1}, 3.0);
   ModelConfig mc;
   mc.name = "cnn";
   GridConfig pc;
   pc.micro_batches = 2;
   pc.batch = 16;
-  pc.timeout_s = 3;
   OptimizerConfig oc;
-  GridModel pm(grid, mc, pc, oc);
+  ModelParts pm = build_parts(grid, mc, pc, oc);
   Tensor x = Tensor::zeros({16, 1, 28, 28}), y = Tensor::zeros({16}, DType::i32);
   for (int b = 0; b < 1000; ++b) {
     if (b == 2 && world.rank() == 0) std::raise(SIGSTOP);
-    pm.eval_batch(x, y, 16);
+    pm.executor->evaluate(*pm.stage, x, y, 16);
   }
 }
 
@@ -168,8 +167,9 @@ TEST_F(FailureJobs, StoppedRankEndsTheJobNamingTheRank) {
   JobResult r = run_job(child("RankOneIsStopped", 3));
   EXPECT_NE(r.status, 0) << r.out;
   EXPECT_LT(r.seconds, 90) << "the 3 s collective timeout did not end the job\n" << r.out;
-  EXPECT_NE(r.out.find("rank 1 did not reach it"), std::string::npos) << r.out;
-  EXPECT_EQ(r.out.find("rank 2 did not"), std::string::npos) << "a live rank was blamed\n" << r.out;
+  EXPECT_NE(r.out.find("world rank 1 does not respond"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("world rank 2 does not"), std::string::npos) << "a live rank was blamed\n" << r.out;
+  EXPECT_EQ(r.out.find("world rank 0 does not"), std::string::npos) << "a live rank was blamed\n" << r.out;
 }
 
 TEST_F(FailureJobs, StoppedStageEndsPipelineEvaluationNamingTheStage) {
@@ -177,7 +177,8 @@ TEST_F(FailureJobs, StoppedStageEndsPipelineEvaluationNamingTheStage) {
   EXPECT_NE(r.status, 0) << r.out;
   EXPECT_LT(r.seconds, 60) << "the 3 s stage timeout did not end the evaluation\n" << r.out;
   EXPECT_NE(r.out.find("evaluation"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("from pipeline stage 0 (world rank 0): that stage died or stalled"), std::string::npos)
+  EXPECT_NE(r.out.find("from pipeline stage 0 (rank 0 of 'pp' (world rank 0)): world rank 0 does not respond"),
+            std::string::npos)
       << r.out;
 }
 
@@ -185,6 +186,8 @@ TEST_F(FailureJobs, StoppedPipelineStageEndsTheJobNamingTheStage) {
   JobResult r = run_job(child("PipelineStageOneIsStopped", 2));
   EXPECT_NE(r.status, 0) << r.out;
   EXPECT_LT(r.seconds, 90) << "the 3 s collective timeout did not end the pipeline job\n" << r.out;
-  EXPECT_NE(r.out.find("from pipeline stage 1 (world rank 1)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("from pipeline stage 1 (rank 1 of 'pp' (world rank 1)): world rank 1 does not respond"),
+            std::string::npos)
+      << r.out;
 }
 

@@ -12,7 +12,7 @@
 // also agree on count/dtype/op/algorithm (one small MPI_Allreduce), and a bad
 // argument on any rank raises an Error on every rank. Without validate a
 // mismatch can stall the collective: the transport then aborts the job after
-// RINGTRAIN_COLLECTIVE_TIMEOUT seconds (default 300) with a message.
+// the communicator's timeout (Communicator::timeout_s, default 300 s) with a message.
 // avg = sum, then one division by the rank count (integers: truncating division);
 // float16/bfloat16 accumulate in float32 and round once per combine step.
 // Collectives on one communicator must not run concurrently (as in MPI).

@@ -7,8 +7,9 @@
 //    duplicated MPI communicator, so it never matches user traffic.
 //  - A wait polls MPI_Test against a deadline: it keeps the core for a while
 //    (5 ms; 20 us when the node has more ranks than cores), then yields between
-//    polls; when it expires the job is aborted with a message naming the
-//    operation, the peer and the communicator: a stalled collective never hangs.
+//    polls; past the communicator's timeout (Communicator::timeout_s) the job is
+//    aborted with a message naming the operation, the peer and the
+//    communicator: a stalled collective never hangs.
 //  - CpuReducer's kernels are the RT_HD math of reduce_math.hpp in vectorisable
 //    loops (AVX2/F16C clones chosen at load time); every element goes through the
 //    same code on every rank, so results are bitwise reproducible.
@@ -31,9 +32,6 @@ enum CollectiveTag : int {
   kTagAllgather = kTagBase + 4,
   kTagReduceScatter = kTagBase + 5,
 };
-
-// RINGTRAIN_COLLECTIVE_TIMEOUT in seconds (default 300; 0 = wait forever).
-double collective_timeout_from_env();
 
 class MpiTransport final : public Transport {
  public:
@@ -89,7 +87,6 @@ struct HostCommContext {
   HostWorkspace workspace;
   long long env_tree_threshold = -1;  // RINGTRAIN_TREE_THRESHOLD, -1 when unset
   std::size_t env_segment_bytes = 0;  // RINGTRAIN_SEGMENT_BYTES, 0 when unset
-  double timeout_s = 300;             // RINGTRAIN_COLLECTIVE_TIMEOUT
   double spin_s = 5e-3;               // how long a wait keeps the core (see MpiTransport)
 };
 // `local_size`: ranks of `comm` on this node (Communicator::local_size()).

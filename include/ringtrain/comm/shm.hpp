@@ -20,7 +20,7 @@
 //    that this rank's pending non-blocking sends, e.g. a pipeline stage's, progress:
 //    the peer may be waiting for one), then sleeps; it checks that the
 //    peers' processes are alive, and ends the job with a message naming the rank
-//    that died or stalled (RINGTRAIN_COLLECTIVE_TIMEOUT) instead of hanging.
+//    that died or stalled (Communicator::timeout_s) instead of hanging.
 //
 // Data path for n bytes on p ranks of a node (memory passes per rank):
 //  - n <= small threshold: copy in (R n, W n); reduce all p inputs, in rank

@@ -16,11 +16,20 @@ namespace ringtrain {
 
 inline constexpr int kTagStallDiagnosis = 0x52ff;
 
+// With liveness (comm/liveness.hpp) started, the diagnosis asks the whole job
+// instead: `silent_world` lists every rank of MPI_COMM_WORLD that answers no
+// ping, members of `comm` or not, and `silent` those among comm's ranks.
 struct StallDiagnosis {
-  std::vector<int> silent;   // ranks that sent no token within the grace period
-  int first_live = 0;        // lowest rank that did (this rank counts): the one that reports
-  std::string describe() const;  // "rank 2 did not reach it (hung, stopped or dead)" / "every rank reached it ..."
+  std::vector<int> silent;        // ranks that sent no token within the grace period
+  std::vector<int> silent_world;  // the same ranks in MPI_COMM_WORLD
+  int first_live = 0;             // lowest rank that did (this rank counts): the one that reports
+  bool global = false;            // from liveness pings over the whole job
+  // "rank 2 (world rank 6) did not reach it (hung, stopped or dead)" / "every rank reached it ..."
+  std::string describe() const;
 };
+
+// MPI_COMM_WORLD's rank of `rank` in `comm` (a local translation).
+int world_rank_of(MPI_Comm comm, int rank);
 
 StallDiagnosis diagnose_stall(MPI_Comm comm, double grace_s);
 // Grace period for a timeout of `timeout_s`: long enough for peers that entered a few seconds later.

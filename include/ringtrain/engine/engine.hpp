@@ -34,7 +34,7 @@
 //    is a peer whose engine no longer runs (process dead or hung) or an internal
 //    MPI/collective failure: peers would block in the engine's next collective,
 //    so the engine logs the cause and calls MPI_Abort (a control collective
-//    open for RINGTRAIN_COLLECTIVE_TIMEOUT seconds, default 300, counts as such).
+//    open for the communicator's timeout, Communicator::timeout_s, counts as such).
 //
 // Averaging: op=avg sums on the wire and multiplies the sum by 1/size once,
 // after the all-reduce (every rank scales the same sum, so results stay
@@ -94,9 +94,6 @@ struct EngineOptions {
   bool timeline_all_ranks = false;    // RINGTRAIN_TIMELINE_ALL_RANKS (0/1)
   double stall_warning_s = 60.0;      // RINGTRAIN_STALL_CHECK_TIME_SECONDS (0 = no check)
   double stall_shutdown_s = 0.0;      // RINGTRAIN_STALL_SHUTDOWN_TIME_SECONDS (0 = never)
-  // A control or data collective that does not complete in this time ends the
-  // job naming the ranks that never reached it (< 0: 300 s; 0 = wait forever).
-  double collective_timeout_s = -1;   // RINGTRAIN_COLLECTIVE_TIMEOUT
   // Passed to every data all-reduce (algorithm, tree threshold, ...); `device`
   // is set per fusion buffer. Env: RINGTRAIN_ALLREDUCE_ALGORITHM (ring/tree/mpi/auto).
   CollectiveOptions collective{};

@@ -17,7 +17,7 @@
 // - LARS and LAMB need whole-parameter norms: the pieces' partial sums of
 //   squares are all-reduced over the group (Optimizer::set_sums_hook, one small
 //   all-reduce per step). Clipping and the fp16 inf/NaN check work on shard()
-//   and are combined by the caller (parallel/grid_update.cpp).
+//   and are combined by the caller (parallel/updater.cpp).
 //   Results equal the unsharded optimizer up to summation order (not bitwise).
 // - Every call is collective over the group, in the same order on every rank.
 // - Checkpoints keep the per-parameter layout: gather() assembles the state on

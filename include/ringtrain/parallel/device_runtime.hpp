@@ -1,5 +1,5 @@
 #pragma once
-// DeviceRuntime: what a grid model (parallel/grid_model.hpp) needs from a
+// DeviceRuntime: what the parallel parts (parallel/parts.hpp) need from a
 // device kind besides the layer math (nn/backend.hpp): binding a rank to a
 // device, an optimizer over an arena on it, the fusion engine's byte movers,
 // and the few whole-arena gradient operations of a step (scaling, unscaling
@@ -40,7 +40,7 @@ class DeviceRuntime {
   virtual bool unscale_grads(ParamArena& arena, double inv_scale) = 0;
   // Sum of the squared gradients of the parameters `include` selects (indexed
   // like the arena; empty = all of them), in double. Clipping combines these
-  // partial sums over the ranks that hold the rest of the model (grid_update.cpp).
+  // partial sums over the ranks that hold the rest of the model (updater.cpp).
   virtual double grad_sq_norm(const ParamArena& arena, const std::vector<char>& include) = 0;
   // Waits until the device finished the work queued so far (CPU: nothing).
   virtual void synchronize(Device dev) {}

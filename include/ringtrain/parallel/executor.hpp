@@ -1,98 +1,98 @@
 #pragma once
-// ScheduleExecutor: interprets one stage's schedule (schedule.hpp) for one
-// optimizer step, over the grid's pipeline communicator: every layout runs it (a
-// single stage, data or tensor parallelism, is the schedule F, B, W per micro-batch).
+// ScheduleExecutor: runs one stage's schedule (schedule.hpp) for one
+// optimizer step over the grid's pipeline communicator. Every layout runs it:
+// a single stage (data or tensor parallelism) is the schedule F, B, W per
+// micro-batch. It takes the step's inputs as a value and returns its counts
+// and timing; nothing of a step outlives run().
+//
+//   StepOutput out = executor.run(stage, StepInput{images, labels, step, lr, scale}, grad_sync);
 //
 // Rules:
+//  - A step takes `accumulation` loader batches of B samples each; each is cut
+//    into m = micro_batches micro-batches, so the schedule runs
+//    accumulation·m micro-batches. The loss is the mean over the step's
+//    samples: each micro-batch's loss gradient is scaled by
+//    loss_scale/(accumulation·m), so a step equals the unsplit step on the
+//    same global batch up to float summation order.
+//  - Dropout: the stage learns the step and each micro-batch's first sample
+//    in the step's global batch, so masks follow the 1-rank run at any layout.
+//  - BatchNorm (more than one micro-batch): each micro-batch is normalised
+//    with its own statistics, the running statistics are updated once at the
+//    step's end with all of its micro-batches' (stage.hpp).
+//  - Gradients: the last micro-batch's backward tells grad_sync each layer
+//    whose step gradient is complete (layer_ready), so synchronisation
+//    overlaps the rest of the backward.
 //  - Transfers: activation/gradient shapes are known ahead (from the model),
 //    so receive buffers (one per micro-batch and direction) are allocated once
 //    and every receive of a step is posted when the step starts; sends are
 //    non-blocking from the slot's own output, completed before that slot is
 //    reused and at the end of the step. A list can therefore only wait in
 //    RecvAct/RecvGrad, which the schedule tests prove cannot deadlock.
-//  - Tags: (micro-batch, direction) on the pipeline communicator, a split of
-//    the world that nothing else uses (the fusion engine duplicates its own).
 //  - Construction is collective over the pipeline group: neighbours exchange
 //    the shape they will send / expect; a mismatch is an Error on every rank
 //    of the world naming both stages and shapes.
-//  - A neighbour that died or stalled: a receive that waits longer than
-//    timeout_s (comm.collective_timeout_s; 0 = never) ends the job
-//    (MPI_Abort) with a message naming this stage and the one it waits for.
-//  - Activation slots: a micro-batch takes a free slot at its forward and
-//    frees it after its weight backward; slots() = peak_in_flight(schedule).
+//  - Every wait (receive, send, evaluation) is bounded by the pipeline
+//    communicator's timeout; past it the job ends naming the stage and world
+//    rank that never answered (peer.hpp).
 //  - Devices: transfers go through host memory. A stage on a GPU sends a host
 //    copy of its output (kept until the send completes) and moves what it
 //    receives to its device before use.
-//  - Timing: busy seconds per step (compute ops), the seconds ReduceGrads
-//    waits for the data-parallel all-reduces, and the step's wall time, for
-//    the bubble (idle / total; bubble() counts the ReduceGrads wait as idle).
-#include <functional>
-#include <string>
+#include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "ringtrain/core/tensor.hpp"
+#include "ringtrain/parallel/device_runtime.hpp"
+#include "ringtrain/parallel/grad_sync.hpp"
 #include "ringtrain/parallel/grid.hpp"
 #include "ringtrain/parallel/schedule.hpp"
+#include "ringtrain/parallel/step.hpp"
 
 namespace ringtrain {
 
-// What a stage computes; the executor moves the tensors between stages.
-class StageOps {
- public:
-  virtual ~StageOps() = default;
-  virtual Tensor load(int mb) = 0;                                   // first stage: the input
-  virtual Tensor forward(int slot, int mb, const Tensor& x) = 0;     // the stage's output
-  virtual Tensor loss_grad(int slot, int mb, const Tensor& out) = 0; // last stage: d loss / d output
-  // Returns the input gradient (ignored on the first stage).
-  virtual Tensor backward_input(int slot, int mb, const Tensor& dy, bool last_mb) = 0;
-  virtual void backward_weight(int slot, int mb, bool last_mb) = 0;
-  virtual void reduce_grads() {}
-  virtual void optimizer_step() {}
-};
+class Stage;
 
-struct StepTiming {
-  double wall_s = 0;  // the step, start to end
-  double busy_s = 0;  // in load/forward/loss/backward ops
-  double reduce_s = 0;  // waiting in ReduceGrads for the data-parallel all-reduces (exposed communication)
-  double bubble() const { return wall_s > 0 ? 1.0 - busy_s / wall_s : 0; }
-  // Idle, waiting for other pipeline stages (the rest of the step).
-  double wait_s() const { return wall_s > busy_s + reduce_s ? wall_s - busy_s - reduce_s : 0; }
+// How a step is cut into micro-batches.
+struct MicroBatching {
+  int micro_batches = 1;    // per loader batch (parallel.micro_batches)
+  int accumulation = 1;     // loader batches per step (train.accumulation)
+  std::int64_t batch = 0;   // samples per loader batch on this replica (data.batch_size)
+  int per_step() const { return micro_batches * accumulation; }
+  std::int64_t size() const { return batch / micro_batches; }
 };
-
-// Waits for one point-to-point request with a stage of this pipeline. Polls
-// with short sleeps once the wait gets long (a waiting stage leaves the cores
-// to the others); past timeout_s (0 = never) the job ends with MPI_Abort after
-// logging "<tag> waited T s for <what> from pipeline stage S (world rank R):
-// that stage died or stalled". `request` holds an MPI_Request.
-void await_stage(std::uint64_t& request, const ProcessGrid& grid, int peer_stage, double timeout_s,
-                 const std::string& what);
 
 class ScheduleExecutor {
  public:
   // in_mb / out_mb: this stage's input and output shapes for one micro-batch.
-  ScheduleExecutor(const ProcessGrid& grid, ScheduleKind kind, int micro_batches, Shape in_mb, Shape out_mb,
-                   double timeout_s = 300, Device dev = Device::cpu());
+  ScheduleExecutor(const ProcessGrid& grid, ScheduleKind kind, MicroBatching mb, Shape in_mb, Shape out_mb,
+                   Device dev, DeviceRuntime& rt);
   ~ScheduleExecutor();
   ScheduleExecutor(const ScheduleExecutor&) = delete;
   ScheduleExecutor& operator=(const ScheduleExecutor&) = delete;
 
   int slots() const { return slots_; }
   const std::vector<Instr>& schedule() const { return sched_; }
-  StepTiming run_step(StageOps& ops);
+  const MicroBatching& batching() const { return mb_; }
+
+  StepOutput run(Stage& stage, const StepInput& in, GradSync& sync);
+
+  // Forward only, in eval mode, along the pipeline; returns {loss sum,
+  // correct} over the first `valid` samples on the last stage's tensor rank 0,
+  // zeros elsewhere. Collective over the pipeline group.
+  std::pair<double, std::int64_t> evaluate(Stage& stage, const Tensor& images, const Tensor& labels,
+                                           std::int64_t valid);
 
  private:
-  void wait_recv(int mb, bool act);
-  void wait_sends(int slot);
-
+  struct Transfers;
   const ProcessGrid& grid_;
+  MicroBatching mb_;
   std::vector<Instr> sched_;
-  int m_, slots_;
-  std::vector<Tensor> act_in_, grad_in_;     // per micro-batch receive buffers
-  std::vector<std::uint64_t> act_req_, grad_req_;  // MPI_Request handles (as integers)
-  std::vector<std::vector<std::uint64_t>> slot_sends_;
-  std::vector<std::vector<Tensor>> slot_staged_;  // host copies being sent, per slot
-  double timeout_s_ = 300;
+  int slots_ = 1;
   Device dev_;
+  DeviceRuntime& rt_;
+  // Buffers reused by every step (workspace, not step state).
+  std::vector<Tensor> act_in_, grad_in_;  // per micro-batch receive buffers
+  std::vector<Tensor> dlogits_;           // per slot (the last layer keeps it for its W)
 };
 
 }  // namespace ringtrain

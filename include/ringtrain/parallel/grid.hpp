@@ -7,8 +7,13 @@
 //  - make() is collective over `world` and checks the sizes on every rank
 //    alike: a world that pipeline·tensor does not divide
 //    is an Error naming the values on every rank.
-//  - The communicators are fresh splits: traffic on pp() never matches the
-//    fusion engine's (which duplicates its own) nor the caller's on world.
+//  - The grid makes every communicator of the job's training, each a fresh
+//    split or duplicate (traffic on one never matches another's) with the
+//    job's collective timeout passed explicitly: world, the data, pipeline and
+//    tensor groups, the replica (a data-parallel rank's stages and shards:
+//    global-norm clipping and fp16's finiteness check) and ZeRO's group. The
+//    fusion engine duplicates dp() and so inherits its timeout. A wait on any
+//    of them past the timeout ends the job naming the rank that never came.
 //  - A tensor group spanning nodes is a warning (tensor_span_warning), not an error.
 //  - tag() names this rank's coordinates for log lines and errors: "[dp 1 pp 3]".
 #include <string>
@@ -24,7 +29,9 @@ struct GridShape {
 
 class ProcessGrid {
  public:
-  static ProcessGrid make(const Communicator& world, GridShape shape);
+  // timeout_s: comm.collective_timeout_s (0 = never).
+  static ProcessGrid make(const Communicator& world, GridShape shape,
+                          double timeout_s = kDefaultCollectiveTimeoutS);
   // The pure arithmetic, checked (no MPI): DP size for `world_size` ranks.
   static int data_parallel_size(int world_size, GridShape shape);
   // The warning make() logs (world rank 0) when a tensor group of `tensor`
@@ -46,10 +53,13 @@ class ProcessGrid {
   const Communicator& dp() const { return dp_comm_; }  // same pp and tp, ranks ordered by dp
   const Communicator& pp() const { return pp_comm_; }  // same dp and tp, ranks ordered by stage
   const Communicator& tp() const { return tp_comm_; }
+  const Communicator& replica() const { return replica_comm_; }  // same dp: pp x tp ranks
+  const Communicator& zero() const { return zero_comm_; }        // a duplicate of dp() for ZeRO's collectives
+  double timeout_s() const { return world_.timeout_s(); }
   std::string tag() const;  // "[dp 1 pp 3]" (tp appears once tensor > 1)
 
  private:
-  Communicator world_, dp_comm_, pp_comm_, tp_comm_;
+  Communicator world_, dp_comm_, pp_comm_, tp_comm_, replica_comm_, zero_comm_;
   int tp_size_ = 1, dp_size_ = 1, pp_size_ = 1;
   int tp_ = 0, dp_ = 0, pp_ = 0;
 };

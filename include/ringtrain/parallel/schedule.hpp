@@ -15,7 +15,9 @@
 //    without blocking, so a list can only wait in RecvAct/RecvGrad; the lists
 //    of the p stages then never deadlock (a receive's send comes earlier in a
 //    global order that respects every stage's list);
-//  - the list ends with ReduceGrads, OptimizerStep.
+//  - the list holds the micro-batches' work only: the step's gradient
+//    synchronisation and update are the parts the trainer calls after it
+//    (parts.hpp).
 //
 //  afab   GPipe: all F, then all B (each B directly followed by its W).
 //  1f1b   PipeDream-Flush: min(p-s-1, m) warm-up F, then F/B pairs, then the
@@ -50,14 +52,12 @@ enum class Op : std::uint8_t {
   recv_act,
   send_grad,
   recv_grad,
-  reduce_grads,      // wait for the data-parallel gradient averages
-  optimizer_step,
 };
 const char* op_name(Op op);
 
 struct Instr {
   Op op;
-  int mb = -1;  // micro-batch, -1 for the step-wide ops
+  int mb = -1;  // micro-batch
   bool operator==(const Instr&) const = default;
 };
 

@@ -17,7 +17,7 @@
 //  - BatchNorm: each micro-batch is normalised with its own statistics (as
 //    GPipe); the running statistics live in slot 0's layers. By default every
 //    slot's forward continues from them (updated once per micro-batch, in
-//    micro-batch order). With set_deferred_batch_stats(true) (GridModel,
+//    micro-batch order). With set_deferred_batch_stats(true) (build_parts,
 //    m > 1) the forwards only accumulate their batch statistics, every slot's
 //    copy into slot 0's record, and commit_batch_stats() updates the running
 //    statistics once with the whole step's mean and unbiased variance

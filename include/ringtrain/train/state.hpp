@@ -15,7 +15,7 @@ namespace ringtrain {
 
 using NamedTensorList = std::vector<std::pair<std::string, Tensor>>;
 
-// The state's names (GridModel::named_state makes them, once for every layout),
+// The state's names (ModelState::named makes them, once for every layout),
 // per parameter so the layout does not depend on how parameters lie in arenas:
 // "param/<param name>", "buffer/<buffer name>", "optim/<slot>/<param name>"
 // (each slot of the optimizer's per-parameter state, e.g.

@@ -1,18 +1,15 @@
 #pragma once
 // Trainer: one trainer for every layout of the DP x PP x TP process grid
 // (data parallelism is the grid with one stage and one tensor shard). A rank
-// builds only its own stage and shard (parallel/grid_model.hpp). The step
-// reads like the algorithm (GridModel::train_step):
+// builds only its own stage and shard and the parts that train them
+// (parallel/parts.hpp). A step reads like the algorithm (parallel/parts.cpp):
 //
-//   for each micro-batch (train.accumulation x parallel.micro_batches of them),
-//   in the order the pipeline schedule gives:
-//       x = first stage ? batch : receive(previous stage);  y = stage.forward(x)
-//       last stage ? dy = d cross_entropy(y) : send y, receive dy;  stage.backward(dy)
-//       (the last micro-batch hands each layer's gradients to the fusion engine
-//        as soon as they exist: averaged over the data-parallel group while
-//        backward goes on)
-//   wait for the averages; fp16 unscale and skip, clip, optimizer step
-//   (ZeRO-1: reduce-scatter, slice update, all-gather) — grid_update.cpp
+//   out = executor.run(stage, {batches, step, lr}, grad_sync)   the schedule's
+//         forwards and backwards; each layer's gradient goes to grad_sync as
+//         soon as the step's last backward made it (overlapping the rest)
+//   grad_sync.finish()        gradients averaged (or ZeRO-1: reduce-scattered)
+//   updater.apply(lr)         fp16 unscale/skip, clipping, the optimizer step
+//   stats = reduce(out.stats) loss, accuracy and the stop/checkpoint flags, one all-reduce
 //
 // Every feature (precision, accumulation, ZeRO-1, clipping, dropout, exact
 // resume, comm.deterministic, the CUDA device) is the same code on every layout.

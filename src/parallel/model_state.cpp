@@ -1,14 +1,16 @@
-// GridModel's state: per-parameter names for checkpoints with tensor-parallel
-// shards whole and ZeRO-1 slices gathered (the file layout — "param/<name>",
-// "buffer/<name>", "optim/<slot>/<name>" — is the same at every layout, so a
-// run saved at tensor 2 x pipeline 2 resumes at data 4 and back), the flat
+// A rank's model state under checkpoint names, tensor-parallel shards whole
+// and ZeRO-1 slices gathered where a whole tensor is asked for, and the flat
 // replicated state that replicas broadcast and compare.
+#include "ringtrain/parallel/model_state.hpp"
+
 #include <set>
 
 #include "ringtrain/comm/collectives.hpp"
 #include "ringtrain/comm/named_tensors.hpp"
+#include "ringtrain/engine/engine.hpp"
 #include "ringtrain/nn/tensor_parallel.hpp"
-#include "ringtrain/parallel/grid_model.hpp"
+#include "ringtrain/parallel/stage.hpp"
+#include "ringtrain/parallel/updater.hpp"
 
 namespace ringtrain {
 namespace {
@@ -67,12 +69,15 @@ void take_share(const std::vector<Held>& ts, int n, int j, std::vector<StatePiec
 
 }  // namespace
 
-std::vector<std::pair<std::string, Tensor>> GridModel::named_state() {
-  std::vector<std::pair<std::string, Tensor>> out;
-  ParamArena& a = stage_->arena();
+ModelState::ModelState(const ProcessGrid& grid, Stage& stage, Updater& updater)
+    : grid_(grid), stage_(stage), updater_(updater) {}
+
+NamedState ModelState::named(Optimizer* whole_opt) {
+  NamedState out;
+  ParamArena& a = stage_.arena();
   for (std::size_t i = 0; i < a.size(); ++i) out.emplace_back("param/" + a.info(i).name, a.param(i));
-  for (auto& b : stage_->buffers()) out.emplace_back("buffer/" + b.name, b.tensor);
-  Optimizer* opt = zero_ ? whole_opt_.get() : opt_.get();
+  for (auto& b : stage_.buffers()) out.emplace_back("buffer/" + b.name, b.tensor);
+  Optimizer* opt = updater_.zero() ? whole_opt : updater_.optimizer();
   if (!opt) return out;
   for (auto& [kind, t] : opt->state()) {
     if (kind == "step") {
@@ -91,52 +96,52 @@ std::vector<std::pair<std::string, Tensor>> GridModel::named_state() {
   return out;
 }
 
-std::vector<std::pair<std::string, Tensor>> GridModel::replicated_state() {
-  std::vector<std::pair<std::string, Tensor>> out;
-  const ParamArena& a = stage_->arena();
+NamedState ModelState::replicated() {
+  NamedState out;
+  const ParamArena& a = stage_.arena();
   for (DType dt : a.dtypes()) out.emplace_back(cat("param.", dtype_name(dt)), a.params_flat(dt));
-  for (auto& b : stage_->buffers()) out.emplace_back("buffer." + b.name, b.tensor);
-  if (opt_)  // ZeRO-1 slices differ between replicas by design
-    for (auto& [name, t] : opt_->state()) out.emplace_back("optim." + name, t);
+  for (auto& b : stage_.buffers()) out.emplace_back("buffer." + b.name, b.tensor);
+  if (Optimizer* opt = updater_.optimizer())  // ZeRO-1 slices differ between replicas by design
+    for (auto& [name, t] : opt->state()) out.emplace_back("optim." + name, t);
   return out;
 }
 
-void GridModel::broadcast_state() {
+void ModelState::broadcast() {
   if (grid_.dp_size() == 1) return;
   std::vector<Tensor> ts;
-  for (auto& [name, t] : replicated_state()) ts.push_back(t);
+  for (auto& [name, t] : replicated()) ts.push_back(t);
   broadcast_tensors(ts, 0, grid_.dp());
-  if (scaler_) {
+  if (LossScaler* sc = updater_.scaler()) {
     double s[4];
-    scaler_->save(s);
-    broadcast(s, 4, DType::f64, 0, grid_.dp());
-    scaler_->load(s);
+    sc->save(s);
+    ringtrain::broadcast(s, 4, DType::f64, 0, grid_.dp());
+    sc->load(s);
   }
 }
 
-std::vector<std::pair<std::string, Tensor>> GridModel::whole_state() {
-  auto out = named_state();
+NamedState ModelState::whole_stage(Optimizer* whole_opt) {
+  NamedState out = named(whole_opt);
   for (auto& [name, t] : out) t = on_host(t);
   if (grid_.tp_size() == 1) return out;
   const TensorGroup g = TensorGroup::of(grid_.tp());
-  const auto buffers = stage_->buffers();
+  const auto buffers = stage_.buffers();
   for (auto& [name, t] : out)
-    if (const ShardSpec* s = shard_of_name(stage_->arena(), buffers, name)) t = gather_whole(t, *s, g);
+    if (const ShardSpec* s = shard_of_name(stage_.arena(), buffers, name)) t = ringtrain::gather_whole(t, *s, g);
   return out;
 }
 
-std::vector<std::pair<std::string, Tensor>> GridModel::gather_whole_state(int root) {
+NamedState ModelState::gather_whole(int root) {
   // ZeRO-1: the replica's whole optimizer state on its data-parallel rank 0 first.
-  if (zero_) whole_opt_ = zero_->gather(0);
-  auto mine = grid_.dp_rank() == 0 ? whole_state() : std::vector<std::pair<std::string, Tensor>>{};  // over tp
-  whole_opt_.reset();
+  std::unique_ptr<Optimizer> whole_opt = updater_.zero() ? updater_.zero()->gather(0) : nullptr;
+  NamedState mine = grid_.dp_rank() == 0 ? whole_stage(whole_opt.get()) : NamedState{};  // over tp
+  whole_opt.reset();
   const Communicator& w = grid_.world();
   const bool sends = grid_.dp_rank() == 0 && grid_.tp_rank() == 0;
   if (w.rank() != root) {
     if (sends) send_named(mine, root, w);
     return {};
   }
-  std::vector<std::pair<std::string, Tensor>> out;
+  NamedState out;
   std::set<std::string> seen;
   for (int s = 0; s < grid_.pp_size(); ++s) {
     const int from = grid_.world_rank_of(0, 0, s);
@@ -147,21 +152,22 @@ std::vector<std::pair<std::string, Tensor>> GridModel::gather_whole_state(int ro
   return out;
 }
 
-std::vector<StatePiece> GridModel::state_pieces() {
-  const ParamArena& a = stage_->arena();
-  const auto buffers = stage_->buffers();
+std::vector<StatePiece> ModelState::pieces() {
+  const ParamArena& a = stage_.arena();
+  const auto buffers = stage_.buffers();
+  const ShardedOptimizer* zero = updater_.zero();
   // Tensor-parallel shards are held alike by the data-parallel group, the rest by tensor x data.
   std::vector<Held> shards, replicated;
   std::vector<StatePiece> out;
-  for (auto& [name, t] : named_state()) {
+  for (auto& [name, t] : named()) {
     if (name == "optim/step" && !grid_.first_stage()) continue;  // every stage holds it alike
     const ShardSpec* s = shard_of_name(a, buffers, name);
     if (s) shards.push_back({name, t, {s->global, *s, 0}});
     else replicated.push_back({name, t, {t.shape(), {}, 0}});
   }
-  if (zero_) {
+  if (zero) {
     // ZeRO-1: each rank holds its own slice (alike on the tensor ranks for a replicated parameter).
-    for (auto& sl : zero_->state_slices()) {
+    for (auto& sl : zero->state_slices()) {
       const ParamInfo& pi = a.info(sl.param);
       if (!pi.shard.sharded() && grid_.tp_rank() != 0) continue;
       PiecePlace p = pi.shard.sharded() ? PiecePlace{pi.shard.global, pi.shard, sl.begin} : PiecePlace{pi.shape, {}, sl.begin};
@@ -169,7 +175,7 @@ std::vector<StatePiece> GridModel::state_pieces() {
     }
     if (grid_.first_stage()) {
       Tensor step = Tensor::empty({1}, DType::i64);
-      step.data<std::int64_t>()[0] = zero_->steps();
+      step.data<std::int64_t>()[0] = zero->steps();
       replicated.push_back({"optim/step", step, {{1}, {}, 0}});
     }
   }
@@ -179,37 +185,35 @@ std::vector<StatePiece> GridModel::state_pieces() {
   return out;
 }
 
-std::vector<std::pair<std::string, Tensor>> GridModel::whole_names(bool with_optimizer) {
+NamedState ModelState::whole_names(bool with_optimizer) {
   // ZeRO-1: data-parallel rank 0 names the optimizer state (an empty whole copy, dropped at once).
-  if (zero_ && with_optimizer) whole_opt_ = zero_->make_whole(0);
-  std::vector<std::pair<std::string, Tensor>> out;
-  const auto buffers = stage_->buffers();
-  for (auto& [name, local] : named_state()) {
+  ShardedOptimizer* zero = updater_.zero();
+  std::unique_ptr<Optimizer> whole_opt = zero && with_optimizer ? zero->make_whole(0) : nullptr;
+  NamedState out;
+  const auto buffers = stage_.buffers();
+  for (auto& [name, local] : named(whole_opt.get())) {
     if (!with_optimizer && name.rfind("optim/", 0) == 0) continue;
-    const ShardSpec* s = shard_of_name(stage_->arena(), buffers, name);
+    const ShardSpec* s = shard_of_name(stage_.arena(), buffers, name);
     out.emplace_back(name, s ? Tensor::empty(s->global, local.dtype()) : Tensor::empty(local.shape(), local.dtype()));
   }
-  whole_opt_.reset();
   return out;
 }
 
-void GridModel::restore_whole_state(const std::function<bool(const std::string&, Tensor& whole)>& fill,
-                                    bool with_optimizer) {
+void ModelState::restore_whole(const std::function<bool(const std::string&, Tensor& whole)>& fill,
+                               bool with_optimizer) {
   // ZeRO-1: data-parallel rank 0 of each stage restores the optimizer whole, then every rank takes its slice.
-  if (zero_ && with_optimizer) whole_opt_ = zero_->make_whole(0);
-  const auto buffers = stage_->buffers();
-  for (auto& [name, local] : named_state()) {
+  ShardedOptimizer* zero = updater_.zero();
+  std::unique_ptr<Optimizer> whole_opt = zero && with_optimizer ? zero->make_whole(0) : nullptr;
+  const auto buffers = stage_.buffers();
+  for (auto& [name, local] : named(whole_opt.get())) {
     if (!with_optimizer && name.rfind("optim/", 0) == 0) continue;
-    const ShardSpec* s = shard_of_name(stage_->arena(), buffers, name);
+    const ShardSpec* s = shard_of_name(stage_.arena(), buffers, name);
     Tensor whole = s ? Tensor::empty(s->global, local.dtype()) : on_host(local);
     if (!fill(name, whole)) continue;
     if (s) local.copy_from(shard_of(whole, *s));
     else if (!local.device().is_cpu()) local.copy_from(whole);
   }
-  if (zero_ && with_optimizer) {
-    zero_->scatter(whole_opt_.get(), 0);
-    whole_opt_.reset();
-  }
+  if (zero && with_optimizer) zero->scatter(whole_opt.get(), 0);
 }
 
 }  // namespace ringtrain

@@ -1,0 +1,46 @@
+#pragma once
+// GradSync: how a stage's gradients are synchronised over its data-parallel
+// group, chosen once from the grid and the configuration:
+//
+//   none     one data-parallel rank (or a compute-only benchmark): nothing to do
+//   engine   the fusion engine all-reduces (averages) each layer's gradients
+//            as soon as the step's last backward made them, while the layers
+//            below still compute; comm.deterministic: fixed buckets of
+//            consecutive layers instead (bitwise-reproducible)
+//   sharded  ZeRO-1: the gradients are reduce-scattered (averaged) into this
+//            rank's slice once the backward is over; the Updater updates the
+//            slice and all-gathers the parameters
+//
+// The executor calls begin_step() before the step's first backward and
+// layer_ready(l) once layer l's gradient of the step is complete; the trainer
+// calls finish(), after which the gradients the Updater reads are final.
+// Each kind owns its communicators (the engine duplicates grid.dp(); ZeRO uses
+// grid.zero()). A parameter-gathering part (ZeRO-3) would sit beside this one,
+// called by the executor before a layer's forward and backward.
+#include <memory>
+
+#include "ringtrain/parallel/device_runtime.hpp"
+#include "ringtrain/parallel/grid.hpp"
+
+namespace ringtrain {
+
+class Engine;
+class ShardedOptimizer;
+class Stage;
+struct GridConfig;
+
+class GradSync {
+ public:
+  virtual ~GradSync() = default;
+  virtual const char* kind() const = 0;  // "none" | "engine" | "sharded"
+  virtual void begin_step() {}
+  virtual void layer_ready(int local_layer) {}
+  virtual void finish() {}
+  virtual const Engine* engine() const { return nullptr; }
+};
+
+// zero: the Updater's sharded optimizer when parallel.shard_optimizer is on.
+std::unique_ptr<GradSync> make_grad_sync(const ProcessGrid& grid, Stage& stage, const GridConfig& cfg,
+                                         DeviceRuntime& rt, ShardedOptimizer* zero);
+
+}  // namespace ringtrain

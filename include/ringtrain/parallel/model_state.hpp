@@ -1,0 +1,64 @@
+#pragma once
+// ModelState: a rank's part of the model state (its stage's parameters and
+// buffers, its optimizer state or ZeRO-1 slice, the fp16 loss scale) under
+// the names of the checkpoint layout (train/state.hpp), which is the same at
+// every layout: "param/<name>", "buffer/<name>", "optim/<slot>/<name>",
+// "optim/step". A run saved at tensor 2 x pipeline 2 resumes at data 4 and back.
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ringtrain/nn/parameters.hpp"
+#include "ringtrain/parallel/grid.hpp"
+
+namespace ringtrain {
+
+class Optimizer;
+class Stage;
+class Updater;
+
+using NamedState = std::vector<std::pair<std::string, Tensor>>;
+
+class ModelState {
+ public:
+  ModelState(const ProcessGrid& grid, Stage& stage, Updater& updater);
+
+  // This stage's state as views, per parameter; ZeRO-1's optimizer names only
+  // when `whole_opt` (a gathered or empty whole optimizer) is given.
+  NamedState named(Optimizer* whole_opt = nullptr);
+  // What every data-parallel replica must hold bit for bit (flat buffers:
+  // few large messages), for train.verify_every and the start-up broadcast.
+  NamedState replicated();
+  // Every replica takes data-parallel rank 0's parameters, buffers, optimizer
+  // state and loss scale (the start of a run: one source of truth).
+  void broadcast();
+  // The whole model's state on world rank `root`, tensor-parallel shards
+  // gathered whole (every stage's, from data-parallel rank 0, in stage order;
+  // "optim/step", held by every stage alike, once); empty elsewhere.
+  // Collective over the world.
+  NamedState gather_whole(int root = 0);
+  // This rank's share of the whole model's state for a checkpoint written by
+  // every rank (no communication): its tensor shards and ZeRO-1 slices, and
+  // for what several ranks hold alike (replicas, tensor-replicated tensors)
+  // an equal byte range of the concatenation, so the writes balance. Views of
+  // live memory. The pieces of every rank cover each whole tensor of
+  // gather_whole exactly once.
+  std::vector<StatePiece> pieces();
+  // The names this rank restores, with their WHOLE dtype and shape (host
+  // tensors whose contents are not meaningful): what a checkpoint must hold.
+  NamedState whole_names(bool with_optimizer);
+  // Hands each name's WHOLE tensor (dtype and shape as saved) to `fill`, which
+  // returns false to leave it as it is, and keeps this rank's part (its stage,
+  // shard and ZeRO slice). Collective over the data-parallel group (ZeRO-1).
+  void restore_whole(const std::function<bool(const std::string&, Tensor& whole)>& fill, bool with_optimizer);
+
+ private:
+  NamedState whole_stage(Optimizer* whole_opt);  // this stage, shards whole
+
+  const ProcessGrid& grid_;
+  Stage& stage_;
+  Updater& updater_;
+};
+
+}  // namespace ringtrain

@@ -1,0 +1,114 @@
+// Building a rank's parts, and the training step that composes them.
+#include "ringtrain/parallel/parts.hpp"
+
+#include <chrono>
+
+#include "ringtrain/comm/agree.hpp"
+#include "ringtrain/comm/collectives.hpp"
+
+namespace ringtrain {
+
+ModelParts build_parts(const ProcessGrid& grid, const ModelConfig& mc, const GridConfig& gc,
+                       const OptimizerConfig& oc, Device dev, DeviceRuntime* runtime) {
+  DeviceRuntime& rt = runtime ? *runtime : device_runtime(dev.kind);
+  const MicroBatching mb{gc.micro_batches, gc.accumulation, gc.batch};
+  run_agreed(grid.world(), "setting up the process grid", [&] {
+    RT_CHECK(mb.micro_batches >= 1 && mb.batch > 0 && mb.batch % mb.micro_batches == 0, "data.batch_size = ",
+             mb.batch, " is not divisible by parallel.micro_batches = ", mb.micro_batches);
+  });
+  ModelParts parts;
+  ModelConfig mc_tp = mc;  // parallel.tensor: the model splits its layers over grid.tp()
+  mc_tp.tensor = TensorGroup::of(grid.tp(), mc.tensor.stats);  // stats: the caller's counter, if any
+  // Nothing of the whole model is allocated: the partition works from what each
+  // layer registers (or times layers one by one), the stage builds its own layers.
+  const std::vector<LayerPlan> plan = plan_model_layers(mc_tp, dev);
+  run_agreed(grid.world(), "partitioning the model into stages", [&] {
+    const int n = static_cast<int>(plan.size()), p = grid.pp_size();
+    switch (gc.partition) {
+      case PartitionKind::uniform: parts.balance = balance_uniform(n, p); break;
+      case PartitionKind::params: parts.balance = balance_by_cost(layer_param_costs(plan), p); break;
+      case PartitionKind::list: parts.balance = check_balance_list(gc.balance, n, p); break;
+      case PartitionKind::time: parts.balance = balance_by_cost(layer_time_costs(mc_tp, dev, mb.size()), p); break;
+    }
+  });
+  // Timings differ per rank: every rank takes world rank 0's cut.
+  broadcast(parts.balance.data(), parts.balance.size(), DType::i32, 0, grid.world());
+  int first = 0;
+  for (int s = 0; s < grid.pp_rank(); ++s) first += parts.balance[static_cast<std::size_t>(s)];
+  const int end = first + parts.balance[static_cast<std::size_t>(grid.pp_rank())];
+  // The executor knows the slots the schedule needs: the stage is built after it.
+  const auto [in_mb, out_mb] = Stage::boundary_shapes(mc_tp, dev, first, end, mb.size());
+  parts.executor = std::make_unique<ScheduleExecutor>(grid, gc.schedule, mb, in_mb, out_mb, dev, rt);
+  parts.stage = std::make_unique<Stage>(mc_tp, dev, first, end, parts.executor->slots());
+  // BatchNorm: per-micro-batch normalisation, running statistics over the whole step (stage.hpp).
+  if (mb.per_step() > 1) parts.stage->set_deferred_batch_stats(true);
+  // Only zero-bubble schedules defer the weight gradients; the others run each
+  // layer's backward whole (its gradients go to the synchronisation at once).
+  parts.stage->set_fused_backward(gc.schedule != ScheduleKind::zb_h1);
+  parts.updater = std::make_unique<Updater>(grid, *parts.stage, gc.update, oc, rt);
+  parts.grad_sync = make_grad_sync(grid, *parts.stage, gc, rt, parts.updater->zero());
+  parts.state = std::make_unique<ModelState>(grid, *parts.stage, *parts.updater);
+  return parts;
+}
+
+// The step, as the algorithm reads:
+//   run the schedule over the micro-batches (forward, loss, backward; each
+//   layer's gradient handed to the synchronisation as soon as it exists),
+//   wait for the gradients to be synchronised, update (or skip), and sum the
+//   statistics and flags of every rank.
+StepResult train_step(const ProcessGrid& grid, ModelParts& parts, const StepInput& in, StepFlags flags) {
+  using Clock = std::chrono::steady_clock;
+  StepOutput out = parts.executor->run(*parts.stage, in, *parts.grad_sync);
+  const auto t_sync = Clock::now();
+  parts.grad_sync->finish();
+  out.timing.reduce_s = std::chrono::duration<double>(Clock::now() - t_sync).count();
+  const auto t_update = Clock::now();
+  out.stats.skipped = !parts.updater->apply(in.lr);
+  out.timing.busy_s += std::chrono::duration<double>(Clock::now() - t_update).count();
+  out.timing.wall_s += std::chrono::duration<double>(Clock::now() - t_sync).count();
+  out.stats.stop = flags.stop;
+  out.stats.save = flags.save;
+  out.stats.parts_pending = !flags.checkpoint_ready;
+  return {reduce(out.stats, grid.world()), out.timing};
+}
+
+StepResult train_step(const ProcessGrid& grid, ModelParts& parts, const Tensor& images, const Tensor& labels,
+                      double lr, std::int64_t step) {
+  StepInput in;
+  in.images = {images};
+  in.labels = {labels};
+  in.step = step;
+  in.lr = lr;
+  in.loss_scale = parts.updater->loss_scale();
+  return train_step(grid, parts, in);
+}
+
+StepStats reduce(const StepStats& mine, const Communicator& comm) {
+  double v[6] = {mine.loss_sum, static_cast<double>(mine.samples), static_cast<double>(mine.correct),
+                 static_cast<double>(mine.stop), static_cast<double>(mine.save),
+                 static_cast<double>(mine.parts_pending)};
+  if (comm.size() > 1) allreduce(v, v, 6, DType::f64, ReduceOp::sum, comm);
+  StepStats all;
+  all.loss_sum = v[0];
+  all.samples = static_cast<std::int64_t>(v[1]);
+  all.correct = static_cast<std::int64_t>(v[2]);
+  all.stop = static_cast<int>(v[3]);
+  all.save = static_cast<int>(v[4]);
+  all.parts_pending = static_cast<int>(v[5]);
+  all.skipped = mine.skipped;
+  return all;
+}
+
+GridMemory memory(const ModelParts& parts) {
+  GridMemory m;
+  const ParamArena& a = parts.stage->arena();
+  for (DType dt : a.dtypes()) {
+    m.params += a.params_flat(dt).nbytes();
+    m.grads += a.grads_flat(dt).nbytes();
+  }
+  m.param_count = a.numel();
+  m.optimizer = parts.updater->state_bytes();
+  return m;
+}
+
+}  // namespace ringtrain

@@ -1,0 +1,97 @@
+#include "peer.hpp"
+
+#include <mpi.h>
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "ringtrain/comm/liveness.hpp"
+#include "ringtrain/comm/stall_diagnosis.hpp"
+#include "ringtrain/core/error.hpp"
+#include "ringtrain/core/log.hpp"
+
+namespace ringtrain {
+namespace {
+
+static_assert(sizeof(MPI_Request) <= sizeof(std::uint64_t), "MPI_Request must fit a PeerRequest handle");
+
+MPI_Request get(const PeerRequest& r) {
+  MPI_Request q;
+  std::memcpy(&q, &r.handle, sizeof q);
+  return q;
+}
+void set(PeerRequest& r, MPI_Request q) { std::memcpy(&r.handle, &q, sizeof q); }
+
+void check_bytes(std::size_t bytes) {
+  RT_CHECK(bytes <= static_cast<std::size_t>(INT32_MAX), "pipeline transfer of ", bytes,
+           " bytes exceeds MPI's int count (use more parallel.micro_batches)");
+}
+
+}  // namespace
+
+PeerRequest PeerLink::isend(const void* buf, std::size_t bytes, int stage, int tag) const {
+  check_bytes(bytes);
+  PeerRequest r{0, stage, true};
+  MPI_Request q;
+  const int rc = MPI_Isend(buf, static_cast<int>(bytes), MPI_BYTE, stage, tag, grid_.pp().handle("pipeline send"), &q);
+  set(r, q);
+  RT_CHECK(rc == MPI_SUCCESS, grid_.tag(), " MPI_Isend of ", bytes, " bytes to pipeline stage ", stage,
+           " failed (MPI error ", rc, ")");
+  return r;
+}
+
+PeerRequest PeerLink::irecv(void* buf, std::size_t bytes, int stage, int tag) const {
+  check_bytes(bytes);
+  PeerRequest r{0, stage, false};
+  MPI_Request q;
+  const int rc =
+      MPI_Irecv(buf, static_cast<int>(bytes), MPI_BYTE, stage, tag, grid_.pp().handle("pipeline receive"), &q);
+  set(r, q);
+  RT_CHECK(rc == MPI_SUCCESS, grid_.tag(), " MPI_Irecv of ", bytes, " bytes from pipeline stage ", stage,
+           " failed (MPI error ", rc, ")");
+  return r;
+}
+
+// Spins briefly (a neighbour's message usually lands within microseconds),
+// then sleeps between polls so a waiting stage leaves the cores to the others.
+void PeerLink::wait(PeerRequest& r, const std::string& what) const {
+  if (!r.active()) return;
+  using Clock = std::chrono::steady_clock;
+  const double timeout = grid_.pp().timeout_s();
+  const auto t0 = Clock::now();
+  for (long spin = 0;; ++spin) {
+    int done = 0;
+    MPI_Request q = get(r);
+    const int rc = MPI_Test(&q, &done, MPI_STATUS_IGNORE);
+    set(r, q);
+    RT_CHECK(rc == MPI_SUCCESS, grid_.tag(), " waiting for ", what, (r.send ? " to " : " from "), "pipeline stage ",
+             r.stage, " failed (MPI error ", rc, "; do the stages agree on its size?)");
+    if (done) {
+      r.stage = -1;
+      return;
+    }
+    if (spin > 200) {
+      liveness::serve();
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+    if ((spin & 255) == 0 && timeout > 0 && std::chrono::duration<double>(Clock::now() - t0).count() > timeout) {
+      // The peer may itself wait for a stopped rank elsewhere: ask the job who answers.
+      const StallDiagnosis d = diagnose_stall(grid_.pp().handle("pipeline stall"), stall_grace_s(timeout));
+      log::error(grid_.tag(), " waited ", timeout, " s for ", what, r.send ? " to be received by" : " from",
+                 " pipeline stage ", r.stage, " (", grid_.pp().describe_rank(r.stage), "): ", d.describe(),
+                 "; ending the job (comm.collective_timeout_s = ", timeout, " s)");
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+  }
+}
+
+void PeerLink::cancel(PeerRequest& r) const {
+  if (!r.active()) return;
+  MPI_Request q = get(r);
+  MPI_Cancel(&q);
+  MPI_Request_free(&q);
+  r.stage = -1;
+}
+
+}  // namespace ringtrain

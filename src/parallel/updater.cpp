@@ -1,0 +1,76 @@
+#include "ringtrain/parallel/updater.hpp"
+
+#include <cmath>
+
+#include "ringtrain/comm/agree.hpp"
+#include "ringtrain/comm/collectives.hpp"
+#include "ringtrain/optim/grad_utils.hpp"
+#include "ringtrain/parallel/stage.hpp"
+
+namespace ringtrain {
+
+Updater::Updater(const ProcessGrid& grid, Stage& stage, const UpdateConfig& cfg, const OptimizerConfig& oc,
+                 DeviceRuntime& rt)
+    : grid_(grid), stage_(stage), cfg_(cfg), rt_(rt) {
+  if (cfg.loss_scaling) scaler_ = std::make_unique<LossScaler>();
+  if (!cfg.shard_optimizer) {
+    opt_ = rt.make_optimizer(stage.arena(), oc);
+    return;
+  }
+  run_agreed(grid.world(), "setting up parallel.shard_optimizer", [&] {
+    RT_CHECK(stage.device().is_cpu(), "parallel.shard_optimizer needs train.device = cpu: its reduce-scatter and "
+             "all-gather are host-only (this run chose ", stage.device().str(), ")");
+  });
+  zero_ = std::make_unique<ShardedOptimizer>(stage.arena(), oc, grid.zero(), cfg.zero_collectives,
+                                             [&rt](ParamArena& a, const OptimizerConfig& c) {
+                                               return rt.make_optimizer(a, c);
+                                             });
+}
+
+Updater::~Updater() = default;
+
+// Parameters whose gradients this rank contributes to the global norm:
+// tensor-parallel shards everywhere, replicated parameters on tensor rank 0
+// only (every tensor rank holds the same copy). A ZeRO slice's pieces map to
+// the stage's parameters through full_index().
+std::vector<char> Updater::counted_once(const ParamArena& a) const {
+  if (grid_.tp_size() == 1) return {};  // all of them
+  const ParamArena& whole = stage_.arena();
+  std::vector<char> keep(a.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const std::size_t p = zero_ ? zero_->full_index()[i] : i;
+    keep[i] = whole.info(p).shard.sharded() || grid_.tp_rank() == 0;
+  }
+  return keep;
+}
+
+bool Updater::apply(double lr) {
+  ParamArena& a = zero_ ? zero_->shard() : stage_.arena();
+  const bool clip = cfg_.clip_norm > 0;
+  const Communicator& owners = zero_ ? grid_.world() : grid_.replica();
+  double v[2] = {0, 0};  // sum of squares, non-finite count
+  if (scaler_) v[1] = rt_.unscale_grads(a, scaler_->inv_scale()) ? 0 : 1;
+  if (clip) v[0] = rt_.grad_sq_norm(a, counted_once(a));
+  if (owners.size() > 1 && (scaler_ || clip)) allreduce(v, v, 2, DType::f64, ReduceOp::sum, owners);
+  if (scaler_ && !scaler_->update(v[1] == 0)) return false;
+  if (clip) {
+    const double coef = clip_coefficient(std::sqrt(v[0]), cfg_.clip_norm);
+    if (coef < 1.0)
+      for (DType dt : a.dtypes()) {
+        Tensor g = a.grads_flat(dt);
+        rt_.scale(g, coef);
+      }
+  }
+  if (zero_) zero_->step(lr);
+  else opt_->step(lr);
+  return true;
+}
+
+std::size_t Updater::state_bytes() const {
+  if (zero_) return zero_->state_bytes();
+  std::size_t n = 0;
+  for (const auto& [name, t] : opt_->state()) n += t.nbytes();
+  return n;
+}
+
+}  // namespace ringtrain
