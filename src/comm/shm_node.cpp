@@ -21,6 +21,7 @@
 
 #include "ringtrain/comm/collectives.hpp"
 #include "ringtrain/comm/liveness.hpp"
+#include "ringtrain/comm/stall_diagnosis.hpp"
 #include "ringtrain/comm/shm.hpp"
 #include "ringtrain/core/error.hpp"
 #include "ringtrain/core/log.hpp"
@@ -130,11 +131,15 @@ void ShmNode::wait_peers(const char* what) const {
         }
       }
       if (timeout_s > 0 && waited > timeout_s) {
+        // The late peer may itself wait for a stopped rank elsewhere: ask the job who answers.
+        const std::string who = liveness::active()
+                                    ? describe_unresponsive(liveness::unresponsive(stall_grace_s(timeout_s)))
+                                    : "a rank is missing from the collective or passed a different count";
         log::error(what, ": stalled for ", static_cast<long long>(waited), " s waiting for rank ", comm_rank[j],
-                   " (world rank ", world_rank[j], ") of communicator '", comm_name, "' in a shared-memory all-reduce (rank ", comm_rank[lrank],
-                   " of ", size, " is at step ", target, ", rank ", comm_rank[j], " at ",
-                   s.load(std::memory_order_acquire), "); a rank is missing from the collective or passed a ",
-                   "different count. Aborting the job (comm.collective_timeout_s = ", timeout_s, " s)");
+                   " (world rank ", world_rank[j], ") of communicator '", comm_name,
+                   "' in a shared-memory all-reduce (rank ", comm_rank[lrank], " of ", size, " is at step ", target,
+                   ", rank ", comm_rank[j], " at ", s.load(std::memory_order_acquire), "): ", who,
+                   ". Aborting the job (comm.collective_timeout_s = ", timeout_s, " s)");
         MPI_Abort(MPI_COMM_WORLD, 70);
         std::abort();
       }

@@ -68,6 +68,13 @@ StallDiagnosis diagnose_stall(MPI_Comm comm, double grace_s) {
   return d;
 }
 
+std::string describe_unresponsive(const std::vector<int>& w) {
+  if (w.empty()) return "every rank of the job answers: the ranks disagree on the operation (count, dtype or order)";
+  std::string s = w.size() == 1 ? "world rank " : "world ranks ";
+  for (std::size_t i = 0; i < w.size(); ++i) s += cat(i ? ", " : "", w[i]);
+  return s + (w.size() == 1 ? " does" : " do") + " not respond (stopped, hung or dead)";
+}
+
 int world_rank_of(MPI_Comm comm, int rank) {
   MPI_Group mine, world;
   MPI_Comm_group(comm, &mine);
@@ -80,13 +87,7 @@ int world_rank_of(MPI_Comm comm, int rank) {
 }
 
 std::string StallDiagnosis::describe() const {
-  if (global) {
-    if (silent_world.empty())
-      return "every rank of the job answers: the ranks disagree on the operation (count, dtype or order)";
-    std::string s = silent_world.size() == 1 ? "world rank " : "world ranks ";
-    for (std::size_t i = 0; i < silent_world.size(); ++i) s += cat(i ? ", " : "", silent_world[i]);
-    return s + (silent_world.size() == 1 ? " does" : " do") + " not respond (stopped, hung or dead)";
-  }
+  if (global) return describe_unresponsive(silent_world);
   if (silent.empty())
     return "every rank reached it: the ranks disagree on the operation (count, dtype or order)";
   std::string s = silent.size() == 1 ? "rank " : "ranks ";

@@ -108,6 +108,7 @@ TEST(ShmDeath, StalledRankIsNamedWithinTheTimeout) {
   EXPECT_NE(j.out.find("waiting for rank 1 (world rank 1) of communicator 'world' in a shared-memory all-reduce"),
             std::string::npos)
       << j.out;
+  EXPECT_NE(j.out.find("world rank 1 does not respond"), std::string::npos) << j.out;  // liveness pings
   EXPECT_NE(j.out.find("comm.collective_timeout_s = 4 s"), std::string::npos) << j.out;
   EXPECT_TRUE(leftovers(j.out).empty()) << leftovers(j.out).front();
 }

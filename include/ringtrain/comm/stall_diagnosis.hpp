@@ -30,6 +30,8 @@ struct StallDiagnosis {
 
 // MPI_COMM_WORLD's rank of `rank` in `comm` (a local translation).
 int world_rank_of(MPI_Comm comm, int rank);
+// "world rank 3 does not respond (stopped, hung or dead)" for liveness::unresponsive's answer.
+std::string describe_unresponsive(const std::vector<int>& world_ranks);
 
 StallDiagnosis diagnose_stall(MPI_Comm comm, double grace_s);
 // Grace period for a timeout of `timeout_s`: long enough for peers that entered a few seconds later.

@@ -1,0 +1,150 @@
+// A rank stopped at a random moment ends the job, naming it, on every layout.
+// Each trial starts a real `ringtrain train` job (cnn on synthetic data,
+// comm.collective_timeout_s = 3), waits until it trains, then SIGSTOPs one
+// rank at a random moment of a step (forward, backward, a tensor-parallel
+// all-reduce, a pipeline transfer, the gradient synchronisation or the
+// statistics), from outside the job, as a preemption or a hung node would.
+// Every trial must end within the timeout + 10 s of the stop, non-zero, with
+// ringtrain's message naming the stopped world rank and no live rank.
+// Layouts: tensor 2, pipeline 2, data 2 x tensor 2, ZeRO-1 (data 2).
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "fixtures.hpp"
+#include "jobs.hpp"
+
+using namespace ringtrain;
+using namespace ringtrain::test_jobs;
+
+namespace {
+
+constexpr double kTimeoutS = 3;
+constexpr int kTrials = 5;
+
+struct Case {
+  const char* name;
+  int ranks;
+  const char* sets;
+};
+
+// The pid of world rank `rank` of the job whose command line holds `marker` (0 if none yet).
+pid_t find_rank(const std::string& marker, int rank) {
+  const std::string want = "OMPI_COMM_WORLD_RANK=" + std::to_string(rank);
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string pid = e.path().filename().string();
+    if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream cmd(e.path() / "cmdline"), env(e.path() / "environ");
+    std::string c((std::istreambuf_iterator<char>(cmd)), {}), v((std::istreambuf_iterator<char>(env)), {});
+    if (c.find("ringtrain") == std::string::npos || c.find(marker) == std::string::npos) continue;
+    if (c.find("mpirun") != std::string::npos) continue;
+    std::istringstream vars(v);
+    for (std::string kv; std::getline(vars, kv, '\0');)
+      if (kv == want) return static_cast<pid_t>(std::stol(pid));
+  }
+  return 0;
+}
+
+struct Trial {
+  int stopped = -1;
+  double after_stop_s = -1;  // from the SIGSTOP to the job's end
+  int status = 0;
+  std::string out;
+};
+
+Trial run_trial(const Case& c, const std::string& data, const fs::path& dir, std::mt19937& rng) {
+  Trial t;
+  t.stopped = std::uniform_int_distribution<int>(0, c.ranks - 1)(rng);
+  const double delay = std::uniform_real_distribution<double>(0.3, 2.0)(rng);
+  const std::string ckpt = (dir / ("ckpt-" + std::to_string(rng()))).string();
+  const std::string cmd =
+      "env -i PATH=\"$PATH\" HOME=\"$HOME\" OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
+      "OMPI_MCA_rmaps_base_oversubscribe=1 OMP_NUM_THREADS=1 " + mpirun(c.ranks) + ringtrain_exe() +
+      " train --model cnn --train-data " + data + " --test-data " + data +
+      " --batch-size 16 --epochs 100 --no-eval --log-format plain --set comm.collective_timeout_s=" +
+      std::to_string(kTimeoutS) + " --set comm.stall_shutdown_s=0 --set checkpoint.dir=" + ckpt + " " + c.sets +
+      " 2>&1";
+  FILE* f = popen(cmd.c_str(), "r");
+  if (!f) return t;
+  std::atomic<bool> started{false}, done{false};
+  std::atomic<double> stopped_at{-1};
+  const auto t0 = std::chrono::steady_clock::now();
+  auto now = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+  std::thread stopper([&] {
+    while (!started && !done) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (done) return;
+    std::this_thread::sleep_for(std::chrono::duration<double>(delay));
+    for (int i = 0; i < 200 && !done; ++i) {
+      if (pid_t p = find_rank(ckpt, t.stopped)) {
+        ::kill(p, SIGSTOP);
+        stopped_at = now();
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  });
+  char buf[4096];
+  while (std::fgets(buf, sizeof buf, f)) {
+    t.out += buf;
+    if (t.out.find("ringtrain: cnn (") != std::string::npos) started = true;
+  }
+  const int st = pclose(f);
+  done = true;
+  stopper.join();
+  t.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  if (stopped_at >= 0) t.after_stop_s = now() - stopped_at;
+  fs::remove_all(ckpt);
+  return t;
+}
+
+class StallTrials : public testing::TestWithParam<Case> {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = fs::temp_directory_path() / ("rt-stall-" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+    data_ = test_fixtures::synthetic_mnist_like(Communicator::dup_of(MPI_COMM_SELF, "self"), "stall", 2048, 64);
+  }
+  static void TearDownTestSuite() {
+    fs::remove_all(dir_);
+    fs::remove_all(data_);
+  }
+  static inline fs::path dir_;
+  static inline std::string data_;
+};
+
+TEST_P(StallTrials, StoppedRankEndsTheJobNamingIt) {
+  const Case& c = GetParam();
+  std::mt19937 rng(std::random_device{}());
+  std::printf("%-18s %6s %8s %10s  %s\n", "layout", "trial", "stopped", "ended after", "named");
+  for (int k = 0; k < kTrials; ++k) {
+    const Trial t = run_trial(c, data_, dir_, rng);
+    const std::string who = "world rank " + std::to_string(t.stopped) + " does not respond";
+    const bool named = t.out.find(who) != std::string::npos;
+    std::printf("%-18s %6d %8d %9.1fs  %s\n", c.name, k, t.stopped, t.after_stop_s, named ? "yes" : "NO");
+    ASSERT_GE(t.after_stop_s, 0) << "the rank was never stopped (did the job start?)\n" << t.out;
+    EXPECT_NE(t.status, 0) << t.out;
+    EXPECT_LE(t.after_stop_s, kTimeoutS + 10) << c.name << " trial " << k << "\n" << t.out;
+    EXPECT_TRUE(named) << c.name << " trial " << k << ": no message names " << who << "\n" << t.out;
+    for (int r = 0; r < c.ranks; ++r) {
+      if (r == t.stopped) continue;
+      EXPECT_EQ(t.out.find("world rank " + std::to_string(r) + " does not respond"), std::string::npos)
+          << c.name << " trial " << k << ": live rank " << r << " blamed\n" << t.out;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, StallTrials,
+                         testing::Values(Case{"tensor2", 2, "--set parallel.tensor=2"},
+                                         Case{"pipeline2", 2, "--set parallel.pipeline=2"},
+                                         Case{"data2_tensor2", 4, "--set parallel.tensor=2"},
+                                         Case{"zero1", 2, "--set parallel.shard_optimizer=true"}),
+                         [](const auto& i) { return std::string(i.param.name); });
+
+}  // namespace
