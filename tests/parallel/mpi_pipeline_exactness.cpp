@@ -76,6 +76,10 @@ Reference reference(std::int64_t global) {
   return r;
 }
 
+// Relative loss difference allowed against the 1-rank run (rounding only):
+// measured worst 1.6e-7 over every schedule at 1-4 ranks (AMD EPYC); about 10x.
+constexpr double kRelTolerance = 2e-6;
+
 void check(int p, ScheduleKind kind) {
   omp_set_num_threads(1);  // ranks share the cores (as the trainer's default)
   Communicator world = Communicator::world();
@@ -88,15 +92,18 @@ void check(int p, ScheduleKind kind) {
   pc.batch = kPerReplica;
   ModelParts pm = build_parts(grid, cnn(), pc, sgd());
   const std::string what = cat(schedule_name(kind), " p=", p, " dp=", grid.dp_size(), " ", grid.tag());
+  double worst = 0;
   for (int t = 0; t < kSteps; ++t) {
     Tensor x, y;
     global_batch(t, global, x, y);
     const std::int64_t lo = grid.dp_rank() * kPerReplica;
     StepResult r = train_step(grid, pm, rows(x, lo, kPerReplica), rows(y, lo, kPerReplica), 0.05);
-    ASSERT_NEAR(r.loss(), ref.loss[t], 1e-4 * std::abs(ref.loss[t])) << what << " step " << t;
+    worst = std::max(worst, std::abs(r.loss() - ref.loss[t]) / std::abs(ref.loss[t]));
+    ASSERT_NEAR(r.loss(), ref.loss[t], kRelTolerance * std::abs(ref.loss[t])) << what << " step " << t;
     EXPECT_EQ(r.stats.samples, global);  // summed over the world: every sample counted once
   }
   EXPECT_LT(ref.loss.back(), 0.8 * ref.loss.front()) << "the reference should learn something";
+  if (world.rank() == 0) std::printf("%s: worst relative loss difference %.3g\n", what.c_str(), worst);
   // Same final parameters, for the layers this stage owns.
   ParamArena& a = (*pm.stage).arena();
   for (std::size_t i = 0; i < a.size(); ++i) {

@@ -16,6 +16,7 @@ using namespace ringtrain;
 TEST(Exactness, RanksTimesBatchEqualsOneRankWithTheGlobalBatch) {
   Communicator world = Communicator::world();
   const int p = world.size();
+  if (p == 1) GTEST_SKIP() << "1 rank: the run would be compared with itself";
   if (64 % p != 0) GTEST_SKIP() << "64 is not divisible by " << p << " ranks";
   const int steps = 50;
   std::string dir = test_fixtures::fashion_mnist(world, "exact");
@@ -53,7 +54,9 @@ TEST(Exactness, RanksTimesBatchEqualsOneRankWithTheGlobalBatch) {
   for (int i = 0; i < steps; ++i) {
     double rel = std::abs(dp[i] - ref[i]) / std::abs(ref[i]);
     worst = std::max(worst, rel);
-    EXPECT_LT(rel, 1e-4) << "step " << i + 1 << ": " << p << " ranks loss " << dp[i] << ", 1 rank " << ref[i];
+    // Measured worst 2.7e-7 (2 ranks) and 1.0e-7 (4 ranks) on an AMD EPYC, 2.2e-7 on an
+    // Intel Xeon: about 10x that.
+    EXPECT_LT(rel, 3e-6) << "step " << i + 1 << ": " << p << " ranks loss " << dp[i] << ", 1 rank " << ref[i];
   }
   // The run learned something (the check above is not comparing two constants).
   EXPECT_LT(ref.back(), 0.8 * ref.front());

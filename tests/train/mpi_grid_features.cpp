@@ -4,8 +4,11 @@
 // parameters and optimizer state.
 //  - data parallel, pipeline 2, tensor 2 and pipeline 2 x tensor 2 as the rank
 //    count allows; the 1-rank reference runs on a communicator of this rank alone.
-//  - fp32 features: every step's loss within 1e-5 of the 1-rank run (sums run in
-//    another order: rounding only). bf16/fp16: against the 1-rank run at the same precision.
+//  - fp32 features: every step's loss within kTolerance of the 1-rank run (sums
+//    run in another order: rounding only). fp16: dynamic loss scaling (scale,
+//    unscale, the skip agreed grid-wide) against the 1-rank run at fp16. On the
+//    CPU the arithmetic stays fp32 (a power-of-two scale is exact), so this arm
+//    tests the scaler's path through every layout, not fp16 compute (mpi_precision).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -22,6 +25,10 @@ using namespace ringtrain;
 namespace fs = std::filesystem;
 
 namespace {
+
+// Loss difference allowed against the 1-rank run (sums in another order: rounding
+// only): measured worst 7.4e-7 (2 ranks) and 9.1e-7 (4 ranks) on an AMD EPYC; about 10x.
+constexpr double kTolerance = 1e-5;
 
 struct Layout {
   int pipeline, tensor;
@@ -74,10 +81,11 @@ TrainConfig features(const std::string& data, int global_batch, int ranks, const
 TEST(GridFeatures, EveryLayoutFollowsTheOneRankRun) {
   Communicator world = Communicator::world();
   const int w = world.size();
-  if (w == 3) GTEST_SKIP() << "a global batch of 48 per step splits at 1, 2 and 4 ranks here; 3 ranks add nothing";
+  if (w == 1) GTEST_SKIP() << "1 rank: every layout is the reference itself";
+  if (w == 3) GTEST_SKIP() << "a global batch of 32 per step splits at 1, 2 and 4 ranks here; 3 ranks add nothing";
   std::string data = test_fixtures::synthetic_mnist_like(world, "gridfeat", 512, 64);
   Communicator self = world.split(world.rank(), 0, "self");
-  for (const char* precision : {"fp32", "bf16", "fp16"})
+  for (const char* precision : {"fp32", "fp16"})
     for (bool zero : {false, true}) {
       if (zero && std::string(precision) != "fp32") continue;
       TrainConfig one = features(data, 32, 1, {1, 1});
@@ -85,16 +93,22 @@ TEST(GridFeatures, EveryLayoutFollowsTheOneRankRun) {
       const std::vector<double> ref = losses(one, self);
       ASSERT_EQ(ref.size(), 10u);
       EXPECT_LT(ref.back(), ref.front()) << "the reference should learn";
+      double worst = 0;
       for (const Layout& l : layouts(w)) {
-        if (w == 1) break;  // the reference itself
         TrainConfig c = features(data, 32, w, l);
         c.train.precision = precision;
         c.parallel.shard_optimizer = zero;
         const std::vector<double> got = losses(c, world);
         const std::string what = cat(name_of(l, w), ", ", precision, zero ? ", ZeRO-1" : "");
         ASSERT_EQ(got.size(), ref.size()) << what;
-        for (std::size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], ref[i], 1e-5) << what << " step " << i + 1;
+        for (std::size_t i = 0; i < got.size(); ++i) {
+          worst = std::max(worst, std::abs(got[i] - ref[i]));
+          EXPECT_NEAR(got[i], ref[i], kTolerance) << what << " step " << i + 1;
+        }
       }
+      if (world.rank() == 0)
+        std::printf("%s%s: worst |loss - 1-rank loss| over every layout and step %.3g\n", precision,
+                    zero ? " ZeRO-1" : "", worst);
     }
   world.barrier();
   if (world.rank() == 0) fs::remove_all(data);

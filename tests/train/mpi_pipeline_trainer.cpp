@@ -27,6 +27,11 @@ std::vector<double> run(const TrainConfig& c, const Communicator& comm, TrainRes
   return losses;
 }
 
+// Relative loss difference allowed against the 1-rank trainer: measured worst
+// 2.4e-5 at 2-4 stages (AMD EPYC): the 4 micro-batches' gradient sums round
+// differently from one batch's, and 48 steps amplify it. About 10x.
+constexpr double kRelTolerance = 2.5e-4;
+
 TEST(PipelineTrainer, FollowsTheOneRankTrainerAndResumes) {
   Communicator world = Communicator::world();
   if (world.size() < 2) GTEST_SKIP() << "needs 2+ ranks for a pipeline";
@@ -49,8 +54,13 @@ TEST(PipelineTrainer, FollowsTheOneRankTrainerAndResumes) {
   TrainResult pr;
   std::vector<double> got = run(p, world, &pr);
   ASSERT_EQ(got.size(), ref.size());
-  for (std::size_t i = 0; i < ref.size(); ++i)
-    EXPECT_NEAR(got[i], ref[i], 1e-4 * std::abs(ref[i])) << "step " << i << " rel " << (got[i] - ref[i]) / ref[i];
+  double worst = 0;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    worst = std::max(worst, std::abs(got[i] - ref[i]) / std::abs(ref[i]));
+    EXPECT_NEAR(got[i], ref[i], kRelTolerance * std::abs(ref[i])) << "step " << i << " rel "
+                                                                   << (got[i] - ref[i]) / ref[i];
+  }
+  if (world.rank() == 0) std::printf("worst relative loss difference: %.3g\n", worst);
   // Evaluation of the same weights to rounding: the test loss measured 5.3e-6 relative
   // apart at 2-4 ranks (a small loss, 2.6e-4: every margin is wide), so the same
   // predictions, hence the same accuracy.
@@ -136,8 +146,22 @@ TEST(PipelineTrainer, BadParallelConfigIsAnErrorNamingTheValues) {
       EXPECT_NE(std::string(e.what()).find("parallel.pipeline = 2"), std::string::npos) << e.what();
     }
   }
-  c.parallel.pipeline = 6;  // cnn has 5 top-level layers
-  if (world.size() % 6 == 0) { EXPECT_THROW(Trainer(c, world, TrainerHooks{}), Error); }
+  // More stages than top-level layers: a 2-layer model on 3 or 4 stages.
+  if (world.size() >= 3) {
+    c.model.name = "layers";
+    c.model.layers = {LayerDesc{"flatten", {}, {}, {}}, LayerDesc{"linear", {}, {}, {}}};
+    c.parallel.pipeline = world.size();
+    TrainerHooks h;
+    h.report = false;
+    try {
+      Trainer t(c, world, h);
+      ADD_FAILURE() << world.size() << " stages for 2 layers must fail";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(cat("parallel.pipeline = ", world.size(), " stages, but the model has only 2")),
+                std::string::npos)
+          << e.what();
+    }
+  }
 }
 
 }  // namespace
