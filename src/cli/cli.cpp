@@ -249,7 +249,7 @@ int main(int argc, char** argv) {
              "  mpirun -np 2 ringtrain train --config jobs/fashion_cnn.toml\n"
              "  mpirun -np 4 --oversubscribe ringtrain train --config jobs/fashion_cnn.toml --set parallel.pipeline=2\n"
              "Environment: RINGTRAIN_FUSION_THRESHOLD, RINGTRAIN_CYCLE_TIME, RINGTRAIN_TIMELINE,\n"
-             "RINGTRAIN_TREE_THRESHOLD, RINGTRAIN_COLLECTIVE_TIMEOUT, RINGTRAIN_LOG=debug|info|warn\n"
+             "RINGTRAIN_TREE_THRESHOLD, RINGTRAIN_LOG=debug|info|warn\n"
              "(all of them: docs/environment.md; configuration keys: docs/configuration.md)");
 
   TrainArgs ta;
