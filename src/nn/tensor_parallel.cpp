@@ -1,4 +1,4 @@
-// Megatron-style tensor-parallel operators (f, g, feature gather/split) and
+// The tensor-parallel all-reduce (Megatron's f backward and g forward) and
 // the shard bookkeeping (see nn/tensor_parallel.hpp); the layers built on
 // them are in parallel_layers.cpp.
 #include "ringtrain/nn/tensor_parallel.hpp"
@@ -77,51 +77,6 @@ void tp_all_reduce(Tensor& t, const TensorGroup& g) {
   allreduce(t.raw(), t.raw(), std::size_t(t.numel()), t.dtype(), ReduceOp::sum, g.comm, o);
 }
 
-void tp_gather_last(const Tensor& local, Tensor& whole, const TensorGroup& g) {
-  if (!local.device().is_cpu()) {  // through host memory: an all-gather has no device path yet
-    Tensor host;
-    tp_gather_last(local.to(Device::cpu()), host, g);
-    whole = host.to(local.device());
-    return;
-  }
-  TpTimer timer(g, g.size > 1 ? local.nbytes() : 0);
-  Shape ws = local.shape();
-  ws.back() *= g.size;
-  if (!whole.defined() || whole.shape() != ws || whole.dtype() != local.dtype()) whole = Tensor::empty(ws, local.dtype());
-  if (g.size == 1) {
-    whole.copy_from(local);
-    return;
-  }
-  // allgather stacks the ranks' blocks; the feature dimension is innermost, so interleave rows.
-  Tensor stacked = Tensor::empty({g.size * local.numel()}, local.dtype());
-  allgather(local.raw(), std::size_t(local.numel()), stacked.raw(), local.dtype(), g.comm);
-  const std::int64_t d = local.shape().back(), rows = local.numel() / d;
-  const std::size_t es = dtype_size(local.dtype());
-  auto* src = static_cast<const char*>(stacked.raw());
-  auto* dst = static_cast<char*>(whole.raw());
-  for (int r = 0; r < g.size; ++r)
-    for (std::int64_t i = 0; i < rows; ++i)
-      std::memcpy(dst + std::size_t((i * g.size + r) * d) * es, src + std::size_t(r * local.numel() + i * d) * es,
-                  std::size_t(d) * es);
-}
-
-void tp_split_last(const Tensor& whole, Tensor& local, const TensorGroup& g) {
-  if (!whole.device().is_cpu()) {  // a local copy, through host memory for now
-    Tensor host;
-    tp_split_last(whole.to(Device::cpu()), host, g);
-    local = host.to(whole.device());
-    return;
-  }
-  TpTimer timer(g, 0);  // a local copy: no traffic, but time spent on the tensor-parallel path
-  const std::int64_t D = whole.shape().back();
-  RT_CHECK(D % g.size == 0, "tensor-parallel split: last dimension ", D, " is not divisible by the tensor size ",
-           g.size);
-  Shape ls = whole.shape();
-  ls.back() = D / g.size;
-  if (!local.defined() || local.shape() != ls || local.dtype() != whole.dtype()) local = Tensor::empty(ls, whole.dtype());
-  shard_copy(make_shard(whole.shape(), int(ls.size()) - 1, g.size, g.rank), whole, local, true);
-}
-
 ShardSpec make_shard(const Shape& global, int dim, int parts, int index, int blocks) {
   ShardSpec s;
   s.dim = dim;
@@ -163,22 +118,6 @@ Tensor gather_whole(const Tensor& local, const ShardSpec& s, const TensorGroup& 
 void check_tensor_divides(std::int64_t value, const char* key, const TensorGroup& g, const char* model) {
   RT_CHECK(value % g.size == 0, "model '", model, "': ", key, " = ", value, " is not divisible by parallel.tensor = ",
            g.size);
-}
-
-// ---- f and g as layers -----------------------------------------------------
-Tensor CopyToTensorRegion::do_backward(const Tensor& dy, bool need_dx, bool) {
-  if (!need_dx) return {};
-  ensure(dx_, dy.shape(), dy.dtype(), dy.device());
-  dx_.copy_from(dy);
-  tp_all_reduce(dx_, g_);
-  return dx_;
-}
-
-Tensor ReduceFromTensorRegion::do_forward(const Tensor& x, Mode) {
-  ensure(y_, x.shape(), x.dtype(), x.device());
-  y_.copy_from(x);
-  tp_all_reduce(y_, g_);
-  return y_;
 }
 
 void detail::init_shard(const ParamArena& arena, std::size_t index, Init kind, double fan_in, double fan_out,

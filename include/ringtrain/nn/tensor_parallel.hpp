@@ -4,7 +4,6 @@
 // layers here split one Linear or Conv2d across its ranks:
 //  - f ("copy to region"):   identity forward, all-reduce (sum) backward.
 //  - g ("reduce from region"): all-reduce (sum) forward, identity backward.
-//  - gather / split along the last (feature) dimension, adjoint of each other.
 //  - ColumnParallel: each rank keeps out/T outputs (weight rows, bias split
 //    with them); f on its input (dx all-reduced in backward). A fused ReLU or
 //    pooling is per output, so it stays local.
@@ -25,7 +24,7 @@
 // unsplit layer's (the same counter-RNG stream for the whole weight, then the
 // rank's part), so tensor = T starts where tensor = 1 starts. The collectives
 // are ringtrain's own (comm/collectives.hpp): all-reduces of device tensors go
-// through the device collectives, gathers and splits through host memory.
+// through the device collectives.
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -35,10 +34,9 @@
 
 namespace ringtrain {
 
-// ---- the conjugate operators and feature-dimension gather/split (in place where possible) ----
-void tp_all_reduce(Tensor& t, const TensorGroup& g);                       // sum over the group, in place
-void tp_gather_last(const Tensor& local, Tensor& whole, const TensorGroup& g);  // [..., d] -> [..., d*T]
-void tp_split_last(const Tensor& whole, Tensor& local, const TensorGroup& g);   // [..., d*T] -> rank's [..., d]
+// f's backward and g's forward: the sum over the group, in place (f's forward
+// and g's backward are the identity).
+void tp_all_reduce(Tensor& t, const TensorGroup& g);
 
 // ---- shards of whole tensors (host) ----
 // This rank's part of `whole` as `s` describes it (s.global == whole.shape()).
@@ -49,37 +47,6 @@ void place_shard(const Tensor& local, const ShardSpec& s, Tensor& whole);
 Tensor gather_whole(const Tensor& local, const ShardSpec& s, const TensorGroup& g);
 // Split of `global` into `parts` along `dim` for part `index`.
 ShardSpec make_shard(const Shape& global, int dim, int parts, int index, int blocks = 1);
-
-// f and g as layers (for building blocks by hand; the parallel layers call the functions).
-class CopyToTensorRegion : public Layer {  // f
- public:
-  CopyToTensorRegion(std::string name, TensorGroup g) : Layer(std::move(name)), g_(std::move(g)) {}
-  const char* type() const override { return "CopyToTensorRegion"; }
-  Shape output_shape(const Shape& in) const override { return in; }
-
- protected:
-  Tensor do_forward(const Tensor& x, Mode) override { return x; }
-  Tensor do_backward(const Tensor& dy, bool need_dx, bool) override;
-
- private:
-  TensorGroup g_;
-  Tensor dx_;
-};
-
-class ReduceFromTensorRegion : public Layer {  // g
- public:
-  ReduceFromTensorRegion(std::string name, TensorGroup g) : Layer(std::move(name)), g_(std::move(g)) {}
-  const char* type() const override { return "ReduceFromTensorRegion"; }
-  Shape output_shape(const Shape& in) const override { return in; }
-
- protected:
-  Tensor do_forward(const Tensor& x, Mode) override;
-  Tensor do_backward(const Tensor& dy, bool, bool) override { return dy; }
-
- private:
-  TensorGroup g_;
-  Tensor y_;
-};
 
 // What ColumnParallel and RowParallel share: this rank's part of one Linear
 // or Conv2d (`local_`, an ordinary layer of the local sizes under the whole
