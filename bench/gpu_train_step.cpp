@@ -27,7 +27,7 @@
 #include "ringtrain/cuda/memory.hpp"
 #include "ringtrain/cuda/optim.hpp"
 #include "ringtrain/nn/backend.hpp"
-#include "ringtrain/nn/model.hpp"
+#include "ringtrain/parallel/stage.hpp"
 
 using namespace ringtrain;
 using json = nlohmann::json;
@@ -56,27 +56,28 @@ ModelConfig config_for(const std::string& name) {
 json ringtrain_step(ModelConfig mc, const std::string& prec, int batch, int warmup, int iters) {
   mc.math = parse_math_mode(prec);
   Device dev = Device::cuda(0);
-  auto model = build_model(mc, dev);
+  Stage model(mc, dev);
+  model.set_fused_backward(true);  // each layer's whole backward, gradients overwritten after zero_grads
   OptimizerConfig oc;
   oc.momentum = 0.9;
   auto& ctx = cuda::backend_context(0);
-  cuda::DeviceOptimizer opt(model->arena(), oc, ctx);
+  cuda::DeviceOptimizer opt(model.arena(), oc, ctx);
   Tensor x = Tensor::empty({batch, mc.in_channels, mc.height, mc.width}, DType::f32, Device::cpu());
   for (std::int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = static_cast<float>((i * 2654435761u) % 1000) / 500.0f - 1.0f;
   Tensor y = Tensor::empty({batch}, DType::i32, Device::cpu());
   for (int i = 0; i < batch; ++i) y.data<std::int32_t>()[i] = i % static_cast<int>(mc.classes);
   Tensor xg = x.to(dev), yg = y.to(dev);
-  Tensor dl = Tensor::empty(model->output_shape(batch), DType::f32, dev);
+  Tensor dl = Tensor::empty(model.output_shape(batch), DType::f32, dev);
   Backend& be = backend_for(DeviceKind::cuda);
   std::vector<double> ms;
   double loss = 0.0;
   std::uint64_t mallocs = 0;
   for (int it = 0; it < warmup + iters; ++it) {
     auto t0 = std::chrono::steady_clock::now();
-    model->zero_grad();
-    Tensor z = model->forward(xg, Mode::train);
+    model.zero_grads();
+    Tensor z = model.forward(0, xg, Mode::train);
     loss = be.softmax_xent(z, yg, 0.0, dl);
-    model->backward(dl);
+    model.backward_input(0, dl, false);
     opt.step(0.01);
     ctx.sync_compute();
     double t = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();

@@ -25,7 +25,7 @@
 #include <random>
 
 #include "ringtrain/nn/loss.hpp"
-#include "ringtrain/nn/model.hpp"
+#include "ringtrain/parallel/stage.hpp"
 
 using namespace ringtrain;
 using Clock = std::chrono::steady_clock;
@@ -92,7 +92,7 @@ ModelConfig config_for(const std::string& name) {
 }
 
 // Per top-level layer forward/backward times (ms), one step, after warm-up.
-void profile(Model& m, const Tensor& x, const Tensor& y, int iters) {
+void profile(Stage& m, const Tensor& x, const Tensor& y, int iters) {
   std::vector<double> f(static_cast<std::size_t>(m.num_layers()), 0), b = f;
   Tensor dl = Tensor::empty(m.output_shape(x.dim(0)));
   for (int it = 0; it < iters; ++it) {
@@ -120,16 +120,16 @@ struct Rate {
   double wall = 0, cpu = 0;  // images/s by wall-clock and by process CPU time (medians of steps)
 };
 
-Rate ringtrain_round(Model& m, const Tensor& x, const Tensor& y, int warmup, int iters, Backend& be) {
+Rate ringtrain_round(Stage& m, const Tensor& x, const Tensor& y, int warmup, int iters, Backend& be) {
   Tensor dl = Tensor::empty(m.output_shape(x.dim(0)));
   Tensor params = m.arena().params_flat(), grads = m.arena().grads_flat();
   std::vector<double> t, c;
   for (int it = 0; it < warmup + iters; ++it) {
     auto t0 = Clock::now();
     double c0 = cpu_now();
-    m.zero_grad();
-    softmax_cross_entropy(m.forward(x, Mode::train), y, 0.0, dl);
-    m.backward(dl);
+    m.zero_grads();
+    softmax_cross_entropy(m.forward(0, x, Mode::train), y, 0.0, dl);
+    m.backward_input(0, dl, false);  // fused: each layer's whole backward
     be.axpy(-0.01, grads, params);
     if (it >= warmup) {
       t.push_back(seconds_since(t0));
@@ -196,7 +196,10 @@ int main(int argc, char** argv) {
   std::stringstream ms(models);
   for (std::string name; std::getline(ms, name, ',');) {
     ModelConfig c = config_for(name);
-    auto m = build_model(c);
+    // The whole model, its backward fused (no deferred weight half) and
+    // overwriting the gradients after zero_grads (no zeroing pass).
+    auto m = std::make_unique<Stage>(c, Device::cpu());
+    m->set_fused_backward(true);
     std::mt19937_64 g(1);
     std::normal_distribution<float> nd;
     Tensor x = Tensor::empty({batch, c.in_channels, c.height, c.width});
@@ -207,7 +210,7 @@ int main(int argc, char** argv) {
     r.model = name;
     r.gflop_per_image = model_flops_per_sample(c) / 1e9;
     std::printf("\n%s: %lld params, batch %lld, %d thread(s), %.1f MFLOP/image per step\n", name.c_str(),
-                static_cast<long long>(m->num_params()), static_cast<long long>(batch), threads,
+                static_cast<long long>(m->arena().numel()), static_cast<long long>(batch), threads,
                 r.gflop_per_image * 1e3);
     for (int round = 0; round < rounds; ++round) {
       Rate a = ringtrain_round(*m, x, y, warmup, iters, be);

@@ -34,6 +34,14 @@ class CudaEltwise final : public EltwiseKernel {
   DType dt_;
 };
 
+// x's [outer, m, inner] view for an add_broadcast of m entries over `inner` elements each.
+std::int64_t broadcast_outer(const Tensor& x, std::int64_t m, std::int64_t inner, const char* what) {
+  const std::int64_t per = m * inner, outer = per > 0 ? x.numel() / per : 0;
+  RT_CHECK(m > 0 && inner > 0 && outer * per == x.numel(), what, ": ", m, " entries over ", inner,
+           " elements each do not broadcast over ", shape_str(x.shape()));
+  return outer;
+}
+
 // Loss results come back through pinned memory: one stream sync per call.
 struct LossSlots {
   float loss;
@@ -63,24 +71,25 @@ class CudaBackend final : public Backend {
 
   void patchify(const Tensor& x, std::int64_t p, Tensor& out) override { patches(x, p, out, true); }
   void unpatchify(const Tensor& dout, std::int64_t p, Tensor& dx) override { patches(dx, p, dout, false); }
-  void add_broadcast(const Tensor& x, const Tensor& b, Tensor& out) override {
+  void add_broadcast(const Tensor& x, const Tensor& b, std::int64_t inner, Tensor& out) override {
     expect_cuda(x, x.dtype(), "add_broadcast", "x");
     expect_cuda(b, x.dtype(), "add_broadcast", "b");
     expect_cuda(out, x.dtype(), "add_broadcast", "out");
-    const std::int64_t m = b.numel(), rows = m > 0 ? x.numel() / m : 0;
-    RT_CHECK(m > 0 && rows * m == x.numel() && out.numel() == x.numel(), "add_broadcast: ", shape_str(b.shape()),
-             " does not broadcast over ", shape_str(x.shape()));
+    const std::int64_t m = b.numel(), outer = broadcast_outer(x, m, inner, "add_broadcast");
+    RT_CHECK(out.numel() == x.numel(), "add_broadcast: out ", shape_str(out.shape()), " is not x's size ",
+             shape_str(x.shape()));
     cudaStream_t s = sh_->ctx(x).compute();
     if (out.raw() != x.raw()) RT_CUDA(cudaMemcpyAsync(out.raw(), x.raw(), x.nbytes(), cudaMemcpyDeviceToDevice, s));
-    bias_add(out.raw(), b.raw(), rows, m, 1, false, x.dtype(), s);
+    bias_add(out.raw(), b.raw(), outer, m, inner, false, x.dtype(), s);
   }
-  void sum_leading(const Tensor& dy, Tensor& db, bool accumulate) override {
-    expect_cuda(dy, dy.dtype(), "sum_leading", "dy");
-    expect_cuda(db, dy.dtype(), "sum_leading", "db");
-    const std::int64_t m = db.numel(), rows = m > 0 ? dy.numel() / m : 0;
-    RT_CHECK(m > 0 && rows * m == dy.numel(), "sum_leading: ", shape_str(db.shape()), " does not divide ",
-             shape_str(dy.shape()));
-    column_sum(dy.raw(), db.raw(), rows, m, accumulate, dy.dtype(), sh_->ctx(dy).compute());
+  // Rows (inner = 1): a column sum over [rows, m]; pixels of a channel (inner > 1): one block per channel.
+  void sum_broadcast(const Tensor& dy, std::int64_t inner, Tensor& db, bool accumulate) override {
+    expect_cuda(dy, dy.dtype(), "sum_broadcast", "dy");
+    expect_cuda(db, dy.dtype(), "sum_broadcast", "db");
+    const std::int64_t m = db.numel(), outer = broadcast_outer(dy, m, inner, "sum_broadcast");
+    cudaStream_t s = sh_->ctx(dy).compute();
+    if (inner == 1) column_sum(dy.raw(), db.raw(), outer, m, accumulate, dy.dtype(), s);
+    else bias_grad(db.raw(), dy.raw(), outer, m, inner, accumulate, dy.dtype(), s);
   }
   void token_mean(const Tensor& x, Tensor& y) override {
     expect_cuda(x, x.dtype(), "token_mean", "x");
@@ -135,7 +144,7 @@ class CudaBackend final : public Backend {
     return run_xent(logits, labels, 0.0, nullptr).correct;
   }
 
-  // Gradients reported by Model::backward's hook are complete once this returns.
+  // Gradients reported by a stage's grad-ready hook are complete once this returns.
   void synchronize() override { sh_->sync_all(); }
 
   CudaContext& context(int device) { return sh_->ctx(device); }

@@ -1,8 +1,10 @@
 // MultiHeadSelfAttention: qkv projection -> backend attention core -> output
-// projection. The projections are ordinary layers (Linear here; column- and
-// row-parallel Linear in a tensor-parallel model), so this layer only owns
-// the core's kernel and its buffers.
+// projection. The projections are ordinary layers (Linear, or column- and
+// row-parallel ones in a tensor-parallel model), so this layer only owns the
+// core's kernel and its buffers.
 #include "ringtrain/nn/transformer.hpp"
+
+#include "ringtrain/nn/tensor_parallel.hpp"
 
 namespace ringtrain {
 
@@ -72,14 +74,16 @@ Tensor MultiHeadSelfAttention::do_backward(const Tensor& dy, bool need_dx, bool 
   return qkv_->backward(dcore_, need_dx, accumulate);
 }
 
-LayerPtr multi_head_attention(const std::string& name, std::int64_t dim, std::int64_t heads) {
+LayerPtr multi_head_attention(const std::string& name, std::int64_t dim, std::int64_t heads, const TensorGroup& g) {
   RT_CHECK(heads > 0 && dim > 0 && dim % heads == 0, "attention '", name, "': width ", dim,
            " is not divisible by the head count ", heads);
+  RT_CHECK(heads % g.size == 0, "attention '", name, "': ", heads, " heads are not divisible by the tensor size ",
+           g.size, " (heads are split over the tensor ranks)");
   LinearSpec q{dim, 3 * dim, true, false};
   LinearSpec p{dim, dim, true, false};
-  return std::make_unique<MultiHeadSelfAttention>(name, heads, dim / heads,
-                                                  std::make_unique<Linear>("qkv", q, Init::xavier_uniform),
-                                                  std::make_unique<Linear>("proj", p, Init::xavier_uniform));
+  return std::make_unique<MultiHeadSelfAttention>(
+      name, heads / g.size, dim / heads, split_layer("qkv", q, Init::xavier_uniform, TensorSplit::column, g, 3),
+      split_layer("proj", p, Init::xavier_uniform, TensorSplit::row, g));
 }
 
 }  // namespace ringtrain

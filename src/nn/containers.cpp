@@ -1,6 +1,6 @@
 // Sequential and Residual: composite layers. Their children are bound to the
 // same backend; a composite reports its gradients ready once, after all of its
-// children (the Model hook works on top-level layers).
+// children (a stage's hook works on top-level layers).
 #include "ringtrain/nn/layers.hpp"
 
 namespace ringtrain {
@@ -174,35 +174,6 @@ void Residual::for_each_child(const std::function<void(Layer&)>& f) {
   for (auto* v : {&body_, &shortcut_})
     for (auto& c : *v) f(*c);
   if (post_) f(*post_);
-}
-
-LayerPtr basic_block(const std::string& name, std::int64_t in_ch, std::int64_t out_ch, std::int64_t stride) {
-  auto conv = [](const char* n, std::int64_t ci, std::int64_t co, std::int64_t k, std::int64_t st) {
-    Conv2dSpec s;
-    s.in_channels = ci;
-    s.out_channels = co;
-    s.kernel_h = s.kernel_w = k;
-    s.stride_h = s.stride_w = st;
-    s.pad_h = s.pad_w = k / 2;
-    s.bias = false;  // BatchNorm follows
-    return std::make_unique<Conv2d>(n, s);
-  };
-  auto bn = [](const char* n, std::int64_t c) {
-    BatchNormSpec s;
-    s.channels = c;
-    return std::make_unique<BatchNorm2d>(n, s);
-  };
-  std::vector<LayerPtr> body, shortcut;
-  body.push_back(conv("conv1", in_ch, out_ch, 3, stride));
-  body.push_back(bn("bn1", out_ch));
-  body.push_back(std::make_unique<Activation>("relu1", Eltwise::relu));
-  body.push_back(conv("conv2", out_ch, out_ch, 3, 1));
-  body.push_back(bn("bn2", out_ch));
-  if (stride != 1 || in_ch != out_ch) {
-    shortcut.push_back(conv("conv", in_ch, out_ch, 1, stride));
-    shortcut.push_back(bn("bn", out_ch));
-  }
-  return std::make_unique<Residual>(name, std::move(body), std::move(shortcut), true);
 }
 
 }  // namespace ringtrain

@@ -10,6 +10,7 @@
 // pooling, batchnorm on channels, dropout on features). attention and
 // transformer entries split their heads and MLP by themselves. At T = 1 the
 // same file builds the ordinary layers (the pairing is checked all the same).
+// The built-in models (models.cpp) are descriptions built here too.
 #include "ringtrain/nn/layers_model.hpp"
 
 #include <algorithm>
@@ -18,7 +19,6 @@
 #include "ringtrain/nn/layers.hpp"
 #include "ringtrain/nn/model.hpp"
 #include "ringtrain/nn/tensor_parallel.hpp"
-#include "ringtrain/nn/tensor_parallel_conv.hpp"
 #include "ringtrain/nn/transformer.hpp"
 
 namespace ringtrain {
@@ -188,13 +188,21 @@ Init init_of(const Entry& e, Init def) {
   return def;
 }
 
+// What every entry of one model is built for.
+struct Target {
+  const TensorGroup& g;
+  std::int64_t classes;  // a linear entry's default `out`
+  bool fuse_pool;        // the backend fuses max pooling into the convolution
+  std::string root;      // how errors name the top-level list ("model.layers")
+};
+
 // Builds one list of entries (the model, or a residual's body/shortcut),
 // tracking the sample shape and whether the activation is split over the
 // tensor ranks by a column layer.
 class Builder {
  public:
-  Builder(const ModelConfig& c, bool fuse_pool, Shape shape, std::string parent)
-      : c_(c), fuse_pool_(fuse_pool), shape_(std::move(shape)), parent_(std::move(parent)) {}
+  Builder(const Target& t, Shape shape, std::string parent)
+      : t_(t), g_(t.g), shape_(std::move(shape)), parent_(std::move(parent)) {}
   const Shape& shape() const { return shape_; }
 
   std::vector<LayerPtr> build(const std::vector<LayerDesc>& list, const std::string& where) {
@@ -211,7 +219,7 @@ class Builder {
         for (std::size_t k = first; k < out.size(); ++k) shape_ = out[k]->output_shape(shape_);
       } catch (const Error& err) {
         const std::string m = err.what();
-        if (m.rfind("model.layers", 0) == 0) throw;
+        if (m.rfind(t_.root, 0) == 0) throw;
         RT_FAIL(e.where(), ": input ", sample_str(shape_), ": ", m);
       }
     }
@@ -230,8 +238,8 @@ class Builder {
              "ranks: put a tensor = \"row\" linear/conv entry between them");
   }
   std::int64_t tensor_out(const Entry& e, std::int64_t out) const {
-    RT_CHECK(out % c_.tensor.size == 0, e.where(), ": key 'out' = ", out, " is not divisible by parallel.tensor = ",
-             c_.tensor.size, " (tensor = \"column\" splits the outputs over the tensor ranks)");
+    RT_CHECK(out % g_.size == 0, e.where(), ": key 'out' = ", out, " is not divisible by parallel.tensor = ", g_.size,
+             " (tensor = \"column\" splits the outputs over the tensor ranks)");
     return out;
   }
   // The input features/channels of a linear/conv: whole ones for a row layer.
@@ -240,7 +248,7 @@ class Builder {
       RT_CHECK(!split_.empty(), e.where(), ": tensor = \"row\" needs an input split by a tensor = \"column\" entry "
                "before it");
       split_.clear();
-      return local * c_.tensor.size;
+      return local * g_.size;
     }
     not_split(e);
     if (tensor == "column") split_ = e.where();
@@ -249,20 +257,20 @@ class Builder {
 
   void add(std::vector<LayerPtr>& L, const Entry& e, const std::string& name) {
     const std::string& t = e.desc().type;
-    const TensorGroup& g = c_.tensor;
+    const TensorGroup& g = g_;
     const bool tp = g.size > 1;
     const std::string tensor = e.s("tensor", "");
+    const TensorSplit split = tensor == "column" ? TensorSplit::column
+                              : tensor == "row"  ? TensorSplit::row
+                                                 : TensorSplit::none;
     if (t == "linear") {
       RT_CHECK(shape_.size() == 2 || shape_.size() == 3, e.where(), ": needs [features] or tokens [T, D], but its "
                "input is ", sample_str(shape_), shape_.size() == 4 ? " (add a flatten entry before it)" : "");
       const bool relu = e.b("relu", false);
-      const std::int64_t out = e.i("out", c_.classes);
+      const std::int64_t out = e.i("out", t_.classes);
       if (tensor == "column") tensor_out(e, out);
       LinearSpec s{input_size(e, shape_.back(), tensor), out, e.b("bias", true), relu};
-      const Init init = init_of(e, relu ? Init::kaiming_normal : Init::xavier_uniform);
-      if (tp && tensor == "column") L.push_back(std::make_unique<ColumnParallelLinear>(name, s, init, g));
-      else if (tp && tensor == "row") L.push_back(std::make_unique<RowParallelLinear>(name, s, init, g));
-      else L.push_back(std::make_unique<Linear>(name, s, init));
+      L.push_back(split_layer(name, s, init_of(e, relu ? Init::kaiming_normal : Init::xavier_uniform), split, g));
     } else if (t == "conv") {
       need_rank(e, 4, "images [C, H, W]");
       const std::int64_t k = e.i("kernel", 3), st = e.i("stride", 1), pad = e.i("padding", 0), pool = e.i("pool", 0);
@@ -271,12 +279,9 @@ class Builder {
       s.fuse_relu = e.b("relu", false);
       s.pool.kernel_h = s.pool.kernel_w = s.pool.stride_h = s.pool.stride_w = std::max<std::int64_t>(pool, 1);
       // The row layer pools after its reduction itself; others fuse where the backend can.
-      s.fuse_pool = pool > 0 && (fuse_pool_ || (tp && tensor == "row"));
-      const Init init = init_of(e, Init::kaiming_normal);
+      s.fuse_pool = pool > 0 && (t_.fuse_pool || (tp && tensor == "row"));
       if (tensor == "column") tensor_out(e, s.out_channels);
-      if (tp && tensor == "column") L.push_back(std::make_unique<ColumnParallelConv2d>(name, s, init, g));
-      else if (tp && tensor == "row") L.push_back(std::make_unique<RowParallelConv2d>(name, s, init, g));
-      else L.push_back(std::make_unique<Conv2d>(name, s, init));
+      L.push_back(split_layer(name, s, init_of(e, Init::kaiming_normal), split, g));
       if (pool > 0 && !s.fuse_pool) L.push_back(std::make_unique<Pool2d>(name + "_pool", s.pool));
     } else if (t == "batchnorm") {
       need_rank(e, 4, "images [C, H, W]");
@@ -326,13 +331,7 @@ class Builder {
       RT_CHECK(heads % g.size == 0, e.where(), ": key 'heads' = ", heads, " is not divisible by parallel.tensor = ",
                g.size, " (heads are split over the tensor ranks)");
       if (t == "attention") {
-        L.push_back(tp ? std::make_unique<MultiHeadSelfAttention>(
-                             name, heads / g.size, dim / heads,
-                             std::make_unique<ColumnParallelLinear>("qkv", LinearSpec{dim, 3 * dim, true, false},
-                                                                    Init::xavier_uniform, g, 3),
-                             std::make_unique<RowParallelLinear>("proj", LinearSpec{dim, dim, true, false},
-                                                                 Init::xavier_uniform, g))
-                       : multi_head_attention(name, dim, heads));
+        L.push_back(multi_head_attention(name, dim, heads, g));
         return;
       }
       TransformerBlockSpec s;
@@ -343,7 +342,7 @@ class Builder {
       const auto hidden = static_cast<std::int64_t>(std::llround(double(dim) * s.mlp_ratio));
       RT_CHECK(hidden > 0 && hidden % g.size == 0, e.where(), ": key 'mlp_ratio' = ", s.mlp_ratio, " gives ", hidden,
                " hidden units for width ", dim, ", which must be positive and divisible by parallel.tensor = ", g.size);
-      L.push_back(tp ? tensor_parallel_block(name, s, g) : transformer_block(name, s));
+      L.push_back(transformer_block(name, s, g));
     } else if (t == "patch_embed") {
       not_split(e);
       need_rank(e, 4, "images [C, H, W]");
@@ -364,8 +363,8 @@ class Builder {
   void add_residual(std::vector<LayerPtr>& L, const Entry& e, const std::string& name) {
     not_split(e);
     const std::string w = e.where().substr(0, e.where().find(' '));
-    Builder body(c_, fuse_pool_, shape_, parent_.empty() ? name : parent_ + "." + name);
-    Builder shortcut(c_, fuse_pool_, shape_, parent_.empty() ? name : parent_ + "." + name);
+    Builder body(t_, shape_, parent_.empty() ? name : parent_ + "." + name);
+    Builder shortcut(t_, shape_, parent_.empty() ? name : parent_ + "." + name);
     auto b = body.build(e.desc().layers, w + ".layers");
     auto s = shortcut.build(e.desc().shortcut, w + ".shortcut");
     RT_CHECK(body.shape() == shortcut.shape(), e.where(), ": its layers give ", sample_str(body.shape()), " but ",
@@ -374,8 +373,8 @@ class Builder {
     L.push_back(std::make_unique<Residual>(name, std::move(b), std::move(s), e.b("relu", false)));
   }
 
-  const ModelConfig& c_;
-  bool fuse_pool_;
+  const Target& t_;
+  const TensorGroup& g_;
   Shape shape_;         // [1, ...]: one sample
   std::string parent_;  // enclosing residual's name (dropout streams are keyed by layer name)
   std::string split_;   // the column entry whose split output is pending ("" = not split)
@@ -385,14 +384,31 @@ class Builder {
 
 void check_layer_descs(const std::vector<LayerDesc>& layers) { check_list(layers, "model.layers"); }
 
-std::vector<LayerPtr> layers_model(const ModelConfig& c, bool fuse_pool) {
-  RT_CHECK(!c.layers.empty(), "model 'layers': the [[model.layers]] list is empty");
-  check_layer_descs(c.layers);
-  Builder b(c, fuse_pool, {1, c.in_channels, c.height, c.width}, "");
-  auto L = b.build(c.layers, "model.layers");
-  RT_CHECK(b.shape().size() == 2 && b.shape()[1] == c.classes, "model.layers: the last entry's output is ",
+std::vector<LayerPtr> build_described_layers(const std::vector<LayerDesc>& descs, const ModelConfig& c,
+                                             bool fuse_pool, const std::string& where) {
+  check_list(descs, where);
+  const Target t{c.tensor, c.classes, fuse_pool, where};
+  Builder b(t, {1, c.in_channels, c.height, c.width}, "");
+  auto L = b.build(descs, where);
+  RT_CHECK(b.shape().size() == 2 && b.shape()[1] == c.classes, where, ": the last entry's output is ",
            sample_str(b.shape()), ", but the loss needs [", c.classes, "] (one score per class of the data)");
   return L;
+}
+
+LayerPtr build_described_layer(const LayerDesc& d, const Shape& sample, const TensorGroup& g, bool fuse_pool) {
+  const std::string where = cat(d.type, " entry");
+  check_list({d}, where);
+  const Target t{g, 0, fuse_pool, where};
+  Shape s = {1};
+  s.insert(s.end(), sample.begin(), sample.end());
+  auto L = Builder(t, s, "").build({d}, where);
+  RT_CHECK(L.size() == 1, where, ": builds ", L.size(), " layers, not one");
+  return std::move(L[0]);
+}
+
+std::vector<LayerPtr> layers_model(const ModelConfig& c, bool fuse_pool) {
+  RT_CHECK(!c.layers.empty(), "model 'layers': the [[model.layers]] list is empty");
+  return build_described_layers(c.layers, c, fuse_pool, "model.layers");
 }
 
 }  // namespace ringtrain

@@ -5,32 +5,65 @@
 
 namespace ringtrain {
 
-// ---- Linear -----------------------------------------------------------------
-Linear::Linear(std::string name, LinearSpec spec, Init init) : Layer(std::move(name)), spec_(spec), init_(init) {
-  RT_CHECK(spec_.in_features > 0 && spec_.out_features > 0, "Linear '", name_, "': features must be positive, got ",
-           spec_.in_features, " -> ", spec_.out_features);
+// ---- WeightLayer --------------------------------------------------------------
+WeightLayer::WeightLayer(std::string name, Shape weight, bool bias, DType dt, Init init)
+    : Layer(std::move(name)), init_(init), dtype_(dt), wshape_(std::move(weight)), bias_(bias) {}
+
+void WeightLayer::register_params(ParamArena& arena, int li, const std::string& prefix) {
+  w_ = add_param(arena, prefix, "weight", wshape_, dtype_, true, li);
+  if (bias_) b_ = add_param(arena, prefix, "bias", {wshape_[0]}, dtype_, false, li);
 }
 
-void Linear::register_params(ParamArena& arena, int li, const std::string& prefix) {
-  w_ = add_param(arena, prefix, "weight", {spec_.out_features, spec_.in_features}, spec_.dtype, true, li);
-  if (spec_.bias) b_ = add_param(arena, prefix, "bias", {spec_.out_features}, spec_.dtype, false, li);
-}
-
-void Linear::bind(const BindContext& ctx) {
+void WeightLayer::bind_weights(const BindContext& ctx) {
   w = ctx.arena.param(w_);
   dw = ctx.arena.grad(w_);
-  if (spec_.bias) {
+  if (bias_) {
     b = ctx.arena.param(b_);
     db = ctx.arena.grad(b_);
   }
-  spec_.math = ctx.math;
   split_ = ctx.backend.splits_weight_grad();
-  k_ = ctx.backend.linear(spec_);
 }
 
-void Linear::init(const ParamArena& arena, std::uint64_t seed) {
-  detail::init_weight(arena, w_, init_, double(spec_.in_features), double(spec_.out_features), seed);
-  if (spec_.bias) detail::fill_param(arena, b_, 0.0);
+void WeightLayer::init(const ParamArena& arena, std::uint64_t seed) {
+  const double n = double(shape_numel(wshape_));
+  detail::init_weight(arena, w_, init_, n / double(wshape_[0]), n / double(wshape_[1]), seed);
+  if (bias_) detail::fill_param(arena, b_, 0.0);
+}
+
+// Split backward: dx now, dw/db in backward_weight (the same kernel, in halves).
+Tensor WeightLayer::do_backward_input(const Tensor& dy, bool need_dx, bool accumulate) {
+  if (!split_) return do_backward(dy, need_dx, accumulate);
+  Tensor dx = need_dx ? run_backward(dy, true, false, accumulate) : Tensor();
+  dy_ = dy;
+  w_pending_ = true;
+  w_accumulate_ = accumulate;
+  return dx;
+}
+
+void WeightLayer::do_backward_weight() {
+  if (!w_pending_) return;
+  run_backward(dy_, false, true, w_accumulate_);
+  w_pending_ = false;
+  dy_ = Tensor();
+}
+
+// ---- Linear -----------------------------------------------------------------
+namespace {
+const LinearSpec& checked(const LinearSpec& s, const std::string& name) {
+  RT_CHECK(s.in_features > 0 && s.out_features > 0, "Linear '", name, "': features must be positive, got ",
+           s.in_features, " -> ", s.out_features);
+  return s;
+}
+}  // namespace
+
+Linear::Linear(std::string name, LinearSpec spec, Init init)
+    : WeightLayer(name, {checked(spec, name).out_features, spec.in_features}, spec.bias, spec.dtype, init),
+      spec_(spec) {}
+
+void Linear::bind(const BindContext& ctx) {
+  bind_weights(ctx);
+  spec_.math = ctx.math;
+  k_ = ctx.backend.linear(spec_);
 }
 
 // Leading dimensions are rows ([N, in] or tokens [N, T, in]): the kernel sees
@@ -60,51 +93,37 @@ Tensor Linear::rows_of(const Tensor& t, std::int64_t features) const {
   return t.reshape({x_.numel() / spec_.in_features, features});
 }
 
-// Both halves when dw/db are given, dx alone when they are undefined.
-Tensor Linear::backward_kernel(const Tensor& dy, bool need_dx, Tensor dw_, Tensor db_, bool accumulate) {
-  Tensor dx, dx2;
+Tensor Linear::run_backward(const Tensor& dy, bool need_dx, bool weights, bool accumulate) {
+  Tensor dx, dx2, gw = weights ? dw : Tensor(), gb = weights ? db : Tensor();
   if (need_dx) {
     dx = ensure(dx_, x_.shape(), spec_.dtype, x_.device());
     dx2 = rows_of(dx, spec_.in_features);
   }
   k_->backward(rows_of(x_, spec_.in_features), w, rows_of(y_, spec_.out_features), rows_of(dy, spec_.out_features),
-               dx2, dw_, db_, accumulate);
+               dx2, gw, gb, accumulate);
   return dx;
-}
-
-Tensor Linear::do_backward(const Tensor& dy, bool need_dx, bool accumulate) {
-  return backward_kernel(dy, need_dx, dw, db, accumulate);
-}
-
-// Split backward: dx now, dw/db in backward_weight (same kernel call, halves).
-Tensor Linear::do_backward_input(const Tensor& dy, bool need_dx, bool accumulate) {
-  if (!split_) return do_backward(dy, need_dx, accumulate);
-  Tensor dx = need_dx ? backward_kernel(dy, true, Tensor(), Tensor(), accumulate) : Tensor();
-  dy_ = dy;
-  w_pending_ = true;
-  w_accumulate_ = accumulate;
-  return dx;
-}
-
-void Linear::do_backward_weight() {
-  if (!w_pending_) return;
-  backward_kernel(dy_, false, dw, db, w_accumulate_);
-  w_pending_ = false;
-  dy_ = Tensor();
 }
 
 // ---- Conv2d -----------------------------------------------------------------
-Conv2d::Conv2d(std::string name, Conv2dSpec spec, Init init) : Layer(std::move(name)), spec_(spec), init_(init) {
-  const auto& s = spec_;
+namespace {
+const Conv2dSpec& checked(const Conv2dSpec& s, const std::string& name) {
   RT_CHECK(s.in_channels > 0 && s.out_channels > 0 && s.kernel_h > 0 && s.kernel_w > 0 && s.stride_h > 0 &&
                s.stride_w > 0 && s.pad_h >= 0 && s.pad_w >= 0 && s.dilation_h > 0 && s.dilation_w > 0,
-           "Conv2d '", name_, "': channels, kernel, stride and dilation must be positive and padding >= 0");
-  const auto& p = spec_.pool;
+           "Conv2d '", name, "': channels, kernel, stride and dilation must be positive and padding >= 0");
+  const auto& p = s.pool;
   if (s.fuse_pool)
     RT_CHECK(p.kernel_h > 0 && p.kernel_w > 0 && p.stride_h > 0 && p.stride_w > 0 && p.pad_h >= 0 && p.pad_w >= 0 &&
                  2 * p.pad_h <= p.kernel_h && 2 * p.pad_w <= p.kernel_w,
-             "Conv2d '", name_, "': fused pooling needs a positive kernel and stride and padding at most half the kernel");
+             "Conv2d '", name,
+             "': fused pooling needs a positive kernel and stride and padding at most half the kernel");
+  return s;
 }
+}  // namespace
+
+Conv2d::Conv2d(std::string name, Conv2dSpec spec, Init init)
+    : WeightLayer(name, {checked(spec, name).out_channels, spec.in_channels, spec.kernel_h, spec.kernel_w},
+                  spec.bias, spec.dtype, init),
+      spec_(spec) {}
 
 const char* Conv2d::type() const {
   if (spec_.fuse_pool) {
@@ -115,40 +134,21 @@ const char* Conv2d::type() const {
   return spec_.fuse_relu ? "Conv2d+ReLU" : "Conv2d";
 }
 
-void Conv2d::register_params(ParamArena& arena, int li, const std::string& prefix) {
-  w_ = add_param(arena, prefix, "weight", {spec_.out_channels, spec_.in_channels, spec_.kernel_h, spec_.kernel_w},
-                 spec_.dtype, true, li);
-  if (spec_.bias) b_ = add_param(arena, prefix, "bias", {spec_.out_channels}, spec_.dtype, false, li);
-}
-
 void Conv2d::bind(const BindContext& ctx) {
-  w = ctx.arena.param(w_);
-  dw = ctx.arena.grad(w_);
-  if (spec_.bias) {
-    b = ctx.arena.param(b_);
-    db = ctx.arena.grad(b_);
-  }
+  bind_weights(ctx);
   RT_CHECK(!spec_.fuse_pool || ctx.backend.conv_fuses_pool(), "Conv2d '", name_, "': the ", ctx.backend.name(),
            " backend cannot fuse pooling into a convolution; use a separate Pool2d layer");
   spec_.math = ctx.math;
-  split_ = ctx.backend.splits_weight_grad();
   k_ = ctx.backend.conv2d(spec_);
-}
-
-void Conv2d::init(const ParamArena& arena, std::uint64_t seed) {
-  double rf = double(spec_.kernel_h * spec_.kernel_w);
-  detail::init_weight(arena, w_, init_, rf * double(spec_.in_channels), rf * double(spec_.out_channels), seed);
-  if (spec_.bias) detail::fill_param(arena, b_, 0.0);
 }
 
 Shape Conv2d::output_shape(const Shape& in) const {
   Shape o = conv_shape(in);
   if (!spec_.fuse_pool) return o;
-  const auto& p = spec_.pool;
-  std::int64_t ph = (o[2] + 2 * p.pad_h - p.kernel_h) / p.stride_h + 1;
-  std::int64_t pw = (o[3] + 2 * p.pad_w - p.kernel_w) / p.stride_w + 1;
-  RT_CHECK(ph > 0 && pw > 0, "Conv2d '", name_, "': its output ", shape_str(o), " is smaller than the fused pooling");
-  return {o[0], o[1], ph, pw};
+  const Shape p = pool2d_output(o, spec_.pool);
+  RT_CHECK(p[2] > 0 && p[3] > 0, "Conv2d '", name_, "': its output ", shape_str(o),
+           " is smaller than the fused pooling");
+  return p;
 }
 
 Shape Conv2d::conv_shape(const Shape& in) const {
@@ -173,33 +173,11 @@ Tensor Conv2d::do_forward(const Tensor& x, Mode) {
   return y_;
 }
 
-Tensor Conv2d::do_backward(const Tensor& dy, bool need_dx, bool accumulate) {
-  Tensor dx;
+Tensor Conv2d::run_backward(const Tensor& dy, bool need_dx, bool weights, bool accumulate) {
+  Tensor dx, gw = weights ? dw : Tensor(), gb = weights ? db : Tensor();
   if (need_dx) dx = ensure(dx_, x_.shape(), spec_.dtype, x_.device());
-  k_->backward(x_, w, y_, dy, dx, dw, db, accumulate);
+  k_->backward(x_, w, y_, dy, dx, gw, gb, accumulate);
   return dx;
-}
-
-// Split backward: dx now, dw/db in backward_weight (same kernel call, halves).
-Tensor Conv2d::do_backward_input(const Tensor& dy, bool need_dx, bool accumulate) {
-  if (!split_) return do_backward(dy, need_dx, accumulate);
-  Tensor dx, none_w, none_b;
-  if (need_dx) {
-    dx = ensure(dx_, x_.shape(), spec_.dtype, x_.device());
-    k_->backward(x_, w, y_, dy, dx, none_w, none_b, accumulate);
-  }
-  dy_ = dy;
-  w_pending_ = true;
-  w_accumulate_ = accumulate;
-  return dx;
-}
-
-void Conv2d::do_backward_weight() {
-  if (!w_pending_) return;
-  Tensor none;
-  k_->backward(x_, w, y_, dy_, none, dw, db, w_accumulate_);
-  w_pending_ = false;
-  dy_ = Tensor();
 }
 
 }  // namespace ringtrain

@@ -1,46 +1,160 @@
-// The model zoo: mlp, cnn, resnet (ResNet-20 style) and vit (vit.cpp), built by name,
-// and the models programs register (model_registry.hpp).
+// The model zoo: mlp, cnn, resnet (ResNet-20 style) and vit (a vision
+// transformer), each written ONCE as a description (layers_model.hpp's
+// entries, what a [[model.layers]] list holds) whose split layers carry their
+// tensor-parallel plan (tensor = "column" / "row"). The one builder
+// (layers_model.cpp) turns it into this rank's layers: ordinary ones at
+// parallel.tensor = 1, shards at T > 1, with the same parameter names,
+// registration order and initial values. Checks that name configuration keys
+// run first, so a bad size is reported by its key.
 // ReLUs (and in `cnn` the max pooling) that directly follow a Conv2d or
 // Linear are fused into it (the backend then applies them in the same pass and
 // keeps the large intermediate in its preferred layout); the math is unchanged.
+#include <algorithm>
 #include <cmath>
 
 #include "ringtrain/nn/layers.hpp"
 #include "ringtrain/nn/model.hpp"
 #include "ringtrain/nn/model_registry.hpp"
 #include "ringtrain/nn/tensor_parallel.hpp"
-#include "ringtrain/nn/tensor_parallel_conv.hpp"
-#include "vit.hpp"
 
 namespace ringtrain {
 namespace {
 
-LayerPtr linear(const char* name, std::int64_t in, std::int64_t out, bool relu) {
-  LinearSpec s;
-  s.in_features = in;
-  s.out_features = out;
-  s.fuse_relu = relu;
-  return std::make_unique<Linear>(name, s, relu ? Init::kaiming_normal : Init::xavier_uniform);
+// One entry, written as a TOML table would be: Entry("conv", "conv1").i("out", 32)...
+class Entry {
+ public:
+  Entry(const char* type, const std::string& name) {
+    d_.type = type;
+    d_.options.emplace_back("name", name);
+  }
+  Entry& i(const char* key, std::int64_t v) { return set(key, v); }
+  Entry& f(const char* key, double v) { return set(key, v); }
+  Entry& b(const char* key, bool v) { return set(key, v); }
+  Entry& column() { return set("tensor", std::string("column")); }
+  Entry& row() { return set("tensor", std::string("row")); }
+  Entry& layers(std::vector<LayerDesc> l) {
+    d_.layers = std::move(l);
+    return *this;
+  }
+  Entry& shortcut(std::vector<LayerDesc> l) {
+    d_.shortcut = std::move(l);
+    return *this;
+  }
+  operator LayerDesc() const {  // options sorted by key, as the TOML reader keeps them
+    LayerDesc d = d_;
+    std::sort(d.options.begin(), d.options.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    return d;
+  }
+
+ private:
+  Entry& set(const char* key, LayerDesc::Value v) {
+    d_.options.emplace_back(key, std::move(v));
+    return *this;
+  }
+  LayerDesc d_;
+};
+
+// flatten -> fc1 (column) -> fc2 (row) -> [dropout] -> fc3: one all-reduce each way.
+std::vector<LayerDesc> mlp(const ModelConfig& c) {
+  check_tensor_divides(256, "the hidden width of fc1", c.tensor, "mlp");
+  std::vector<LayerDesc> L = {Entry("flatten", "flatten"),
+                              Entry("linear", "fc1").i("out", 256).b("relu", true).column(),
+                              Entry("linear", "fc2").i("out", 128).b("relu", true).row()};
+  if (c.dropout > 0) L.push_back(Entry("dropout", "dropout").f("p", c.dropout));
+  L.push_back(Entry("linear", "fc3").i("out", c.classes));
+  return L;
 }
 
-LayerPtr conv(const char* name, std::int64_t in, std::int64_t out, std::int64_t k, std::int64_t stride, bool bias,
-              bool relu) {
-  Conv2dSpec s = Conv2dSpec::square(in, out, k, stride, bias);
-  s.fuse_relu = relu;
-  return std::make_unique<Conv2d>(name, s);
+// conv1 column (ReLU, pooling local) -> conv2 row (bias, ReLU, pooling after
+// the reduction) -> flatten -> fc1 column (ReLU) -> [dropout on its shard of
+// the unsplit mask] -> fc2 row: two all-reduces forward, two backward.
+std::vector<LayerDesc> cnn(const ModelConfig& c) {
+  RT_CHECK(c.height >= 4 && c.width >= 4, "model 'cnn': input must be at least 4x4, got ", c.height, "x", c.width);
+  check_tensor_divides(32, "the filter count of conv1", c.tensor, "cnn");
+  check_tensor_divides(128, "the output width of fc1", c.tensor, "cnn");
+  std::vector<LayerDesc> L = {
+      Entry("conv", "conv1").i("out", 32).i("padding", 1).b("relu", true).i("pool", 2).column(),
+      Entry("conv", "conv2").i("out", 64).i("padding", 1).b("relu", true).i("pool", 2).row(),
+      Entry("flatten", "flatten"), Entry("linear", "fc1").i("out", 128).b("relu", true).column()};
+  if (c.dropout > 0) L.push_back(Entry("dropout", "dropout").f("p", c.dropout));
+  L.push_back(Entry("linear", "fc2").i("out", c.classes).row());
+  return L;
 }
 
-// Conv3x3 + ReLU + 2x2 max pooling: one layer (one kernel call) where the
-// backend fuses pooling, else a Conv2d+ReLU layer and a Pool2d layer "pool<i>".
-void conv_relu_pool(std::vector<LayerPtr>& L, int i, std::int64_t in, std::int64_t out, bool fuse_pool) {
-  Conv2dSpec s;
-  s.in_channels = in;
-  s.out_channels = out;
-  s.pad_h = s.pad_w = 1;
-  s.fuse_relu = true;
-  s.fuse_pool = fuse_pool;
-  L.push_back(std::make_unique<Conv2d>(cat("conv", i), s));
-  if (!fuse_pool) L.push_back(std::make_unique<Pool2d>(cat("pool", i), Pool2dSpec{}));
+// conv3x3(stride) column -> BN on its channels -> ReLU -> conv3x3 row -> BN
+// (replicated), + the replicated shortcut (1x1 conv and BN when the shape
+// changes), add, ReLU: one all-reduce per block each way.
+LayerDesc basic_block_entry(const std::string& name, std::int64_t out, std::int64_t stride, bool project) {
+  Entry e = Entry("residual", name).b("relu", true);
+  e.layers({Entry("conv", "conv1").i("out", out).i("stride", stride).i("padding", 1).b("bias", false).column(),
+            Entry("batchnorm", "bn1"), Entry("relu", "relu1"),
+            Entry("conv", "conv2").i("out", out).i("padding", 1).b("bias", false).row(), Entry("batchnorm", "bn2")});
+  if (project)
+    e.shortcut({Entry("conv", "conv").i("out", out).i("kernel", 1).i("stride", stride).b("bias", false),
+                Entry("batchnorm", "bn")});
+  return e;
+}
+
+std::vector<LayerDesc> resnet(const ModelConfig& c) {
+  RT_CHECK(c.depth >= 8 && (c.depth - 2) % 6 == 0, "model 'resnet': depth must be 6n+2 (20, 32, 44, 56, ...), got ",
+           c.depth);
+  RT_CHECK(c.base_width > 0, "model 'resnet': base_width must be positive, got ", c.base_width);
+  check_tensor_divides(c.base_width, "model.width", c.tensor, "resnet");  // every stage's width is a multiple
+  const int n = (c.depth - 2) / 6;
+  const std::int64_t w = c.base_width;
+  std::vector<LayerDesc> L = {Entry("conv", "conv1").i("out", w).i("padding", 1).b("bias", false),
+                              Entry("batchnorm", "bn1"), Entry("relu", "relu")};
+  std::int64_t in = w;
+  for (int stage = 0; stage < 3; ++stage) {
+    const std::int64_t out = w << stage;
+    for (int b = 0; b < n; ++b) {
+      const std::int64_t stride = (stage > 0 && b == 0) ? 2 : 1;
+      L.push_back(basic_block_entry(cat("layer", stage + 1, ".", b), out, stride, stride != 1 || in != out));
+      in = out;
+    }
+  }
+  L.push_back(Entry("avgpool", "avgpool").b("global", true));
+  L.push_back(Entry("flatten", "flatten"));
+  if (c.dropout > 0) L.push_back(Entry("dropout", "dropout").f("p", c.dropout));
+  L.push_back(Entry("linear", "fc").i("out", c.classes));
+  return L;
+}
+
+// The vision transformer (Dosovitskiy et al. 2021, pre-norm blocks, a
+// classifier on the mean token instead of a class token):
+//   patch_embed (patches -> Linear, + learned position embedding)
+//   blocks.0 .. blocks.{depth-1}   x + attn(norm1(x)), then x + fc2(gelu(fc1(norm2(x))))
+//   norm (LayerNorm) -> pool (mean over tokens) -> head (Linear to the classes)
+// Each block is one top-level layer, so gradients of a block are all-reduced
+// while earlier blocks still compute backward, and a pipeline can cut between
+// blocks. Over the tensor group a block splits its heads and its MLP.
+std::vector<LayerDesc> vit(const ModelConfig& c) {
+  const std::int64_t dim = c.base_width, p = c.patch;
+  const TensorGroup& g = c.tensor;
+  RT_CHECK(p > 0, "model 'vit': model.patch must be positive, got ", p);
+  RT_CHECK(c.height % p == 0 && c.width % p == 0, "model 'vit': the ", c.height, "x", c.width,
+           " images are not divisible into model.patch = ", p, " patches");
+  RT_CHECK(c.heads > 0, "model 'vit': model.heads must be positive, got ", c.heads);
+  RT_CHECK(dim > 0 && dim % c.heads == 0, "model 'vit': model.width = ", dim, " is not divisible by model.heads = ",
+           c.heads);
+  RT_CHECK(c.depth >= 1, "model 'vit': model.depth must be >= 1, got ", c.depth);
+  RT_CHECK(c.mlp_ratio > 0 && c.mlp_ratio * double(dim) >= 1, "model 'vit': model.mlp_ratio must give at least one "
+           "hidden unit, got ", c.mlp_ratio);
+  const auto hidden = static_cast<std::int64_t>(std::llround(double(dim) * c.mlp_ratio));
+  RT_CHECK(c.heads % g.size == 0, "model 'vit': model.heads = ", c.heads, " is not divisible by parallel.tensor = ",
+           g.size, " (attention heads are split over the tensor ranks)");
+  RT_CHECK(hidden % g.size == 0, "model 'vit': the MLP hidden width model.width * model.mlp_ratio = ", dim, " * ",
+           c.mlp_ratio, " = ", hidden, " is not divisible by parallel.tensor = ", g.size);
+  std::vector<LayerDesc> L = {Entry("patch_embed", "patch_embed").i("patch", p).i("out", dim)};
+  for (int i = 0; i < c.depth; ++i)
+    L.push_back(Entry("transformer", cat("blocks.", i))
+                    .i("heads", c.heads)
+                    .f("mlp_ratio", c.mlp_ratio)
+                    .f("dropout", c.dropout));
+  L.push_back(Entry("layernorm", "norm"));
+  L.push_back(Entry("token_mean", "pool"));
+  L.push_back(Entry("linear", "head").i("out", c.classes));
+  return L;
 }
 
 std::vector<LayerPtr> build_layers(const ModelConfig& c, bool fuse_pool) {
@@ -50,75 +164,23 @@ std::vector<LayerPtr> build_layers(const ModelConfig& c, bool fuse_pool) {
   RT_CHECK(c.dropout >= 0 && c.dropout < 1, "model '", c.name, "': dropout must be in [0, 1), got ", c.dropout);
   // Not built in: a model the program registered, or an error listing every known name.
   if (!is_builtin_model(c.name)) return build_registered_model(c);
-  std::vector<LayerPtr> L;
-  if (c.name == "mlp") {
-    L.push_back(std::make_unique<Flatten>("flatten"));
-    if (c.tensor.size > 1) {  // fc1 column-parallel, fc2 row-parallel: one all-reduce each way
-      check_tensor_divides(256, "the hidden width of fc1", c.tensor, "mlp");
-      const auto& g = c.tensor;
-      L.push_back(std::make_unique<ColumnParallelLinear>(
-          "fc1", LinearSpec{c.in_channels * c.height * c.width, 256, true, true}, Init::kaiming_normal, g));
-      L.push_back(std::make_unique<RowParallelLinear>("fc2", LinearSpec{256, 128, true, true}, Init::kaiming_normal, g));
-    } else {
-      L.push_back(linear("fc1", c.in_channels * c.height * c.width, 256, true));
-      L.push_back(linear("fc2", 256, 128, true));
-    }
-    if (c.dropout > 0) L.push_back(std::make_unique<Dropout>("dropout", c.dropout));
-    L.push_back(linear("fc3", 128, c.classes, false));
-  } else if (c.name == "cnn") {
-    RT_CHECK(c.height >= 4 && c.width >= 4, "model 'cnn': input must be at least 4x4, got ", c.height, "x", c.width);
-    if (c.tensor.size > 1) return tensor_parallel_cnn(c, fuse_pool);
-    conv_relu_pool(L, 1, c.in_channels, 32, fuse_pool);
-    conv_relu_pool(L, 2, 32, 64, fuse_pool);
-    L.push_back(std::make_unique<Flatten>("flatten"));
-    L.push_back(linear("fc1", 64 * (c.height / 2 / 2) * (c.width / 2 / 2), 128, true));
-    if (c.dropout > 0) L.push_back(std::make_unique<Dropout>("dropout", c.dropout));
-    L.push_back(linear("fc2", 128, c.classes, false));
-  } else if (c.name == "resnet") {
-    RT_CHECK(c.depth >= 8 && (c.depth - 2) % 6 == 0, "model 'resnet': depth must be 6n+2 (20, 32, 44, 56, ...), got ",
-             c.depth);
-    RT_CHECK(c.base_width > 0, "model 'resnet': base_width must be positive, got ", c.base_width);
-    if (c.tensor.size > 1)  // every stage's width is a multiple of the first's
-      check_tensor_divides(c.base_width, "model.width", c.tensor, "resnet");
-    const int n = (c.depth - 2) / 6;
-    const std::int64_t w = c.base_width;
-    L.push_back(conv("conv1", c.in_channels, w, 3, 1, false, false));
-    BatchNormSpec bs;
-    bs.channels = w;
-    L.push_back(std::make_unique<BatchNorm2d>("bn1", bs));
-    L.push_back(std::make_unique<Activation>("relu", Eltwise::relu));
-    std::int64_t in = w;
-    for (int stage = 0; stage < 3; ++stage) {
-      std::int64_t out = w << stage;
-      for (int b = 0; b < n; ++b) {
-        std::int64_t stride = (stage > 0 && b == 0) ? 2 : 1;
-        const std::string name = cat("layer", stage + 1, ".", b);
-        L.push_back(c.tensor.size > 1 ? tensor_parallel_basic_block(name, in, out, stride, c.tensor)
-                                       : basic_block(name, in, out, stride));
-        in = out;
-      }
-    }
-    L.push_back(std::make_unique<Pool2d>("avgpool", Pool2dSpec{}, true));
-    L.push_back(std::make_unique<Flatten>("flatten"));
-    if (c.dropout > 0) L.push_back(std::make_unique<Dropout>("dropout", c.dropout));
-    L.push_back(linear("fc", in, c.classes, false));
-  } else if (c.name == "vit") {
-    L = vit_layers(c);
-  } else if (c.name == "layers") {
-    L = layers_model(c, fuse_pool);
-  } else {
-    RT_FAIL("unknown model '", c.name, "' (known: mlp, cnn, resnet, vit, layers)");
-  }
-  return L;
+  if (c.name == "layers") return layers_model(c, fuse_pool);
+  std::vector<LayerDesc> d;
+  if (c.name == "mlp") d = mlp(c);
+  else if (c.name == "cnn") d = cnn(c);
+  else if (c.name == "resnet") d = resnet(c);
+  else if (c.name == "vit") d = vit(c);
+  else RT_FAIL("unknown model '", c.name, "' (known: mlp, cnn, resnet, vit, layers)");
+  return build_described_layers(d, c, fuse_pool, cat("model '", c.name, "' layers"));
 }
 
 }  // namespace
 
-std::unique_ptr<Model> build_model(const ModelConfig& cfg, Device dev) {
-  auto m = std::make_unique<Model>(cfg.name, dev);
-  for (auto& l : build_layers(cfg, backend_for(dev).conv_fuses_pool())) m->add(std::move(l));
-  m->finalize({cfg.in_channels, cfg.height, cfg.width}, cfg.seed, cfg.math);
-  return m;
+LayerPtr basic_block(const std::string& name, std::int64_t in_ch, std::int64_t out_ch, std::int64_t stride,
+                     const TensorGroup& g) {
+  // The block's layers do not depend on the image size: a 1x1 sample passes every shape check.
+  return build_described_layer(basic_block_entry(name, out_ch, stride, stride != 1 || in_ch != out_ch),
+                               {in_ch, 1, 1}, g, false);
 }
 
 std::vector<LayerPtr> build_model_layers(const ModelConfig& cfg, Device dev) {

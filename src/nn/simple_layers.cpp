@@ -24,6 +24,11 @@ Tensor Activation::do_backward(const Tensor& dy, bool need_dx, bool) {
 }
 
 // ---- Pool2d -----------------------------------------------------------------
+Shape pool2d_output(const Shape& in, const Pool2dSpec& s) {
+  return {in[0], in[1], (in[2] + 2 * s.pad_h - s.kernel_h) / s.stride_h + 1,
+          (in[3] + 2 * s.pad_w - s.kernel_w) / s.stride_w + 1};
+}
+
 Pool2d::Pool2d(std::string name, Pool2dSpec spec, bool global_avg)
     : Layer(std::move(name)), spec_(spec), global_(global_avg) {
   if (global_) spec_.kind = PoolKind::avg;
@@ -48,10 +53,9 @@ Shape Pool2d::output_shape(const Shape& in) const {
   RT_CHECK(in.size() == 4 && in[2] > 0 && in[3] > 0, type(), " '", name_, "': expects input [N, C, H, W], got ",
            shape_str(in));
   if (global_) return {in[0], in[1], 1, 1};
-  std::int64_t oh = (in[2] + 2 * spec_.pad_h - spec_.kernel_h) / spec_.stride_h + 1;
-  std::int64_t ow = (in[3] + 2 * spec_.pad_w - spec_.kernel_w) / spec_.stride_w + 1;
-  RT_CHECK(oh > 0 && ow > 0, type(), " '", name_, "': input ", shape_str(in), " is smaller than the kernel");
-  return {in[0], in[1], oh, ow};
+  const Shape o = pool2d_output(in, spec_);
+  RT_CHECK(o[2] > 0 && o[3] > 0, type(), " '", name_, "': input ", shape_str(in), " is smaller than the kernel");
+  return o;
 }
 
 Tensor Pool2d::do_forward(const Tensor& x, Mode mode) {

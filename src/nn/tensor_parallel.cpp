@@ -1,11 +1,10 @@
-// Megatron-style tensor-parallel operators and Linear layers (see
-// nn/tensor_parallel.hpp). The local math is an ordinary Linear on the
-// shard; this file adds the communication and the shard bookkeeping.
+// The tensor-parallel all-reduce (Megatron's f backward and g forward) and
+// the shard bookkeeping (see nn/tensor_parallel.hpp); the layers built on
+// them are in parallel_layers.cpp.
 #include "ringtrain/nn/tensor_parallel.hpp"
 
 #include <chrono>
 #include <cstring>
-#include <future>
 
 #include "init.hpp"
 #include "ringtrain/comm/collectives.hpp"
@@ -14,8 +13,7 @@ namespace ringtrain {
 namespace {
 
 void need_host(const Tensor& t, const char* what) {
-  RT_CHECK(t.device().is_cpu(), what, ": tensor-parallel layers run on the CPU device, got a tensor on ",
-           t.device().str());
+  RT_CHECK(t.device().is_cpu(), what, ": shards are copied in host memory, got a tensor on ", t.device().str());
 }
 
 // Copies rows of `inner` elements between a whole and a shard tensor; to_shard picks the direction.
@@ -79,51 +77,6 @@ void tp_all_reduce(Tensor& t, const TensorGroup& g) {
   allreduce(t.raw(), t.raw(), std::size_t(t.numel()), t.dtype(), ReduceOp::sum, g.comm, o);
 }
 
-void tp_gather_last(const Tensor& local, Tensor& whole, const TensorGroup& g) {
-  if (!local.device().is_cpu()) {  // through host memory: an all-gather has no device path yet
-    Tensor host;
-    tp_gather_last(local.to(Device::cpu()), host, g);
-    whole = host.to(local.device());
-    return;
-  }
-  TpTimer timer(g, g.size > 1 ? local.nbytes() : 0);
-  Shape ws = local.shape();
-  ws.back() *= g.size;
-  if (!whole.defined() || whole.shape() != ws || whole.dtype() != local.dtype()) whole = Tensor::empty(ws, local.dtype());
-  if (g.size == 1) {
-    whole.copy_from(local);
-    return;
-  }
-  // allgather stacks the ranks' blocks; the feature dimension is innermost, so interleave rows.
-  Tensor stacked = Tensor::empty({g.size * local.numel()}, local.dtype());
-  allgather(local.raw(), std::size_t(local.numel()), stacked.raw(), local.dtype(), g.comm);
-  const std::int64_t d = local.shape().back(), rows = local.numel() / d;
-  const std::size_t es = dtype_size(local.dtype());
-  auto* src = static_cast<const char*>(stacked.raw());
-  auto* dst = static_cast<char*>(whole.raw());
-  for (int r = 0; r < g.size; ++r)
-    for (std::int64_t i = 0; i < rows; ++i)
-      std::memcpy(dst + std::size_t((i * g.size + r) * d) * es, src + std::size_t(r * local.numel() + i * d) * es,
-                  std::size_t(d) * es);
-}
-
-void tp_split_last(const Tensor& whole, Tensor& local, const TensorGroup& g) {
-  if (!whole.device().is_cpu()) {  // a local copy, through host memory for now
-    Tensor host;
-    tp_split_last(whole.to(Device::cpu()), host, g);
-    local = host.to(whole.device());
-    return;
-  }
-  TpTimer timer(g, 0);  // a local copy: no traffic, but time spent on the tensor-parallel path
-  const std::int64_t D = whole.shape().back();
-  RT_CHECK(D % g.size == 0, "tensor-parallel split: last dimension ", D, " is not divisible by the tensor size ",
-           g.size);
-  Shape ls = whole.shape();
-  ls.back() = D / g.size;
-  if (!local.defined() || local.shape() != ls || local.dtype() != whole.dtype()) local = Tensor::empty(ls, whole.dtype());
-  shard_copy(make_shard(whole.shape(), int(ls.size()) - 1, g.size, g.rank), whole, local, true);
-}
-
 ShardSpec make_shard(const Shape& global, int dim, int parts, int index, int blocks) {
   ShardSpec s;
   s.dim = dim;
@@ -167,143 +120,12 @@ void check_tensor_divides(std::int64_t value, const char* key, const TensorGroup
            g.size);
 }
 
-// ---- f and g as layers -----------------------------------------------------
-Tensor CopyToTensorRegion::do_backward(const Tensor& dy, bool need_dx, bool) {
-  if (!need_dx) return {};
-  ensure(dx_, dy.shape(), dy.dtype(), dy.device());
-  dx_.copy_from(dy);
-  tp_all_reduce(dx_, g_);
-  return dx_;
-}
-
-Tensor ReduceFromTensorRegion::do_forward(const Tensor& x, Mode) {
-  ensure(y_, x.shape(), x.dtype(), x.device());
-  y_.copy_from(x);
-  tp_all_reduce(y_, g_);
-  return y_;
-}
-
 void detail::init_shard(const ParamArena& arena, std::size_t index, Init kind, double fan_in, double fan_out,
                         std::uint64_t seed) {
   const ShardSpec& s = arena.info(index).shard;
   std::vector<float> all = detail::init_values(std::size_t(shape_numel(s.global)), arena.model_index(index), kind, fan_in, fan_out, seed);
   Tensor p = arena.param(index);
   p.copy_from(shard_of(Tensor::wrap(all.data(), s.global, DType::f32), s));
-}
-
-// ---- ColumnParallelLinear ----------------------------------------------------
-ColumnParallelLinear::ColumnParallelLinear(std::string name, LinearSpec spec, Init init, TensorGroup g, int blocks)
-    : Layer(std::move(name)), spec_(spec), init_(init), g_(std::move(g)), blocks_(blocks) {
-  RT_CHECK(spec_.out_features % (std::int64_t(g_.size) * blocks_) == 0, "ColumnParallelLinear '", name_, "': ",
-           spec_.out_features, " output features are not divisible by the tensor size ", g_.size,
-           blocks_ > 1 ? cat(" in each of ", blocks_, " blocks") : std::string());
-  LinearSpec local = spec_;
-  local.out_features = spec_.out_features / g_.size;
-  local_ = std::make_unique<Linear>(name_, local, init_);
-}
-
-void ColumnParallelLinear::register_params(ParamArena& arena, int li, const std::string& prefix) {
-  local_->register_params(arena, li, prefix);
-  params_ = local_->params();
-  arena.set_shard(params_[0], make_shard({spec_.out_features, spec_.in_features}, 0, g_.size, g_.rank, blocks_));
-  if (spec_.bias) arena.set_shard(params_[1], make_shard({spec_.out_features}, 0, g_.size, g_.rank, blocks_));
-}
-
-void ColumnParallelLinear::bind(const BindContext& ctx) {
-  local_->bind(ctx);
-}
-
-void ColumnParallelLinear::init(const ParamArena& arena, std::uint64_t seed) {
-  detail::init_shard(arena, params_[0], init_, double(spec_.in_features), double(spec_.out_features), seed);
-  if (spec_.bias) detail::fill_param(arena, params_[1], 0.0);
-}
-
-// f's backward all-reduces dx (the input was replicated). As Megatron's async
-// dgrad all-reduce, it runs on a helper thread while this one computes the
-// weight gradient, which does not depend on it: the same sums, the wait hidden
-// behind the GEMM.
-Tensor detail::column_parallel_backward(Layer& local, const Tensor& dy, bool need_dx, bool accumulate,
-                                        const TensorGroup& g) {
-  Tensor dx = local.backward_input(dy, need_dx, accumulate);
-  // On a GPU the all-reduce runs inline: the device collectives own the stream
-  // work of the calling thread (no second thread touching the device context).
-  if (!need_dx || g.size == 1 || !dx.device().is_cpu()) {
-    if (need_dx && g.size > 1) tp_all_reduce(dx, g);
-    local.backward_weight();
-    return dx;
-  }
-  std::future<void> reduce = std::async(std::launch::async, [&] { tp_all_reduce(dx, g); });
-  try {
-    local.backward_weight();
-  } catch (...) {
-    reduce.wait();
-    throw;
-  }
-  reduce.get();
-  return dx;
-}
-
-Tensor ColumnParallelLinear::do_backward(const Tensor& dy, bool need_dx, bool accumulate) {
-  return detail::column_parallel_backward(*local_, dy, need_dx, accumulate, g_);
-}
-
-// ---- RowParallelLinear -------------------------------------------------------
-RowParallelLinear::RowParallelLinear(std::string name, LinearSpec spec, Init init, TensorGroup g)
-    : Layer(std::move(name)), spec_(spec), init_(init), g_(std::move(g)) {
-  RT_CHECK(spec_.in_features % g_.size == 0, "RowParallelLinear '", name_, "': ", spec_.in_features,
-           " input features are not divisible by the tensor size ", g_.size);
-  LinearSpec local = spec_;
-  local.in_features = spec_.in_features / g_.size;
-  local.bias = false;
-  local.fuse_relu = false;
-  local_ = std::make_unique<Linear>(name_, local, init_);
-}
-
-void RowParallelLinear::register_params(ParamArena& arena, int li, const std::string& prefix) {
-  local_->register_params(arena, li, prefix);
-  params_ = local_->params();
-  arena.set_shard(params_[0], make_shard({spec_.out_features, spec_.in_features}, 1, g_.size, g_.rank));
-  if (spec_.bias) b_ = add_param(arena, prefix, "bias", {spec_.out_features}, spec_.dtype, false, li);  // replicated
-}
-
-void RowParallelLinear::bind(const BindContext& ctx) {
-  local_->bind(ctx);
-  be_ = &ctx.backend;
-  if (spec_.bias) {
-    b = ctx.arena.param(b_);
-    db = ctx.arena.grad(b_);
-  }
-}
-
-void RowParallelLinear::init(const ParamArena& arena, std::uint64_t seed) {
-  detail::init_shard(arena, params_[0], init_, double(spec_.in_features), double(spec_.out_features), seed);
-  if (spec_.bias) detail::fill_param(arena, b_, 0.0);
-}
-
-Tensor RowParallelLinear::do_forward(const Tensor& x, Mode mode) {
-  Tensor partial = local_->forward(x, mode);
-  ensure(y_, partial.shape(), partial.dtype(), partial.device());
-  y_.copy_from(partial);
-  tp_all_reduce(y_, g_);  // g: sum the partial products
-  if (spec_.bias) be_->add_broadcast(y_, b, y_);
-  if (spec_.fuse_relu) {
-    float* y = y_.data<float>();
-    for (std::int64_t i = 0; i < y_.numel(); ++i) y[i] = y[i] > 0.f ? y[i] : 0.f;
-  }
-  return y_;
-}
-
-Tensor RowParallelLinear::do_backward(const Tensor& dy, bool need_dx, bool accumulate) {
-  Tensor d = dy;
-  if (spec_.fuse_relu) {
-    ensure(dy_, dy.shape(), dy.dtype(), dy.device());
-    const float *g = dy.data<float>(), *y = y_.data<float>();
-    float* o = dy_.data<float>();
-    for (std::int64_t i = 0; i < dy.numel(); ++i) o[i] = y[i] > 0.f ? g[i] : 0.f;
-    d = dy_;
-  }
-  if (spec_.bias) be_->sum_leading(d, db, accumulate);  // every tensor rank: the same db
-  return local_->backward(d, need_dx, accumulate);    // g's backward is the identity
 }
 
 }  // namespace ringtrain

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "init.hpp"
+#include "ringtrain/nn/tensor_parallel.hpp"
 
 namespace ringtrain {
 
@@ -99,12 +100,12 @@ Tensor PatchEmbed::do_forward(const Tensor& x, Mode mode) {
   be_->patchify(x, patch_, patches_);
   Tensor h = proj_->forward(patches_, mode);
   ensure(y_, h.shape(), h.dtype(), h.device());
-  be_->add_broadcast(h, pos, y_);
+  be_->add_broadcast(h, pos, 1, y_);
   return y_;
 }
 
 Tensor PatchEmbed::do_backward(const Tensor& dy, bool need_dx, bool accumulate) {
-  be_->sum_leading(dy, dpos, accumulate);
+  be_->sum_broadcast(dy, 1, dpos, accumulate);
   Tensor dp = proj_->backward(dy, need_dx, accumulate);
   if (!need_dx) return {};
   ensure(dx_, in_shape_, dy.dtype(), dy.device());
@@ -222,18 +223,21 @@ Tensor ResidualStack::do_backward(const Tensor& dy, bool need_dx, bool accumulat
 }
 
 // ---- the pre-norm transformer block -----------------------------------------
-LayerPtr transformer_block(const std::string& name, const TransformerBlockSpec& s) {
+LayerPtr transformer_block(const std::string& name, const TransformerBlockSpec& s, const TensorGroup& g) {
   const auto hidden = static_cast<std::int64_t>(std::llround(double(s.dim) * s.mlp_ratio));
   RT_CHECK(hidden > 0, "transformer block '", name, "': mlp_ratio ", s.mlp_ratio, " gives no hidden units");
+  RT_CHECK(hidden % g.size == 0, "transformer block '", name, "': its ", hidden,
+           " hidden units are not divisible by the tensor size ", g.size);
   std::vector<LayerPtr> attn, mlp;
   attn.push_back(std::make_unique<LayerNorm>("norm1", s.dim));
-  attn.push_back(multi_head_attention("attn", s.dim, s.heads));
+  attn.push_back(multi_head_attention("attn", s.dim, s.heads, g));
   // Dropout streams are keyed by the layer name: unique per block.
   if (s.dropout > 0) attn.push_back(std::make_unique<Dropout>(name + ".drop1", s.dropout));
   mlp.push_back(std::make_unique<LayerNorm>("norm2", s.dim));
-  mlp.push_back(std::make_unique<Linear>("fc1", LinearSpec{s.dim, hidden, true, false}, Init::xavier_uniform));
+  const LinearSpec fc1{s.dim, hidden, true, false}, fc2{hidden, s.dim, true, false};
+  mlp.push_back(split_layer("fc1", fc1, Init::xavier_uniform, TensorSplit::column, g));
   mlp.push_back(std::make_unique<Activation>("gelu", Eltwise::gelu));
-  mlp.push_back(std::make_unique<Linear>("fc2", LinearSpec{hidden, s.dim, true, false}, Init::xavier_uniform));
+  mlp.push_back(split_layer("fc2", fc2, Init::xavier_uniform, TensorSplit::row, g));
   if (s.dropout > 0) mlp.push_back(std::make_unique<Dropout>(name + ".drop2", s.dropout));
   std::vector<std::vector<LayerPtr>> branches;
   branches.push_back(std::move(attn));

@@ -54,13 +54,16 @@ Stage::Stage(const ModelConfig& mc, Device dev, int first, int end, int slots)
       for (auto& nb : l->buffers()) b.push_back(nb);
     slot_buffers_.push_back(std::move(b));
   }
-  // The whole model's initial parameters and buffers (Model::reset_parameters), once.
+  // The initial parameters and buffers of the stage's layers, once.
   for (auto& l : slots_[0]) l->init(arena_, mc.seed);
   for (std::size_t k = 1; k < slot_buffers_.size(); ++k)
     for (std::size_t i = 0; i < slot_buffers_[k].size(); ++i) slot_buffers_[k][i].tensor.copy_from(slot_buffers_[0][i].tensor);
   first_param_layer_ = 0;
   while (first_param_layer_ + 1 < num_layers() && slots_[0][first_param_layer_]->params().empty()) ++first_param_layer_;
 }
+
+Stage::Stage(const ModelConfig& mc, Device dev)
+    : Stage(mc, dev, 0, static_cast<int>(plan_model_layers(mc, dev).size()), 1) {}
 
 Stage::~Stage() = default;
 

@@ -9,7 +9,8 @@
 #include "ringtrain/cuda/optim.hpp"
 #include "ringtrain/cuda/backend.hpp"
 #include "ringtrain/nn/backend.hpp"
-#include "ringtrain/nn/model.hpp"
+#include "ringtrain/parallel/stage.hpp"
+#include "support/whole_model.hpp"
 #include "ringtrain/optim/optimizer.hpp"
 
 using namespace ringtrain;
@@ -24,28 +25,28 @@ TEST(GpuTraining, CnnLossTracksCpuAndFalls) {
   Tensor x = fb::images(), y = fb::labels();
   OptimizerConfig oc = fb::optimizer_config();
 
-  auto cpu_model = build_model(mc, Device::cpu());
-  auto gpu_model = build_model(mc, gpu());
-  auto cpu_opt = make_optimizer(cpu_model->arena(), oc);
+  Stage cpu_model(mc, Device::cpu());
+  Stage gpu_model(mc, gpu());
+  auto cpu_opt = make_optimizer(cpu_model.arena(), oc);
   auto& ctx = cuda::backend_context(0);
-  cuda::DeviceOptimizer gpu_opt(gpu_model->arena(), oc, ctx);
+  cuda::DeviceOptimizer gpu_opt(gpu_model.arena(), oc, ctx);
   Tensor xg = x.to(gpu()), yg = y.to(gpu());
-  Shape out = cpu_model->output_shape(N);
+  Shape out = cpu_model.output_shape(N);
   Tensor dc = Tensor::empty(out), dg = Tensor::empty(out, DType::f32, gpu());
 
   std::vector<double> lc, lg;
   std::uint64_t mallocs_after_first = 0;
   for (int s = 0; s < steps; ++s) {
-    cpu_model->zero_grad();
-    Tensor zc = cpu_model->forward(x, Mode::train);
+    cpu_model.zero_grads();
+    Tensor zc = cpu_model.forward(0, x, Mode::train);
     lc.push_back(backend_for(DeviceKind::cpu).softmax_xent(zc, y, 0.0, dc));
-    cpu_model->backward(dc);
+    test_support::backward(cpu_model, dc);
     cpu_opt->step(lr);
 
-    gpu_model->zero_grad();
-    Tensor zg = gpu_model->forward(xg, Mode::train);
+    gpu_model.zero_grads();
+    Tensor zg = gpu_model.forward(0, xg, Mode::train);
     lg.push_back(backend_for(DeviceKind::cuda).softmax_xent(zg, yg, 0.0, dg));
-    gpu_model->backward(dg);
+    test_support::backward(gpu_model, dg);
     gpu_opt.step(lr);
     if (s == 0) mallocs_after_first = cuda::device_allocator().stats().device_mallocs;
   }

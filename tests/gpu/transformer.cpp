@@ -5,7 +5,8 @@
 #include "gpu_test_util.hpp"
 #include "ringtrain/nn/backend.hpp"
 #include "ringtrain/nn/loss.hpp"
-#include "ringtrain/nn/model.hpp"
+#include "ringtrain/parallel/stage.hpp"
+#include "support/whole_model.hpp"
 
 using namespace ringtrain;
 using namespace rt_gpu;
@@ -97,13 +98,23 @@ TEST_P(CudaTransformerTest, TokenOps) {
 
   Pair b = make({6, 48}, 8, dt);
   Tensor ac = Tensor::empty(tok), ag = dev(tok, dt);
-  cpu().add_broadcast(tc, b.cpu, ac);
-  gpu_be().add_broadcast(tg, b.dev, ag);
+  cpu().add_broadcast(tc, b.cpu, 1, ac);
+  gpu_be().add_broadcast(tg, b.dev, 1, ag);
   EXPECT_LE(rel_err(host_f32(ag), host_f32(ac)), bound(dt)) << "add_broadcast";
   Tensor sc = Tensor::empty({6, 48}), sg = dev({6, 48}, dt);
-  cpu().sum_leading(ac, sc, false);
-  gpu_be().sum_leading(ag, sg, false);
-  EXPECT_LE(rel_err(host_f32(sg), host_f32(sc)), bound(dt)) << "sum_leading";
+  cpu().sum_broadcast(ac, 1, sc, false);
+  gpu_be().sum_broadcast(ag, 1, sg, false);
+  EXPECT_LE(rel_err(host_f32(sg), host_f32(sc)), bound(dt)) << "sum_broadcast";
+  // Per channel of images (a row-parallel conv's bias after its reduction): inner = H*W.
+  Pair cb = make({3}, 10, dt);
+  Tensor pc = Tensor::empty(img), pg = dev(img, dt);
+  cpu().add_broadcast(x.cpu, cb.cpu, 8 * 12, pc);
+  gpu_be().add_broadcast(x.dev, cb.dev, 8 * 12, pg);
+  EXPECT_LE(rel_err(host_f32(pg), host_f32(pc)), bound(dt)) << "add_broadcast per channel";
+  Tensor cc = Tensor::empty({3}), cg = dev({3}, dt);
+  cpu().sum_broadcast(pc, 8 * 12, cc, false);
+  gpu_be().sum_broadcast(pg, 8 * 12, cg, false);
+  EXPECT_LE(rel_err(host_f32(cg), host_f32(cc)), bound(dt)) << "sum_broadcast per channel";
 
   Tensor mc = Tensor::empty({2, 48}), mg = dev({2, 48}, dt);
   cpu().token_mean(tc, mc);
@@ -128,25 +139,25 @@ TEST(CudaVit, ForwardBackwardMatchesCpu) {
   mc.heads = 4;
   mc.mlp_ratio = 2;
   mc.patch = 7;
-  auto mcpu = build_model(mc, Device::cpu());
-  auto mgpu = build_model(mc, gpu());
+  Stage mcpu(mc, Device::cpu());
+  Stage mgpu(mc, gpu());
   const int N = 16;
   Tensor x = randu({N, 1, 28, 28}, 31);
   Tensor y = Tensor::empty({N}, DType::i32);
   for (int i = 0; i < N; ++i) y.data<std::int32_t>()[i] = (i * 3) % 10;
   Tensor dc = Tensor::empty({N, 10}), dg = Tensor::empty({N, 10}, DType::f32, gpu());
-  Tensor zc = mcpu->forward(x, Mode::train);
-  Tensor zg = mgpu->forward(x.to(gpu()), Mode::train);
+  Tensor zc = mcpu.forward(0, x, Mode::train);
+  Tensor zg = mgpu.forward(0, x.to(gpu()), Mode::train);
   EXPECT_LE(rel_err(host_f32(zg), host_f32(zc)), 1e-5) << "logits";
   const double lc = cpu().softmax_xent(zc, y, 0.0, dc);
   const double lg = gpu_be().softmax_xent(zg, y.to(gpu()), 0.0, dg);
   EXPECT_NEAR(lg, lc, 1e-5 * lc);
-  mcpu->zero_grad();
-  mgpu->zero_grad();
-  mcpu->backward(dc);
-  mgpu->backward(dg);
+  mcpu.zero_grads();
+  mgpu.zero_grads();
+  test_support::backward(mcpu, dc);
+  test_support::backward(mgpu, dg);
   gpu_be().synchronize();
-  for (std::size_t i = 0; i < mcpu->arena().size(); ++i)
-    EXPECT_LE(rel_err(host_f32(mgpu->arena().grad(i)), host_f32(mcpu->arena().grad(i))), 1e-4)
-        << mcpu->arena().info(i).name;
+  for (std::size_t i = 0; i < mcpu.arena().size(); ++i)
+    EXPECT_LE(rel_err(host_f32(mgpu.arena().grad(i)), host_f32(mcpu.arena().grad(i))), 1e-4)
+        << mcpu.arena().info(i).name;
 }

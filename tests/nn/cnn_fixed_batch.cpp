@@ -9,21 +9,22 @@
 
 #include "nn/fixed_batch.hpp"
 #include "ringtrain/nn/backend.hpp"
+#include "support/whole_model.hpp"
 
 using namespace ringtrain;
 namespace fb = rt_fixed_batch;
 
 TEST(CnnFixedBatch, CpuLossFallsUnderTheGpuTestSettings) {
-  auto model = build_model(fb::model_config(), Device::cpu());
-  auto opt = make_optimizer(model->arena(), fb::optimizer_config());
+  Stage model(fb::model_config(), Device::cpu());
+  auto opt = make_optimizer(model.arena(), fb::optimizer_config());
   Tensor x = fb::images(), y = fb::labels();
-  Tensor dl = Tensor::empty(model->output_shape(fb::kBatch));
+  Tensor dl = Tensor::empty(model.output_shape(fb::kBatch));
   std::vector<double> loss;
   for (int s = 0; s < fb::kSteps; ++s) {
-    model->zero_grad();
-    Tensor z = model->forward(x, Mode::train);
+    model.zero_grads();
+    Tensor z = model.forward(0, x, Mode::train);
     loss.push_back(backend_for(DeviceKind::cpu).softmax_xent(z, y, 0.0, dl));
-    model->backward(dl);
+    test_support::backward(model, dl);
     opt->step(fb::kLr);
   }
   for (int s = 3; s < fb::kSteps; ++s) EXPECT_LT(loss[s], 1.05 * loss[s - 1]) << "step " << s;

@@ -6,8 +6,8 @@
 #include <cstring>
 
 #include "ringtrain/nn/layers.hpp"
-#include "ringtrain/nn/model.hpp"
 #include "ringtrain/nn/rng.hpp"
+#include "ringtrain/parallel/stage.hpp"
 
 namespace ringtrain {
 namespace {
@@ -19,7 +19,7 @@ Tensor random_tensor(const Shape& s, std::uint64_t stream) {
   return t;
 }
 
-std::vector<float> grads_of(const Model& m) {
+std::vector<float> grads_of(Stage& m) {
   Tensor g = m.arena().grads_flat();
   return std::vector<float>(g.data<float>(), g.data<float>() + g.numel());
 }
@@ -32,26 +32,28 @@ void check_model(const char* name, const Shape& sample) {
   mc.width = sample[2];
   mc.depth = 8;
   mc.base_width = 4;
-  auto m = build_model(mc);
+  // The reference: each layer's whole backward in turn (the fused stage).
+  Stage m(mc, Device::cpu());
+  m.set_fused_backward(true);
   Shape in = {4, sample[0], sample[1], sample[2]};
   Tensor x = random_tensor(in, 1);
-  Tensor logits = m->forward(x, Mode::train);
+  Tensor logits = m.forward(0, x, Mode::train);
   Tensor dy = random_tensor(logits.shape(), 2);
-  m->zero_grad();
-  m->backward(dy);
-  std::vector<float> ref = grads_of(*m);
+  m.zero_grads();
+  m.backward_input(0, dy, false);
+  std::vector<float> ref = grads_of(m);
 
   // Again, through the halves: every B first (upstream order), then every W.
-  m->forward(x, Mode::train);
-  m->arena().zero_grads();
+  m.forward(0, x, Mode::train);
+  m.arena().zero_grads();
   bool any_split = false;
   Tensor g = dy;
-  for (int i = m->num_layers(); i-- > 0;) {
-    g = m->layer(i).backward_input(g, i > 0, true);
-    any_split |= m->layer(i).splits_backward();
+  for (int i = m.num_layers(); i-- > 0;) {
+    g = m.layer(i).backward_input(g, i > 0, true);
+    any_split |= m.layer(i).splits_backward();
   }
-  for (int i = m->num_layers(); i-- > 0;) m->layer(i).backward_weight();
-  std::vector<float> got = grads_of(*m);
+  for (int i = m.num_layers(); i-- > 0;) m.layer(i).backward_weight();
+  std::vector<float> got = grads_of(m);
   EXPECT_TRUE(any_split) << name << ": the CPU backend should split Linear/Conv2d";
   ASSERT_EQ(got.size(), ref.size());
   // Accumulating into zeroed gradients adds 0 + g: bitwise equal.
@@ -65,17 +67,20 @@ TEST(SplitBackward, WeightHalfIsReallyDeferred) {
   LinearSpec s;
   s.in_features = 3;
   s.out_features = 2;
-  Model m("lin", Device::cpu());
-  m.add(std::make_unique<Linear>("fc", s));
-  m.finalize({3}, 1);
+  Linear fc("fc", s);
+  ParamArena arena;
+  fc.register_params(arena, 0, "");
+  arena.finalize(Device::cpu());
+  fc.bind(BindContext{backend_for(Device::cpu()), Device::cpu(), arena, 1});
+  fc.init(arena, 1);
   Tensor x = random_tensor({5, 3}, 3);
-  m.forward(x, Mode::train);
-  m.arena().zero_grads();
-  Tensor dx = m.layer(0).backward_input(random_tensor({5, 2}, 4), true, true);
+  fc.forward(x, Mode::train);
+  arena.zero_grads();
+  Tensor dx = fc.backward_input(random_tensor({5, 2}, 4), true, true);
   EXPECT_TRUE(dx.defined());
-  Tensor gw = m.arena().grads_flat();
+  Tensor gw = arena.grads_flat();
   for (std::int64_t i = 0; i < gw.numel(); ++i) ASSERT_EQ(gw.data<float>()[i], 0.f) << "dw written by B";
-  m.layer(0).backward_weight();
+  fc.backward_weight();
   double sum = 0;
   for (std::int64_t i = 0; i < gw.numel(); ++i) sum += std::abs(gw.data<float>()[i]);
   EXPECT_GT(sum, 0.0);

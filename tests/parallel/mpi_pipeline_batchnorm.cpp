@@ -4,7 +4,7 @@
 // the replica's whole batch (torchgpipe's DeferredBatchNorm).
 //
 // References, computed on every rank without the pipeline:
-//  - "deferred": one unpipelined Model fed the same micro-batches (each
+//  - "deferred": one unpipelined model fed the same micro-batches (each
 //    normalised with its own statistics, gradients accumulated × 1/(m·DP)),
 //    its BatchNorms' running statistics committed over this replica's m
 //    micro-batches: parameters AND running statistics must match after 5 steps.
@@ -29,6 +29,7 @@
 #include "ringtrain/nn/loss.hpp"
 #include "ringtrain/nn/rng.hpp"
 #include "ringtrain/parallel/parts.hpp"
+#include "support/whole_model.hpp"
 
 namespace ringtrain {
 namespace {
@@ -88,7 +89,7 @@ std::map<std::string, std::vector<float>> snapshot(const std::vector<NamedBuffer
 }
 
 struct Reference {
-  std::unique_ptr<Model> model;
+  std::unique_ptr<Stage> model;
   std::map<std::string, std::vector<float>> buffers_after_one_step, buffers;  // of replica `mine`
 };
 
@@ -97,7 +98,7 @@ struct Reference {
 // otherwise updated by each of its micro-batch forwards.
 Reference reference(int dp, int mine, bool deferred) {
   Reference r;
-  r.model = build_model(resnet());
+  r.model = std::make_unique<Stage>(resnet(), Device::cpu());
   auto opt = make_optimizer(r.model->arena(), sgd());
   std::vector<BatchNorm2d*> bns;
   for (int i = 0; i < r.model->num_layers(); ++i) collect_bn(r.model->layer(i), bns);
@@ -106,19 +107,19 @@ Reference reference(int dp, int mine, bool deferred) {
   for (int t = 0; t < kSteps; ++t) {
     Tensor x, y;
     global_batch(t, kPerReplica * dp, x, y);
-    r.model->zero_grad();
+    r.model->zero_grads();
     for (int rep = 0; rep < dp; ++rep) {
       // Other replicas' forwards must not move this replica's running statistics.
       auto before = snapshot(r.model->buffers());
       for (auto* bn : bns) bn->set_deferred_stats(deferred || rep != mine);
       for (int i = 0; i < kMicro; ++i) {
         const std::int64_t lo = rep * kPerReplica + i * mb;
-        Tensor logits = r.model->forward(rows(x, lo, mb), Mode::train);
+        Tensor logits = r.model->forward(0, rows(x, lo, mb), Mode::train);
         Tensor d = Tensor::empty(logits.shape(), DType::f32);
         softmax_cross_entropy(logits, rows(y, lo, mb), 0.0, d);
         const float k = 1.0f / static_cast<float>(kMicro * dp);
         for (std::int64_t j = 0; j < d.numel(); ++j) d.data<float>()[j] *= k;
-        r.model->backward(d);
+        test_support::backward(*r.model, d);
       }
       if (rep == mine) {
         for (auto* bn : bns) bn->commit_deferred_stats();
@@ -137,10 +138,10 @@ Reference reference(int dp, int mine, bool deferred) {
 
 // bn1's running statistics after one ordinary whole-batch forward of replica `mine`'s first batch.
 std::map<std::string, std::vector<float>> whole_batch_stem(int dp, int mine) {
-  auto m = build_model(resnet());
+  auto m = std::make_unique<Stage>(resnet(), Device::cpu());
   Tensor x, y;
   global_batch(0, kPerReplica * dp, x, y);
-  m->forward(rows(x, mine * kPerReplica, kPerReplica), Mode::train);
+  m->forward(0, rows(x, mine * kPerReplica, kPerReplica), Mode::train);
   auto all = snapshot(m->buffers());
   return {{"bn1.running_mean", all.at("bn1.running_mean")}, {"bn1.running_var", all.at("bn1.running_var")}};
 }
@@ -220,7 +221,7 @@ TEST(PipelineBatchNorm, OneMicroBatchIsTheOrdinaryUpdate) {
   const int w = world.size(), p = w % 2 == 0 ? 2 : w;
   ProcessGrid grid = ProcessGrid::make(world, {p, 1});
   const int dp = grid.dp_size(), mine = grid.dp_rank();
-  auto ref = build_model(resnet());
+  auto ref = std::make_unique<Stage>(resnet(), Device::cpu());
   GridConfig pc;
   pc.micro_batches = 1;
   pc.batch = kPerReplica;
@@ -228,7 +229,7 @@ TEST(PipelineBatchNorm, OneMicroBatchIsTheOrdinaryUpdate) {
   Tensor x, y;
   global_batch(0, kPerReplica * dp, x, y);
   train_step(grid, pm, rows(x, mine * kPerReplica, kPerReplica), rows(y, mine * kPerReplica, kPerReplica), kLr);
-  ref->forward(rows(x, mine * kPerReplica, kPerReplica), Mode::train);
+  ref->forward(0, rows(x, mine * kPerReplica, kPerReplica), Mode::train);
   const auto want = snapshot(ref->buffers());
   for (auto& [name, v] : snapshot((*pm.stage).buffers())) {
     if (name.rfind("bn1.", 0) == 0) {

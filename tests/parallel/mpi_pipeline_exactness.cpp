@@ -12,6 +12,7 @@
 #include "ringtrain/nn/loss.hpp"
 #include "ringtrain/nn/rng.hpp"
 #include "ringtrain/parallel/parts.hpp"
+#include "support/whole_model.hpp"
 
 namespace ringtrain {
 namespace {
@@ -56,21 +57,21 @@ Tensor rows(const Tensor& t, std::int64_t first, std::int64_t n) {
 
 struct Reference {
   std::vector<double> loss;
-  std::unique_ptr<Model> model;
+  std::unique_ptr<Stage> model;
 };
 
 Reference reference(std::int64_t global) {
   Reference r;
-  r.model = build_model(cnn());
+  r.model = std::make_unique<Stage>(cnn(), Device::cpu());
   auto opt = make_optimizer(r.model->arena(), sgd());
   for (int t = 0; t < kSteps; ++t) {
     Tensor x, y;
     global_batch(t, global, x, y);
-    Tensor logits = r.model->forward(x, Mode::train);
+    Tensor logits = r.model->forward(0, x, Mode::train);
     Tensor d = Tensor::empty(logits.shape(), DType::f32);
     r.loss.push_back(softmax_cross_entropy(logits, y, 0.0, d));
-    r.model->zero_grad();
-    r.model->backward(d);
+    r.model->zero_grads();
+    test_support::backward(*r.model, d);
     opt->step(0.05);
   }
   return r;

@@ -1,4 +1,6 @@
-// Channel-split tensor-parallel layers (nn/tensor_parallel_conv.hpp) at
+// Channel-split tensor-parallel layers (nn/tensor_parallel.hpp: the column-
+// and row-parallel layers over a Conv2d, the channel-split BatchNorm; and the
+// row-parallel layer over a Linear on tokens) at
 // T = the world size: each layer's forward output, input gradient and
 // parameter gradients equal the unsplit layer's (its channel part where the
 // quantity is split) within 1e-5, starting from the unsplit layer's initial
@@ -12,7 +14,6 @@
 #include "../support/error_of.hpp"
 #include "ringtrain/nn/rng.hpp"
 #include "ringtrain/nn/tensor_parallel.hpp"
-#include "ringtrain/nn/tensor_parallel_conv.hpp"
 
 namespace ringtrain {
 namespace {
@@ -25,7 +26,7 @@ Tensor values(const Shape& s, std::uint64_t stream) {  // the same on every rank
   return t;
 }
 
-// One layer with its own arena, bound and initialised as Model does.
+// One layer with its own arena, bound and initialised as a Stage does.
 struct Built {
   ParamArena arena;
   LayerPtr layer;
@@ -80,8 +81,8 @@ TEST(ColumnParallelConv2d, EqualsTheWholeConvolutionsChannelPart) {
   const std::int64_t T = g.size;
   for (bool fused : {false, true}) {
     const Conv2dSpec s = spec(3, 2 * T, fused ? 1 : 2, true, fused, fused);
-    Built whole(std::make_unique<Conv2d>("conv", s)), mine(std::make_unique<ColumnParallelConv2d>(
-                                                             "conv", s, Init::kaiming_normal, g));
+    Built whole(std::make_unique<Conv2d>("conv", s)),
+        mine(std::make_unique<ColumnParallel>("conv", s, Init::kaiming_normal, g));
     const std::string what = cat("column conv fused ", fused, " T ", T);
     Tensor x = values({4, 3, 6, 6}, 1);
     Tensor yw = whole.layer->forward(x, Mode::train), ym = mine.layer->forward(x, Mode::train);
@@ -99,7 +100,7 @@ TEST(RowParallelConv2d, EqualsTheWholeConvolutionAfterTheReduction) {
   for (int variant = 0; variant < 3; ++variant) {  // plain; bias + ReLU; bias + ReLU + max pooling
     const Conv2dSpec s = spec(2 * T, 5, 1, variant > 0, variant > 0, variant > 1);
     Built whole(std::make_unique<Conv2d>("conv", s)),
-        mine(std::make_unique<RowParallelConv2d>("conv", s, Init::kaiming_normal, g));
+        mine(std::make_unique<RowParallel>("conv", s, Init::kaiming_normal, g));
     const std::string what = cat("row conv variant ", variant, " T ", T);
     // A nonzero bias, so that adding it once (after the reduction) is tested.
     if (s.bias) {
@@ -118,6 +119,29 @@ TEST(RowParallelConv2d, EqualsTheWholeConvolutionAfterTheReduction) {
     whole.layer->forward(x, Mode::train), mine.layer->forward(part(x, 1, g), Mode::train);
     whole.layer->backward(dy, true, true), mine.layer->backward(dy, true, true);
     expect_params_and_grads(mine, whole, what + " accumulated");
+  }
+}
+
+// The same row-parallel layer over a Linear on tokens [N, T, D] (bias over the
+// last dimension, then the ReLU the mlp's fc2 fuses), after the reduction.
+TEST(RowParallelLinear, EqualsTheWholeLinearOnTokensAfterTheReduction) {
+  const TensorGroup g = TensorGroup::of(Communicator::world());
+  const std::int64_t T = g.size;
+  for (bool relu : {false, true}) {
+    const LinearSpec s{2 * T, 5, true, relu};
+    Built whole(std::make_unique<Linear>("fc", s)),
+        mine(std::make_unique<RowParallel>("fc", s, Init::kaiming_normal, g));
+    const std::string what = cat("row linear relu ", relu, " T ", T);
+    Tensor b = values({5}, 10);
+    Tensor bw = whole.arena.param(1), bm = mine.arena.param(1);
+    bw.copy_from(b), bm.copy_from(b);
+    Tensor x = values({3, 4, 2 * T}, 11);
+    Tensor yw = whole.layer->forward(x, Mode::train), ym = mine.layer->forward(part(x, 2, g), Mode::train);
+    expect_close(ym, yw, what + " y");
+    Tensor dy = values(yw.shape(), 12);
+    Tensor dxw = whole.layer->backward(dy, true, false), dxm = mine.layer->backward(dy, true, false);
+    expect_close(dxm, part(dxw, 2, g), what + " dx");
+    expect_params_and_grads(mine, whole, what);
   }
 }
 
@@ -174,10 +198,10 @@ TEST(ShardedDropout, KeepsTheWholeMasksPart) {
 TEST(TensorParallelConvErrors, ChannelCountsTheTensorSizeDoesNotDivideNameTheLayer) {
   TensorGroup g;
   g.size = 3;  // checked at construction, before any communication
-  EXPECT_NE(error_of([&] { ColumnParallelConv2d("c", spec(2, 4, 1, true, false, false), Init::kaiming_normal, g); })
+  EXPECT_NE(error_of([&] { ColumnParallel("c", spec(2, 4, 1, true, false, false), Init::kaiming_normal, g); })
                 .find("ColumnParallelConv2d 'c': 4 filters are not divisible by the tensor size 3"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { RowParallelConv2d("r", spec(4, 4, 1, true, false, false), Init::kaiming_normal, g); })
+  EXPECT_NE(error_of([&] { RowParallel("r", spec(4, 4, 1, true, false, false), Init::kaiming_normal, g); })
                 .find("RowParallelConv2d 'r': 4 input channels are not divisible by the tensor size 3"),
             std::string::npos);
   BatchNormSpec s;

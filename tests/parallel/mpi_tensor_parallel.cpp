@@ -1,6 +1,6 @@
-// Tensor parallelism (Megatron column/row-parallel layers): the conjugate
-// operators against MPI_Allreduce and analytic layouts, the shard
-// bookkeeping, and the must-show exactness: `mlp`, `vit` and `cnn` built with
+// Tensor parallelism (Megatron column/row-parallel layers): the all-reduce
+// against MPI_Allreduce, the shard bookkeeping, and the must-show exactness:
+// `mlp`, `vit` and `cnn` built with
 // parallel.tensor = T (T = the world at 2 and 4 ranks, and T = 2 x data 2 at
 // 4 ranks) start from the ordinary unsplit model's weights, follow its loss
 // within 1e-4 relative over 50 SGD steps on the same global batches and end
@@ -19,11 +19,12 @@
 #include "../support/error_of.hpp"
 #include "ringtrain/comm/collectives.hpp"
 #include "ringtrain/nn/loss.hpp"
-#include "ringtrain/nn/model.hpp"
 #include "ringtrain/nn/rng.hpp"
 #include "ringtrain/nn/tensor_parallel.hpp"
 #include "ringtrain/optim/optimizer.hpp"
 #include "ringtrain/parallel/grid.hpp"
+#include "ringtrain/parallel/stage.hpp"
+#include "support/whole_model.hpp"
 
 namespace ringtrain {
 namespace {
@@ -37,40 +38,14 @@ Tensor values(const Shape& s, std::uint64_t stream) {
   return t;
 }
 
-TEST(TensorOperators, AllReduceGatherSplitMatchReferences) {
+TEST(TensorOperators, AllReduceMatchesMpi) {
   Communicator world = Communicator::world();
   TensorGroup g = TensorGroup::of(world);
-  const int T = g.size, r = g.rank;
   // all-reduce (f backward, g forward) against MPI_Allreduce.
-  Tensor a = values({3, 5}, 100 + r), ref = Tensor::empty({3, 5});
+  Tensor a = values({3, 5}, 100 + g.rank), ref = Tensor::empty({3, 5});
   MPI_Allreduce(a.data<float>(), ref.data<float>(), 15, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
   tp_all_reduce(a, g);
   for (int i = 0; i < 15; ++i) EXPECT_NEAR(a.data<float>()[i], ref.data<float>()[i], 1e-6);
-  // gather along the last dim: element [i, r*d + j] is rank r's [i, j]; split inverts it.
-  const std::int64_t d = 3;
-  Tensor local = Tensor::empty({2, 2, d}), whole, back;
-  for (std::int64_t i = 0; i < local.numel(); ++i) local.data<float>()[i] = float(100 * r + i);
-  tp_gather_last(local, whole, g);
-  ASSERT_EQ(whole.shape(), (Shape{2, 2, d * T}));
-  for (std::int64_t row = 0; row < 4; ++row)
-    for (int q = 0; q < T; ++q)
-      for (std::int64_t j = 0; j < d; ++j)
-        EXPECT_EQ(whole.data<float>()[row * d * T + q * d + j], float(100 * q + row * d + j));
-  tp_split_last(whole, back, g);
-  for (std::int64_t i = 0; i < local.numel(); ++i) EXPECT_EQ(back.data<float>()[i], local.data<float>()[i]);
-  // f and g as layers: f's backward and g's forward sum over the group, their other halves are the identity.
-  CopyToTensorRegion f("f", g);
-  ReduceFromTensorRegion gg("g", g);
-  Tensor x = values({2, 4}, 7 + r);
-  EXPECT_EQ(f.forward(x, Mode::train).raw(), x.raw());
-  Tensor y = gg.forward(x, Mode::train), dx = f.backward(x, true, false);
-  Tensor sum = Tensor::empty({2, 4});
-  MPI_Allreduce(x.data<float>(), sum.data<float>(), 8, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-  for (int i = 0; i < 8; ++i) {
-    EXPECT_NEAR(y.data<float>()[i], sum.data<float>()[i], 1e-6);
-    EXPECT_NEAR(dx.data<float>()[i], sum.data<float>()[i], 1e-6);
-  }
-  EXPECT_EQ(gg.backward(x, true, false).raw(), x.raw());
 }
 
 TEST(TensorShards, BlockedShardKeepsHeadsOfQKVTogether) {
@@ -168,37 +143,40 @@ void check_follows_one_rank(const std::string& name, int tensor, double dropout 
   ModelConfig whole_cfg = model_cfg(name, tensor), tp_cfg = whole_cfg;
   whole_cfg.dropout = tp_cfg.dropout = dropout;
   tp_cfg.tensor = TensorGroup::of(grid.tp());
-  auto whole = build_model(whole_cfg), mine = build_model(tp_cfg);
+  Stage whole(whole_cfg, Device::cpu()), mine(tp_cfg, Device::cpu());
   const std::string what = cat(name, " tensor ", tensor, " data ", grid.dp_size(), " dropout ", dropout, " ",
                                grid.tag());
   int sharded = 0;
-  for (const auto& info : mine->arena().infos()) sharded += info.shard.sharded();
+  for (const auto& info : mine.arena().infos()) sharded += info.shard.sharded();
   ASSERT_GT(sharded, 0) << what << ": the model under test must be split";
-  expect_params_match(mine->arena(), whole->arena(), 0.0, what + " at start");  // bitwise: same init
+  expect_params_match(mine.arena(), whole.arena(), 0.0, what + " at start");  // bitwise: same init
   OptimizerConfig oc;
   oc.momentum = 0.0;  // see above
   oc.weight_decay = 5e-4;
-  auto opt_w = make_optimizer(whole->arena(), oc), opt_m = make_optimizer(mine->arena(), oc);
+  auto opt_w = make_optimizer(whole.arena(), oc), opt_m = make_optimizer(mine.arena(), oc);
   const std::int64_t global = std::int64_t(kPerReplica) * grid.dp_size();
   const double lr = 0.05;
   std::vector<double> ref_loss;
   for (int t = 0; t < kSteps; ++t) {
     Tensor x, y;
     batch(t, global, x, y);
-    Tensor lw = whole->forward(x, Mode::train), dw = Tensor::empty(lw.shape());
+    // Dropout masks are keyed by the step and each sample's place in the global batch.
+    whole.set_position(std::uint64_t(t), 0);
+    Tensor lw = whole.forward(0, x, Mode::train), dw = Tensor::empty(lw.shape());
     const double ref = softmax_cross_entropy(lw, y, 0.0, dw);
     ref_loss.push_back(ref);
-    whole->zero_grad();
-    whole->backward(dw);
+    whole.zero_grads();
+    test_support::backward(whole, dw);
     opt_w->step(lr);
     const std::int64_t lo = grid.dp_rank() * kPerReplica;
-    Tensor lm = mine->forward(rows(x, lo, kPerReplica), Mode::train), dm = Tensor::empty(lm.shape());
+    mine.set_position(std::uint64_t(t), lo);
+    Tensor lm = mine.forward(0, rows(x, lo, kPerReplica), Mode::train), dm = Tensor::empty(lm.shape());
     double loss = softmax_cross_entropy(lm, rows(y, lo, kPerReplica), 0.0, dm);
-    mine->zero_grad();
-    mine->backward(dm);
+    mine.zero_grads();
+    test_support::backward(mine, dm);
     if (grid.dp_size() > 1) {  // data parallel: average every gradient and the loss over the dp group
-      for (DType dt : mine->arena().dtypes()) {
-        Tensor g = mine->arena().grads_flat(dt);
+      for (DType dt : mine.arena().dtypes()) {
+        Tensor g = mine.arena().grads_flat(dt);
         allreduce(g.raw(), g.raw(), std::size_t(g.numel()), dt, ReduceOp::avg, grid.dp());
       }
       allreduce(&loss, &loss, 1, DType::f64, ReduceOp::avg, grid.dp());
@@ -210,7 +188,7 @@ void check_follows_one_rank(const std::string& name, int tensor, double dropout 
   for (int t = 0; t < 10; ++t) first += ref_loss[t] / 10, last += ref_loss[kSteps - 1 - t] / 10;
   EXPECT_LT(last, 0.9 * first) << what << ": the reference should learn";
   // Rounding only: worst |d| / (1 + |ref|) measured 1.9e-7 over every layout at 2-4 ranks.
-  expect_params_match(mine->arena(), whole->arena(), 1e-6, what + " after training");
+  expect_params_match(mine.arena(), whole.arena(), 1e-6, what + " after training");
 }
 
 // Why no layout of this world splits `name` (empty when tensor = the world does).
@@ -284,25 +262,25 @@ TEST(TensorGrid, MakeWarnsWhenTheTensorGroupSpansNodes) {
 TEST(TensorParallelErrors, SizesTheTensorSizeDoesNotDivideNameTheKey) {
   ModelConfig v = model_cfg("vit");
   v.tensor.size = 3;  // the checks come before any communication
-  EXPECT_NE(error_of([&] { build_model(v); }).find("model.heads = 4 is not divisible by parallel.tensor = 3"),
+  EXPECT_NE(error_of([&] { build_model_layers(v); }).find("model.heads = 4 is not divisible by parallel.tensor = 3"),
             std::string::npos);
   ModelConfig m = model_cfg("mlp");
   m.tensor.size = 3;
-  EXPECT_NE(error_of([&] { build_model(m); }).find("256 is not divisible by parallel.tensor = 3"), std::string::npos);
+  EXPECT_NE(error_of([&] { build_model_layers(m); }).find("256 is not divisible by parallel.tensor = 3"), std::string::npos);
   ModelConfig c = model_cfg("cnn");
   c.tensor.size = 3;
-  EXPECT_NE(error_of([&] { build_model(c); })
+  EXPECT_NE(error_of([&] { build_model_layers(c); })
                 .find("model 'cnn': the filter count of conv1 = 32 is not divisible by parallel.tensor = 3"),
             std::string::npos);
   ModelConfig r = model_cfg("resnet");
   r.base_width = 6;
   r.tensor.size = 4;
-  EXPECT_NE(error_of([&] { build_model(r); }).find("model 'resnet': model.width = 6 is not divisible by parallel.tensor = 4"),
+  EXPECT_NE(error_of([&] { build_model_layers(r); }).find("model 'resnet': model.width = 6 is not divisible by parallel.tensor = 4"),
             std::string::npos);
   ModelConfig h = model_cfg("vit");
   h.tensor.size = 4;
   h.mlp_ratio = 1.25 / 2;  // hidden 10, not divisible by 4
-  EXPECT_NE(error_of([&] { build_model(h); }).find("= 10 is not divisible by parallel.tensor = 4"), std::string::npos);
+  EXPECT_NE(error_of([&] { build_model_layers(h); }).find("= 10 is not divisible by parallel.tensor = 4"), std::string::npos);
 }
 
 }  // namespace

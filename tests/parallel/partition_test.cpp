@@ -9,6 +9,7 @@
 #include "ringtrain/core/error.hpp"
 #include "ringtrain/nn/model.hpp"
 #include "ringtrain/parallel/partition.hpp"
+#include "ringtrain/parallel/stage.hpp"
 
 namespace ringtrain {
 namespace {
@@ -83,7 +84,7 @@ TEST(Partition, UniformListAndErrors) {
 TEST(Partition, ParamsAndTimeCostsCoverEveryLayer) {
   ModelConfig mc;
   mc.height = mc.width = 8;
-  auto m = build_model(mc);
+  auto m = std::make_unique<Stage>(mc, Device::cpu());
   std::vector<double> pc = layer_param_costs(plan_model_layers(mc)), tc = layer_time_costs(mc, Device::cpu(), 4, 1);
   ASSERT_EQ(static_cast<int>(pc.size()), m->num_layers());
   ASSERT_EQ(static_cast<int>(tc.size()), m->num_layers());

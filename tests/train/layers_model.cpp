@@ -1,6 +1,6 @@
 // model.name = "layers": a [[model.layers]] TOML list. A description of the
 // built-in `cnn` and `vit` gives bitwise the same parameters and forward
-// output as build_model; a model with every layer kind is gradient-checked
+// output as the built-in model; a model with every layer kind is gradient-checked
 // against central differences; --print-config output reads back to the same
 // list; bad entries give errors naming the index, the key and the shape.
 #include <gtest/gtest.h>
@@ -14,11 +14,14 @@
 #include "ringtrain/core/error.hpp"
 #include "ringtrain/nn/loss.hpp"
 #include "ringtrain/nn/model.hpp"
+#include "ringtrain/parallel/stage.hpp"
 #include "ringtrain/train/config.hpp"
 #include "support/error_of.hpp"
+#include "support/whole_model.hpp"
 
 using namespace ringtrain;
 using test_support::error_of;
+using test_support::layer_names;
 
 namespace {
 
@@ -55,7 +58,7 @@ bool same_bits(const Tensor& a, const Tensor& b) {
 }
 
 // Same parameter names, shapes and bits, and the same forward output bit for bit.
-void expect_identical(Model& a, Model& b, const Shape& input) {
+void expect_identical(Stage& a, Stage& b, const Shape& input) {
   ASSERT_EQ(a.arena().size(), b.arena().size());
   for (std::size_t i = 0; i < a.arena().size(); ++i) {
     EXPECT_EQ(a.arena().info(i).name, b.arena().info(i).name);
@@ -63,7 +66,7 @@ void expect_identical(Model& a, Model& b, const Shape& input) {
   }
   const Tensor x = random_images(input, 7);
   for (Mode mode : {Mode::train, Mode::eval})
-    EXPECT_TRUE(same_bits(a.forward(x, mode), b.forward(x, mode))) << (mode == Mode::train ? "train" : "eval");
+    EXPECT_TRUE(same_bits(a.forward(0, x, mode), b.forward(0, x, mode))) << (mode == Mode::train ? "train" : "eval");
 }
 
 const char* kCnn = R"(
@@ -107,10 +110,9 @@ TEST(LayersModel, CnnDescriptionIsTheBuiltInCnnBitForBit) {
   ModelConfig builtin = model_of(t);
   builtin.name = "cnn";
   builtin.dropout = 0.25;
-  auto a = build_model(model_of(t));
-  auto b = build_model(builtin);
-  EXPECT_EQ(a->num_params(), b->num_params());
-  expect_identical(*a, *b, {4, 1, 28, 28});
+  Stage a(model_of(t), Device::cpu()), b(builtin, Device::cpu());
+  EXPECT_EQ(a.arena().numel(), b.arena().numel());
+  expect_identical(a, b, {4, 1, 28, 28});
 }
 
 TEST(LayersModel, VitDescriptionIsTheBuiltInVitBitForBit) {
@@ -124,10 +126,9 @@ TEST(LayersModel, VitDescriptionIsTheBuiltInVitBitForBit) {
   ModelConfig v = model_of(t);
   v.name = "vit";
   v.base_width = 16, v.heads = 4, v.depth = 2, v.mlp_ratio = 2.0, v.patch = 7;
-  auto a = build_model(model_of(t));
-  auto b = build_model(v);
-  EXPECT_EQ(a->layer_names(), b->layer_names());
-  expect_identical(*a, *b, {3, 1, 28, 28});
+  Stage a(model_of(t), Device::cpu()), b(v, Device::cpu());
+  EXPECT_EQ(layer_names(a), layer_names(b));
+  expect_identical(a, b, {3, 1, 28, 28});
 }
 
 // Every layer kind in one small model: d loss / d parameter by central
@@ -182,17 +183,17 @@ type = "linear"
 )");
   ModelConfig mc = model_of(t, 2, 8);
   mc.classes = 3;
-  auto m = build_model(mc);
+  Stage m(mc, Device::cpu());
   const Tensor x = random_images({2, 2, 8, 8}, 3);
   Tensor labels = Tensor::empty({2}, DType::i32);
   labels.data<std::int32_t>()[0] = 1, labels.data<std::int32_t>()[1] = 2;
-  auto loss = [&] { return softmax_cross_entropy_loss(m->forward(x, Mode::train), labels); };
-  m->zero_grad();
-  m->backward(softmax_cross_entropy(m->forward(x, Mode::train), labels).dlogits);
+  auto loss = [&] { return softmax_cross_entropy_loss(m.forward(0, x, Mode::train), labels); };
+  m.zero_grads();
+  test_support::backward(m, softmax_cross_entropy(m.forward(0, x, Mode::train), labels).dlogits);
   std::mt19937_64 g(5);
   int checked = 0;
-  for (std::size_t i = 0; i < m->arena().size(); ++i) {
-    Tensor p = m->arena().param(i), dp = m->arena().grad(i);
+  for (std::size_t i = 0; i < m.arena().size(); ++i) {
+    Tensor p = m.arena().param(i), dp = m.arena().grad(i);
     for (int k = 0; k < 2; ++k, ++checked) {
       const std::int64_t j = std::int64_t(g() % std::uint64_t(p.numel()));
       float& w = p.data<float>()[j];
@@ -203,7 +204,7 @@ type = "linear"
       const double down = loss(), hd = double(w0) - double(w);
       w = w0;
       const double fd = (up - down) / (hu + hd), an = dp.data<float>()[j];
-      EXPECT_NEAR(an, fd, 2e-3 + 2e-2 * std::abs(fd)) << m->arena().info(i).name << "[" << j << "]";
+      EXPECT_NEAR(an, fd, 2e-3 + 2e-2 * std::abs(fd)) << m.arena().info(i).name << "[" << j << "]";
     }
   }
   EXPECT_GT(checked, 40);
@@ -325,9 +326,8 @@ tensor = "row"
 )");
   TrainConfig plain = marked;
   for (auto& d : plain.model.layers) std::erase_if(d.options, [](const auto& kv) { return kv.first == "tensor"; });
-  auto a = build_model(model_of(marked));
-  auto b = build_model(model_of(plain));
-  expect_identical(*a, *b, {2, 1, 28, 28});
+  Stage a(model_of(marked), Device::cpu()), b(model_of(plain), Device::cpu());
+  expect_identical(a, b, {2, 1, 28, 28});
 }
 
 // The job files of examples/layers_toml/README.md: they load, validate and
@@ -342,7 +342,7 @@ TEST(LayersModel, JobFilesBuildWithTheirStatedSizes) {
     TrainConfig t;
     t.load_toml((root / "jobs" / file).string());
     t.validate();
-    EXPECT_EQ(build_model(model_of(t))->num_params(), params) << file;
+    EXPECT_EQ(Stage(model_of(t), Device::cpu()).arena().numel(), params) << file;
     std::ifstream a(root / "jobs" / file), b(root / "examples" / "layers_toml" / file);
     const std::string ta{std::istreambuf_iterator<char>(a), {}}, tb{std::istreambuf_iterator<char>(b), {}};
     EXPECT_EQ(ta, tb) << file << ": examples/layers_toml/ and jobs/ differ";

@@ -11,6 +11,7 @@
 #include "ringtrain/nn/model_registry.hpp"
 #include "ringtrain/train/config.hpp"
 #include "support/error_of.hpp"
+#include "support/whole_model.hpp"
 
 using namespace ringtrain;
 using ringtrain::test_support::error_of;
@@ -62,15 +63,14 @@ const bool registered = [] {
 
 TEST(ModelRegistry, RegisteredCopyOfMlpMatchesBuiltinBitForBit) {
   ASSERT_TRUE(registered);
-  auto mine = build_model(config("mlp_copy"));
-  auto builtin = build_model(config("mlp"));
-  EXPECT_EQ(mine->name(), "mlp_copy");
-  ASSERT_EQ(mine->layer_names(), builtin->layer_names());
-  ASSERT_EQ(mine->arena().size(), builtin->arena().size());
-  for (std::size_t i = 0; i < mine->arena().size(); ++i)
-    EXPECT_TRUE(same_bytes(mine->arena().param(i), builtin->arena().param(i))) << "parameter " << i;
+  Stage mine(config("mlp_copy"), Device::cpu());
+  Stage builtin(config("mlp"), Device::cpu());
+  ASSERT_EQ(test_support::layer_names(mine), test_support::layer_names(builtin));
+  ASSERT_EQ(mine.arena().size(), builtin.arena().size());
+  for (std::size_t i = 0; i < mine.arena().size(); ++i)
+    EXPECT_TRUE(same_bytes(mine.arena().param(i), builtin.arena().param(i))) << "parameter " << i;
   Tensor x = rt_test::random_tensor({4, 1, 28, 28}, 3);
-  EXPECT_TRUE(same_bytes(mine->forward(x, Mode::eval), builtin->forward(x, Mode::eval)));
+  EXPECT_TRUE(same_bytes(mine.forward(0, x, Mode::eval), builtin.forward(0, x, Mode::eval)));
 }
 
 TEST(ModelRegistry, PlanCountsParametersWithoutBuilding) {
@@ -95,7 +95,7 @@ TEST(ModelRegistry, ConfigurationAcceptsRegisteredNamesAndListsThemOtherwise) {
   EXPECT_NE(e.find("'mlp_cpy'"), std::string::npos) << e;
   EXPECT_NE(e.find("mlp, cnn, resnet, vit"), std::string::npos) << e;
   EXPECT_NE(e.find("mlp_copy"), std::string::npos) << "the registered names are listed: " << e;
-  const std::string b = error_of([] { build_model(config("nonesuch")); });
+  const std::string b = error_of([] { build_model_layers(config("nonesuch")); });
   EXPECT_NE(b.find("unknown model 'nonesuch'"), std::string::npos) << b;
   EXPECT_NE(b.find("mlp_copy"), std::string::npos) << b;
   EXPECT_TRUE(is_known_model("mlp_copy"));
@@ -119,9 +119,9 @@ TEST(ModelRegistry, MisuseIsRefusedWithTheName) {
 }
 
 TEST(ModelRegistry, BuilderErrorsNameTheModel) {
-  std::string e = error_of([] { build_model(config("throws")); });
+  std::string e = error_of([] { build_model_layers(config("throws")); });
   EXPECT_NE(e.find("model 'throws': model.width = 16 is too small"), std::string::npos) << e;
-  e = error_of([] { build_model(config("empty")); });
+  e = error_of([] { build_model_layers(config("empty")); });
   EXPECT_NE(e.find("model 'empty': the registered builder returned no layers"), std::string::npos) << e;
   e = error_of([] { plan_model_layers(config("twins")); });
   EXPECT_NE(e.find("both named 'same'"), std::string::npos) << e;

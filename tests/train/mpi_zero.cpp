@@ -29,6 +29,7 @@
 #include "ringtrain/nn/model.hpp"
 #include "ringtrain/optim/optimizer.hpp"
 #include "ringtrain/optim/sharded_optimizer.hpp"
+#include "ringtrain/parallel/stage.hpp"
 #include "ringtrain/train/checkpoint.hpp"
 #include "ringtrain/train/trainer.hpp"
 #include "support/error_of.hpp"
@@ -157,12 +158,12 @@ TEST(Zero, OptimizerStateBytesPerRankAreTotalOverRanks) {
   for (const char* name : {"cnn", "mlp"}) {
     ModelConfig mc;
     mc.name = name;
-    auto model = build_model(mc);
+    Stage model(mc, Device::cpu());
     OptimizerConfig oc;
     oc.name = "adam";
     std::size_t total = 0;
-    for (const auto& [n, t] : make_optimizer(model->arena(), oc)->state()) total += t.nbytes();
-    ShardedOptimizer z(model->arena(), oc, world);
+    for (const auto& [n, t] : make_optimizer(model.arena(), oc)->state()) total += t.nbytes();
+    ShardedOptimizer z(model.arena(), oc, world);
     const auto [most, unsharded] = z.state_bytes_summary();
     EXPECT_EQ(unsharded, total) << name;
     // Two fp32 moments; a slice boundary moves by at most one 64-byte unit per rank.
@@ -192,9 +193,9 @@ TEST(Zero, ShardedOptimizerEqualsWholeOnEveryAlgorithm) {
   mc.name = "mlp";
   for (const char* alg : {"auto", "ring", "mpi"})
     for (const char* name : {"sgd", "adam", "lamb", "lars"}) {
-      auto sharded = build_model(mc), whole = build_model(mc);
-      ParamArena& a = sharded->arena();
-      ParamArena& b = whole->arena();
+      Stage sharded(mc, Device::cpu()), whole(mc, Device::cpu());
+      ParamArena& a = sharded.arena();
+      ParamArena& b = whole.arena();
       OptimizerConfig oc;
       oc.name = name;
       oc.momentum = 0.9;

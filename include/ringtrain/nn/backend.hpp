@@ -215,10 +215,13 @@ class Backend {
   // is its adjoint (dx overwritten).
   virtual void patchify(const Tensor& x, std::int64_t patch, Tensor& out) = 0;
   virtual void unpatchify(const Tensor& dout, std::int64_t patch, Tensor& dx) = 0;
-  // out[i] = x[i] + b[i mod b.numel()] (b broadcast over leading dims; out may alias x).
-  virtual void add_broadcast(const Tensor& x, const Tensor& b, Tensor& out) = 0;
-  // db[j] (+)= sum over i of dy[i * m + j], m = db.numel(): add_broadcast's adjoint.
-  virtual void sum_leading(const Tensor& dy, Tensor& db, bool accumulate) = 0;
+  // out[i] = x[i] + b[(i / inner) mod b.numel()]: b broadcast over the leading dimensions and
+  // over `inner` trailing elements per entry. A bias over rows [N, C] or a position embedding
+  // [T, D] over the batch has inner = 1; a per-channel bias of NCHW images has inner = H*W.
+  // out may alias x.
+  virtual void add_broadcast(const Tensor& x, const Tensor& b, std::int64_t inner, Tensor& out) = 0;
+  // db[j] (+)= the sum of every dy[i] that add_broadcast adds b[j] to: its adjoint (the bias gradient).
+  virtual void sum_broadcast(const Tensor& dy, std::int64_t inner, Tensor& db, bool accumulate) = 0;
   // y [N, D] = mean over t of x [N, T, D]; backward: dx[n, t, :] = dy[n, :] / T.
   virtual void token_mean(const Tensor& x, Tensor& y) = 0;
   virtual void token_mean_backward(const Tensor& dy, Tensor& dx) = 0;
@@ -241,7 +244,7 @@ class Backend {
   virtual std::int64_t count_correct(const Tensor& logits, const Tensor& labels) = 0;
   // Waits until all work issued so far is complete. CPU kernels finish before
   // they return (no-op); asynchronous devices block here, so that a consumer
-  // of gradients reported by Model::backward's hook (e.g. a host-staged
+  // of gradients reported by a stage's grad-ready hook (e.g. a host-staged
   // all-reduce) may call it, or use its own event, before reading them.
   virtual void synchronize() {}
 };

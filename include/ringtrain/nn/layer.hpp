@@ -4,7 +4,7 @@
 // Rules:
 //  - Life cycle: construct -> register_params(arena) (construction order is the
 //    arena order) -> arena.finalize(device) -> bind(ctx) -> init(seed) ->
-//    forward/backward pairs. Model drives all of it.
+//    forward/backward pairs. A Stage (parallel/stage.hpp) drives all of it.
 //  - forward()/backward() are non-virtual: they check the input shape against
 //    the layer (error names the layer) and then dispatch to do_forward /
 //    do_backward, which call the device's kernels (nn/backend.hpp).
@@ -12,7 +12,7 @@
 //    shape is unchanged: a returned Tensor is valid until the layer's next
 //    forward (resp. backward). No allocation per step after the first.
 //  - forward keeps a reference to its input for the backward; the caller must
-//    not overwrite the input in between (Model never does).
+//    not overwrite the input in between (a Stage never does).
 //  - backward overwrites dx and writes parameter gradients into the arena's
 //    grad views: overwrite when accumulate is false, add when true.
 //  - Split backward (pipeline schedules, zero-bubble): backward_input(dy)
@@ -67,7 +67,7 @@ struct BindContext {
   const ParamArena& arena;
   std::uint64_t seed = 0;
   MathMode math = MathMode::fp32;  // for Conv2d/Linear kernels (backend.hpp)
-  // Null (a Model on its own): Dropout keys its masks by its own call count.
+  // Null (a layer bound on its own): Dropout keys its masks by its own call count.
   const SamplePosition* position = nullptr;
 };
 

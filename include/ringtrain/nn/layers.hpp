@@ -8,73 +8,86 @@
 #include <vector>
 
 #include "ringtrain/nn/layer.hpp"
+#include "ringtrain/nn/tensor_group.hpp"
 
 namespace ringtrain {
 
-class Linear : public Layer {
+// Linear and Conv2d: a weight [out, in, ...] and an optional bias [out], and
+// a backward that splits into an input half and a weight half where the
+// backend's kernels accept an undefined dw (Backend::splits_weight_grad).
+// Initial weights use PyTorch's fans: fan_in = numel / out, fan_out = numel / in.
+class WeightLayer : public Layer {
+ public:
+  const Shape& weight_shape() const { return wshape_; }  // [out, in] or [out, in, kh, kw]
+  bool has_bias() const { return bias_; }
+  DType weight_dtype() const { return dtype_; }
+  Init init_kind() const { return init_; }
+  void register_params(ParamArena& arena, int layer_index, const std::string& prefix) override;
+  void init(const ParamArena& arena, std::uint64_t seed) override;
+  bool splits_backward() const override { return split_; }
+
+ protected:
+  WeightLayer(std::string name, Shape weight, bool bias, DType dt, Init init);
+  // The parameter views and whether the backend splits; call from bind().
+  void bind_weights(const BindContext& ctx);
+  // One kernel backward over the forward's x_ and y_: returns dx when need_dx
+  // (undefined otherwise) and writes dw, db when `weights`.
+  virtual Tensor run_backward(const Tensor& dy, bool need_dx, bool weights, bool accumulate) = 0;
+  Tensor do_backward(const Tensor& dy, bool need_dx, bool accumulate) override {
+    return run_backward(dy, need_dx, true, accumulate);
+  }
+  Tensor do_backward_input(const Tensor& dy, bool need_dx, bool accumulate) override;
+  void do_backward_weight() override;
+
+  Init init_;
+  DType dtype_;
+  Tensor w, b, dw, db, x_, y_, dx_;
+
+ private:
+  Shape wshape_;
+  bool bias_;
+  std::size_t w_ = 0, b_ = 0;
+  bool split_ = false;      // the backend's kernels accept an undefined dw
+  bool w_pending_ = false;  // backward_input ran; backward_weight owes dw (and db)
+  bool w_accumulate_ = false;
+  Tensor dy_;               // kept from backward_input for backward_weight
+};
+
+class Linear : public WeightLayer {
  public:
   Linear(std::string name, LinearSpec spec, Init init = Init::kaiming_normal);
   const char* type() const override { return spec_.fuse_relu ? "Linear+ReLU" : "Linear"; }
   const LinearSpec& spec() const { return spec_; }
-  void register_params(ParamArena& arena, int layer_index, const std::string& prefix) override;
   void bind(const BindContext& ctx) override;
-  void init(const ParamArena& arena, std::uint64_t seed) override;
   Shape output_shape(const Shape& in) const override;
   double forward_flops(const Shape& in) const override;
 
  protected:
   Tensor do_forward(const Tensor& x, Mode mode) override;
-  Tensor do_backward(const Tensor& dy, bool need_dx, bool accumulate) override;
-  Tensor do_backward_input(const Tensor& dy, bool need_dx, bool accumulate) override;
-  void do_backward_weight() override;
-
- public:
-  bool splits_backward() const override { return split_; }
+  Tensor run_backward(const Tensor& dy, bool need_dx, bool weights, bool accumulate) override;
 
  private:
   Tensor rows_of(const Tensor& t, std::int64_t features) const;
-  Tensor backward_kernel(const Tensor& dy, bool need_dx, Tensor dw_, Tensor db_, bool accumulate);
-  bool split_ = false;      // the backend's kernels accept an undefined dw
-  bool w_pending_ = false;  // backward_input ran; backward_weight owes dw (and db)
-  bool w_accumulate_ = false;
-  Tensor dy_;               // kept from backward_input for backward_weight
   LinearSpec spec_;
-  Init init_;
-  std::size_t w_ = 0, b_ = 0;
-  Tensor w, b, dw, db, x_, y_, dx_;
   std::unique_ptr<LinearKernel> k_;
 };
 
-class Conv2d : public Layer {
+class Conv2d : public WeightLayer {
  public:
   Conv2d(std::string name, Conv2dSpec spec, Init init = Init::kaiming_normal);
   const char* type() const override;
   const Conv2dSpec& spec() const { return spec_; }
-  void register_params(ParamArena& arena, int layer_index, const std::string& prefix) override;
   void bind(const BindContext& ctx) override;
-  void init(const ParamArena& arena, std::uint64_t seed) override;
   Shape output_shape(const Shape& in) const override;
   double forward_flops(const Shape& in) const override;
 
  protected:
   Tensor do_forward(const Tensor& x, Mode mode) override;
-  Tensor do_backward(const Tensor& dy, bool need_dx, bool accumulate) override;
-  Tensor do_backward_input(const Tensor& dy, bool need_dx, bool accumulate) override;
-  void do_backward_weight() override;
-
- public:
-  bool splits_backward() const override { return split_; }
+  Tensor run_backward(const Tensor& dy, bool need_dx, bool weights, bool accumulate) override;
 
  private:
-  bool split_ = false;      // the backend's kernels accept an undefined dw
-  bool w_pending_ = false;  // backward_input ran; backward_weight owes dw (and db)
-  bool w_accumulate_ = false;
-  Tensor dy_;               // kept from backward_input for backward_weight
   Shape conv_shape(const Shape& in) const;  // before the fused pooling
   Conv2dSpec spec_;
-  Init init_;
-  std::size_t w_ = 0, b_ = 0;
-  Tensor w, b, dw, db, x_, y_, dx_;
   std::unique_ptr<Conv2dKernel> k_;
 };
 
@@ -147,6 +160,9 @@ class Activation : public Layer {
   std::unique_ptr<EltwiseKernel> k_;
 };
 
+// The [N, C, OH, OW] that pooling [N, C, H, W] gives (OH or OW <= 0: the kernel does not fit).
+Shape pool2d_output(const Shape& in, const Pool2dSpec& s);
+
 // MaxPool2d / AvgPool2d; global_avg=true pools the whole H x W (kernel set per input).
 class Pool2d : public Layer {
  public:
@@ -172,7 +188,7 @@ class Pool2d : public Layer {
 // stream, optimizer step, global element index) only, where an element's index
 // counts from the first sample of the step's global batch (BindContext::position),
 // so every layout draws the 1-rank run's mask for a sample. Without a position
-// (a Model on its own) the forward call count stands in for the step and the
+// (a layer bound on its own) the forward call count stands in for the step and the
 // local element index for the global one. Identity in eval mode.
 class Dropout : public Layer {
  public:
@@ -270,7 +286,10 @@ class Residual : public Layer {
 };
 
 // ResNet BasicBlock: conv3x3(stride)-BN-ReLU-conv3x3-BN (+ 1x1 conv-BN shortcut
-// when the shape changes), add, ReLU.
-LayerPtr basic_block(const std::string& name, std::int64_t in_ch, std::int64_t out_ch, std::int64_t stride);
+// when the shape changes), add, ReLU; `resnet`'s block (models.cpp). Over g
+// the first conv is column-parallel, bn1 channel-split and the second conv
+// row-parallel (one all-reduce each way); size 1 builds the plain block.
+LayerPtr basic_block(const std::string& name, std::int64_t in_ch, std::int64_t out_ch, std::int64_t stride,
+                     const TensorGroup& g = {});
 
 }  // namespace ringtrain

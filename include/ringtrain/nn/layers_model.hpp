@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "ringtrain/nn/layer.hpp"
+#include "ringtrain/nn/tensor_group.hpp"
 
 namespace ringtrain {
 
@@ -39,9 +40,18 @@ struct LayerDesc {
 // throws Error naming model.layers[i] and the key.
 void check_layer_descs(const std::vector<LayerDesc>& layers);
 
-// The top-level layers of a `layers` model for cfg (cfg.layers, the data's
-// shape, cfg.classes, cfg.tensor). fuse_pool: the backend fuses max pooling
-// into the convolution (else a conv's `pool` becomes its own layer).
+// The top-level layers `descs` describe, for cfg's data shape, cfg.classes
+// and cfg.tensor (a built-in model is such a list too, models.cpp). `where`
+// names the list in errors ("model.layers"); the last entry must give one
+// score per class. fuse_pool: the backend fuses max pooling into the
+// convolution (else a conv's `pool` becomes its own layer "<name>_pool").
+std::vector<LayerPtr> build_described_layers(const std::vector<LayerDesc>& descs, const ModelConfig& cfg,
+                                             bool fuse_pool, const std::string& where);
+// One entry, built for input samples of shape `sample` (without the batch:
+// [C, H, W] or [T, D]) and the tensor group g; it must be one layer.
+LayerPtr build_described_layer(const LayerDesc& d, const Shape& sample, const TensorGroup& g, bool fuse_pool);
+
+// The top-level layers of a `layers` model for cfg (cfg.layers).
 std::vector<LayerPtr> layers_model(const ModelConfig& cfg, bool fuse_pool);
 
 }  // namespace ringtrain

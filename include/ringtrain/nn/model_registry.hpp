@@ -1,7 +1,7 @@
 #pragma once
 // Models of the user's own, by name. A program registers a builder before it
 // trains, then uses the name like a built-in one (model.name in TOML, --model,
-// build_model, Trainer), e.g.
+// build_model_layers, Trainer), e.g.
 //   ringtrain::register_model("mynet", build_mynet);
 //   return ringtrain::main(argc, argv);   // ringtrain/cli/main.hpp
 // docs/custom_model.md walks through examples/custom_model.
@@ -17,23 +17,22 @@
 //    Activation, Pool2d, Dropout, Flatten, Sequential, Residual, basic_block),
 //    nn/transformer.hpp (LayerNorm, MultiHeadSelfAttention, PatchEmbed,
 //    TokenMean, ResidualStack, transformer_block) and the tensor-parallel
-//    layers below. The output is [N, classes]
-//    logits for the softmax cross-entropy loss.
+//    layers below. The output is [N, classes] logits for the softmax
+//    cross-entropy loss. A list of LayerDesc entries built by
+//    build_described_layers (nn/layers_model.hpp) is a model too.
 //  - A pipeline (parallel.pipeline = P) partitions the top-level list into P
 //    contiguous ranges: a top-level layer is never split, so a residual block
 //    (Residual / Sequential) stays whole on one stage. Give the model at least P
 //    top-level layers and unique top-level names.
 //  - Tensor parallelism (parallel.tensor = T) applies where the builder uses
-//    cfg.tensor: ColumnParallelLinear / RowParallelLinear (nn/tensor_parallel.hpp),
-//    ColumnParallelConv2d / ChannelParallelBatchNorm2d / RowParallelConv2d /
-//    tensor_parallel_basic_block (nn/tensor_parallel_conv.hpp),
-//    tensor_parallel_block. Layers built without
-//    cfg.tensor are replicated on the T ranks. The split sizes must be
+//    cfg.tensor: split_layer (column- or row-parallel Linear / Conv2d,
+//    nn/tensor_parallel.hpp), ChannelParallelBatchNorm2d, and basic_block,
+//    transformer_block, multi_head_attention given the group. Layers built
+//    without cfg.tensor are replicated on the T ranks. The split sizes must be
 //    divisible by cfg.tensor.size (check_tensor_divides gives a clear error).
-//    Tensor-parallel layers run on the CPU device.
 //  - The same list for every layout: the number, order and names of the
 //    top-level layers and of their parameters must not depend on cfg.tensor
-//    (a ColumnParallelLinear registers its shard of the same parameter the
+//    (a ColumnParallel layer registers its shard of the same parameter the
 //    Linear would). Initial values come from the counter RNG keyed by
 //    (cfg.seed, parameter index, element index), so they equal the 1-rank
 //    model's at every layout; a Layer subclass of its own must do the same.

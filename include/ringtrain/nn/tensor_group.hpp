@@ -8,9 +8,9 @@
 
 namespace ringtrain {
 
-// Time spent in the group's collectives (tp_all_reduce, tp_gather_last,
-// tp_split_last), for benchmarks: shared by every copy of the group (the
-// layers hold copies), added to by the collectives, reset by whoever reads it.
+// Time spent in the group's collectives (tp_all_reduce), for benchmarks:
+// shared by every copy of the group (the layers hold copies), added to by the
+// collectives, reset by whoever reads it.
 struct TpStats {
   double seconds = 0;
   std::int64_t calls = 0;

@@ -1,39 +1,42 @@
 #pragma once
 // Tensor (intra-layer) parallelism after Megatron-LM (Shoeybi et al. 2019).
 // A TensorGroup is the tensor-parallel communicator of the process grid; the
-// layers here split one Linear across its ranks:
+// layers here split one Linear or Conv2d across its ranks:
 //  - f ("copy to region"):   identity forward, all-reduce (sum) backward.
 //  - g ("reduce from region"): all-reduce (sum) forward, identity backward.
-//  - gather / split along the last (feature) dimension, adjoint of each other.
-//  - ColumnParallelLinear: weight rows split, each rank computes out/T
-//    features of the output; f on its input (dx all-reduced in backward).
-//  - RowParallelLinear: input features split; each rank's partial product is
-//    all-reduced (g), then the replicated bias (and an optional ReLU) is applied
-//    once, after the reduction.
-// An MLP column -> GELU -> row and attention with qkv column-parallel (per
-// head) and proj row-parallel cost one all-reduce forward and one backward
-// each: two per transformer block in each direction.
+//  - ColumnParallel: each rank keeps out/T outputs (weight rows, bias split
+//    with them); f on its input (dx all-reduced in backward). A fused ReLU or
+//    pooling is per output, so it stays local.
+//  - RowParallel: each rank takes in/T inputs (features, or channels of a
+//    column-split activation); the partial products are all-reduced (g), then
+//    the replicated bias, the ReLU and the pooling of the spec run once, after
+//    the reduction, as Backend operations (so on the tensors' device).
+//  - ChannelParallelBatchNorm2d: BatchNorm over this rank's channels of a
+//    channel-split activation; statistics are per channel over the whole
+//    batch, so they equal the unsplit layer's.
+// column -> [per-feature layers] -> row costs one all-reduce forward and one
+// backward: an MLP pair, conv pair, or attention with qkv column-parallel (per
+// head) and proj row-parallel; two per transformer block in each direction.
 //
 // Rules: parameters are the local shards, marked in the arena (ShardSpec) so
-// clipping, checkpoints and broadcasts know what is sharded. Initial values
-// are the 1-rank model's (same counter-RNG stream for the whole weight, then
-// the rank's part), so tensor = T starts where tensor = 1 starts. The
-// collectives are ringtrain's own (comm/collectives.hpp): all-reduces of device
-// tensors go through the device collectives, gathers and splits through host
-// memory. (The CUDA path is compiled and reviewed; it has not run on a GPU yet.)
+// clipping, checkpoints and broadcasts know what is sharded; they keep the
+// unsplit layer's names and registration order. Initial values are the
+// unsplit layer's (the same counter-RNG stream for the whole weight, then the
+// rank's part), so tensor = T starts where tensor = 1 starts. The collectives
+// are ringtrain's own (comm/collectives.hpp): all-reduces of device tensors go
+// through the device collectives.
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "ringtrain/nn/layers.hpp"
 #include "ringtrain/nn/tensor_group.hpp"
-#include "ringtrain/nn/transformer.hpp"
 
 namespace ringtrain {
 
-// ---- the conjugate operators and feature-dimension gather/split (in place where possible) ----
-void tp_all_reduce(Tensor& t, const TensorGroup& g);                       // sum over the group, in place
-void tp_gather_last(const Tensor& local, Tensor& whole, const TensorGroup& g);  // [..., d] -> [..., d*T]
-void tp_split_last(const Tensor& whole, Tensor& local, const TensorGroup& g);   // [..., d*T] -> rank's [..., d]
+// f's backward and g's forward: the sum over the group, in place (f's forward
+// and g's backward are the identity).
+void tp_all_reduce(Tensor& t, const TensorGroup& g);
 
 // ---- shards of whole tensors (host) ----
 // This rank's part of `whole` as `s` describes it (s.global == whole.shape()).
@@ -45,98 +48,96 @@ Tensor gather_whole(const Tensor& local, const ShardSpec& s, const TensorGroup& 
 // Split of `global` into `parts` along `dim` for part `index`.
 ShardSpec make_shard(const Shape& global, int dim, int parts, int index, int blocks = 1);
 
-namespace detail {
-// The backward of a column-parallel layer around its local part: dx (a partial
-// sum of the replicated input's gradient) is all-reduced over g on a helper
-// thread while `local` computes its weight gradient (async dgrad all-reduce).
-Tensor column_parallel_backward(Layer& local, const Tensor& dy, bool need_dx, bool accumulate, const TensorGroup& g);
-}  // namespace detail
-
-// f and g as layers (for building blocks by hand; the parallel Linears call the functions).
-class CopyToTensorRegion : public Layer {  // f
+// What ColumnParallel and RowParallel share: this rank's part of one Linear
+// or Conv2d (`local_`, an ordinary layer of the local sizes under the whole
+// layer's name, so its parameters keep the whole layer's names), its weight
+// marked as part `g.rank` of the whole along `dim` (0: outputs, 1: inputs),
+// and initial values that are that part of the whole weight's.
+class TensorParallelLayer : public Layer {
  public:
-  CopyToTensorRegion(std::string name, TensorGroup g) : Layer(std::move(name)), g_(std::move(g)) {}
-  const char* type() const override { return "CopyToTensorRegion"; }
-  Shape output_shape(const Shape& in) const override { return in; }
-
- protected:
-  Tensor do_forward(const Tensor& x, Mode) override { return x; }
-  Tensor do_backward(const Tensor& dy, bool need_dx, bool) override;
-
- private:
-  TensorGroup g_;
-  Tensor dx_;
-};
-
-class ReduceFromTensorRegion : public Layer {  // g
- public:
-  ReduceFromTensorRegion(std::string name, TensorGroup g) : Layer(std::move(name)), g_(std::move(g)) {}
-  const char* type() const override { return "ReduceFromTensorRegion"; }
-  Shape output_shape(const Shape& in) const override { return in; }
-
- protected:
-  Tensor do_forward(const Tensor& x, Mode) override;
-  Tensor do_backward(const Tensor& dy, bool, bool) override { return dy; }
-
- private:
-  TensorGroup g_;
-  Tensor y_;
-};
-
-// spec: the WHOLE layer (in -> out); blocks: out is `blocks` equal parts split
-// separately (3 for a fused qkv projection, so heads stay whole on a rank).
-class ColumnParallelLinear : public Layer {
- public:
-  ColumnParallelLinear(std::string name, LinearSpec spec, Init init, TensorGroup g, int blocks = 1);
-  const char* type() const override { return "ColumnParallelLinear"; }
+  const char* type() const override { return type_; }
   void register_params(ParamArena& arena, int layer_index, const std::string& prefix) override;
   void bind(const BindContext& ctx) override;
   void init(const ParamArena& arena, std::uint64_t seed) override;
   Shape output_shape(const Shape& in) const override { return local_->output_shape(in); }
   double forward_flops(const Shape& in) const override { return local_->forward_flops(in); }
+
+ protected:
+  TensorParallelLayer(std::string name, const char* type, std::unique_ptr<WeightLayer> local, int dim,
+                      TensorGroup g, int blocks);
+  const char* type_;
+  std::unique_ptr<WeightLayer> local_;
+  int dim_, blocks_;
+  TensorGroup g_;
+  Shape whole_;  // the whole weight's shape
+};
+
+// spec: the WHOLE layer. blocks: its outputs are `blocks` equal parts split
+// separately (3 for a fused qkv projection, so heads stay whole on a rank).
+class ColumnParallel : public TensorParallelLayer {
+ public:
+  ColumnParallel(std::string name, const LinearSpec& spec, Init init, TensorGroup g, int blocks = 1);
+  ColumnParallel(std::string name, const Conv2dSpec& spec, Init init, TensorGroup g, int blocks = 1);
 
  protected:
   Tensor do_forward(const Tensor& x, Mode mode) override { return local_->forward(x, mode); }
   Tensor do_backward(const Tensor& dy, bool need_dx, bool accumulate) override;
-
- private:
-  LinearSpec spec_;
-  Init init_;
-  TensorGroup g_;
-  int blocks_;
-  std::unique_ptr<Linear> local_;  // in -> out/T, same name: parameters "<name>.weight", "<name>.bias"
 };
 
-class RowParallelLinear : public Layer {
+class RowParallel : public TensorParallelLayer {
  public:
-  RowParallelLinear(std::string name, LinearSpec spec, Init init, TensorGroup g);
-  const char* type() const override { return spec_.fuse_relu ? "RowParallelLinear+ReLU" : "RowParallelLinear"; }
+  RowParallel(std::string name, const LinearSpec& spec, Init init, TensorGroup g);
+  RowParallel(std::string name, const Conv2dSpec& spec, Init init, TensorGroup g);
   void register_params(ParamArena& arena, int layer_index, const std::string& prefix) override;
   void bind(const BindContext& ctx) override;
   void init(const ParamArena& arena, std::uint64_t seed) override;
-  Shape output_shape(const Shape& in) const override { return local_->output_shape(in); }
-  double forward_flops(const Shape& in) const override { return local_->forward_flops(in); }
+  Shape output_shape(const Shape& in) const override;
 
  protected:
   Tensor do_forward(const Tensor& x, Mode mode) override;
   Tensor do_backward(const Tensor& dy, bool need_dx, bool accumulate) override;
 
  private:
-  LinearSpec spec_;
-  Init init_;
-  TensorGroup g_;
-  std::unique_ptr<Linear> local_;  // in/T -> out without bias
+  // What runs after the reduction (the local layer has none of it).
+  struct After {
+    bool bias = false, relu = false, pool = false;
+    bool images = false;  // NCHW: the bias is per channel over H*W (else over the last dimension)
+    Pool2dSpec pool_spec;
+  };
+  RowParallel(std::string name, const char* type, std::unique_ptr<WeightLayer> local, TensorGroup g, After after);
+  std::int64_t inner(const Tensor& z) const;  // elements per bias entry: 1, or H*W of images
+
+  After after_;
   std::size_t b_ = 0;
   Backend* be_ = nullptr;
-  Tensor b, db, y_, dy_;
+  std::unique_ptr<EltwiseKernel> relu_;
+  std::unique_ptr<Pool2dKernel> pool_;
+  Tensor b, db, z_, y_, dz_;  // z_: the reduced output (+ bias, ReLU) before the pooling
 };
 
-// The pre-norm transformer block (transformer_block) split over g: attention
-// with heads/T local heads (qkv column-parallel per head, proj row-parallel),
-// MLP fc1 column-parallel -> GELU -> fc2 row-parallel. LayerNorms, the row
-// biases and the dropouts (outside the parallel regions: the same stream on
-// every tensor rank) are replicated. Errors name model.heads / model.mlp_ratio.
-LayerPtr tensor_parallel_block(const std::string& name, const TransformerBlockSpec& s, const TensorGroup& g);
+// channels: the WHOLE layer's; this rank normalises channels/T of them.
+class ChannelParallelBatchNorm2d : public BatchNorm2d {
+ public:
+  ChannelParallelBatchNorm2d(std::string name, BatchNormSpec whole, TensorGroup g);
+  void register_params(ParamArena& arena, int layer_index, const std::string& prefix) override;
+  std::vector<NamedBuffer> buffers() const override;
+
+ private:
+  std::int64_t channels_;  // whole
+  TensorGroup g_;
+};
+
+// A model's tensor-parallel plan for one layer: replicated on every tensor
+// rank, or split by output (column) or input (row).
+enum class TensorSplit { none, column, row };
+
+// The layer `spec` describes (the WHOLE layer) as this rank builds it: the
+// plain Linear / Conv2d when split is none or g.size == 1 (a split over one
+// rank is the layer itself), else its ColumnParallel / RowParallel part.
+LayerPtr split_layer(std::string name, const LinearSpec& spec, Init init, TensorSplit split, const TensorGroup& g,
+                     int blocks = 1);
+LayerPtr split_layer(std::string name, const Conv2dSpec& spec, Init init, TensorSplit split, const TensorGroup& g,
+                     int blocks = 1);
 
 // Divisibility checks with errors naming the configuration key and values.
 void check_tensor_divides(std::int64_t value, const char* key, const TensorGroup& g, const char* model);

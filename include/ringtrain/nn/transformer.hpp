@@ -4,16 +4,18 @@
 // within a sample. The vision transformer (`vit`, models.cpp) is
 //   PatchEmbed -> ResidualStack x depth -> LayerNorm -> TokenMean -> Linear.
 //
-// Tensor-parallel variants plug in without new math: MultiHeadSelfAttention
-// takes its qkv and output projections as layers (a column- and a
-// row-parallel Linear) and its head count as a parameter (the local heads),
-// and ResidualStack takes arbitrary branches.
+// Tensor parallelism needs no new math: MultiHeadSelfAttention takes its qkv
+// and output projections as layers (column- and row-parallel over a
+// TensorGroup of size > 1) and its head count as a parameter (the local
+// heads), and ResidualStack takes arbitrary branches. The block builders
+// below take the group; size 1 builds the plain layers.
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "ringtrain/nn/layers.hpp"
+#include "ringtrain/nn/tensor_group.hpp"
 
 namespace ringtrain {
 
@@ -63,8 +65,10 @@ class MultiHeadSelfAttention : public Layer {
   std::unique_ptr<AttentionKernel> k_;
 };
 
-// The standard attention: qkv and proj are Linear(dim, 3 dim) and Linear(dim, dim) with biases.
-LayerPtr multi_head_attention(const std::string& name, std::int64_t dim, std::int64_t heads);
+// The standard attention: qkv and proj are Linear(dim, 3 dim) and Linear(dim, dim) with biases;
+// over g, qkv is column-parallel per head and proj row-parallel (heads/T heads per rank).
+LayerPtr multi_head_attention(const std::string& name, std::int64_t dim, std::int64_t heads,
+                              const TensorGroup& g = {});
 
 // Image [N, C, H, W] -> patches [N, T, C*p*p] -> Linear "proj" to [N, T, D],
 // plus a learned position embedding "pos_embed" [T, D] (normal, std 0.02).
@@ -143,7 +147,10 @@ struct TransformerBlockSpec {
   double mlp_ratio = 4.0;  // hidden = round(dim * mlp_ratio)
   double dropout = 0.0;    // after the attention projection and after fc2 (0: none)
 };
-// Pre-norm block "<name>": norm1, attn (qkv, proj), norm2, fc1, GELU, fc2.
-LayerPtr transformer_block(const std::string& name, const TransformerBlockSpec& s);
+// Pre-norm block "<name>": norm1, attn (qkv, proj), norm2, fc1, GELU, fc2. Over g
+// the attention splits its heads and the MLP is fc1 column-parallel, fc2
+// row-parallel; LayerNorms, the row biases and the dropouts (outside the
+// parallel regions: the same stream on every tensor rank) are replicated.
+LayerPtr transformer_block(const std::string& name, const TransformerBlockSpec& s, const TensorGroup& g = {});
 
 }  // namespace ringtrain

@@ -39,6 +39,8 @@ class Stage {
   using GradReady = std::function<void(int local_layer)>;
 
   Stage(const ModelConfig& mc, Device dev, int first, int end, int slots);
+  // The whole model: every top-level layer, one activation slot.
+  Stage(const ModelConfig& mc, Device dev);
   ~Stage();
   // Input and output shapes of layers [first, end) for n samples, without
   // allocating anything (the executor sizes its buffers before the stage exists).

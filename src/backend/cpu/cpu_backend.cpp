@@ -155,8 +155,12 @@ class CpuBackend final : public Backend {
   std::unique_ptr<AttentionKernel> attention(const AttentionSpec& s) override { return cpu::make_attention(s, d_); }
   void patchify(const Tensor& x, std::int64_t p, Tensor& out) override { cpu::patchify(x, p, out); }
   void unpatchify(const Tensor& dout, std::int64_t p, Tensor& dx) override { cpu::unpatchify(dout, p, dx); }
-  void add_broadcast(const Tensor& x, const Tensor& b, Tensor& out) override { cpu::add_broadcast(x, b, out); }
-  void sum_leading(const Tensor& dy, Tensor& db, bool accumulate) override { cpu::sum_leading(dy, db, accumulate); }
+  void add_broadcast(const Tensor& x, const Tensor& b, std::int64_t inner, Tensor& out) override {
+    cpu::add_broadcast(x, b, inner, out);
+  }
+  void sum_broadcast(const Tensor& dy, std::int64_t inner, Tensor& db, bool accumulate) override {
+    cpu::sum_broadcast(dy, inner, db, accumulate);
+  }
   void token_mean(const Tensor& x, Tensor& y) override { cpu::token_mean(x, y); }
   void token_mean_backward(const Tensor& dy, Tensor& dx) override { cpu::token_mean_backward(dy, dx); }
 

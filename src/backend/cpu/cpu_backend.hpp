@@ -71,8 +71,8 @@ std::unique_ptr<AttentionKernel> make_attention(const AttentionSpec& s, DnnlPtr 
 // Token ops (transformer.cpp); Backend's contracts.
 void patchify(const Tensor& x, std::int64_t p, Tensor& out);
 void unpatchify(const Tensor& dout, std::int64_t p, Tensor& dx);
-void add_broadcast(const Tensor& x, const Tensor& b, Tensor& out);
-void sum_leading(const Tensor& dy, Tensor& db, bool accumulate);
+void add_broadcast(const Tensor& x, const Tensor& b, std::int64_t inner, Tensor& out);
+void sum_broadcast(const Tensor& dy, std::int64_t inner, Tensor& db, bool accumulate);
 void token_mean(const Tensor& x, Tensor& y);
 void token_mean_backward(const Tensor& dy, Tensor& dx);
 

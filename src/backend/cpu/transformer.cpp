@@ -303,25 +303,54 @@ void unpatchify(const Tensor& dout, std::int64_t p, Tensor& dx) {
   patch_copy(dx.data<float>(), dout.data<float>(), patch_geom(dx.shape(), p, dout, "unpatchify"), false);
 }
 
-void add_broadcast(const Tensor& x, const Tensor& b, Tensor& out) {
+namespace {
+// x's [outer, m, inner] view for a broadcast of m = b.numel() entries over `inner` elements each.
+std::int64_t broadcast_outer(const Tensor& x, const Tensor& b, std::int64_t inner, const char* what) {
+  const std::int64_t m = b.numel(), per = m * inner, outer = per > 0 ? x.numel() / per : 0;
+  RT_CHECK(m > 0 && inner > 0 && outer * per == x.numel(), what, ": ", shape_str(b.shape()), " with inner ", inner,
+           " does not broadcast over ", shape_str(x.shape()));
+  return outer;
+}
+}  // namespace
+
+void add_broadcast(const Tensor& x, const Tensor& b, std::int64_t inner, Tensor& out) {
   check(x, "add_broadcast", "x");
   check(b, "add_broadcast", "b");
   check(out, "add_broadcast", "out");
-  const std::int64_t m = b.numel(), rows = m > 0 ? x.numel() / m : 0;
-  RT_CHECK(m > 0 && rows * m == x.numel() && out.numel() == x.numel(), "add_broadcast: ", shape_str(b.shape()),
-           " does not broadcast over ", shape_str(x.shape()));
-  for (std::int64_t r = 0; r < rows; ++r) add(x.data<float>() + r * m, b.data<float>(), out.data<float>() + r * m, m);
+  const std::int64_t outer = broadcast_outer(x, b, inner, "add_broadcast"), m = b.numel();
+  RT_CHECK(out.numel() == x.numel(), "add_broadcast: out ", shape_str(out.shape()), " is not x's size ",
+           shape_str(x.shape()));
+  const float *px = x.data<float>(), *pb = b.data<float>();
+  float* po = out.data<float>();
+  if (inner == 1) {
+    for (std::int64_t r = 0; r < outer; ++r) add(px + r * m, pb, po + r * m, m);
+    return;
+  }
+  for (std::int64_t r = 0; r < outer * m; ++r) {
+    const float v = pb[r % m];
+    for (std::int64_t k = 0; k < inner; ++k) po[r * inner + k] = px[r * inner + k] + v;
+  }
 }
 
-void sum_leading(const Tensor& dy, Tensor& db, bool accumulate) {
-  check(dy, "sum_leading", "dy");
-  check(db, "sum_leading", "db");
-  const std::int64_t m = db.numel(), rows = m > 0 ? dy.numel() / m : 0;
-  RT_CHECK(m > 0 && rows * m == dy.numel(), "sum_leading: ", shape_str(db.shape()), " does not divide ",
-           shape_str(dy.shape()));
+// Rows (inner = 1) are added in float, row by row (vectorised); a per-channel
+// sum over many pixels (inner > 1) is accumulated in double.
+void sum_broadcast(const Tensor& dy, std::int64_t inner, Tensor& db, bool accumulate) {
+  check(dy, "sum_broadcast", "dy");
+  check(db, "sum_broadcast", "db");
+  const std::int64_t outer = broadcast_outer(dy, db, inner, "sum_broadcast"), m = db.numel();
+  const float* g = dy.data<float>();
   float* o = db.data<float>();
-  if (!accumulate) std::fill(o, o + m, 0.f);
-  for (std::int64_t r = 0; r < rows; ++r) add_into(o, dy.data<float>() + r * m, m);
+  if (inner == 1) {
+    if (!accumulate) std::fill(o, o + m, 0.f);
+    for (std::int64_t r = 0; r < outer; ++r) add_into(o, g + r * m, m);
+    return;
+  }
+  for (std::int64_t c = 0; c < m; ++c) {
+    double s = 0;
+    for (std::int64_t n = 0; n < outer; ++n)
+      for (std::int64_t k = 0; k < inner; ++k) s += g[(n * m + c) * inner + k];
+    o[c] = static_cast<float>(accumulate ? o[c] + s : s);
+  }
 }
 
 void token_mean(const Tensor& x, Tensor& y) {

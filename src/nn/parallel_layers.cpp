@@ -1,0 +1,218 @@
+// The column- and row-parallel layers over one Linear or Conv2d, and the
+// channel-split BatchNorm (see nn/tensor_parallel.hpp). The local math is an
+// ordinary layer on the shard; this file adds the communication, the
+// operations after the reduction and the shard bookkeeping.
+#include <future>
+
+#include "init.hpp"
+#include "ringtrain/nn/tensor_parallel.hpp"
+
+namespace ringtrain {
+namespace {
+
+std::int64_t& split_size(LinearSpec& s, int dim) { return dim == 0 ? s.out_features : s.in_features; }
+std::int64_t& split_size(Conv2dSpec& s, int dim) { return dim == 0 ? s.out_channels : s.in_channels; }
+const char* unit(const LinearSpec&, int dim) { return dim == 0 ? "output features" : "input features"; }
+const char* unit(const Conv2dSpec&, int dim) { return dim == 0 ? "filters" : "input channels"; }
+const char* type_of(const LinearSpec&, int dim) { return dim == 0 ? "ColumnParallelLinear" : "RowParallelLinear"; }
+const char* type_of(const Conv2dSpec&, int dim) { return dim == 0 ? "ColumnParallelConv2d" : "RowParallelConv2d"; }
+std::unique_ptr<WeightLayer> layer_of(const std::string& name, const LinearSpec& s, Init init) {
+  return std::make_unique<Linear>(name, s, init);
+}
+std::unique_ptr<WeightLayer> layer_of(const std::string& name, const Conv2dSpec& s, Init init) {
+  return std::make_unique<Conv2d>(name, s, init);
+}
+
+// This rank's part of the whole layer `s` along dim (0: outputs, 1: inputs).
+template <class Spec>
+std::unique_ptr<WeightLayer> part_of(const std::string& name, Spec s, Init init, int dim, const TensorGroup& g,
+                                     int blocks) {
+  std::int64_t& n = split_size(s, dim);
+  RT_CHECK(blocks > 0 && n % (std::int64_t(g.size) * blocks) == 0, type_of(s, dim), " '", name, "': ", n, " ",
+           unit(s, dim), " are not divisible by the tensor size ", g.size,
+           blocks > 1 ? cat(" in each of ", blocks, " blocks") : std::string());
+  n /= g.size;
+  return layer_of(name, s, init);
+}
+
+// A row layer's local part adds no bias, ReLU or pooling: they run once, after the reduction.
+LinearSpec without_after(LinearSpec s) {
+  s.bias = s.fuse_relu = false;
+  return s;
+}
+Conv2dSpec without_after(Conv2dSpec s) {
+  s.bias = s.fuse_relu = s.fuse_pool = false;
+  return s;
+}
+
+template <class Spec>
+LayerPtr split_of(std::string name, const Spec& s, Init init, TensorSplit split, const TensorGroup& g, int blocks) {
+  if (split == TensorSplit::none || g.size == 1) return layer_of(name, s, init);
+  if (split == TensorSplit::column) return std::make_unique<ColumnParallel>(std::move(name), s, init, g, blocks);
+  RT_CHECK(blocks == 1, "split_layer '", name, "': blocks are a column-parallel split");
+  return std::make_unique<RowParallel>(std::move(name), s, init, g);
+}
+
+}  // namespace
+
+LayerPtr split_layer(std::string name, const LinearSpec& spec, Init init, TensorSplit split, const TensorGroup& g,
+                     int blocks) {
+  return split_of(std::move(name), spec, init, split, g, blocks);
+}
+LayerPtr split_layer(std::string name, const Conv2dSpec& spec, Init init, TensorSplit split, const TensorGroup& g,
+                     int blocks) {
+  return split_of(std::move(name), spec, init, split, g, blocks);
+}
+
+// ---- TensorParallelLayer ----------------------------------------------------------
+TensorParallelLayer::TensorParallelLayer(std::string name, const char* type, std::unique_ptr<WeightLayer> local,
+                                         int dim, TensorGroup g, int blocks)
+    : Layer(std::move(name)), type_(type), local_(std::move(local)), dim_(dim), blocks_(blocks), g_(std::move(g)) {
+  whole_ = local_->weight_shape();
+  whole_[static_cast<std::size_t>(dim_)] *= g_.size;
+}
+
+void TensorParallelLayer::register_params(ParamArena& arena, int li, const std::string& prefix) {
+  local_->register_params(arena, li, prefix);
+  params_ = local_->params();
+  arena.set_shard(params_[0], make_shard(whole_, dim_, g_.size, g_.rank, blocks_));
+  // A bias goes with the weight's rows (a row layer's local part has none).
+  if (local_->has_bias()) arena.set_shard(params_[1], make_shard({whole_[0]}, 0, g_.size, g_.rank, blocks_));
+}
+
+void TensorParallelLayer::bind(const BindContext& ctx) { local_->bind(ctx); }
+
+// The whole weight's fans, as WeightLayer::init uses them for the unsplit layer.
+void TensorParallelLayer::init(const ParamArena& arena, std::uint64_t seed) {
+  const double n = double(shape_numel(whole_));
+  detail::init_shard(arena, params_[0], local_->init_kind(), n / double(whole_[0]), n / double(whole_[1]), seed);
+  if (local_->has_bias()) detail::fill_param(arena, params_[1], 0.0);
+}
+
+// ---- ColumnParallel ---------------------------------------------------------------
+ColumnParallel::ColumnParallel(std::string name, const LinearSpec& s, Init init, TensorGroup g, int blocks)
+    : TensorParallelLayer(name, type_of(s, 0), part_of(name, s, init, 0, g, blocks), 0, g, blocks) {}
+ColumnParallel::ColumnParallel(std::string name, const Conv2dSpec& s, Init init, TensorGroup g, int blocks)
+    : TensorParallelLayer(name, type_of(s, 0), part_of(name, s, init, 0, g, blocks), 0, g, blocks) {}
+
+// f's backward all-reduces dx (the input was replicated). As Megatron's async
+// dgrad all-reduce, it runs on a helper thread while this one computes the
+// weight gradient, which does not depend on it: the same sums, the wait hidden
+// behind the GEMM. On a GPU the all-reduce runs inline: the device collectives
+// own the stream work of the calling thread (no second thread on the context).
+Tensor ColumnParallel::do_backward(const Tensor& dy, bool need_dx, bool accumulate) {
+  Tensor dx = local_->backward_input(dy, need_dx, accumulate);
+  if (!need_dx || g_.size == 1 || !dx.device().is_cpu()) {
+    if (need_dx && g_.size > 1) tp_all_reduce(dx, g_);
+    local_->backward_weight();
+    return dx;
+  }
+  std::future<void> reduce = std::async(std::launch::async, [&] { tp_all_reduce(dx, g_); });
+  try {
+    local_->backward_weight();
+  } catch (...) {
+    reduce.wait();
+    throw;
+  }
+  reduce.get();
+  return dx;
+}
+
+// ---- RowParallel --------------------------------------------------------------------
+RowParallel::RowParallel(std::string name, const LinearSpec& s, Init init, TensorGroup g)
+    : RowParallel(name, type_of(s, 1), part_of(name, without_after(s), init, 1, g, 1), g,
+                  After{s.bias, s.fuse_relu, false, false, {}}) {}
+RowParallel::RowParallel(std::string name, const Conv2dSpec& s, Init init, TensorGroup g)
+    : RowParallel(name, type_of(s, 1), part_of(name, without_after(s), init, 1, g, 1), g,
+                  After{s.bias, s.fuse_relu, s.fuse_pool, true, s.pool}) {}
+RowParallel::RowParallel(std::string name, const char* type, std::unique_ptr<WeightLayer> local, TensorGroup g,
+                         After after)
+    : TensorParallelLayer(std::move(name), type, std::move(local), 1, std::move(g), 1), after_(after) {}
+
+void RowParallel::register_params(ParamArena& arena, int li, const std::string& prefix) {
+  TensorParallelLayer::register_params(arena, li, prefix);
+  if (after_.bias) b_ = add_param(arena, prefix, "bias", {whole_[0]}, local_->weight_dtype(), false, li);  // replicated
+}
+
+void RowParallel::bind(const BindContext& ctx) {
+  TensorParallelLayer::bind(ctx);
+  be_ = &ctx.backend;
+  if (after_.bias) {
+    b = ctx.arena.param(b_);
+    db = ctx.arena.grad(b_);
+  }
+  if (after_.relu) relu_ = ctx.backend.eltwise(Eltwise::relu, local_->weight_dtype());
+  if (after_.pool) pool_ = ctx.backend.pool2d(after_.pool_spec);
+}
+
+void RowParallel::init(const ParamArena& arena, std::uint64_t seed) {
+  TensorParallelLayer::init(arena, seed);
+  if (after_.bias) detail::fill_param(arena, b_, 0.0);
+}
+
+Shape RowParallel::output_shape(const Shape& in) const {
+  Shape o = local_->output_shape(in);
+  if (!after_.pool) return o;
+  const Shape p = pool2d_output(o, after_.pool_spec);
+  RT_CHECK(p[2] > 0 && p[3] > 0, type_, " '", name_, "': its output ", shape_str(o),
+           " is smaller than the fused pooling");
+  return p;
+}
+
+std::int64_t RowParallel::inner(const Tensor& z) const { return after_.images ? z.dim(2) * z.dim(3) : 1; }
+
+Tensor RowParallel::do_forward(const Tensor& x, Mode mode) {
+  Tensor partial = local_->forward(x, mode);
+  ensure(z_, partial.shape(), partial.dtype(), partial.device());
+  z_.copy_from(partial);
+  tp_all_reduce(z_, g_);  // g: sum the partial products
+  if (after_.bias) be_->add_broadcast(z_, b, inner(z_), z_);
+  if (after_.relu) relu_->forward(z_, z_);
+  if (!after_.pool) return z_;
+  ensure(y_, output_shape(x.shape()), z_.dtype(), z_.device());
+  pool_->forward(z_, y_, mode == Mode::train);
+  return y_;
+}
+
+Tensor RowParallel::do_backward(const Tensor& dy, bool need_dx, bool accumulate) {
+  Tensor dz = dy;
+  if (after_.pool) {
+    ensure(dz_, z_.shape(), z_.dtype(), z_.device());
+    pool_->backward(z_, y_, dy, dz_);
+    dz = dz_;
+  }
+  if (after_.relu) {  // z_ holds the ReLU's output
+    ensure(dz_, z_.shape(), z_.dtype(), z_.device());
+    relu_->backward(z_, z_, dz, dz_);
+    dz = dz_;
+  }
+  // Every tensor rank computes the same db: the reduced output is replicated.
+  if (after_.bias) be_->sum_broadcast(dz, inner(z_), db, accumulate);
+  return local_->backward(dz, need_dx, accumulate);  // g's backward is the identity
+}
+
+// ---- ChannelParallelBatchNorm2d -------------------------------------------------------
+namespace {
+BatchNormSpec local_bn(BatchNormSpec s, const TensorGroup& g, const std::string& name) {
+  RT_CHECK(s.channels % g.size == 0, "ChannelParallelBatchNorm2d '", name, "': ", s.channels,
+           " channels are not divisible by the tensor size ", g.size);
+  s.channels /= g.size;
+  return s;
+}
+}  // namespace
+
+ChannelParallelBatchNorm2d::ChannelParallelBatchNorm2d(std::string name, BatchNormSpec whole, TensorGroup g)
+    : BatchNorm2d(name, local_bn(whole, g, name)), channels_(whole.channels), g_(std::move(g)) {}
+
+void ChannelParallelBatchNorm2d::register_params(ParamArena& arena, int li, const std::string& prefix) {
+  BatchNorm2d::register_params(arena, li, prefix);
+  for (std::size_t i : params_) arena.set_shard(i, make_shard({channels_}, 0, g_.size, g_.rank));  // gamma, beta
+}
+
+std::vector<NamedBuffer> ChannelParallelBatchNorm2d::buffers() const {
+  auto out = BatchNorm2d::buffers();
+  for (auto& b : out) b.shard = make_shard({channels_}, 0, g_.size, g_.rank);
+  return out;
+}
+
+}  // namespace ringtrain
