@@ -99,7 +99,7 @@ void Trainer::Impl::build_model() {
   mc.math = parse_math_mode(cfg.train.precision);
   for (const LayerPlan& l : plan_model_layers(mc)) num_params += l.numel;  // the whole model, never built here
   GridConfig pc;
-  pc.micro_batches = cfg.parallel.micro_batches > 0 ? cfg.parallel.micro_batches : cfg.parallel.pipeline;
+  pc.micro_batches = cfg.pipeline_micro_batches();
   pc.accumulation = cfg.train.accumulation;
   pc.schedule = parse_schedule(cfg.parallel.schedule);
   pc.partition = parse_partition(cfg.parallel.partition);
@@ -112,7 +112,7 @@ void Trainer::Impl::build_model() {
   pc.timeout_s = cfg.comm.collective_timeout_s;
   pc.loss_scaling = mc.math == MathMode::fp16;
   pc.shard_optimizer = cfg.parallel.shard_optimizer;
-  pc.zero_collectives.algorithm = parse_algorithm(cfg.comm.algorithm);
+  pc.zero_collectives = collective_options(cfg);
   pc.skip_allreduce = hooks.skip_allreduce;
   gm = std::make_unique<GridModel>(*grid, mc, pc, optimizer_config(cfg), device, rt);
   if (gm->scaler()) scaler_state = Tensor::zeros({4}, DType::f64);

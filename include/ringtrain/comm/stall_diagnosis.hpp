@@ -15,6 +15,7 @@
 namespace ringtrain {
 
 inline constexpr int kTagStallDiagnosis = 0x52ff;
+static_assert(kTagStallDiagnosis <= 32767, "within the tags every MPI accepts (kMaxMpiTag)");
 
 struct StallDiagnosis {
   std::vector<int> silent;   // ranks that sent no token within the grace period
