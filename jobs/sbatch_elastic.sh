@@ -60,12 +60,12 @@ json_int() { sed -n "s/^ *\"$1\": *\([0-9][0-9]*\).*/\1/p" | head -1; }
 nodes=($(scontrol show hostnames "${SLURM_JOB_NODELIST:?}"))
 # The global batch every launch keeps: data.global_batch as the trainer reads it (the effective
 # configuration it prints), else what the first launch's plan makes of data.batch_size.
-cfg=$("$BIN" train --config "$CONFIG" "$@" --print-config 2>&1) || fail "the configuration is refused: $cfg"
+cfg=$("$BIN" train --config "$CONFIG" "$@" --print-config 2>&1) || fail "the configuration is refused: ${cfg#error: }"
 G=$(sed -n 's/^global_batch = \([0-9][0-9]*\)$/\1/p' <<< "$cfg")
 [[ "$G" =~ ^[0-9]+$ ]] || fail "no data.global_batch in the effective configuration: $cfg"
 if [ "$G" -eq 0 ]; then
     r=$(( ${#nodes[@]} * TPN ))
-    first=$(plan "$r" "$@" 2>&1) || fail "the configuration cannot run on the job's $r ranks: $first"
+    first=$(plan "$r" "$@" 2>&1) || fail "the configuration cannot run on the job's $r ranks: ${first#error: }"
     G=$(json_int global_batch <<< "$first")
 fi
 # fits RANKS: true when the configuration with data.global_batch=G runs at RANKS ranks; the
