@@ -79,7 +79,7 @@ const std::vector<Field>& fields() {
       RT_FIELD(comm, cache_capacity, "tensor names the fusion engine's response cache holds, least recently used evicted (0 = off)"),
       RT_FIELD(comm, fp16_allreduce, "compress gradients to fp16 on the wire"),
       RT_FIELD(comm, timeline, "Chrome-trace timeline file (empty = off)"),
-      RT_FIELD(comm, timeline_all_ranks, "every rank writes its own timeline (timeline.json -> timeline.1.json), not only rank 0"),
+      RT_FIELD(comm, timeline_all_ranks, "every rank writes its own timeline (timeline.json -> timeline.0.json, timeline.1.json, ...), not only rank 0"),
       RT_FIELD(comm, stall_warning_s, "warn when a tensor waits for other ranks this long"),
       RT_FIELD(comm, stall_shutdown_s, "fail the job when a tensor waits this long for other ranks (0 = never)"),
       RT_FIELD(comm, collective_timeout_s, "end the job when a collective (or a pipeline stage's receive) waits this long for a rank that never comes (0 = never)"),

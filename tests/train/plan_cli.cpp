@@ -174,3 +174,27 @@ TEST_F(PlanCli, RemovedEnvironmentVariablesAreRefusedNamingTheirKey) {
   r = run_job("RINGTRAIN_CUDNN_DETERMINISTIC=0 " + train() + "--print-plan --ranks 2");
   EXPECT_EQ(r.status, 0) << r.out;
 }
+
+// The keys that replaced environment variables reach the run: comm.timeline_all_ranks makes
+// every rank write its own timeline (it was RINGTRAIN_TIMELINE_ALL_RANKS).
+TEST_F(PlanCli, TimelineAllRanksKeyReachesTheEngine) {
+  const std::string data = (dir_ / "data").string();
+  JobResult r = run_job(ringtrain_exe() + " prepare --dataset synthetic --channels 1 --height 8 --width 8 "
+                        "--samples 128 --test-samples 16 --out " + data);
+  ASSERT_EQ(r.status, 0) << r.out;
+  const std::string train = ringtrain_exe() + " train --model mlp --train-data " + data + " --test-data " + data +
+                            " --threads 1 --batch-size 8 --max-steps 2 --no-eval --log-format plain" +
+                            " --set comm.timeline=" + (dir_ / "t.json").string();
+  r = run_job(mpirun(2) + train + " --set comm.timeline_all_ranks=true --set comm.cache_capacity=0" +
+              " --set comm.tree_threshold=0 --set comm.segment_bytes=4096");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_TRUE(fs::exists(dir_ / "t.0.json")) << r.out;
+  EXPECT_TRUE(fs::exists(dir_ / "t.1.json")) << "rank 1's own timeline\n" << r.out;
+  EXPECT_FALSE(fs::exists(dir_ / "t.json")) << r.out;
+  fs::remove(dir_ / "t.0.json");
+  fs::remove(dir_ / "t.1.json");
+  r = run_job(mpirun(2) + train);
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_TRUE(fs::exists(dir_ / "t.json")) << r.out;
+  EXPECT_FALSE(fs::exists(dir_ / "t.1.json")) << "by default only rank 0 writes one";
+}
