@@ -79,13 +79,15 @@ bool check(const std::vector<unsigned char>& out, DType t, ReduceOp op, std::siz
 // hits all of them alike and their ratios stay meaningful.
 std::vector<Result> measure(const std::vector<Algorithm>& algos, const std::vector<unsigned char>& in,
                             std::vector<unsigned char>& out, std::size_t count, DType t, ReduceOp op,
-                            const Communicator& comm, int warmup, int iters, bool do_check, bool use_min) {
+                            const Communicator& comm, int warmup, int iters, bool do_check, bool use_min,
+                            long long tree_threshold) {
   MPI_Comm h = comm.handle();
   int p = comm.size();
   std::size_t k = algos.size();
   auto run = [&](std::size_t a) {
     CollectiveOptions opt;
     opt.algorithm = algos[a];
+    opt.tree_threshold = tree_threshold;
     allreduce(in.data(), out.data(), count, t, op, comm, opt);
   };
   for (int i = 0; i < warmup; ++i)
@@ -186,7 +188,7 @@ int main(int argc, char** argv) {
   app.add_option("--algos", algos_s, "comma-separated subset of ring,tree,shm,hierarchical,auto,mpi (shm is dropped on several nodes)");
   app.add_option("--stat", stat, "statistic over iterations: median or min")
       ->check(CLI::IsMember({"median", "min"}));
-  app.add_option("--tree-threshold", threshold, "automatic's tree/ring cut-over in bytes (default: built-in/env)");
+  app.add_option("--tree-threshold", threshold, "automatic's tree/ring cut-over in bytes (default: built-in)");
   CLI11_PARSE(app, argc, argv);
 
   auto comm = Communicator::world();
@@ -203,7 +205,6 @@ int main(int argc, char** argv) {
       if (a == Algorithm::shm && nodes > 1) continue;  // shm serves one node only
       algos.push_back(a);
     }
-    if (threshold >= 0) setenv("RINGTRAIN_TREE_THRESHOLD", std::to_string(threshold).c_str(), 1);
     std::size_t es = dtype_size(t);
     auto idx = [&](Algorithm a) { return std::find(algos.begin(), algos.end(), a) - algos.begin(); };
     auto has = [&](Algorithm a) { return idx(a) < static_cast<long>(algos.size()); };
@@ -215,9 +216,11 @@ int main(int argc, char** argv) {
     double small_worst = 0;
 
     std::ofstream out;
+    CollectiveOptions cut;
+    cut.tree_threshold = threshold;
     if (rank == 0) {
       std::printf("# ringtrain all-reduce sweep: %d ranks, %s %s, warmup %d, iters %d, tree threshold %lld B\n", p,
-                  dtype_name(t), op_name(op), warmup, iters, effective_tree_threshold({}));
+                  dtype_name(t), op_name(op), warmup, iters, effective_tree_threshold(cut));
       std::printf("# time = %s over iterations of the slowest rank (us); bw in GB/s; %d node(s), at most %d "
                   "ranks on one\n", stat.c_str(), nodes, comm.max_local_size());
       if (bound)
@@ -248,7 +251,7 @@ int main(int argc, char** argv) {
       std::size_t count = std::max<std::size_t>(1, bytes / es);
       std::vector<unsigned char> in(count * es), res(count * es);
       fill(in, t, count, rank);
-      auto rs = measure(algos, in, res, count, t, op, comm, warmup, iters, do_check, stat == "min");
+      auto rs = measure(algos, in, res, count, t, op, comm, warmup, iters, do_check, stat == "min", threshold);
       double n = static_cast<double>(count * es);
       double bound_us = bound ? (5.0 * p - 2.0) / (2.0 * p) * n / rate * 1e6 : 0;
       double xbytes = cross ? node_cross_bytes(in, res, count, t, op, comm) : 0;
@@ -260,6 +263,7 @@ int main(int argc, char** argv) {
                     do_check ? (rs[i].ok ? "   ok" : " FAIL") : "");
         if (out.is_open()) {
           CollectiveOptions o{algos[i]};
+          o.tree_threshold = threshold;
           bool sh = algos[i] == Algorithm::shm, hr = algos[i] == Algorithm::hierarchical;
           out << p << ',' << nodes << ',' << dtype_name(t) << ',' << op_name(op) << ',' << count * es << ',' << count
               << ',' << algorithm_name(algos[i]) << ','

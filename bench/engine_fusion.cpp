@@ -139,9 +139,11 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", warmup, "unmeasured steps at the start of each round")->check(CLI::NonNegativeNumber);
   app.add_option("--rounds", rounds, "configurations alternate this many times (steps split among rounds)")
       ->check(CLI::PositiveNumber);
-  app.add_option("--cycle-ms", cycle_ms, "engine cycle time (RINGTRAIN_CYCLE_TIME)");
+  app.add_option("--cycle-ms", cycle_ms, "engine cycle time in ms");
   app.add_option("--algorithm", algorithm, "all-reduce algorithm: auto, ring, tree, mpi");
   app.add_option("--json", json_path, "append results as JSON lines to this file (rank 0)");
+  std::string timeline;
+  app.add_option("--timeline", timeline, "write the engine's Chrome-trace timeline to this file (rank 0)");
   CLI11_PARSE(app, argc, argv);
 
   auto comm = Communicator::world();
@@ -152,8 +154,7 @@ int main(int argc, char** argv) {
   EngineOptions base;
   base.cycle_time_ms = cycle_ms;
   base.collective.algorithm = parse_algorithm(algorithm);
-  base = EngineOptions::from_env(base);  // e.g. RINGTRAIN_TIMELINE=trace.json
-  base.fusion_threshold = EngineOptions{}.fusion_threshold;  // the configurations below set it
+  base.timeline = timeline;
   EngineOptions unfused = base;
   unfused.fusion_threshold = 0;
   EngineOptions nocache = base;

@@ -9,7 +9,6 @@
 //   bench_nn_throughput [--models cnn,resnet,vit] [--batch 64] [--threads 1]
 //                       [--rounds 3] [--iters 20] [--warmup 5] [--profile]
 //                       [--json out.json] [--csv out.csv] [--no-torch]
-#include <immintrin.h>
 #include <omp.h>
 
 #include <time.h>
@@ -24,6 +23,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "fma_peak.hpp"
 #include "ringtrain/nn/loss.hpp"
 #include "ringtrain/parallel/stage.hpp"
 
@@ -46,26 +46,6 @@ double cpu_now() {
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[v.size() / 2];
-}
-
-// FMA-bound loop: 12 independent 8-wide FMA chains (enough to cover latency x
-// throughput on 2 FMA pipes). Returns GFLOP/s of one thread.
-__attribute__((target("avx2,fma"))) double fma_peak_avx2() {
-  __m256 acc[12];
-  for (int i = 0; i < 12; ++i) acc[i] = _mm256_set1_ps(0.001f * float(i));
-  const __m256 a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
-  const long reps = 2'000'000;
-  double s = 1e9;
-  for (int trial = 0; trial < 20; ++trial) {  // best of 20: other processes only ever slow it down
-    double t0 = cpu_now();
-    for (long r = 0; r < reps; ++r)
-      for (int i = 0; i < 12; ++i) acc[i] = _mm256_fmadd_ps(acc[i], a, b);
-    s = std::min(s, cpu_now() - t0);
-  }
-  float sink = 0;
-  for (int i = 0; i < 12; ++i) sink += _mm256_cvtss_f32(acc[i]);
-  if (sink == 12345.f) std::puts("");
-  return double(reps) * 12 * 8 * 2 / s / 1e9;
 }
 
 struct Result {
@@ -187,10 +167,10 @@ int main(int argc, char** argv) {
 
   omp_set_num_threads(threads);  // before the backend exists: it sizes OpenBLAS from this
   Backend& be = backend_for(DeviceKind::cpu);
-  const double peak = __builtin_cpu_supports("fma") ? fma_peak_avx2() : 0;
+  const rt_bench::FmaPeak fp = rt_bench::fma_peak();
+  const double peak = fp.gflops;
   std::printf("backend: %s\n", be.name().c_str());
-  std::printf("FMA peak (measured, 1 thread, AVX2 8-wide fp32 FMA, 2 FLOP each): %.1f GFLOP/s/core%s\n", peak,
-              __builtin_cpu_supports("avx512f") ? " (AVX-512 present: oneDNN may exceed this)" : "");
+  std::printf("FMA peak (measured, 1 thread, %s): %.1f GFLOP/s/core\n", fp.what, peak);
 
   std::vector<Result> results;
   std::stringstream ms(models);

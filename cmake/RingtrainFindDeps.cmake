@@ -17,6 +17,11 @@ find_package(PNG REQUIRED)
 find_package(JPEG REQUIRED)
 
 # Parallel HDF5 (libhdf5-openmpi-dev) so that MPI-IO collective reads are available.
+# FindHDF5 compiles a C test program, so a project that uses the package with C++ only
+# (project(app CXX)) gets C enabled here: C and C++ come together with Debian's g++.
+if(NOT CMAKE_C_COMPILER_LOADED)
+  enable_language(C)
+endif()
 set(HDF5_PREFER_PARALLEL ON)
 find_package(HDF5 REQUIRED COMPONENTS C)
 if(NOT HDF5_IS_PARALLEL)

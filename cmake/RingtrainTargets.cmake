@@ -1,3 +1,15 @@
+# ringtrain_arch_sources(<list variable>): keeps <name>.${RINGTRAIN_ARCH}.cpp and drops the other
+# architecture's twin (<name>.x86_64.cpp or <name>.portable.cpp).
+function(ringtrain_arch_sources var)
+  set(list ${${var}})
+  if(RINGTRAIN_ARCH STREQUAL "x86_64")
+    list(FILTER list EXCLUDE REGEX "\\.portable\\.cpp$")
+  else()
+    list(FILTER list EXCLUDE REGEX "\\.x86_64\\.cpp$")
+  endif()
+  set(${var} ${list} PARENT_SCOPE)
+endfunction()
+
 # ringtrain_library(<name> [DIRS dir...] DEPS dep...)
 # A static library ringtrain_<name> from every .cpp under src/<name> (or DIRS).
 function(ringtrain_library name)
@@ -10,6 +22,7 @@ function(ringtrain_library name)
     file(GLOB_RECURSE found CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/${dir}/*.cpp)
     list(APPEND sources ${found})
   endforeach()
+  ringtrain_arch_sources(sources)
   if(sources)
     add_library(ringtrain_${name} STATIC ${sources})
     target_include_directories(ringtrain_${name} PUBLIC $<BUILD_INTERFACE:${CMAKE_SOURCE_DIR}/include>

@@ -37,7 +37,7 @@ bool register_cuda() {
   auto a = std::make_unique<CachingDeviceAllocator>();
   g_allocator = a.get();
   register_allocator(DeviceKind::cuda, std::move(a));
-  // A static initialiser must not throw: a bad RINGTRAIN_TF32 falls back to
+  // A static initialiser must not throw: a bad RINGTRAIN_CUDNN_* falls back to
   // the defaults with a message (the CLI validates it again and fails properly).
   BackendOptions opt;
   try {

@@ -9,12 +9,12 @@
 #   PROBE_S (default 20)        seconds a node has to run `true` to count as alive
 #
 # How: the allocation is kept when a node fails (--no-kill). Each step trains with
-# `--resume auto` and a fixed data.global_batch (from the configuration, else data.batch_size x
-# data-parallel size x train.accumulation of the first launch), so a checkpoint of this run
-# continues at any layout with the same data order and schedule (README: elastic training). When a
-# step fails, every node of the allocation is probed with a one-task srun; the step is relaunched
-# on the nodes that answer, at the largest rank count whose layout splits the global batch
-# exactly, from the newest checkpoint. Each relaunch reports the steps lost (trained after the last
+# `--resume auto` and a fixed data.global_batch (from the configuration, else the first launch's, as
+# `ringtrain train --print-plan` resolves it), so a checkpoint of this run continues at any layout
+# with the same data order and schedule (README: elastic training). When a step fails, every node
+# of the allocation is probed with a one-task srun; the step is relaunched on the nodes that
+# answer, at the largest rank count whose plan (`--print-plan --ranks N`: the trainer's own layout
+# and batch-split rules) exists, from the newest checkpoint. Each relaunch reports the steps lost (trained after the last
 # checkpoint, trained again): set checkpoint.every_steps to bound them.
 #SBATCH --job-name=ringtrain-elastic
 #SBATCH --nodes=3
@@ -47,44 +47,30 @@ for v in MAX_RELAUNCHES MIN_NODES PROBE_S TPN; do
 done
 case $LAUNCHER in mpirun|srun) ;; *) fail "LAUNCHER must be mpirun or srun, not '$LAUNCHER'" ;; esac
 
-# config_value SECTION KEY DEFAULT ARGS...: the value as ringtrain reads it (the config file,
-# then --set in order; the last wins).
-config_value() {
-    local sec=$1 key=$2 v a x prev=; shift 2
-    v=$(awk -v s="[$sec]" -v k="$key" '/^\[/{c=$1} c==s && $1==k {print $3}' "$CONFIG" | tail -1)
-    v=${v:-$1}; shift
-    for a in "$@"; do
-        x=
-        [ "$prev" = --set ] && x=$a
-        case $a in --set=*) x=${a#--set=} ;; esac
-        case $x in "$sec.$key="*) v=${x#*=} ;; esac
-        prev=$a
-    done
-    echo "${v//[^0-9]/}"
+# The trainer's own plan of a layout (`ringtrain train --print-plan`, one process, no mpirun): the
+# same configuration, flags and rules as the job's steps, so the script repeats none of them.
+# plan RANKS [ARGS...]: the plan's JSON on stdout; exit 2 with the trainer's message when the
+# configuration cannot run at RANKS ranks.
+plan() {
+    local r=$1; shift
+    "$BIN" train --config "$CONFIG" "$@" --print-plan --ranks "$r"
 }
-PP=$(config_value parallel pipeline 1 "$@"); TP=$(config_value parallel tensor 1 "$@")
-MB=$(config_value parallel micro_batches 0 "$@"); [ "${MB:-0}" -gt 0 ] || MB=$PP
-ACC=$(config_value train accumulation 1 "$@"); B=$(config_value data batch_size 64 "$@")
-G=$(config_value data global_batch 0 "$@")
+# json_int KEY: that integer field of the plan on stdin.
+json_int() { sed -n "s/^ *\"$1\": *\([0-9][0-9]*\).*/\1/p" | head -1; }
 nodes=($(scontrol show hostnames "${SLURM_JOB_NODELIST:?}"))
-if [ "${G:-0}" -eq 0 ]; then
+# The global batch every launch keeps: data.global_batch as the trainer reads it (the effective
+# configuration it prints), else what the first launch's plan makes of data.batch_size.
+cfg=$("$BIN" train --config "$CONFIG" "$@" --print-config 2>&1) || fail "the configuration is refused: ${cfg#error: }"
+G=$(sed -n 's/^global_batch = \([0-9][0-9]*\)$/\1/p' <<< "$cfg")
+[[ "$G" =~ ^[0-9]+$ ]] || fail "no data.global_batch in the effective configuration: $cfg"
+if [ "$G" -eq 0 ]; then
     r=$(( ${#nodes[@]} * TPN ))
-    [ $((r % (PP * TP))) -eq 0 ] || fail "the job has $r ranks, which parallel.pipeline=$PP x parallel.tensor=$TP does not divide"
-    G=$(( B * (r / (PP * TP)) * ACC ))
+    first=$(plan "$r" "$@" 2>&1) || fail "the configuration cannot run on the job's $r ranks: ${first#error: }"
+    G=$(json_int global_batch <<< "$first")
 fi
-
-# splits RANKS: true when data.global_batch G has an exact split at RANKS (the rule of
-# ringtrain's derive_batch: some train.accumulation >= the configured one, per-rank batch a
-# multiple of the pipeline's micro-batches).
-splits() {
-    local r=$1 dp a
-    [ $((r % (PP * TP))) -eq 0 ] || return 1
-    dp=$((r / (PP * TP)))
-    for ((a = ACC; a * dp <= G; a++)); do
-        [ $((G % (dp * a))) -eq 0 ] && [ $((G / (dp * a) % MB)) -eq 0 ] && return 0
-    done
-    return 1
-}
+# fits RANKS: true when the configuration with data.global_batch=G runs at RANKS ranks; the
+# plan (or, when none, the trainer's reason) is left in $fit.
+fits() { local r=$1; shift; fit=$(plan "$r" "$@" --set data.global_batch="$G" 2>&1); }
 
 alive_nodes() {  # the allocation's nodes that run a one-task step within PROBE_S seconds
     local n
@@ -111,11 +97,16 @@ use=("${nodes[@]}")
 launches=0 lost_total=0 prev_log=
 say "job $SLURM_JOB_ID: ${#nodes[@]} node(s) (${nodes[*]}), $TPN rank(s) per node, global batch $G, checkpoints in $CKPT_DIR; up to $MAX_RELAUNCHES relaunch(es), at least $MIN_NODES node(s)"
 while :; do
-    # The largest rank count on the nodes in `use` whose layout keeps the global batch.
-    k=${#use[@]}
-    while [ "$k" -ge "$MIN_NODES" ] && [ "$k" -gt 0 ] && ! splits $((k * TPN)); do k=$((k - 1)); done
+    # The largest rank count on the nodes in `use` at which the trainer accepts the layout and
+    # splits the global batch exactly (its plan says so, or why not).
+    k=${#use[@]} why=
+    while [ "$k" -ge "$MIN_NODES" ] && [ "$k" -gt 0 ]; do
+        fits $((k * TPN)) "$@" && break
+        why=${why:-"at $((k * TPN)) rank(s): $fit"}
+        k=$((k - 1))
+    done
     if [ "$k" -lt "$MIN_NODES" ] || [ "$k" -eq 0 ]; then
-        say "stopping: ${#use[@]} node(s) alive, and no layout on at least MIN_NODES=$MIN_NODES of them splits data.global_batch=$G exactly (pipeline $PP x tensor $TP, $TPN rank(s) per node); checkpoints stay in $CKPT_DIR"
+        say "stopping: ${#use[@]} node(s) alive, and no layout on at least MIN_NODES=$MIN_NODES of them keeps data.global_batch=$G ($TPN rank(s) per node; ${why:-no node left}); checkpoints stay in $CKPT_DIR"
         exit 3
     fi
     run=("${use[@]:0:k}"); ranks=$((k * TPN))
@@ -127,7 +118,7 @@ while :; do
         mpirun) step=(mpirun -np "$ranks" --host "${hosts%,}" -x OMP_NUM_THREADS "${train[@]}") ;;
         srun) step=(srun --mpi=pmix --kill-on-bad-exit=1 --nodes="$k" --ntasks="$ranks" --nodelist="$(IFS=,; echo "${run[*]}")" "${train[@]}") ;;
     esac
-    say "launch $launches: $ranks rank(s) on $k node(s) (${run[*]}) via $LAUNCHER"
+    say "launch $launches: $ranks rank(s) on $k node(s) (${run[*]}) via $LAUNCHER: data $(json_int data <<< "$fit") x pipeline $(json_int pipeline <<< "$fit") x tensor $(json_int tensor <<< "$fit"), $(json_int batch_per_rank <<< "$fit") sample(s) per rank x $(json_int accumulation <<< "$fit") accumulation"
     # Output to the job's file and to a log of this launch (the lost-work accounting reads it).
     "${step[@]}" > >(tee "$log") 2>&1
     rc=$?

@@ -39,26 +39,11 @@ RANKS=${SLURM_NTASKS:-$(( ${SLURM_JOB_NUM_NODES:-1} * ${SLURM_NTASKS_PER_NODE:-1
 [ -x "$BIN" ] || fail "ringtrain binary '$BIN' not found or not executable (set BIN=...)"
 [ -f "$CONFIG" ] || fail "configuration '$CONFIG' not found (set CONFIG=...)"
 
-# The process grid (pipeline x tensor stages) must divide the rank count; the last value wins
-# as in ringtrain (config file, then --set in order).
-grid_value() {  # grid_value KEY: parallel.KEY from the config file and the arguments, default 1
-    local key=$1; shift; local v a x prev=
-    v=$(awk -v k="$key" '/^\[/{s=$0} s=="[parallel]" && $1==k {gsub(/[^0-9]/,"",$3); print $3}' "$CONFIG" | tail -1)
-    v=${v:-1}
-    for a in "$@"; do
-        x=
-        [ "$prev" = --set ] && x=$a
-        case $a in --set=*) x=${a#--set=} ;; esac
-        case $x in parallel.$key=*) v=${x#*=} ;; esac
-        prev=$a
-    done
-    echo "$v"
-}
-PP=$(grid_value pipeline "$@"); TP=$(grid_value tensor "$@")
-[[ "$PP" =~ ^[1-9][0-9]*$ && "$TP" =~ ^[1-9][0-9]*$ ]] || fail "parallel.pipeline ($PP) and parallel.tensor ($TP) must be positive integers"
-if [ $((RANKS % (PP * TP))) -ne 0 ]; then
-    fail "the job has $RANKS ranks, which parallel.pipeline=$PP x parallel.tensor=$TP = $((PP * TP)) does not divide; choose --nodes/--ntasks-per-node so that it does"
-fi
+# The layout must run at this rank count: the trainer's own plan says so (`--print-plan`, one
+# process, the same configuration and flags as the step), or why not, before any rank starts.
+out=$("$BIN" train --config "$CONFIG" "$@" --print-config 2>&1) || fail "the configuration is refused: ${out#error: }"
+out=$("$BIN" train --config "$CONFIG" "$@" --print-plan --ranks "$RANKS" 2>&1) ||
+    fail "the job has $RANKS ranks, and the configuration cannot run there: ${out#error: } (choose --nodes/--ntasks-per-node, or the layout)"
 
 # Checkpoints must be writable before the step starts: a signal near the time limit
 # would otherwise find nowhere to save and the allocation would be lost.

@@ -56,7 +56,7 @@ class CudaBackend final : public Backend {
   DeviceKind kind() const override { return DeviceKind::cuda; }
   std::string name() const override {
     int v = cudnnGetVersion();
-    return cat("cuda (cuDNN ", v / 10000, ".", (v / 100) % 100, " + cuBLAS", sh_->opt.tf32 ? ", TF32" : "", ")");
+    return cat("cuda (cuDNN ", v / 10000, ".", (v / 100) % 100, " + cuBLAS)");
   }
   std::unique_ptr<Conv2dKernel> conv2d(const Conv2dSpec& s) override { return make_conv2d(sh_, s); }
   std::unique_ptr<LinearKernel> linear(const LinearSpec& s) override { return make_linear(sh_, s); }

@@ -9,10 +9,6 @@ namespace ringtrain::cuda {
 
 BackendOptions BackendOptions::from_env() {
   BackendOptions o;
-  if (const char* v = std::getenv("RINGTRAIN_TF32")) {
-    RT_CHECK(!std::strcmp(v, "0") || !std::strcmp(v, "1"), "RINGTRAIN_TF32 must be 0 or 1, got '", v, "'");
-    o.tf32 = v[0] == '1';
-  }
   if (const char* v = std::getenv("RINGTRAIN_CUDNN_FIND")) {
     RT_CHECK(!std::strcmp(v, "0") || !std::strcmp(v, "1"), "RINGTRAIN_CUDNN_FIND must be 0 or 1, got '", v, "'");
     o.cudnn_find = v[0] == '1';

@@ -131,7 +131,7 @@ class CudnnConv final : public Conv2dKernel {
     cudnnMathType_t math = CUDNN_FMA_MATH;
     if (s_.dtype == DType::f16 || s_.dtype == DType::bf16) math = CUDNN_TENSOR_OP_MATH;
     else if (s_.dtype == DType::f32 && s_.math == MathMode::fp16) math = CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
-    else if (s_.dtype == DType::f32 && (s_.math != MathMode::fp32 || sh_->opt.tf32)) math = CUDNN_DEFAULT_MATH;
+    else if (s_.dtype == DType::f32 && s_.math != MathMode::fp32) math = CUDNN_DEFAULT_MATH;
     RT_CUDNN(cudnnSetConvolutionMathType(p->conv, math));
     int n, co, oh, ow;
     RT_CUDNN(cudnnGetConvolution2dForwardOutputDim(p->conv, p->x.d, p->w, &n, &co, &oh, &ow));

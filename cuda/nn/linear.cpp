@@ -6,7 +6,7 @@
 //   db = dy' 1_N          gemm(N, N, out, 1, N)    (beta = accumulate)
 //   bias (+ReLU): our bias_add kernel, one pass
 // f16/bf16 use tensor cores with fp32 accumulation; f32 is strict fp32 unless
-// the spec's MathMode (or RINGTRAIN_TF32) allows down-conversion: cuBLAS
+// the spec's MathMode (train.precision) allows down-conversion: cuBLAS
 // COMPUTE_32F_FAST_TF32 / _FAST_16BF / _FAST_16F on the float32 operands.
 #include "nn/common.hpp"
 #include "ringtrain/cuda/kernels.hpp"
@@ -23,7 +23,7 @@ class CublasLinear final : public LinearKernel {
     if (s.dtype == DType::f64) compute_ = CUBLAS_COMPUTE_64F;
     else if (s.dtype == DType::f32 && s.math == MathMode::bf16) compute_ = CUBLAS_COMPUTE_32F_FAST_16BF;
     else if (s.dtype == DType::f32 && s.math == MathMode::fp16) compute_ = CUBLAS_COMPUTE_32F_FAST_16F;
-    else if (s.dtype == DType::f32 && (s.math == MathMode::tf32 || sh_->opt.tf32))
+    else if (s.dtype == DType::f32 && s.math == MathMode::tf32)
       compute_ = CUBLAS_COMPUTE_32F_FAST_TF32;
   }
 

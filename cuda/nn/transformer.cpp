@@ -65,7 +65,7 @@ class CublasAttention final : public AttentionKernel {
     if (s.dtype == DType::f64) compute_ = CUBLAS_COMPUTE_64F;
     else if (s.dtype == DType::f32 && s.math == MathMode::bf16) compute_ = CUBLAS_COMPUTE_32F_FAST_16BF;
     else if (s.dtype == DType::f32 && s.math == MathMode::fp16) compute_ = CUBLAS_COMPUTE_32F_FAST_16F;
-    else if (s.dtype == DType::f32 && (s.math == MathMode::tf32 || sh_->opt.tf32))
+    else if (s.dtype == DType::f32 && s.math == MathMode::tf32)
       compute_ = CUBLAS_COMPUTE_32F_FAST_TF32;
     scale_ = s.scale > 0 ? s.scale : 1.0 / std::sqrt(double(s.head_dim));
   }

@@ -19,6 +19,7 @@
 #include "ringtrain/nn/model_registry.hpp"
 #include "ringtrain/train/config.hpp"
 #include "ringtrain/train/exit_codes.hpp"
+#include "ringtrain/train/plan.hpp"
 #include "ringtrain/train/signals.hpp"
 #include "ringtrain/train/trainer.hpp"
 
@@ -29,7 +30,8 @@ struct TrainArgs {
   std::string config;
   std::vector<std::string> sets;  // filled after parsing, in command-line order
   std::string resume;
-  bool no_eval = false, print_config = false, list_keys = false;
+  bool no_eval = false, print_config = false, list_keys = false, print_plan = false;
+  int ranks = 0;  // --print-plan at this many ranks (0 = this job's)
 };
 
 // Which exit status an error gets: bad input until training starts, a runtime failure after.
@@ -100,6 +102,7 @@ TrainConfig load_config(const std::string& path, const std::vector<std::string>&
     if (!path.empty()) cfg.load_toml(path);
     for (const auto& s : sets) cfg.set(s);
     cfg.validate();
+    check_environment(cfg);
   });
   return cfg;
 }
@@ -113,6 +116,12 @@ int run_train(const TrainArgs& a, const Communicator& world, Phase& phase) {
   TrainConfig cfg = load_config(a.config, a.sets, world);
   if (a.print_config) {
     if (world.rank() == 0) std::printf("%s", cfg.to_toml().c_str());
+    return 0;
+  }
+  if (a.print_plan) {
+    RunPlan plan;
+    run_agreed(world, "planning the layout", [&] { plan = plan_run(cfg, a.ranks > 0 ? a.ranks : world.size()); });
+    if (world.rank() == 0) std::printf("%s\n", plan.json().c_str());
     return 0;
   }
   StopSignals::install();
@@ -248,9 +257,9 @@ int main(int argc, char** argv) {
   app.footer("Run under MPI, one rank per device (ranks = data x pipeline x tensor):\n"
              "  mpirun -np 2 ringtrain train --config jobs/fashion_cnn.toml\n"
              "  mpirun -np 4 --oversubscribe ringtrain train --config jobs/fashion_cnn.toml --set parallel.pipeline=2\n"
-             "Environment: RINGTRAIN_FUSION_THRESHOLD, RINGTRAIN_CYCLE_TIME, RINGTRAIN_TIMELINE,\n"
-             "RINGTRAIN_TREE_THRESHOLD, RINGTRAIN_LOG=debug|info|warn\n"
-             "(all of them: docs/environment.md; configuration keys: docs/configuration.md)");
+             "Plan a layout without running it: ringtrain train --config FILE --print-plan --ranks 8\n"
+             "Settings are configuration keys (docs/configuration.md); the few environment variables\n"
+             "(RINGTRAIN_LOG=debug|info|warn|error, ...) are in docs/environment.md");
 
   TrainArgs ta;
   Overrides overrides;
@@ -263,6 +272,12 @@ int main(int argc, char** argv) {
   train->add_flag("--no-eval", ta.no_eval, "skip the per-epoch test-set evaluation");
   train->add_flag("--print-config", ta.print_config, "print the effective configuration as TOML and exit");
   train->add_flag("--list-keys", ta.list_keys, "list every configuration key and exit");
+  train->add_flag("--print-plan", ta.print_plan,
+                  "print the resolved layout and batch split as JSON and exit; exit status 2 (naming the key) when "
+                  "the configuration cannot run at that rank count");
+  train->add_option("--ranks", ta.ranks, "with --print-plan: plan for this many ranks (default: this job's)")
+      ->check(CLI::PositiveNumber)
+      ->needs("--print-plan");
   add_shortcuts(train, overrides);
 
   EvalArgs ea;

@@ -72,18 +72,11 @@ std::size_t parse_byte_size(const std::string& s, const char* what) {
 }
 
 long long effective_tree_threshold(const CollectiveOptions& opt) {
-  if (opt.tree_threshold >= 0) return opt.tree_threshold;
-  if (const char* v = std::getenv("RINGTRAIN_TREE_THRESHOLD"); v && *v)
-    return static_cast<long long>(parse_byte_size(v, "RINGTRAIN_TREE_THRESHOLD"));
-  return kDefaultTreeThreshold;
+  return opt.tree_threshold >= 0 ? opt.tree_threshold : kDefaultTreeThreshold;
 }
 
 std::size_t effective_segment_bytes(const CollectiveOptions& opt) {
-  std::size_t s = opt.segment_bytes;
-  if (s == 0) {
-    if (const char* v = std::getenv("RINGTRAIN_SEGMENT_BYTES"); v && *v) s = parse_byte_size(v, "RINGTRAIN_SEGMENT_BYTES");
-    else s = kDefaultSegmentBytes;
-  }
+  const std::size_t s = opt.segment_bytes ? opt.segment_bytes : kDefaultSegmentBytes;
   RT_CHECK(s >= 64, "collective segment size must be at least 64 bytes, got ", s);
   return s;
 }
@@ -177,19 +170,15 @@ void settle(Call& c, bool validate, std::span<const Field> fields) {
   }
 }
 
-// The options' values, else the communicator's snapshot of the environment, else defaults.
 std::size_t segment_of(const Call& c, const CollectiveOptions& opt) {
-  std::size_t s = opt.segment_bytes ? opt.segment_bytes
-                  : c.ctx.env_segment_bytes ? c.ctx.env_segment_bytes : kDefaultSegmentBytes;
+  std::size_t s = opt.segment_bytes ? opt.segment_bytes : kDefaultSegmentBytes;
   RT_CHECK(s >= 64, c.what, ": segment size must be at least 64 bytes, got ", s);
   return s;
 }
 Algorithm algorithm_of(const Call& c, std::size_t bytes, const CollectiveOptions& opt) {
   if (opt.algorithm != Algorithm::automatic) return opt.algorithm;
   if (c.size <= 1) return Algorithm::ring;
-  long long t = opt.tree_threshold >= 0 ? opt.tree_threshold
-                : c.ctx.env_tree_threshold >= 0 ? c.ctx.env_tree_threshold : kDefaultTreeThreshold;
-  return static_cast<long long>(bytes) <= t ? Algorithm::tree : Algorithm::ring;
+  return static_cast<long long>(bytes) <= effective_tree_threshold(opt) ? Algorithm::tree : Algorithm::ring;
 }
 
 Primitives::Config config(const Call& c, DType dtype, ReduceOp op, const CollectiveOptions& opt) {

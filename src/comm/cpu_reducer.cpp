@@ -1,111 +1,26 @@
 // CPU reduction kernels: reduce_math.hpp's element math in loops the compiler
-// vectorises, compiled twice (baseline x86-64 and AVX2+F16C) and chosen once at
-// start-up from the CPU's features. float16/bfloat16 have explicit AVX2 paths
-// (hardware F16C conversion; bf16 conversion with integer ops) that round exactly
-// like the scalar RT_HD code used for the tails, so every element of a reduction
-// gets the same bits whichever path it took.
-#include <immintrin.h>
-
+// vectorises, or the explicit SIMD kernels of the build's architecture
+// (cpu_reducer_simd.<arch>.cpp) where the CPU has them (its features are read
+// once). Both round alike: every element of a reduction gets the same bits
+// whichever path it took.
 #include <cstring>
 
+#include "cpu_reducer_kernels.hpp"
 #include "ringtrain/comm/host_backend.hpp"
 #include "ringtrain/core/error.hpp"
 
 namespace ringtrain {
 namespace {
 
-using Kernel = void (*)(void*, const void*, const void*, std::size_t, int);
-
-template <ReduceOp OP, typename T, bool DIV>
-[[gnu::always_inline]] inline void scalar_loop(T* d, const T* a, const T* b, std::size_t n, int div) {
-#pragma omp simd
-  for (std::size_t i = 0; i < n; ++i) {
-    if constexpr (DIV) d[i] = reduce_one_div<OP>(a[i], b[i], div);
-    else d[i] = reduce_one<OP>(a[i], b[i]);
-  }
-}
-
 template <ReduceOp OP, typename T, bool DIV>
 void kernel_base(void* d, const void* a, const void* b, std::size_t n, int div) {
   scalar_loop<OP, T, DIV>(static_cast<T*>(d), static_cast<const T*>(a), static_cast<const T*>(b), n, div);
 }
 
-// ---- AVX2 ---------------------------------------------------------------------
-
-#define RT_AVX2 [[gnu::target("avx2,f16c")]]
-
-template <ReduceOp OP, bool DIV>
-RT_AVX2 [[gnu::always_inline]] inline __m256 combine8(__m256 a, __m256 b, __m256 div) {
-  __m256 r;
-  // min_ps(b, a) = b < a ? b : a and max_ps(b, a) = b > a ? b : a: exactly combine<OP>.
-  if constexpr (OP == ReduceOp::min) r = _mm256_min_ps(b, a);
-  else if constexpr (OP == ReduceOp::max) r = _mm256_max_ps(b, a);
-  else r = _mm256_add_ps(a, b);
-  if constexpr (DIV) r = _mm256_div_ps(r, div);
-  return r;
-}
-
-// Round float32 bits to bfloat16 like to_bf16() (nearest even; NaN -> quiet NaN
-// of the same sign), leaving the 16 result bits in the low half of each lane.
-RT_AVX2 inline __m256i f32_to_bf16_bits(__m256 x) {
-  __m256i u = _mm256_castps_si256(x);
-  __m256i abs = _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff));
-  __m256i nan = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(0x7f800000));
-  __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-  __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb)), 16);
-  __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
-  return _mm256_blendv_epi8(rounded, quiet, nan);
-}
-
-// 16 bfloat16 at a time: unpacking against zero puts each value in the upper
-// half of a 32-bit lane (= its float32), and packus undoes the unpack's
-// in-lane interleaving, so no cross-lane shuffles are needed.
-template <ReduceOp OP, bool DIV>
-RT_AVX2 inline void bf16x16(void* d, const void* a, const void* b, __m256 div) {
-  __m256i z = _mm256_setzero_si256();
-  __m256i va = _mm256_loadu_si256(static_cast<const __m256i*>(a));
-  __m256i vb = _mm256_loadu_si256(static_cast<const __m256i*>(b));
-  __m256 lo = combine8<OP, DIV>(_mm256_castsi256_ps(_mm256_unpacklo_epi16(z, va)),
-                                _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, vb)), div);
-  __m256 hi = combine8<OP, DIV>(_mm256_castsi256_ps(_mm256_unpackhi_epi16(z, va)),
-                                _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, vb)), div);
-  __m256i packed = _mm256_packus_epi32(f32_to_bf16_bits(lo), f32_to_bf16_bits(hi));
-  _mm256_storeu_si256(static_cast<__m256i*>(d), packed);
-}
-
-template <ReduceOp OP, typename T, bool DIV>
-RT_AVX2 void kernel_avx2(void* dv, const void* av, const void* bv, std::size_t n, int div) {
-  auto* d = static_cast<T*>(dv);
-  auto* a = static_cast<const T*>(av);
-  auto* b = static_cast<const T*>(bv);
-  std::size_t i = 0;
-  if constexpr (std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>) {
-    __m256 vd = _mm256_set1_ps(static_cast<float>(div));
-    if constexpr (std::is_same_v<T, float16>) {
-      for (; i + 8 <= n; i += 8) {
-        __m256 x = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + i)));
-        __m256 y = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + i)));
-        __m128i h = _mm256_cvtps_ph(combine8<OP, DIV>(x, y, vd), _MM_FROUND_TO_NEAREST_INT);
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i), h);
-      }
-    } else {
-      for (; i + 16 <= n; i += 16) bf16x16<OP, DIV>(d + i, a + i, b + i, vd);
-    }
-  }
-  // Everything else (and the tails) vectorises from the RT_HD element math.
-  scalar_loop<OP, T, DIV>(d + i, a + i, b + i, n - i, div);
-}
-
-bool have_avx2() {
-  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
-  return yes;
-}
-
 template <typename T>
-Kernel pick(ReduceOp op, bool div) {
-  bool v = have_avx2();
-#define RT_K(OP) (div ? (v ? kernel_avx2<OP, T, true> : kernel_base<OP, T, true>) \
-                      : (v ? kernel_avx2<OP, T, false> : kernel_base<OP, T, false>))
+ReduceKernel pick(ReduceOp op, DType dtype, bool div) {
+  if (ReduceKernel k = simd_reduce_kernel(op, dtype, div)) return k;
+#define RT_K(OP) (div ? kernel_base<OP, T, true> : kernel_base<OP, T, false>)
   switch (op) {
     case ReduceOp::sum:
     case ReduceOp::avg: return RT_K(ReduceOp::sum);
@@ -128,7 +43,7 @@ void CpuReducer::reduce(void* dst, const void* a, const void* b, std::size_t n, 
                         int divisor) {
   if (n == 0) return;
   bool div = divisor > 1;
-  Kernel k = dispatch_dtype(dtype, [&](auto t) { return pick<decltype(t)>(op, div); });
+  ReduceKernel k = dispatch_dtype(dtype, [&](auto t) { return pick<decltype(t)>(op, dtype, div); });
   k(dst, a, b, n, divisor);
 }
 

@@ -38,6 +38,8 @@ constexpr unsigned kSpinPolls = 256;
 MpiTransport::MpiTransport(MPI_Comm comm, int tag, const char* what, const char* comm_name, double timeout_s,
                            double spin_s)
     : comm_(comm), tag_(tag), what_(what), comm_name_(comm_name), timeout_s_(timeout_s), spin_s_(spin_s) {
+  RT_CHECK(tag >= 0 && tag <= kMaxMpiTag, what, ": MPI tag ", tag, " is outside 0..", kMaxMpiTag,
+           ", the range every MPI library accepts");
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
 }
@@ -150,18 +152,13 @@ HostCommContext& host_context(MPI_Comm comm, int local_size) {
   MPI_Comm_get_attr(comm, key, &v, &found);
   if (found) return *static_cast<HostCommContext*>(v);
   auto ctx = std::make_unique<HostCommContext>();
-  if (const char* e = std::getenv("RINGTRAIN_TREE_THRESHOLD"); e && *e)
-    ctx->env_tree_threshold = static_cast<long long>(parse_byte_size(e, "RINGTRAIN_TREE_THRESHOLD"));
-  if (const char* e = std::getenv("RINGTRAIN_SEGMENT_BYTES"); e && *e)
-    ctx->env_segment_bytes = parse_byte_size(e, "RINGTRAIN_SEGMENT_BYTES");
   // As many ranks on this node as cores (or more): a waiting rank must give its
   // core back quickly, because each rank also runs a fusion-engine and a loader
   // thread, and a spinning wait steals from the computing ranks (Open MPI's
   // yield_when_idle, for the same reason). Measured: 2 ranks on 2 cores, `cnn`
-  // step from 2,540 to 3,480 img/s. RINGTRAIN_SPIN_US overrides.
+  // step from 2,540 to 3,480 img/s.
   unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   ctx->spin_s = static_cast<unsigned>(local_size) >= cores ? 20e-6 : 5e-3;
-  if (const char* e = std::getenv("RINGTRAIN_SPIN_US"); e && *e) ctx->spin_s = std::atof(e) * 1e-6;
   MPI_Comm_set_attr(comm, key, ctx.get());
   return *ctx.release();
 }

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "ringtrain/comm/host_backend.hpp"
 #include "ringtrain/core/allocator.hpp"
 
 namespace ringtrain {
@@ -66,22 +67,26 @@ NamedTensors unpack_named(const std::vector<char>& in) {
   return out;
 }
 
+// Tags of the length and the chunks (within the 32767 every MPI accepts: host_backend.hpp).
+constexpr int kTagNamedLength = 7100, kTagNamedBytes = 7101;
+static_assert(kTagNamedBytes <= kMaxMpiTag);
+
 void send_named(const NamedTensors& ts, int to, const Communicator& comm) {
   MPI_Comm c = comm.handle("sending checkpoint state");
   const std::vector<char> bytes = pack_named(ts);
   std::int64_t n = static_cast<std::int64_t>(bytes.size());
-  MPI_Send(&n, 1, MPI_INT64_T, to, 7100, c);
+  MPI_Send(&n, 1, MPI_INT64_T, to, kTagNamedLength, c);
   for (std::size_t at = 0; at < bytes.size(); at += kChunk)
-    MPI_Send(bytes.data() + at, static_cast<int>(std::min(kChunk, bytes.size() - at)), MPI_BYTE, to, 7101, c);
+    MPI_Send(bytes.data() + at, static_cast<int>(std::min(kChunk, bytes.size() - at)), MPI_BYTE, to, kTagNamedBytes, c);
 }
 
 NamedTensors recv_named(int from, const Communicator& comm) {
   MPI_Comm c = comm.handle("receiving checkpoint state");
   std::int64_t n = 0;
-  MPI_Recv(&n, 1, MPI_INT64_T, from, 7100, c, MPI_STATUS_IGNORE);
+  MPI_Recv(&n, 1, MPI_INT64_T, from, kTagNamedLength, c, MPI_STATUS_IGNORE);
   std::vector<char> bytes(static_cast<std::size_t>(n));
   for (std::size_t at = 0; at < bytes.size(); at += kChunk)
-    MPI_Recv(bytes.data() + at, static_cast<int>(std::min(kChunk, bytes.size() - at)), MPI_BYTE, from, 7101, c,
+    MPI_Recv(bytes.data() + at, static_cast<int>(std::min(kChunk, bytes.size() - at)), MPI_BYTE, from, kTagNamedBytes, c,
              MPI_STATUS_IGNORE);
   return unpack_named(bytes);
 }

@@ -70,18 +70,14 @@ void reduce_sources(Call& c, char* out, char* copy, const char* const* srcs, int
 // All-reduce of out[0, n) in place among the slice's group on the other nodes.
 void cross_allreduce(Call& c, MPI_Comm group, char* out, std::size_t n, int divisor) {
   ShmNode& nd = c.node;
-  HostCommContext& ctx = host_context(group, 1);
   MpiTransport mt(group, kTagRing, c.what, nd.comm_name.c_str(), nd.timeout_s, nd.spin_s);
   CountingTransport t(mt, nd.cross_bytes);
   Primitives::Config cfg;
   cfg.dtype = c.dtype;
   cfg.op = c.op;
-  cfg.segment_bytes = c.opt.segment_bytes ? c.opt.segment_bytes
-                      : ctx.env_segment_bytes ? ctx.env_segment_bytes : kDefaultSegmentBytes;
+  cfg.segment_bytes = effective_segment_bytes(c.opt);
   Primitives P(t, c.red, nd.cross_ws, cfg);
-  long long thr = c.opt.tree_threshold >= 0 ? c.opt.tree_threshold
-                  : ctx.env_tree_threshold >= 0 ? ctx.env_tree_threshold : kDefaultTreeThreshold;
-  if (static_cast<long long>(n * c.es) <= thr) tree_allreduce(P, out, out, n, divisor);
+  if (static_cast<long long>(n * c.es) <= effective_tree_threshold(c.opt)) tree_allreduce(P, out, out, n, divisor);
   else ring_allreduce(P, out, out, n, divisor);
 }
 
@@ -153,7 +149,7 @@ void shm_allreduce(const void* send, void* recv, std::size_t count, DType dtype,
   const char* what = "allreduce";
   RT_CHECK(comm.node_count() == 1, what, ": algorithm shm needs every rank of communicator '", comm.name(),
            "' on one node, but it spans ", comm.node_count(), " nodes (use hierarchical or auto)");
-  ShmNode& nd = shm_detail::shm_node(comm, what);
+  ShmNode& nd = shm_detail::shm_node(comm, what, opt);
   Call c{nd, what, dtype, op, dtype_size(dtype), {}, opt};
   int divisor = op == ReduceOp::avg ? nd.size : 1;
   auto* in = static_cast<const char*>(send);
@@ -165,7 +161,7 @@ void shm_allreduce(const void* send, void* recv, std::size_t count, DType dtype,
 void hierarchical_allreduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
                             const Communicator& comm, const CollectiveOptions& opt) {
   const char* what = "allreduce";
-  ShmNode& nd = shm_detail::shm_node(comm, what);
+  ShmNode& nd = shm_detail::shm_node(comm, what, opt);
   Call c{nd, what, dtype, op, dtype_size(dtype), {}, opt};
   chunked(c, static_cast<const char*>(send), static_cast<char*>(recv), count, comm.node_count() > 1);
 }
@@ -181,7 +177,7 @@ void shm_reduce_scatter(const void* send, void* recv, const std::vector<std::siz
            "' on one node, but it spans ", comm.node_count(), " nodes");
   RT_CHECK(static_cast<int>(counts.size()) == comm.size(), what, ": counts has ", counts.size(), " entries for ",
            comm.size(), " ranks");
-  ShmNode& nd = shm_detail::shm_node(comm, what);
+  ShmNode& nd = shm_detail::shm_node(comm, what, opt);
   Call c{nd, what, dtype, op, dtype_size(dtype), {}, opt};
   const int divisor = op == ReduceOp::avg ? nd.size : 1;
   std::size_t lo = 0, total = 0;

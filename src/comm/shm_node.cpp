@@ -4,7 +4,6 @@
 
 #include <fcntl.h>
 #include <mpi.h>
-#include <immintrin.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -23,15 +22,19 @@
 #include "ringtrain/comm/liveness.hpp"
 #include "ringtrain/comm/stall_diagnosis.hpp"
 #include "ringtrain/comm/shm.hpp"
+#include "ringtrain/core/cpu.hpp"
 #include "ringtrain/core/error.hpp"
 #include "ringtrain/core/log.hpp"
 
 namespace ringtrain::shm_detail {
 namespace {
 
-std::size_t env_bytes(const char* name, std::size_t def) {
-  const char* v = std::getenv(name);
-  return v && *v ? parse_byte_size(v, name) : def;
+// Slots hold whole 4 KiB pages; the one-round path fits one slot.
+std::size_t slot_bytes_of(const CollectiveOptions& o) {
+  return ((o.shm_chunk_bytes ? o.shm_chunk_bytes : kDefaultShmChunkBytes) + 4095) / 4096 * 4096;
+}
+std::size_t small_bytes_of(const CollectiveOptions& o) {
+  return std::min(o.shm_small_bytes ? o.shm_small_bytes : kDefaultShmSmallBytes, slot_bytes_of(o));
 }
 
 // A process that has exited (gone, or a zombie its parent has not reaped yet).
@@ -92,7 +95,7 @@ void ShmNode::wait_peers(const char* what) const {
     unsigned i = 0;
     for (; i < 1024; ++i) {
       if (s.load(std::memory_order_acquire) >= target) break;
-      _mm_pause();
+      cpu_relax();
     }
     if (i < 1024) continue;
     // Slow path: against the clock, yielding once the spin budget is spent,
@@ -102,7 +105,7 @@ void ShmNode::wait_peers(const char* what) const {
     for (unsigned k = 1; s.load(std::memory_order_acquire) < target; ++k) {
       if (sleeping) std::this_thread::sleep_for(std::chrono::microseconds(20));
       else if (yielding) sched_yield();
-      else _mm_pause();
+      else cpu_relax();
       if (!sleeping && k % 64 != 0) continue;
       liveness::serve();
       auto now = clock::now();
@@ -147,13 +150,22 @@ void ShmNode::wait_peers(const char* what) const {
   }
 }
 
-ShmNode& shm_node(const Communicator& comm, const char* what) {
+ShmNode& shm_node(const Communicator& comm, const char* what, const CollectiveOptions& opt) {
   MPI_Comm h = comm.handle(what);
   int key = node_keyval();
   void* v = nullptr;
   int found = 0;
   MPI_Comm_get_attr(h, key, &v, &found);
-  if (found) return *static_cast<ShmNode*>(v);
+  if (found) {
+    // The options agree on every rank (like the segment size), so every rank raises this alike.
+    ShmNode& n = *static_cast<ShmNode*>(v);
+    RT_CHECK((!opt.shm_chunk_bytes || slot_bytes_of(opt) == n.slot_bytes) &&
+                 (!opt.shm_small_bytes || small_bytes_of(opt) == n.small_bytes),
+             what, ": communicator '", comm.name(), "' set up its shared memory with ", n.slot_bytes,
+             "-byte slots and a one-round limit of ", n.small_bytes, " bytes; this call asks for shm_chunk_bytes = ",
+             opt.shm_chunk_bytes, ", shm_small_bytes = ", opt.shm_small_bytes, " (use a new communicator)");
+    return n;
+  }
 
   auto node = std::make_unique<ShmNode>();
   ShmNode& n = *node;
@@ -165,13 +177,8 @@ ShmNode& shm_node(const Communicator& comm, const char* what) {
   n.slices = comm.max_local_size();
   int rank = comm.rank();
   std::string error;
-  try {
-    // Slots hold whole 4 KiB pages; the one-round path fits one slot.
-    n.slot_bytes = (env_bytes("RINGTRAIN_SHM_CHUNK", kDefaultShmChunkBytes) + 4095) / 4096 * 4096;
-    n.small_bytes = std::min(env_bytes("RINGTRAIN_SHM_SMALL", kDefaultShmSmallBytes), n.slot_bytes);
-  } catch (const Error& e) {
-    error = cat(what, ": ", e.what());
-  }
+  n.slot_bytes = slot_bytes_of(opt);
+  n.small_bytes = small_bytes_of(opt);
   n.seg_bytes = kHeaderBytes + 2 * n.slot_bytes;
 
   MPI_Comm local;

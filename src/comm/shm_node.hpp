@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "ringtrain/comm/collectives.hpp"
 #include "ringtrain/comm/communicator.hpp"
 #include "ringtrain/comm/host_backend.hpp"
 
@@ -51,6 +52,7 @@ struct ShmNode {
 
 // The state for `comm`, created by its first call (collective over `comm`: every
 // rank must be in the same node-aware all-reduce). Errors are raised on every rank.
-ShmNode& shm_node(const Communicator& comm, const char* what);
+// Its sizes come from the first call's options (shm_chunk_bytes, shm_small_bytes).
+ShmNode& shm_node(const Communicator& comm, const char* what, const CollectiveOptions& opt = {});
 
 }  // namespace ringtrain::shm_detail

@@ -90,8 +90,6 @@ struct Engine::Impl {
 
 Engine::Impl::Impl(const Communicator& c, EngineOptions o) : opts(std::move(o)) {
   RT_CHECK(opts.cycle_time_ms >= 0, "EngineOptions: cycle_time_ms must be >= 0, got ", opts.cycle_time_ms);
-  RT_CHECK(opts.backward_passes_per_step >= 1, "EngineOptions: backward_passes_per_step must be >= 1, got ",
-           opts.backward_passes_per_step);
   RT_CHECK(opts.stall_warning_s >= 0 && opts.stall_shutdown_s >= 0,
            "EngineOptions: stall limits must be >= 0 (0 = off), got stall_warning_s = ", opts.stall_warning_s,
            ", stall_shutdown_s = ", opts.stall_shutdown_s);
@@ -99,7 +97,6 @@ Engine::Impl::Impl(const Communicator& c, EngineOptions o) : opts(std::move(o)) 
   rank = comm.rank();
   size = comm.size();
   check_engine_settings_agree(comm, opts);
-  queue.set_accumulation(opts.backward_passes_per_step);
   controller = std::make_unique<engine::Controller>(comm, opts.cache_capacity, opts.stall_warning_s,
                                                     opts.stall_shutdown_s);
   if (!opts.timeline.empty() && (rank == 0 || opts.timeline_all_ranks)) {
@@ -120,7 +117,7 @@ Engine::Impl::Impl(const Communicator& c, EngineOptions o) : opts(std::move(o)) 
   // is an Error on every rank instead of a peer waiting for this engine forever.
   int bad = timeline_error.empty() ? size : rank;
   MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MIN, comm.handle("Engine start-up"));
-  RT_CHECK(bad == size, "Engine: rank ", bad, " could not open its timeline (RINGTRAIN_TIMELINE='", opts.timeline,
+  RT_CHECK(bad == size, "Engine: rank ", bad, " could not open its timeline (EngineOptions::timeline = '", opts.timeline,
            "')", timeline_error.empty() ? "" : ": ", timeline_error);
   thread = std::thread([this] { loop(); });
 }
@@ -156,11 +153,6 @@ OpPtr Engine::Impl::submit(std::string name, Tensor in, Tensor out, ReduceOp rop
   op->sig = {op->input.dtype(), rop, op->input.device().kind, op->input.shape()};
   op->submitted = Clock::now();
   RT_CHECK(running.load() && !queue.closed(), "allreduce_async('", name, "'): the engine is shut down");
-  if (!queue.count_submission(name)) {  // a non-final micro-batch: nothing to send
-    op->done = true;
-    with_stats([](EngineStats& s) { ++s.accumulation_skips; });
-    return op;
-  }
   {
     std::lock_guard lk(done_mu);
     ++outstanding;
@@ -412,7 +404,6 @@ bool Engine::poll(const Handle& h) const {
 void Engine::synchronize() { impl_->synchronize(); }
 void Engine::shutdown() { impl_->shutdown(); }
 bool Engine::running() const { return impl_->running.load(); }
-void Engine::set_accumulation(int k) { impl_->queue.set_accumulation(k); }
 EngineStats Engine::stats() const {
   std::lock_guard lk(impl_->stats_mu);
   return impl_->stats;

@@ -45,14 +45,14 @@ StallInspector::Verdict StallInspector::check(const std::vector<Presence>& parti
       if (v.shutdown.empty())
         v.shutdown = cat("stall shutdown: allreduce '", p.name, "' was submitted by ", ranks_str(have),
                          " but not by ", ranks_str(missing), " for ", static_cast<int>(a * 10) / 10.0,
-                         " s (limit ", shutdown_s_, " s, RINGTRAIN_STALL_SHUTDOWN_TIME_SECONDS); "
+                         " s (limit ", shutdown_s_, " s, comm.stall_shutdown_s); "
                          "the engine stopped on every rank");
       continue;
     }
     if (warn_due(e, now)) {
       v.warnings.push_back(cat("stall: allreduce '", p.name, "' was submitted by ", ranks_str(have),
                                " but not by ", ranks_str(missing), " for ", static_cast<int>(a * 10) / 10.0,
-                               " s (warning after ", warn_s_, " s, RINGTRAIN_STALL_CHECK_TIME_SECONDS); "
+                               " s (warning after ", warn_s_, " s, comm.stall_warning_s); "
                                "check that every rank submits the same tensor names"));
       e.warned = true;
       e.last_warned = now;

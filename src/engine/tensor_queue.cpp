@@ -46,25 +46,4 @@ bool TensorQueue::closed() const {
   return closed_;
 }
 
-bool TensorQueue::count_submission(const std::string& name) {
-  std::lock_guard lk(mu_);
-  if (k_ <= 1) return true;
-  int& c = counts_[name];
-  if (++c < k_) return false;
-  c = 0;
-  return true;
-}
-
-void TensorQueue::set_accumulation(int k) {
-  RT_CHECK(k >= 1, "backward_passes_per_step must be >= 1, got ", k);
-  std::lock_guard lk(mu_);
-  k_ = k;
-  counts_.clear();
-}
-
-int TensorQueue::accumulation() const {
-  std::lock_guard lk(mu_);
-  return k_;
-}
-
 }  // namespace ringtrain::engine

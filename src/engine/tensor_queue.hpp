@@ -4,16 +4,13 @@
 // Rules: user threads only push(); the engine thread only drain()s and
 // finish()es. A name is "in flight" from push() until finish(), and may be in
 // flight once at a time (a second push throws, naming it). After close() the
-// queue refuses submissions with the close reason. Accumulation counting
-// (backward_passes_per_step) lives here because it is per name and per
-// submitting thread-visible state.
+// queue refuses submissions with the close reason.
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -57,20 +54,12 @@ class TensorQueue {
   std::vector<OpPtr> close(const std::string& reason);
   bool closed() const;
 
-  // backward_passes_per_step: true when this submission of `name` is the k-th
-  // (and resets its count), false when it only counts.
-  bool count_submission(const std::string& name);
-  void set_accumulation(int k);
-  int accumulation() const;
-
  private:
   mutable std::mutex mu_;
   std::vector<OpPtr> incoming_;
   std::unordered_set<std::string> in_flight_;
   bool closed_ = false;
   std::string reason_;
-  int k_ = 1;
-  std::unordered_map<std::string, int> counts_;
 };
 
 }  // namespace ringtrain::engine

@@ -9,7 +9,7 @@ namespace ringtrain::engine {
 Timeline::Timeline(const std::string& path, int rank, Clock::time_point origin)
     : path_(path), rank_(rank), origin_(origin) {
   f_ = std::fopen(path.c_str(), "w");
-  RT_CHECK(f_ != nullptr, "timeline: cannot open '", path, "' for writing (RINGTRAIN_TIMELINE)");
+  RT_CHECK(f_ != nullptr, "timeline: cannot open '", path, "' for writing (comm.timeline)");
   std::fprintf(f_, "[\n{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"args\": {\"name\": \"rank %d\"}}",
                rank_, rank_);
   thread_ = std::thread([this] { run(); });

@@ -72,10 +72,14 @@ const std::vector<Field>& fields() {
       RT_FIELD(schedule, min_lr, "cosine: final learning rate"),
       RT_FIELD(schedule, scale_lr, "linear scaling rule: lr x global batch / 256"),
       RT_FIELD(comm, algorithm, "all-reduce algorithm: auto | ring | tree | mpi | shm | hierarchical"),
+      RT_FIELD(comm, tree_threshold, "bytes: the gradient collectives (fusion engine, ZeRO-1) take the tree up to here and the ring above where comm.algorithm = auto chooses between them (one rank per node; hierarchical's cross-node step)"),
+      RT_FIELD(comm, segment_bytes, "bytes per pipelined segment of the gradient collectives' ring and tree steps (>= 64)"),
       RT_FIELD(comm, fusion_threshold, "fusion buffer bytes (0 disables fusion)"),
       RT_FIELD(comm, cycle_time_ms, "fusion engine cycle time in ms"),
+      RT_FIELD(comm, cache_capacity, "tensor names the fusion engine's response cache holds, least recently used evicted (0 = off)"),
       RT_FIELD(comm, fp16_allreduce, "compress gradients to fp16 on the wire"),
       RT_FIELD(comm, timeline, "Chrome-trace timeline file (empty = off)"),
+      RT_FIELD(comm, timeline_all_ranks, "every rank writes its own timeline (timeline.json -> timeline.0.json, timeline.1.json, ...), not only rank 0"),
       RT_FIELD(comm, stall_warning_s, "warn when a tensor waits for other ranks this long"),
       RT_FIELD(comm, stall_shutdown_s, "fail the job when a tensor waits this long for other ranks (0 = never)"),
       RT_FIELD(comm, collective_timeout_s, "end the job when a collective (or a pipeline stage's receive) waits this long for a rank that never comes (0 = never)"),
@@ -291,8 +295,11 @@ void TrainConfig::validate() const {
   range("schedule.gamma", schedule.gamma, 0, kHuge, true);
   range("schedule.min_lr", schedule.min_lr, 0, kHuge);
   one_of("comm.algorithm", comm.algorithm, {"auto", "automatic", "ring", "tree", "mpi", "shm", "hierarchical"});
+  range("comm.tree_threshold", static_cast<double>(comm.tree_threshold), 0, 1LL << 40);
+  range("comm.segment_bytes", static_cast<double>(comm.segment_bytes), 64, 1LL << 30);
   range("comm.fusion_threshold", static_cast<double>(comm.fusion_threshold), 0, 1LL << 40);
   range("comm.cycle_time_ms", comm.cycle_time_ms, 0, 60000, true);
+  range("comm.cache_capacity", static_cast<double>(comm.cache_capacity), 0, 1 << 24);
   range("comm.stall_warning_s", comm.stall_warning_s, 0, 1e7);
   range("comm.stall_shutdown_s", comm.stall_shutdown_s, 0, 1e7);
   range("comm.collective_timeout_s", comm.collective_timeout_s, 0, 1e7);
@@ -308,7 +315,7 @@ void TrainConfig::validate() const {
   RT_CHECK(parallel.tensor >= 1, "configuration key 'parallel.tensor' must be >= 1, got ", parallel.tensor);
   RT_CHECK(parallel.micro_batches >= 0, "configuration key 'parallel.micro_batches' must be >= 1 (0 = pipeline), got ",
            parallel.micro_batches);
-  const int m = parallel.micro_batches > 0 ? parallel.micro_batches : parallel.pipeline;
+  const int m = pipeline_micro_batches();
   // With data.global_batch the batch is derived later, divisible by m (derive_batch).
   RT_CHECK(data.global_batch > 0 || data.batch_size % m == 0, "data.batch_size = ", data.batch_size, " is not divisible by ",
            "parallel.micro_batches = ", m);
@@ -350,7 +357,9 @@ std::string TrainConfig::to_toml(bool legacy_floats) const {
     // Fingerprints hash this text: a key that does not shape the trajectory and came later is left
     // out, so that changing it keeps --resume auto and checkpoints of earlier versions still match.
     if (legacy_floats && (key == "comm.straggler_factor" || key == "checkpoint.async" ||
-                          key == "checkpoint.parallel"))
+                          key == "checkpoint.parallel" || key == "comm.tree_threshold" ||
+                          key == "comm.segment_bytes" || key == "comm.cache_capacity" ||
+                          key == "comm.timeline_all_ranks"))
       continue;
     auto dot = key.find('.');
     if (key.substr(0, dot) != section) {

@@ -1,12 +1,11 @@
 #include "run_options.hpp"
 
-#include <xmmintrin.h>
-
 #include <algorithm>
 #include <cstdlib>
 
 #include "ringtrain/comm/agree.hpp"
 #include "ringtrain/comm/collectives.hpp"
+#include "ringtrain/comm/host_backend.hpp"
 #include "ringtrain/core/error.hpp"
 #include "ringtrain/core/log.hpp"
 
@@ -81,16 +80,30 @@ ScheduleConfig schedule_config(const TrainConfig& cfg, std::int64_t global_batch
   return sc;
 }
 
+static_assert(TrainConfig::Comm{}.tree_threshold == kDefaultTreeThreshold &&
+                  TrainConfig::Comm{}.segment_bytes == static_cast<std::int64_t>(kDefaultSegmentBytes),
+              "the comm.* defaults are the collectives' built-in ones");
+
+CollectiveOptions collective_options(const TrainConfig& cfg) {
+  CollectiveOptions o;
+  o.algorithm = parse_algorithm(cfg.comm.algorithm);
+  o.tree_threshold = cfg.comm.tree_threshold;
+  o.segment_bytes = static_cast<std::size_t>(cfg.comm.segment_bytes);
+  return o;
+}
+
 EngineOptions engine_options(const TrainConfig& cfg) {
   EngineOptions eo;
   eo.fusion_threshold = static_cast<std::size_t>(cfg.comm.fusion_threshold);
   eo.cycle_time_ms = cfg.comm.cycle_time_ms;
+  eo.cache_capacity = static_cast<std::size_t>(cfg.comm.cache_capacity);
   eo.fp16_allreduce = cfg.comm.fp16_allreduce;
   eo.timeline = cfg.comm.timeline;
+  eo.timeline_all_ranks = cfg.comm.timeline_all_ranks;
   eo.stall_warning_s = cfg.comm.stall_warning_s;
   eo.stall_shutdown_s = cfg.comm.stall_shutdown_s;
-  eo.collective.algorithm = parse_algorithm(cfg.comm.algorithm);
-  return EngineOptions::from_env(eo);
+  eo.collective = collective_options(cfg);
+  return eo;
 }
 
 void record_evaluation(const TrainConfig& cfg, int epoch, const EvalResult& ev, double eval_s, double run_s,
@@ -112,7 +125,7 @@ void record_evaluation(const TrainConfig& cfg, int epoch, const EvalResult& ev, 
 void derive_batch(TrainConfig& cfg, int data_parallel) {
   const std::int64_t g = cfg.data.global_batch, dp = data_parallel;
   if (g <= 0) return;
-  const std::int64_t m = cfg.parallel.micro_batches > 0 ? cfg.parallel.micro_batches : cfg.parallel.pipeline;
+  const std::int64_t m = cfg.pipeline_micro_batches();
   for (std::int64_t a = cfg.train.accumulation; a * dp <= g; ++a) {
     if (g % (dp * a) != 0 || (g / (dp * a)) % m != 0) continue;
     RT_CHECK(g / (dp * a) <= (1 << 24), "data.global_batch = ", g, " over data-parallel size ", dp,
@@ -128,8 +141,6 @@ void derive_batch(TrainConfig& cfg, int data_parallel) {
           ") must equal it; choose a data.global_batch that is a multiple of ", dp * m * cfg.train.accumulation,
           ", or another layout");
 }
-
-void flush_denormals() { _mm_setcsr(_mm_getcsr() | 0x8040); }
 
 int compute_threads(const TrainConfig& cfg) {
   if (cfg.train.threads > 0) return cfg.train.threads;

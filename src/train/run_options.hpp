@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "ringtrain/comm/communicator.hpp"
+#include "ringtrain/core/cpu.hpp"  // flush_denormals
 #include "ringtrain/data/loader.hpp"
 #include "ringtrain/engine/engine.hpp"
 #include "ringtrain/nn/model.hpp"
@@ -23,7 +24,9 @@ std::unique_ptr<data::Loader> open_train_loader(const TrainConfig& cfg, const Co
 ModelConfig model_config(const TrainConfig& cfg, const data::FileInfo& info);
 OptimizerConfig optimizer_config(const TrainConfig& cfg);
 ScheduleConfig schedule_config(const TrainConfig& cfg, std::int64_t global_batch);
-// Without device_ops (the caller adds its device's) and with the environment applied.
+// comm.algorithm, comm.tree_threshold and comm.segment_bytes.
+CollectiveOptions collective_options(const TrainConfig& cfg);
+// The comm.* keys, without device_ops (the caller adds its device's).
 EngineOptions engine_options(const TrainConfig& cfg);
 // Records an epoch's evaluation in its metrics and the run's result (best
 // accuracy, first epoch at train.target_accuracy, announced by `speak`).
@@ -39,9 +42,5 @@ void record_evaluation(const TrainConfig& cfg, int epoch, const EvalResult& ev, 
 void derive_batch(TrainConfig& cfg, int data_parallel);
 // train.threads, else OMP_NUM_THREADS, else 1.
 int compute_threads(const TrainConfig& cfg);
-// Flush denormals to zero (FTZ+DAZ) on the calling (compute) thread, as DL
-// frameworks do: tiny gradients late in training otherwise cost ~100 cycles
-// per operation in microcode assists (measured ~15% of a `cnn` step here).
-void flush_denormals();
 
 }  // namespace ringtrain

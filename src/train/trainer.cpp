@@ -104,7 +104,7 @@ void Trainer::Impl::build_model() {
              "(use parallel.tensor = 1, or train.device = cpu)");
   });
   GridConfig pc;
-  pc.micro_batches = cfg.parallel.micro_batches > 0 ? cfg.parallel.micro_batches : cfg.parallel.pipeline;
+  pc.micro_batches = cfg.pipeline_micro_batches();
   pc.accumulation = cfg.train.accumulation;
   pc.schedule = parse_schedule(cfg.parallel.schedule);
   pc.partition = parse_partition(cfg.parallel.partition);
@@ -116,7 +116,7 @@ void Trainer::Impl::build_model() {
   pc.update.clip_norm = cfg.optimizer.clip_norm;
   pc.update.loss_scaling = mc.math == MathMode::fp16;
   pc.update.shard_optimizer = cfg.parallel.shard_optimizer;
-  pc.update.zero_collectives.algorithm = parse_algorithm(cfg.comm.algorithm);
+  pc.update.zero_collectives = collective_options(cfg);
   pc.skip_allreduce = hooks.skip_allreduce;
   parts = build_parts(*grid, mc, pc, optimizer_config(cfg), device, rt);
   if (parts.updater->scaler()) scaler_state = Tensor::zeros({4}, DType::f64);

@@ -121,15 +121,13 @@ TEST(Allreduce, AutomaticFollowsTheThreshold) {
   EXPECT_EQ(choose_algorithm(1001, 4, opt), Algorithm::ring);
   opt.algorithm = Algorithm::mpi;
   EXPECT_EQ(choose_algorithm(10, 4, opt), Algorithm::mpi);
-  CollectiveOptions def;
-  setenv("RINGTRAIN_TREE_THRESHOLD", "2K", 1);
-  EXPECT_EQ(effective_tree_threshold(def), 2048);
-  EXPECT_EQ(choose_algorithm(2048, 3, def), Algorithm::tree);
-  EXPECT_EQ(choose_algorithm(2049, 3, def), Algorithm::ring);
-  setenv("RINGTRAIN_TREE_THRESHOLD", "12Q", 1);
-  EXPECT_THROW(effective_tree_threshold(def), Error);
-  unsetenv("RINGTRAIN_TREE_THRESHOLD");
+  CollectiveOptions def;  // < 0: the built-in default
   EXPECT_EQ(effective_tree_threshold(def), kDefaultTreeThreshold);
+  EXPECT_EQ(choose_algorithm(kDefaultTreeThreshold, 3, def), Algorithm::tree);
+  EXPECT_EQ(choose_algorithm(kDefaultTreeThreshold + 1, 3, def), Algorithm::ring);
+  EXPECT_EQ(effective_segment_bytes(def), kDefaultSegmentBytes);
+  def.segment_bytes = 32;
+  EXPECT_THROW(effective_segment_bytes(def), Error);
 }
 
 }  // namespace

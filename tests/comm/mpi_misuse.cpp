@@ -5,6 +5,7 @@
 #include <string>
 
 #include "reference.hpp"
+#include "ringtrain/comm/host_backend.hpp"
 
 using namespace ringtrain;
 
@@ -20,6 +21,17 @@ void expect_error(F&& f, std::initializer_list<const char*> parts) {
     std::string m = e.what();
     for (const char* p : parts) EXPECT_NE(m.find(p), std::string::npos) << "message: " << m << "\nmissing: " << p;
   }
+}
+
+// Tags above the standard's guaranteed 32767 work on some MPI libraries only:
+// the transport refuses them everywhere, naming the tag and the operation.
+TEST(Misuse, TransportRefusesTagsBeyondTheGuaranteedRange) {
+  auto comm = Communicator::world();
+  MPI_Comm h = comm.handle();
+  expect_error([&] { MpiTransport t(h, kMaxMpiTag + 1, "send test", "world", 1, 0); }, {"send test", "32768", "32767"});
+  expect_error([&] { MpiTransport t(h, -1, "send test", "world", 1, 0); }, {"send test", "-1"});
+  MpiTransport ok(h, kMaxMpiTag, "send test", "world", 1, 0);
+  EXPECT_EQ(ok.size(), comm.size());
 }
 
 TEST(Misuse, NullBufferWithCount) {

@@ -38,23 +38,23 @@ void check(const Communicator& comm, Algorithm algo, DType dtype, ReduceOp op, s
   }
 }
 
-// A communicator whose node-aware state uses `chunk`-byte slots and a `small` one-round limit.
-Communicator with_slots(const char* chunk, const char* small) {
-  setenv("RINGTRAIN_SHM_CHUNK", chunk, 1);
-  setenv("RINGTRAIN_SHM_SMALL", small, 1);
-  auto c = Communicator::world();
-  std::int32_t x = 1, y = 0;  // the first node-aware call reads the environment
-  allreduce(&x, &y, 1, DType::i32, ReduceOp::sum, c, {Algorithm::shm});
+// A communicator whose node-aware state uses `chunk`-byte slots and a `small`
+// one-round limit: its first node-aware call sets them, later calls keep them.
+Communicator with_slots(std::size_t chunk, std::size_t small) {
+  auto c = Communicator::world().dup("slots");
+  CollectiveOptions o{Algorithm::shm};
+  o.shm_chunk_bytes = chunk;
+  o.shm_small_bytes = small;
+  std::int32_t x = 1, y = 0;
+  allreduce(&x, &y, 1, DType::i32, ReduceOp::sum, c, o);
   EXPECT_EQ(y, c.size());
-  unsetenv("RINGTRAIN_SHM_CHUNK");
-  unsetenv("RINGTRAIN_SHM_SMALL");
   return c;
 }
 
 class NodeAware : public testing::TestWithParam<Algorithm> {};
 
 TEST_P(NodeAware, EveryDtypeOpCountWithSmallSlots) {
-  auto comm = with_slots("4K", "256");
+  auto comm = with_slots(4096, 256);
   int p = comm.size();
   std::vector<std::size_t> counts{0, 1, static_cast<std::size_t>(p + 1), 37, 1024 + 7, 3 * 4096 + 5};
   for (DType dt : kDtypes)
@@ -74,7 +74,7 @@ TEST_P(NodeAware, DefaultSlotsLargeMessages) {
 // Alternating sizes and paths many times: a slot must never be overwritten while
 // a peer still reads it (the parity protocol), whatever the sequence.
 TEST_P(NodeAware, ManyCallsAlternatingPaths) {
-  auto comm = with_slots("8K", "1K");
+  auto comm = with_slots(8192, 1024);
   for (unsigned i = 0; i < 60; ++i) {
     std::size_t n = i % 3 == 0 ? 7 : i % 3 == 1 ? 5000 : 200;
     check(comm, GetParam(), DType::f32, ReduceOp::sum, n, i % 2 == 0, i);
@@ -83,6 +83,26 @@ TEST_P(NodeAware, ManyCallsAlternatingPaths) {
 
 INSTANTIATE_TEST_SUITE_P(Algorithms, NodeAware, testing::Values(Algorithm::shm, Algorithm::hierarchical),
                          [](const auto& info) { return std::string(algorithm_name(info.param)); });
+
+// The sizes are fixed at the first call: asking for others later is an Error
+// on every rank (the options agree), not a silent fallback.
+TEST(NodeAware, OtherSlotSizesLaterAreAnError) {
+  if (Communicator::world().size() == 1) GTEST_SKIP() << "one rank copies locally: no shared memory is set up";
+  auto comm = with_slots(8192, 1024);
+  CollectiveOptions same{Algorithm::shm};
+  same.shm_chunk_bytes = 8000;  // rounds up to the same 8 KiB slot
+  float x = 1, y = 0;
+  allreduce(&x, &y, 1, DType::f32, ReduceOp::sum, comm, same);
+  EXPECT_EQ(y, static_cast<float>(comm.size()));
+  CollectiveOptions other{Algorithm::shm};
+  other.shm_chunk_bytes = 1 << 16;
+  try {
+    allreduce(&x, &y, 1, DType::f32, ReduceOp::sum, comm, other);
+    ADD_FAILURE() << "other slot sizes must be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("8192-byte slots"), std::string::npos) << e.what();
+  }
+}
 
 TEST(NodeAware, SplitCommunicatorsHaveTheirOwnSegments) {
   auto world = Communicator::world();

@@ -115,12 +115,10 @@ inline double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// Tests use short cycles and no environment overrides, except the all-reduce
-// algorithm (RINGTRAIN_ALLREDUCE_ALGORITHM), so the suite can be run per algorithm.
+// Tests use short cycles and the automatic all-reduce algorithm.
 inline EngineOptions test_options() {
   EngineOptions o;
   o.cycle_time_ms = 1.0;
-  if (const char* a = std::getenv("RINGTRAIN_ALLREDUCE_ALGORITHM")) o.collective.algorithm = parse_algorithm(a);
   return o;
 }
 

@@ -146,7 +146,7 @@ TEST(EngineErrors, StallShutdownFailsEveryRank) {
   double s = seconds_since(t0);
   EXPECT_LT(s, 10.0);
   EXPECT_TRUE(contains(msg, "stall shutdown")) << msg;
-  EXPECT_TRUE(contains(msg, "RINGTRAIN_STALL_SHUTDOWN_TIME_SECONDS")) << msg;
+  EXPECT_TRUE(contains(msg, "comm.stall_shutdown_s")) << msg;
   EXPECT_GE(eng.stats().stall_warnings, 1u);
   EXPECT_FALSE(eng.running());
   EXPECT_THROW(eng.allreduce_async("after", Tensor::zeros({1})), Error);

@@ -1,7 +1,7 @@
 // Engine results against MPI_Allreduce: many tensors of mixed sizes and dtypes
 // submitted in a different order on every rank, avg and sum, fused and not,
-// the response cache in steady state, out-of-place, min/max, fp16
-// compression and gradient accumulation.
+// the response cache in steady state, out-of-place, min/max and fp16
+// compression.
 #include <algorithm>
 #include <random>
 
@@ -210,41 +210,6 @@ TEST(EngineReduce, Fp16CompressionWithinFp16Tolerance) {
   EXPECT_EQ(eng.stats().bytes_reduced, bytes + 100 * 4) << "float32 should travel as 2 bytes per element";
 }
 
-TEST(EngineReduce, AccumulationCommunicatesOnlyOnTheKthSubmission) {
-  EngineOptions o = test_options();
-  o.backward_passes_per_step = 3;
-  Engine eng(Communicator::world(), o);
-  int rank = world_rank();
-  Tensor g = Tensor::zeros({1000});
-  for (int step = 0; step < 2; ++step) {
-    g.zero_();
-    Tensor expect_local = Tensor::zeros({1000});
-    for (int micro = 0; micro < 3; ++micro) {
-      // The caller accumulates micro-batch gradients into g (as backward does).
-      for (std::int64_t j = 0; j < 1000; ++j) g.data<float>()[j] += static_cast<float>(exact_value(micro + step, rank, j));
-      Tensor before = g.clone();
-      Handle h = eng.allreduce_async("acc.grad", g);
-      if (micro < 2) {
-        EXPECT_TRUE(eng.poll(h)) << "non-final micro-batches complete at once";
-        eng.wait(h);
-        EXPECT_TRUE(same_bytes(g, before)) << "non-final micro-batches must not touch the tensor";
-        EXPECT_EQ(eng.stats().allreduces, static_cast<std::uint64_t>(step)) << "communicated on micro-batch " << micro;
-      } else {
-        Tensor ref = reference_allreduce(before, ReduceOp::avg);
-        eng.wait(h);
-        EXPECT_TRUE(same_bytes(g, ref)) << "the 3rd submission all-reduces the accumulated value";
-      }
-    }
-    EXPECT_EQ(eng.stats().allreduces, static_cast<std::uint64_t>(step + 1));
-  }
-  EXPECT_EQ(eng.stats().accumulation_skips, 4u);
-  // set_accumulation(1) goes back to communicating every submission.
-  eng.set_accumulation(1);
-  Handle h = eng.allreduce_async("acc.grad", g);
-  eng.wait(h);
-  EXPECT_EQ(eng.stats().allreduces, 3u);
-}
-
 TEST(EngineReduce, SynchronizeWaitsForEverythingAndCountsWaitTime) {
   Engine eng(Communicator::world(), test_options());
   std::vector<Tensor> ts;
@@ -262,32 +227,6 @@ TEST(EngineReduce, SynchronizeWaitsForEverythingAndCountsWaitTime) {
   EXPECT_GT(s.wait_seconds, 0.0);
   EXPECT_GT(s.bytes_reduced, 0u);
   EXPECT_GT(s.allreduce_seconds, 0.0);
-}
-
-TEST(EngineReduce, EnvironmentOverridesOptions) {
-  setenv("RINGTRAIN_FUSION_THRESHOLD", "1024", 1);
-  setenv("RINGTRAIN_CYCLE_TIME", "2.5", 1);
-  setenv("RINGTRAIN_FP16_ALLREDUCE", "1", 1);
-  setenv("RINGTRAIN_STALL_CHECK_TIME_SECONDS", "5", 1);
-  EngineOptions base;
-  base.fusion_threshold = 7;
-  base.cache_capacity = 9;
-  EngineOptions o = EngineOptions::from_env(base);
-  EXPECT_EQ(o.fusion_threshold, 1024u);
-  EXPECT_DOUBLE_EQ(o.cycle_time_ms, 2.5);
-  EXPECT_TRUE(o.fp16_allreduce);
-  EXPECT_DOUBLE_EQ(o.stall_warning_s, 5.0);
-  EXPECT_EQ(o.cache_capacity, 9u) << "unset variables keep the base value";
-  setenv("RINGTRAIN_CYCLE_TIME", "fast", 1);
-  try {
-    EngineOptions::from_env();
-    ADD_FAILURE() << "a bad RINGTRAIN_CYCLE_TIME must throw";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("RINGTRAIN_CYCLE_TIME"), std::string::npos) << e.what();
-  }
-  for (const char* v : {"RINGTRAIN_FUSION_THRESHOLD", "RINGTRAIN_CYCLE_TIME", "RINGTRAIN_FP16_ALLREDUCE",
-                        "RINGTRAIN_STALL_CHECK_TIME_SECONDS"})
-    unsetenv(v);
 }
 
 TEST(EngineReduce, EngineTrafficNeverMatchesTheCallersCollectives) {

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # CTest slurm/bad_input: jobs/sbatch_fashion.sh refuses bad input with a clear message and
-# exit status 2, before starting any rank. No cluster needed (the Slurm variables are set by hand).
+# exit status 2, before starting any rank (a layout that cannot run: the trainer's own plan says why). No cluster needed (the Slurm variables are set by hand).
 # Usage: bad_input.sh SRC_DIR RINGTRAIN_BIN
 set -uo pipefail
 SRC=$1; BIN=$2
@@ -22,13 +22,20 @@ slurm_env=(env SLURM_JOB_ID=4242 SLURM_SUBMIT_DIR="$SRC" SLURM_JOB_NUM_NODES=2 B
 
 expect "run outside Slurm" 2 'not inside a Slurm job \(SLURM_JOB_ID is unset\).*sbatch' \
     env -u SLURM_JOB_ID "$JOB"
-expect "3 ranks, pipeline 2" 2 'has 3 ranks, which parallel.pipeline=2 x parallel.tensor=1 = 2 does not divide' \
+expect "3 ranks, pipeline 2" 2 'has 3 ranks, and the configuration cannot run there: parallel.pipeline = 2 x parallel.tensor = 1 does not divide the 3 ranks' \
     "${slurm_env[@]}" SLURM_NTASKS=3 "$JOB" --set parallel.pipeline=2
-expect "4 ranks, pipeline 2 x tensor 4 (--set=)" 2 'has 4 ranks, which parallel.pipeline=2 x parallel.tensor=4 = 8 does not divide' \
+expect "4 ranks, pipeline 2 x tensor 4 (--set=)" 2 'cannot run there: parallel.pipeline = 2 x parallel.tensor = 4 does not divide the 4 ranks' \
     "${slurm_env[@]}" SLURM_NTASKS=4 "$JOB" --set=parallel.pipeline=2 --set parallel.tensor=4
-printf '[parallel]\npipeline = 3\n' > "$WORK/grid.toml"
-expect "pipeline 3 in the config file, 4 ranks" 2 'has 4 ranks, which parallel.pipeline=3' \
+printf '[data]\nbatch_size = 48\n[parallel]\npipeline = 3\n' > "$WORK/grid.toml"
+expect "pipeline 3 in the config file, 4 ranks" 2 'cannot run there: parallel.pipeline = 3 x parallel.tensor = 1 does not divide the 4 ranks' \
     "${slurm_env[@]}" SLURM_NTASKS=4 CONFIG="$WORK/grid.toml" "$JOB"
+# The trainer reads the file, so a float where an integer belongs is refused, not mangled
+# (awk made 1e3 into 13), and a global batch without an exact split at 4 ranks is named.
+printf '[data]\nglobal_batch = 1e3\n' > "$WORK/float.toml"
+expect "global_batch = 1e3 in the config file" 2 "the configuration is refused: .*key 'data.global_batch' must be an integer" \
+    "${slurm_env[@]}" SLURM_NTASKS=4 CONFIG="$WORK/float.toml" "$JOB"
+expect "global batch 1001 at 4 ranks" 2 'data.global_batch = 1001 has no exact split' \
+    "${slurm_env[@]}" SLURM_NTASKS=4 "$JOB" --set data.global_batch=1001
 expect "missing binary" 2 "ringtrain binary '/nonexistent/ringtrain' not found" \
     "${slurm_env[@]}" SLURM_NTASKS=2 BIN=/nonexistent/ringtrain "$JOB"
 expect "unknown launcher" 2 "LAUNCHER must be mpirun or srun, not 'ssh'" \

@@ -213,6 +213,9 @@ TEST(Config, NumericKeysAreRangeChecked) {
       {"train.target_accuracy", [](TrainConfig& c) { c.train.target_accuracy = 1.5; }},
       {"train.verify_every", [](TrainConfig& c) { c.train.verify_every = -1; }},
       {"model.width", [](TrainConfig& c) { c.model.width = 0; }},
+      {"comm.segment_bytes", [](TrainConfig& c) { c.comm.segment_bytes = 32; }},
+      {"comm.tree_threshold", [](TrainConfig& c) { c.comm.tree_threshold = -1; }},
+      {"comm.cache_capacity", [](TrainConfig& c) { c.comm.cache_capacity = -1; }},
   };
   for (auto& b : bad) {
     m = error_of([&] {

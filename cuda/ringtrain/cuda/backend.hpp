@@ -11,8 +11,11 @@
 //  - Per-layer state (cuDNN descriptors, chosen algorithms, workspace sizes,
 //    masked-gradient scratch) is created once per input shape and cached.
 //  - Precision: f32 layers compute in strict fp32 (cuDNN FMA math, cuBLAS
-//    32F) unless TF32 is enabled (BackendOptions::tf32 or RINGTRAIN_TF32=1);
-//    f16/bf16 layers use tensor cores with fp32 accumulation.
+//    32F) unless their spec's MathMode (train.precision) allows TF32, bf16 or
+//    fp16 conversion; f16/bf16 layers use tensor cores with fp32 accumulation.
+//  - BackendOptions come from the environment at registration (static
+//    initialisation, before any configuration is read): only the cuDNN
+//    algorithm choice, which no configuration key covers.
 #include <memory>
 
 #include "ringtrain/cuda/context.hpp"
@@ -21,7 +24,6 @@
 namespace ringtrain::cuda {
 
 struct BackendOptions {
-  bool tf32 = false;                            // RINGTRAIN_TF32=1
   // Convolution algorithms: false = cuDNN's heuristics (no trial runs);
   // true = cudnnFind* times every algorithm once per new input shape
   // (torch.backends.cudnn.benchmark). Either way the choice is cached per shape.

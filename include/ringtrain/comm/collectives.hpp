@@ -42,19 +42,23 @@ struct CollectiveOptions {
   Algorithm algorithm = Algorithm::automatic;
   Device device = Device::cpu();  // where send/recv live
   // Messages of at most this many bytes use the tree under `automatic`;
-  // < 0 means: RINGTRAIN_TREE_THRESHOLD from the environment, else the built-in default.
+  // < 0 means the built-in default (kDefaultTreeThreshold).
   long long tree_threshold = -1;
   // Check that count/dtype/op agree on all ranks (one small extra all-reduce).
   bool validate = false;
-  // Pipelining segment of the ring/chain; 0 means RINGTRAIN_SEGMENT_BYTES from the
-  // environment, else the built-in default. Must agree on all ranks.
+  // Pipelining segment of the ring/chain; 0 means the built-in default
+  // (kDefaultSegmentBytes). Must agree on all ranks.
   std::size_t segment_bytes = 0;
+  // shm/hierarchical: slot size and one-round limit in bytes (0 = the defaults
+  // in comm/shm.hpp). They size the communicator's shared memory at its first
+  // node-aware call; a later call asking for other sizes is an Error.
+  std::size_t shm_chunk_bytes = 0, shm_small_bytes = 0;
 };
 
 // Defaults measured on the reference machine (see bench/comm_allreduce_sweep.cpp).
 constexpr long long kDefaultTreeThreshold = 128 * 1024;
 constexpr std::size_t kDefaultSegmentBytes = 512 * 1024;
-// The threshold/segment in effect for `opt` (option, else environment, else default).
+// The threshold/segment in effect for `opt` (the option, else the default).
 long long effective_tree_threshold(const CollectiveOptions& opt);
 std::size_t effective_segment_bytes(const CollectiveOptions& opt);
 // "4096", "64K", "1M", "2G" (powers of 1024) -> bytes; throws Error naming `what`.

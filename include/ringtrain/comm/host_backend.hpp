@@ -23,7 +23,12 @@
 
 namespace ringtrain {
 
-// Tags ringtrain's collectives use (MPI guarantees tags up to 32767).
+// The largest tag every MPI accepts (the standard guarantees MPI_TAG_UB >= 32767;
+// larger tags work on some libraries and fail on others). Every tag ringtrain
+// sends with is at most this; MpiTransport refuses larger ones.
+inline constexpr int kMaxMpiTag = 32767;
+
+// Tags ringtrain's collectives use.
 enum CollectiveTag : int {
   kTagBase = 0x5200,
   kTagRing = kTagBase + 1,
@@ -32,6 +37,7 @@ enum CollectiveTag : int {
   kTagAllgather = kTagBase + 4,
   kTagReduceScatter = kTagBase + 5,
 };
+static_assert(kTagReduceScatter <= kMaxMpiTag, "collective tags must stay within MPI's guaranteed range");
 
 class MpiTransport final : public Transport {
  public:
@@ -79,14 +85,11 @@ class HostWorkspace final : public Workspace {
 };
 
 // What the host collectives keep per MPI communicator (an MPI attribute, freed
-// with the communicator): the workspace, and the environment read once at the
-// communicator's first collective (getenv costs ~0.15 us a call under mpirun,
-// which small all-reduces would notice). Collectives on one communicator must
+// with the communicator): the workspace, the timeout and the spin time, set at
+// the communicator's first collective. Collectives on one communicator must
 // not run concurrently (MPI's rule too), so one context per communicator suffices.
 struct HostCommContext {
   HostWorkspace workspace;
-  long long env_tree_threshold = -1;  // RINGTRAIN_TREE_THRESHOLD, -1 when unset
-  std::size_t env_segment_bytes = 0;  // RINGTRAIN_SEGMENT_BYTES, 0 when unset
   double spin_s = 5e-3;               // how long a wait keeps the core (see MpiTransport)
 };
 // `local_size`: ranks of `comm` on this node (Communicator::local_size()).

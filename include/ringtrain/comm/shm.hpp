@@ -43,9 +43,9 @@
 
 namespace ringtrain {
 
-// One-round path up to this many bytes (RINGTRAIN_SHM_SMALL overrides).
+// One-round path up to this many bytes (CollectiveOptions::shm_small_bytes overrides).
 constexpr std::size_t kDefaultShmSmallBytes = 64 * 1024;
-// Chunk (= slot) size of the large-message path (RINGTRAIN_SHM_CHUNK overrides).
+// Chunk (= slot) size of the large-message path (CollectiveOptions::shm_chunk_bytes overrides).
 constexpr std::size_t kDefaultShmChunkBytes = 1024 * 1024;
 
 void shm_allreduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,

@@ -15,6 +15,7 @@
 namespace ringtrain {
 
 inline constexpr int kTagStallDiagnosis = 0x52ff;
+static_assert(kTagStallDiagnosis <= 32767, "within the tags every MPI accepts (kMaxMpiTag)");
 
 // With liveness (comm/liveness.hpp) started, the diagnosis asks the whole job
 // instead: `silent_world` lists every rank of MPI_COMM_WORLD that answers no

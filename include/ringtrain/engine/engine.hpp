@@ -2,16 +2,17 @@
 // Engine: Horovod-style asynchronous all-reduce of named tensors, driven by one
 // background thread over a private duplicate of the caller's communicator.
 //
-//   Engine eng(comm, EngineOptions::from_env());
+//   Engine eng(comm, opts);                                     // EngineOptions below
 //   Handle h = eng.allreduce_async("fc1.weight.grad", grad);   // in place, avg
 //   ...                                                         // overlap compute
 //   eng.wait(h);                                                // grad now averaged
 //
 // Rules this API keeps:
 //  - Construction is collective over `comm`: every rank makes an Engine with
-//    the same fusion threshold, fp16 setting, cache capacity, accumulation and
-//    collective algorithm/tree threshold/segment (a mismatch is an Error on
-//    every rank). Destroying it on one rank stops it on all (see shutdown()).
+//    the same fusion threshold, fp16 setting, cache capacity and collective
+//    algorithm/tree threshold/segment (a mismatch is an Error on every rank).
+//    Options are explicit: the engine reads no environment variable (the
+//    trainer fills them from the comm.* configuration keys). Destroying it on one rank stops it on all (see shutdown()).
 //  - Tensors are matched across ranks by NAME, not by submission order: ranks
 //    may submit in any order; a tensor is reduced once every rank submitted it,
 //    and ready tensors are reduced in the same order on every rank.
@@ -48,11 +49,8 @@
 // ranks) and float16's range (|x| <= 65504 for the sums, subnormals below
 // 6e-5). Other dtypes are sent as they are.
 //
-// Gradient accumulation (backward_passes_per_step = k, Horovod semantics):
-// each name counts its submissions; submissions 1..k-1 communicate nothing and
-// return an already-completed handle (the tensor is left as it is: the caller
-// accumulates into it, as backward does into gradient buffers); the k-th
-// submission all-reduces the tensor's current value and resets the count.
+// Every submission is reduced: gradient accumulation is the caller's (the
+// trainer submits a gradient once, after its last micro-batch).
 //
 // Timeline (Chrome trace JSON, loads in Perfetto/chrome://tracing): when
 // `timeline` is set, rank 0 writes that file; with timeline_all_ranks every
@@ -80,22 +78,21 @@ namespace ringtrain {
 struct EngineOptions {
   // Fuse ready tensors of one dtype and op into buffers of at most this many
   // bytes (on the wire); 0 = no fusion, one all-reduce per tensor.
-  std::size_t fusion_threshold = std::size_t{64} << 20;  // RINGTRAIN_FUSION_THRESHOLD (bytes)
+  std::size_t fusion_threshold = std::size_t{64} << 20;  // bytes (comm.fusion_threshold)
   // Pause between negotiation cycles. While no rank has anything pending the
   // pause grows to at most 32x (all ranks alike); a submission or a blocking
   // wait() starts the next cycle at once.
-  double cycle_time_ms = 1.0;                            // RINGTRAIN_CYCLE_TIME (ms)
+  double cycle_time_ms = 1.0;                            // ms (comm.cycle_time_ms)
   // Names negotiated at most this many at a time in the response cache
   // (least recently used evicted); 0 disables the cache (every cycle gathers).
-  std::size_t cache_capacity = 1024;  // RINGTRAIN_CACHE_CAPACITY
-  bool fp16_allreduce = false;        // RINGTRAIN_FP16_ALLREDUCE (0/1)
-  int backward_passes_per_step = 1;   // RINGTRAIN_BACKWARD_PASSES_PER_STEP
-  std::string timeline;               // RINGTRAIN_TIMELINE (path; empty = off)
-  bool timeline_all_ranks = false;    // RINGTRAIN_TIMELINE_ALL_RANKS (0/1)
-  double stall_warning_s = 60.0;      // RINGTRAIN_STALL_CHECK_TIME_SECONDS (0 = no check)
-  double stall_shutdown_s = 0.0;      // RINGTRAIN_STALL_SHUTDOWN_TIME_SECONDS (0 = never)
+  std::size_t cache_capacity = 1024;  // comm.cache_capacity
+  bool fp16_allreduce = false;        // comm.fp16_allreduce
+  std::string timeline;               // path; empty = off (comm.timeline)
+  bool timeline_all_ranks = false;    // comm.timeline_all_ranks
+  double stall_warning_s = 60.0;      // 0 = no check (comm.stall_warning_s)
+  double stall_shutdown_s = 0.0;      // 0 = never (comm.stall_shutdown_s)
   // Passed to every data all-reduce (algorithm, tree threshold, ...); `device`
-  // is set per fusion buffer. Env: RINGTRAIN_ALLREDUCE_ALGORITHM (ring/tree/mpi/auto).
+  // is set per fusion buffer (comm.algorithm, comm.tree_threshold, comm.segment_bytes).
   CollectiveOptions collective{};
   // Called on every rank with each stall warning's text (also logged on rank 0).
   // Runs on the engine thread: keep it short.
@@ -103,12 +100,6 @@ struct EngineOptions {
   // Byte movers for non-CPU tensors (the CUDA backend provides one). CPU
   // tensors always use cpu_fusion_ops().
   std::shared_ptr<FusionOps> device_ops;
-
-  // `base` with every RINGTRAIN_* variable above that is set in the
-  // environment applied on top (env wins); bad values throw an Error naming
-  // the variable.
-  static EngineOptions from_env(EngineOptions base);
-  static EngineOptions from_env();  // from_env(EngineOptions{})
 };
 
 // Cumulative counters of one Engine (stats() returns a snapshot; all ranks
@@ -122,7 +113,6 @@ struct EngineStats {
   std::uint64_t allreduces = 0;          // data all-reduce calls
   std::uint64_t fused_allreduces = 0;    // ... of which carried more than one tensor
   std::uint64_t bytes_reduced = 0;       // payload bytes all-reduced (on the wire)
-  std::uint64_t accumulation_skips = 0;  // submissions absorbed by backward_passes_per_step
   std::uint64_t errors = 0;              // tensors failed (mismatch, stall, shutdown)
   std::uint64_t stall_warnings = 0;
   double negotiate_seconds = 0;          // in the control all-reduce / gather / broadcast
@@ -181,9 +171,6 @@ class Engine {
   // joins the thread. Idempotent; further submissions throw.
   void shutdown();
   bool running() const;
-
-  // Changes backward_passes_per_step for later submissions (resets the counts).
-  void set_accumulation(int k);
 
   EngineStats stats() const;
   void reset_stats();

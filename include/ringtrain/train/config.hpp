@@ -64,10 +64,14 @@ struct TrainConfig {
   } schedule;
   struct Comm {
     std::string algorithm = "auto";     // auto | ring | tree | mpi | shm | hierarchical
+    std::int64_t tree_threshold = 128 << 10;  // bytes: tree up to here under auto (= kDefaultTreeThreshold)
+    std::int64_t segment_bytes = 512 << 10;   // ring/tree pipelining segment (= kDefaultSegmentBytes)
     std::int64_t fusion_threshold = 64 << 20;  // bytes; 0 disables fusion
     double cycle_time_ms = 1.0;
+    std::int64_t cache_capacity = 1024; // fusion engine's response cache, tensor names (0 = off)
     bool fp16_allreduce = false;
     std::string timeline;               // Chrome trace file ("" = off)
+    bool timeline_all_ranks = false;    // every rank writes <stem>.<rank><ext>, not only rank 0
     // A stalled job ends by itself: a tensor that some ranks never submit fails
     // the job after stall_shutdown_s, and a collective that a rank never reaches
     // (process stopped, hung or dead) after collective_timeout_s; both name the rank.
@@ -112,6 +116,8 @@ struct TrainConfig {
   void set(const std::string& assignment);
   // Cross-field checks (positive batch, known names, ...); throws Error naming the key.
   void validate() const;
+  // Pipeline micro-batches per batch: parallel.micro_batches, else parallel.pipeline.
+  int pipeline_micro_batches() const { return parallel.micro_batches > 0 ? parallel.micro_batches : parallel.pipeline; }
   // The whole configuration as TOML text (stored in checkpoints, printed by --print-config).
   // Floats in their shortest round-trip form (0.05). `legacy_floats`: as
   // before 2026-11-24 (0.050000000000000003), only for run fingerprints, so
@@ -121,5 +127,11 @@ struct TrainConfig {
   // Keys, for help text.
   static std::vector<std::string> keys();
 };
+
+// Refuses, with an Error naming the variable and the key, an environment that
+// contradicts `cfg`: a variable that used to override a key and is no longer
+// read, or one still read that disagrees with a key (docs/environment.md).
+// The command line checks it on every rank with the configuration.
+void check_environment(const TrainConfig& cfg);
 
 }  // namespace ringtrain

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cpu_backend.hpp"
+#include "ringtrain/core/cpu.hpp"
 
 namespace ringtrain::cpu {
 namespace {
@@ -135,9 +136,9 @@ class CpuBatchNorm final : public BatchNormKernel {
     auto& eng = d_->eng;
     Plan p;
     const auto plain = plain_md(dims4(xs), tag::nchw);
-    const bool b16 = __builtin_cpu_supports("avx512f") && s_.channels % 16 == 0;
+    const bool b16 = cpu_features().avx512f && s_.channels % 16 == 0;
     p.md = b16 ? plain_md(dims4(xs), tag::aBcd16b)
-               : s_.channels % 8 == 0 && __builtin_cpu_supports("avx2") ? plain_md(dims4(xs), tag::aBcd8b) : plain;
+               : s_.channels % 8 == 0 && cpu_features().avx2 ? plain_md(dims4(xs), tag::aBcd8b) : plain;
     p.src = Arg(plain, p.md, eng, true);
     p.dst = Arg(plain, p.md, eng, false);
     p.ddst = Arg(plain, p.md, eng, true);

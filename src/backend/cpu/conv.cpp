@@ -9,13 +9,12 @@
 // tensor is reordered. The forward's reordered input is reused by
 // backward-weights, and one reordered output gradient feeds both backward
 // primitives when their formats agree.
-#include <immintrin.h>
-
 #include <algorithm>
 #include <cstring>
 #include <map>
 
 #include "cpu_backend.hpp"
+#include "simd.hpp"
 
 namespace ringtrain::cpu {
 namespace {
@@ -66,7 +65,7 @@ struct Layout {
 // The common 2x2, stride 2, unpadded case: windows tile the input, so every
 // covered element is written once (no zero fill, no read-modify-write).
 // Lanes go 8 at a time: AVX2 compare/and masks where the CPU has them
-// (oneDNN itself needs AVX2 for its fast paths), portable code otherwise.
+// (simd.x86_64.cpp; oneDNN itself needs AVX2 for its fast paths), portable code otherwise.
 struct Lanes8 {
   static void portable(const float* p00, const float* p01, const float* p10, const float* y, const float* g,
                        float* q00, float* q01, float* q10, float* q11) {
@@ -78,19 +77,6 @@ struct Lanes8 {
       q11[l] = (e00 || e01 || e10) ? 0.f : g[l];  // the maximum is somewhere in the window
     }
   }
-  __attribute__((target("avx2"))) static void avx2(const float* p00, const float* p01, const float* p10,
-                                                   const float* y, const float* g, float* q00, float* q01,
-                                                   float* q10, float* q11) {
-    const __m256 yv = _mm256_loadu_ps(y), gv = _mm256_loadu_ps(g);
-    const __m256 m00 = _mm256_cmp_ps(_mm256_loadu_ps(p00), yv, _CMP_EQ_OQ);
-    const __m256 m01 = _mm256_andnot_ps(m00, _mm256_cmp_ps(_mm256_loadu_ps(p01), yv, _CMP_EQ_OQ));
-    const __m256 taken = _mm256_or_ps(m00, m01);
-    const __m256 m10 = _mm256_andnot_ps(taken, _mm256_cmp_ps(_mm256_loadu_ps(p10), yv, _CMP_EQ_OQ));
-    _mm256_storeu_ps(q00, _mm256_and_ps(m00, gv));
-    _mm256_storeu_ps(q01, _mm256_and_ps(m01, gv));
-    _mm256_storeu_ps(q10, _mm256_and_ps(m10, gv));
-    _mm256_storeu_ps(q11, _mm256_andnot_ps(_mm256_or_ps(taken, m10), gv));
-  }
 };
 
 template <int B>
@@ -98,7 +84,8 @@ void maxpool2x2_backward(const float* act, const float* y, const float* dy, floa
                          const Layout& La, const Layout& Ly, const memory::dims& ad, const memory::dims& yd) {
   static_assert(B % 8 == 0);
   if (ad[2] != 2 * yd[2] || ad[3] != 2 * yd[3]) std::memset(gact, 0, act_bytes);  // odd sizes: uncovered edge
-  const auto lanes = __builtin_cpu_supports("avx2") ? &Lanes8::avx2 : &Lanes8::portable;
+  const CpuSimd* simd = cpu_simd();
+  const auto lanes = simd ? simd->maxpool_lanes8 : &Lanes8::portable;
   const memory::dim cblocks = (ad[1] + B - 1) / B;
 #pragma omp parallel for collapse(2) schedule(static)
   for (memory::dim n = 0; n < ad[0]; ++n)

@@ -3,9 +3,9 @@
 // Threads follow OMP_NUM_THREADS (oneDNN uses the OpenMP runtime; OpenBLAS
 // is set to the same count, so OMP_NUM_THREADS=1 makes everything serial).
 #include "cpu_backend.hpp"
+#include "simd.hpp"
 
 #include <cblas.h>
-#include <immintrin.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -71,40 +71,18 @@ void parallel_chunks(std::int64_t n, F&& f) {
   }
 }
 
-// Element-wise kernels: explicit AVX2 (GCC keeps the portable loops scalar at
-// the baseline ISA) with a portable fallback, picked at run time.
-__attribute__((target("avx2"))) void relu_mask_avx2(const float* y, const float* dy, float* dst, std::int64_t b,
-                                                    std::int64_t e) {
-  const __m256 z = _mm256_setzero_ps();
-  std::int64_t i = b;
-  for (; i + 8 <= e; i += 8) {
-    const __m256 m = _mm256_cmp_ps(_mm256_loadu_ps(y + i), z, _CMP_GT_OQ);
-    _mm256_storeu_ps(dst + i, _mm256_and_ps(m, _mm256_loadu_ps(dy + i)));
-  }
-  for (; i < e; ++i) dst[i] = y[i] > 0.f ? dy[i] : 0.f;
-}
-
-__attribute__((target("avx2"))) void add_avx2(const float* a, const float* c, float* out, std::int64_t b,
-                                              std::int64_t e) {
-  std::int64_t i = b;
-  for (; i + 8 <= e; i += 8) _mm256_storeu_ps(out + i, _mm256_add_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(c + i)));
-  for (; i < e; ++i) out[i] = a[i] + c[i];
-}
-
-const bool kAvx2 = __builtin_cpu_supports("avx2");
-
 }  // namespace
 
 void relu_mask(const float* y, const float* dy, float* dst, std::int64_t n) {
   parallel_chunks(n, [&](std::int64_t b, std::int64_t e) {
-    if (kAvx2) return relu_mask_avx2(y, dy, dst, b, e);
+    if (const CpuSimd* v = cpu_simd()) return v->relu_mask(y, dy, dst, b, e);
     for (std::int64_t i = b; i < e; ++i) dst[i] = y[i] > 0.f ? dy[i] : 0.f;
   });
 }
 
 void add(const float* a, const float* b, float* out, std::int64_t n) {
   parallel_chunks(n, [&](std::int64_t lo, std::int64_t hi) {
-    if (kAvx2) return add_avx2(a, b, out, lo, hi);
+    if (const CpuSimd* v = cpu_simd()) return v->add(a, b, out, lo, hi);
     for (std::int64_t i = lo; i < hi; ++i) out[i] = a[i] + b[i];
   });
 }

@@ -1,0 +1,34 @@
+#pragma once
+// RunPlan: what a configuration resolves to at a given rank count, before
+// anything runs (`ringtrain train --print-plan --ranks N`). It applies the
+// trainer's own rules (ProcessGrid::data_parallel_size, derive_batch), so a
+// plan exists exactly when the trainer accepts the layout and batch split.
+// It reads no data: checks that need the data set (its image size for the
+// model, its length for train.accumulation) are the trainer's alone.
+#include <cstdint>
+#include <string>
+
+#include "ringtrain/train/config.hpp"
+
+namespace ringtrain {
+
+struct RunPlan {
+  int ranks = 1;
+  int data = 1, pipeline = 1, tensor = 1;  // the process grid (data = ranks / (pipeline x tensor))
+  std::string schedule;                    // parallel.schedule (used when pipeline > 1)
+  int zero = 0;                            // ZeRO stage: 1 with parallel.shard_optimizer, else 0
+  int batch_per_rank = 0;                  // data.batch_size after derive_batch: samples a replica reads per batch
+  int accumulation = 1;                    // train.accumulation after derive_batch: batches per optimizer step
+  int micro_batches = 1;                   // pipeline micro-batches per batch
+  int micro_batch_size = 0;                // batch_per_rank / micro_batches
+  std::int64_t global_batch = 0;           // batch_per_rank x data x accumulation: samples per optimizer step
+
+  // Pretty-printed JSON, one key per line (docs/parallel_layouts.md, "Print the plan").
+  std::string json() const;
+};
+
+// The plan of `cfg` (validated here too) at `ranks` ranks; an Error naming the
+// key when the configuration cannot run there (the trainer raises the same one).
+RunPlan plan_run(TrainConfig cfg, int ranks);
+
+}  // namespace ringtrain
