@@ -247,6 +247,8 @@ bool CheckpointSession::load(const std::string& path, bool with_optimizer, const
                              std::int64_t steps_per_epoch) {
   const bool automatic = path == "auto";
   const std::string where = automatic ? cfg_.checkpoint.dir : path;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto since = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
   std::vector<std::string> candidates;
   run_on_root(world_, "loading a checkpoint", [&] {
     if (automatic) {
@@ -298,6 +300,7 @@ bool CheckpointSession::load(const std::string& path, bool with_optimizer, const
   if (world_.rank() == 0)
     for (const auto& s : skipped) log::warn("skipped checkpoint ", s);
 
+  const double found_s = since();
   RunPosition ck;
   run_agreed(world_, "reading the checkpoint", [&] { ck = checkpoint_position(ix.head); });
   check_names(ix, targets, with_optimizer);
@@ -316,7 +319,9 @@ bool CheckpointSession::load(const std::string& path, bool with_optimizer, const
     log::info("loaded checkpoint ", ix.path, " (run ", ck.run_id, ", epoch ",
               ck.epochs_done + (ck.step_in_epoch ? 1 : 0),
               ck.step_in_epoch ? cat(" step ", ck.step_in_epoch, " of ", steps_per_epoch) : std::string(" done"),
-              ", global step ", ck.step, ")");
+              ", global step ", ck.step, "); rank 0 read ", read.restored_bytes >> 20, " MiB of its state and verified ",
+              verified.verified_bytes >> 20, " MiB of the ", ix.bytes() >> 20, " MiB stored, in ", since(), " s (",
+              found_s, " s to find and verify)");
   if (!with_optimizer) return true;
   log_layout_change(ck);
   pos_.epochs_done = ck.epochs_done;
