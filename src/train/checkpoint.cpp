@@ -333,7 +333,7 @@ std::vector<std::string> checkpoint_candidates(const std::string& path) {
   std::error_code ec;
   if (fs::is_directory(path, ec)) {
     for (auto& e : CheckpointDir(path, 1).list()) candidates.push_back(e.path);
-    RT_CHECK(!candidates.empty(), "no checkpoint (ckpt-*.h5) in directory '", path, "'");
+    RT_CHECK(!candidates.empty(), "no checkpoint (ckpt-<run id>-s<step>.h5) in directory '", path, "'");
   } else {
     RT_CHECK(fs::exists(path, ec), "checkpoint '", path, "' does not exist");
     candidates.push_back(path);
