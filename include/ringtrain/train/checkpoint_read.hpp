@@ -11,7 +11,7 @@
 //     bytes per piece). The pieces must tile every tensor exactly.
 //  2. Verify: every stored piece is read whole by exactly one rank (the
 //     pieces dealt out in equal byte shares, in file order, so a relaunch at
-//     the writer's size verifies its own part) and checked against its
+//     the writer's size verifies about its own part) and checked against its
 //     CRC-32; float state (param/, buffer/, optim/) must be finite. A CRC
 //     covers a whole piece, and a rank usually needs only part of one when
 //     the layout changed: verifying apart from restoring keeps every checksum
