@@ -249,6 +249,8 @@ std::vector<ShardedOptimizer::StateSlice> ShardedOptimizer::state_slices() const
   return out;
 }
 
+Tensor ShardedOptimizer::step_state() const { return find(inner_->state(), "step"); }
+
 void ShardedOptimizer::scatter(const Optimizer* whole, int root) {
   RT_CHECK(group_.rank() != root || whole, "parallel.shard_optimizer: scatter needs the whole state on the root");
   const Optimizer::NamedTensors mine = inner_->state();

@@ -3,6 +3,7 @@
 // replicated state that replicas broadcast and compare.
 #include "ringtrain/parallel/model_state.hpp"
 
+#include <memory>
 #include <set>
 
 #include "ringtrain/comm/collectives.hpp"
@@ -185,35 +186,37 @@ std::vector<StatePiece> ModelState::pieces() {
   return out;
 }
 
-NamedState ModelState::whole_names(bool with_optimizer) {
-  // ZeRO-1: data-parallel rank 0 names the optimizer state (an empty whole copy, dropped at once).
-  ShardedOptimizer* zero = updater_.zero();
-  std::unique_ptr<Optimizer> whole_opt = zero && with_optimizer ? zero->make_whole(0) : nullptr;
-  NamedState out;
+ModelState::Restoration ModelState::restoration(bool with_optimizer) {
+  Restoration r;
+  auto staged = std::make_shared<std::vector<std::pair<Tensor, Tensor>>>();  // (device tensor, its host copy)
+  auto add = [&](const std::string& name, Tensor t, const PiecePlace& place) {
+    if (!t.numel()) return;
+    if (!t.device().is_cpu()) {
+      Tensor host = Tensor::empty(t.shape(), t.dtype());
+      staged->emplace_back(t, host);
+      t = host;
+    }
+    r.pieces.push_back({name, t.flat_view(0, t.numel()), place});
+  };
+  const ParamArena& a = stage_.arena();
   const auto buffers = stage_.buffers();
-  for (auto& [name, local] : named(whole_opt.get())) {
+  for (auto& [name, t] : named()) {  // with ZeRO-1: parameters and buffers only
     if (!with_optimizer && name.rfind("optim/", 0) == 0) continue;
-    const ShardSpec* s = shard_of_name(stage_.arena(), buffers, name);
-    out.emplace_back(name, s ? Tensor::empty(s->global, local.dtype()) : Tensor::empty(local.shape(), local.dtype()));
+    const ShardSpec* s = shard_of_name(a, buffers, name);
+    add(name, t, s ? PiecePlace{s->global, *s, 0} : PiecePlace{t.shape(), {}, 0});
   }
-  return out;
-}
-
-void ModelState::restore_whole(const std::function<bool(const std::string&, Tensor& whole)>& fill,
-                               bool with_optimizer) {
-  // ZeRO-1: data-parallel rank 0 of each stage restores the optimizer whole, then every rank takes its slice.
-  ShardedOptimizer* zero = updater_.zero();
-  std::unique_ptr<Optimizer> whole_opt = zero && with_optimizer ? zero->make_whole(0) : nullptr;
-  const auto buffers = stage_.buffers();
-  for (auto& [name, local] : named(whole_opt.get())) {
-    if (!with_optimizer && name.rfind("optim/", 0) == 0) continue;
-    const ShardSpec* s = shard_of_name(stage_.arena(), buffers, name);
-    Tensor whole = s ? Tensor::empty(s->global, local.dtype()) : on_host(local);
-    if (!fill(name, whole)) continue;
-    if (s) local.copy_from(shard_of(whole, *s));
-    else if (!local.device().is_cpu()) local.copy_from(whole);
+  if (ShardedOptimizer* zero = updater_.zero(); zero && with_optimizer) {
+    for (auto& sl : zero->state_slices()) {
+      const ParamInfo& pi = a.info(sl.param);
+      add("optim/" + sl.slot + "/" + pi.name, sl.data,
+          pi.shard.sharded() ? PiecePlace{pi.shard.global, pi.shard, sl.begin} : PiecePlace{pi.shape, {}, sl.begin});
+    }
+    add("optim/step", zero->step_state(), {{1}, {}, 0});
   }
-  if (zero && with_optimizer) zero->scatter(whole_opt.get(), 0);
+  r.finish = [staged] {
+    for (auto& [dev, host] : *staged) dev.copy_from(host);
+  };
+  return r;
 }
 
 }  // namespace ringtrain

@@ -1,13 +1,11 @@
 #include "ringtrain/train/checkpoint.hpp"
 
 #include <fcntl.h>
-#include <hdf5.h>
 #include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
 #include <cerrno>
-#include <cmath>
 #include <cstring>
 #include <regex>
 #include <utility>
@@ -15,6 +13,8 @@
 #include "ringtrain/core/allocator.hpp"
 #include "ringtrain/core/error.hpp"
 #include "ringtrain/data/schema.hpp"
+#include "checkpoint_detail.hpp"
+#include "checkpoint_h5.hpp"
 #include "checkpoint_parts.hpp"
 
 namespace fs = std::filesystem;
@@ -22,85 +22,7 @@ namespace fs = std::filesystem;
 namespace ringtrain {
 namespace {
 
-// RAII for HDF5 ids.
-struct H5 {
-  hid_t id = -1;
-  herr_t (*close)(hid_t) = nullptr;
-  H5(hid_t i, herr_t (*c)(hid_t)) : id(i), close(c) {}
-  ~H5() {
-    if (id >= 0 && close) close(id);
-  }
-  H5(const H5&) = delete;
-  H5& operator=(const H5&) = delete;
-  operator hid_t() const { return id; }
-};
-
-hid_t h5_type(DType dt) {
-  switch (dt) {
-    case DType::f32: return H5T_NATIVE_FLOAT;
-    case DType::f64: return H5T_NATIVE_DOUBLE;
-    case DType::f16:
-    case DType::bf16: return H5T_NATIVE_UINT16;
-    case DType::i32: return H5T_NATIVE_INT32;
-    case DType::i64: return H5T_NATIVE_INT64;
-    case DType::u8: return H5T_NATIVE_UINT8;
-  }
-  return H5T_NATIVE_FLOAT;
-}
-
-void write_string_attr(hid_t obj, const char* name, const std::string& value) {
-  H5 type(H5Tcopy(H5T_C_S1), H5Tclose);
-  H5Tset_size(type, std::max<std::size_t>(1, value.size()));
-  H5 space(H5Screate(H5S_SCALAR), H5Sclose);
-  H5 attr(H5Acreate2(obj, name, type, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
-  RT_CHECK(attr.id >= 0 && H5Awrite(attr, type, value.data()) >= 0, "cannot write attribute '", name, "'");
-}
-
-void write_int_attr(hid_t obj, const char* name, std::int64_t v) {
-  H5 space(H5Screate(H5S_SCALAR), H5Sclose);
-  H5 attr(H5Acreate2(obj, name, H5T_NATIVE_INT64, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
-  RT_CHECK(attr.id >= 0 && H5Awrite(attr, H5T_NATIVE_INT64, &v) >= 0, "cannot write attribute '", name, "'");
-}
-
-void write_ints_attr(hid_t obj, const char* name, const std::vector<std::int64_t>& v) {
-  const hsize_t n = std::max<std::size_t>(1, v.size());
-  std::vector<std::int64_t> data = v.empty() ? std::vector<std::int64_t>{0} : v;
-  H5 space(H5Screate_simple(1, &n, nullptr), H5Sclose);
-  H5 attr(H5Acreate2(obj, name, H5T_NATIVE_INT64, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
-  RT_CHECK(attr.id >= 0 && H5Awrite(attr, H5T_NATIVE_INT64, data.data()) >= 0, "cannot write attribute '", name, "'");
-}
-
-std::vector<std::int64_t> read_ints_attr(hid_t obj, const char* name, const std::string& where) {
-  RT_CHECK(H5Aexists(obj, name) > 0, where, ": attribute '", name, "' is missing");
-  H5 attr(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
-  H5 space(H5Aget_space(attr), H5Sclose);
-  const hssize_t n = H5Sget_simple_extent_npoints(space);
-  RT_CHECK(n >= 1 && n <= 16, where, ": attribute '", name, "' has ", n, " values");
-  std::vector<std::int64_t> v(static_cast<std::size_t>(n));
-  RT_CHECK(H5Aread(attr, H5T_NATIVE_INT64, v.data()) >= 0, where, ": cannot read attribute '", name, "'");
-  return v;
-}
-
-std::string read_string_attr(hid_t obj, const char* name, const std::string& where) {
-  RT_CHECK(H5Aexists(obj, name) > 0, where, ": attribute '", name, "' is missing");
-  H5 attr(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
-  H5 type(H5Aget_type(attr), H5Tclose);
-  std::size_t n = H5Tget_size(type);
-  std::string s(n, '\0');
-  H5 mem(H5Tcopy(H5T_C_S1), H5Tclose);
-  H5Tset_size(mem, n);
-  RT_CHECK(H5Aread(attr, mem, s.data()) >= 0, where, ": cannot read attribute '", name, "'");
-  s.resize(std::strlen(s.c_str()));
-  return s;
-}
-
-std::int64_t read_int_attr(hid_t obj, const char* name, const std::string& where) {
-  RT_CHECK(H5Aexists(obj, name) > 0, where, ": attribute '", name, "' is missing");
-  H5 attr(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
-  std::int64_t v = 0;
-  RT_CHECK(H5Aread(attr, H5T_NATIVE_INT64, &v) >= 0, where, ": cannot read attribute '", name, "'");
-  return v;
-}
+using namespace ckpt_h5;
 
 void fsync_path(const std::string& path, bool directory) {
   int fd = ::open(path.c_str(), directory ? O_RDONLY | O_DIRECTORY : O_RDONLY);
@@ -209,38 +131,6 @@ void write_tensors(hid_t file, const std::string& path, const CheckpointData& da
   for (const auto& [name, v] : data.strings) write_string_attr(strings, name.c_str(), v);
 }
 
-herr_t collect_link(hid_t, const char* name, const H5L_info_t*, void* out) {
-  static_cast<std::vector<std::string>*>(out)->push_back(name);
-  return 0;
-}
-
-bool is_float(DType dt) { return dt == DType::f32 || dt == DType::f64 || dt == DType::f16 || dt == DType::bf16; }
-
-// Index of the first non-finite element, or -1.
-std::int64_t first_non_finite(const Tensor& t) {
-  const std::int64_t n = t.numel();
-  switch (t.dtype()) {
-    case DType::f32: {
-      const float* p = static_cast<const float*>(t.raw());
-      for (std::int64_t i = 0; i < n; ++i) if (!std::isfinite(p[i])) return i;
-      return -1;
-    }
-    case DType::f64: {
-      const double* p = static_cast<const double*>(t.raw());
-      for (std::int64_t i = 0; i < n; ++i) if (!std::isfinite(p[i])) return i;
-      return -1;
-    }
-    case DType::f16:
-    case DType::bf16: {
-      const std::uint16_t mask = t.dtype() == DType::f16 ? 0x7c00 : 0x7f80;
-      const std::uint16_t* p = static_cast<const std::uint16_t*>(t.raw());
-      for (std::int64_t i = 0; i < n; ++i) if ((p[i] & mask) == mask) return i;
-      return -1;
-    }
-    default: return -1;
-  }
-}
-
 }  // namespace
 
 std::uint32_t crc32(const void* data, std::size_t bytes, std::uint32_t crc) {
@@ -300,86 +190,24 @@ CheckpointData read_checkpoint(const std::string& path) {
 
 CheckpointData read_checkpoint_file(const std::string& path) {
   std::lock_guard lock(data::hdf5_mutex());
-  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
-  RT_CHECK(fs::exists(path), "checkpoint '", path, "' does not exist");
-  H5 file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
-  RT_CHECK(file.id >= 0, "checkpoint '", path, "' is not a readable HDF5 file (truncated or corrupt?)");
+  H5 file = open_checkpoint(path);
+  CheckpointData out = read_head(file, path);
   const std::string where = "checkpoint '" + path + "'";
-  std::string schema = read_string_attr(file, "schema", where);
-  RT_CHECK(schema == kCheckpointSchema || schema == kCheckpointPartSchema, where, " has schema '", schema, "', but this ringtrain reads '",
-           kCheckpointSchema, "' only (",
-           schema == "ringtrain-checkpoint-1" ? "written by an older ringtrain with flat per-dtype tensors and no "
-                                                "checksums; start a new run"
-                                              : "not a ringtrain checkpoint of this version",
-           ")");
-  CheckpointData out;
-  out.config_toml = read_string_attr(file, "config", where);
-  if (schema == kCheckpointPartSchema) out.part_of = read_string_attr(file, "part_of", where);
-  if (H5Aexists(file, "parts") > 0) {
-    std::string names = read_string_attr(file, "parts", where), line;
-    for (char c : names)
-      if (c != '\n') line += c;
-      else if (!line.empty()) out.parts.push_back(std::exchange(line, std::string()));
-    RT_CHECK(!out.parts.empty(), where, ": its attribute 'parts' names no part file");
-  }
-
-  RT_CHECK(H5Lexists(file, "tensors", H5P_DEFAULT) > 0, where, " has no /tensors group");
   H5 group(H5Gopen2(file, "tensors", H5P_DEFAULT), H5Gclose);
-  std::vector<std::string> links;
-  RT_CHECK(H5Lvisit(group, H5_INDEX_NAME, H5_ITER_INC, collect_link, &links) >= 0, where,
-           ": cannot list its tensors (corrupt file?)");
-  for (const auto& name : links) {
-    H5 obj(H5Oopen(group, name.c_str(), H5P_DEFAULT), H5Oclose);
-    RT_CHECK(obj.id >= 0, where, ": cannot open '", name, "' (corrupt file?)");
-    if (H5Iget_type(obj) != H5I_DATASET) continue;
+  for (const auto& name : tensor_names(file, path)) {
     H5 ds(H5Dopen2(group, name.c_str(), H5P_DEFAULT), H5Dclose);
     RT_CHECK(ds.id >= 0, where, ": cannot open tensor '", name, "'");
     const std::string tw = where + " tensor '" + name + "'";
-    DType dt = parse_dtype(read_string_attr(ds, "dtype", tw));
-    H5 space(H5Dget_space(ds), H5Sclose);
-    int nd = H5Sget_simple_extent_ndims(space);
-    RT_CHECK(nd >= 1 && nd <= 8, tw, " has ", nd, " dimensions");
-    std::vector<hsize_t> dims(static_cast<std::size_t>(nd));
-    H5Sget_simple_extent_dims(space, dims.data(), nullptr);
-    Shape shape;
-    for (auto d : dims) shape.push_back(static_cast<std::int64_t>(d));
-    Tensor t = Tensor::empty(shape, dt);
+    DatasetInfo info = read_dataset_info(ds, tw, !out.part_of.empty());
+    Tensor t = Tensor::empty(info.shape, info.dtype);
     if (t.numel())
-      RT_CHECK(H5Dread(ds, h5_type(dt), H5S_ALL, H5S_ALL, H5P_DEFAULT, t.raw()) >= 0, tw,
+      RT_CHECK(H5Dread(ds, h5_type(info.dtype), H5S_ALL, H5S_ALL, H5P_DEFAULT, t.raw()) >= 0, tw,
                ": cannot read it (truncated file?)");
-    std::int64_t want = read_int_attr(ds, "crc32", tw);
-    std::uint32_t got = crc32(t.raw(), t.nbytes());
-    RT_CHECK(static_cast<std::uint32_t>(want) == got, tw, " fails its checksum (crc32 ", got, ", stored ", want,
-             "): the file is corrupt");
+    const std::uint32_t got = crc32(t.raw(), t.nbytes());
+    RT_CHECK(info.crc == got, tw, " fails its checksum (crc32 ", got, ", stored ", info.crc, "): the file is corrupt");
     out.tensors.emplace_back(name, t);
-    if (!out.part_of.empty()) {
-      PiecePlace pl;
-      for (auto d : read_ints_attr(ds, "whole", tw)) pl.whole.push_back(d);
-      const auto sh = read_ints_attr(ds, "shard", tw);
-      RT_CHECK(sh.size() == 4, tw, ": attribute 'shard' has ", sh.size(), " values, not 4");
-      pl.shard.dim = static_cast<int>(sh[0]);
-      pl.shard.parts = static_cast<int>(sh[1]);
-      pl.shard.index = static_cast<int>(sh[2]);
-      pl.shard.blocks = static_cast<int>(sh[3]);
-      if (pl.shard.sharded()) pl.shard.global = pl.whole;
-      pl.begin = read_int_attr(ds, "begin", tw);
-      out.places.push_back(std::move(pl));
-    }
+    if (!out.part_of.empty()) out.places.push_back(std::move(info.place));
   }
-  auto read_attrs = [&](const char* grp, auto&& each) {
-    if (H5Lexists(file, grp, H5P_DEFAULT) <= 0) return;
-    H5 g(H5Gopen2(file, grp, H5P_DEFAULT), H5Gclose);
-    int na = H5Aget_num_attrs(g);
-    for (int i = 0; i < na; ++i) {
-      H5 attr(H5Aopen_by_idx(g, ".", H5_INDEX_NAME, H5_ITER_INC, static_cast<hsize_t>(i), H5P_DEFAULT, H5P_DEFAULT),
-              H5Aclose);
-      char name[256];
-      H5Aget_name(attr, sizeof name, name);
-      each(g, std::string(name));
-    }
-  };
-  read_attrs("scalars", [&](hid_t g, const std::string& n) { out.scalars[n] = read_int_attr(g, n.c_str(), where); });
-  read_attrs("strings", [&](hid_t g, const std::string& n) { out.strings[n] = read_string_attr(g, n.c_str(), where); });
   return out;
 }
 
@@ -401,8 +229,8 @@ void check_finite(const CheckpointData& ckpt, const std::string& path, const std
   for (const auto& [name, t] : ckpt.tensors) {
     bool selected = false;
     for (const auto& p : prefixes) selected |= name.rfind(p, 0) == 0;
-    if (!selected || !is_float(t.dtype())) continue;
-    std::int64_t i = first_non_finite(t);
+    if (!selected || !ckpt_detail::is_float(t.dtype())) continue;
+    std::int64_t i = ckpt_detail::first_non_finite(t.raw(), t.numel(), t.dtype());
     RT_CHECK(i < 0, "checkpoint '", path, "': tensor '", name, "' holds NaN or Inf (element ", i,
              "): the run had diverged when it was written; resume from an earlier checkpoint");
   }
@@ -429,20 +257,14 @@ std::vector<CheckpointDir::Entry> CheckpointDir::list() const {
   std::error_code ec;
   if (!fs::is_directory(dir_, ec)) return out;
   static const std::regex current("ckpt-([A-Za-z0-9]+-[A-Za-z0-9]+-[A-Za-z0-9]+)-s([0-9]+)\\.h5");
-  static const std::regex old("ckpt-([0-9]+)\\.h5");
   for (const auto& e : fs::directory_iterator(dir_, ec)) {
     std::smatch m;
     std::string name = e.path().filename().string();
+    if (!std::regex_match(name, m, current)) continue;
     Entry en;
     en.path = e.path().string();
-    if (std::regex_match(name, m, current)) {
-      en.run_id = m[1];
-      en.step = std::stoll(m[2]);
-    } else if (std::regex_match(name, m, old)) {
-      en.step = std::stoll(m[1]);
-    } else {
-      continue;
-    }
+    en.run_id = m[1];
+    en.step = std::stoll(m[2]);
     en.mtime = fs::last_write_time(e.path(), ec);
     out.push_back(en);
   }
@@ -506,18 +328,23 @@ int CheckpointDir::remove_stale_temps(const std::string& run_id) const {
   return n;
 }
 
-FoundCheckpoint find_intact_checkpoint(const std::string& path,
-                                       const std::function<void(const CheckpointData&)>& accept) {
-  FoundCheckpoint f;
+std::vector<std::string> checkpoint_candidates(const std::string& path) {
   std::vector<std::string> candidates;
   std::error_code ec;
   if (fs::is_directory(path, ec)) {
     for (auto& e : CheckpointDir(path, 1).list()) candidates.push_back(e.path);
-    RT_CHECK(!candidates.empty(), "no checkpoint (ckpt-*.h5) in directory '", path, "'");
+    RT_CHECK(!candidates.empty(), "no checkpoint (ckpt-<run id>-s<step>.h5) in directory '", path, "'");
   } else {
     RT_CHECK(fs::exists(path, ec), "checkpoint '", path, "' does not exist");
     candidates.push_back(path);
   }
+  return candidates;
+}
+
+FoundCheckpoint find_intact_checkpoint(const std::string& path,
+                                       const std::function<void(const CheckpointData&)>& accept) {
+  FoundCheckpoint f;
+  const std::vector<std::string> candidates = checkpoint_candidates(path);
   for (const auto& c : candidates) {
     try {
       CheckpointData d = read_checkpoint(c);

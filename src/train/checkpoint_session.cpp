@@ -4,12 +4,13 @@
 #include <exception>
 #include <filesystem>
 #include <unordered_map>
+#include <utility>
 
 #include "ringtrain/comm/agree.hpp"
 #include "ringtrain/comm/collectives.hpp"
-#include "ringtrain/comm/named_tensors.hpp"
 #include "ringtrain/core/log.hpp"
 #include "ringtrain/train/checkpoint.hpp"
+#include "ringtrain/train/checkpoint_read.hpp"
 #include "ringtrain/train/signals.hpp"
 #include "run_state.hpp"
 
@@ -18,43 +19,26 @@ namespace fs = std::filesystem;
 namespace ringtrain {
 namespace {
 
-// Rank 0's checkpoint to every rank: its tensors, and its scalars, strings and
-// path riding along as small tensors under names no state tensor has.
-void share(FoundCheckpoint& f, const Communicator& world) {
-  if (world.size() == 1) return;
-  auto text = [](const std::string& s) {
-    Tensor t = Tensor::empty({static_cast<std::int64_t>(s.size())}, DType::u8);
-    if (!s.empty()) std::copy(s.begin(), s.end(), t.data<std::uint8_t>());
-    return t;
-  };
-  NamedTensors ts;
-  if (world.rank() == 0) {
-    ts = f.data.tensors;
-    for (auto& [k, v] : f.data.scalars) {
-      Tensor t = Tensor::empty({1}, DType::i64);
-      t.data<std::int64_t>()[0] = v;
-      ts.emplace_back("#scalar/" + k, t);
-    }
-    for (auto& [k, v] : f.data.strings) ts.emplace_back("#string/" + k, text(v));
-    ts.emplace_back("#path", text(f.path));
-  }
-  broadcast_named(ts, 0, world);
-  if (world.rank() == 0) return;
-  f = FoundCheckpoint{};
-  for (auto& [name, t] : ts) {
-    const std::uint8_t* b = t.dtype() == DType::u8 ? t.data<std::uint8_t>() : nullptr;
-    if (name.rfind("#scalar/", 0) == 0) f.data.scalars[name.substr(8)] = t.data<std::int64_t>()[0];
-    else if (name.rfind("#string/", 0) == 0) f.data.strings[name.substr(8)] = std::string(b, b + t.numel());
-    else if (name == "#path") f.path = std::string(b, b + t.numel());
-    else f.data.tensors.emplace_back(name, t);
-  }
+// A 1-element tensor may be stored as [1] and wanted as a scalar (as restore_tensor allows).
+bool same_layout(const StoredTensor& stored, const ReadTarget& want) {
+  if (stored.dtype != want.dst.dtype()) return false;
+  return stored.whole == want.place.whole || (shape_numel(stored.whole) == shape_numel(want.place.whole) &&
+                                              stored.whole.size() == 1 && want.place.whole.size() <= 1);
 }
 
-// A 1-element tensor may be stored as [1] and wanted as a scalar (as restore_tensor allows).
-bool same_layout(const Tensor& stored, const Tensor& want) {
-  if (stored.dtype() != want.dtype()) return false;
-  return stored.shape() == want.shape() ||
-         (stored.numel() == want.numel() && stored.shape().size() == 1 && want.shape().size() <= 1);
+// Rank 0's list of strings on every rank.
+void share(std::vector<std::string>& v, const Communicator& world) {
+  std::string joined;
+  for (const auto& s : v) joined += s + '\n';
+  std::uint64_t n = joined.size();
+  broadcast(&n, 1, DType::i64, 0, world);
+  joined.resize(n);
+  if (n) broadcast(joined.data(), n, DType::u8, 0, world);
+  v.clear();
+  std::string line;
+  for (char c : joined)
+    if (c != '\n') line += c;
+    else v.push_back(std::exchange(line, std::string()));
 }
 
 bool restorable(const std::string& name, bool with_optimizer) {
@@ -84,7 +68,6 @@ void CheckpointSession::describe_run(std::int64_t params, int pipeline, int tens
   pos_.tensor = tensor;
   pos_.data_parallel = data_parallel;
   pos_.steps_per_epoch = steps_per_epoch;
-  pos_.fingerprint = run_state::fingerprint(cfg_, world_.size());
   config_toml_ = cfg_.to_toml();  // the configuration is final now; every checkpoint stores it
   pos_.identity = run_state::run_identity(
       cfg_, std::int64_t{cfg_.data.batch_size} * data_parallel * cfg_.train.accumulation);
@@ -211,22 +194,25 @@ void CheckpointSession::settle() {
 
 void CheckpointSession::finish() { settle(); }
 
-// Every wanted name exists with its dtype and shape, and (collectively) every
-// parameter, buffer and optimizer tensor of the file is wanted by some rank.
-void CheckpointSession::check_names(const CheckpointData& ck, const NamedTensorList& wanted, bool with_optimizer,
-                                    const std::string& file) const {
+// Every target's name exists with its dtype and whole shape, and
+// (collectively) every parameter, buffer and optimizer tensor of the
+// checkpoint is restored by some rank.
+void CheckpointSession::check_names(const CheckpointIndex& ix, const std::vector<ReadTarget>& targets,
+                                    bool with_optimizer) const {
   std::unordered_map<std::string, std::size_t> index;
-  for (std::size_t i = 0; i < ck.tensors.size(); ++i) index.emplace(ck.tensors[i].first, i);
-  std::vector<int> claimed(ck.tensors.size(), 0);
+  for (std::size_t i = 0; i < ix.tensors.size(); ++i) index.emplace(ix.tensors[i].name, i);
+  std::vector<int> claimed(ix.tensors.size(), 0);
+  const std::string& file = ix.path;
   run_agreed(world_, "checking the checkpoint against this model", [&] {
-    for (const auto& [name, want] : wanted) {
-      auto it = index.find(name);
-      RT_CHECK(it != index.end(), "checkpoint '", file, "' has no tensor '", name,
+    for (const ReadTarget& t : targets) {
+      auto it = index.find(t.name);
+      if (it == index.end() && t.optional) continue;
+      RT_CHECK(it != index.end(), "checkpoint '", file, "' has no tensor '", t.name,
                "' (was it written for another model or optimizer?)");
-      const Tensor& have = ck.tensors[it->second].second;
-      RT_CHECK(same_layout(have, want), "checkpoint '", file, "': tensor '", name, "' is ", dtype_name(have.dtype()),
-               " ", shape_str(have.shape()), ", but this model has ", dtype_name(want.dtype()), " ",
-               shape_str(want.shape()), " (was it written for another model?)");
+      const StoredTensor& have = ix.tensors[it->second];
+      RT_CHECK(same_layout(have, t), "checkpoint '", file, "': tensor '", t.name, "' is ", dtype_name(have.dtype),
+               " ", shape_str(have.whole), ", but this model has ", dtype_name(t.dst.dtype()), " ",
+               shape_str(t.place.whole), " (was it written for another model?)");
       claimed[it->second] = 1;
     }
   });
@@ -234,8 +220,8 @@ void CheckpointSession::check_names(const CheckpointData& ck, const NamedTensorL
   run_agreed(world_, "checking the checkpoint against this model", [&] {
     // Parameters first: a left-over parameter says more than its optimizer slots.
     for (const char* kind : {"param/", "buffer/", "optim/"})
-      for (std::size_t i = 0; i < ck.tensors.size(); ++i) {
-        const std::string& name = ck.tensors[i].first;
+      for (std::size_t i = 0; i < ix.tensors.size(); ++i) {
+        const std::string& name = ix.tensors[i].name;
         if (claimed[i] || name.rfind(kind, 0) != 0 || !restorable(name, with_optimizer)) continue;
         RT_FAIL("checkpoint '", file, "' holds tensor '", name, "', which this ",
                 kind[0] == 'o' ? "optimizer" : "model", " does not have (was it written for another model",
@@ -260,69 +246,82 @@ void CheckpointSession::log_layout_change(const RunPosition& ck) const {
 bool CheckpointSession::load(const std::string& path, bool with_optimizer, const Restore& restore,
                              std::int64_t steps_per_epoch) {
   const bool automatic = path == "auto";
-  FoundCheckpoint f;
-  int found = 0;
+  const std::string where = automatic ? cfg_.checkpoint.dir : path;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto since = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+  std::vector<std::string> candidates;
   run_on_root(world_, "loading a checkpoint", [&] {
-    std::string where = path;
-    std::function<void(const CheckpointData&)> accept;
     if (automatic) {
       RT_CHECK(!cfg_.checkpoint.dir.empty(), "--resume auto needs checkpoint.dir (where to look)");
-      where = cfg_.checkpoint.dir;
       std::error_code ec;
       if (!fs::is_directory(where, ec) || CheckpointDir(where, 1).list().empty()) {
         log::info("--resume auto: no checkpoint in ", where, ": starting a new run");
         return;
       }
-      // The same run at any layout; a file from before run identities: the same
-      // configuration, layout and rank count.
-      accept = [&](const CheckpointData& d) {
-        auto id = d.strings.find("run_identity");
-        if (id != d.strings.end() && !id->second.empty()) {
-          RT_CHECK(id->second == pos_.identity, "written by another run (another model, data, optimizer, seed or "
-                   "global batch; the layout may differ)");
-          return;
-        }
-        auto it = d.strings.find("fingerprint");
-        RT_CHECK(it != d.strings.end() && it->second == pos_.fingerprint,
-                 "written before run identities by a run of another configuration, layout or rank count");
-      };
     }
-    try {
-      f = find_intact_checkpoint(where, accept);
-    } catch (const Error& e) {
-      if (!automatic) throw;
-      log::info("--resume auto: no usable checkpoint of this run in ", where, ": starting a new run (",
-                e.what(), ")");
-      return;
-    }
-    for (const auto& s : f.skipped) log::warn("skipped checkpoint ", s);
-    found = 1;
+    candidates = checkpoint_candidates(where);
   });
-  broadcast(&found, 1, DType::i32, 0, world_);
-  if (!found) return false;
-  share(f, world_);  // every rank takes the names it owns
+  share(candidates, world_);
+  if (candidates.empty()) return false;
+  std::vector<ReadTarget> targets;
+  run_agreed(world_, "listing what this rank restores", [&] { targets = restore.targets(with_optimizer); });
 
+  // The newest candidate that indexes, is this run's (auto) and verifies; nothing is restored yet.
+  CheckpointIndex ix;
+  CheckpointReadStats verified;
+  std::vector<std::string> skipped;
+  bool chosen = false;
+  for (const std::string& c : candidates) {
+    try {
+      ix = read_checkpoint_index(c, world_);
+      if (automatic)
+        run_agreed(world_, "matching the checkpoint to this run", [&] {
+          auto id = ix.head.strings.find("run_identity");
+          RT_CHECK(id != ix.head.strings.end() && id->second == pos_.identity, "written by another run (another "
+                   "model, data, optimizer, seed or global batch; the layout may differ)");
+        });
+      verified = verify_checkpoint(ix, world_);
+      chosen = true;
+      break;
+    } catch (const Error& e) {  // the same on every rank: every step above agrees on its errors
+      skipped.push_back(cat(c, ": ", e.what()));
+    }
+  }
+  if (!chosen) {
+    std::string all;
+    for (const auto& s : skipped) all += "\n  " + s;
+    if (automatic) {
+      if (world_.rank() == 0)
+        log::info("--resume auto: no usable checkpoint of this run in ", where, ": starting a new run (", all, ")");
+      return false;
+    }
+    RT_FAIL("no usable checkpoint in '", where, "':", all);
+  }
+  if (world_.rank() == 0)
+    for (const auto& s : skipped) log::warn("skipped checkpoint ", s);
+
+  const double found_s = since();
   RunPosition ck;
-  NamedTensorList wanted;
-  run_agreed(world_, "reading the checkpoint", [&] {
-    for (auto& [name, t] : f.data.tensors)
-      RT_CHECK(name.find('~') == std::string::npos, "checkpoint '", f.path, "' (tensor '", name,
-               "') was written by the grid path before it shared the data-parallel path's format; it cannot be "
-               "loaded: start a new run");
-    ck = checkpoint_position(f.data);
-    wanted = restore.wanted(with_optimizer);
-  });
-  check_names(f.data, wanted, with_optimizer, f.path);
+  run_agreed(world_, "reading the checkpoint", [&] { ck = checkpoint_position(ix.head); });
+  check_names(ix, targets, with_optimizer);
   if (with_optimizer)
     run_agreed(world_, "checking the checkpoint against this run",
-               [&] { run_state::check_resumable(ck, f.path, cfg_, pos_.data_parallel, pos_.steps_per_epoch); });
-  run_agreed(world_, "restoring the checkpoint", [&] { restore.apply(f.data, with_optimizer); });
+               [&] { run_state::check_resumable(ck, ix.path, cfg_, pos_.data_parallel, pos_.steps_per_epoch); });
+  CheckpointReadStats read;
+  run_agreed(world_, "restoring the checkpoint", [&] {
+    read = read_targets(ix, targets);
+    restore.finish(targets);
+  });
 
-  loaded_ = {f.path, ck.run_id, ck.step, ck.epochs_done, ck.step_in_epoch};
+  loaded_ = {ix.path, ck.run_id, ck.step, ck.epochs_done, ck.step_in_epoch, read.restored_bytes,
+             verified.verified_bytes};
   if (world_.rank() == 0 && hooks_.report)
-    log::info("loaded checkpoint ", f.path, " (run ", ck.run_id, ", epoch ",
-              ck.epochs_done + (ck.step_in_epoch ? 1 : 0), ck.step_in_epoch ? cat(" step ", ck.step_in_epoch, " of ", steps_per_epoch) : std::string(" done"),
-              ", global step ", ck.step, ")");
+    log::info("loaded checkpoint ", ix.path, " (run ", ck.run_id, ", epoch ",
+              ck.epochs_done + (ck.step_in_epoch ? 1 : 0),
+              ck.step_in_epoch ? cat(" step ", ck.step_in_epoch, " of ", steps_per_epoch) : std::string(" done"),
+              ", global step ", ck.step, "); rank 0 read ", read.restored_bytes >> 20, " MiB of its state and verified ",
+              verified.verified_bytes >> 20, " MiB of the ", ix.bytes() >> 20, " MiB stored, in ", since(), " s (",
+              found_s, " s to find and verify)");
   if (!with_optimizer) return true;
   log_layout_change(ck);
   pos_.epochs_done = ck.epochs_done;

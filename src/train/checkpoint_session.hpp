@@ -1,20 +1,20 @@
 #pragma once
 // The trainer's checkpoint logic (trainer_checkpoint.cpp says what the state
-// is on each layout): the run id and configuration fingerprint,
-// the position scalars, writing with rotation, finding the newest intact
+// is on each layout): the run id and identity, the position scalars, writing with rotation, finding the newest intact
 // checkpoint, `--resume auto`, the checks that a checkpoint fits this model and
 // run, metrics truncation on resume, the stop announcement.
 //
 // A trainer hands over its state as WHOLE named tensors (state.hpp's names,
 // tensor-parallel shards gathered whole), or with checkpoint.parallel as each
-// rank's pieces of them with their places; either way a checkpoint reads as
-// whole tensors and does not depend on the layout that wrote it. Resume rules:
+// rank's pieces of them with their places; either way a checkpoint does not
+// depend on the layout that wrote it. On load every rank reads only what it
+// restores (checkpoint_read.hpp): no rank assembles or receives the whole
+// state. Resume rules:
 //  - `--resume auto` continues a checkpoint of the same RUN (run_state::
 //    run_identity): model, data, optimizer, seed and the other keys that shape
 //    the trajectory, and the GLOBAL batch (data.batch_size x data-parallel size
 //    x train.accumulation); the layout (parallel.*) and the rank count are not
-//    part of it. Checkpoints written before run identities match by their
-//    fingerprint (the same configuration, layout and rank count);
+//    part of it;
 //  - an explicit path continues at any layout likewise, as long as the global
 //    batch and train.seed are the checkpoint's: parameters and optimizer state
 //    load bitwise and the data order and schedule are the same (sums then run
@@ -23,7 +23,8 @@
 //    layout (run_options.hpp, derive_batch);
 //  - a checkpoint of another model or optimizer is an error naming the first
 //    tensor that is missing, shaped differently or left over, on every rank,
-//    before anything is restored.
+//    before anything is restored; so is a corrupt one (checksums, NaN/Inf),
+//    which a directory's search skips for the next newest.
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -32,6 +33,7 @@
 
 #include "ringtrain/comm/communicator.hpp"
 #include "ringtrain/train/checkpoint.hpp"
+#include "ringtrain/train/checkpoint_read.hpp"
 #include "ringtrain/train/state.hpp"
 #include "ringtrain/train/trainer.hpp"
 #include "async_writer.hpp"
@@ -44,7 +46,7 @@ class CheckpointSession {
   CheckpointSession(const TrainConfig& cfg, const Communicator& world, const TrainerHooks& hooks, RunPosition& pos);
 
   // The run's fixed facts in `pos`: rank count, seed, batch, accumulation,
-  // layout, parameter count, steps per epoch, fingerprint and run identity.
+  // layout, parameter count, steps per epoch and run identity.
   // Called once the model exists.
   void describe_run(std::int64_t params, int pipeline, int tensor, int data_parallel, std::int64_t steps_per_epoch);
   // Collective, at start-up: checkpoint.dir exists or can be made (an error naming the key).
@@ -94,17 +96,20 @@ class CheckpointSession {
   void after_step(bool all_ready);
 
   struct Restore {
-    // Every rank: the names it takes from a checkpoint, with their WHOLE dtype and
-    // shape (the tensors' contents are not read). Optimizer names only when asked.
-    std::function<NamedTensorList(bool with_optimizer)> wanted;
-    // Every rank, once every name was checked: copies its part of the whole
-    // state (a sharded optimizer takes its slice here).
-    std::function<void(const CheckpointData&, bool with_optimizer)> apply;
+    // Every rank: what it reads (checkpoint_read.hpp: host memory to fill,
+    // pieces of the whole tensors with their places; optional targets, as the
+    // loss scale, only when the checkpoint holds them). Optimizer state only
+    // when asked.
+    std::function<std::vector<ReadTarget>(bool with_optimizer)> targets;
+    // Every rank, once its targets are filled: puts them in place.
+    std::function<void(const std::vector<ReadTarget>&)> finish;
   };
-  // Collective: rank 0 finds and reads the checkpoint (a file, the newest intact
-  // one in a directory, or "auto"), every rank receives it, checks and restores.
-  // With the optimizer, `pos` continues the checkpoint's run. Returns false when
-  // --resume auto found nothing (a fresh start).
+  // Collective: rank 0 lists the candidates (a file, a directory's
+  // checkpoints newest first, or "auto": this run's in checkpoint.dir); the
+  // ranks index the newest together, verify it (a corrupt one is skipped for
+  // the next), check it against the model and the run, and each reads its
+  // targets. With the optimizer, `pos` continues the checkpoint's run.
+  // Returns false when --resume auto found nothing (a fresh start).
   bool load(const std::string& path, bool with_optimizer, const Restore& restore, std::int64_t steps_per_epoch);
 
   // Rank 0: the stop's log line. `agreed`: the signal, or -1 when it reached another rank.
@@ -127,12 +132,11 @@ class CheckpointSession {
                cfg_.checkpoint.every_s;
   }
 
-  // What the last successful load() read (rank 0 knows the file).
+  // What the last successful load() read, and how many bytes this rank read.
   const LoadedCheckpoint& loaded() const { return loaded_; }
 
  private:
-  void check_names(const CheckpointData& ck, const NamedTensorList& wanted, bool with_optimizer,
-                   const std::string& file) const;
+  void check_names(const CheckpointIndex& ix, const std::vector<ReadTarget>& targets, bool with_optimizer) const;
   void log_layout_change(const RunPosition& ck) const;
   void settle();                  // collective: the last write durable (or its error everywhere), committed
   void commit(bool background);   // every rank: rank 0 writes the pending manifest, every rank forgets it

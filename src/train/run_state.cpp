@@ -38,6 +38,7 @@ TrainConfig trajectory_keys(const TrainConfig& cfg) {
   c.train.verify_every = d.train.verify_every;
   c.train.target_accuracy = d.train.target_accuracy;
   c.comm.cycle_time_ms = d.comm.cycle_time_ms;
+  c.comm.straggler_factor = d.comm.straggler_factor;  // reporting only
   c.comm.timeline = d.comm.timeline;
   c.comm.stall_warning_s = d.comm.stall_warning_s;
   c.comm.stall_shutdown_s = d.comm.stall_shutdown_s;
@@ -57,20 +58,7 @@ std::string hash(const std::string& text) {
   return buf;
 }
 
-// to_toml without the data.global_batch line, which fingerprints written
-// before the key existed did not have.
-std::string toml_without_global_batch(const TrainConfig& c) {
-  std::string text = c.to_toml(/*legacy_floats=*/true);
-  const std::string line = "global_batch = 0\n";
-  if (auto at = text.find(line); at != std::string::npos) text.erase(at, line.size());
-  return text;
-}
-
 }  // namespace
-
-std::string fingerprint(const TrainConfig& cfg, int ranks) {
-  return hash(toml_without_global_batch(trajectory_keys(cfg)) + cat("\nranks = ", ranks, "\n"));
-}
 
 std::string run_identity(const TrainConfig& cfg, std::int64_t global_batch) {
   TrainConfig c = trajectory_keys(cfg);
@@ -78,7 +66,7 @@ std::string run_identity(const TrainConfig& cfg, std::int64_t global_batch) {
   c.parallel = d.parallel;
   c.data.batch_size = d.data.batch_size;
   c.train.accumulation = d.train.accumulation;
-  return hash(toml_without_global_batch(c) + cat("\nglobal batch = ", global_batch, "\n"));
+  return hash(c.to_toml() + cat("\nglobal batch = ", global_batch, "\n"));
 }
 
 void check_resumable(const RunPosition& ck, const std::string& file, const TrainConfig& cfg,
@@ -98,7 +86,7 @@ void check_resumable(const RunPosition& ck, const std::string& file, const Train
     diff += cat(" (global batch ", was, " -> ", now, ")");
   }
   differs("train.seed", ck.seed, static_cast<std::int64_t>(cfg.train.seed));
-  if (ck.steps_per_epoch > 0 && steps_per_epoch != ck.steps_per_epoch)
+  if (steps_per_epoch != ck.steps_per_epoch)
     diff += cat(diff.empty() ? "" : ", ", "optimizer steps per epoch ", ck.steps_per_epoch, " -> ", steps_per_epoch,
                 " (data.drop_last = false pads the last micro-batch, and another split of the global batch pads "
                 "another number of them: set data.drop_last = true, or keep the checkpoint's train.accumulation)");

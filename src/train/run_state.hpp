@@ -1,6 +1,6 @@
 #pragma once
 // What a run needs to start, stop and continue safely (trainer-internal):
-// run ids, the configuration fingerprint that `--resume auto` matches, the
+// run ids, the run identity that `--resume auto` matches, the
 // checks that a checkpoint can continue this run bit for bit, the metrics
 // file's resume bookkeeping, and the start-up checks of the data files.
 #include <string>
@@ -14,11 +14,9 @@ namespace ringtrain::run_state {
 
 // "20261123-120102-3fa9c2": UTC start time and 24 random bits.
 std::string new_run_id();
-// Hash of the keys that shape the trajectory (not log.*, checkpoint.*, timeouts,
-// train.max_steps, threads, ...), the layout (parallel.*) and the rank count:
-// what `--resume auto` matched before run identities (checkpoints without one).
-std::string fingerprint(const TrainConfig& cfg, int ranks);
-// The run regardless of layout: the same keys without parallel.*,
+// The run regardless of layout: a hash of the keys that shape the trajectory
+// (not log.*, checkpoint.*, timeouts, train.max_steps, threads, reporting,
+// ...) without parallel.*,
 // data.batch_size and train.accumulation, with the global batch (data.batch_size
 // x data-parallel size x train.accumulation). `--resume auto` continues a
 // checkpoint of the same identity at any layout and rank count.

@@ -12,7 +12,7 @@ CheckpointData checkpoint_data(NamedTensorList tensors, std::string config_toml,
                {"batch_size", pos.batch_size},   {"accumulation", pos.accumulation},
                {"resumes", pos.resumes},         {"pipeline", pos.pipeline}, {"tensor", pos.tensor},
                {"data_parallel", pos.data_parallel}, {"steps_per_epoch", pos.steps_per_epoch}};
-  d.strings = {{"run_id", pos.run_id}, {"fingerprint", pos.fingerprint}, {"run_identity", pos.identity}};
+  d.strings = {{"run_id", pos.run_id}, {"run_identity", pos.identity}};
   d.config_toml = std::move(config_toml);
   return d;
 }
@@ -22,10 +22,6 @@ RunPosition checkpoint_position(const CheckpointData& ckpt) {
     auto it = ckpt.scalars.find(k);
     RT_CHECK(it != ckpt.scalars.end(), "checkpoint has no scalar '", k, "'");
     return it->second;
-  };
-  auto get_or = [&](const char* k, std::int64_t dflt) {
-    auto it = ckpt.scalars.find(k);
-    return it == ckpt.scalars.end() ? dflt : it->second;
   };
   auto text = [&](const char* k) {
     auto it = ckpt.strings.find(k);
@@ -40,14 +36,13 @@ RunPosition checkpoint_position(const CheckpointData& ckpt) {
   p.batch_size = get("batch_size");
   p.accumulation = get("accumulation");
   p.resumes = get("resumes");
-  p.params = get_or("params", 0);
-  p.pipeline = get_or("pipeline", 1);
-  p.tensor = get_or("tensor", 1);
-  p.data_parallel = get_or("data_parallel", p.ranks / std::max<std::int64_t>(1, p.pipeline * p.tensor));
+  p.params = get("params");
+  p.pipeline = get("pipeline");
+  p.tensor = get("tensor");
+  p.data_parallel = get("data_parallel");
   p.run_id = text("run_id");
-  p.fingerprint = text("fingerprint");
   p.identity = text("run_identity");
-  p.steps_per_epoch = get_or("steps_per_epoch", 0);
+  p.steps_per_epoch = get("steps_per_epoch");
   return p;
 }
 

@@ -384,6 +384,7 @@ LoadedCheckpoint Trainer::load_weights(const std::string& path) {
   impl_->load(path, false);
   return impl_->ckpt.loaded();
 }
+const LoadedCheckpoint& Trainer::loaded() const { return impl_->ckpt.loaded(); }
 TrainResult Trainer::fit() { return impl_->fit(); }
 EvalResult Trainer::evaluate(const std::string& path) { return impl_->evaluate(path); }
 const std::string& Trainer::run_id() const { return impl_->pos.run_id; }

@@ -18,6 +18,7 @@
 #include "ringtrain/train/straggler.hpp"
 #include "ringtrain/train/trainer.hpp"
 #include "checkpoint_session.hpp"
+#include "snapshot.hpp"
 
 namespace ringtrain {
 
@@ -43,8 +44,7 @@ struct Trainer::Impl {
   std::vector<double> checkpoint_stalls_s;  // how long each save_checkpoint paused training
   std::int64_t saved_at_step = -1; // the step of this process's last checkpoint
   NamedTensorList whole_views;    // local_views(): gather_whole_state's views, listed once
-  std::vector<std::pair<const char*, const char*>> live_ranges;  // the host memory of this rank's state
-  std::vector<Tensor> snapshot_blocks;  // checkpoint.async: the last snapshot's host memory, reused by the next
+  Snapshot snapshot{[this] { return parts.state->replicated(); }};  // checkpoint.async: copies of the live state
   Tensor scaler_state;            // f64 [4] on the host: the fp16 loss scale, checkpointed
   std::unique_ptr<StragglerMonitor> stragglers;  // made in train_epoch's first call
 
@@ -75,11 +75,6 @@ struct Trainer::Impl {
   bool local_views() const;                          // the whole state is this rank's fixed views
   NamedTensorList whole_for_checkpoint();            // collective; the whole state on rank 0
   std::vector<StatePiece> pieces_for_checkpoint();   // this rank's share (checkpoint.parallel)
-  bool is_live(const Tensor& t);                     // views this rank's host state
-  // checkpoint.async: private host copies of the tensors for which `live` says true, and of
-  // device tensors (copy = false: only the blocks, allocated and touched).
-  void snapshot(NamedTensorList& state, const std::function<bool(const Tensor&)>& live, bool copy = true);
-  void snapshot_pieces(std::vector<StatePiece>& pieces, bool copy = true);
   void prepare_snapshot();                           // the first snapshot's blocks, at the start
   void save_checkpoint(bool force);
   bool load(const std::string& path, bool with_optimizer);  // false: --resume auto found nothing

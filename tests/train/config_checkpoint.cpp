@@ -17,8 +17,10 @@
 #include <limits>
 
 #include "ringtrain/train/checkpoint.hpp"
+#include "ringtrain/train/checkpoint_read.hpp"
 #include "ringtrain/train/config.hpp"
 #include "support/error_of.hpp"
+#include "../../src/train/run_state.hpp"
 
 using namespace ringtrain;
 using test_support::error_of;
@@ -284,6 +286,12 @@ TEST(Checkpoint, ChecksumsNonFiniteAndFallbackToTheNewestIntact) {
   EXPECT_NE(m.find("param/fc.weight"), std::string::npos) << m;
   EXPECT_NE(m.find("checksum"), std::string::npos) << m;
 
+  // The sharded reader's verification (resume) says the same; its index reads no tensor data.
+  m = error_of([&] { verify_checkpoint(read_checkpoint_index(bad)); });
+  EXPECT_NE(m.find("param/fc.weight"), std::string::npos) << m;
+  EXPECT_NE(m.find("checksum"), std::string::npos) << m;
+  EXPECT_EQ(error_of([&] { verify_checkpoint(read_checkpoint_index(good)); }), "<no error>");
+
   FoundCheckpoint f = find_intact_checkpoint(d.string());
   EXPECT_EQ(f.path, good);
   ASSERT_EQ(f.skipped.size(), 1u);
@@ -300,6 +308,8 @@ TEST(Checkpoint, ChecksumsNonFiniteAndFallbackToTheNewestIntact) {
   ASSERT_EQ(f.skipped.size(), 2u);
   EXPECT_NE(f.skipped[0].find("param/fc.weight"), std::string::npos) << f.skipped[0];
   EXPECT_NE(f.skipped[0].find("NaN"), std::string::npos) << f.skipped[0];
+  m = error_of([&] { verify_checkpoint(read_checkpoint_index(diverged)); });
+  EXPECT_NE(m.find("param/fc.weight' holds NaN or Inf (element 4)"), std::string::npos) << m;
   // Nothing usable: one error listing every reason.
   fs::remove(good);
   m = error_of([&] { find_intact_checkpoint(d.string()); });
@@ -308,26 +318,44 @@ TEST(Checkpoint, ChecksumsNonFiniteAndFallbackToTheNewestIntact) {
   fs::remove_all(d);
 }
 
-// Files of the old schema are refused with a message saying so.
-TEST(Checkpoint, OldSchemaIsRefusedClearly) {
-  auto d = temp_dir("ckold");
-  fs::path f = d / "ckpt-0003.h5";
-  hid_t file = H5Fcreate(f.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-  hid_t type = H5Tcopy(H5T_C_S1);
-  std::string v = "ringtrain-checkpoint-1";
-  H5Tset_size(type, v.size());
-  hid_t space = H5Screate(H5S_SCALAR);
-  hid_t attr = H5Acreate2(file, "schema", type, space, H5P_DEFAULT, H5P_DEFAULT);
-  H5Awrite(attr, type, v.data());
-  H5Aclose(attr);
-  H5Sclose(space);
-  H5Tclose(type);
-  H5Fclose(file);
-  std::string m = error_of([&] { read_checkpoint(f.string()); });
-  EXPECT_NE(m.find("ringtrain-checkpoint-1"), std::string::npos) << m;
-  EXPECT_NE(m.find("older ringtrain"), std::string::npos) << m;
-  m = error_of([&] { find_intact_checkpoint(d.string()); });
-  EXPECT_NE(m.find("older ringtrain"), std::string::npos) << m;
+// Files that are not ringtrain checkpoints of this schema are refused, saying
+// what they are, by the whole-tensor reader and by the sharded reader's index;
+// a directory's search lists each reason.
+TEST(Checkpoint, FilesThatAreNotCheckpointsAreRefusedClearly) {
+  auto d = temp_dir("ckforeign");
+  auto hdf5_with_schema = [&](const fs::path& f, const char* schema) {
+    hid_t file = H5Fcreate(f.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    if (schema) {
+      hid_t type = H5Tcopy(H5T_C_S1);
+      H5Tset_size(type, std::strlen(schema));
+      hid_t space = H5Screate(H5S_SCALAR);
+      hid_t attr = H5Acreate2(file, "schema", type, space, H5P_DEFAULT, H5P_DEFAULT);
+      H5Awrite(attr, type, schema);
+      H5Aclose(attr);
+      H5Sclose(space);
+      H5Tclose(type);
+    }
+    H5Fclose(file);
+  };
+  const fs::path other = d / "ckpt-20250101-000000-aaaaaa-s000000001.h5";
+  const fs::path plain = d / "ckpt-20250101-000000-aaaaaa-s000000002.h5";
+  const fs::path text = d / "ckpt-20250101-000000-aaaaaa-s000000003.h5";
+  hdf5_with_schema(other, "ringtrain-data-1");
+  hdf5_with_schema(plain, nullptr);
+  std::ofstream(text) << "not HDF5\n";
+  for (auto [f, says] : {std::pair{other, "has schema 'ringtrain-data-1': it is not a ringtrain checkpoint"},
+                         std::pair{plain, "not a ringtrain checkpoint (it has no 'schema' attribute)"},
+                         std::pair{text, "is not a readable HDF5 file"}}) {
+    for (const std::string& m : {error_of([&] { read_checkpoint(f.string()); }),
+                                 error_of([&] { read_checkpoint_index(f.string()); })}) {
+      EXPECT_NE(m.find(f.string()), std::string::npos) << m;
+      EXPECT_NE(m.find(says), std::string::npos) << m;
+    }
+  }
+  const std::string m = error_of([&] { find_intact_checkpoint(d.string()); });
+  EXPECT_NE(m.find("ringtrain-data-1"), std::string::npos) << m;
+  EXPECT_NE(m.find("no 'schema' attribute"), std::string::npos) << m;
+  EXPECT_NE(m.find("not a readable HDF5 file"), std::string::npos) << m;
   fs::remove_all(d);
 }
 
@@ -368,4 +396,29 @@ TEST(Checkpoint, FailedWritesLeaveNoTemporaryFiles) {
   EXPECT_NO_THROW(full.save("20250101-000000-aaaaaa", 2, data));
   ::umount(mnt.c_str());
   fs::remove_all(mnt);
+}
+
+// --resume auto matches the run identity: the keys that shape the trajectory
+// and the global batch, not the layout, the split of the global batch, the
+// checkpoint and log settings or the straggler report's factor.
+TEST(Checkpoint, RunIdentityIsTheRunNotItsLayoutOrReporting) {
+  TrainConfig a;
+  a.data.batch_size = 16;
+  TrainConfig b = a;
+  b.parallel.pipeline = 2;
+  b.parallel.tensor = 2;
+  b.parallel.shard_optimizer = true;
+  b.data.batch_size = 8;
+  b.train.accumulation = 2;
+  b.checkpoint.every_steps = 7;
+  b.log.interval = 3;
+  b.comm.straggler_factor = 4;
+  EXPECT_EQ(run_state::run_identity(a, 64), run_state::run_identity(b, 64));
+  EXPECT_NE(run_state::run_identity(a, 64), run_state::run_identity(a, 128)) << "the global batch";
+  TrainConfig c = a;
+  c.train.seed += 1;
+  EXPECT_NE(run_state::run_identity(a, 64), run_state::run_identity(c, 64)) << "train.seed";
+  c = a;
+  c.optimizer.lr *= 2;
+  EXPECT_NE(run_state::run_identity(a, 64), run_state::run_identity(c, 64)) << "optimizer.lr";
 }

@@ -6,9 +6,8 @@
 // data 2 x pipeline 2 -> data 2, data 4 -> tensor 2, and data 2 -> tensor 2 at
 // 2 ranks. The derived batch and accumulation follow the documented rule; a
 // global batch without an exact split is an error naming the keys on every
-// rank; another number of steps per epoch (a padded tail) is refused; a
-// checkpoint written before run identities is still found at its own layout
-// (by its fingerprint) and only there.
+// rank; another number of steps per epoch (a padded tail) is refused;
+// `--resume auto` continues its own run at any rank count and never another's.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -106,7 +105,6 @@ class ElasticResume : public test_fixtures::SyntheticDataTest {
     EXPECT_EQ(last.scalars.at("batch_size") * last.scalars.at("data_parallel") * last.scalars.at("accumulation"), 32)
         << name << ": the global batch is kept";
     EXPECT_EQ(last.strings.at("run_identity"), uncut.strings.at("run_identity")) << name;
-    EXPECT_NE(last.strings.at("fingerprint"), uncut.strings.at("fingerprint")) << name << ": another layout";
   }
 };
 
@@ -179,12 +177,13 @@ TEST_F(ElasticResume, AnotherStepCountPerEpochIsRefused) {
   EXPECT_NE(m.find("data.drop_last"), std::string::npos) << m;
 }
 
-// A checkpoint written before run identities (no run_identity string) is
-// found by its fingerprint: at the layout and rank count that wrote it, not at another.
-TEST_F(ElasticResume, CheckpointsWithoutRunIdentityMatchByFingerprint) {
+// --resume auto matches the run identity alone: the 2-rank run continues at
+// 1 rank; a run of another seed (another identity) starts afresh beside it,
+// and so does one whose checkpoint carries no identity.
+TEST_F(ElasticResume, AutoContinuesItsOwnRunOnly) {
   if (world_.size() < 2) GTEST_SKIP() << "2 ranks, then 1";
   const Communicator two = first(2), one = first(1);
-  const std::string dir = data_ + "/new", old = data_ + "/old";
+  const std::string dir = data_ + "/new", bare = data_ + "/bare";
   if (world_.rank() < 2) {
     TrainConfig c = run_config(data_, {}, dir);
     c.train.max_steps = 4;
@@ -194,20 +193,15 @@ TEST_F(ElasticResume, CheckpointsWithoutRunIdentityMatchByFingerprint) {
   if (world_.rank() == 0) {
     FoundCheckpoint f = find_intact_checkpoint(dir);
     f.data.strings.erase("run_identity");
-    f.data.scalars.erase("steps_per_epoch");
-    fs::create_directories(old);
-    write_checkpoint(old + "/" + fs::path(f.path).filename().string(), f.data);
-  }
-  world_.barrier();
-  if (world_.rank() < 2) {
-    Trainer t(run_config(data_, {}, old), two, quiet());
-    EXPECT_TRUE(t.resume("auto")) << "same configuration, layout and rank count";
-  }
-  if (world_.rank() == 0) {
-    Trainer t(run_config(data_, {}, old), one, quiet());
-    EXPECT_FALSE(t.resume("auto")) << "an old checkpoint says nothing of its run at another rank count";
+    fs::create_directories(bare);
+    write_checkpoint(bare + "/" + fs::path(f.path).filename().string(), f.data);
+    TrainConfig other = run_config(data_, {}, dir);
+    other.train.seed += 1;
+    EXPECT_FALSE(Trainer(other, one, quiet()).resume("auto")) << "another seed is another run";
+    EXPECT_FALSE(Trainer(run_config(data_, {}, bare), one, quiet()).resume("auto")) << "no run identity";
     Trainer n(run_config(data_, {}, dir), one, quiet());
-    EXPECT_TRUE(n.resume("auto")) << "a new checkpoint is found at 1 rank";
+    EXPECT_TRUE(n.resume("auto")) << "the same run at another rank count";
+    EXPECT_EQ(n.loaded().step, 4);
   }
   world_.barrier();
 }

@@ -212,7 +212,7 @@ TEST(Resume, MissingOrCorruptCheckpointIsAnErrorOnEveryRank) {
   }
   if (world.rank() == 0) {
     fs::create_directories(data + "/bad");
-    std::FILE* f = std::fopen((data + "/bad/ckpt-0001.h5").c_str(), "w");
+    std::FILE* f = std::fopen((data + "/bad/ckpt-20250101-000000-aaaaaa-s000000001.h5").c_str(), "w");
     std::fputs("not an HDF5 file", f);
     std::fclose(f);
   }
@@ -221,7 +221,7 @@ TEST(Resume, MissingOrCorruptCheckpointIsAnErrorOnEveryRank) {
     t.resume(data + "/bad");
     FAIL() << "resume from a corrupt checkpoint did not throw";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("ckpt-0001.h5"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("ckpt-20250101-000000-aaaaaa-s000000001.h5"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("not a readable HDF5 file"), std::string::npos) << e.what();
   }
   world.barrier();

@@ -82,6 +82,8 @@ class ShardedOptimizer {
     Tensor data;
   };
   std::vector<StateSlice> state_slices() const;
+  // The step counter (int64 [1], a view): a checkpoint restores it with the slices.
+  Tensor step_state() const;
   std::unique_ptr<Optimizer> gather(int root) const;
   std::unique_ptr<Optimizer> make_whole(int root) const;
   void scatter(const Optimizer* whole, int root);

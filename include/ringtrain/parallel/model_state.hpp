@@ -45,13 +45,17 @@ class ModelState {
   // live memory. The pieces of every rank cover each whole tensor of
   // gather_whole exactly once.
   std::vector<StatePiece> pieces();
-  // The names this rank restores, with their WHOLE dtype and shape (host
-  // tensors whose contents are not meaningful): what a checkpoint must hold.
-  NamedState whole_names(bool with_optimizer);
-  // Hands each name's WHOLE tensor (dtype and shape as saved) to `fill`, which
-  // returns false to leave it as it is, and keeps this rank's part (its stage,
-  // shard and ZeRO slice). Collective over the data-parallel group (ZeRO-1).
-  void restore_whole(const std::function<bool(const std::string&, Tensor& whole)>& fill, bool with_optimizer);
+  // What this rank restores from a checkpoint, as pieces of the whole
+  // tensors with their places (as pieces() writes them): its stage's tensors,
+  // its tensor-parallel shards, and with ZeRO-1 only its optimizer slices and
+  // step count. `pieces` are host memory to fill (views of the live state; a
+  // copy of a device tensor), then `finish` moves the copies onto the device.
+  // No communication; nothing whole is built on any rank.
+  struct Restoration {
+    std::vector<StatePiece> pieces;
+    std::function<void()> finish;
+  };
+  Restoration restoration(bool with_optimizer);
 
  private:
   NamedState whole_stage(Optimizer* whole_opt);  // this stage, shards whole

@@ -9,10 +9,9 @@
 //                     "dtype" (ringtrain dtype name) and "crc32" (of the raw bytes,
 //                     verified on every read)
 //   /scalars          attributes: int64 values (epochs_done, step, ...)
-//   /strings          attributes: text values (run_id, fingerprint)
+//   /strings          attributes: text values (run_id, run_identity)
 //   attributes on /:  "schema", "config" = TOML text
-// Files of schema 1 (flat per-dtype tensors, no checksums) are refused with a
-// message saying so.
+// Any other file (not HDF5, no schema, another schema) is refused, saying so.
 //
 // Checkpoints written in parallel (checkpoint.parallel): each rank writes its
 // share of the state to a part file, schema "ringtrain-checkpoint-2-part",
@@ -25,7 +24,8 @@
 // "parts" (the part file names, one per line). The manifest is the commit
 // point: a crash before it leaves the previous checkpoint the newest intact
 // one. read_checkpoint assembles the whole tensors from the parts, so a
-// parallel checkpoint loads at any layout like a single file.
+// parallel checkpoint loads at any layout like a single file; resume reads
+// neither whole: each rank reads its own ranges (checkpoint_read.hpp).
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -79,12 +79,12 @@ void check_finite(const CheckpointData& ckpt, const std::string& path, const std
 // CRC-32 (IEEE, as zlib's crc32) of a byte range.
 std::uint32_t crc32(const void* data, std::size_t bytes, std::uint32_t crc = 0);
 
-// A directory of checkpoints named ckpt-<run id>-<step>.h5. Runs stay apart:
+// A directory of checkpoints named ckpt-<run id>-s<step>.h5. Runs stay apart:
 // rotation keeps the newest `keep` of one run and never touches another run's files.
 class CheckpointDir {
  public:
   struct Entry {
-    std::string path, run_id;  // run_id "" for files of the old schema (ckpt-NNNN.h5)
+    std::string path, run_id;
     std::int64_t step = 0;
     std::filesystem::file_time_type mtime;
   };
@@ -105,6 +105,10 @@ class CheckpointDir {
   std::string dir_;
   int keep_;
 };
+
+// The checkpoints `path` names, newest first: the file itself, or a
+// directory's ckpt-*.h5 (newest written first). Throws when there is none.
+std::vector<std::string> checkpoint_candidates(const std::string& path);
 
 // The newest checkpoint under `path` (a file, or a directory searched newest
 // first) that reads, verifies and passes `accept` (which throws an Error saying

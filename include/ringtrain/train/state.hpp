@@ -34,18 +34,16 @@ struct RunPosition {
   // data_parallel × batch_size is the global batch the data order depends on).
   std::int64_t pipeline = 1, tensor = 1, data_parallel = 1;
   std::string run_id;              // names the run's checkpoint files and metrics records
-  std::string fingerprint;         // of the configuration that shapes the trajectory
   // Of the run regardless of layout: the configuration without parallel.* and
   // the per-rank split, with the global batch (`--resume auto` matches it).
   std::string identity;
-  std::int64_t steps_per_epoch = 0;  // optimizer steps per epoch (0: not recorded)
+  std::int64_t steps_per_epoch = 0;  // optimizer steps per epoch
 };
 
 // A checkpoint of the whole named state `tensors` (model_state's names, with
 // tensor-parallel shards whole) at `pos`: scalars, strings and the configuration (TOML text).
 CheckpointData checkpoint_data(NamedTensorList tensors, std::string config_toml, const RunPosition& pos);
-// Reads the position scalars and strings of a checkpoint (files written before
-// the layout scalars existed read as pipeline = tensor = 1, data_parallel = ranks).
+// Reads the position scalars and strings of a checkpoint (an Error names a missing one).
 RunPosition checkpoint_position(const CheckpointData& ckpt);
 
 }  // namespace ringtrain

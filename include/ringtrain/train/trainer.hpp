@@ -75,10 +75,13 @@ struct TrainerMemory {
   std::int64_t model_param_count = 0;  // the whole model's
 };
 
-// A checkpoint that was loaded: its file (known on rank 0), run and position.
+// A checkpoint that was loaded: its file, run and position, and what this
+// rank read of it (its own share: checkpoint_read.hpp).
 struct LoadedCheckpoint {
   std::string file, run_id;
   std::int64_t step = 0, epochs_done = 0, step_in_epoch = 0;
+  std::size_t restored_bytes = 0;  // read into this rank's state
+  std::size_t verified_bytes = 0;  // read to verify the pieces dealt to this rank
 };
 
 class Trainer {
@@ -100,6 +103,8 @@ class Trainer {
   EvalResult evaluate(const std::string& path);
   // Loads parameters (and buffers) from a checkpoint file or directory.
   LoadedCheckpoint load_weights(const std::string& path);
+  // What the last resume() or load_weights() read.
+  const LoadedCheckpoint& loaded() const;
   // Writes a checkpoint of the state as it stands into checkpoint.dir now
   // (collective); returns its path on rank 0, "" elsewhere.
   std::string save_checkpoint();

@@ -1,0 +1,103 @@
+#pragma once
+// The sharded read of a checkpoint (resume, eval): each rank reads only the
+// element ranges it restores, straight from the files, and no rank assembles
+// or receives the whole state. read_checkpoint (checkpoint.hpp) stays the
+// whole-tensor reader for tools and tests.
+//
+//  1. Index: the metadata of a checkpoint — the manifest's head (position,
+//     configuration, part names) and, per part file, its pieces with their
+//     places, checksums and byte offsets; no tensor data. The collective form
+//     indexes file k on rank k % size and shares the lists (a few hundred
+//     bytes per piece). The pieces must tile every tensor exactly.
+//  2. Verify: every stored piece is read whole by exactly one rank (the
+//     pieces dealt out in equal byte shares, in file order, so a relaunch at
+//     the writer's size verifies about its own part) and checked against its
+//     CRC-32; float state (param/, buffer/, optim/) must be finite. A CRC
+//     covers a whole piece, and a rank usually needs only part of one when
+//     the layout changed: verifying apart from restoring keeps every checksum
+//     checked at the cost of reading the state once more in total (1/size of
+//     it per rank), and lets a corrupt checkpoint be skipped before anything
+//     is overwritten. Errors name the file and the tensor, on every rank.
+//  3. Restore: each rank reads, with pread at the piece's offset in its file,
+//     the intersection of every stored piece with each of its targets: its
+//     tensor-parallel shard of a tensor (blocks of a fused q|k|v split
+//     included), its ZeRO-1 slice of an optimizer tensor, its stage's
+//     replicated tensors. A piece stored otherwise (chunked, compressed,
+//     another byte order: files rewritten by other tools) is read whole
+//     through HDF5 instead.
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ringtrain/comm/communicator.hpp"
+#include "ringtrain/nn/parameters.hpp"
+#include "ringtrain/train/checkpoint.hpp"
+
+namespace ringtrain {
+
+// One stored piece: elements [place.begin, place.begin + numel) of part
+// place.shard of tensor `name` (a one-file checkpoint's tensors are whole,
+// replicated pieces).
+struct StoredPiece {
+  std::string name;
+  DType dtype = DType::f32;
+  std::int64_t numel = 0;
+  PiecePlace place;
+  std::uint32_t crc = 0;
+  int file = 0;              // in CheckpointIndex::files
+  std::int64_t offset = -1;  // of its bytes in the file; -1: read through HDF5
+};
+
+struct StoredTensor {
+  std::string name;
+  DType dtype = DType::f32;
+  Shape whole;
+};
+
+struct CheckpointIndex {
+  std::string path;                  // the manifest or the one file
+  CheckpointData head;               // scalars, strings, configuration, part names; no tensors
+  std::vector<std::string> files;    // the files holding the pieces: the parts, or the one file
+  std::vector<StoredPiece> pieces;   // in file order
+  std::vector<StoredTensor> tensors; // in order of first appearance
+  std::size_t bytes() const;         // of every piece
+};
+
+// One process: the index of the checkpoint at `path` (a manifest or one
+// file). Errors name the file: missing, foreign or not a checkpoint, a part
+// alone, pieces that disagree or do not tile a tensor.
+CheckpointIndex read_checkpoint_index(const std::string& path);
+// Collective: the same on every rank, each indexing its share of the files.
+CheckpointIndex read_checkpoint_index(const std::string& path, const Communicator& comm);
+
+struct CheckpointReadStats {
+  std::size_t restored_bytes = 0;  // read into this rank's targets
+  std::size_t verified_bytes = 0;  // read to verify the pieces dealt to this rank
+  std::size_t reads = 0;           // pread calls (or whole-piece HDF5 reads)
+};
+
+// Collective: every piece verified once (step 2); an Error on every rank
+// names the file and tensor of the first bad piece. Returns this rank's reads.
+CheckpointReadStats verify_checkpoint(const CheckpointIndex& ix, const Communicator& comm);
+// One process: verifies every piece.
+CheckpointReadStats verify_checkpoint(const CheckpointIndex& ix);
+
+// What a rank restores: elements [place.begin, place.begin + dst.numel()) in
+// row-major order of part place.shard of tensor `name` (replicated: of the
+// whole tensor), into `dst` (host memory, e.g. a view of the live state).
+struct ReadTarget {
+  std::string name;
+  Tensor dst;
+  PiecePlace place;
+  bool optional = false;  // restored only when the checkpoint holds it
+  bool found = false;     // set by read_targets
+};
+
+// Local: fills every target from the pieces that hold its elements. A target
+// whose name the checkpoint lacks is an error unless optional; its dtype and
+// whole shape must be the stored one's (a [1] tensor may be wanted as a
+// scalar). Does not verify checksums (verify_checkpoint did).
+CheckpointReadStats read_targets(const CheckpointIndex& ix, std::vector<ReadTarget>& targets);
+
+}  // namespace ringtrain

@@ -1,0 +1,258 @@
+// A checkpoint's index (checkpoint_read.hpp, step 1): its head, and every
+// stored piece's name, place, checksum and byte offset, read from the HDF5
+// metadata only. The collective form indexes file k on rank k % size and
+// shares the lists in one all-gather, so indexing costs one file per rank.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <mutex>
+#include <unordered_map>
+
+#include "ringtrain/comm/agree.hpp"
+#include "ringtrain/comm/collectives.hpp"
+#include "ringtrain/core/error.hpp"
+#include "ringtrain/data/schema.hpp"
+#include "ringtrain/train/checkpoint_read.hpp"
+#include "checkpoint_detail.hpp"
+#include "checkpoint_h5.hpp"
+
+namespace fs = std::filesystem;
+
+namespace ringtrain {
+namespace {
+
+using namespace ckpt_h5;
+using ckpt_detail::PartGeometry;
+using ckpt_detail::piece_where;
+
+// The head of the manifest (or one file), and the files that hold its pieces.
+CheckpointIndex index_head(const std::string& path) {
+  CheckpointIndex ix;
+  ix.path = path;
+  {
+    std::lock_guard lock(data::hdf5_mutex());
+    H5 file = open_checkpoint(path);
+    ix.head = read_head(file, path);
+  }
+  RT_CHECK(ix.head.part_of.empty(), "checkpoint '", path, "' is one rank's part of the parallel checkpoint '",
+           ix.head.part_of, "' (in the same directory): resume from that file or from the directory");
+  const fs::path dir = fs::path(path).parent_path();
+  if (ix.head.parts.empty()) ix.files = {path};
+  for (const auto& p : ix.head.parts) ix.files.push_back((dir / p).string());
+  return ix;
+}
+
+// The pieces of file k, in the file's (name) order.
+void index_file(const CheckpointIndex& ix, int k, std::vector<StoredPiece>& out) {
+  const std::string& path = ix.files[static_cast<std::size_t>(k)];
+  const bool part = !ix.head.parts.empty();
+  const std::string where = "checkpoint '" + ix.path + "'";
+  if (part) {
+    std::error_code ec;
+    RT_CHECK(fs::exists(path, ec), where, ": its part file '", ix.head.parts[static_cast<std::size_t>(k)], "' (",
+             k + 1, " of ", ix.files.size(), ") is missing");
+  }
+  std::lock_guard lock(data::hdf5_mutex());
+  H5 file = open_checkpoint(path);
+  if (part) {
+    const CheckpointData head = read_head(file, path);
+    const std::string self = fs::path(ix.path).filename().string(), name = ix.head.parts[static_cast<std::size_t>(k)];
+    RT_CHECK(!head.part_of.empty(), where, ": its part file '", name, "' is not a part file");
+    RT_CHECK(head.part_of == self, where, ": part file '", name, "' belongs to '", head.part_of,
+             "', not to this checkpoint");
+  }
+  H5 group(H5Gopen2(file, "tensors", H5P_DEFAULT), H5Gclose);
+  for (const auto& name : tensor_names(file, path)) {
+    const std::string tw = part ? cat(where, ": tensor '", name, "' in part file '", fs::path(path).filename().string(), "'")
+                                : cat(where, " tensor '", name, "'");
+    H5 ds(H5Dopen2(group, name.c_str(), H5P_DEFAULT), H5Dclose);
+    RT_CHECK(ds.id >= 0, tw, ": cannot open it");
+    DatasetInfo d = read_dataset_info(ds, tw, part);
+    out.push_back({name, d.dtype, shape_numel(d.shape), std::move(d.place), d.crc, k, d.offset});
+  }
+}
+
+// ---- the pieces as bytes, for the all-gather ----
+struct Writer {
+  std::vector<char> b;
+  template <typename T> void put(T v) {
+    const char* p = reinterpret_cast<const char*>(&v);
+    b.insert(b.end(), p, p + sizeof v);
+  }
+  void str(const std::string& s) {
+    put<std::uint32_t>(static_cast<std::uint32_t>(s.size()));
+    b.insert(b.end(), s.begin(), s.end());
+  }
+};
+
+struct Reader {
+  const char* p;
+  const char* end;
+  template <typename T> T get() {
+    RT_CHECK(p + sizeof(T) <= end, "checkpoint index: a shared piece list is cut short");
+    T v;
+    std::memcpy(&v, p, sizeof v);
+    p += sizeof v;
+    return v;
+  }
+  std::string str() {
+    const auto n = get<std::uint32_t>();
+    RT_CHECK(p + n <= end, "checkpoint index: a shared piece list is cut short");
+    std::string s(p, n);
+    p += n;
+    return s;
+  }
+};
+
+void pack(const StoredPiece& s, Writer& w) {
+  w.str(s.name);
+  w.put<std::uint8_t>(static_cast<std::uint8_t>(s.dtype));
+  w.put(s.numel);
+  w.put<std::uint8_t>(static_cast<std::uint8_t>(s.place.whole.size()));
+  for (auto d : s.place.whole) w.put(d);
+  for (int v : {s.place.shard.dim, s.place.shard.parts, s.place.shard.index, s.place.shard.blocks}) w.put(v);
+  w.put(s.place.begin);
+  w.put(s.crc);
+  w.put(s.file);
+  w.put(s.offset);
+}
+
+StoredPiece unpack(Reader& r) {
+  StoredPiece s;
+  s.name = r.str();
+  s.dtype = static_cast<DType>(r.get<std::uint8_t>());
+  s.numel = r.get<std::int64_t>();
+  s.place.whole.resize(r.get<std::uint8_t>());
+  for (auto& d : s.place.whole) d = r.get<std::int64_t>();
+  s.place.shard.dim = r.get<int>();
+  s.place.shard.parts = r.get<int>();
+  s.place.shard.index = r.get<int>();
+  s.place.shard.blocks = r.get<int>();
+  if (s.place.shard.sharded()) s.place.shard.global = s.place.whole;
+  s.place.begin = r.get<std::int64_t>();
+  s.crc = r.get<std::uint32_t>();
+  s.file = r.get<int>();
+  s.offset = r.get<std::int64_t>();
+  return s;
+}
+
+std::string split_str(const PiecePlace& p) {
+  return p.shard.sharded() ? cat(shape_str(p.whole), " split in ", p.shard.parts, " along dimension ", p.shard.dim,
+                                 p.shard.blocks > 1 ? cat(" (", p.shard.blocks, " blocks)") : std::string())
+                           : cat(shape_str(p.whole), " whole");
+}
+
+bool same_split(const PiecePlace& a, const PiecePlace& b) {
+  return a.whole == b.whole && a.shard.dim == b.shard.dim && a.shard.parts == b.shard.parts &&
+         a.shard.blocks == b.shard.blocks;
+}
+
+// The tensor table, and every tensor tiled exactly by its pieces: each
+// tensor-parallel part of it covered once, without gaps or overlaps.
+void finish_index(CheckpointIndex& ix) {
+  std::unordered_map<std::string, std::size_t> at;
+  struct Span {
+    std::int64_t begin, end;
+    std::size_t piece;
+  };
+  std::vector<std::vector<std::vector<Span>>> spans;  // per tensor, per part
+  std::vector<PiecePlace> split;
+  for (std::size_t i = 0; i < ix.pieces.size(); ++i) {
+    const StoredPiece& p = ix.pieces[i];
+    const PiecePlace& pl = p.place;
+    const std::string tw = piece_where(ix, p);
+    const auto& s = pl.shard;
+    RT_CHECK(!s.sharded() || (static_cast<std::size_t>(s.dim) < pl.whole.size() && s.parts >= 1 && s.index >= 0 &&
+                              s.index < s.parts && s.blocks >= 1 &&
+                              pl.whole[static_cast<std::size_t>(s.dim)] % (std::int64_t{s.parts} * s.blocks) == 0),
+             tw, " has an impossible split (", split_str(pl), ", part ", s.index, ")");
+    auto [it, fresh] = at.try_emplace(p.name, ix.tensors.size());
+    if (fresh) {
+      ix.tensors.push_back({p.name, p.dtype, pl.whole});
+      split.push_back(pl);
+      spans.emplace_back(static_cast<std::size_t>(s.sharded() ? s.parts : 1));
+    }
+    const std::size_t t = it->second;
+    RT_CHECK(ix.tensors[t].dtype == p.dtype && same_split(split[t], pl), tw, " is ", dtype_name(p.dtype), " ",
+             split_str(pl), ", but another piece has it ", dtype_name(ix.tensors[t].dtype), " ", split_str(split[t]));
+    const std::int64_t per = PartGeometry::of(pl).numel;
+    RT_CHECK(pl.begin >= 0 && p.numel >= 0 && pl.begin + p.numel <= per, tw, " covers elements ", pl.begin, "..",
+             pl.begin + p.numel, " of a part of ", per);
+    if (p.numel) spans[t][s.sharded() ? static_cast<std::size_t>(s.index) : 0].push_back({pl.begin, pl.begin + p.numel, i});
+  }
+  for (std::size_t t = 0; t < ix.tensors.size(); ++t) {
+    const std::int64_t per = PartGeometry::of(split[t]).numel;
+    for (std::size_t idx = 0; idx < spans[t].size(); ++idx) {
+      auto& v = spans[t][idx];
+      std::sort(v.begin(), v.end(), [](const Span& a, const Span& b) { return a.begin < b.begin; });
+      std::int64_t cursor = 0, held = 0;
+      for (const Span& s : v) {
+        RT_CHECK(s.begin >= cursor, piece_where(ix, ix.pieces[s.piece]), " holds elements ", s.begin, "..", s.end,
+                 ", which another piece holds too (parts of two writes?)");
+        cursor = s.end;
+        held += s.end - s.begin;
+      }
+      RT_CHECK(held == per, "checkpoint '", ix.path, "': tensor '", ix.tensors[t].name,
+               "' is incomplete: its part files hold ", held, " of ", per, " elements",
+               spans[t].size() > 1 ? cat(" of tensor-parallel part ", idx) : std::string(),
+               " (a part file of another write?)");
+    }
+  }
+}
+
+}  // namespace
+
+std::size_t CheckpointIndex::bytes() const {
+  std::size_t n = 0;
+  for (const auto& p : pieces) n += static_cast<std::size_t>(p.numel) * dtype_size(p.dtype);
+  return n;
+}
+
+CheckpointIndex read_checkpoint_index(const std::string& path) {
+  CheckpointIndex ix = index_head(path);
+  for (std::size_t k = 0; k < ix.files.size(); ++k) index_file(ix, static_cast<int>(k), ix.pieces);
+  finish_index(ix);
+  return ix;
+}
+
+CheckpointIndex read_checkpoint_index(const std::string& path, const Communicator& comm) {
+  if (comm.size() == 1) return read_checkpoint_index(path);
+  CheckpointIndex ix;
+  // Every rank reads the head (small) and sees the files: a rank that cannot is named.
+  run_agreed(comm, "reading the checkpoint's head", [&] {
+    std::error_code ec;
+    char host[256] = "?";
+    ::gethostname(host, sizeof host - 1);
+    RT_CHECK(comm.rank() == 0 || fs::exists(path, ec), "checkpoint '", path, "' is not visible on this rank (host ",
+             host, "): every rank reads its share of a checkpoint, so the checkpoint must be on a file system that "
+             "every rank sees");
+    ix = index_head(path);
+  });
+  std::vector<StoredPiece> mine;
+  run_agreed(comm, "indexing the checkpoint's files", [&] {
+    for (std::size_t k = static_cast<std::size_t>(comm.rank()); k < ix.files.size(); k += static_cast<std::size_t>(comm.size()))
+      index_file(ix, static_cast<int>(k), mine);
+  });
+  Writer w;
+  for (const auto& p : mine) pack(p, w);
+  std::vector<std::size_t> counts(static_cast<std::size_t>(comm.size()));
+  std::uint64_t n = w.b.size();
+  allgather(&n, 1, counts.data(), DType::i64, comm);
+  std::size_t total = 0;
+  for (auto c : counts) total += c;
+  std::vector<char> all(total);
+  allgatherv(w.b.data(), all.data(), counts, DType::u8, comm);
+  run_agreed(comm, "checking the checkpoint's pieces", [&] {
+    Reader r{all.data(), all.data() + all.size()};
+    while (r.p < r.end) ix.pieces.push_back(unpack(r));
+    // Ranks sent their files in turn: back to file order (stable within a file).
+    std::stable_sort(ix.pieces.begin(), ix.pieces.end(),
+                     [](const StoredPiece& a, const StoredPiece& b) { return a.file < b.file; });
+    finish_index(ix);
+  });
+  return ix;
+}
+
+}  // namespace ringtrain

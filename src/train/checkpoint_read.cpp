@@ -1,0 +1,233 @@
+// The sharded read (checkpoint_read.hpp, steps 2 and 3): every stored piece
+// verified whole by one rank; each rank's targets filled with pread from the
+// byte ranges of the pieces that overlap them.
+#include "ringtrain/train/checkpoint_read.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <mutex>
+#include <unordered_map>
+
+#include "ringtrain/comm/agree.hpp"
+#include "ringtrain/core/error.hpp"
+#include "ringtrain/data/schema.hpp"
+#include "checkpoint_detail.hpp"
+#include "checkpoint_h5.hpp"
+
+namespace ringtrain {
+namespace {
+
+using ckpt_detail::PartGeometry;
+using ckpt_detail::piece_where;
+
+// The files of one read, opened on first use and closed at the end.
+class Files {
+ public:
+  explicit Files(const CheckpointIndex& ix) : ix_(ix), fds_(ix.files.size(), -1) {}
+  ~Files() {
+    for (int fd : fds_)
+      if (fd >= 0) ::close(fd);
+  }
+  Files(const Files&) = delete;
+  Files& operator=(const Files&) = delete;
+
+  // n bytes at `offset` of file k into dst; `what` names the piece in errors.
+  void read(int k, std::int64_t offset, void* dst, std::size_t n, const std::string& what) {
+    int& fd = fds_[static_cast<std::size_t>(k)];
+    const std::string& path = ix_.files[static_cast<std::size_t>(k)];
+    if (fd < 0) {
+      fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+      RT_CHECK(fd >= 0, what, ": cannot open '", path, "': ", std::strerror(errno));
+    }
+    char* p = static_cast<char*>(dst);
+    while (n > 0) {
+      const ssize_t r = ::pread(fd, p, n, static_cast<off_t>(offset));
+      if (r < 0 && errno == EINTR) continue;
+      RT_CHECK(r > 0, what, ": ", r < 0 ? cat("reading '", path, "' failed: ", std::strerror(errno))
+                                        : cat("'", path, "' ends before the tensor's data (truncated?)"));
+      p += r;
+      n -= static_cast<std::size_t>(r);
+      offset += r;
+    }
+  }
+
+ private:
+  const CheckpointIndex& ix_;
+  std::vector<int> fds_;
+};
+
+// A piece that pread cannot reach (checkpoint_h5.hpp's DatasetInfo::offset): whole, through HDF5.
+Tensor read_through_hdf5(const CheckpointIndex& ix, const StoredPiece& p, const std::string& what) {
+  using namespace ckpt_h5;
+  std::lock_guard lock(data::hdf5_mutex());
+  H5 file = open_checkpoint(ix.files[static_cast<std::size_t>(p.file)]);
+  H5 ds(H5Dopen2(file, ("tensors/" + p.name).c_str(), H5P_DEFAULT), H5Dclose);
+  RT_CHECK(ds.id >= 0, what, ": cannot open it");
+  Tensor t = Tensor::empty({p.numel}, p.dtype);
+  if (p.numel)
+    RT_CHECK(H5Dread(ds, h5_type(p.dtype), H5S_ALL, H5S_ALL, H5P_DEFAULT, t.raw()) >= 0, what,
+             ": cannot read it (truncated file?)");
+  return t;
+}
+
+bool checked_for_finite(const StoredPiece& p) {
+  return ckpt_detail::is_float(p.dtype) &&
+         (p.name.rfind("param/", 0) == 0 || p.name.rfind("buffer/", 0) == 0 || p.name.rfind("optim/", 0) == 0);
+}
+
+// Reads piece p whole, in chunks of `buf`: its CRC-32, then no NaN or Inf in float state.
+void verify_piece(const CheckpointIndex& ix, const StoredPiece& p, Files& files, std::vector<char>& buf,
+                  CheckpointReadStats& st) {
+  const std::string what = piece_where(ix, p);
+  const std::size_t esz = dtype_size(p.dtype), bytes = static_cast<std::size_t>(p.numel) * esz;
+  const bool finite = checked_for_finite(p);
+  std::uint32_t crc = 0;
+  std::int64_t bad = -1;  // the first non-finite element of the piece
+  auto check = [&](const char* data, std::size_t n, std::int64_t first) {
+    crc = crc32(data, n, crc);
+    if (finite && bad < 0) {
+      const std::int64_t i = ckpt_detail::first_non_finite(data, static_cast<std::int64_t>(n / esz), p.dtype);
+      if (i >= 0) bad = first + i;
+    }
+  };
+  if (p.offset < 0) {
+    const Tensor t = read_through_hdf5(ix, p, what);
+    ++st.reads;
+    check(static_cast<const char*>(t.raw()), bytes, 0);
+  } else {
+    for (std::size_t at = 0; at < bytes; at += buf.size()) {
+      const std::size_t n = std::min(buf.size(), bytes - at);
+      files.read(p.file, p.offset + static_cast<std::int64_t>(at), buf.data(), n, what);
+      ++st.reads;
+      check(buf.data(), n, static_cast<std::int64_t>(at / esz));
+    }
+  }
+  st.verified_bytes += bytes;
+  RT_CHECK(crc == p.crc, what, " fails its checksum (crc32 ", crc, ", stored ", p.crc, "): the file is corrupt");
+  RT_CHECK(bad < 0, "checkpoint '", ix.path, "': tensor '", p.name, "' holds NaN or Inf (element ",
+           PartGeometry::of(p.place).to_whole(p.place.begin + bad),
+           "): the run had diverged when it was written; resume from an earlier checkpoint");
+}
+
+// Rank `rank` of `size` verifies the pieces whose middle byte falls in its
+// equal share of all pieces' bytes, in file order.
+CheckpointReadStats verify_share(const CheckpointIndex& ix, int rank, int size) {
+  CheckpointReadStats st;
+  const unsigned long long total = ix.bytes();
+  std::size_t largest = 0;
+  for (const auto& p : ix.pieces) largest = std::max(largest, static_cast<std::size_t>(p.numel) * dtype_size(p.dtype));
+  // 1 MiB: large reads, few fresh pages (a page fault costs ~20 us on some VMs).
+  std::vector<char> buf(std::max<std::size_t>(8, std::min<std::size_t>(largest, std::size_t{1} << 20)));
+  Files files(ix);
+  unsigned long long at = 0;
+  for (const auto& p : ix.pieces) {
+    const unsigned long long b = static_cast<unsigned long long>(p.numel) * dtype_size(p.dtype);
+    const unsigned long long mid = at + b / 2;
+    at += b;
+    const int owner = total ? static_cast<int>(std::min<unsigned long long>(size - 1, mid * size / total)) : 0;
+    if (owner == rank) verify_piece(ix, p, files, buf, st);
+  }
+  return st;
+}
+
+// A [1] tensor may be stored and wanted as a scalar.
+bool same_layout(const Shape& stored, const Shape& want) {
+  return stored == want || (shape_numel(stored) == shape_numel(want) && stored.size() == 1 && want.size() <= 1);
+}
+
+}  // namespace
+
+CheckpointReadStats verify_checkpoint(const CheckpointIndex& ix, const Communicator& comm) {
+  CheckpointReadStats st;
+  run_agreed(comm, "verifying the checkpoint", [&] { st = verify_share(ix, comm.rank(), comm.size()); });
+  return st;
+}
+
+CheckpointReadStats verify_checkpoint(const CheckpointIndex& ix) { return verify_share(ix, 0, 1); }
+
+CheckpointReadStats read_targets(const CheckpointIndex& ix, std::vector<ReadTarget>& targets) {
+  std::unordered_map<std::string, std::size_t> tensor_at;
+  for (std::size_t t = 0; t < ix.tensors.size(); ++t) tensor_at.emplace(ix.tensors[t].name, t);
+  std::vector<std::vector<std::size_t>> pieces_of(ix.tensors.size());
+  for (std::size_t i = 0; i < ix.pieces.size(); ++i) pieces_of[tensor_at.at(ix.pieces[i].name)].push_back(i);
+
+  // What to read of each piece: byte ranges (from its start) into target memory.
+  struct Copy {
+    std::int64_t src;
+    char* dst;
+    std::int64_t bytes;
+  };
+  std::vector<std::vector<Copy>> copies(ix.pieces.size());
+  for (ReadTarget& t : targets) {
+    t.found = false;
+    const auto it = tensor_at.find(t.name);
+    if (it == tensor_at.end()) {
+      RT_CHECK(t.optional, "checkpoint '", ix.path, "' has no tensor '", t.name,
+               "' (was it written for another model or optimizer?)");
+      continue;
+    }
+    const StoredTensor& s = ix.tensors[it->second];
+    RT_CHECK(s.dtype == t.dst.dtype() && same_layout(s.whole, t.place.whole), "checkpoint '", ix.path, "': tensor '",
+             t.name, "' is ", dtype_name(s.dtype), " ", shape_str(s.whole), ", but this model has ",
+             dtype_name(t.dst.dtype()), " ", shape_str(t.place.whole), " (was it written for another model?)");
+    RT_CHECK(t.dst.device().is_cpu(), "checkpoint '", ix.path, "': tensor '", t.name,
+             "' must be read into host memory");
+    const std::int64_t n = t.dst.numel(), t0 = t.place.begin;
+    const PartGeometry T = PartGeometry::of(t.place);
+    RT_CHECK(t0 >= 0 && t0 + n <= T.numel, "checkpoint '", ix.path, "': tensor '", t.name, "': elements ", t0, "..",
+             t0 + n, " are not in this rank's part of ", T.numel);
+    const std::int64_t esz = static_cast<std::int64_t>(dtype_size(s.dtype));
+    char* dst = static_cast<char*>(t.dst.raw());
+    std::int64_t covered = 0;
+    for (std::size_t i : pieces_of[it->second]) {
+      const StoredPiece& p = ix.pieces[i];
+      auto add = [&](std::int64_t from, std::int64_t to, std::int64_t len) {
+        copies[i].push_back({from * esz, dst + to * esz, len * esz});
+        covered += len;
+      };
+      if (ckpt_detail::same_part(p.place, t.place)) {  // the layout did not change: one range
+        const std::int64_t lo = std::max(p.place.begin, t0), hi = std::min(p.place.begin + p.numel, t0 + n);
+        if (lo < hi) add(lo - p.place.begin, lo - t0, hi - lo);
+      } else {
+        ckpt_detail::for_each_overlap(PartGeometry::of(p.place), p.place.begin, p.numel, T, t0, n, add);
+      }
+    }
+    RT_CHECK(covered == n, "checkpoint '", ix.path, "': tensor '", t.name, "': its pieces hold ", covered, " of the ",
+             n, " elements this rank restores");
+    t.found = true;
+  }
+
+  // Piece by piece in file order; ranges adjacent in the file and in memory become one read.
+  CheckpointReadStats st;
+  Files files(ix);
+  for (std::size_t i = 0; i < ix.pieces.size(); ++i) {
+    auto& cs = copies[i];
+    if (cs.empty()) continue;
+    const StoredPiece& p = ix.pieces[i];
+    const std::string what = piece_where(ix, p);
+    if (p.offset < 0) {
+      const Tensor whole = read_through_hdf5(ix, p, what);
+      ++st.reads;
+      for (const Copy& c : cs) {
+        std::memcpy(c.dst, static_cast<const char*>(whole.raw()) + c.src, static_cast<std::size_t>(c.bytes));
+        st.restored_bytes += static_cast<std::size_t>(c.bytes);
+      }
+      continue;
+    }
+    std::sort(cs.begin(), cs.end(), [](const Copy& a, const Copy& b) { return a.src < b.src; });
+    for (std::size_t j = 0; j < cs.size();) {
+      Copy c = cs[j++];
+      while (j < cs.size() && cs[j].src == c.src + c.bytes && cs[j].dst == c.dst + c.bytes) c.bytes += cs[j++].bytes;
+      files.read(p.file, p.offset + c.src, c.dst, static_cast<std::size_t>(c.bytes), what);
+      ++st.reads;
+      st.restored_bytes += static_cast<std::size_t>(c.bytes);
+    }
+  }
+  return st;
+}
+
+}  // namespace ringtrain
