@@ -348,22 +348,15 @@ std::string toml_float(double v) {
 
 }  // namespace
 
-std::string TrainConfig::to_toml(bool legacy_floats) const {
+std::string TrainConfig::to_toml() const {
   TrainConfig copy = *this;
   std::ostringstream os;
   std::string section;
   for (const auto& f : fields()) {
     std::string key = f.key;
-    // Fingerprints hash this text: a key that does not shape the trajectory and came later is left
-    // out, so that changing it keeps --resume auto and checkpoints of earlier versions still match.
-    if (legacy_floats && (key == "comm.straggler_factor" || key == "checkpoint.async" ||
-                          key == "checkpoint.parallel" || key == "comm.tree_threshold" ||
-                          key == "comm.segment_bytes" || key == "comm.cache_capacity" ||
-                          key == "comm.timeline_all_ranks"))
-      continue;
     auto dot = key.find('.');
     if (key.substr(0, dot) != section) {
-      if (section == "model") os << layers_to_toml(copy.model.layers, legacy_floats);  // after [model]'s keys
+      if (section == "model") os << layers_to_toml(copy.model.layers);  // after [model]'s keys
       section = key.substr(0, dot);
       os << (os.tellp() > 0 ? "\n" : "") << '[' << section << "]\n";
     }
@@ -373,10 +366,7 @@ std::string TrainConfig::to_toml(bool legacy_floats) const {
           using T = std::remove_pointer_t<decltype(p)>;
           if constexpr (std::is_same_v<T, std::string>) os << toml::value<std::string>(*p);
           else if constexpr (std::is_same_v<T, bool>) os << (*p ? "true" : "false");
-          else if constexpr (std::is_floating_point_v<T>) {
-            if (legacy_floats) os << toml::value<double>(*p);
-            else os << toml_float(*p);
-          }
+          else if constexpr (std::is_floating_point_v<T>) os << toml_float(*p);
           else os << *p;
         },
         f.get(copy));

@@ -48,12 +48,7 @@ LayerDesc parse_entry(const toml::node& n, const std::string& where, const std::
   return d;
 }
 
-std::string float_text(double v, bool legacy) {
-  if (legacy) {
-    std::ostringstream os;
-    os << toml::value<double>(v);
-    return os.str();
-  }
+std::string float_text(double v) {
   char buf[64];
   auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v, std::chars_format::general);
   std::string s(buf, ec == std::errc() ? end : buf);
@@ -61,34 +56,34 @@ std::string float_text(double v, bool legacy) {
   return s;
 }
 
-std::string value_text(const LayerDesc::Value& v, bool legacy) {
+std::string value_text(const LayerDesc::Value& v) {
   std::ostringstream os;
   std::visit(
       [&](const auto& x) {
         using T = std::decay_t<decltype(x)>;
         if constexpr (std::is_same_v<T, std::string>) os << toml::value<std::string>(x);
         else if constexpr (std::is_same_v<T, bool>) os << (x ? "true" : "false");
-        else if constexpr (std::is_same_v<T, double>) os << float_text(x, legacy);
+        else if constexpr (std::is_same_v<T, double>) os << float_text(x);
         else os << x;
       },
       v);
   return os.str();
 }
 
-std::string inline_list(const std::vector<LayerDesc>& l, bool legacy);
+std::string inline_list(const std::vector<LayerDesc>& l);
 
 // key = value pairs of one entry, `sep` between them.
-std::string body(const LayerDesc& d, const char* sep, bool legacy) {
-  std::string s = "type = " + value_text(d.type, legacy);
-  for (const auto& [k, v] : d.options) s += sep + k + " = " + value_text(v, legacy);
-  if (!d.layers.empty()) s += std::string(sep) + "layers = " + inline_list(d.layers, legacy);
-  if (!d.shortcut.empty()) s += std::string(sep) + "shortcut = " + inline_list(d.shortcut, legacy);
+std::string body(const LayerDesc& d, const char* sep) {
+  std::string s = "type = " + value_text(d.type);
+  for (const auto& [k, v] : d.options) s += sep + k + " = " + value_text(v);
+  if (!d.layers.empty()) s += std::string(sep) + "layers = " + inline_list(d.layers);
+  if (!d.shortcut.empty()) s += std::string(sep) + "shortcut = " + inline_list(d.shortcut);
   return s;
 }
 
-std::string inline_list(const std::vector<LayerDesc>& l, bool legacy) {
+std::string inline_list(const std::vector<LayerDesc>& l) {
   std::string s = "[";
-  for (std::size_t i = 0; i < l.size(); ++i) s += (i ? ", { " : "{ ") + body(l[i], ", ", legacy) + " }";
+  for (std::size_t i = 0; i < l.size(); ++i) s += (i ? ", { " : "{ ") + body(l[i], ", ") + " }";
   return s + "]";
 }
 
@@ -98,9 +93,9 @@ std::vector<LayerDesc> parse_layers_toml(const toml::node& node, const std::stri
   return parse_list(node, "model.layers", file);
 }
 
-std::string layers_to_toml(const std::vector<LayerDesc>& layers, bool legacy_floats) {
+std::string layers_to_toml(const std::vector<LayerDesc>& layers) {
   std::string s;
-  for (const auto& d : layers) s += "\n[[model.layers]]\n" + body(d, "\n", legacy_floats) + "\n";
+  for (const auto& d : layers) s += "\n[[model.layers]]\n" + body(d, "\n") + "\n";
   return s;
 }
 

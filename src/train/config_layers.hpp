@@ -12,6 +12,6 @@ namespace ringtrain {
 // `node` is the value of model.layers; errors name the file, model.layers[i] and the key.
 std::vector<LayerDesc> parse_layers_toml(const toml::node& node, const std::string& file);
 // The list as [[model.layers]] tables (nested lists as inline tables); "" when empty.
-std::string layers_to_toml(const std::vector<LayerDesc>& layers, bool legacy_floats);
+std::string layers_to_toml(const std::vector<LayerDesc>& layers);
 
 }  // namespace ringtrain

@@ -119,11 +119,8 @@ struct TrainConfig {
   // Pipeline micro-batches per batch: parallel.micro_batches, else parallel.pipeline.
   int pipeline_micro_batches() const { return parallel.micro_batches > 0 ? parallel.micro_batches : parallel.pipeline; }
   // The whole configuration as TOML text (stored in checkpoints, printed by --print-config).
-  // Floats in their shortest round-trip form (0.05). `legacy_floats`: as
-  // before 2026-11-24 (0.050000000000000003), only for run fingerprints, so
-  // that `--resume auto` still finds checkpoints written by earlier versions;
-  // it also leaves out comm.straggler_factor (reporting only, added later).
-  std::string to_toml(bool legacy_floats = false) const;
+  // Floats in their shortest round-trip form (0.05).
+  std::string to_toml() const;
   // Keys, for help text.
   static std::vector<std::string> keys();
 };
