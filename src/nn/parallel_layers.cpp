@@ -164,8 +164,7 @@ std::int64_t RowParallel::inner(const Tensor& z) const { return after_.images ? 
 Tensor RowParallel::do_forward(const Tensor& x, Mode mode) {
   Tensor partial = local_->forward(x, mode);
   ensure(z_, partial.shape(), partial.dtype(), partial.device());
-  z_.copy_from(partial);
-  tp_all_reduce(z_, g_);  // g: sum the partial products
+  tp_all_reduce(partial, z_, g_);  // g: sum the partial products
   if (after_.bias) be_->add_broadcast(z_, b, inner(z_), z_);
   if (after_.relu) relu_->forward(z_, z_);
   if (!after_.pool) return z_;

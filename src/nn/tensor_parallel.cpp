@@ -66,15 +66,22 @@ class TpTimer {
 }  // namespace
 
 // ---- operators ----------------------------------------------------------------
-void tp_all_reduce(Tensor& t, const TensorGroup& g) {
-  if (g.size == 1) return;
-  TpTimer timer(g, t.nbytes());
+void tp_all_reduce(Tensor& t, const TensorGroup& g) { tp_all_reduce(t, t, g); }
+
+void tp_all_reduce(const Tensor& in, Tensor& out, const TensorGroup& g) {
+  RT_CHECK(in.numel() == out.numel() && in.dtype() == out.dtype() && in.device() == out.device(),
+           "tensor-parallel all-reduce: ", shape_str(in.shape()), " into ", shape_str(out.shape()));
+  if (g.size == 1) {
+    if (in.raw() != out.raw()) out.copy_from(in);
+    return;
+  }
+  TpTimer timer(g, in.nbytes());
   CollectiveOptions o;
-  o.device = t.device();  // device buffers go through the device collectives (comm/collectives.hpp),
+  o.device = in.device();  // device buffers go through the device collectives (comm/collectives.hpp),
   // which read them on their own stream once the kernels that wrote them have finished, and
   // return with the result complete.
-  if (!t.device().is_cpu()) backend_for(t.device()).synchronize();
-  allreduce(t.raw(), t.raw(), std::size_t(t.numel()), t.dtype(), ReduceOp::sum, g.comm, o);
+  if (!in.device().is_cpu()) backend_for(in.device()).synchronize();
+  allreduce(in.raw(), out.raw(), std::size_t(in.numel()), in.dtype(), ReduceOp::sum, g.comm, o);
 }
 
 ShardSpec make_shard(const Shape& global, int dim, int parts, int index, int blocks) {

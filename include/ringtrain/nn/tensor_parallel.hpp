@@ -37,6 +37,8 @@ namespace ringtrain {
 // f's backward and g's forward: the sum over the group, in place (f's forward
 // and g's backward are the identity).
 void tp_all_reduce(Tensor& t, const TensorGroup& g);
+// out = the sum over the group of `in` (out may be `in`; same shape): no copy before the reduction.
+void tp_all_reduce(const Tensor& in, Tensor& out, const TensorGroup& g);
 
 // ---- shards of whole tensors (host) ----
 // This rank's part of `whole` as `s` describes it (s.global == whole.shape()).

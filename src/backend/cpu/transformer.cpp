@@ -345,10 +345,22 @@ void sum_broadcast(const Tensor& dy, std::int64_t inner, Tensor& db, bool accumu
     for (std::int64_t r = 0; r < outer; ++r) add_into(o, g + r * m, m);
     return;
   }
+  // Per image plane a float sum in 16 lanes (vectorised; a plane holds at most a few
+  // thousand elements), the planes of a channel added in double. A serial double sum
+  // is bound by the adder's latency: 1 ms a step for a 64-channel 14x14 layer at batch 64.
+  auto plane_sum = [](const float* p, std::int64_t n) {
+    float lane[16] = {};
+    std::int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+      for (int l = 0; l < 16; ++l) lane[l] += p[i + l];
+    float s = 0;
+    for (float v : lane) s += v;
+    for (; i < n; ++i) s += p[i];
+    return s;
+  };
   for (std::int64_t c = 0; c < m; ++c) {
     double s = 0;
-    for (std::int64_t n = 0; n < outer; ++n)
-      for (std::int64_t k = 0; k < inner; ++k) s += g[(n * m + c) * inner + k];
+    for (std::int64_t n = 0; n < outer; ++n) s += plane_sum(g + (n * m + c) * inner, inner);
     o[c] = static_cast<float>(accumulate ? o[c] + s : s);
   }
 }
