@@ -23,7 +23,7 @@ Primitives::~Primitives() {
 std::size_t Primitives::scratch_bytes(const Config& cfg) {
   std::size_t es = dtype_size(cfg.dtype);
   std::size_t seg = std::max<std::size_t>(1, cfg.segment_bytes / es) * es;
-  return 2 * static_cast<std::size_t>(cfg.window) * ((seg + 63) / 64 * 64);
+  return static_cast<std::size_t>(cfg.window) * ((seg + 63) / 64 * 64);
 }
 
 std::size_t Primitives::seg_len(std::size_t n, std::size_t k) const {
@@ -102,8 +102,15 @@ std::size_t Primitives::post_recv_window(int from, std::size_t n) {
   return w;
 }
 
-void Primitives::recv_reduce(int from, int to, const void* local, void* dst, std::size_t n, int divisor,
-                             bool keep) {
+void Primitives::reserve_blocks(std::size_t n) {
+  RT_ASSERT(pending_.empty());  // no send may still read the blocks this replaces
+  const std::size_t bytes = (n * esize_ + 63) / 64 * 64;
+  if (bytes <= block_bytes_) return;
+  blocks_.reset(new char[2 * bytes]);
+  block_bytes_ = bytes;
+}
+
+void Primitives::recv_reduce(int from, int to, const void* local, void* dst, std::size_t n, int divisor) {
   if (n == 0) return;
   const char* l = static_cast<const char*>(local);
   char* d = static_cast<char*>(dst);
@@ -112,7 +119,7 @@ void Primitives::recv_reduce(int from, int to, const void* local, void* dst, std
   for (std::size_t k = 0; k < ns; ++k) {
     std::size_t len = seg_len(n, k), off = k * seg_elems_ * esize_;
     t_.wait(recvs_[k % cfg_.window]);
-    char* out = keep ? d + off : out_slot(k);
+    char* out = d + off;
     guard_write(out, len * esize_);
     r_.reduce(out, in_slot(k), l + off, len, cfg_.dtype, cfg_.op, divisor);
     // The slot is free again: the receive `window` segments ahead goes into it.
@@ -125,17 +132,13 @@ void Primitives::recv_reduce(int from, int to, const void* local, void* dst, std
   if (to < 0) r_.flush();
 }
 
-void Primitives::recv_reduce_send(int from, int to, const void* local, std::size_t n) {
-  recv_reduce(from, to, local, nullptr, n, 1, false);
-}
-
 void Primitives::recv_reduce_copy(int from, const void* local, void* dst, std::size_t n, int divisor) {
-  recv_reduce(from, -1, local, dst, n, divisor, true);
+  recv_reduce(from, -1, local, dst, n, divisor);
 }
 
 void Primitives::recv_reduce_copy_send(int from, int to, const void* local, void* dst, std::size_t n,
                                        int divisor) {
-  recv_reduce(from, to, local, dst, n, divisor, true);
+  recv_reduce(from, to, local, dst, n, divisor);
 }
 
 void Primitives::exchange_reduce(int peer, const void* local, void* dst, std::size_t n, int divisor) {

@@ -61,8 +61,9 @@ void ring_reduce_scatter(Primitives& P, const void* in, void* out, const std::ve
     return;
   }
   int next = mod(r + 1, p), prev = mod(r - 1, p);
+  if (p > 2) P.reserve_blocks(*std::max_element(counts.begin(), counts.end()));
   P.send(next, I(r - 1), n(r - 1));
-  for (int s = 1; s < p - 1; ++s) P.recv_reduce_send(prev, next, I(r - 1 - s), n(r - 1 - s));
+  for (int s = 1; s < p - 1; ++s) P.recv_reduce_copy_send(prev, next, I(r - 1 - s), P.block(s), n(r - 1 - s));
   P.recv_reduce_copy(prev, I(r), out, n(r), divisor);
   P.finish();
 }

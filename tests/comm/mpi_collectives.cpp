@@ -128,6 +128,29 @@ TEST(ReduceScatter, MatchesTheReductionOfEachBlock) {
             }
 }
 
+// Blocks of megabytes: many segments per block, beyond the transport's eager
+// limit (every send waits for its receive), as ZeRO's and sequence
+// parallelism's reduce-scatters are.
+TEST(ReduceScatter, LargeBlocksOfManySegments) {
+  auto comm = Communicator::world();
+  int p = comm.size(), r = comm.rank();
+  for (Algorithm a : kAlgos)
+    for (std::size_t per : {std::size_t{200000}, std::size_t{802816}}) {
+      std::vector<std::size_t> counts(p, per);
+      const std::size_t total = per * p;
+      auto in = make_data(DType::f32, total, r, 7);
+      Expected e = reference_allreduce(in.data(), total, DType::f32, ReduceOp::sum, MPI_COMM_WORLD);
+      if (!e.value.empty()) {
+        e.value.erase(e.value.begin(), e.value.begin() + per * r);
+        e.abs_sum.erase(e.abs_sum.begin(), e.abs_sum.begin() + per * r);
+      }
+      std::vector<unsigned char> out(per * 4 + 1, 0xEE);
+      const auto what = label("reduce_scatter", a, DType::f32, total, 0);
+      reduce_scatter(in.data(), out.data(), counts, DType::f32, ReduceOp::sum, comm, {a});
+      expect_matches(out.data(), e, per, DType::f32, ReduceOp::sum, p, what.c_str());
+    }
+}
+
 TEST(Broadcast, ThenAllreduceLeavesEveryRankIdentical) {
   // Parameters broadcast from rank 0, then averaged gradients: the usual start-up.
   auto comm = Communicator::world();

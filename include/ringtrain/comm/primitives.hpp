@@ -1,6 +1,6 @@
 #pragma once
 // Point-to-point primitives that every collective algorithm is written over
-// (NCCL style: send, recv, recvReduceSend, recvReduceCopy(Send), recvCopySend).
+// (NCCL style: send, recv, recvReduceCopy(Send), recvCopySend).
 // The algorithm (ring, tree, chain) lives in comm/algorithms.hpp; what moves the
 // bytes (Transport) and what combines them (Reducer) are supplied by a backend:
 //   host:   MpiTransport (MPI_Isend/Irecv) + CpuReducer (comm/host_backend.hpp)
@@ -22,6 +22,7 @@
 //    algorithm), so every rank must issue the same sequence of primitives.
 #include <cstddef>
 #include <array>
+#include <memory>
 #include <cstdint>
 #include <vector>
 
@@ -105,8 +106,13 @@ class Primitives {
   // All counts are in elements of cfg.dtype; pointers are element data. n == 0 is a no-op.
   void send(int to, const void* src, std::size_t n);
   void recv(int from, void* dst, std::size_t n);
-  // Forward op(incoming, local) to `to` without keeping it (reduce-scatter's middle steps).
-  void recv_reduce_send(int from, int to, const void* local, std::size_t n);
+  // Two blocks of up to n elements each, owned by this object and freed only after its sends
+  // complete: the reduce-scatter's middle steps reduce into them, alternately, and forward.
+  // (Reusing the segment slots instead made a rank wait, within a step, until its successor
+  // had reached the next step; at 3+ ranks every rank did, a cycle, once a block exceeded the
+  // window and the transport's eager limit.) Call before the first block().
+  void reserve_blocks(std::size_t n);
+  char* block(int i) const { return blocks_.get() + (i % 2) * block_bytes_; }
   // dst = op(incoming, local) [/ divisor].
   void recv_reduce_copy(int from, const void* local, void* dst, std::size_t n, int divisor = 1);
   // dst = op(incoming, local) [/ divisor], and forward dst to `to`.
@@ -132,16 +138,13 @@ class Primitives {
   std::size_t num_segs(std::size_t n) const { return (n + seg_elems_ - 1) / seg_elems_; }
   std::size_t seg_len(std::size_t n, std::size_t k) const;
   char* in_slot(std::size_t k) const { return scratch_ + (k % cfg_.window) * slot_bytes_; }
-  char* out_slot(std::size_t k) const {
-    return scratch_ + (cfg_.window + k % cfg_.window) * slot_bytes_;
-  }
   // Completes pending sends that read [p, p + bytes).
   void guard_write(const void* p, std::size_t bytes);
   void post_send(int to, const void* p, std::size_t bytes);
   template <typename F>
   void recv_direct(int from, char* d, std::size_t n, F&& landed);
   // Shared loop of the recv-reduce-* primitives.
-  void recv_reduce(int from, int to, const void* local, void* dst, std::size_t n, int divisor, bool keep);
+  void recv_reduce(int from, int to, const void* local, void* dst, std::size_t n, int divisor);
   std::size_t post_recv_window(int from, std::size_t n);
 
   Transport& t_;
@@ -150,7 +153,9 @@ class Primitives {
   int rank_, size_;
   std::size_t esize_, seg_elems_, slot_bytes_;
   char* scratch_;
-  std::vector<Pending> pending_;
+  std::unique_ptr<char[]> blocks_;
+  std::size_t block_bytes_ = 0;
+  std::vector<Pending> pending_;  // declared after blocks_: destroyed (waited for) first
   std::array<Request, kMaxAhead> recvs_;
 };
 
