@@ -25,6 +25,7 @@
 
 #include "ringtrain/comm/communicator.hpp"
 #include "ringtrain/core/allocator.hpp"
+#include "ringtrain/core/device_module.hpp"
 
 namespace {
 
@@ -128,6 +129,13 @@ int main(int argc, char** argv) {
   testing::InitGoogleTest(&argc, argv);
   int rank = world_rank();
 
+  if (gpu) {  // the CUDA module (linked by tests/gpu; loaded here for any other --rt-gpu program)
+    try {
+      ringtrain::load_device_module(ringtrain::DeviceKind::cuda);
+    } catch (const std::exception& e) {
+      if (rank == 0) std::printf("%s\n", e.what());
+    }
+  }
   if (gpu && !ringtrain::has_allocator(ringtrain::DeviceKind::cuda)) {
     if (rank == 0)
       std::printf("SKIPPED: no CUDA device is present (or ringtrain was built without CUDA); "
