@@ -44,10 +44,10 @@ void load_cuda(State& s) {
       tried += cat("\n  ", path, ": no such file");
       continue;
     }
-    // RTLD_GLOBAL: the module's CUDA symbols stay visible to anything loaded later.
-    if ((s.handle = dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL))) return;
+    if ((s.handle = dlopen(path.c_str(), RTLD_NOW))) return;
     const char* e = dlerror();
     tried += cat("\n  ", path, ": ", e ? e : "unknown dlopen error");
+    break;  // the first module found is the one meant: never fall back to another install's
   }
   s.error = cat("cannot load the CUDA backend module ", kCudaModule, "; tried:", tried,
                 "\nHINT: install or copy ", kCudaModule, " beside libringtrain_core.so with the CUDA libraries "
@@ -71,13 +71,6 @@ void load_device_module(DeviceKind kind) {
   State& s = cuda_state();
   std::call_once(s.once, [&] { load_cuda(s); });
   RT_CHECK(s.error.empty(), s.error);
-}
-
-bool device_module_loaded(DeviceKind kind) {
-  if (kind == DeviceKind::cpu) return true;
-  if (cuda_state().handle) return true;
-  void* h = dlopen(kCudaModule, RTLD_NOW | RTLD_NOLOAD);
-  return h != nullptr;  // (the handle is kept: a NOLOAD reference costs nothing)
 }
 
 bool device_driver_present(DeviceKind kind) {

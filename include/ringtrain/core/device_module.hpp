@@ -9,7 +9,9 @@
 //
 // Where it is looked for, in order: the folder of the ringtrain library that
 // holds this code (the build tree, or lib/ of an installed tree, moved or
-// not), then the install prefix's lib/ it was configured with.
+// not), then the install prefix's lib/ it was configured with. The first file
+// found is loaded; if that fails, the error says why (no other is tried).
+// A program that links the module (tests/gpu) has it loaded already.
 #include <string>
 #include <vector>
 
@@ -21,10 +23,6 @@ namespace ringtrain {
 // Error naming every path tried with the loader's dlerror() text (e.g. which
 // libcudnn.so is missing); later calls throw the same error without retrying.
 void load_device_module(DeviceKind kind);
-
-// True when the module of `kind` is loaded (by load_device_module or because
-// the program links it, as the GPU tests do).
-bool device_module_loaded(DeviceKind kind);
 
 // The paths load_device_module(kind) tries, in order.
 std::vector<std::string> device_module_paths(DeviceKind kind);
