@@ -1,14 +1,14 @@
 # `make install PREFIX=DIR` (cmake --install). The tree has no path into the
 # build tree, so it can be moved: the package config finds itself relative to
-# its own location, and binaries keep only RUNPATHs outside the build tree
-# (the CUDA toolkit's lib64 when built with CUDA).
-include(GNUInstallDirs)
+# its own location, and binaries keep only $ORIGIN-relative RUNPATHs to the
+# ringtrain libraries plus those outside the build tree (the CUDA toolkit's
+# lib64 for the CUDA module).
 include(CMakePackageConfigHelpers)
 
-set(CMAKE_INSTALL_RPATH_USE_LINK_PATH ON)
-set_target_properties(ringtrain PROPERTIES INSTALL_RPATH_USE_LINK_PATH ON)
-
 get_property(rt_targets GLOBAL PROPERTY RINGTRAIN_INSTALL_TARGETS)
+set_target_properties(${rt_targets} PROPERTIES INSTALL_RPATH "$ORIGIN" INSTALL_RPATH_USE_LINK_PATH ON)
+set_target_properties(ringtrain PROPERTIES INSTALL_RPATH "$ORIGIN/../${CMAKE_INSTALL_LIBDIR}"
+                                           INSTALL_RPATH_USE_LINK_PATH ON)
 set_target_properties(ringtrain_all PROPERTIES EXPORT_NAME ringtrain)
 install(TARGETS ${rt_targets} ringtrain_all EXPORT ringtrainTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
@@ -31,29 +31,21 @@ install(FILES ${CMAKE_BINARY_DIR}/ringtrainConfig.cmake ${CMAKE_BINARY_DIR}/ring
               ${CMAKE_CURRENT_LIST_DIR}/RingtrainFindDeps.cmake
         DESTINATION ${RT_CMAKE_DIR})
 
-# pkg-config: static libraries in link order, then what they need.
-set(RT_PC_LIBS "")
+# pkg-config: the libraries in link order (a RUNPATH to them, as the CMake
+# package gives), then what they need. Not the CUDA module: it is loaded at run time.
+set(RT_PC_LIBS "-Wl,-rpath,\${libdir}")
 foreach(l cli train parallel data optim engine nn comm core)
   if(TARGET ringtrain_${l})
     get_target_property(type ringtrain_${l} TYPE)
-    if(type STREQUAL "STATIC_LIBRARY")
+    if(NOT type STREQUAL "INTERFACE_LIBRARY")
       string(APPEND RT_PC_LIBS " -lringtrain_${l}")
     endif()
   endif()
 endforeach()
-if(RINGTRAIN_HAVE_CUDA)  # the backend registers itself from a static initialiser: keep it whole
-  set(RT_PC_LIBS "-Wl,--whole-archive -lringtrain_cuda -Wl,--no-whole-archive${RT_PC_LIBS}")
-endif()
 set(RT_PC_PRIVATE "")
 foreach(lib ${DNNL_LIBRARY} ${BLAS_LIBRARIES} ${HDF5_C_LIBRARIES})
   string(APPEND RT_PC_PRIVATE " ${lib}")
 endforeach()
-if(RINGTRAIN_HAVE_CUDA)
-  string(APPEND RT_PC_PRIVATE " -L${CUDAToolkit_LIBRARY_DIR} -Wl,-rpath,${CUDAToolkit_LIBRARY_DIR} -lcudart -lcublas")
-  if(CUDNN_LIBRARY)
-    string(APPEND RT_PC_PRIVATE " ${CUDNN_LIBRARY}")
-  endif()
-endif()
 # The prefix relative to the .pc file, so that a moved tree still works.
 file(RELATIVE_PATH RT_PC_UP /prefix/${CMAKE_INSTALL_LIBDIR}/pkgconfig /prefix)
 configure_file(${CMAKE_CURRENT_LIST_DIR}/ringtrain.pc.in ${CMAKE_BINARY_DIR}/ringtrain.pc @ONLY)

@@ -11,7 +11,9 @@ function(ringtrain_arch_sources var)
 endfunction()
 
 # ringtrain_library(<name> [DIRS dir...] DEPS dep...)
-# A static library ringtrain_<name> from every .cpp under src/<name> (or DIRS).
+# A shared library ringtrain_<name> from every .cpp under src/<name> (or DIRS).
+# Shared, so that the CUDA module loaded at run time (cuda/) binds to the same
+# single copy of the registries and singletons as the program that loads it.
 function(ringtrain_library name)
   cmake_parse_arguments(ARG "" "" "DIRS;DEPS" ${ARGN})
   if(NOT ARG_DIRS)
@@ -24,7 +26,7 @@ function(ringtrain_library name)
   endforeach()
   ringtrain_arch_sources(sources)
   if(sources)
-    add_library(ringtrain_${name} STATIC ${sources})
+    add_library(ringtrain_${name} SHARED ${sources})
     target_include_directories(ringtrain_${name} PUBLIC $<BUILD_INTERFACE:${CMAKE_SOURCE_DIR}/include>
                                                         $<INSTALL_INTERFACE:include>)
     target_link_libraries(ringtrain_${name} PUBLIC ${ARG_DEPS})

@@ -1,10 +1,12 @@
 // The CUDA backend's registration unit — the one place that decides at run
-// time what CUDA provides. If a CUDA device is present at start-up, it
-// registers for DeviceKind::cuda: the caching device allocator, the
-// cuDNN/cuBLAS backend, the device collectives and the trainer's device
-// runtime. Without a GPU nothing is registered and everything CUDA reports
-// "not available" through the registries. Open MPI's CUDA extension is queried
-// here (an #ifdef is allowed only in this unit).
+// time what CUDA provides. Its initialiser runs when the module
+// libringtrain_cuda.so is loaded (by core/device_module.cpp on a job's first
+// CUDA request, or at start-up by a program that links it). If a CUDA device
+// is present, it registers for DeviceKind::cuda: the caching device
+// allocator, the cuDNN/cuBLAS backend, the device collectives and the
+// trainer's device runtime. Without a GPU nothing is registered and everything
+// CUDA reports "not available" through the registries. Open MPI's CUDA
+// extension is queried here (an #ifdef is allowed only in this unit).
 #include <cuda_runtime.h>
 #include <mpi.h>
 #if __has_include(<mpi-ext.h>)
@@ -37,7 +39,7 @@ bool register_cuda() {
   auto a = std::make_unique<CachingDeviceAllocator>();
   g_allocator = a.get();
   register_allocator(DeviceKind::cuda, std::move(a));
-  // A static initialiser must not throw: a bad RINGTRAIN_CUDNN_* falls back to
+  // An initialiser must not throw: a bad RINGTRAIN_CUDNN_* falls back to
   // the defaults with a message (the CLI validates it again and fails properly).
   BackendOptions opt;
   try {

@@ -1,6 +1,7 @@
 // Where a device backend registers its collectives (see collectives.hpp):
-// one slot per DeviceKind, filled at static initialisation by the backend.
+// one slot per DeviceKind, filled by the backend's module when it loads.
 #include "ringtrain/comm/collectives.hpp"
+#include "ringtrain/core/device_module.hpp"
 #include "ringtrain/core/error.hpp"
 #include "ringtrain/core/kind_registry.hpp"
 
@@ -19,6 +20,7 @@ void register_device_collectives(DeviceKind kind, DeviceCollectiveFns fns) {
 }
 
 const DeviceCollectiveFns& device_collectives(Device dev, const char* what) {
+  if (!dev.is_cpu() && !registry().has(dev.kind)) load_device_module(dev.kind);
   const DeviceCollectiveFns* f = registry().get(dev.kind);
   RT_CHECK(f && f->allreduce && f->broadcast, what, ": buffers on ", dev.str(),
            " need the device collectives of the CUDA backend, which this process does not have "

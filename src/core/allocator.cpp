@@ -7,6 +7,7 @@
 #include <mutex>
 #include <new>
 
+#include "ringtrain/core/device_module.hpp"
 #include "ringtrain/core/error.hpp"
 
 namespace ringtrain {
@@ -72,6 +73,8 @@ bool has_allocator(DeviceKind kind) {
 }
 
 Allocator& allocator_for(DeviceKind kind) {
+  // Not under the lock: the module registers its allocator while it loads.
+  if (!has_allocator(kind)) load_device_module(kind);
   auto& r = registry();
   std::lock_guard lk(r.mu);
   auto& a = r.by_kind[static_cast<int>(kind)];

@@ -1,7 +1,8 @@
 // The registry of backends: one entry per device kind. The CPU backend is built
-// into ringtrain_nn and created on first use (a static initialiser in a static
-// library could be dropped by the linker); others call register_backend().
+// into ringtrain_nn and created on first use; others call register_backend()
+// from their module, which backend_for() loads on first demand (device_module.hpp).
 #include "../backend/cpu/cpu_backend.hpp"
+#include "ringtrain/core/device_module.hpp"
 #include "ringtrain/core/kind_registry.hpp"
 #include "ringtrain/nn/backend.hpp"
 
@@ -25,6 +26,7 @@ void register_backend(DeviceKind kind, std::unique_ptr<Backend> b) {
 bool has_backend(DeviceKind kind) { return kind == DeviceKind::cpu || registry().has(kind); }
 
 Backend& backend_for(DeviceKind kind) {
+  if (kind != DeviceKind::cpu && !registry().has(kind)) load_device_module(kind);
   Backend* b = registry().get(kind, kind == DeviceKind::cpu ? &make_cpu_backend : nullptr);
   RT_CHECK(b != nullptr, "no compute backend for device kind '", kind_name(kind),
            "' (HINT: this build has no CUDA backend; rebuild with -DRINGTRAIN_CUDA=ON or use --device cpu)");

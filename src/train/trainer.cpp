@@ -22,6 +22,7 @@
 #include "ringtrain/optim/loss_scale.hpp"
 #include "ringtrain/optim/optimizer.hpp"
 #include "ringtrain/optim/schedule.hpp"
+#include "ringtrain/core/device_module.hpp"
 #include "ringtrain/train/checkpoint.hpp"
 #include "ringtrain/train/signals.hpp"
 #include "ringtrain/train/state.hpp"
@@ -37,8 +38,19 @@ double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock:
 
 // One device kind for the whole job: "auto" takes CUDA only if every rank has
 // a GPU; "cuda" without one is an error on every rank. Each rank then binds to
-// its GPU by node-local rank before any other CUDA work.
+// its GPU by node-local rank before any other CUDA work. The CUDA module is
+// loaded only for "cuda", or for "auto" where an NVIDIA driver is present: a
+// CPU rank never maps the GPU libraries (core/device_module.hpp).
 Device choose_device(const TrainConfig& cfg, const Communicator& world) {
+  if (cfg.train.device == "cuda") {
+    run_agreed(world, "loading the CUDA backend", [] { load_device_module(DeviceKind::cuda); });
+  } else if (cfg.train.device == "auto" && device_driver_present(DeviceKind::cuda)) {
+    try {
+      load_device_module(DeviceKind::cuda);
+    } catch (const Error& e) {
+      log::warn("train.device = auto: an NVIDIA driver is present but ", e.what(), "; training on the CPU");
+    }
+  }
   int have = has_device_runtime(DeviceKind::cuda) ? 1 : 0;
   allreduce(&have, &have, 1, DType::i32, ReduceOp::min, world);
   run_agreed(world, "choosing the device", [&] {

@@ -5,7 +5,8 @@
 #   tests/gpu/run_on_gpu_host.sh bundle [--build DIR] [--with-cuda-libs] [--with-data] [--archive]
 #       (here, after building DIR, default build-cuda) copies the binaries
 #       (ringtrain, test_gpu_*, bench_gpu_*, plus test_comm_* as a non-GPU MPI
-#       smoke test) and every shared library they and Open MPI's plugins load
+#       smoke test), the CUDA module libringtrain_cuda.so (beside the ringtrain
+#       libraries, where ringtrain loads it) and every shared library they and Open MPI's plugins load
 #       into .gpu-bundle/ (libcuda and the NVIDIA driver libraries excluded: the
 #       host has its own driver; glibc excluded: the host's is used). Open MPI
 #       is relocated: mpirun/orted, the plugin dir (openmpi3), help files and
@@ -101,7 +102,11 @@ cmd_bundle() {
   ln -sf orterun "$B/ompi/bin/mpirun"
   ln -sf orterun "$B/ompi/bin/mpiexec"
   cp -L /usr/bin/orted "$B/ompi/bin/orted"
-  copy_deps "$B"/bin/* "$B"/ompi/bin/orterun "$B"/ompi/bin/orted "$rel_lib"/openmpi3/*.so
+  # The CUDA module: ringtrain dlopens it from beside libringtrain_core.so (docs/gpu.md), so it
+  # must lie in lib/ even where no bundled binary links it.
+  [[ -f "$build/libringtrain_cuda.so" ]] || { echo "bundle: no $build/libringtrain_cuda.so (build with CUDA)" >&2; exit 1; }
+  cp -L "$build/libringtrain_cuda.so" "$B/lib/"
+  copy_deps "$B"/bin/* "$B"/lib/libringtrain_cuda.so "$B"/ompi/bin/orterun "$B"/ompi/bin/orted "$rel_lib"/openmpi3/*.so
   # Open MPI opens its own libraries by name from libdir as well.
   for l in "$MPI_LIBDIR"/lib*.so; do cp -L "$l" "$rel_lib/" 2>/dev/null || true; done
   if [[ "$WITH_CUDA" == 1 ]]; then

@@ -2,7 +2,8 @@
 # The installed package, as a user meets it (label install):
 #  1. cmake --install into a temporary prefix, then MOVE the tree elsewhere;
 #  2. no installed file points into the build tree (readelf -d RUNPATH/RPATH,
-#     grep of the CMake package files and the pkg-config file);
+#     grep of the CMake package files and the pkg-config file); the moved
+#     bin/ringtrain finds the CUDA module beside its libraries (when built);
 #  3. examples/train_api configures with find_package(ringtrain) against the
 #     moved tree, builds out of tree, and trains at 1 and 2 ranks: the 2-rank
 #     losses (global batch 32 as 2 x 16) follow the 1-rank run within 1e-4;
@@ -27,7 +28,7 @@ P="$T/moved"
   fail "bin/ringtrain, lib/cmake/ringtrain/ringtrainConfig.cmake or lib/pkgconfig/ringtrain.pc missing"
 
 # 2. Nothing refers to the build tree or to where it was first installed.
-for f in "$P/bin/ringtrain"; do
+for f in "$P/bin/ringtrain" "$P"/lib/libringtrain_*.so; do
   if readelf -d "$f" | grep -E "RPATH|RUNPATH" | grep -qE "$BUILD|$T/first"; then
     fail "$f keeps a RUNPATH into the build tree: $(readelf -d "$f" | grep -E 'RPATH|RUNPATH')"
   fi
@@ -36,6 +37,16 @@ if grep -rlE "$BUILD|$T/first|$SRC/(include|src|cuda)" "$P/lib/cmake" "$P/lib/pk
   fail "the package files above name the build or source tree"
 fi
 "$P/bin/ringtrain" --help > /dev/null || fail "the moved bin/ringtrain does not run"
+# The CUDA module is looked for beside the moved lib/libringtrain_core.so: with it (built with
+# CUDA) a CUDA job gets past loading it (and fails later only for want of a GPU); without it the
+# error names that path.
+out=$("$P/bin/ringtrain" train --model mlp --device cuda --max-steps 1 --checkpoint-dir "$T/ck" 2>&1 || true)
+if [[ -f "$P/lib/libringtrain_cuda.so" ]]; then
+  ! grep -q "cannot load the CUDA backend module" <<< "$out" || fail "the moved install does not load its module: $out"
+else
+  grep -qF "$P/lib/libringtrain_cuda.so: no such file" <<< "$out" || fail "no module, but the error does not name it: $out"
+fi
+echo "CUDA module: $(ls "$P/lib/libringtrain_cuda.so" 2>/dev/null || echo none) -> $(grep -m1 error <<< "$out")"
 
 # 3. The example, out of tree, against the moved package.
 cmake -S "$SRC/examples/train_api" -B "$T/example" -DCMAKE_PREFIX_PATH="$P" -DCMAKE_BUILD_TYPE=Release \

@@ -25,6 +25,7 @@
 
 #include "ringtrain/comm/communicator.hpp"
 #include "ringtrain/core/allocator.hpp"
+#include "ringtrain/core/device_module.hpp"
 
 namespace {
 
@@ -128,6 +129,14 @@ int main(int argc, char** argv) {
   testing::InitGoogleTest(&argc, argv);
   int rank = world_rank();
 
+  if (gpu) {  // the CUDA module, unless the test links it: a GPU host that cannot load it fails
+    try {
+      ringtrain::load_device_module(ringtrain::DeviceKind::cuda);
+    } catch (const std::exception& e) {
+      if (rank == 0) std::printf("%s\n", e.what());
+      if (ringtrain::device_driver_present(ringtrain::DeviceKind::cuda)) return 1;
+    }
+  }
   if (gpu && !ringtrain::has_allocator(ringtrain::DeviceKind::cuda)) {
     if (rank == 0)
       std::printf("SKIPPED: no CUDA device is present (or ringtrain was built without CUDA); "
