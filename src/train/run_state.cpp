@@ -47,6 +47,7 @@ TrainConfig trajectory_keys(const TrainConfig& cfg) {
   c.log = d.log;
   // ZeRO changes where the gradients and optimizer state live, not the update: a run may resume at any stage.
   c.parallel.zero = d.parallel.zero;
+  c.parallel.zero_release = d.parallel.zero_release;
   return c;
 }
 

@@ -116,6 +116,7 @@ void Trainer::Impl::build_model() {
   pc.update.clip_norm = cfg.optimizer.clip_norm;
   pc.update.loss_scaling = mc.math == MathMode::fp16;
   pc.update.zero = cfg.parallel.zero;
+  pc.zero_release = cfg.parallel.zero_release;
   pc.update.zero_collectives = collective_options(cfg);
   pc.skip_allreduce = hooks.skip_allreduce;
   parts = build_parts(*grid, mc, pc, optimizer_config(cfg), device, rt);

@@ -45,6 +45,7 @@ struct GridConfig {
   bool deterministic = false;
   std::int64_t bucket_bytes = 1 << 20;  // comm.bucket_bytes (also ZeRO-2's buckets)
   UpdateConfig update;          // clipping, fp16 loss scaling, ZeRO (update.zero)
+  bool zero_release = true;     // ZeRO-2: give reduced buckets' gradient pages back (parallel.zero_release)
   bool skip_allreduce = false;  // benchmarks: compute alone, gradients not averaged
 };
 
