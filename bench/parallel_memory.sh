@@ -22,7 +22,7 @@ MPI=(mpirun --bind-to none --oversubscribe -x OMP_NUM_THREADS=1)
 mkdir -p "$(dirname "$CSV")"
 first=--header
 : > "$CSV"
-for model in vit resnet; do
+for model in ${MODELS:-vit resnet}; do
   layouts=("1 1 1" "2 2 1" "4 4 1" "2 1 2" "4 1 4" "4 2 2")
   [[ ${ZERO_ONLY:-0} == 1 ]] && layouts=("1 1 1")
   for n in 2 4; do for z in 0 1 2; do layouts+=("$n 1 1 --zero $z --algorithm ring"); done; done
@@ -40,7 +40,7 @@ rows = list(csv.DictReader(open(sys.argv[1])))
 cpu = next((l.split(':', 1)[1].strip() for l in open('/proc/cpuinfo') if l.startswith('model name')), '?')
 print(f"CPU: {cpu}; CSV: {sys.argv[1]}")
 print(f"{'model':7} {'layout':22} {'peak RSS MB':>11} {'x 1 rank':>8} {'params+grads+opt B':>19} {'x 1 rank':>8} {'ideal':>6} {'act MB':>7}")
-for model in ('vit', 'resnet'):
+for model in sorted({r['model'] for r in rows}, reverse=True):
     mine = [r for r in rows if r['model'] == model]
     base = [r for r in mine if r['ranks'] == '1'][0]
     held = lambda r: int(float(r['params_b']) + float(r['grads_b']) + float(r['optimizer_b']))
