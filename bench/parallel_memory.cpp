@@ -4,10 +4,13 @@
 // grid model holds; activations and workspaces are the tensor peak minus
 // those. One layout per process (peak RSS is per process); bench/parallel_memory.sh
 // runs every layout and prints each figure beside its ideal (1 rank / (PP·TP),
-// ZeRO-1's optimizer state / DP).
-//   mpirun -np 4 bench_parallel_memory --model vit --pipeline 2 --tensor 2 [--zero] [--steps 2]
+// ZeRO-1: P + G + O/DP, ZeRO-2: P + (G + O)/DP), and the bytes each rank sends
+// per step through our collectives (counted by the primitives; use --algorithm
+// ring: shm copies are not on a wire) beside the ring all-reduce's 2(N-1)/N·G.
+//   mpirun -np 4 bench_parallel_memory --model vit --pipeline 2 --tensor 2 [--zero 0|1|2] [--steps 2]
 // Prints one CSV row per rank (rank 0 writes them all):
-//   model,ranks,pipeline,tensor,zero,rank,peak_rss_mb,tensor_peak_mb,params_b,grads_b,optimizer_b,activations_b,param_count,model_param_count
+//   model,ranks,pipeline,tensor,zero,rank,peak_rss_mb,tensor_peak_mb,params_b,grads_b,optimizer_b,activations_b,
+//   param_count,model_param_count,grads_in_flight_b,sent_per_step_b
 #include <sys/resource.h>
 
 #include <CLI/CLI.hpp>
@@ -17,6 +20,7 @@
 
 #include "ringtrain/comm/collectives.hpp"
 #include "ringtrain/comm/communicator.hpp"
+#include "ringtrain/comm/primitives.hpp"
 #include "ringtrain/core/allocator.hpp"
 #include "ringtrain/data/prepare.hpp"
 #include "ringtrain/train/trainer.hpp"
@@ -28,12 +32,14 @@ int main(int argc, char** argv) {
   Communicator world = Communicator::world();
   CLI::App app{"per-rank memory of one layout"};
   std::string model = "vit", data = "/tmp/rt-bench-memory", partition = "params";
-  int pipeline = 1, tensor = 1, steps = 2, batch = 32;
-  bool zero = false, header = false;
+  std::string algorithm = "auto";
+  int pipeline = 1, tensor = 1, steps = 2, batch = 32, zero = 0;
+  bool header = false;
   app.add_option("--model", model, "vit (width 512, depth 8, 8 heads) | resnet (ResNet-20 width 16)");
   app.add_option("--pipeline", pipeline);
   app.add_option("--tensor", tensor);
-  app.add_flag("--zero", zero, "parallel.shard_optimizer (ZeRO-1)");
+  app.add_option("--zero", zero, "parallel.zero (0, 1 or 2)");
+  app.add_option("--algorithm", algorithm, "comm.algorithm (ring: every gradient byte is counted on the wire)");
   app.add_option("--partition", partition, "parallel.partition: params balances the stages' parameters");
   app.add_option("--steps", steps);
   app.add_option("--batch", batch, "global batch");
@@ -61,7 +67,8 @@ int main(int argc, char** argv) {
   c.data.train = c.data.test = data;
   c.parallel.pipeline = pipeline;
   c.parallel.tensor = tensor;
-  c.parallel.shard_optimizer = zero;
+  c.parallel.zero = zero;
+  c.comm.algorithm = algorithm;
   c.parallel.partition = partition;
   const int dp = world.size() / (pipeline * tensor);
   c.data.batch_size = batch / dp;
@@ -74,6 +81,11 @@ int main(int argc, char** argv) {
   TrainerHooks h;
   h.report = false;
   h.evaluate = false;
+  // Bytes sent between the end of step 1 and the last step's: whole steps only (no start-up broadcast).
+  std::uint64_t sent_after_1 = 0, sent_last = 0;
+  h.on_step = [&](std::int64_t step, double) {
+    (step == 1 ? sent_after_1 : sent_last) = primitives_bytes_sent();
+  };
   TrainerMemory m;
   {
     Trainer t(c, world, h);
@@ -91,17 +103,19 @@ int main(int argc, char** argv) {
                               static_cast<double>(m.optimizer),
                               std::max(0.0, static_cast<double>(hs.peak) - held),
                               static_cast<double>(m.param_count),
-                              static_cast<double>(m.model_param_count)};
+                              static_cast<double>(m.model_param_count),
+                              static_cast<double>(m.grads_in_flight),
+                              steps > 1 ? static_cast<double>(sent_last - sent_after_1) / (steps - 1) : 0.0};
   std::vector<double> all(mine.size() * world.size());
   allgather(mine.data(), mine.size(), all.data(), DType::f64, world);
   if (world.rank() == 0) {
     if (header)
       std::printf("model,ranks,pipeline,tensor,zero,rank,peak_rss_mb,tensor_peak_mb,params_b,grads_b,optimizer_b,"
-                  "activations_b,param_count,model_param_count\n");
+                  "activations_b,param_count,model_param_count,grads_in_flight_b,sent_per_step_b\n");
     for (int r = 0; r < world.size(); ++r) {
       const double* v = &all[mine.size() * r];
-      std::printf("%s,%d,%d,%d,%d,%d,%.1f,%.1f,%.0f,%.0f,%.0f,%.0f,%.0f,%.0f\n", model.c_str(), world.size(), pipeline,
-                  tensor, zero ? 1 : 0, r, v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]);
+      std::printf("%s,%d,%d,%d,%d,%d,%.1f,%.1f,%.0f,%.0f,%.0f,%.0f,%.0f,%.0f,%.0f,%.0f\n", model.c_str(), world.size(),
+                  pipeline, tensor, zero, r, v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9]);
     }
   }
   return 0;

@@ -15,7 +15,7 @@
 // rank 0 gathering one file; a stall is the slowest rank's, and the ideal of
 // the parallel write is the memcpy of the largest rank's share.
 // Run: build/bench/bench_train_checkpoint_stall [--models vit,resnet] [--device cpu|cuda]
-//      mpirun -np 2 build/bench/bench_train_checkpoint_stall --models vit [--pipeline 2] [--zero]
+//      mpirun -np 2 build/bench/bench_train_checkpoint_stall --models vit [--pipeline 2] [--zero 1|2]
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -42,7 +42,7 @@ namespace {
 struct Options {
   std::string models = "vit,resnet", device = "cpu", data = "/usr/share/datasets/fashion-mnist", dir;
   int batch = 8, every = 10, checkpoints = 4, threads = 1, pipeline = 1, tensor = 1;
-  bool zero = false;
+  int zero = 0;  // parallel.zero
 };
 
 struct Run {
@@ -82,7 +82,7 @@ Run run(const std::string& model, bool async, bool parallel, const Options& o, c
   c.checkpoint.parallel = parallel;
   c.parallel.pipeline = o.pipeline;
   c.parallel.tensor = o.tensor;
-  c.parallel.shard_optimizer = o.zero;
+  c.parallel.zero = o.zero;
   c.checkpoint.every_steps = o.every;
   c.checkpoint.keep = 2;
   // The run ends on a checkpoint step (saved once). `every` must leave the write time to finish,
@@ -171,7 +171,7 @@ int main(int argc, char** argv) {
   app.add_option("--threads", o.threads, "compute threads");
   app.add_option("--pipeline", o.pipeline, "parallel.pipeline");
   app.add_option("--tensor", o.tensor, "parallel.tensor");
-  app.add_flag("--zero", o.zero, "parallel.shard_optimizer (ZeRO-1)");
+  app.add_option("--zero", o.zero, "parallel.zero (0, 1 or 2)");
   app.add_option("--dir", o.dir, "where to write (default: a temporary directory, removed)");
   CLI11_PARSE(app, argc, argv);
   Communicator world = Communicator::world();
@@ -189,7 +189,7 @@ int main(int argc, char** argv) {
   const bool multi = world.size() > 1;
   if (world.rank() == 0) {
     std::printf("%d rank(s): pipeline %d x tensor %d x data %d%s, %d thread(s) each\n", world.size(), o.pipeline,
-                o.tensor, world.size() / (o.pipeline * o.tensor), o.zero ? " with ZeRO-1" : "", o.threads);
+                o.tensor, world.size() / (o.pipeline * o.tensor), o.zero ? cat(" with ZeRO-", o.zero).c_str() : "", o.threads);
     std::printf("ratios against the median memcpy of the state (parameters + optimizer state)%s\n",
                 multi ? " and of the largest rank's share (the ideal of the parallel write)" : "");
   }

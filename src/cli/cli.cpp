@@ -252,7 +252,7 @@ int main(int argc, char** argv) {
   CLI::App app{"ringtrain: neural-network training under MPI on a data x pipeline x tensor process grid:\n"
                "data parallelism (gradients averaged by ring/tree/shared-memory all-reduce with tensor fusion),\n"
                "pipeline parallelism (parallel.pipeline stages; schedules afab, 1f1b, zb-h1) and\n"
-               "tensor parallelism (parallel.tensor shards of every layer), with ZeRO-1 (parallel.shard_optimizer)"};
+               "tensor parallelism (parallel.tensor shards of every layer), with ZeRO-1/2 (parallel.zero)"};
   app.require_subcommand(1);
   app.footer("Run under MPI, one rank per device (ranks = data x pipeline x tensor):\n"
              "  mpirun -np 2 ringtrain train --config jobs/fashion_cnn.toml\n"

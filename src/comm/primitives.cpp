@@ -1,10 +1,17 @@
 #include "ringtrain/comm/primitives.hpp"
 
 #include <algorithm>
+#include <atomic>
 
 #include "ringtrain/core/error.hpp"
 
 namespace ringtrain {
+
+namespace {
+std::atomic<std::uint64_t> g_bytes_sent{0};
+}  // namespace
+
+std::uint64_t primitives_bytes_sent() { return g_bytes_sent.load(std::memory_order_relaxed); }
 
 Primitives::Primitives(Transport& t, Reducer& r, Workspace& ws, const Config& cfg)
     : t_(t), r_(r), cfg_(cfg), rank_(t.rank()), size_(t.size()), esize_(dtype_size(cfg.dtype)) {
@@ -50,6 +57,7 @@ void Primitives::post_send(int to, const void* p, std::size_t bytes) {
   }
   const char* c = static_cast<const char*>(p);
   pending_.push_back({t_.isend(p, bytes, to), c, c + bytes});
+  g_bytes_sent.fetch_add(bytes, std::memory_order_relaxed);
 }
 
 void Primitives::finish() {

@@ -50,7 +50,7 @@ struct ElemType {
 std::vector<int> as_int(const std::vector<std::size_t>& v, const char* what) {
   std::vector<int> out;
   for (std::size_t x : v) {
-    RT_CHECK(x <= static_cast<std::size_t>(INT_MAX), "parallel.shard_optimizer: ", what, " of ", x,
+    RT_CHECK(x <= static_cast<std::size_t>(INT_MAX), "parallel.zero: ", what, " of ", x,
              " elements exceeds what one MPI call moves (", INT_MAX, ")");
     out.push_back(static_cast<int>(x));
   }
@@ -69,7 +69,7 @@ ShardedOptimizer::ShardedOptimizer(ParamArena& full, const OptimizerConfig& cfg,
                                    CollectiveOptions copt, Factory make)
     : full_(full), cfg_(cfg), group_(std::move(group)), copt_(copt), make_(std::move(make)) {
   RT_CHECK(full_.finalized() && full_.device().is_cpu(),
-           "parallel.shard_optimizer: needs a finalised CPU parameter arena (the reduce-scatter and all-gather are "
+           "parallel.zero: needs a finalised CPU parameter arena (the reduce-scatter and all-gather are "
            "host-only), got ", full_.device().str());
   if (!make_) make_ = [](ParamArena& a, const OptimizerConfig& c) { return make_optimizer(a, c); };
   const int ranks = group_.size(), me = group_.rank();
@@ -113,12 +113,12 @@ ShardedOptimizer::ShardedOptimizer(ParamArena& full, const OptimizerConfig& cfg,
     const std::size_t d = static_cast<std::size_t>(
         std::find_if(slices_.begin(), slices_.end(), [&](const Slice& s) { return s.dtype == p.dtype; }) - slices_.begin());
     RT_CHECK(shard_.info(j).offset == std::max(p.offset, mine[d].first) - mine[d].first,
-             "parallel.shard_optimizer: internal error: the slice of '", p.name, "' is misaligned");
+             "parallel.zero: internal error: the slice of '", p.name, "' is misaligned");
   }
   for (std::size_t d = 0; d < slices_.size(); ++d) {
     Tensor f = shard_flat(slices_[d].dtype, false);
     RT_CHECK(static_cast<std::size_t>(f.defined() ? f.numel() : 0) == mine[d].second - mine[d].first,
-             "parallel.shard_optimizer: internal error: the ", dtype_name(slices_[d].dtype), " slice has the wrong size");
+             "parallel.zero: internal error: the ", dtype_name(slices_[d].dtype), " slice has the wrong size");
   }
   inner_ = make_(shard_, cfg_);
   inner_->set_sums_hook([this](std::vector<double>& sums, int per) { combine_piece_sums(sums, per); });
@@ -136,7 +136,7 @@ ShardedOptimizer::~ShardedOptimizer() = default;
 const ShardedOptimizer::Slice& ShardedOptimizer::slice(DType dt) const {
   for (const Slice& s : slices_)
     if (s.dtype == dt) return s;
-  RT_FAIL("parallel.shard_optimizer: no parameters of dtype ", dtype_name(dt));
+  RT_FAIL("parallel.zero: no parameters of dtype ", dtype_name(dt));
 }
 
 const std::vector<std::size_t>& ShardedOptimizer::counts(DType dt) const { return slice(dt).counts; }
@@ -163,14 +163,29 @@ void ShardedOptimizer::combine_piece_sums(std::vector<double>& sums, int per) co
 // no bit of the averaged gradients. Elsewhere our ring reduce-scatter (or MPI's
 // with comm.algorithm = mpi): the same sum in another order.
 void ShardedOptimizer::reduce_scatter_grads() {
-  const Algorithm a = choose_algorithm(0, group_.size(), copt_, group_.node_count(), group_.max_local_size());
-  for (const Slice& s : slices_) {
-    Tensor mine = shard_flat(s.dtype, true);
-    void* out = mine.defined() ? mine.raw() : nullptr;
-    if (a == Algorithm::shm) shm_reduce_scatter(full_.grads_flat(s.dtype).raw(), out, s.counts, s.dtype, ReduceOp::sum,
-                                                group_, copt_);
-    else reduce_scatter(full_.grads_flat(s.dtype).raw(), out, s.counts, s.dtype, ReduceOp::sum, group_, copt_);
+  for (const Slice& s : slices_)
+    reduce_scatter_range(s.dtype, 0, static_cast<std::size_t>(full_.grads_flat(s.dtype).numel()));
+  average_grads();
+}
+
+void ShardedOptimizer::reduce_scatter_range(DType dt, std::size_t lo, std::size_t hi) {
+  const Slice& s = slice(dt);
+  const std::size_t me = static_cast<std::size_t>(group_.rank()), es = dtype_size(dt);
+  std::vector<std::size_t> counts(s.counts.size());  // each rank's part of [lo, hi)
+  for (std::size_t r = 0; r < counts.size(); ++r) {
+    const std::size_t b = std::max(lo, s.offsets[r]), e = std::min(hi, s.offsets[r] + s.counts[r]);
+    counts[r] = e > b ? e - b : 0;
   }
+  Tensor mine = shard_flat(dt, true);
+  void* out = counts[me] ? static_cast<char*>(mine.raw()) + (std::max(lo, s.offsets[me]) - s.offsets[me]) * es
+                         : nullptr;
+  const char* in = static_cast<const char*>(full_.grads_flat(dt).raw()) + lo * es;
+  const Algorithm a = choose_algorithm(0, group_.size(), copt_, group_.node_count(), group_.max_local_size());
+  if (a == Algorithm::shm) shm_reduce_scatter(in, out, counts, dt, ReduceOp::sum, group_, copt_);
+  else reduce_scatter(in, out, counts, dt, ReduceOp::sum, group_, copt_);
+}
+
+void ShardedOptimizer::average_grads() {
   // grads *= 1/ranks in the compute type (g * factor, as the engine's scale); the finiteness verdict is unused.
   if (group_.size() > 1) ringtrain::unscale_grads(shard_, 1.0 / group_.size());
 }
@@ -218,7 +233,7 @@ std::unique_ptr<Optimizer> ShardedOptimizer::gather(int root) const {
     const Slice& s = slice(dt);
     ElemType et(dtype_size(optim_detail::state_dtype(dt)));
     const Tensor src = find(mine, name), dst = find(all, name);
-    RT_CHECK(!whole || dst.defined(), "parallel.shard_optimizer: the whole optimizer has no state '", name, "'");
+    RT_CHECK(!whole || dst.defined(), "parallel.zero: the whole optimizer has no state '", name, "'");
     const std::vector<int> counts = as_int(s.counts, "a slice"), displs = as_int(s.offsets, "a slice offset");
     MPI_Gatherv(src.defined() ? src.raw() : nullptr, counts[static_cast<std::size_t>(group_.rank())], et.t,
                 dst.defined() ? dst.raw() : nullptr, counts.data(), displs.data(), et.t, root,
@@ -252,7 +267,7 @@ std::vector<ShardedOptimizer::StateSlice> ShardedOptimizer::state_slices() const
 Tensor ShardedOptimizer::step_state() const { return find(inner_->state(), "step"); }
 
 void ShardedOptimizer::scatter(const Optimizer* whole, int root) {
-  RT_CHECK(group_.rank() != root || whole, "parallel.shard_optimizer: scatter needs the whole state on the root");
+  RT_CHECK(group_.rank() != root || whole, "parallel.zero: scatter needs the whole state on the root");
   const Optimizer::NamedTensors mine = inner_->state();
   const Optimizer::NamedTensors all = group_.rank() == root ? whole->state() : Optimizer::NamedTensors{};
   for (const std::string& name : state_names_) {

@@ -102,10 +102,11 @@ StepStats reduce(const StepStats& mine, const Communicator& comm) {
 GridMemory memory(const ModelParts& parts) {
   GridMemory m;
   const ParamArena& a = parts.stage->arena();
-  for (DType dt : a.dtypes()) {
-    m.params += a.params_flat(dt).nbytes();
-    m.grads += a.grads_flat(dt).nbytes();
-  }
+  const bool sliced = parts.grad_sync->shards_grads();
+  const ParamArena& g = sliced ? parts.updater->zero()->shard() : a;
+  for (DType dt : a.dtypes()) m.params += a.params_flat(dt).nbytes();
+  for (DType dt : g.dtypes()) m.grads += g.grads_flat(dt).nbytes();
+  m.grads_in_flight = parts.grad_sync->grad_bytes_in_flight();
   m.param_count = a.numel();
   m.optimizer = parts.updater->state_bytes();
   return m;

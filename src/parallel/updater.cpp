@@ -13,13 +13,14 @@ Updater::Updater(const ProcessGrid& grid, Stage& stage, const UpdateConfig& cfg,
                  DeviceRuntime& rt)
     : grid_(grid), stage_(stage), cfg_(cfg), rt_(rt) {
   if (cfg.loss_scaling) scaler_ = std::make_unique<LossScaler>();
-  if (!cfg.shard_optimizer) {
+  if (cfg.zero == 0) {
     opt_ = rt.make_optimizer(stage.arena(), oc);
     return;
   }
-  run_agreed(grid.world(), "setting up parallel.shard_optimizer", [&] {
-    RT_CHECK(stage.device().is_cpu(), "parallel.shard_optimizer needs train.device = cpu: its reduce-scatter and "
-             "all-gather are host-only (this run chose ", stage.device().str(), ")");
+  run_agreed(grid.world(), "setting up parallel.zero", [&] {
+    RT_CHECK(cfg.zero == 1 || cfg.zero == 2, "parallel.zero = ", cfg.zero, " is not available (0, 1 and 2 are)");
+    RT_CHECK(stage.device().is_cpu(), "parallel.zero = ", cfg.zero, " needs train.device = cpu: its reduce-scatter "
+             "and all-gather are host-only (this run chose ", stage.device().str(), ")");
   });
   zero_ = std::make_unique<ShardedOptimizer>(stage.arena(), oc, grid.zero(), cfg.zero_collectives,
                                              [&rt](ParamArena& a, const OptimizerConfig& c) {

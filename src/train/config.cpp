@@ -84,7 +84,7 @@ const std::vector<Field>& fields() {
       RT_FIELD(comm, stall_shutdown_s, "fail the job when a tensor waits this long for other ranks (0 = never)"),
       RT_FIELD(comm, collective_timeout_s, "end the job when a collective (or a pipeline stage's receive) waits this long for a rank that never comes (0 = never)"),
       RT_FIELD(comm, deterministic, "static gradient buckets: bitwise-reproducible at any rank count"),
-      RT_FIELD(comm, bucket_bytes, "gradient bucket size with comm.deterministic"),
+      RT_FIELD(comm, bucket_bytes, "gradient bucket size with comm.deterministic, and of ZeRO-2's reduce-scatters (parallel.zero = 2)"),
       RT_FIELD(comm, straggler_factor, "warn naming a rank whose compute takes more than this many times its peers' median (the ranks of its pipeline stage) in 3 consecutive log.interval intervals (0 = off; the epoch record names the slowest rank either way)"),
       RT_FIELD(parallel, pipeline, "pipeline stages (data-parallel size = ranks / (pipeline x tensor))"),
       RT_FIELD(parallel, tensor, "tensor-parallel size: the model splits its layers over this many neighbouring ranks"),
@@ -92,7 +92,8 @@ const std::vector<Field>& fields() {
       RT_FIELD(parallel, schedule, "afab | 1f1b | zb-h1"),
       RT_FIELD(parallel, partition, "uniform | params | time | list: how layers are cut into stages"),
       RT_FIELD(parallel, balance, "partition = list: layers per stage, e.g. [3, 2, 2]"),
-      RT_FIELD(parallel, shard_optimizer, "ZeRO-1: shard the optimizer state over the data-parallel ranks (reduce-scatter, slice update, all-gather)"),
+      RT_FIELD(parallel, zero, "ZeRO stage over the data-parallel ranks: 0 = off, 1 = optimizer state sharded (reduce-scatter after the backward, slice update, all-gather), 2 = gradients sharded too (bucket reduce-scatters overlap the backward; the full gradient is released as they finish). 3 (parameters) is not available yet"),
+      RT_FIELD(parallel, zero_release, "parallel.zero = 2: give each reduced bucket's pages of the full gradient buffer back to the system (a rank holds its gradient slice + the buckets in flight; the next backward page-faults them back: slower). false: the full buffer stays resident (ZeRO-1's gradient memory, no page faults)"),
       RT_FIELD(checkpoint, dir, "checkpoint directory (empty = no checkpoints)"),
       RT_FIELD(checkpoint, every_epochs, "write a checkpoint every N epochs"),
       RT_FIELD(checkpoint, every_steps, "also write one every N optimizer steps, at the exact position inside an epoch (0 = off)"),
@@ -109,6 +110,9 @@ const std::vector<Field>& fields() {
 #undef RT_FIELD
 
 const Field& find_field(const std::string& key) {
+  // Keys that were replaced: the error names the new key, not the whole list.
+  RT_CHECK(key != "parallel.shard_optimizer", "configuration key parallel.shard_optimizer was replaced by "
+           "parallel.zero = 1 (ZeRO-1; parallel.zero = 2 shards the gradients too, 0 = off)");
   for (const auto& f : fields())
     if (key == f.key) return f;
   std::string known;
@@ -324,11 +328,14 @@ void TrainConfig::validate() const {
   RT_CHECK(parallel.partition != "list" || !parallel.balance.empty(),
            "configuration key 'parallel.partition' = list needs parallel.balance (layers per stage, e.g. [3, 2, 2])");
   range("log.interval", log.interval, 1, kHuge);
-  if (parallel.shard_optimizer) {
-    RT_CHECK(!comm.fp16_allreduce, "parallel.shard_optimizer reduce-scatters full-precision gradients: "
+  RT_CHECK(parallel.zero != 3, "parallel.zero = 3 (ZeRO-3: parameters sharded too) is not available yet; "
+           "parallel.zero = 1 (optimizer state) and 2 (optimizer state and gradients) are");
+  range("parallel.zero", parallel.zero, 0, 2);
+  if (parallel.zero > 0) {
+    RT_CHECK(!comm.fp16_allreduce, "parallel.zero = ", parallel.zero, " reduce-scatters full-precision gradients: "
              "comm.fp16_allreduce = true is not supported with it");
-    RT_CHECK(!comm.deterministic, "parallel.shard_optimizer replaces the gradient buckets of comm.deterministic by "
-             "one reduce-scatter per dtype: set comm.deterministic = false");
+    RT_CHECK(!comm.deterministic, "parallel.zero = ", parallel.zero, " replaces the gradient buckets of "
+             "comm.deterministic by its own reduce-scatters: set comm.deterministic = false");
   }
 }
 

@@ -19,7 +19,7 @@ RunPlan plan_run(TrainConfig cfg, int ranks) {
   p.data = ProcessGrid::data_parallel_size(ranks, {cfg.parallel.pipeline, cfg.parallel.tensor});
   derive_batch(cfg, p.data);
   p.schedule = cfg.parallel.schedule;
-  p.zero = cfg.parallel.shard_optimizer ? 1 : 0;
+  p.zero = cfg.parallel.zero;
   p.batch_per_rank = cfg.data.batch_size;
   p.accumulation = cfg.train.accumulation;
   p.micro_batches = cfg.pipeline_micro_batches();

@@ -45,8 +45,9 @@ TrainConfig trajectory_keys(const TrainConfig& cfg) {
   c.comm.collective_timeout_s = d.comm.collective_timeout_s;
   c.checkpoint = d.checkpoint;
   c.log = d.log;
-  // ZeRO-1 changes where the optimizer state lives, not the update: a run may resume either way.
-  c.parallel.shard_optimizer = d.parallel.shard_optimizer;
+  // ZeRO changes where the gradients and optimizer state live, not the update: a run may resume at any stage.
+  c.parallel.zero = d.parallel.zero;
+  c.parallel.zero_release = d.parallel.zero_release;
   return c;
 }
 

@@ -127,7 +127,8 @@ void Trainer::Impl::build_model() {
   pc.bucket_bytes = cfg.comm.bucket_bytes;
   pc.update.clip_norm = cfg.optimizer.clip_norm;
   pc.update.loss_scaling = mc.math == MathMode::fp16;
-  pc.update.shard_optimizer = cfg.parallel.shard_optimizer;
+  pc.update.zero = cfg.parallel.zero;
+  pc.zero_release = cfg.parallel.zero_release;
   pc.update.zero_collectives = collective_options(cfg);
   pc.skip_allreduce = hooks.skip_allreduce;
   parts = build_parts(*grid, mc, pc, optimizer_config(cfg), device, rt);
@@ -135,7 +136,7 @@ void Trainer::Impl::build_model() {
   const ShardedOptimizer* zero = parts.updater->zero();
   if (zero && world.rank() == 0 && hooks.report) {
     const auto [per_rank, unsharded] = zero->state_bytes_summary();
-    log::info("ZeRO-1: optimizer '", cfg.optimizer.name, "' state ", per_rank, " bytes per rank (largest slice) over ",
+    log::info("ZeRO-", cfg.parallel.zero, ": optimizer '", cfg.optimizer.name, "' state ", per_rank, " bytes per rank (largest slice) over ",
               grid->dp_size(), " data-parallel rank(s); unsharded ", unsharded, " bytes");
   } else if (zero) {
     zero->state_bytes_summary();  // collective
@@ -406,6 +407,7 @@ TrainerMemory Trainer::memory() const {
   TrainerMemory m;
   m.params = g.params;
   m.grads = g.grads;
+  m.grads_in_flight = g.grads_in_flight;
   m.optimizer = g.optimizer;
   m.param_count = g.param_count;
   m.model_param_count = impl_->num_params;

@@ -22,7 +22,7 @@ run() {  # run DIR PARALLEL EXTRA...
 }
 newest() { ls -t "$1"/*.h5 | grep -v '\.part-' | head -1; }
 fail=0
-for layout in "tensor2:--set parallel.tensor=2 --set comm.deterministic=true" "zero2:--set parallel.shard_optimizer=true"; do
+for layout in "tensor2:--set parallel.tensor=2 --set comm.deterministic=true" "zero2:--set parallel.zero=2"; do
     name=${layout%%:*}; read -r -a extra <<< "${layout#*:}"
     run "$WORK/$name-parts" true "${extra[@]}"
     run "$WORK/$name-one" false "${extra[@]}"

@@ -407,7 +407,7 @@ TEST(Checkpoint, RunIdentityIsTheRunNotItsLayoutOrReporting) {
   TrainConfig b = a;
   b.parallel.pipeline = 2;
   b.parallel.tensor = 2;
-  b.parallel.shard_optimizer = true;
+  b.parallel.zero = 2;
   b.data.batch_size = 8;
   b.train.accumulation = 2;
   b.checkpoint.every_steps = 7;

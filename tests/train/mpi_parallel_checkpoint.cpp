@@ -37,22 +37,23 @@ namespace {
 
 struct Layout {
   int pipeline, tensor;
-  bool zero;
+  int zero;  // parallel.zero
 };
 
 std::vector<Layout> layouts(int w) {
-  std::vector<Layout> v = {{1, 1, false}};
-  if (w > 1) v.push_back({1, 1, true});
+  std::vector<Layout> v = {{1, 1, 0}};
+  if (w > 1)
+    for (Layout l : {Layout{1, 1, 1}, Layout{1, 1, 2}}) v.push_back(l);
   if (w % 2 == 0)
-    for (Layout l : {Layout{2, 1, false}, Layout{1, 2, false}}) v.push_back(l);
+    for (Layout l : {Layout{2, 1, 0}, Layout{1, 2, 0}}) v.push_back(l);
   if (w == 4)
-    for (Layout l : {Layout{2, 1, true}, Layout{1, 2, true}, Layout{2, 2, false}}) v.push_back(l);
+    for (Layout l : {Layout{2, 1, 1}, Layout{1, 2, 2}, Layout{2, 2, 0}}) v.push_back(l);
   return v;
 }
 
 std::string name_of(const Layout& l, int w) {
   return cat("data ", w / (l.pipeline * l.tensor), " x pipeline ", l.pipeline, " x tensor ", l.tensor,
-             l.zero ? " with ZeRO-1" : "");
+             l.zero ? cat(" with ZeRO-", l.zero) : "");
 }
 
 TrainConfig config(const std::string& data, const std::string& dir, const Layout& l) {
@@ -62,8 +63,8 @@ TrainConfig config(const std::string& data, const std::string& dir, const Layout
   c.optimizer.lr = 1e-3;
   c.parallel.pipeline = l.pipeline;
   c.parallel.tensor = l.tensor;
-  c.parallel.shard_optimizer = l.zero;
-  c.comm.deterministic = !l.zero;  // two runs, the same bytes (ZeRO-1's own collectives run in a fixed order)
+  c.parallel.zero = l.zero;
+  c.comm.deterministic = !l.zero;  // two runs, the same bytes (ZeRO's own collectives run in a fixed order)
   c.checkpoint.dir = dir;
   c.checkpoint.every_steps = 3;
   c.checkpoint.keep = 100;

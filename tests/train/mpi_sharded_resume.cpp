@@ -42,7 +42,8 @@ namespace {
 struct Written {
   const char* name;
   int pipeline, tensor;
-  bool zero, parallel;
+  int zero;  // parallel.zero
+  bool parallel;
 };
 
 TrainConfig vit_config(const std::string& data, const std::string& dir) {
@@ -122,7 +123,7 @@ class ShardedResume : public test_fixtures::SyntheticDataTest {
     TrainConfig c = vit_config(data_, data_ + "/" + l.name);
     c.parallel.pipeline = l.pipeline;
     c.parallel.tensor = l.tensor;
-    c.parallel.shard_optimizer = l.zero;
+    c.parallel.zero = l.zero;
     c.checkpoint.parallel = l.parallel;
     Trainer t(c, world_, test_fixtures::quiet_hooks());
     t.fit();
@@ -134,8 +135,10 @@ class ShardedResume : public test_fixtures::SyntheticDataTest {
     const int w = world_.size();
     std::vector<Written> v = {{"data-parts", 1, 1, false, true}, {"data-one-file", 1, 1, false, false}};
     if (w % 2 == 0) v.push_back({"tensor2", 1, 2, false, true});
-    if (w == 4) v.push_back({"pipeline2-tensor2-zero", 2, 2, true, true});
-    if (w == 3) v.push_back({"data3-zero", 1, 1, true, true});
+    if (w % 2 == 0) v.push_back({"tensor2-zero2", 1, 2, 2, true});
+    if (w == 4) v.push_back({"pipeline2-tensor2-zero", 2, 2, 1, true});
+    if (w == 3) v.push_back({"data3-zero", 1, 1, 1, true});
+    if (w == 3) v.push_back({"data3-zero2", 1, 1, 2, true});
     return v;
   }
 };
@@ -212,16 +215,16 @@ TEST_F(ShardedResume, AResumedRankReadsItsShareAndHoldsTheSlicedTensors) {
   struct Layout {
     const char* name;
     int pipeline, tensor;
-    bool zero;
+    int zero;
   };
-  std::vector<Layout> layouts = {{"ZeRO-1", 1, 1, true}};
+  std::vector<Layout> layouts = {{"ZeRO-1", 1, 1, 1}, {"ZeRO-2", 1, 1, 2}};
   if (w % 2 == 0) layouts.insert(layouts.end(), {{"tensor 2", 1, 2, false}, {"pipeline 2", 2, 1, false}});
   for (const Layout& l : layouts) {
     SCOPED_TRACE(l.name);
     TrainConfig c = vit_config(data_, data_ + "/resumed");
     c.parallel.pipeline = l.pipeline;
     c.parallel.tensor = l.tensor;
-    c.parallel.shard_optimizer = l.zero;
+    c.parallel.zero = l.zero;
     Trainer t(c, world_, test_fixtures::quiet_hooks());
     ASSERT_TRUE(t.resume(path));
     const LoadedCheckpoint& got = t.loaded();

@@ -259,7 +259,8 @@ TEST(TrainerErrors, EveryCombinationTrainsOrIsRefusedByName) {
   const std::vector<Feature> features = {
       {"train.precision", [](TrainConfig& c) { c.train.precision = "fp16"; }},
       {"train.accumulation", [](TrainConfig& c) { c.train.accumulation = 2; }},
-      {"parallel.shard_optimizer", [](TrainConfig& c) { c.parallel.shard_optimizer = true; }},
+      {"parallel.zero = 1", [](TrainConfig& c) { c.parallel.zero = 1; }},
+      {"parallel.zero = 2", [](TrainConfig& c) { c.parallel.zero = 2; }},
       {"comm.deterministic", [](TrainConfig& c) { c.comm.deterministic = true; }},
       {"model.dropout", [](TrainConfig& c) { c.model.dropout = 0.2; }},
       {"optimizer.clip_norm", [](TrainConfig& c) { c.optimizer.clip_norm = 0.5; }},
@@ -267,7 +268,8 @@ TEST(TrainerErrors, EveryCombinationTrainsOrIsRefusedByName) {
       {"comm.fp16_allreduce", [](TrainConfig& c) { c.comm.fp16_allreduce = true; }},
   };
   const std::set<std::pair<std::string, std::string>> refused = {
-      {"parallel.shard_optimizer", "comm.deterministic"}, {"parallel.shard_optimizer", "comm.fp16_allreduce"}};
+      {"parallel.zero = 1", "comm.deterministic"}, {"parallel.zero = 1", "comm.fp16_allreduce"},
+      {"parallel.zero = 2", "comm.deterministic"}, {"parallel.zero = 2", "comm.fp16_allreduce"}};
   std::vector<std::pair<int, int>> layouts = {{1, 1}};  // (pipeline, tensor)
   if (world.size() % 2 == 0) layouts.insert(layouts.end(), {{2, 1}, {1, 2}});
   if (world.size() == 4) layouts.push_back({2, 2});

@@ -54,13 +54,13 @@ TEST(Plan, DefaultsAtFourRanksAreDataParallel) {
 TEST(Plan, GlobalBatchIsSplitByTheTrainersRule) {
   // 8 ranks = data 2 x pipeline 2 x tensor 2; 96 = 2 x 48, 48 split into 2 micro-batches of 24.
   RunPlan p = plan_run(config({"parallel.pipeline=2", "parallel.tensor=2", "data.global_batch=96",
-                               "parallel.schedule=zb-h1", "parallel.shard_optimizer=true"}),
+                               "parallel.schedule=zb-h1", "parallel.zero=2"}),
                        8);
   EXPECT_EQ(p.data, 2);
   EXPECT_EQ(p.pipeline, 2);
   EXPECT_EQ(p.tensor, 2);
   EXPECT_EQ(p.schedule, "zb-h1");
-  EXPECT_EQ(p.zero, 1);
+  EXPECT_EQ(p.zero, 2);
   EXPECT_EQ(p.batch_per_rank, 48);
   EXPECT_EQ(p.accumulation, 1);
   EXPECT_EQ(p.micro_batches, 2);

@@ -144,7 +144,7 @@ INSTANTIATE_TEST_SUITE_P(Layouts, StallTrials,
                          testing::Values(Case{"tensor2", 2, "--set parallel.tensor=2"},
                                          Case{"pipeline2", 2, "--set parallel.pipeline=2"},
                                          Case{"data2_tensor2", 4, "--set parallel.tensor=2"},
-                                         Case{"zero1", 2, "--set parallel.shard_optimizer=true"}),
+                                         Case{"zero1", 2, "--set parallel.zero=1"}),
                          [](const auto& i) { return std::string(i.param.name); });
 
 }  // namespace

@@ -80,6 +80,11 @@ class Workspace {
   virtual void* get(std::size_t bytes) = 0;
 };
 
+// Bytes this process has sent through Primitives (the ring, tree and chain
+// algorithms, every transport) since it started; thread-safe. The wire volume
+// of a step (bench/parallel_memory.cpp); mpi and shm transfers are not counted.
+std::uint64_t primitives_bytes_sent();
+
 class Primitives {
  public:
   struct Config {

@@ -1,6 +1,8 @@
 #pragma once
-// ZeRO stage 1 (PyTorch's ZeroRedundancyOptimizer, Megatron's distributed
-// optimizer): the optimizer state is sharded over the data-parallel group.
+// ZeRO stages 1 and 2 (PyTorch's ZeroRedundancyOptimizer, Megatron's distributed
+// optimizer): the optimizer state is sharded over the data-parallel group
+// (stage 2 also the gradients: parallel/grad_sync.cpp reduce-scatters them in
+// buckets during the backward, with reduce_scatter_range, and releases the full buffer).
 // Per step: the gradients are reduce-scattered (averaged), each rank updates
 // its slice of the parameters with slice-sized optimizer state, and the
 // parameters are all-gathered. State memory per rank falls by the group size.
@@ -46,8 +48,14 @@ class ShardedOptimizer {
                    CollectiveOptions copt = {}, Factory make = {});
   ~ShardedOptimizer();
 
-  // The full arena's gradients, averaged over the group, into this rank's slice.
+  // The full arena's gradients, averaged over the group, into this rank's slice
+  // (ZeRO-1: once, after the backward).
   void reduce_scatter_grads();
+  // ZeRO-2's pieces of it: elements [lo, hi) of dtype dt's full gradient buffer
+  // summed over the group, each rank receiving the part inside its slice; once
+  // ranges tiling every buffer are reduced, average_grads() divides by the group size.
+  void reduce_scatter_range(DType dt, std::size_t lo, std::size_t hi);
+  void average_grads();
   // Updates this rank's slice from its averaged gradients, then all-gathers the
   // parameters into the full arena. The slice's parameters are first refreshed
   // from the full arena (so a broadcast or load of the full arena is seen).

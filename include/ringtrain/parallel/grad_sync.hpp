@@ -10,6 +10,10 @@
 //   sharded  ZeRO-1: the gradients are reduce-scattered (averaged) into this
 //            rank's slice once the backward is over; the Updater updates the
 //            slice and all-gathers the parameters
+//   zero2    ZeRO-2: as sharded, but buckets of layers are reduce-scattered
+//            by a worker thread while the backward goes on (our ring, or shm
+//            on one node), and each bucket's part of the full gradient buffer
+//            is released afterwards: the rank keeps its gradient slice
 //
 // The executor calls begin_step() before the step's first backward and
 // layer_ready(l) once layer l's gradient of the step is complete; the trainer
@@ -17,6 +21,7 @@
 // Each kind owns its communicators (the engine duplicates grid.dp(); ZeRO uses
 // grid.zero()). A parameter-gathering part (ZeRO-3) would sit beside this one,
 // called by the executor before a layer's forward and backward.
+#include <cstddef>
 #include <memory>
 
 #include "ringtrain/parallel/device_runtime.hpp"
@@ -32,14 +37,20 @@ struct GridConfig;
 class GradSync {
  public:
   virtual ~GradSync() = default;
-  virtual const char* kind() const = 0;  // "none" | "engine" | "sharded"
+  virtual const char* kind() const = 0;  // "none" | "engine" | "sharded" | "zero2"
   virtual void begin_step() {}
   virtual void layer_ready(int local_layer) {}
   virtual void finish() {}
   virtual const Engine* engine() const { return nullptr; }
+  // ZeRO-2: the rank keeps only its slice of the gradients (the optimizer's
+  // shard); the full buffer holds the buckets in flight, at most this many
+  // bytes at once (measured over the last step; all of it when the gradients
+  // accumulate over several micro-batches).
+  virtual bool shards_grads() const { return false; }
+  virtual std::size_t grad_bytes_in_flight() const { return 0; }
 };
 
-// zero: the Updater's sharded optimizer when parallel.shard_optimizer is on.
+// zero: the Updater's sharded optimizer when parallel.zero is 1 or 2.
 std::unique_ptr<GradSync> make_grad_sync(const ProcessGrid& grid, Stage& stage, const GridConfig& cfg,
                                          DeviceRuntime& rt, ShardedOptimizer* zero);
 

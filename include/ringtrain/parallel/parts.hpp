@@ -5,7 +5,7 @@
 //
 //   Stage             the rank's top-level layers, split over its tensor group
 //   ScheduleExecutor  the pipeline schedule over the stage's micro-batches
-//   GradSync          none | fusion-engine all-reduce | ZeRO-1 reduce-scatter
+//   GradSync          none | fusion-engine all-reduce | ZeRO-1/2 reduce-scatter
 //   Updater           fp16 unscale/skip, global-norm clipping, the optimizer step
 //   ModelState        the state under checkpoint names (save, resume, broadcast)
 //
@@ -43,8 +43,9 @@ struct GridConfig {
   // comm.deterministic: fixed buckets of consecutive layers' gradients
   // (bucket_bytes each), so every run sums every element in the same order.
   bool deterministic = false;
-  std::int64_t bucket_bytes = 1 << 20;  // comm.bucket_bytes
-  UpdateConfig update;          // clipping, fp16 loss scaling, ZeRO-1
+  std::int64_t bucket_bytes = 1 << 20;  // comm.bucket_bytes (also ZeRO-2's buckets)
+  UpdateConfig update;          // clipping, fp16 loss scaling, ZeRO (update.zero)
+  bool zero_release = true;     // ZeRO-2: give reduced buckets' gradient pages back (parallel.zero_release)
   bool skip_allreduce = false;  // benchmarks: compute alone, gradients not averaged
 };
 
@@ -83,9 +84,11 @@ StepResult train_step(const ProcessGrid& grid, ModelParts& parts, const StepInpu
 StepResult train_step(const ProcessGrid& grid, ModelParts& parts, const Tensor& images, const Tensor& labels,
                       double lr, std::int64_t step = 0);
 
-// Bytes this rank holds, by kind (benchmarks and the start-up line).
+// Bytes this rank holds, by kind (benchmarks and the start-up line). ZeRO-2:
+// `grads` is the rank's slice, and grads_in_flight the most of the full
+// gradient buffer resident at once (GradSync::grad_bytes_in_flight).
 struct GridMemory {
-  std::size_t params = 0, grads = 0, optimizer = 0;
+  std::size_t params = 0, grads = 0, optimizer = 0, grads_in_flight = 0;
   std::int64_t param_count = 0;  // elements of this rank's parameters
 };
 GridMemory memory(const ModelParts& parts);

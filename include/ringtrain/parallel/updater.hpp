@@ -3,13 +3,13 @@
 // synchronised (GradSync::finish):
 //   fp16: unscale; a non-finite gradient anywhere skips the step on every rank;
 //   clipping: the global norm over the whole model, each gradient counted once;
-//   the optimizer step (ZeRO-1: the rank's slice, then the parameter all-gather).
+//   the optimizer step (ZeRO-1/2: the rank's slice, then the parameter all-gather).
 //
 // Partial results (a sum of squares, a non-finite count) are combined in one
 // all-reduce over the ranks that together hold each gradient once: the
-// replica (grid.replica(): its stages and tensor shards), or with ZeRO-1 the
+// replica (grid.replica(): its stages and tensor shards), or with ZeRO-1/2 the
 // world (each rank holds a slice of its replica's part). Pure data parallelism
-// without ZeRO-1 needs none: every rank holds the whole averaged gradients.
+// without ZeRO needs none: every rank holds the whole averaged gradients.
 #include <memory>
 #include <vector>
 
@@ -26,13 +26,13 @@ class Stage;
 struct UpdateConfig {
   double clip_norm = 0;          // > 0: clip to this global norm over the whole model
   bool loss_scaling = false;     // train.precision = fp16: dynamic loss scaling
-  bool shard_optimizer = false;  // ZeRO-1 over the data-parallel group
+  int zero = 0;                  // ZeRO stage over the data-parallel group (parallel.zero: 0, 1 or 2)
   CollectiveOptions zero_collectives;  // its reduce-scatter / all-gather
 };
 
 class Updater {
  public:
-  // Collective over the world (ZeRO-1 builds its slices over grid.zero()).
+  // Collective over the world (ZeRO builds its slices over grid.zero()).
   Updater(const ProcessGrid& grid, Stage& stage, const UpdateConfig& cfg, const OptimizerConfig& oc,
           DeviceRuntime& rt);
   ~Updater();
@@ -43,7 +43,7 @@ class Updater {
 
   double loss_scale() const { return scaler_ ? scaler_->scale() : 1.0; }
   LossScaler* scaler() { return scaler_.get(); }
-  Optimizer* optimizer() { return opt_.get(); }       // null with ZeRO-1
+  Optimizer* optimizer() { return opt_.get(); }       // null with ZeRO
   ShardedOptimizer* zero() { return zero_.get(); }    // null without it
   const ShardedOptimizer* zero() const { return zero_.get(); }
   std::size_t state_bytes() const;                    // this rank's optimizer state

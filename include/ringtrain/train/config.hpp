@@ -93,7 +93,8 @@ struct TrainConfig {
     std::string schedule = "1f1b"; // afab | 1f1b | zb-h1
     std::string partition = "uniform";  // uniform | params | time | list
     std::string balance;           // partition = list: layers per stage, "[3, 2, 2]"
-    bool shard_optimizer = false;  // ZeRO-1: optimizer state sharded over the data-parallel group
+    int zero = 0;                  // ZeRO stage over the data-parallel group: 0 off, 1 optimizer state, 2 + gradients
+    bool zero_release = true;      // ZeRO-2: reduced buckets' pages of the full gradient buffer go back to the system
   } parallel;
   struct Checkpoint {
     std::string dir;               // "" = no checkpoints

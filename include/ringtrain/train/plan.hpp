@@ -16,7 +16,7 @@ struct RunPlan {
   int ranks = 1;
   int data = 1, pipeline = 1, tensor = 1;  // the process grid (data = ranks / (pipeline x tensor))
   std::string schedule;                    // parallel.schedule (used when pipeline > 1)
-  int zero = 0;                            // ZeRO stage: 1 with parallel.shard_optimizer, else 0
+  int zero = 0;                            // ZeRO stage (parallel.zero)
   int batch_per_rank = 0;                  // data.batch_size after derive_batch: samples a replica reads per batch
   int accumulation = 1;                    // train.accumulation after derive_batch: batches per optimizer step
   int micro_batches = 1;                   // pipeline micro-batches per batch

@@ -71,6 +71,7 @@ struct TrainerHooks {
 // Bytes one rank holds (Trainer::memory).
 struct TrainerMemory {
   std::size_t params = 0, grads = 0, optimizer = 0;
+  std::size_t grads_in_flight = 0;     // ZeRO-2: full-buffer bytes of the buckets in flight (GridMemory)
   std::int64_t param_count = 0;        // this rank's parameters
   std::int64_t model_param_count = 0;  // the whole model's
 };
@@ -109,7 +110,7 @@ class Trainer {
   // (collective); returns its path on rank 0, "" elsewhere.
   std::string save_checkpoint();
   // What this rank holds: its stage's and shard's parameters, their
-  // gradients, and its optimizer state (its slice with parallel.shard_optimizer).
+  // gradients, and its optimizer state (its slices with parallel.zero).
   TrainerMemory memory() const;
   // This rank's parameters (its pipeline stage and tensor shard).
   ParamArena& parameters();
