@@ -46,6 +46,7 @@ struct GridConfig {
   std::int64_t bucket_bytes = 1 << 20;  // comm.bucket_bytes
   UpdateConfig update;          // clipping, fp16 loss scaling, ZeRO-1
   bool skip_allreduce = false;  // benchmarks: compute alone, gradients not averaged
+  Recompute recompute = Recompute::none;  // train.recompute (stage.hpp)
 };
 
 struct ModelParts {
