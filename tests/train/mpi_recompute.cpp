@@ -91,6 +91,7 @@ TEST(Recompute, AttentionAndBlockAreBitwiseTheSameTraining) {
         CheckpointData ck;
         if (world.rank() == 0) ck = find_intact_checkpoint(r.checkpoint.dir).data;
         if (std::string(mode) == "none") {
+          if (world.rank() == 0) ASSERT_GT(ck.tensors.size(), 0u) << what;
           ref = got;
           ref_ckpt = std::move(ck);
           continue;
