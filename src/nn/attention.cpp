@@ -63,6 +63,7 @@ Tensor MultiHeadSelfAttention::do_forward(const Tensor& x, Mode mode) {
   Tensor qkv = qkv_->forward(x, mode);
   ensure(core_, {x.dim(0), x.dim(1), heads_ * head_dim_}, qkv.dtype(), qkv.device());
   k_->forward(qkv, core_);
+  if (recompute_core_ && mode == Mode::train) k_->release();
   qkv_out_ = qkv;
   return proj_->forward(core_, mode);
 }
@@ -70,8 +71,19 @@ Tensor MultiHeadSelfAttention::do_forward(const Tensor& x, Mode mode) {
 Tensor MultiHeadSelfAttention::do_backward(const Tensor& dy, bool need_dx, bool accumulate) {
   Tensor dcore = proj_->backward(dy, true, accumulate);
   ensure(dcore_, qkv_out_.shape(), qkv_out_.dtype(), qkv_out_.device());  // d qkv
+  // The kernel is deterministic: core_ is rewritten with the bits it holds
+  // (proj's deferred weight gradient may still read it).
+  if (recompute_core_) k_->forward(qkv_out_, core_);
   k_->backward(qkv_out_, dcore, dcore_);
+  if (recompute_core_) k_->release();
   return qkv_->backward(dcore_, need_dx, accumulate);
+}
+
+void MultiHeadSelfAttention::release_activations() {
+  qkv_->release_activations();
+  proj_->release_activations();
+  k_->release();
+  qkv_out_ = core_ = dcore_ = Tensor();
 }
 
 LayerPtr multi_head_attention(const std::string& name, std::int64_t dim, std::int64_t heads, const TensorGroup& g) {

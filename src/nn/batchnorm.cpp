@@ -25,6 +25,7 @@ void BatchNorm2d::bind(const BindContext& ctx) {
   running_var = Tensor::zeros({spec_.channels}, spec_.dtype, ctx.device);
   k_ = ctx.backend.batchnorm(spec_);
   be_ = &ctx.backend;
+  position_ = ctx.position;
   k_batch_.reset();
   last_k_ = nullptr;
 }
@@ -52,13 +53,25 @@ Tensor BatchNorm2d::do_forward(const Tensor& x, Mode mode) {
              "': train mode needs more than one value per channel, got input ", shape_str(x.shape()));
   x_ = x;
   ensure(y_, x.shape(), spec_.dtype, x.device());
+  // A recomputed forward normalises as the first did, with the same kernel,
+  // and leaves the running (or deferred) statistics as they are.
+  const bool replay = mode == Mode::train && position_ && position_->replay;
   if (mode == Mode::train && deferred_) {
-    accumulate_batch_stats(x);
+    if (replay) run_batch_kernel(x);
+    else accumulate_batch_stats(x);
     last_k_ = k_batch_.get();
     return y_;
   }
   last_k_ = k_.get();
+  if (replay) {
+    ensure(saved_mean_, running_mean.shape(), running_mean.dtype(), running_mean.device()).copy_from(running_mean);
+    ensure(saved_var_, running_var.shape(), running_var.dtype(), running_var.device()).copy_from(running_var);
+  }
   k_->forward(x, gamma, beta, running_mean, running_var, mode == Mode::train, y_);
+  if (replay) {
+    running_mean.copy_from(saved_mean_);
+    running_var.copy_from(saved_var_);
+  }
   return y_;
 }
 
@@ -79,7 +92,7 @@ void BatchNorm2d::share_deferred_stats(const BatchNorm2d& owner) {
 // The forward's normalisation is the usual train-mode one; the momentum-1
 // kernel makes its "running" outputs the batch's own mean and unbiased variance
 // ((1 - 1) * r + 1 * batch), which are merged into the record here.
-void BatchNorm2d::accumulate_batch_stats(const Tensor& x) {
+void BatchNorm2d::run_batch_kernel(const Tensor& x) {
   RT_CHECK(be_, "BatchNorm2d '", name_, "': forward before bind");
   if (!k_batch_) {
     BatchNormSpec s = spec_;
@@ -89,6 +102,10 @@ void BatchNorm2d::accumulate_batch_stats(const Tensor& x) {
     batch_var_ = Tensor::zeros({spec_.channels}, spec_.dtype, x.device());
   }
   k_batch_->forward(x, gamma, beta, batch_mean_, batch_var_, true, y_);
+}
+
+void BatchNorm2d::accumulate_batch_stats(const Tensor& x) {
+  run_batch_kernel(x);
   const Tensor bm = batch_mean_.device().is_cpu() ? batch_mean_ : batch_mean_.to(Device::cpu());
   const Tensor bv = batch_var_.device().is_cpu() ? batch_var_ : batch_var_.to(Device::cpu());
   RT_CHECK(bm.dtype() == DType::f32, "BatchNorm2d '", name_, "': deferred statistics need float32, got ",
@@ -128,6 +145,8 @@ void BatchNorm2d::commit_deferred_stats() {
   }
   d = DeferredStats{};
 }
+
+void BatchNorm2d::release_activations() { x_ = y_ = dx_ = Tensor(); }
 
 Tensor BatchNorm2d::do_backward(const Tensor& dy, bool, bool accumulate) {
   // dx is always computed: BN is never the first layer of a model we build,

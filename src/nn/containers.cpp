@@ -87,6 +87,10 @@ Tensor Sequential::do_backward_input(const Tensor& dy, bool need_dx, bool accumu
 }
 void Sequential::do_backward_weight() { chain_backward_weight(children_); }
 bool Sequential::splits_backward() const { return chain_splits(children_); }
+void Sequential::release_activations() {
+  for (auto& c : children_) c->release_activations();
+}
+
 void Sequential::for_each_child(const std::function<void(Layer&)>& f) {
   for (auto& c : children_) f(*c);
 }
@@ -167,6 +171,11 @@ Tensor Residual::do_backward_input(const Tensor& dy, bool need_dx, bool accumula
 void Residual::do_backward_weight() {
   chain_backward_weight(body_);
   chain_backward_weight(shortcut_);
+}
+
+void Residual::release_activations() {
+  for_each_child([](Layer& c) { c.release_activations(); });
+  sum_ = dx_ = Tensor();
 }
 
 bool Residual::splits_backward() const { return chain_splits(body_) || chain_splits(shortcut_); }

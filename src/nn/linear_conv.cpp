@@ -47,6 +47,11 @@ void WeightLayer::do_backward_weight() {
   dy_ = Tensor();
 }
 
+void WeightLayer::release_activations() {
+  RT_CHECK(!w_pending_, "layer '", name_, "': activations released before backward_weight");
+  x_ = y_ = dx_ = dy_ = Tensor();
+}
+
 // ---- Linear -----------------------------------------------------------------
 namespace {
 const LinearSpec& checked(const LinearSpec& s, const std::string& name) {

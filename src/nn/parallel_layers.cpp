@@ -173,6 +173,11 @@ Tensor RowParallel::do_forward(const Tensor& x, Mode mode) {
   return y_;
 }
 
+void RowParallel::release_activations() {
+  local_->release_activations();
+  z_ = y_ = dz_ = Tensor();
+}
+
 Tensor RowParallel::do_backward(const Tensor& dy, bool need_dx, bool accumulate) {
   Tensor dz = dy;
   if (after_.pool) {

@@ -16,6 +16,8 @@ Tensor Activation::do_forward(const Tensor& x, Mode) {
   return y_;
 }
 
+void Activation::release_activations() { x_ = y_ = dx_ = Tensor(); }
+
 Tensor Activation::do_backward(const Tensor& dy, bool need_dx, bool) {
   if (!need_dx) return {};
   ensure(dx_, x_.shape(), x_.dtype(), x_.device());
@@ -73,6 +75,8 @@ Tensor Pool2d::do_forward(const Tensor& x, Mode mode) {
   return y_;
 }
 
+void Pool2d::release_activations() { x_ = y_ = dx_ = Tensor(); }
+
 Tensor Pool2d::do_backward(const Tensor& dy, bool need_dx, bool) {
   if (!need_dx) return {};
   ensure(dx_, x_.shape(), x_.dtype(), x_.device());
@@ -129,6 +133,8 @@ Tensor Dropout::do_forward(const Tensor& x, Mode mode) {
   }
   return y_;
 }
+
+void Dropout::release_activations() { mask_ = y_ = dx_ = Tensor(); }
 
 Tensor Dropout::do_backward(const Tensor& dy, bool need_dx, bool) {
   if (!need_dx) return {};

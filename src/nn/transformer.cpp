@@ -55,6 +55,8 @@ Tensor LayerNorm::do_backward(const Tensor& dy, bool need_dx, bool accumulate) {
   return dx;
 }
 
+void LayerNorm::release_activations() { x_ = y_ = dx_ = Tensor(); }
+
 // ---- PatchEmbed -------------------------------------------------------------
 PatchEmbed::PatchEmbed(std::string name, std::int64_t channels, std::int64_t height, std::int64_t width,
                        std::int64_t patch, std::int64_t dim)
@@ -113,6 +115,11 @@ Tensor PatchEmbed::do_backward(const Tensor& dy, bool need_dx, bool accumulate) 
   return dx_;
 }
 
+void PatchEmbed::release_activations() {
+  proj_->release_activations();
+  patches_ = y_ = dpatches_ = dx_ = Tensor();
+}
+
 // ---- TokenMean --------------------------------------------------------------
 Shape TokenMean::output_shape(const Shape& in) const {
   RT_CHECK(in.size() == 3 && in[1] > 0, "TokenMean '", name_, "': expects tokens [N, T, D], got ", shape_str(in));
@@ -131,6 +138,8 @@ Tensor TokenMean::do_backward(const Tensor& dy, bool need_dx, bool) {
   be_->token_mean_backward(dy, dx_);
   return dx_;
 }
+
+void TokenMean::release_activations() { y_ = dx_ = Tensor(); }
 
 // ---- ResidualStack ----------------------------------------------------------
 ResidualStack::ResidualStack(std::string name, std::vector<std::vector<LayerPtr>> branches)
@@ -179,6 +188,12 @@ std::vector<NamedBuffer> ResidualStack::buffers() const {
 void ResidualStack::for_each_child(const std::function<void(Layer&)>& f) {
   for (auto& b : branches_)
     for (auto& c : b) f(*c);
+}
+
+void ResidualStack::release_activations() {
+  for_each_child([](Layer& c) { c.release_activations(); });
+  sums_.clear();
+  dx_ = Tensor();
 }
 
 double ResidualStack::forward_flops(const Shape& in) const {

@@ -45,6 +45,7 @@ ModelParts build_parts(const ProcessGrid& grid, const ModelConfig& mc, const Gri
   // Only zero-bubble schedules defer the weight gradients; the others run each
   // layer's backward whole (its gradients go to the synchronisation at once).
   parts.stage->set_fused_backward(gc.schedule != ScheduleKind::zb_h1);
+  parts.stage->set_recompute(gc.recompute);
   parts.updater = std::make_unique<Updater>(grid, *parts.stage, gc.update, oc, rt);
   parts.grad_sync = make_grad_sync(grid, *parts.stage, gc, rt, parts.updater->zero());
   parts.state = std::make_unique<ModelState>(grid, *parts.stage, *parts.updater);

@@ -2,6 +2,7 @@
 
 #include "ringtrain/nn/backend.hpp"
 #include "ringtrain/nn/layers.hpp"
+#include "ringtrain/nn/transformer.hpp"
 
 namespace ringtrain {
 namespace {
@@ -12,7 +13,45 @@ void collect_bn(Layer& l, std::vector<BatchNorm2d*>& out) {
   l.for_each_child([&](Layer& c) { collect_bn(c, out); });
 }
 
+void collect_attention(Layer& l, std::vector<MultiHeadSelfAttention*>& out) {
+  if (auto* a = dynamic_cast<MultiHeadSelfAttention*>(&l)) out.push_back(a);
+  l.for_each_child([&](Layer& c) { collect_attention(c, out); });
+}
+
 }  // namespace
+
+Recompute parse_recompute(const std::string& s) {
+  if (s == "none") return Recompute::none;
+  if (s == "attention") return Recompute::attention;
+  if (s == "block") return Recompute::block;
+  RT_FAIL("train.recompute must be none, attention or block, got '", s, "'");
+}
+
+void Stage::set_recompute(Recompute r) {
+  recompute_ = r;
+  for (auto& sl : slots_)
+    for (auto& l : sl) {
+      std::vector<MultiHeadSelfAttention*> attn;
+      collect_attention(*l, attn);
+      for (auto* a : attn) a->set_recompute_core(r == Recompute::attention);
+    }
+  inputs_.assign(slots_.size(), {});
+  slot_position_.assign(slots_.size(), {});
+}
+
+void Stage::replay(int slot, int local) {
+  struct Restore {  // the position the next forward expects, even on an error
+    SamplePosition& p;
+    SamplePosition keep;
+    ~Restore() { p = keep; }
+  } restore{position_, position_};
+  position_ = slot_position_[static_cast<std::size_t>(slot)];
+  position_.replay = true;
+  auto& in = inputs_[static_cast<std::size_t>(slot)];
+  slots_[static_cast<std::size_t>(slot)][static_cast<std::size_t>(local)]->forward(in[static_cast<std::size_t>(local)],
+                                                                                   Mode::train);
+  in[static_cast<std::size_t>(local)] = Tensor();  // the layer holds it now, until released
+}
 
 Stage::Stage(const ModelConfig& mc, Device dev, int first, int end, int slots)
     : device_(dev), first_(first), end_(end) {
@@ -102,8 +141,17 @@ Tensor Stage::forward(int slot, const Tensor& x, Mode mode) {
   const bool carry = slot != 0 && mode == Mode::train && !deferred_bn_;
   if (carry)
     for (std::size_t i = 0; i < mine.size(); ++i) mine[i].tensor.copy_from(slot_buffers_[0][i].tensor);
+  const bool block = recompute_ == Recompute::block && mode == Mode::train;
+  if (block) {
+    slot_position_[static_cast<std::size_t>(slot)] = position_;
+    inputs_[static_cast<std::size_t>(slot)].assign(layers.size(), Tensor());
+  }
   Tensor h = x;
-  for (auto& l : layers) h = l->forward(h, mode);
+  for (std::size_t i = 0; i < layers.size(); ++i) {
+    if (block) inputs_[static_cast<std::size_t>(slot)][i] = h;
+    h = layers[i]->forward(h, mode);
+    if (block) layers[i]->release_activations();  // h and the kept input stay alive
+  }
   if (carry)
     for (std::size_t i = 0; i < mine.size(); ++i) slot_buffers_[0][i].tensor.copy_from(mine[i].tensor);
   return h;
@@ -145,21 +193,29 @@ void Stage::commit_batch_stats() {
 Tensor Stage::backward_input(int slot, const Tensor& dy, bool need_dx, const GradReady& ready) {
   auto& layers = slots_.at(slot);
   const int stop = need_dx ? 0 : first_param_layer_;
+  const bool block = recompute_ == Recompute::block;
   if (fused_) {
     const bool accumulate = !overwrite_next_;
     overwrite_next_ = false;
     Tensor g = dy;
     for (int i = num_layers(); i-- > stop;) {
+      if (block) replay(slot, i);
       g = layers[i]->backward(g, need_dx || i > stop, accumulate);
+      if (block) layers[i]->release_activations();  // g, its input gradient, stays alive
       if (ready && !layers[i]->params().empty()) ready(i);
     }
+    if (block) inputs_[static_cast<std::size_t>(slot)].clear();
     return need_dx ? g : Tensor();
   }
   Tensor g = dy;
   for (int i = num_layers(); i-- > stop;) {
+    if (block) replay(slot, i);
     g = layers[i]->backward_input(g, need_dx || i > stop, true);
+    // A layer that defers its weight gradient keeps its activations until backward_weight.
+    if (block && !layers[i]->splits_backward()) layers[i]->release_activations();
     if (ready && !layers[i]->params().empty() && !layers[i]->splits_backward()) ready(i);
   }
+  if (block) inputs_[static_cast<std::size_t>(slot)].clear();
   return need_dx ? g : Tensor();
 }
 
@@ -168,6 +224,7 @@ void Stage::backward_weight(int slot, const GradReady& ready) {
   auto& layers = slots_.at(slot);
   for (int i = num_layers(); i-- > 0;) {
     layers[i]->backward_weight();
+    if (recompute_ == Recompute::block && layers[i]->splits_backward()) layers[i]->release_activations();
     if (ready && !layers[i]->params().empty() && layers[i]->splits_backward()) ready(i);
   }
 }

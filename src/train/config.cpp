@@ -53,6 +53,7 @@ const std::vector<Field>& fields() {
       RT_FIELD(train, device, "auto | cpu | cuda"),
       RT_FIELD(train, precision, "fp32 | tf32 | bf16 | fp16: down-conversion allowed in conv/linear (fp32 master weights); fp16 adds dynamic loss scaling"),
       RT_FIELD(train, max_steps, "stop after this many optimizer steps (0 = no limit)"),
+      RT_FIELD(train, recompute, "none | attention | block: activation recomputation; attention: the attention probabilities are recomputed in the backward from the kept q, k, v; block: only each block's (top-level layer's) input is kept, its forward reruns before its backward (bitwise the same training, less memory, about one more forward)"),
       RT_FIELD(train, verify_every, "verify bitwise-identical parameters every N steps (0 = off)"),
       RT_FIELD(train, target_accuracy, "report when test accuracy first reaches this (0..1)"),
       RT_FIELD(optimizer, name, "sgd | adam | adamw | lars | lamb"),
@@ -284,6 +285,7 @@ void TrainConfig::validate() const {
   range("train.target_accuracy", train.target_accuracy, 0, 1);
   one_of("train.device", train.device, {"auto", "cpu", "cuda"});
   one_of("train.precision", train.precision, {"fp32", "tf32", "bf16", "fp16"});
+  one_of("train.recompute", train.recompute, {"none", "attention", "block"});
   one_of("optimizer.name", optimizer.name, {"sgd", "adam", "adamw", "lars", "lamb"});
   range("optimizer.lr", optimizer.lr, 0, kHuge, true);
   range("optimizer.momentum", optimizer.momentum, 0, 1, false, true);

@@ -36,6 +36,7 @@ TrainConfig trajectory_keys(const TrainConfig& cfg) {
   c.train.threads = d.train.threads;
   c.train.max_steps = d.train.max_steps;
   c.train.verify_every = d.train.verify_every;
+  c.train.recompute = d.train.recompute;  // bitwise the same trajectory
   c.train.target_accuracy = d.train.target_accuracy;
   c.comm.cycle_time_ms = d.comm.cycle_time_ms;
   c.comm.straggler_factor = d.comm.straggler_factor;  // reporting only

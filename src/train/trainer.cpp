@@ -131,6 +131,7 @@ void Trainer::Impl::build_model() {
   pc.zero_release = cfg.parallel.zero_release;
   pc.update.zero_collectives = collective_options(cfg);
   pc.skip_allreduce = hooks.skip_allreduce;
+  pc.recompute = parse_recompute(cfg.train.recompute);
   parts = build_parts(*grid, mc, pc, optimizer_config(cfg), device, rt);
   if (parts.updater->scaler()) scaler_state = Tensor::zeros({4}, DType::f64);
   const ShardedOptimizer* zero = parts.updater->zero();

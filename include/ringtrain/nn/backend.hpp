@@ -185,6 +185,9 @@ class AttentionKernel {
   virtual void forward(const Tensor& qkv, Tensor& out) = 0;
   // dqkv is overwritten (same layout as qkv).
   virtual void backward(const Tensor& qkv, const Tensor& dout, Tensor& dqkv) = 0;
+  // Frees the kept probabilities and backward scratch (selective recomputation:
+  // forward runs again before the next backward).
+  virtual void release() {}
 };
 
 // ---- the backend ------------------------------------------------------------

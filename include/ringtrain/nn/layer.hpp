@@ -21,6 +21,8 @@
 //    backward_weight, so callers may always call both; splits_backward() says
 //    whether the weight half really is deferred. backward_weight must come
 //    before the layer's next forward.
+//  - release_activations() gives the buffers back (recomputation): a layer
+//    that does not override it keeps them, which costs memory, not correctness.
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -58,6 +60,10 @@ struct NamedBuffer {
 struct SamplePosition {
   std::uint64_t step = 0;
   std::int64_t first_sample = 0;
+  // Activation recomputation (Stage::set_recompute): this forward repeats an
+  // earlier one for its backward. Layers must reproduce it exactly and leave
+  // running state alone (BatchNorm's running or deferred statistics).
+  bool replay = false;
 };
 
 // What bind() needs: the device's backend, the finalised arena, the model seed.
@@ -108,6 +114,11 @@ class Layer {
   // ResidualStack), so callers can reach nested layers (a pipeline stage's
   // BatchNorm2d layers) without knowing the container. Leaves have none.
   virtual void for_each_child(const std::function<void(Layer&)>& f) {}
+  // Activation recomputation: drops every tensor the last forward kept for the
+  // backward and the gradient buffers (children's too), so their memory is
+  // freed; the next forward allocates afresh. Only between a backward_weight
+  // and the next forward (or after a forward whose backward will re-run it).
+  virtual void release_activations() {}
 
  protected:
   virtual Tensor do_forward(const Tensor& x, Mode mode) = 0;

@@ -25,6 +25,7 @@ class WeightLayer : public Layer {
   void register_params(ParamArena& arena, int layer_index, const std::string& prefix) override;
   void init(const ParamArena& arena, std::uint64_t seed) override;
   bool splits_backward() const override { return split_; }
+  void release_activations() override;
 
  protected:
   WeightLayer(std::string name, Shape weight, bool bias, DType dt, Init init);
@@ -100,6 +101,7 @@ class BatchNorm2d : public Layer {
   void init(const ParamArena& arena, std::uint64_t seed) override;
   Shape output_shape(const Shape& in) const override;
   std::vector<NamedBuffer> buffers() const override;  // running_mean, running_var
+  void release_activations() override;
 
   // Deferred running statistics (torchgpipe's DeferredBatchNorm), for the
   // micro-batches of a pipeline step: while on, a train-mode forward still
@@ -126,6 +128,7 @@ class BatchNorm2d : public Layer {
     double count = 0;
     std::vector<double> mean, m2;  // per channel: mean, sum of squared deviations
   };
+  void run_batch_kernel(const Tensor& x);  // the momentum-1 kernel: y_ and the batch's statistics
   void accumulate_batch_stats(const Tensor& x);
 
   BatchNormSpec spec_;
@@ -140,6 +143,8 @@ class BatchNorm2d : public Layer {
   std::unique_ptr<BatchNormKernel> k_batch_;
   Tensor batch_mean_, batch_var_;
   BatchNormKernel* last_k_ = nullptr;  // ran the last forward: its saved statistics serve the backward
+  const SamplePosition* position_ = nullptr;  // replay: a recomputed forward (layer.hpp)
+  Tensor saved_mean_, saved_var_;             // the running statistics across a replay
 };
 
 // ReLU or GELU as its own layer (Conv2d/Linear can also fuse ReLU).
@@ -149,6 +154,7 @@ class Activation : public Layer {
   const char* type() const override { return op_ == Eltwise::relu ? "ReLU" : "GELU"; }
   void bind(const BindContext& ctx) override;
   Shape output_shape(const Shape& in) const override { return in; }
+  void release_activations() override;
 
  protected:
   Tensor do_forward(const Tensor& x, Mode mode) override;
@@ -170,6 +176,7 @@ class Pool2d : public Layer {
   const char* type() const override;
   void bind(const BindContext& ctx) override;
   Shape output_shape(const Shape& in) const override;
+  void release_activations() override;
 
  protected:
   Tensor do_forward(const Tensor& x, Mode mode) override;
@@ -200,6 +207,7 @@ class Dropout : public Layer {
   // Next train-mode forward uses this call index (checkpoint resume).
   void set_call_count(std::uint64_t n) { calls_ = n; }
   std::uint64_t call_count() const { return calls_; }
+  void release_activations() override;
   // Tensor parallelism: the input is part `index` of `parts` of a wider
   // activation along its last dimension; the mask is then that part of the
   // whole activation's mask (the 1-rank model's), computed on the host.
@@ -245,6 +253,7 @@ class Sequential : public Layer {
   const std::vector<LayerPtr>& children() const { return children_; }
   bool splits_backward() const override;
   void for_each_child(const std::function<void(Layer&)>& f) override;
+  void release_activations() override;
 
  protected:
   Tensor do_forward(const Tensor& x, Mode mode) override;
@@ -262,6 +271,7 @@ class Residual : public Layer {
  public:
   Residual(std::string name, std::vector<LayerPtr> body, std::vector<LayerPtr> shortcut, bool relu_after = true);
   const char* type() const override { return "Residual"; }
+  void release_activations() override;
   void register_params(ParamArena& arena, int layer_index, const std::string& prefix) override;
   void bind(const BindContext& ctx) override;
   void init(const ParamArena& arena, std::uint64_t seed) override;

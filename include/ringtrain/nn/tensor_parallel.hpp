@@ -63,6 +63,7 @@ class TensorParallelLayer : public Layer {
   void init(const ParamArena& arena, std::uint64_t seed) override;
   Shape output_shape(const Shape& in) const override { return local_->output_shape(in); }
   double forward_flops(const Shape& in) const override { return local_->forward_flops(in); }
+  void release_activations() override { local_->release_activations(); }
 
  protected:
   TensorParallelLayer(std::string name, const char* type, std::unique_ptr<WeightLayer> local, int dim,
@@ -94,6 +95,7 @@ class RowParallel : public TensorParallelLayer {
   void bind(const BindContext& ctx) override;
   void init(const ParamArena& arena, std::uint64_t seed) override;
   Shape output_shape(const Shape& in) const override;
+  void release_activations() override;
 
  protected:
   Tensor do_forward(const Tensor& x, Mode mode) override;

@@ -24,6 +24,7 @@ class LayerNorm : public Layer {
  public:
   LayerNorm(std::string name, std::int64_t features, double eps = 1e-5);
   const char* type() const override { return "LayerNorm"; }
+  void release_activations() override;
   void register_params(ParamArena& arena, int layer_index, const std::string& prefix) override;
   void bind(const BindContext& ctx) override;
   void init(const ParamArena& arena, std::uint64_t seed) override;
@@ -48,6 +49,11 @@ class MultiHeadSelfAttention : public Layer {
   MultiHeadSelfAttention(std::string name, std::int64_t heads, std::int64_t head_dim, LayerPtr qkv, LayerPtr proj);
   const char* type() const override { return "MultiHeadSelfAttention"; }
   std::int64_t heads() const { return heads_; }
+  void release_activations() override;
+  // Selective recomputation (Korthikanti et al. 2022): the forward drops the
+  // attention probabilities [N, H, T, T] (the O(heads * T^2) activations) and
+  // the backward recomputes them from the kept q, k, v.
+  void set_recompute_core(bool on) { recompute_core_ = on; }
   void register_params(ParamArena& arena, int layer_index, const std::string& prefix) override;
   void bind(const BindContext& ctx) override;
   void init(const ParamArena& arena, std::uint64_t seed) override;
@@ -63,6 +69,7 @@ class MultiHeadSelfAttention : public Layer {
   LayerPtr qkv_, proj_;
   Tensor qkv_out_, core_, dcore_;
   std::unique_ptr<AttentionKernel> k_;
+  bool recompute_core_ = false;
 };
 
 // The standard attention: qkv and proj are Linear(dim, 3 dim) and Linear(dim, dim) with biases;
@@ -79,6 +86,7 @@ class PatchEmbed : public Layer {
   PatchEmbed(std::string name, std::int64_t channels, std::int64_t height, std::int64_t width, std::int64_t patch,
              std::int64_t dim);
   const char* type() const override { return "PatchEmbed"; }
+  void release_activations() override;
   std::int64_t tokens() const { return (height_ / patch_) * (width_ / patch_); }
   void register_params(ParamArena& arena, int layer_index, const std::string& prefix) override;
   void bind(const BindContext& ctx) override;
@@ -103,6 +111,7 @@ class TokenMean : public Layer {
  public:
   explicit TokenMean(std::string name) : Layer(std::move(name)) {}
   const char* type() const override { return "TokenMean"; }
+  void release_activations() override;
   void bind(const BindContext& ctx) override { be_ = &ctx.backend; }
   Shape output_shape(const Shape& in) const override;
 
@@ -123,6 +132,7 @@ class ResidualStack : public Layer {
  public:
   ResidualStack(std::string name, std::vector<std::vector<LayerPtr>> branches);
   const char* type() const override { return "ResidualStack"; }
+  void release_activations() override;
   void register_params(ParamArena& arena, int layer_index, const std::string& prefix) override;
   void bind(const BindContext& ctx) override;
   void init(const ParamArena& arena, std::uint64_t seed) override;

@@ -47,6 +47,7 @@ struct GridConfig {
   UpdateConfig update;          // clipping, fp16 loss scaling, ZeRO (update.zero)
   bool zero_release = true;     // ZeRO-2: give reduced buckets' gradient pages back (parallel.zero_release)
   bool skip_allreduce = false;  // benchmarks: compute alone, gradients not averaged
+  Recompute recompute = Recompute::none;  // train.recompute (stage.hpp)
 };
 
 struct ModelParts {

@@ -22,17 +22,33 @@
 //    copy into slot 0's record, and commit_batch_stats() updates the running
 //    statistics once with the whole step's mean and unbiased variance
 //    (torchgpipe's DeferredBatchNorm; BatchNorm2d::set_deferred_stats).
+//  - Recomputation (set_recompute, train.recompute): `block` keeps, per slot,
+//    only each top-level layer's input (the block's: a vit block, a resnet
+//    BasicBlock, else a single layer) and releases the layer's activations
+//    right after its forward; the backward reruns the layer's forward from that
+//    input just before its backward, at the slot's SamplePosition marked
+//    replay (the same dropout masks, no BatchNorm statistics updated), and
+//    releases it again after its backward (after backward_weight where the
+//    layer defers its weight gradients). `attention` keeps everything but the
+//    attention probabilities, recomputed inside the attention's backward
+//    (MultiHeadSelfAttention::set_recompute_core). Either gives bitwise the
+//    same gradients as `none`; a row-parallel layer's replay all-reduces again.
 //  - Hooks: grad_ready(local layer index) fires once a layer's gradient for
 //    the micro-batch is complete (after backward_input for layers that do not
 //    split, after backward_weight for those that do).
 #include <functional>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "ringtrain/nn/model.hpp"
 
 namespace ringtrain {
+
+// train.recompute: which activations the backward recomputes instead of keeping.
+enum class Recompute { none, attention, block };
+Recompute parse_recompute(const std::string& s);  // "none" | "attention" | "block"
 
 class Stage {
  public:
@@ -80,6 +96,9 @@ class Stage {
   void commit_batch_stats();
   // Where the next forward stands (Dropout masks; layer.hpp SamplePosition).
   void set_position(std::uint64_t step, std::int64_t first_sample) { position_ = {step, first_sample}; }
+  // Activation recomputation (see the rules above); set before the first forward.
+  void set_recompute(Recompute r);
+  Recompute recompute() const { return recompute_; }
 
  private:
   Device device_;
@@ -92,6 +111,11 @@ class Stage {
   bool deferred_bn_ = false;
   bool fused_ = false, overwrite_next_ = false;
   SamplePosition position_;  // the layers read it through BindContext::position
+  Recompute recompute_ = Recompute::none;
+  // Per slot, recompute = block: each layer's input, and where the forward stood.
+  std::vector<std::vector<Tensor>> inputs_;
+  std::vector<SamplePosition> slot_position_;
+  void replay(int slot, int local);  // reruns layer `local`'s forward of the slot's micro-batch
 };
 
 }  // namespace ringtrain

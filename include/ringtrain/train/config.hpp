@@ -42,6 +42,7 @@ struct TrainConfig {
     std::string precision = "fp32";  // fp32 | tf32 | bf16 | fp16 (MathMode; fp16 adds loss scaling)
     int max_steps = 0;             // stop after this many optimizer steps (0: no limit)
     int verify_every = 0;          // check parameters are bitwise identical every N steps (0: off)
+    std::string recompute = "none";  // none | attention | block: activations recomputed in the backward
     double target_accuracy = 0.0;  // log when the test accuracy first reaches this
   } train;
   struct Optimizer {

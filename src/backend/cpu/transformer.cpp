@@ -176,6 +176,8 @@ class CpuAttention final : public AttentionKernel {
     }
   }
 
+  void release() override { probs_ = dp_ = Tensor(); }
+
   void backward(const Tensor& qkv, const Tensor& dout, Tensor& dqkv) override {
     const Dims g = dims(qkv, "attention backward");
     check(dout, "attention backward", "dout");
