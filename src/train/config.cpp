@@ -92,6 +92,7 @@ const std::vector<Field>& fields() {
       RT_FIELD(parallel, schedule, "afab | 1f1b | zb-h1"),
       RT_FIELD(parallel, partition, "uniform | params | time | list: how layers are cut into stages"),
       RT_FIELD(parallel, balance, "partition = list: layers per stage, e.g. [3, 2, 2]"),
+      RT_FIELD(parallel, sequence, "sequence parallelism (Korthikanti et al. 2022) at parallel.tensor > 1: the transformer blocks of vit and of [[model.layers]] transformer entries run LayerNorm, dropout and the residual stream on 1/tensor of the tokens, each tensor all-reduce becoming a reduce-scatter plus an all-gather; the tokens per sample must be divisible by parallel.tensor. No effect on other models"),
       RT_FIELD(parallel, shard_optimizer, "ZeRO-1: shard the optimizer state over the data-parallel ranks (reduce-scatter, slice update, all-gather)"),
       RT_FIELD(checkpoint, dir, "checkpoint directory (empty = no checkpoints)"),
       RT_FIELD(checkpoint, every_epochs, "write a checkpoint every N epochs"),

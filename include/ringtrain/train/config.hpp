@@ -94,6 +94,7 @@ struct TrainConfig {
     std::string partition = "uniform";  // uniform | params | time | list
     std::string balance;           // partition = list: layers per stage, "[3, 2, 2]"
     bool shard_optimizer = false;  // ZeRO-1: optimizer state sharded over the data-parallel group
+    bool sequence = true;          // tensor > 1: transformer blocks also split their tokens (sequence parallelism)
   } parallel;
   struct Checkpoint {
     std::string dir;               // "" = no checkpoints
