@@ -6,11 +6,15 @@
 // runs every layout and prints each figure beside its ideal (1 rank / (PP·TP),
 // ZeRO-1's optimizer state / DP).
 //   mpirun -np 4 bench_parallel_memory --model vit --pipeline 2 --tensor 2 [--zero] [--steps 2]
+//       [--sequence --patch 2]   (sequence parallelism: bench/sequence_parallel.sh)
 // Prints one CSV row per rank (rank 0 writes them all):
-//   model,ranks,pipeline,tensor,zero,rank,peak_rss_mb,tensor_peak_mb,params_b,grads_b,optimizer_b,activations_b,param_count,model_param_count
+//   model,ranks,pipeline,tensor,zero,rank,peak_rss_mb,tensor_peak_mb,params_b,grads_b,optimizer_b,activations_b,
+//   param_count,model_param_count,sequence,step_s   (step_s: the median step after the first, seconds)
 #include <sys/resource.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <vector>
@@ -28,12 +32,14 @@ int main(int argc, char** argv) {
   Communicator world = Communicator::world();
   CLI::App app{"per-rank memory of one layout"};
   std::string model = "vit", data = "/tmp/rt-bench-memory", partition = "params";
-  int pipeline = 1, tensor = 1, steps = 2, batch = 32;
-  bool zero = false, header = false;
+  int pipeline = 1, tensor = 1, steps = 2, batch = 32, patch = 4;
+  bool zero = false, header = false, sequence = false;
   app.add_option("--model", model, "vit (width 512, depth 8, 8 heads) | resnet (ResNet-20 width 16)");
   app.add_option("--pipeline", pipeline);
   app.add_option("--tensor", tensor);
   app.add_flag("--zero", zero, "parallel.shard_optimizer (ZeRO-1)");
+  app.add_flag("--sequence", sequence, "parallel.sequence (off here: patch 4 gives 49 tokens, which 2 does not divide)");
+  app.add_option("--patch", patch, "vit: model.patch (28x28 images: 4 -> 49 tokens, 2 -> 196)");
   app.add_option("--partition", partition, "parallel.partition: params balances the stages' parameters");
   app.add_option("--steps", steps);
   app.add_option("--batch", batch, "global batch");
@@ -56,12 +62,13 @@ int main(int argc, char** argv) {
     c.model.width = 512;
     c.model.depth = 8;
     c.model.heads = 8;
-    c.model.patch = 4;
+    c.model.patch = patch;
   }
   c.data.train = c.data.test = data;
   c.parallel.pipeline = pipeline;
   c.parallel.tensor = tensor;
   c.parallel.shard_optimizer = zero;
+  c.parallel.sequence = sequence;
   c.parallel.partition = partition;
   const int dp = world.size() / (pipeline * tensor);
   c.data.batch_size = batch / dp;
@@ -74,12 +81,23 @@ int main(int argc, char** argv) {
   TrainerHooks h;
   h.report = false;
   h.evaluate = false;
+  // Step times after the first (warm-up), for the median.
+  std::vector<double> step_s;
+  auto last = std::chrono::steady_clock::now();
+  int seen = 0;
+  h.on_step = [&](std::int64_t, double) {
+    const auto now = std::chrono::steady_clock::now();
+    if (seen++ > 0) step_s.push_back(std::chrono::duration<double>(now - last).count());
+    last = now;
+  };
   TrainerMemory m;
   {
     Trainer t(c, world, h);
     t.fit();
     m = t.memory();
   }
+  std::sort(step_s.begin(), step_s.end());
+  const double median_s = step_s.empty() ? 0 : step_s[step_s.size() / 2];
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
   const HostMemoryStats hs = host_memory_stats();
@@ -91,17 +109,18 @@ int main(int argc, char** argv) {
                               static_cast<double>(m.optimizer),
                               std::max(0.0, static_cast<double>(hs.peak) - held),
                               static_cast<double>(m.param_count),
-                              static_cast<double>(m.model_param_count)};
+                              static_cast<double>(m.model_param_count), median_s};
   std::vector<double> all(mine.size() * world.size());
   allgather(mine.data(), mine.size(), all.data(), DType::f64, world);
   if (world.rank() == 0) {
     if (header)
       std::printf("model,ranks,pipeline,tensor,zero,rank,peak_rss_mb,tensor_peak_mb,params_b,grads_b,optimizer_b,"
-                  "activations_b,param_count,model_param_count\n");
+                  "activations_b,param_count,model_param_count,sequence,step_s\n");
     for (int r = 0; r < world.size(); ++r) {
       const double* v = &all[mine.size() * r];
-      std::printf("%s,%d,%d,%d,%d,%d,%.1f,%.1f,%.0f,%.0f,%.0f,%.0f,%.0f,%.0f\n", model.c_str(), world.size(), pipeline,
-                  tensor, zero ? 1 : 0, r, v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]);
+      std::printf("%s,%d,%d,%d,%d,%d,%.1f,%.1f,%.0f,%.0f,%.0f,%.0f,%.0f,%.0f,%d,%.4f\n", model.c_str(), world.size(),
+                  pipeline, tensor, zero ? 1 : 0, r, v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], sequence ? 1 : 0,
+                  v[8]);
     }
   }
   return 0;

@@ -99,7 +99,8 @@ Shape ColumnParallel::gathered(const Shape& in) const { return g_.sequence ? seq
 
 Tensor ColumnParallel::do_forward(const Tensor& x, Mode mode) {
   if (!g_.sequence) return local_->forward(x, mode);
-  ensure(xg_, gathered(x.shape()), x.dtype(), x.device());
+  xs_ = x;  // the backward gathers it again (Megatron): the whole input is not kept per layer
+  xg_ = seq_workspace(0, gathered(x.shape()), x.dtype(), x.device());
   seq_all_gather(x, xg_, g_);  // g-bar
   return local_->forward(xg_, mode);
 }
@@ -110,6 +111,7 @@ Tensor ColumnParallel::do_forward(const Tensor& x, Mode mode) {
 // behind the GEMM. On a GPU the all-reduce runs inline: the device collectives
 // own the stream work of the calling thread (no second thread on the context).
 Tensor ColumnParallel::do_backward(const Tensor& dy, bool need_dx, bool accumulate) {
+  if (g_.sequence) seq_all_gather(xs_, xg_, g_);  // the input the local layer kept (other layers reused the buffer)
   Tensor dx = local_->backward_input(dy, need_dx, accumulate);
   RT_CHECK(!g_.sequence || dx.device().is_cpu() || !need_dx, type_, " '", name_, "': sequence parallelism runs on the host");
   if (!need_dx || g_.size == 1 || !dx.device().is_cpu()) {
@@ -118,9 +120,10 @@ Tensor ColumnParallel::do_backward(const Tensor& dy, bool need_dx, bool accumula
     return dx;
   }
   // Sequence parallelism: g-bar's backward reduce-scatters dx to this rank's tokens instead.
-  if (g_.sequence) ensure(dxs_, in_shape_, dx.dtype(), dx.device());
+  Tensor dxs;
+  if (g_.sequence) dxs = seq_workspace(2, in_shape_, dx.dtype(), dx.device());
   std::future<void> reduce = std::async(std::launch::async, [&] {
-    if (g_.sequence) seq_reduce_scatter(dx, dxs_, g_);
+    if (g_.sequence) seq_reduce_scatter(dx, dxs, g_);
     else tp_all_reduce(dx, g_);
   });
   try {
@@ -130,7 +133,7 @@ Tensor ColumnParallel::do_backward(const Tensor& dy, bool need_dx, bool accumula
     throw;
   }
   reduce.get();
-  return g_.sequence ? dxs_ : dx;
+  return g_.sequence ? dxs : dx;
 }
 
 // ---- RowParallel --------------------------------------------------------------------
@@ -221,9 +224,9 @@ Tensor RowParallel::do_backward(const Tensor& dy, bool need_dx, bool accumulate)
     be_->sum_broadcast(dz, inner(z_), dbp_, false);
     tp_sum_partial(dbp_, {db}, accumulate, g_, *be_);
   }
-  ensure(dzg_, seq_whole_shape(dz.shape(), g_), dz.dtype(), dz.device());
-  seq_all_gather(dz, dzg_, g_);
-  return local_->backward(dzg_, need_dx, accumulate);
+  Tensor dzg = seq_workspace(1, seq_whole_shape(dz.shape(), g_), dz.dtype(), dz.device());
+  seq_all_gather(dz, dzg, g_);
+  return local_->backward(dzg, need_dx, accumulate);
 }
 
 // ---- ChannelParallelBatchNorm2d -------------------------------------------------------

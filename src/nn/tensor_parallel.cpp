@@ -3,6 +3,7 @@
 // them are in parallel_layers.cpp.
 #include "ringtrain/nn/tensor_parallel.hpp"
 
+#include <array>
 #include <chrono>
 #include <cstring>
 #include <mutex>
@@ -151,6 +152,15 @@ void seq_reduce_scatter(const Tensor& whole, Tensor& shard, const TensorGroup& g
   Tensor& tmp = scratch_for(whole);
   runs.copy(static_cast<char*>(whole.raw()), static_cast<char*>(tmp.raw()), 0, g.size, true);
   reduce_scatter(tmp.raw(), shard.raw(), counts, whole.dtype(), ReduceOp::sum, g.comm);
+}
+
+Tensor seq_workspace(int slot, const Shape& shape, DType dt, Device dev) {
+  static auto& slots = *new std::array<Tensor, 3>;  // never destroyed, as the packing scratch
+  RT_CHECK(slot >= 0 && slot < 3, "seq_workspace: slot ", slot, " is not 0, 1 or 2");
+  Tensor& t = slots[std::size_t(slot)];
+  const std::size_t bytes = std::size_t(shape_numel(shape)) * dtype_size(dt);
+  if (!t.defined() || t.nbytes() < bytes || t.device() != dev) t = Tensor::empty({std::int64_t(bytes)}, DType::u8, dev);
+  return t.view_bytes(0, shape, dt);
 }
 
 void seq_slice(const Tensor& whole, Tensor& shard, const TensorGroup& g) {

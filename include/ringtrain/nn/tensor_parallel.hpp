@@ -50,6 +50,12 @@ void tp_all_reduce(const Tensor& in, Tensor& out, const TensorGroup& g);
 // row layer; its backward the all-gather).
 void seq_all_gather(const Tensor& shard, Tensor& whole, const TensorGroup& g);
 void seq_reduce_scatter(const Tensor& whole, Tensor& shard, const TensorGroup& g);
+// A buffer the sequence-parallel layers use only within one call (the
+// gathered input of a column layer, gathered again in its backward; the
+// gathered dz of a row layer; a column layer's dx shard until the next layer
+// reads it), shared by every layer of the process: `slot` 0, 1, 2 for the
+// three, so activation memory holds them once, not once per layer.
+Tensor seq_workspace(int slot, const Shape& shape, DType dt, Device dev);
 // This rank's tokens of a replicated `whole` (a copy, no communication).
 void seq_slice(const Tensor& whole, Tensor& shard, const TensorGroup& g);
 // The token shape on either side: dim 1 multiplied / divided by g.size
@@ -113,7 +119,7 @@ class ColumnParallel : public TensorParallelLayer {
 
  private:
   Shape gathered(const Shape& in) const;
-  Tensor xg_, dxs_;  // sequence: the gathered input, the dx shard
+  Tensor xs_, xg_;  // sequence: the input shard, the gathered input (a workspace view)
 };
 
 class RowParallel : public TensorParallelLayer {
@@ -145,7 +151,7 @@ class RowParallel : public TensorParallelLayer {
   std::unique_ptr<EltwiseKernel> relu_;
   std::unique_ptr<Pool2dKernel> pool_;
   Tensor b, db, z_, y_, dz_;  // z_: the reduced output (+ bias, ReLU) before the pooling
-  Tensor dzg_, dbp_;          // sequence: the gathered dz, this rank's part of db
+  Tensor dbp_;                // sequence: this rank's part of db
 };
 
 // channels: the WHOLE layer's; this rank normalises channels/T of them.
