@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <array>
 #include <cmath>
 
 #include "../support/error_of.hpp"
@@ -36,30 +37,34 @@ Tensor tokens(std::int64_t B, std::int64_t S, std::int64_t D, std::uint64_t stre
   return t;
 }
 
+// Small, and vit-sized blocks of several collective segments (the ring
+// reduce-scatter stalled on those at 3+ ranks: the operator uses MPI's).
 TEST(SequenceOperators, GatherScatterAndSliceAreTheTokenSplit) {
   Communicator world = Communicator::world();
   const TensorGroup g = TensorGroup::of(world);
-  const std::int64_t B = 3, S = 4 * g.size, D = 5, Sl = S / g.size;
-  const Tensor whole = tokens(B, S, D, 1);
-  Tensor mine = Tensor::empty({B, Sl, D});
-  seq_slice(whole, mine, g);
-  for (std::int64_t b = 0; b < B; ++b)
-    for (std::int64_t s = 0; s < Sl; ++s)
-      for (std::int64_t d = 0; d < D; ++d)
-        ASSERT_EQ(mine.data<float>()[(b * Sl + s) * D + d], whole.data<float>()[(b * S + g.rank * Sl + s) * D + d]);
-  Tensor back = Tensor::empty({B, S, D});
-  seq_all_gather(mine, back, g);  // every rank's slice: the whole tensor again
-  for (std::int64_t i = 0; i < whole.numel(); ++i) ASSERT_EQ(back.data<float>()[i], whole.data<float>()[i]);
-  // Reduce-scatter of rank-dependent wholes: this rank's tokens of their sum.
-  Tensor part = tokens(B, S, D, 100 + std::uint64_t(g.rank)), got = Tensor::empty({B, Sl, D});
-  seq_reduce_scatter(part, got, g);
-  for (std::int64_t b = 0; b < B; ++b)
-    for (std::int64_t s = 0; s < Sl; ++s)
-      for (std::int64_t d = 0; d < D; ++d) {
-        double sum = 0;
-        for (int r = 0; r < g.size; ++r) sum += value(100 + std::uint64_t(r), (b * S + g.rank * Sl + s) * D + d);
-        ASSERT_NEAR(got.data<float>()[(b * Sl + s) * D + d], sum, 1e-6) << b << " " << s << " " << d;
-      }
+  for (auto [B, per_rank, D] : {std::array<std::int64_t, 3>{3, 4, 5}, std::array<std::int64_t, 3>{32, 49, 512}}) {
+    const std::int64_t S = per_rank * g.size, Sl = per_rank;
+    const Tensor whole = tokens(B, S, D, 1);
+    Tensor mine = Tensor::empty({B, Sl, D});
+    seq_slice(whole, mine, g);
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t s = 0; s < Sl; ++s)
+        for (std::int64_t d = 0; d < D; ++d)
+          ASSERT_EQ(mine.data<float>()[(b * Sl + s) * D + d], whole.data<float>()[(b * S + g.rank * Sl + s) * D + d]);
+    Tensor back = Tensor::empty({B, S, D});
+    seq_all_gather(mine, back, g);  // every rank's slice: the whole tensor again
+    for (std::int64_t i = 0; i < whole.numel(); ++i) ASSERT_EQ(back.data<float>()[i], whole.data<float>()[i]);
+    // Reduce-scatter of rank-dependent wholes: this rank's tokens of their sum.
+    Tensor part = tokens(B, S, D, 100 + std::uint64_t(g.rank)), got = Tensor::empty({B, Sl, D});
+    seq_reduce_scatter(part, got, g);
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t s = 0; s < Sl; ++s)
+        for (std::int64_t d = 0; d < D; ++d) {
+          double sum = 0;
+          for (int r = 0; r < g.size; ++r) sum += value(100 + std::uint64_t(r), (b * S + g.rank * Sl + s) * D + d);
+          ASSERT_NEAR(got.data<float>()[(b * Sl + s) * D + d], sum, 1e-5) << b << " " << s << " " << d;
+        }
+  }
 }
 
 ModelConfig vit_cfg(double dropout) {
