@@ -113,7 +113,8 @@ Tensor ColumnParallel::do_forward(const Tensor& x, Mode mode) {
 Tensor ColumnParallel::do_backward(const Tensor& dy, bool need_dx, bool accumulate) {
   if (g_.sequence) seq_all_gather(xs_, xg_, g_);  // the input the local layer kept (other layers reused the buffer)
   Tensor dx = local_->backward_input(dy, need_dx, accumulate);
-  RT_CHECK(!g_.sequence || dx.device().is_cpu() || !need_dx, type_, " '", name_, "': sequence parallelism runs on the host");
+  RT_CHECK(!g_.sequence || dx.device().is_cpu() || !need_dx, type_, " '", name_,
+           "': sequence parallelism runs on the host");
   if (!need_dx || g_.size == 1 || !dx.device().is_cpu()) {
     if (need_dx && g_.size > 1) tp_all_reduce(dx, g_);
     local_->backward_weight();

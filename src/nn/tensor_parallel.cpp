@@ -100,7 +100,8 @@ void check_seq(const Tensor& whole, const Tensor& shard, const TensorGroup& g, c
 std::mutex seq_mutex;
 Tensor& scratch_for(const Tensor& t) {
   static Tensor& scratch = *new Tensor;
-  if (!scratch.defined() || scratch.nbytes() < t.nbytes()) scratch = Tensor::empty({std::int64_t(t.nbytes())}, DType::u8);
+  if (!scratch.defined() || scratch.nbytes() < t.nbytes())
+    scratch = Tensor::empty({std::int64_t(t.nbytes())}, DType::u8);
   return scratch;
 }
 

@@ -43,7 +43,8 @@ RunPlan plan_run(TrainConfig cfg, int ranks) {
 std::string RunPlan::json() const {
   nlohmann::ordered_json j;
   j["ranks"] = ranks;
-  j["layout"] = {{"data", data}, {"pipeline", pipeline}, {"tensor", tensor}, {"sequence", sequence}, {"schedule", schedule}, {"zero", zero}};
+  j["layout"] = {{"data", data},         {"pipeline", pipeline}, {"tensor", tensor},
+                 {"sequence", sequence}, {"schedule", schedule}, {"zero", zero}};
   j["batch_per_rank"] = batch_per_rank;
   j["accumulation"] = accumulation;
   j["micro_batches"] = micro_batches;

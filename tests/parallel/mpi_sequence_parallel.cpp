@@ -10,7 +10,9 @@
 #include <omp.h>
 
 #include <array>
+#include <chrono>
 #include <cmath>
+#include <functional>
 
 #include "../support/error_of.hpp"
 #include "ringtrain/nn/loss.hpp"
@@ -64,6 +66,23 @@ TEST(SequenceOperators, GatherScatterAndSliceAreTheTokenSplit) {
           for (int r = 0; r < g.size; ++r) sum += value(100 + std::uint64_t(r), (b * S + g.rank * Sl + s) * D + d);
           ASSERT_NEAR(got.data<float>()[(b * Sl + s) * D + d], sum, 1e-5) << b << " " << s << " " << d;
         }
+    if (B == 1 || g.size == 1) continue;
+    // What the packing costs: the gather with its unpack against the bare all-gather of the same bytes.
+    auto best_of = [&](const std::function<void()>& f) {
+      double best = 1e30;
+      for (int k = 0; k < 5; ++k) {
+        world.barrier();
+        const auto t0 = std::chrono::steady_clock::now();
+        f();
+        best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      }
+      return best;
+    };
+    const double packed = best_of([&] { seq_all_gather(mine, back, g); });
+    const double bare = best_of([&] { allgather(mine.raw(), std::size_t(mine.numel()), back.raw(), DType::f32, g.comm); });
+    if (g.rank == 0)
+      std::printf("[%lld, %lld, %lld] over %d ranks: sequence all-gather %.2f ms (with unpacking), bare all-gather "
+                  "%.2f ms\n", (long long)B, (long long)S, (long long)D, g.size, packed * 1e3, bare * 1e3);
   }
 }
 
