@@ -8,12 +8,16 @@
 // per step through our collectives (counted by the primitives; use --algorithm
 // ring: shm copies are not on a wire) beside the ring all-reduce's 2(N-1)/N·G.
 //   mpirun -np 4 bench_parallel_memory --model vit --pipeline 2 --tensor 2 [--zero 0|1|2] [--steps 2]
+//       [--sequence --patch 2]   (sequence parallelism: bench/sequence_parallel.sh)
 // Prints one CSV row per rank (rank 0 writes them all):
 //   model,ranks,pipeline,tensor,zero,rank,peak_rss_mb,tensor_peak_mb,params_b,grads_b,optimizer_b,activations_b,
-//   param_count,model_param_count,grads_in_flight_b,sent_per_step_b
+//   param_count,model_param_count,grads_in_flight_b,sent_per_step_b,sequence,step_s
+//   (step_s: the median step after the first, seconds)
 #include <sys/resource.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <vector>
@@ -33,13 +37,15 @@ int main(int argc, char** argv) {
   CLI::App app{"per-rank memory of one layout"};
   std::string model = "vit", data = "/tmp/rt-bench-memory", partition = "params";
   std::string algorithm = "auto";
-  int pipeline = 1, tensor = 1, steps = 2, batch = 32, zero = 0;
-  bool header = false;
+  int pipeline = 1, tensor = 1, steps = 2, batch = 32, zero = 0, patch = 4;
+  bool header = false, sequence = false;
   app.add_option("--model", model, "vit (width 512, depth 8, 8 heads) | resnet (ResNet-20 width 16)");
   app.add_option("--pipeline", pipeline);
   app.add_option("--tensor", tensor);
   app.add_option("--zero", zero, "parallel.zero (0, 1 or 2)");
   app.add_option("--algorithm", algorithm, "comm.algorithm (ring: every gradient byte is counted on the wire)");
+  app.add_flag("--sequence", sequence, "parallel.sequence (off here: patch 4 gives 49 tokens, which 2 does not divide)");
+  app.add_option("--patch", patch, "vit: model.patch (28x28 images: 4 -> 49 tokens, 2 -> 196)");
   app.add_option("--partition", partition, "parallel.partition: params balances the stages' parameters");
   app.add_option("--steps", steps);
   app.add_option("--batch", batch, "global batch");
@@ -62,13 +68,14 @@ int main(int argc, char** argv) {
     c.model.width = 512;
     c.model.depth = 8;
     c.model.heads = 8;
-    c.model.patch = 4;
+    c.model.patch = patch;
   }
   c.data.train = c.data.test = data;
   c.parallel.pipeline = pipeline;
   c.parallel.tensor = tensor;
   c.parallel.zero = zero;
   c.comm.algorithm = algorithm;
+  c.parallel.sequence = sequence;
   c.parallel.partition = partition;
   const int dp = world.size() / (pipeline * tensor);
   c.data.batch_size = batch / dp;
@@ -81,10 +88,17 @@ int main(int argc, char** argv) {
   TrainerHooks h;
   h.report = false;
   h.evaluate = false;
-  // Bytes sent between the end of step 1 and the last step's: whole steps only (no start-up broadcast).
+  // Bytes sent between the end of step 1 and the last step's: whole steps only (no start-up
+  // broadcast); step times after the first (warm-up), for the median.
   std::uint64_t sent_after_1 = 0, sent_last = 0;
+  std::vector<double> step_s;
+  auto last = std::chrono::steady_clock::now();
+  int seen = 0;
   h.on_step = [&](std::int64_t step, double) {
     (step == 1 ? sent_after_1 : sent_last) = primitives_bytes_sent();
+    const auto now = std::chrono::steady_clock::now();
+    if (seen++ > 0) step_s.push_back(std::chrono::duration<double>(now - last).count());
+    last = now;
   };
   TrainerMemory m;
   {
@@ -92,6 +106,8 @@ int main(int argc, char** argv) {
     t.fit();
     m = t.memory();
   }
+  std::sort(step_s.begin(), step_s.end());
+  const double median_s = step_s.empty() ? 0 : step_s[step_s.size() / 2];
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
   const HostMemoryStats hs = host_memory_stats();
@@ -105,17 +121,19 @@ int main(int argc, char** argv) {
                               static_cast<double>(m.param_count),
                               static_cast<double>(m.model_param_count),
                               static_cast<double>(m.grads_in_flight),
-                              steps > 1 ? static_cast<double>(sent_last - sent_after_1) / (steps - 1) : 0.0};
+                              steps > 1 ? static_cast<double>(sent_last - sent_after_1) / (steps - 1) : 0.0,
+                              median_s};
   std::vector<double> all(mine.size() * world.size());
   allgather(mine.data(), mine.size(), all.data(), DType::f64, world);
   if (world.rank() == 0) {
     if (header)
       std::printf("model,ranks,pipeline,tensor,zero,rank,peak_rss_mb,tensor_peak_mb,params_b,grads_b,optimizer_b,"
-                  "activations_b,param_count,model_param_count,grads_in_flight_b,sent_per_step_b\n");
+                  "activations_b,param_count,model_param_count,grads_in_flight_b,sent_per_step_b,sequence,step_s\n");
     for (int r = 0; r < world.size(); ++r) {
       const double* v = &all[mine.size() * r];
-      std::printf("%s,%d,%d,%d,%d,%d,%.1f,%.1f,%.0f,%.0f,%.0f,%.0f,%.0f,%.0f,%.0f,%.0f\n", model.c_str(), world.size(),
-                  pipeline, tensor, zero, r, v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9]);
+      std::printf("%s,%d,%d,%d,%d,%d,%.1f,%.1f,%.0f,%.0f,%.0f,%.0f,%.0f,%.0f,%.0f,%.0f,%d,%.4f\n", model.c_str(),
+                  world.size(), pipeline, tensor, zero, r, v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9],
+                  sequence ? 1 : 0, v[10]);
     }
   }
   return 0;

@@ -49,19 +49,19 @@ Shape MultiHeadSelfAttention::output_shape(const Shape& in) const {
   }
   RT_CHECK(q.size() == 3 && q[2] == 3 * inner, "MultiHeadSelfAttention '", name_, "': qkv gives ", shape_str(q),
            ", expected [N, T, 3 * ", heads_, " heads * ", head_dim_, "]");
-  return proj_->output_shape({in[0], in[1], inner});
+  return proj_->output_shape({in[0], q[1], inner});  // q[1]: all tokens, also from a sequence shard
 }
 
 double MultiHeadSelfAttention::forward_flops(const Shape& in) const {
-  const std::int64_t inner = heads_ * head_dim_;
+  const std::int64_t inner = heads_ * head_dim_, t = qkv_->output_shape(in)[1];
   // Q K^T and P V: 2 FLOPs per multiply-add, T*T*hd of each per sample and head.
-  const double core = 2.0 * 2.0 * double(in[0]) * double(heads_) * double(in[1]) * double(in[1]) * double(head_dim_);
-  return qkv_->forward_flops(in) + core + proj_->forward_flops({in[0], in[1], inner});
+  const double core = 2.0 * 2.0 * double(in[0]) * double(heads_) * double(t) * double(t) * double(head_dim_);
+  return qkv_->forward_flops(in) + core + proj_->forward_flops({in[0], t, inner});
 }
 
 Tensor MultiHeadSelfAttention::do_forward(const Tensor& x, Mode mode) {
   Tensor qkv = qkv_->forward(x, mode);
-  ensure(core_, {x.dim(0), x.dim(1), heads_ * head_dim_}, qkv.dtype(), qkv.device());
+  ensure(core_, {qkv.dim(0), qkv.dim(1), heads_ * head_dim_}, qkv.dtype(), qkv.device());
   k_->forward(qkv, core_);
   if (recompute_core_ && mode == Mode::train) k_->release();
   qkv_out_ = qkv;

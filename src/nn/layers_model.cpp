@@ -194,6 +194,7 @@ struct Target {
   std::int64_t classes;  // a linear entry's default `out`
   bool fuse_pool;        // the backend fuses max pooling into the convolution
   std::string root;      // how errors name the top-level list ("model.layers")
+  bool sequence = false; // parallel.sequence at g.size > 1: transformer entries split their tokens
 };
 
 // Builds one list of entries (the model, or a residual's body/shortcut),
@@ -214,6 +215,7 @@ class Builder {
       if (d.type == "dropout" && !parent_.empty() && !Entry(d, w).has("name")) name = parent_ + "." + name;
       const Entry e(d, cat(w, " (", d.type, " '", name, "')"));
       const std::size_t first = out.size();
+      next_ = i + 1 < list.size() ? list[i + 1].type : std::string();
       try {
         add(out, e, name);
         for (std::size_t k = first; k < out.size(); ++k) shape_ = out[k]->output_shape(shape_);
@@ -335,6 +337,13 @@ class Builder {
         return;
       }
       TransformerBlockSpec s;
+      if (t_.sequence) {  // a run of transformer entries passes token shards from one to the next
+        s.sequence = true;
+        s.seq_first = !seq_;
+        s.seq_last = next_ != "transformer";
+        if (s.seq_first) seq_shard_shape(shape_, g);  // the sequence length must divide: named errors
+        seq_ = !s.seq_last;
+      }
       s.dim = dim;
       s.heads = heads;
       s.mlp_ratio = e.f("mlp_ratio", 4.0);
@@ -378,6 +387,8 @@ class Builder {
   Shape shape_;         // [1, ...]: one sample
   std::string parent_;  // enclosing residual's name (dropout streams are keyed by layer name)
   std::string split_;   // the column entry whose split output is pending ("" = not split)
+  std::string next_;    // the type of the entry after the one being added ("" = none)
+  bool seq_ = false;    // the tokens are split over the tensor ranks (inside a run of transformer entries)
 };
 
 }  // namespace
@@ -387,7 +398,7 @@ void check_layer_descs(const std::vector<LayerDesc>& layers) { check_list(layers
 std::vector<LayerPtr> build_described_layers(const std::vector<LayerDesc>& descs, const ModelConfig& c,
                                              bool fuse_pool, const std::string& where) {
   check_list(descs, where);
-  const Target t{c.tensor, c.classes, fuse_pool, where};
+  const Target t{c.tensor, c.classes, fuse_pool, where, c.sequence && c.tensor.size > 1};
   Builder b(t, {1, c.in_channels, c.height, c.width}, "");
   auto L = b.build(descs, where);
   RT_CHECK(b.shape().size() == 2 && b.shape()[1] == c.classes, where, ": the last entry's output is ",

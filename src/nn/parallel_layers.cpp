@@ -95,19 +95,38 @@ ColumnParallel::ColumnParallel(std::string name, const LinearSpec& s, Init init,
 ColumnParallel::ColumnParallel(std::string name, const Conv2dSpec& s, Init init, TensorGroup g, int blocks)
     : TensorParallelLayer(name, type_of(s, 0), part_of(name, s, init, 0, g, blocks), 0, g, blocks) {}
 
+Shape ColumnParallel::gathered(const Shape& in) const { return g_.sequence ? seq_whole_shape(in, g_) : in; }
+
+Tensor ColumnParallel::do_forward(const Tensor& x, Mode mode) {
+  if (!g_.sequence) return local_->forward(x, mode);
+  xs_ = x;  // the backward gathers it again (Megatron): the whole input is not kept per layer
+  xg_ = seq_workspace(0, gathered(x.shape()), x.dtype(), x.device());
+  seq_all_gather(x, xg_, g_);  // g-bar
+  return local_->forward(xg_, mode);
+}
+
 // f's backward all-reduces dx (the input was replicated). As Megatron's async
 // dgrad all-reduce, it runs on a helper thread while this one computes the
 // weight gradient, which does not depend on it: the same sums, the wait hidden
 // behind the GEMM. On a GPU the all-reduce runs inline: the device collectives
 // own the stream work of the calling thread (no second thread on the context).
 Tensor ColumnParallel::do_backward(const Tensor& dy, bool need_dx, bool accumulate) {
+  if (g_.sequence) seq_all_gather(xs_, xg_, g_);  // the input the local layer kept (other layers reused the buffer)
   Tensor dx = local_->backward_input(dy, need_dx, accumulate);
+  RT_CHECK(!g_.sequence || dx.device().is_cpu() || !need_dx, type_, " '", name_,
+           "': sequence parallelism runs on the host");
   if (!need_dx || g_.size == 1 || !dx.device().is_cpu()) {
     if (need_dx && g_.size > 1) tp_all_reduce(dx, g_);
     local_->backward_weight();
     return dx;
   }
-  std::future<void> reduce = std::async(std::launch::async, [&] { tp_all_reduce(dx, g_); });
+  // Sequence parallelism: g-bar's backward reduce-scatters dx to this rank's tokens instead.
+  Tensor dxs;
+  if (g_.sequence) dxs = seq_workspace(2, in_shape_, dx.dtype(), dx.device());
+  std::future<void> reduce = std::async(std::launch::async, [&] {
+    if (g_.sequence) seq_reduce_scatter(dx, dxs, g_);
+    else tp_all_reduce(dx, g_);
+  });
   try {
     local_->backward_weight();
   } catch (...) {
@@ -115,7 +134,7 @@ Tensor ColumnParallel::do_backward(const Tensor& dy, bool need_dx, bool accumula
     throw;
   }
   reduce.get();
-  return dx;
+  return g_.sequence ? dxs : dx;
 }
 
 // ---- RowParallel --------------------------------------------------------------------
@@ -152,6 +171,10 @@ void RowParallel::init(const ParamArena& arena, std::uint64_t seed) {
 
 Shape RowParallel::output_shape(const Shape& in) const {
   Shape o = local_->output_shape(in);
+  if (g_.sequence) {
+    RT_CHECK(!after_.pool, type_, " '", name_, "': sequence parallelism splits tokens, not pooled images");
+    return seq_shard_shape(o, g_);
+  }
   if (!after_.pool) return o;
   const Shape p = pool2d_output(o, after_.pool_spec);
   RT_CHECK(p[2] > 0 && p[3] > 0, type_, " '", name_, "': its output ", shape_str(o),
@@ -163,8 +186,13 @@ std::int64_t RowParallel::inner(const Tensor& z) const { return after_.images ? 
 
 Tensor RowParallel::do_forward(const Tensor& x, Mode mode) {
   Tensor partial = local_->forward(x, mode);
-  ensure(z_, partial.shape(), partial.dtype(), partial.device());
-  tp_all_reduce(partial, z_, g_);  // g: sum the partial products
+  if (g_.sequence) {  // g: sum the partial products, each rank keeping its tokens
+    ensure(z_, seq_shard_shape(partial.shape(), g_), partial.dtype(), partial.device());
+    seq_reduce_scatter(partial, z_, g_);
+  } else {
+    ensure(z_, partial.shape(), partial.dtype(), partial.device());
+    tp_all_reduce(partial, z_, g_);  // g: sum the partial products
+  }
   if (after_.bias) be_->add_broadcast(z_, b, inner(z_), z_);
   if (after_.relu) relu_->forward(z_, z_);
   if (!after_.pool) return z_;
@@ -190,9 +218,21 @@ Tensor RowParallel::do_backward(const Tensor& dy, bool need_dx, bool accumulate)
     relu_->backward(z_, z_, dz, dz_);
     dz = dz_;
   }
-  // Every tensor rank computes the same db: the reduced output is replicated.
-  if (after_.bias) be_->sum_broadcast(dz, inner(z_), db, accumulate);
-  return local_->backward(dz, need_dx, accumulate);  // g's backward is the identity
+  if (!g_.sequence) {
+    // Every tensor rank computes the same db: the reduced output is replicated.
+    if (after_.bias) be_->sum_broadcast(dz, inner(z_), db, accumulate);
+    return local_->backward(dz, need_dx, accumulate);  // g's backward is the identity
+  }
+  // Sequence parallelism: db sums this rank's tokens only (summed over the
+  // group, as Megatron does); g's backward all-gathers dz.
+  if (after_.bias) {
+    ensure(dbp_, db.shape(), db.dtype(), db.device());
+    be_->sum_broadcast(dz, inner(z_), dbp_, false);
+    tp_sum_partial(dbp_, {db}, accumulate, g_, *be_);
+  }
+  Tensor dzg = seq_workspace(1, seq_whole_shape(dz.shape(), g_), dz.dtype(), dz.device());
+  seq_all_gather(dz, dzg, g_);
+  return local_->backward(dzg, need_dx, accumulate);
 }
 
 // ---- ChannelParallelBatchNorm2d -------------------------------------------------------

@@ -105,8 +105,17 @@ Tensor Dropout::do_forward(const Tensor& x, Mode mode) {
   const std::uint64_t stream = stream_ + (position_ ? position_->step : calls_++);
   const std::int64_t per_sample = x.dim(0) > 0 ? x.numel() / x.dim(0) : 0;
   const std::int64_t first_sample = position_ ? position_->first_sample : 0;
-  if (parts_ == 1) {
+  if (parts_ == 1 && token_parts_ == 1) {
     be_->dropout_forward(x, p_, seed_, stream, static_cast<std::uint64_t>(first_sample * per_sample), mask_, y_);
+    return y_;
+  }
+  if (token_parts_ > 1) {  // each sample's tokens are one run of the whole sample's elements
+    const std::int64_t whole = per_sample * token_parts_;
+    for (std::int64_t n = 0; n < x.dim(0); ++n) {
+      Tensor yn = y_.flat_view(n * per_sample, per_sample), mn = mask_.flat_view(n * per_sample, per_sample);
+      be_->dropout_forward(x.flat_view(n * per_sample, per_sample), p_, seed_, stream,
+                           static_cast<std::uint64_t>((first_sample + n) * whole + index_ * per_sample), mn, yn);
+    }
     return y_;
   }
   RT_CHECK(x.dtype() == DType::f32, "Dropout '", name_, "': a feature-sharded dropout runs on float32 tensors");

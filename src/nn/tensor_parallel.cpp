@@ -3,8 +3,10 @@
 // them are in parallel_layers.cpp.
 #include "ringtrain/nn/tensor_parallel.hpp"
 
+#include <array>
 #include <chrono>
 #include <cstring>
+#include <mutex>
 
 #include "init.hpp"
 #include "ringtrain/comm/collectives.hpp"
@@ -63,7 +65,127 @@ class TpTimer {
   std::chrono::steady_clock::time_point t0_;
 };
 
+// Sequence shards: [B][S][inner] whole, [B][S/T][inner] per rank. Copies the
+// runs of one sample's S/T tokens between a whole tensor and the rank-major
+// layout [T][B][S/T][inner] of the collectives (or one rank's part of it).
+struct SeqRuns {
+  std::int64_t B, n, T;  // samples, elements per sample per rank, ranks
+  std::size_t es;
+  SeqRuns(const Tensor& whole, const TensorGroup& g) : B(whole.dim(0)), T(g.size), es(dtype_size(whole.dtype())) {
+    n = B > 0 ? whole.numel() / B / T : 0;
+  }
+  // ranks [r0, r1) between whole and packed (packed holds those ranks' blocks).
+  void copy(char* whole, char* packed, int r0, int r1, bool to_packed) const {
+    const std::size_t run = std::size_t(n) * es;
+    for (int r = r0; r < r1; ++r)
+      for (std::int64_t b = 0; b < B; ++b) {
+        char* w = whole + std::size_t((b * T + r) * n) * es;
+        char* p = packed + std::size_t(((r - r0) * B + b) * n) * es;
+        if (to_packed) std::memcpy(p, w, run);
+        else std::memcpy(w, p, run);
+      }
+  }
+};
+
+void check_seq(const Tensor& whole, const Tensor& shard, const TensorGroup& g, const char* what) {
+  need_host(whole, what);
+  need_host(shard, what);
+  RT_CHECK(whole.dtype() == shard.dtype() && whole.ndim() >= 2 && shard.shape() == seq_shard_shape(whole.shape(), g),
+           what, ": ", shape_str(whole.shape()), " and its token shard ", shape_str(shard.shape()), " over ", g.size,
+           " ranks");
+}
+
+// One scratch for every packing: the sequence collectives of a process never overlap.
+// Never destroyed: the host allocator may be gone by the time statics are.
+std::mutex seq_mutex;
+Tensor& scratch_for(const Tensor& t) {
+  static Tensor& scratch = *new Tensor;
+  if (!scratch.defined() || scratch.nbytes() < t.nbytes())
+    scratch = Tensor::empty({std::int64_t(t.nbytes())}, DType::u8);
+  return scratch;
+}
+
 }  // namespace
+
+// ---- sequence parallelism -----------------------------------------------------
+Shape seq_shard_shape(const Shape& whole, const TensorGroup& g) {
+  RT_CHECK(whole.size() >= 2 && whole[1] % g.size == 0, "parallel.sequence = true: the sequence length ",
+           whole.size() >= 2 ? whole[1] : 0, " (tokens per sample) is not divisible by parallel.tensor = ", g.size,
+           " (each tensor rank keeps 1/", g.size, " of the tokens; set parallel.sequence = false)");
+  Shape s = whole;
+  s[1] /= g.size;
+  return s;
+}
+
+Shape seq_whole_shape(const Shape& shard, const TensorGroup& g) {
+  RT_CHECK(shard.size() >= 2, "sequence parallelism: expects tokens [N, T, ...], got ", shape_str(shard));
+  Shape s = shard;
+  s[1] *= g.size;
+  return s;
+}
+
+void seq_all_gather(const Tensor& shard, Tensor& whole, const TensorGroup& g) {
+  check_seq(whole, shard, g, "sequence all-gather");
+  TpTimer timer(g, shard.nbytes());
+  const SeqRuns runs(whole, g);
+  if (g.size == 1 || runs.B == 1) {  // rank-major is the whole layout: gather in place
+    if (g.size == 1) whole.copy_from(shard);
+    else allgather(shard.raw(), std::size_t(shard.numel()), whole.raw(), shard.dtype(), g.comm);
+    return;
+  }
+  std::lock_guard<std::mutex> lock(seq_mutex);
+  Tensor& tmp = scratch_for(whole);
+  allgather(shard.raw(), std::size_t(shard.numel()), tmp.raw(), shard.dtype(), g.comm);
+  runs.copy(static_cast<char*>(whole.raw()), static_cast<char*>(tmp.raw()), 0, g.size, false);
+}
+
+void seq_reduce_scatter(const Tensor& whole, Tensor& shard, const TensorGroup& g) {
+  check_seq(whole, shard, g, "sequence reduce-scatter");
+  TpTimer timer(g, shard.nbytes());
+  const SeqRuns runs(whole, g);
+  const std::vector<std::size_t> counts(std::size_t(g.size), std::size_t(shard.numel()));
+  // The ring reduce-scatter (comm/ring.cpp) stalls at 3+ ranks on multi-segment blocks (vit width
+  // 512, 196 tokens, batch 32, tensor 4: "reduce_scatter: stalled ... ranks disagree"); MPI's meanwhile.
+  CollectiveOptions o;
+  o.algorithm = Algorithm::mpi;
+  if (g.size == 1 || runs.B == 1) {
+    if (g.size == 1) shard.copy_from(whole);
+    else reduce_scatter(whole.raw(), shard.raw(), counts, whole.dtype(), ReduceOp::sum, g.comm, o);
+    return;
+  }
+  std::lock_guard<std::mutex> lock(seq_mutex);
+  Tensor& tmp = scratch_for(whole);
+  runs.copy(static_cast<char*>(whole.raw()), static_cast<char*>(tmp.raw()), 0, g.size, true);
+  reduce_scatter(tmp.raw(), shard.raw(), counts, whole.dtype(), ReduceOp::sum, g.comm, o);
+}
+
+Tensor seq_workspace(int slot, const Shape& shape, DType dt, Device dev) {
+  static auto& slots = *new std::array<Tensor, 3>;  // never destroyed, as the packing scratch
+  RT_CHECK(slot >= 0 && slot < 3, "seq_workspace: slot ", slot, " is not 0, 1 or 2");
+  Tensor& t = slots[std::size_t(slot)];
+  const std::size_t bytes = std::size_t(shape_numel(shape)) * dtype_size(dt);
+  if (!t.defined() || t.nbytes() < bytes || t.device() != dev) t = Tensor::empty({std::int64_t(bytes)}, DType::u8, dev);
+  return t.view_bytes(0, shape, dt);
+}
+
+void seq_slice(const Tensor& whole, Tensor& shard, const TensorGroup& g) {
+  check_seq(whole, shard, g, "sequence slice");
+  SeqRuns(whole, g).copy(static_cast<char*>(whole.raw()), static_cast<char*>(shard.raw()), g.rank, g.rank + 1, true);
+}
+
+void tp_sum_partial(Tensor& partial, const std::vector<Tensor>& grads, bool accumulate, const TensorGroup& g,
+                    Backend& be) {
+  tp_all_reduce(partial, g);
+  std::int64_t at = 0;
+  for (const Tensor& gr : grads) {
+    Tensor part = partial.flat_view(at, gr.numel()).reshape(gr.shape());
+    Tensor dst = gr;
+    if (accumulate) be.add(dst, part, dst);
+    else dst.copy_from(part);
+    at += gr.numel();
+  }
+  RT_CHECK(at == partial.numel(), "tp_sum_partial: ", partial.numel(), " partial elements for ", at, " of gradients");
+}
 
 // ---- operators ----------------------------------------------------------------
 void tp_all_reduce(Tensor& t, const TensorGroup& g) { tp_all_reduce(t, t, g); }

@@ -28,6 +28,7 @@ void LayerNorm::bind(const BindContext& ctx) {
   dgamma = ctx.arena.grad(g_);
   dbeta = ctx.arena.grad(b_);
   k_ = ctx.backend.layernorm(spec_);
+  be_ = &ctx.backend;
 }
 
 void LayerNorm::init(const ParamArena& arena, std::uint64_t) {
@@ -51,7 +52,15 @@ Tensor LayerNorm::do_forward(const Tensor& x, Mode) {
 Tensor LayerNorm::do_backward(const Tensor& dy, bool need_dx, bool accumulate) {
   Tensor dx;
   if (need_dx) dx = ensure(dx_, x_.shape(), x_.dtype(), x_.device());
-  k_->backward(x_, gamma, dy, dx, dgamma, dbeta, accumulate);
+  if (sum_over_.size == 1) {
+    k_->backward(x_, gamma, dy, dx, dgamma, dbeta, accumulate);
+    return dx;
+  }
+  // This rank's tokens' part of both gradients, summed over the group in one all-reduce.
+  ensure(partial_, {2 * spec_.features}, dgamma.dtype(), dgamma.device());
+  Tensor pg = partial_.flat_view(0, spec_.features), pb = partial_.flat_view(spec_.features, spec_.features);
+  k_->backward(x_, gamma, dy, dx, pg, pb, false);
+  tp_sum_partial(partial_, {dgamma, dbeta}, accumulate, sum_over_, *be_);
   return dx;
 }
 
@@ -142,8 +151,8 @@ Tensor TokenMean::do_backward(const Tensor& dy, bool need_dx, bool) {
 void TokenMean::release_activations() { y_ = dx_ = Tensor(); }
 
 // ---- ResidualStack ----------------------------------------------------------
-ResidualStack::ResidualStack(std::string name, std::vector<std::vector<LayerPtr>> branches)
-    : Layer(std::move(name)), branches_(std::move(branches)) {
+ResidualStack::ResidualStack(std::string name, std::vector<std::vector<LayerPtr>> branches, SequenceShard seq)
+    : Layer(std::move(name)), branches_(std::move(branches)), seq_(std::move(seq)) {
   RT_CHECK(!branches_.empty(), "ResidualStack '", name_, "': needs at least one branch");
   for (auto& b : branches_) RT_CHECK(!b.empty(), "ResidualStack '", name_, "': a branch is empty");
 }
@@ -168,13 +177,14 @@ void ResidualStack::init(const ParamArena& arena, std::uint64_t seed) {
 }
 
 Shape ResidualStack::output_shape(const Shape& in) const {
+  const Shape h = seq_.scatter_in ? seq_shard_shape(in, seq_.g) : in;  // the residual stream
   for (std::size_t i = 0; i < branches_.size(); ++i) {
-    Shape s = in;
+    Shape s = h;
     for (auto& c : branches_[i]) s = c->output_shape(s);
-    RT_CHECK(s == in, "ResidualStack '", name_, "': branch ", i, " maps ", shape_str(in), " to ", shape_str(s),
+    RT_CHECK(s == h, "ResidualStack '", name_, "': branch ", i, " maps ", shape_str(h), " to ", shape_str(s),
              "; a residual branch must keep the shape");
   }
-  return in;
+  return seq_.gather_out ? seq_whole_shape(h, seq_.g) : h;
 }
 
 std::vector<NamedBuffer> ResidualStack::buffers() const {
@@ -199,7 +209,7 @@ void ResidualStack::release_activations() {
 double ResidualStack::forward_flops(const Shape& in) const {
   double f = 0;
   for (auto& b : branches_) {
-    Shape s = in;
+    Shape s = seq_.scatter_in ? seq_shard_shape(in, seq_.g) : in;
     for (auto& c : b) {
       f += c->forward_flops(s);
       s = c->output_shape(s);
@@ -211,6 +221,11 @@ double ResidualStack::forward_flops(const Shape& in) const {
 Tensor ResidualStack::do_forward(const Tensor& x, Mode mode) {
   sums_.resize(branches_.size());
   Tensor h = x;
+  if (seq_.scatter_in) {
+    ensure(xs_, seq_shard_shape(x.shape(), seq_.g), x.dtype(), x.device());
+    seq_slice(x, xs_, seq_.g);
+    h = xs_;
+  }
   for (std::size_t i = 0; i < branches_.size(); ++i) {
     Tensor b = h;
     for (auto& c : branches_[i]) b = c->forward(b, mode);
@@ -218,11 +233,19 @@ Tensor ResidualStack::do_forward(const Tensor& x, Mode mode) {
     be_->add(h, b, sums_[i]);
     h = sums_[i];
   }
-  return h;
+  if (!seq_.gather_out) return h;
+  ensure(y_, seq_whole_shape(h.shape(), seq_.g), h.dtype(), h.device());
+  seq_all_gather(h, y_, seq_.g);
+  return y_;
 }
 
 Tensor ResidualStack::do_backward(const Tensor& dy, bool need_dx, bool accumulate) {
   Tensor g = dy;
+  if (seq_.gather_out) {  // dy is replicated (what follows runs on every rank alike): take our tokens
+    ensure(dys_, seq_shard_shape(dy.shape(), seq_.g), dy.dtype(), dy.device());
+    seq_slice(dy, dys_, seq_.g);
+    g = dys_;
+  }
   for (std::size_t i = branches_.size(); i-- > 0;) {
     const bool more = i > 0 || need_dx;
     Tensor d = g;
@@ -234,7 +257,10 @@ Tensor ResidualStack::do_backward(const Tensor& dy, bool need_dx, bool accumulat
     be_->add(g, d, dx_);
     g = dx_;
   }
-  return g;
+  if (!seq_.scatter_in) return g;
+  ensure(dxw_, in_shape_, g.dtype(), g.device());
+  seq_all_gather(g, dxw_, seq_.g);
+  return dxw_;
 }
 
 // ---- the pre-norm transformer block -----------------------------------------
@@ -243,21 +269,35 @@ LayerPtr transformer_block(const std::string& name, const TransformerBlockSpec& 
   RT_CHECK(hidden > 0, "transformer block '", name, "': mlp_ratio ", s.mlp_ratio, " gives no hidden units");
   RT_CHECK(hidden % g.size == 0, "transformer block '", name, "': its ", hidden,
            " hidden units are not divisible by the tensor size ", g.size);
-  std::vector<LayerPtr> attn, mlp;
-  attn.push_back(std::make_unique<LayerNorm>("norm1", s.dim));
-  attn.push_back(multi_head_attention("attn", s.dim, s.heads, g));
+  TensorGroup gs = g;
+  gs.sequence = s.sequence && g.size > 1;
+  auto norm = [&](const char* n) {
+    auto l = std::make_unique<LayerNorm>(n, s.dim);
+    if (gs.sequence) l->sum_grads_over(gs);
+    return l;
+  };
   // Dropout streams are keyed by the layer name: unique per block.
-  if (s.dropout > 0) attn.push_back(std::make_unique<Dropout>(name + ".drop1", s.dropout));
-  mlp.push_back(std::make_unique<LayerNorm>("norm2", s.dim));
+  auto dropout = [&](const char* n) {
+    auto l = std::make_unique<Dropout>(name + n, s.dropout);
+    if (gs.sequence) l->shard_tokens(gs.size, gs.rank);
+    return l;
+  };
+  std::vector<LayerPtr> attn, mlp;
+  attn.push_back(norm("norm1"));
+  attn.push_back(multi_head_attention("attn", s.dim, s.heads, gs));
+  if (s.dropout > 0) attn.push_back(dropout(".drop1"));
+  mlp.push_back(norm("norm2"));
   const LinearSpec fc1{s.dim, hidden, true, false}, fc2{hidden, s.dim, true, false};
-  mlp.push_back(split_layer("fc1", fc1, Init::xavier_uniform, TensorSplit::column, g));
+  mlp.push_back(split_layer("fc1", fc1, Init::xavier_uniform, TensorSplit::column, gs));
   mlp.push_back(std::make_unique<Activation>("gelu", Eltwise::gelu));
-  mlp.push_back(split_layer("fc2", fc2, Init::xavier_uniform, TensorSplit::row, g));
-  if (s.dropout > 0) mlp.push_back(std::make_unique<Dropout>(name + ".drop2", s.dropout));
+  mlp.push_back(split_layer("fc2", fc2, Init::xavier_uniform, TensorSplit::row, gs));
+  if (s.dropout > 0) mlp.push_back(dropout(".drop2"));
   std::vector<std::vector<LayerPtr>> branches;
   branches.push_back(std::move(attn));
   branches.push_back(std::move(mlp));
-  return std::make_unique<ResidualStack>(name, std::move(branches));
+  SequenceShard seq;
+  if (gs.sequence) seq = {gs, s.seq_first, s.seq_last};
+  return std::make_unique<ResidualStack>(name, std::move(branches), seq);
 }
 
 }  // namespace ringtrain

@@ -95,6 +95,7 @@ const std::vector<Field>& fields() {
       RT_FIELD(parallel, balance, "partition = list: layers per stage, e.g. [3, 2, 2]"),
       RT_FIELD(parallel, zero, "ZeRO stage over the data-parallel ranks: 0 = off, 1 = optimizer state sharded (reduce-scatter after the backward, slice update, all-gather), 2 = gradients sharded too (bucket reduce-scatters overlap the backward; the full gradient is released as they finish). 3 (parameters) is not available yet"),
       RT_FIELD(parallel, zero_release, "parallel.zero = 2: give each reduced bucket's pages of the full gradient buffer back to the system (a rank holds its gradient slice + the buckets in flight; the next backward page-faults them back: slower). false: the full buffer stays resident (ZeRO-1's gradient memory, no page faults)"),
+      RT_FIELD(parallel, sequence, "sequence parallelism (Korthikanti et al. 2022) at parallel.tensor > 1: the transformer blocks of vit and of [[model.layers]] transformer entries run LayerNorm, dropout and the residual stream on 1/tensor of the tokens, each tensor all-reduce becoming a reduce-scatter plus an all-gather; the tokens per sample must be divisible by parallel.tensor. No effect on other models"),
       RT_FIELD(checkpoint, dir, "checkpoint directory (empty = no checkpoints)"),
       RT_FIELD(checkpoint, every_epochs, "write a checkpoint every N epochs"),
       RT_FIELD(checkpoint, every_steps, "also write one every N optimizer steps, at the exact position inside an epoch (0 = off)"),

@@ -7,6 +7,15 @@
 #include "run_options.hpp"
 
 namespace ringtrain {
+namespace {
+
+bool has_transformer(const std::vector<LayerDesc>& list) {
+  for (const auto& d : list)
+    if (d.type == "transformer" || has_transformer(d.layers)) return true;
+  return false;
+}
+
+}  // namespace
 
 RunPlan plan_run(TrainConfig cfg, int ranks) {
   RT_CHECK(ranks >= 1, "--ranks must be >= 1, got ", ranks);
@@ -15,6 +24,9 @@ RunPlan plan_run(TrainConfig cfg, int ranks) {
   p.ranks = ranks;
   p.pipeline = cfg.parallel.pipeline;
   p.tensor = cfg.parallel.tensor;
+  // What the model builder does (layers_model.cpp): only transformer blocks split their tokens.
+  p.sequence = cfg.parallel.sequence && p.tensor > 1 &&
+               (cfg.model.name == "vit" || (cfg.model.name == "layers" && has_transformer(cfg.model.layers)));
   // The trainer's two rules, in its order: the grid, then the batch split.
   p.data = ProcessGrid::data_parallel_size(ranks, {cfg.parallel.pipeline, cfg.parallel.tensor});
   derive_batch(cfg, p.data);
@@ -31,7 +43,8 @@ RunPlan plan_run(TrainConfig cfg, int ranks) {
 std::string RunPlan::json() const {
   nlohmann::ordered_json j;
   j["ranks"] = ranks;
-  j["layout"] = {{"data", data}, {"pipeline", pipeline}, {"tensor", tensor}, {"schedule", schedule}, {"zero", zero}};
+  j["layout"] = {{"data", data},         {"pipeline", pipeline}, {"tensor", tensor},
+                 {"sequence", sequence}, {"schedule", schedule}, {"zero", zero}};
   j["batch_per_rank"] = batch_per_rank;
   j["accumulation"] = accumulation;
   j["micro_batches"] = micro_batches;

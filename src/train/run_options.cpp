@@ -50,6 +50,7 @@ ModelConfig model_config(const TrainConfig& cfg, const data::FileInfo& info) {
   mc.mlp_ratio = cfg.model.mlp_ratio;
   mc.patch = cfg.model.patch;
   mc.layers = cfg.model.layers;
+  mc.sequence = cfg.parallel.sequence;
   mc.seed = cfg.train.seed;
   return mc;
 }

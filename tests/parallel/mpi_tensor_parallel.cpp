@@ -91,6 +91,7 @@ ModelConfig model_cfg(const std::string& name) {
 ModelConfig model_cfg(const std::string& name, int tensor) {
   ModelConfig mc = model_cfg(name);
   if (tensor % 3 == 0 && name == "vit") mc.base_width = 12, mc.heads = 3;
+  mc.sequence = tensor % 3 != 0;  // vit's 4 tokens split over 2 or 4 ranks, not 3 (mpi_sequence_parallel.cpp)
   if (tensor % 3 == 0 && name == "resnet") mc.base_width = 9;
   return mc;
 }

@@ -15,7 +15,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS
 run() {  # run DIR PARALLEL EXTRA...
     local dir=$1 parallel=$2; shift 2
     mpirun -np 2 --oversubscribe --bind-to none "$BIN" train --set model.name=vit --set model.width=32 \
-        --set model.depth=2 --set model.heads=4 --set data.train="$WORK/data" --set data.test="$WORK/data" \
+        --set model.depth=2 --set model.heads=4 --set model.patch=7 --set data.train="$WORK/data" --set data.test="$WORK/data" \
         --set data.global_batch=16 --set train.epochs=1 --set train.max_steps=3 --set optimizer.name=adamw \
         --set checkpoint.dir="$dir" --set checkpoint.parallel="$parallel" --set log.format=plain --no-eval "$@" \
         >"$dir.log" 2>&1 || { cat "$dir.log"; exit 1; }

@@ -92,6 +92,19 @@ TEST(Plan, LayoutsThatCannotRunNameTheKey) {
   EXPECT_NE(m.find("--ranks"), std::string::npos) << m;
 }
 
+// Sequence parallelism: on for transformer blocks at tensor > 1 unless parallel.sequence = false.
+TEST(Plan, SaysWhetherSequenceParallelismIsOn) {
+  auto on = [](std::initializer_list<const char*> sets, int ranks) {
+    return plan_run(config(sets), ranks).sequence;
+  };
+  EXPECT_TRUE(on({"model.name=vit", "parallel.tensor=2"}, 2));
+  EXPECT_FALSE(on({"model.name=vit", "parallel.tensor=2", "parallel.sequence=false"}, 2));
+  EXPECT_FALSE(on({"model.name=vit"}, 2));                         // tensor 1
+  EXPECT_FALSE(on({"model.name=cnn", "parallel.tensor=2"}, 2));    // no transformer blocks
+  const auto j = nlohmann::json::parse(plan_run(config({"model.name=vit", "parallel.tensor=2"}), 4).json());
+  EXPECT_EQ(j.at("layout").at("sequence"), true);
+}
+
 TEST(Plan, JsonHasEveryFieldOnce) {
   const auto j = nlohmann::json::parse(plan_run(config({"parallel.pipeline=2", "data.global_batch=64"}), 4).json());
   EXPECT_EQ(j.at("ranks"), 4);
@@ -100,6 +113,7 @@ TEST(Plan, JsonHasEveryFieldOnce) {
   EXPECT_EQ(j.at("layout").at("tensor"), 1);
   EXPECT_EQ(j.at("layout").at("schedule"), "1f1b");
   EXPECT_EQ(j.at("layout").at("zero"), 0);
+  EXPECT_EQ(j.at("layout").at("sequence"), false);
   EXPECT_EQ(j.at("batch_per_rank"), 32);
   EXPECT_EQ(j.at("accumulation"), 1);
   EXPECT_EQ(j.at("micro_batches"), 2);

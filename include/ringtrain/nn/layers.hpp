@@ -212,6 +212,9 @@ class Dropout : public Layer {
   // activation along its last dimension; the mask is then that part of the
   // whole activation's mask (the 1-rank model's), computed on the host.
   void shard_features(int parts, int index) { parts_ = parts, index_ = index; }
+  // Sequence parallelism: the input [N, T, ...] is part `index` of `parts` of
+  // the tokens; the mask is that part of the whole activation's.
+  void shard_tokens(int parts, int index) { token_parts_ = parts, index_ = index; }
 
  protected:
   Tensor do_forward(const Tensor& x, Mode mode) override;
@@ -222,7 +225,7 @@ class Dropout : public Layer {
   Backend* be_ = nullptr;
   std::uint64_t seed_ = 0, stream_ = 0, calls_ = 0;
   const SamplePosition* position_ = nullptr;
-  int parts_ = 1, index_ = 0;
+  int parts_ = 1, token_parts_ = 1, index_ = 0;
   bool identity_ = true;  // last forward was eval (or p == 0)
   Tensor mask_, y_, dx_;
 };

@@ -35,6 +35,7 @@ struct ModelConfig {
   std::uint64_t seed = 42;      // initialisation and dropout
   MathMode math = MathMode::fp32;  // down-conversion allowed inside Conv2d/Linear (backend.hpp)
   TensorGroup tensor;              // parallel.tensor: every model splits its layers over it
+  bool sequence = true;            // parallel.sequence: transformer blocks split their tokens over `tensor` too
   std::vector<LayerDesc> layers;   // name = layers: the [[model.layers]] entries (layers_model.hpp)
 };
 

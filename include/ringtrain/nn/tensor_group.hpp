@@ -22,6 +22,10 @@ struct TensorGroup {
   Communicator comm;  // unused when size == 1
   int size = 1, rank = 0;
   std::shared_ptr<TpStats> stats;  // optional; null = not counted
+  // Sequence parallelism inside a transformer block: its column / row layers
+  // take / give token shards (all-gather before, reduce-scatter after)
+  // instead of replicated tokens. Set by the block builder, not the grid.
+  bool sequence = false;
   static TensorGroup of(const Communicator& c, std::shared_ptr<TpStats> s = nullptr) {
     TensorGroup g;
     g.comm = c;

@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "ringtrain/nn/layers.hpp"
 #include "ringtrain/nn/tensor_group.hpp"
@@ -39,6 +40,34 @@ namespace ringtrain {
 void tp_all_reduce(Tensor& t, const TensorGroup& g);
 // out = the sum over the group of `in` (out may be `in`; same shape): no copy before the reduction.
 void tp_all_reduce(const Tensor& in, Tensor& out, const TensorGroup& g);
+
+// ---- sequence parallelism (Korthikanti et al. 2022) ----
+// Tokens [B, S, ...] split along S: rank r holds tokens [r S/T, (r+1) S/T) of
+// every sample, a strided part of the batch-outer tensor, so the collectives
+// pack / unpack through a host scratch (rank-major [T][B][S/T][...]).
+// Megatron's g-bar forward (the all-gather before a column layer; its
+// backward is the reduce-scatter) and g forward (the reduce-scatter after a
+// row layer; its backward the all-gather).
+void seq_all_gather(const Tensor& shard, Tensor& whole, const TensorGroup& g);
+void seq_reduce_scatter(const Tensor& whole, Tensor& shard, const TensorGroup& g);
+// A buffer the sequence-parallel layers use only within one call (the
+// gathered input of a column layer, gathered again in its backward; the
+// gathered dz of a row layer; a column layer's dx shard until the next layer
+// reads it), shared by every layer of the process: `slot` 0, 1, 2 for the
+// three, so activation memory holds them once, not once per layer.
+Tensor seq_workspace(int slot, const Shape& shape, DType dt, Device dev);
+// This rank's tokens of a replicated `whole` (a copy, no communication).
+void seq_slice(const Tensor& whole, Tensor& shard, const TensorGroup& g);
+// The token shape on either side: dim 1 multiplied / divided by g.size
+// (an Error naming parallel.sequence and parallel.tensor if it does not divide).
+Shape seq_whole_shape(const Shape& shard, const TensorGroup& g);
+Shape seq_shard_shape(const Shape& whole, const TensorGroup& g);
+// Gradients of a replicated parameter computed on this rank's tokens
+// (LayerNorm, the row layer's bias): `partial` (overwritten, the grads'
+// sizes end to end) is summed over the group, then written (accumulate:
+// added) into each of `grads`, so every rank holds the whole gradient.
+void tp_sum_partial(Tensor& partial, const std::vector<Tensor>& grads, bool accumulate, const TensorGroup& g,
+                    Backend& be);
 
 // ---- shards of whole tensors (host) ----
 // This rank's part of `whole` as `s` describes it (s.global == whole.shape()).
@@ -81,10 +110,17 @@ class ColumnParallel : public TensorParallelLayer {
  public:
   ColumnParallel(std::string name, const LinearSpec& spec, Init init, TensorGroup g, int blocks = 1);
   ColumnParallel(std::string name, const Conv2dSpec& spec, Init init, TensorGroup g, int blocks = 1);
+  // g.sequence: the input is a token shard, all-gathered first (its dx reduce-scattered).
+  Shape output_shape(const Shape& in) const override { return local_->output_shape(gathered(in)); }
+  double forward_flops(const Shape& in) const override { return local_->forward_flops(gathered(in)); }
 
  protected:
-  Tensor do_forward(const Tensor& x, Mode mode) override { return local_->forward(x, mode); }
+  Tensor do_forward(const Tensor& x, Mode mode) override;
   Tensor do_backward(const Tensor& dy, bool need_dx, bool accumulate) override;
+
+ private:
+  Shape gathered(const Shape& in) const;
+  Tensor xs_, xg_;  // sequence: the input shard, the gathered input (a workspace view)
 };
 
 class RowParallel : public TensorParallelLayer {
@@ -117,6 +153,7 @@ class RowParallel : public TensorParallelLayer {
   std::unique_ptr<EltwiseKernel> relu_;
   std::unique_ptr<Pool2dKernel> pool_;
   Tensor b, db, z_, y_, dz_;  // z_: the reduced output (+ bias, ReLU) before the pooling
+  Tensor dbp_;                // sequence: this rank's part of db
 };
 
 // channels: the WHOLE layer's; this rank normalises channels/T of them.

@@ -29,6 +29,9 @@ class LayerNorm : public Layer {
   void bind(const BindContext& ctx) override;
   void init(const ParamArena& arena, std::uint64_t seed) override;
   Shape output_shape(const Shape& in) const override;
+  // Sequence parallelism: this rank normalises its tokens only, so its weight
+  // and bias gradients are partial sums, summed over g in the backward.
+  void sum_grads_over(const TensorGroup& g) { sum_over_ = g; }
 
  protected:
   Tensor do_forward(const Tensor& x, Mode mode) override;
@@ -37,8 +40,10 @@ class LayerNorm : public Layer {
  private:
   LayerNormSpec spec_;
   std::size_t g_ = 0, b_ = 0;
-  Tensor gamma, beta, dgamma, dbeta, x_, y_, dx_;
+  Tensor gamma, beta, dgamma, dbeta, x_, y_, dx_, partial_;
   std::unique_ptr<LayerNormKernel> k_;
+  TensorGroup sum_over_;
+  Backend* be_ = nullptr;
 };
 
 // x [N, T, D] -> qkv projection [N, T, 3*H*hd] -> attention core -> output
@@ -128,9 +133,19 @@ class TokenMean : public Layer {
 // transformer block is two branches, [LayerNorm, attention] and [LayerNorm,
 // Linear, GELU, Linear]. Children are named "<prefix><name>.<child>" (no
 // level for the branches), reported ready once after all of them.
+// Sequence parallelism over g (g.size > 1): the residual stream is this
+// rank's token shard. scatter_in: the input is whole (replicated) and the
+// stack takes its tokens (backward: all-gathers dx); gather_out: the output is
+// all-gathered whole (backward: takes this rank's tokens of the replicated dy).
+// A run of blocks passes shards between them: the first scatters, the last gathers.
+struct SequenceShard {
+  TensorGroup g;  // size 1: off
+  bool scatter_in = false, gather_out = false;
+};
+
 class ResidualStack : public Layer {
  public:
-  ResidualStack(std::string name, std::vector<std::vector<LayerPtr>> branches);
+  ResidualStack(std::string name, std::vector<std::vector<LayerPtr>> branches, SequenceShard seq = {});
   const char* type() const override { return "ResidualStack"; }
   void release_activations() override;
   void register_params(ParamArena& arena, int layer_index, const std::string& prefix) override;
@@ -147,20 +162,29 @@ class ResidualStack : public Layer {
 
  private:
   std::vector<std::vector<LayerPtr>> branches_;
+  SequenceShard seq_;
   Backend* be_ = nullptr;
   std::vector<Tensor> sums_;  // x_1 .. x_k (branch i+1 keeps x_i as its input)
   Tensor dx_;
+  Tensor xs_, y_, dys_, dxw_;  // sequence: input shard, whole output, dy shard, whole dx
 };
 
 struct TransformerBlockSpec {
   std::int64_t dim = 0, heads = 1;
   double mlp_ratio = 4.0;  // hidden = round(dim * mlp_ratio)
   double dropout = 0.0;    // after the attention projection and after fc2 (0: none)
+  // Sequence parallelism (g.size > 1): norms, dropouts and the residual
+  // stream on 1/T of the tokens; seq_first / seq_last: the block starts / ends
+  // a run of such blocks (takes whole tokens in / gives them out).
+  bool sequence = false, seq_first = true, seq_last = true;
 };
 // Pre-norm block "<name>": norm1, attn (qkv, proj), norm2, fc1, GELU, fc2. Over g
 // the attention splits its heads and the MLP is fc1 column-parallel, fc2
 // row-parallel; LayerNorms, the row biases and the dropouts (outside the
 // parallel regions: the same stream on every tensor rank) are replicated.
+// With s.sequence they run on this rank's tokens (Korthikanti et al. 2022):
+// each all-reduce becomes an all-gather before the column layer and a
+// reduce-scatter after the row layer, the replicated gradients are summed.
 LayerPtr transformer_block(const std::string& name, const TransformerBlockSpec& s, const TensorGroup& g = {});
 
 }  // namespace ringtrain

@@ -96,6 +96,7 @@ struct TrainConfig {
     std::string balance;           // partition = list: layers per stage, "[3, 2, 2]"
     int zero = 0;                  // ZeRO stage over the data-parallel group: 0 off, 1 optimizer state, 2 + gradients
     bool zero_release = true;      // ZeRO-2: reduced buckets' pages of the full gradient buffer go back to the system
+    bool sequence = true;          // tensor > 1: transformer blocks also split their tokens (sequence parallelism)
   } parallel;
   struct Checkpoint {
     std::string dir;               // "" = no checkpoints

@@ -15,6 +15,7 @@ namespace ringtrain {
 struct RunPlan {
   int ranks = 1;
   int data = 1, pipeline = 1, tensor = 1;  // the process grid (data = ranks / (pipeline x tensor))
+  bool sequence = false;                   // sequence parallelism: parallel.sequence at tensor > 1, transformer blocks
   std::string schedule;                    // parallel.schedule (used when pipeline > 1)
   int zero = 0;                            // ZeRO stage (parallel.zero)
   int batch_per_rank = 0;                  // data.batch_size after derive_batch: samples a replica reads per batch
