@@ -144,19 +144,15 @@ void seq_reduce_scatter(const Tensor& whole, Tensor& shard, const TensorGroup& g
   TpTimer timer(g, shard.nbytes());
   const SeqRuns runs(whole, g);
   const std::vector<std::size_t> counts(std::size_t(g.size), std::size_t(shard.numel()));
-  // The ring reduce-scatter (comm/ring.cpp) stalls at 3+ ranks on multi-segment blocks (vit width
-  // 512, 196 tokens, batch 32, tensor 4: "reduce_scatter: stalled ... ranks disagree"); MPI's meanwhile.
-  CollectiveOptions o;
-  o.algorithm = Algorithm::mpi;
   if (g.size == 1 || runs.B == 1) {
     if (g.size == 1) shard.copy_from(whole);
-    else reduce_scatter(whole.raw(), shard.raw(), counts, whole.dtype(), ReduceOp::sum, g.comm, o);
+    else reduce_scatter(whole.raw(), shard.raw(), counts, whole.dtype(), ReduceOp::sum, g.comm);
     return;
   }
   std::lock_guard<std::mutex> lock(seq_mutex);
   Tensor& tmp = scratch_for(whole);
   runs.copy(static_cast<char*>(whole.raw()), static_cast<char*>(tmp.raw()), 0, g.size, true);
-  reduce_scatter(tmp.raw(), shard.raw(), counts, whole.dtype(), ReduceOp::sum, g.comm, o);
+  reduce_scatter(tmp.raw(), shard.raw(), counts, whole.dtype(), ReduceOp::sum, g.comm);
 }
 
 Tensor seq_workspace(int slot, const Shape& shape, DType dt, Device dev) {
