@@ -2,18 +2,62 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <mutex>
 #include <thread>
 
 namespace ringtrain::liveness {
 namespace {
 
-constexpr int kTagPing = 1, kTagPong = 2;
+constexpr int kTagPing = 1, kTagPong = 2, kTagVerdict = 3;
 const int kToken = 1;  // what pings and pongs carry; static, so a send never outlives its buffer
 
 MPI_Comm g_comm = MPI_COMM_NULL;
 std::atomic<bool> g_active{false};
+
+// The first diagnosis to finish is sent to every rank that answered. A rank
+// that asks later adopts it: by then the first asker may be ending the job and
+// no longer answer pings, and must not be blamed for that.
+std::mutex g_mutex;
+bool g_heard_verdict = false, g_sent_verdict = false;
+std::vector<int> g_verdict;  // received: the silent world ranks
+std::vector<int> g_mine;     // sent: outlives its sends (never waited for)
+
+void take_verdicts() {
+  for (;;) {
+    int flag = 0, n = 0;
+    MPI_Message msg;
+    MPI_Status st;
+    if (MPI_Improbe(MPI_ANY_SOURCE, kTagVerdict, g_comm, &flag, &msg, &st) != MPI_SUCCESS || !flag) return;
+    MPI_Get_count(&st, MPI_INT, &n);
+    std::vector<int> v(static_cast<std::size_t>(std::max(n, 0)));
+    MPI_Mrecv(v.data(), n, MPI_INT, &msg, MPI_STATUS_IGNORE);
+    std::lock_guard<std::mutex> lock(g_mutex);
+    if (!g_heard_verdict) g_verdict = std::move(v);
+    g_heard_verdict = true;
+  }
+}
+
+bool verdict(std::vector<int>& out) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (g_heard_verdict) out = g_verdict;
+  return g_heard_verdict;
+}
+
+void announce(const std::vector<int>& silent, int rank, int size) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (g_sent_verdict || g_heard_verdict) return;
+  g_sent_verdict = true;
+  g_mine = silent;
+  for (int r = 0; r < size; ++r) {
+    if (r == rank || std::find(silent.begin(), silent.end(), r) != silent.end()) continue;
+    MPI_Request s;
+    MPI_Isend(g_mine.data(), static_cast<int>(g_mine.size()), MPI_INT, r, kTagVerdict, g_comm, &s);
+    MPI_Request_free(&s);
+  }
+}
 
 }  // namespace
 
@@ -46,6 +90,7 @@ void serve() {
     MPI_Isend(&kToken, 1, MPI_INT, st.MPI_SOURCE, kTagPong, g_comm, &r);
     MPI_Request_free(&r);
   }
+  take_verdicts();
 }
 
 std::vector<int> unresponsive(double grace_s) {
@@ -68,6 +113,15 @@ std::vector<int> unresponsive(double grace_s) {
   const auto t0 = std::chrono::steady_clock::now();
   for (;;) {
     serve();  // others may be asking at the same moment
+    if (verdict(silent)) {  // another rank finished first: its answer stands
+      silent.erase(std::remove(silent.begin(), silent.end(), rank), silent.end());
+      for (auto& q : recvs)
+        if (q != MPI_REQUEST_NULL) {
+          MPI_Cancel(&q);
+          MPI_Request_free(&q);
+        }
+      return silent;
+    }
     bool all = true;
     for (int r = 0; r < size; ++r) {
       if (heard[static_cast<std::size_t>(r)]) continue;
@@ -85,6 +139,7 @@ std::vector<int> unresponsive(double grace_s) {
       MPI_Cancel(&recvs[static_cast<std::size_t>(r)]);
       MPI_Request_free(&recvs[static_cast<std::size_t>(r)]);
     }
+  announce(silent, rank, size);
   return silent;
 }
 

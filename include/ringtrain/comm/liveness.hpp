@@ -25,6 +25,9 @@ bool active();
 // Thread-safe; cheap enough for a wait loop's slow path.
 void serve();
 // World ranks that did not answer a ping within grace_s (this rank never counts).
+// The first rank to finish sends its answer to every rank that answered it; a
+// rank still asking adopts that answer, since the first may be ending the job by
+// then and no longer answer pings.
 std::vector<int> unresponsive(double grace_s);
 
 }  // namespace ringtrain::liveness
