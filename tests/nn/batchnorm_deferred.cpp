@@ -34,11 +34,6 @@ Tensor batch(std::uint64_t seed) {
   return x;
 }
 
-Tensor rows(const Tensor& t, std::int64_t first, std::int64_t n) {
-  const std::int64_t per = t.numel() / t.dim(0);
-  return t.flat_view(first * per, n * per).reshape({n, kC, kH, kW});
-}
-
 void expect_close(const Tensor& got, const Tensor& want, double rtol, const std::string& what) {
   ASSERT_EQ(got.numel(), want.numel());
   for (std::int64_t i = 0; i < got.numel(); ++i) {
@@ -53,7 +48,7 @@ Tensor buf(Harness& h, int k) { return h.layer->buffers().at(static_cast<std::si
 // m micro-batch forwards of `x` in deferred mode, then the commit.
 void deferred_step(Harness& h, const Tensor& x, int m) {
   const std::int64_t mb = kN / m;
-  for (int i = 0; i < m; ++i) h.layer->forward(rows(x, i * mb, mb), Mode::train);
+  for (int i = 0; i < m; ++i) h.layer->forward(x.slice_rows(i * mb, (i * mb) + mb), Mode::train);
   bn(h).commit_deferred_stats();
 }
 
@@ -108,7 +103,7 @@ TEST(DeferredBatchNormLayer, OutputsAndGradientsAreTheNormalLayers) {
   normal.randomize_params(3);
   def.randomize_params(3);
   bn(def).set_deferred_stats(true);
-  const Tensor x = rows(batch(11), 0, 4), dy = random_tensor({4, kC, kH, kW}, 12);
+  const Tensor x = batch(11).slice_rows(0, 4), dy = random_tensor({4, kC, kH, kW}, 12);
   const Tensor rm0 = buf(def, 0).to(Device::cpu()), rv0 = buf(def, 1).to(Device::cpu());
   Tensor y1 = normal.layer->forward(x, Mode::train).to(Device::cpu());
   Tensor y2 = def.layer->forward(x, Mode::train).to(Device::cpu());
@@ -136,7 +131,7 @@ TEST(DeferredBatchNormLayer, SlotCopiesShareTheOwnersRecord) {
   const Tensor rm0 = buf(copy, 0).to(Device::cpu()), rv0 = buf(copy, 1).to(Device::cpu());
   const Tensor x = batch(21);
   whole.layer->forward(x, Mode::train);
-  for (int i = 0; i < 4; ++i) (i % 2 ? copy : owner).layer->forward(rows(x, i * 4, 4), Mode::train);
+  for (int i = 0; i < 4; ++i) (i % 2 ? copy : owner).layer->forward(x.slice_rows(i * 4, (i * 4) + 4), Mode::train);
   bn(owner).commit_deferred_stats();
   expect_close(buf(owner, 0), buf(whole, 0), 1e-6, "owner running_mean");
   expect_close(buf(owner, 1), buf(whole, 1), 1e-6, "owner running_var");
@@ -154,13 +149,13 @@ TEST(DeferredBatchNormLayer, CommitWithoutForwardsAndTurningOffChangeNothing) {
   bn(def).commit_deferred_stats();  // nothing accumulated: no-op
   expect_close(buf(def, 0), rm0, 0, "running_mean");
   expect_close(buf(def, 1), rv0, 0, "running_var");
-  def.layer->forward(rows(batch(5), 0, 4), Mode::train);
+  def.layer->forward(batch(5).slice_rows(0, 4), Mode::train);
   bn(def).set_deferred_stats(false);  // drops the uncommitted statistics
   bn(def).commit_deferred_stats();
   expect_close(buf(def, 0), rm0, 0, "running_mean after turning off");
   // Back to normal mode: the next forward updates the running statistics itself.
   Harness normal(make_bn());
-  const Tensor x = rows(batch(6), 0, 4);
+  const Tensor x = batch(6).slice_rows(0, 4);
   def.layer->forward(x, Mode::train);
   normal.layer->forward(x, Mode::train);
   expect_close(buf(def, 0), buf(normal, 0), 0, "normal-mode running_mean");

@@ -70,13 +70,6 @@ void global_batch(int t, std::int64_t n, Tensor& x, Tensor& y) {
   }
 }
 
-Tensor rows(const Tensor& t, std::int64_t first, std::int64_t n) {
-  Shape s = t.shape();
-  const std::int64_t per = t.numel() / s[0];
-  s[0] = n;
-  return t.flat_view(first * per, n * per).reshape(s);
-}
-
 void collect_bn(Layer& l, std::vector<BatchNorm2d*>& out) {
   if (auto* bn = dynamic_cast<BatchNorm2d*>(&l)) out.push_back(bn);
   l.for_each_child([&](Layer& c) { collect_bn(c, out); });
@@ -114,9 +107,9 @@ Reference reference(int dp, int mine, bool deferred) {
       for (auto* bn : bns) bn->set_deferred_stats(deferred || rep != mine);
       for (int i = 0; i < kMicro; ++i) {
         const std::int64_t lo = rep * kPerReplica + i * mb;
-        Tensor logits = r.model->forward(0, rows(x, lo, mb), Mode::train);
+        Tensor logits = r.model->forward(0, x.slice_rows(lo, lo + mb), Mode::train);
         Tensor d = Tensor::empty(logits.shape(), DType::f32);
-        softmax_cross_entropy(logits, rows(y, lo, mb), 0.0, d);
+        softmax_cross_entropy(logits, y.slice_rows(lo, lo + mb), 0.0, d);
         const float k = 1.0f / static_cast<float>(kMicro * dp);
         for (std::int64_t j = 0; j < d.numel(); ++j) d.data<float>()[j] *= k;
         test_support::backward(*r.model, d);
@@ -141,7 +134,7 @@ std::map<std::string, std::vector<float>> whole_batch_stem(int dp, int mine) {
   auto m = std::make_unique<Stage>(resnet(), Device::cpu());
   Tensor x, y;
   global_batch(0, kPerReplica * dp, x, y);
-  m->forward(0, rows(x, mine * kPerReplica, kPerReplica), Mode::train);
+  m->forward(0, x.slice_rows(mine * kPerReplica, (mine * kPerReplica) + kPerReplica), Mode::train);
   auto all = snapshot(m->buffers());
   return {{"bn1.running_mean", all.at("bn1.running_mean")}, {"bn1.running_var", all.at("bn1.running_var")}};
 }
@@ -174,7 +167,7 @@ TEST_P(PipelineBatchNorm, RunningStatisticsCoverTheWholeStep) {
   for (int t = 0; t < kSteps; ++t) {
     Tensor x, y;
     global_batch(t, kPerReplica * dp, x, y);
-    train_step(grid, pm, rows(x, mine * kPerReplica, kPerReplica), rows(y, mine * kPerReplica, kPerReplica), kLr);
+    train_step(grid, pm, x.slice_rows(mine * kPerReplica, (mine * kPerReplica) + kPerReplica), y.slice_rows(mine * kPerReplica, (mine * kPerReplica) + kPerReplica), kLr);
     const auto got = snapshot((*pm.stage).buffers());
     if (t == 0) {
       for (auto& [name, v] : stem) {
@@ -228,8 +221,8 @@ TEST(PipelineBatchNorm, OneMicroBatchIsTheOrdinaryUpdate) {
   ModelParts pm = build_parts(grid, resnet(), pc, sgd());
   Tensor x, y;
   global_batch(0, kPerReplica * dp, x, y);
-  train_step(grid, pm, rows(x, mine * kPerReplica, kPerReplica), rows(y, mine * kPerReplica, kPerReplica), kLr);
-  ref->forward(0, rows(x, mine * kPerReplica, kPerReplica), Mode::train);
+  train_step(grid, pm, x.slice_rows(mine * kPerReplica, (mine * kPerReplica) + kPerReplica), y.slice_rows(mine * kPerReplica, (mine * kPerReplica) + kPerReplica), kLr);
+  ref->forward(0, x.slice_rows(mine * kPerReplica, (mine * kPerReplica) + kPerReplica), Mode::train);
   const auto want = snapshot(ref->buffers());
   for (auto& [name, v] : snapshot((*pm.stage).buffers())) {
     if (name.rfind("bn1.", 0) == 0) {

@@ -48,13 +48,6 @@ void global_batch(int t, std::int64_t n, Tensor& x, Tensor& y) {
   }
 }
 
-Tensor rows(const Tensor& t, std::int64_t first, std::int64_t n) {
-  Shape s = t.shape();
-  const std::int64_t per = t.numel() / s[0];
-  s[0] = n;
-  return t.flat_view(first * per, n * per).reshape(s);
-}
-
 struct Reference {
   std::vector<double> loss;
   std::unique_ptr<Stage> model;
@@ -98,7 +91,7 @@ void check(int p, ScheduleKind kind) {
     Tensor x, y;
     global_batch(t, global, x, y);
     const std::int64_t lo = grid.dp_rank() * kPerReplica;
-    StepResult r = train_step(grid, pm, rows(x, lo, kPerReplica), rows(y, lo, kPerReplica), 0.05);
+    StepResult r = train_step(grid, pm, x.slice_rows(lo, lo + kPerReplica), y.slice_rows(lo, lo + kPerReplica), 0.05);
     worst = std::max(worst, std::abs(r.loss() - ref.loss[t]) / std::abs(ref.loss[t]));
     ASSERT_NEAR(r.loss(), ref.loss[t], kRelTolerance * std::abs(ref.loss[t])) << what << " step " << t;
     EXPECT_EQ(r.stats.samples, global);  // summed over the world: every sample counted once

@@ -113,13 +113,6 @@ void batch(int t, std::int64_t n, Tensor& x, Tensor& y) {
   }
 }
 
-Tensor rows(const Tensor& t, std::int64_t first, std::int64_t n) {
-  Shape s = t.shape();
-  const std::int64_t per = t.numel() / s[0];
-  s[0] = n;
-  return t.flat_view(first * per, n * per).reshape(s);
-}
-
 // The largest |mine - ref| / (1 + |ref|) over every parameter element (ref: whole, or a shard like mine).
 double param_difference(const ParamArena& mine, const ParamArena& ref) {
   double worst = 0;
@@ -149,8 +142,8 @@ struct Run {
   }
   void step(int t, const Tensor& x, const Tensor& y, std::int64_t lo, std::int64_t n, const ProcessGrid* grid) {
     stage.set_position(std::uint64_t(t), lo);  // dropout masks: by step and the sample's global place
-    Tensor l = stage.forward(0, rows(x, lo, n), Mode::train), dl = Tensor::empty(l.shape());
-    double loss = softmax_cross_entropy(l, rows(y, lo, n), 0.0, dl);
+    Tensor l = stage.forward(0, x.slice_rows(lo, lo + n), Mode::train), dl = Tensor::empty(l.shape());
+    double loss = softmax_cross_entropy(l, y.slice_rows(lo, lo + n), 0.0, dl);
     stage.zero_grads();
     test_support::backward(stage, dl);
     if (grid && grid->dp_size() > 1) {

@@ -107,13 +107,6 @@ void batch(int t, std::int64_t n, Tensor& x, Tensor& y) {
   }
 }
 
-Tensor rows(const Tensor& t, std::int64_t first, std::int64_t n) {
-  Shape s = t.shape();
-  const std::int64_t per = t.numel() / s[0];
-  s[0] = n;
-  return t.flat_view(first * per, n * per).reshape(s);
-}
-
 // The largest |mine - whole| / (1 + |whole|) over every parameter element.
 double param_difference(const ParamArena& mine, const ParamArena& whole) {
   double worst = 0;
@@ -199,8 +192,8 @@ void check_follows_one_rank(const std::string& name, int tensor, double dropout 
     opt_w->step(lr);
     const std::int64_t lo = grid.dp_rank() * kPerReplica;
     mine.set_position(std::uint64_t(t), lo);
-    Tensor lm = mine.forward(0, rows(x, lo, kPerReplica), Mode::train), dm = Tensor::empty(lm.shape());
-    double loss = softmax_cross_entropy(lm, rows(y, lo, kPerReplica), 0.0, dm);
+    Tensor lm = mine.forward(0, x.slice_rows(lo, lo + kPerReplica), Mode::train), dm = Tensor::empty(lm.shape());
+    double loss = softmax_cross_entropy(lm, y.slice_rows(lo, lo + kPerReplica), 0.0, dm);
     mine.zero_grads();
     test_support::backward(mine, dm);
     if (grid.dp_size() > 1) {  // data parallel: average every gradient and the loss over the dp group
