@@ -61,7 +61,7 @@ std::vector<std::string> device_module_paths(DeviceKind kind) {
   std::vector<std::string> paths;
   const std::string here = own_dir();
   if (!here.empty()) paths.push_back((std::filesystem::path(here) / kCudaModule).string());
-  const std::string installed = (std::filesystem::path(RINGTRAIN_INSTALL_LIBDIR) / kCudaModule).string();
+  const std::string installed = (std::filesystem::path(RT_INSTALL_LIBDIR) / kCudaModule).string();
   if (paths.empty() || paths.front() != installed) paths.push_back(installed);
   return paths;
 }

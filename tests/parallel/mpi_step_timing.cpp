@@ -58,6 +58,7 @@ TEST(StepTiming, TpStatsCountTheBlocksAllReducesAndTheirWait) {
   auto stats = std::make_shared<TpStats>();
   ModelConfig mc = small_vit();
   mc.tensor.stats = stats;
+  mc.sequence = false;  // the block's two all-reduces each way (sequence parallelism turns them into gathers/scatters)
   ModelParts pm = build_parts(grid, mc, pipe_cfg(), OptimizerConfig{});
   auto [x, y] = batch(grid.dp_rank());
   train_step(grid, pm, x, y, 0.01);  // first-step allocations
