@@ -13,6 +13,8 @@
 #include <thread>
 #include <vector>
 
+#include "ringtrain/comm/liveness.hpp"
+#include "ringtrain/comm/stall_diagnosis.hpp"
 #include "ringtrain/engine/engine.hpp"
 #include "ringtrain/optim/sharded_optimizer.hpp"
 #include "ringtrain/parallel/parts.hpp"
@@ -257,9 +259,11 @@ class Zero2Sync final : public GradSync {
       MPI_Test(&req, &done, MPI_STATUS_IGNORE);
       if (done) return;
       const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      RT_CHECK(group_.timeout_s() <= 0 || waited < group_.timeout_s(), "parallel.zero = 2: waited ", waited,
-               " s for the other ranks of communicator '", group_.name(), "' to finish gradient bucket ", b,
-               " (comm.collective_timeout_s)");
+      if (group_.timeout_s() > 0 && waited >= group_.timeout_s())  // who answers, job-wide (comm/liveness.hpp)
+        RT_FAIL("parallel.zero = 2: waited ", waited, " s for the other ranks of communicator '", group_.name(),
+                "' to finish gradient bucket ", b, ": ", diagnose_stall(comm, stall_grace_s(group_.timeout_s())).describe(),
+                " (comm.collective_timeout_s)");
+      liveness::serve();
       std::this_thread::sleep_for(nap);
       nap = std::min(nap * 2, std::chrono::microseconds(500));
     }
