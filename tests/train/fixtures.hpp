@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "ringtrain/comm/communicator.hpp"
 #include "ringtrain/data/prepare.hpp"
@@ -79,6 +80,21 @@ inline TrainerHooks quiet_hooks() {
   h.evaluate = false;
   h.report = false;
   return h;
+}
+
+// Trains `c` on `comm` (from the checkpoint `resume` when not empty) and
+// returns every step's loss; the run's result goes to *out when given.
+inline std::vector<double> train_losses(const TrainConfig& c, const Communicator& comm, const std::string& resume = "",
+                                        TrainResult* out = nullptr) {
+  TrainerHooks hooks;
+  hooks.report = false;
+  std::vector<double> losses;
+  hooks.on_step = [&](std::int64_t, double l) { losses.push_back(l); };
+  Trainer t(c, comm, hooks);
+  if (!resume.empty()) t.resume(resume);
+  TrainResult r = t.fit();
+  if (out) *out = r;
+  return losses;
 }
 
 inline TrainConfig small_config(const std::string& dir) {

@@ -19,6 +19,8 @@ using test_support::error_of;
 
 namespace {
 
+using test_fixtures::train_losses;
+
 const char* kConv = R"(
 [[model.layers]]
 type = "conv"
@@ -88,16 +90,6 @@ TrainConfig config(const Communicator& world, const std::string& data, const std
   return c;
 }
 
-std::vector<double> run(const TrainConfig& c, const Communicator& comm) {
-  TrainerHooks hooks;
-  hooks.report = false;
-  std::vector<double> losses;
-  hooks.on_step = [&](std::int64_t, double l) { losses.push_back(l); };
-  Trainer t(c, comm, hooks);
-  t.fit();
-  return losses;
-}
-
 void expect_follows(const std::vector<double>& got, const std::vector<double>& ref, const std::string& what) {
   ASSERT_EQ(got.size(), ref.size()) << what;
   ASSERT_GT(ref.size(), 4u) << what;
@@ -115,20 +107,20 @@ TEST(LayersTrainer, FollowsTheOneRankRunInEveryLayout) {
   Communicator self = world.split(world.rank(), 0, "self");
   for (const auto& [name, layers] : {std::pair{"conv", kConv}, std::pair{"vit", kVit}}) {
     const TrainConfig c = config(world, data, layers);
-    const std::vector<double> ref = run(c, self);  // 1 rank, batch 16
+    const std::vector<double> ref = train_losses(c, self);  // 1 rank, batch 16
     if (w == 2) {
       TrainConfig d = c;  // data 2: 8 per rank, the same global batch
       d.data.batch_size = 8;
-      expect_follows(run(d, world), ref, std::string(name) + " data 2");
+      expect_follows(train_losses(d, world), ref, std::string(name) + " data 2");
     }
     TrainConfig p = c;
     p.parallel.pipeline = 2;  // at 4 ranks with tensor 2
     p.parallel.tensor = w / 2;
-    expect_follows(run(p, world), ref, std::string(name) + (w == 2 ? " pipeline 2" : " pipeline 2 x tensor 2"));
+    expect_follows(train_losses(p, world), ref, std::string(name) + (w == 2 ? " pipeline 2" : " pipeline 2 x tensor 2"));
     TrainConfig t = c;  // tensor 2 (x data 2 at 4 ranks: 8 per replica)
     t.parallel.tensor = 2;
     t.data.batch_size = 16 / (w / 2);
-    expect_follows(run(t, world), ref, std::string(name) + (w == 2 ? " tensor 2" : " tensor 2 x data 2"));
+    expect_follows(train_losses(t, world), ref, std::string(name) + (w == 2 ? " tensor 2" : " tensor 2 x data 2"));
   }
 }
 
@@ -140,7 +132,7 @@ TEST(LayersTrainer, ShapeErrorsOnEveryRank) {
                                       "name = \"fc1\"\nout = 5\ntensor = \"column\"\n[[model.layers]]\n"
                                       "type = \"linear\"\ntensor = \"row\"\n");
   c.parallel.tensor = 2;
-  const std::string e = error_of([&] { run(c, world); });
+  const std::string e = error_of([&] { train_losses(c, world); });
   EXPECT_NE(e.find("model.layers[1] (linear 'fc1'): key 'out' = 5 is not divisible by parallel.tensor = 2"),
             std::string::npos) << "rank " << world.rank() << ": " << e;
 }

@@ -14,18 +14,7 @@ using namespace ringtrain;
 
 namespace {
 
-std::vector<double> run(const TrainConfig& c, const Communicator& comm, TrainResult* out = nullptr,
-                        const std::string& resume = "") {
-  TrainerHooks hooks;
-  hooks.report = false;
-  std::vector<double> losses;
-  hooks.on_step = [&](std::int64_t, double l) { losses.push_back(l); };
-  Trainer t(c, comm, hooks);
-  if (!resume.empty()) t.resume(resume);
-  TrainResult r = t.fit();
-  if (out) *out = r;
-  return losses;
-}
+using test_fixtures::train_losses;
 
 // Relative loss difference allowed against the 1-rank trainer: measured worst
 // 2.4e-5 at 2-4 stages (AMD EPYC): the 4 micro-batches' gradient sums round
@@ -44,7 +33,7 @@ TEST(PipelineTrainer, FollowsTheOneRankTrainerAndResumes) {
   // The reference: the unpipelined trainer on this rank alone.
   Communicator self = world.split(world.rank(), 0, "self");
   TrainResult ref_r;
-  std::vector<double> ref = run(c, self, &ref_r);
+  std::vector<double> ref = train_losses(c, self, "", &ref_r);
 
   TrainConfig p = c;
   p.parallel.pipeline = world.size();
@@ -52,7 +41,7 @@ TEST(PipelineTrainer, FollowsTheOneRankTrainerAndResumes) {
   p.parallel.schedule = "zb-h1";
   p.checkpoint.dir = data + "/pipe-full";
   TrainResult pr;
-  std::vector<double> got = run(p, world, &pr);
+  std::vector<double> got = train_losses(p, world, "", &pr);
   ASSERT_EQ(got.size(), ref.size());
   double worst = 0;
   for (std::size_t i = 0; i < ref.size(); ++i) {
@@ -71,10 +60,10 @@ TEST(PipelineTrainer, FollowsTheOneRankTrainerAndResumes) {
   TrainConfig cut = p;
   cut.checkpoint.dir = data + "/pipe-cut";
   cut.train.max_steps = static_cast<int>(ref.size() / 2);
-  run(cut, world);
+  train_losses(cut, world);
   world.barrier();
   cut.train.max_steps = 0;
-  std::vector<double> rest = run(cut, world, nullptr, cut.checkpoint.dir);
+  std::vector<double> rest = train_losses(cut, world, cut.checkpoint.dir);
   ASSERT_EQ(rest.size(), ref.size() / 2);
   for (std::size_t i = 0; i < rest.size(); ++i)
     EXPECT_EQ(rest[i], got[ref.size() / 2 + i]) << "resumed step " << i;
@@ -95,7 +84,7 @@ TEST(PipelineTrainer, SignalOnOneRankStopsAllAndResumesMidEpochExactly) {
   c.parallel.pipeline = world.size();
   c.parallel.micro_batches = 4;
   c.checkpoint.dir = data + "/pipe-sig-full";
-  const std::vector<double> full = run(c, world);
+  const std::vector<double> full = train_losses(c, world);
   ASSERT_GT(full.size(), 6u);
   const std::int64_t stop_after = static_cast<std::int64_t>(full.size() / 2 - 3);  // inside epoch 1
 
@@ -118,7 +107,7 @@ TEST(PipelineTrainer, SignalOnOneRankStopsAllAndResumesMidEpochExactly) {
   // step): every rank finishes that step, then stops, as on the data-parallel path.
   ASSERT_EQ(static_cast<std::int64_t>(first.size()), stop_after + 1);
   world.barrier();
-  const std::vector<double> rest = run(cut, world, nullptr, cut.checkpoint.dir);
+  const std::vector<double> rest = train_losses(cut, world, cut.checkpoint.dir);
   ASSERT_EQ(first.size() + rest.size(), full.size());
   for (std::size_t i = 0; i < first.size(); ++i) EXPECT_EQ(first[i], full[i]) << "step " << i;
   for (std::size_t i = 0; i < rest.size(); ++i) EXPECT_EQ(rest[i], full[first.size() + i]) << "resumed step " << i;

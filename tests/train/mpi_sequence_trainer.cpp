@@ -17,16 +17,7 @@ using namespace ringtrain;
 
 namespace {
 
-std::vector<double> run(const TrainConfig& c, const Communicator& comm, const std::string& resume = "") {
-  TrainerHooks hooks;
-  hooks.report = false;
-  std::vector<double> losses;
-  hooks.on_step = [&](std::int64_t, double l) { losses.push_back(l); };
-  Trainer t(c, comm, hooks);
-  if (!resume.empty()) t.resume(resume);
-  t.fit();
-  return losses;
-}
+using test_fixtures::train_losses;
 
 // Measured: 3.9e-8 at most between any two of the runs (losses ~2.3, 10 steps); about 10x.
 constexpr double kTolerance = 4e-7;
@@ -62,11 +53,11 @@ TEST(SequenceTrainer, VitFollowsTheOneRankTrainerAndCheckpointsResumeEitherWay) 
   c.schedule.name = "constant";
   c.optimizer.lr = 0.01;
   c.optimizer.clip_norm = 0.05;
-  const std::vector<double> ref = run(c, self);
+  const std::vector<double> ref = train_losses(c, self);
   ASSERT_EQ(ref.size(), 10u);
   TrainConfig noclip = c;
   noclip.optimizer.clip_norm = 0;
-  EXPECT_GT(std::abs(run(noclip, self).back() - ref.back()), 1e-4) << "clipping must be active";
+  EXPECT_GT(std::abs(train_losses(noclip, self).back() - ref.back()), 1e-4) << "clipping must be active";
 
   TrainConfig sp = c;
   sp.parallel.tensor = 2;
@@ -77,7 +68,7 @@ TEST(SequenceTrainer, VitFollowsTheOneRankTrainerAndCheckpointsResumeEitherWay) 
   const std::string layout = w == 2 ? "tensor 2" : "tensor 2 x pipeline 2";
   TrainConfig plain = sp;
   plain.parallel.sequence = false;
-  const std::vector<double> got = run(sp, world), without = run(plain, world);
+  const std::vector<double> got = train_losses(sp, world), without = train_losses(plain, world);
   expect_follows(got, ref, 0, layout + " with sequence parallelism vs 1 rank");
   expect_follows(got, without, 0, layout + " with vs without sequence parallelism");
 
@@ -86,10 +77,10 @@ TEST(SequenceTrainer, VitFollowsTheOneRankTrainerAndCheckpointsResumeEitherWay) 
     TrainConfig save = save_with ? sp : plain;
     save.checkpoint.dir = data + (save_with ? "/with" : "/without");
     save.train.max_steps = 5;
-    run(save, world);
+    train_losses(save, world);
     world.barrier();
     TrainConfig resume = save_with ? plain : sp;
-    expect_follows(run(resume, world, save.checkpoint.dir), ref, 5,
+    expect_follows(train_losses(resume, world, save.checkpoint.dir), ref, 5,
                    cat(layout, save_with ? ": saved with sequence parallelism, resumed without"
                                          : ": saved without sequence parallelism, resumed with"));
   }

@@ -15,16 +15,7 @@ using namespace ringtrain;
 
 namespace {
 
-std::vector<double> run(const TrainConfig& c, const Communicator& comm, const std::string& resume = "") {
-  TrainerHooks hooks;
-  hooks.report = false;
-  std::vector<double> losses;
-  hooks.on_step = [&](std::int64_t, double l) { losses.push_back(l); };
-  Trainer t(c, comm, hooks);
-  if (!resume.empty()) t.resume(resume);
-  t.fit();
-  return losses;
-}
+using test_fixtures::train_losses;
 
 void expect_follows(const std::vector<double>& got, const std::vector<double>& ref, std::size_t first,
                     const std::string& what) {
@@ -51,41 +42,41 @@ TEST(TensorTrainer, FollowsTheOneRankTrainerAndReshardsCheckpoints) {
     c.train.epochs = 2;
     c.schedule.name = "constant";
     c.optimizer.lr = 0.01;
-    const std::vector<double> ref = run(c, self);  // 1 rank, no tensor parallelism, batch 16
+    const std::vector<double> ref = train_losses(c, self);  // 1 rank, no tensor parallelism, batch 16
 
     // tensor 2 x data w/2: the global batch is 16 per replica.
     TrainConfig big = c;
     big.data.batch_size = 16 * (w / 2);
-    const std::vector<double> ref_big = w == 2 ? ref : run(big, self);
+    const std::vector<double> ref_big = w == 2 ? ref : train_losses(big, self);
     TrainConfig t = c;
     t.parallel.tensor = 2;
     t.train.verify_every = 1;  // at data 2 (4 ranks): each shard's replicas bitwise identical every step
-    expect_follows(run(t, world), ref_big, 0, std::string(name) + " tensor 2 x data w/2");
+    expect_follows(train_losses(t, world), ref_big, 0, std::string(name) + " tensor 2 x data w/2");
 
     // tensor 2 x pipeline w/2 (data 1): the whole run, then saved after epoch 1 and resumed at
     // tensor w and at tensor 1 x pipeline w (parameters and optimizer state were stored whole).
     TrainConfig tp = c;
     tp.parallel.tensor = 2;
     tp.parallel.pipeline = w / 2;
-    expect_follows(run(tp, world), ref, 0, std::string(name) + " tensor 2 x pipeline w/2");
+    expect_follows(train_losses(tp, world), ref, 0, std::string(name) + " tensor 2 x pipeline w/2");
     tp.checkpoint.dir = data + "/" + name + "-t2";
     tp.train.max_steps = static_cast<int>(ref.size() / 2);
-    run(tp, world);
+    train_losses(tp, world);
     world.barrier();
     // Global-norm clipping over tensor shards and stages (replicated parameters counted once).
     TrainConfig clip = c, clip_tp = c;
     clip.optimizer.clip_norm = clip_tp.optimizer.clip_norm = 0.05;
     clip_tp.parallel.tensor = 2;
     clip_tp.parallel.pipeline = w / 2;
-    const std::vector<double> ref_clip = run(clip, self);
+    const std::vector<double> ref_clip = train_losses(clip, self);
     EXPECT_GT(std::abs(ref_clip.back() - ref.back()), 1e-4 * ref.back()) << name << ": clipping must be active";
-    expect_follows(run(clip_tp, world), ref_clip, 0, std::string(name) + " clipped, tensor 2 x pipeline w/2");
+    expect_follows(train_losses(clip_tp, world), ref_clip, 0, std::string(name) + " clipped, tensor 2 x pipeline w/2");
     TrainConfig r = c;
     r.parallel.tensor = w;
-    expect_follows(run(r, world, tp.checkpoint.dir), ref, ref.size() / 2, std::string(name) + " resumed at tensor w");
+    expect_follows(train_losses(r, world, tp.checkpoint.dir), ref, ref.size() / 2, std::string(name) + " resumed at tensor w");
     r.parallel.tensor = 1;
     r.parallel.pipeline = w;
-    expect_follows(run(r, world, tp.checkpoint.dir), ref, ref.size() / 2,
+    expect_follows(train_losses(r, world, tp.checkpoint.dir), ref, ref.size() / 2,
                    std::string(name) + " resumed at tensor 1 x pipeline w");
   }
 }
