@@ -102,33 +102,6 @@ ModelConfig vit_cfg(double dropout) {
   return mc;
 }
 
-void batch(int t, std::int64_t n, Tensor& x, Tensor& y) {
-  x = Tensor::empty({n, 1, 8, 8}, DType::f32);
-  y = Tensor::empty({n}, DType::i32);
-  for (std::int64_t i = 0; i < x.numel(); ++i)
-    x.data<float>()[i] = 2.f * counter_uniform(11, std::uint64_t(t), std::uint64_t(i)) - 1.f;
-  for (std::int64_t i = 0; i < n; ++i) {
-    const float* img = x.data<float>() + i * 64;
-    y.data<std::int32_t>()[i] = static_cast<std::int32_t>((img[0] + img[9] > 0 ? 1 : 0) + (img[36] > 0 ? 2 : 0));
-  }
-}
-
-// The largest |mine - ref| / (1 + |ref|) over every parameter element (ref: whole, or a shard like mine).
-double param_difference(const ParamArena& mine, const ParamArena& ref) {
-  double worst = 0;
-  for (std::size_t i = 0; i < mine.size(); ++i) {
-    Tensor r = ref.param(i);
-    if (mine.info(i).shard.sharded() && !ref.info(i).shard.sharded()) r = shard_of(r, mine.info(i).shard);
-    const Tensor p = mine.param(i);
-    EXPECT_EQ(p.numel(), r.numel()) << mine.info(i).name;
-    for (std::int64_t k = 0; k < p.numel(); ++k) {
-      const double b = r.data<float>()[k];
-      worst = std::max(worst, std::abs(p.data<float>()[k] - b) / (1 + std::abs(b)));
-    }
-  }
-  return worst;
-}
-
 // One model trained on its replica's rows of the global batches.
 struct Run {
   Stage stage;
@@ -171,7 +144,7 @@ void check_follows(int tensor, double dropout) {
   tp_cfg.sequence = false;
   Run whole(whole_cfg), sp(sp_cfg), tp(tp_cfg);
   const std::string what = cat("vit tensor ", tensor, " data ", grid.dp_size(), " dropout ", dropout, " ", grid.tag());
-  EXPECT_EQ(param_difference(sp.stage.arena(), whole.stage.arena()), 0.0) << what << ": the same start";
+  EXPECT_EQ(test_support::param_difference(sp.stage.arena(), whole.stage.arena()), 0.0) << what << ": the same start";
   // blocks.0 passes its token shard to blocks.1, which gathers them: the split is on.
   EXPECT_EQ(sp.stage.layer(1).output_shape({kPerReplica, 16, 16}), Shape({kPerReplica, 16 / tensor, 16})) << what;
   EXPECT_EQ(tp.stage.layer(1).output_shape({kPerReplica, 16, 16}), Shape({kPerReplica, 16, 16})) << what;
@@ -179,15 +152,15 @@ void check_follows(int tensor, double dropout) {
   double worst_loss = 0, worst_param = 0, worst_tp_loss = 0, worst_tp_param = 0;
   for (int t = 0; t < kSteps; ++t) {
     Tensor x, y;
-    batch(t, global, x, y);
+    test_support::batch_8x8(t, global, x, y);
     whole.step(t, x, y, 0, global, nullptr);
     sp.step(t, x, y, lo, kPerReplica, &grid);
     tp.step(t, x, y, lo, kPerReplica, &grid);
     const double ref = whole.losses.back();
     worst_loss = std::max(worst_loss, std::abs(sp.losses.back() - ref) / std::abs(ref));
     worst_tp_loss = std::max(worst_tp_loss, std::abs(sp.losses.back() - tp.losses.back()) / std::abs(ref));
-    worst_param = std::max(worst_param, param_difference(sp.stage.arena(), whole.stage.arena()));
-    worst_tp_param = std::max(worst_tp_param, param_difference(sp.stage.arena(), tp.stage.arena()));
+    worst_param = std::max(worst_param, test_support::param_difference(sp.stage.arena(), whole.stage.arena()));
+    worst_tp_param = std::max(worst_tp_param, test_support::param_difference(sp.stage.arena(), tp.stage.arena()));
     ASSERT_LT(worst_loss, kLossTolerance) << what << " step " << t << " vs 1 rank";
     ASSERT_LT(worst_tp_loss, kLossTolerance) << what << " step " << t << " vs tensor without sequence";
     ASSERT_LT(worst_param, kParamTolerance) << what << " step " << t << " vs 1 rank";

@@ -96,32 +96,6 @@ ModelConfig model_cfg(const std::string& name, int tensor) {
   return mc;
 }
 
-void batch(int t, std::int64_t n, Tensor& x, Tensor& y) {
-  x = Tensor::empty({n, 1, 8, 8}, DType::f32);
-  y = Tensor::empty({n}, DType::i32);
-  for (std::int64_t i = 0; i < x.numel(); ++i)
-    x.data<float>()[i] = 2.f * counter_uniform(11, std::uint64_t(t), std::uint64_t(i)) - 1.f;
-  for (std::int64_t i = 0; i < n; ++i) {
-    const float* img = x.data<float>() + i * 64;
-    y.data<std::int32_t>()[i] = static_cast<std::int32_t>((img[0] + img[9] > 0 ? 1 : 0) + (img[36] > 0 ? 2 : 0));
-  }
-}
-
-// The largest |mine - whole| / (1 + |whole|) over every parameter element.
-double param_difference(const ParamArena& mine, const ParamArena& whole) {
-  double worst = 0;
-  for (std::size_t i = 0; i < mine.size(); ++i) {
-    Tensor ref = whole.param(i);
-    if (mine.info(i).shard.sharded()) ref = shard_of(ref, mine.info(i).shard);
-    const Tensor p = mine.param(i);
-    for (std::int64_t k = 0; k < p.numel(); ++k) {
-      const double b = ref.data<float>()[k];
-      worst = std::max(worst, std::abs(p.data<float>()[k] - b) / (1 + std::abs(b)));
-    }
-  }
-  return worst;
-}
-
 // Parameter i of the sharded model equals the whole model's (its part of it when sharded).
 void expect_params_match(const ParamArena& mine, const ParamArena& whole, double tol, const std::string& what) {
   ASSERT_EQ(mine.size(), whole.size()) << what;
@@ -181,7 +155,7 @@ void check_follows_one_rank(const std::string& name, int tensor, double dropout 
   double worst_loss = 0, worst_param = 0;
   for (int t = 0; t < kSteps; ++t) {
     Tensor x, y;
-    batch(t, global, x, y);
+    test_support::batch_8x8(t, global, x, y);
     // Dropout masks are keyed by the step and each sample's place in the global batch.
     whole.set_position(std::uint64_t(t), 0);
     Tensor lw = whole.forward(0, x, Mode::train), dw = Tensor::empty(lw.shape());
@@ -206,7 +180,7 @@ void check_follows_one_rank(const std::string& name, int tensor, double dropout 
     opt_m->step(lr);
     worst_loss = std::max(worst_loss, std::abs(loss - ref) / std::abs(ref));
     ASSERT_NEAR(loss, ref, kLossTolerance * std::abs(ref)) << what << " step " << t;
-    worst_param = std::max(worst_param, param_difference(mine.arena(), whole.arena()));
+    worst_param = std::max(worst_param, test_support::param_difference(mine.arena(), whole.arena()));
     expect_params_match(mine.arena(), whole.arena(), kParamTolerance, cat(what, " after step ", t));
     resync(mine.arena(), whole.arena());
   }
