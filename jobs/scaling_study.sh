@@ -6,7 +6,7 @@
 #    α, β per class and γ; the same sweeps at 3-4 nodes are kept out of the fit for validation;
 # 2. training runs: strong (global batch GLOBAL_BATCH split) and weak (BATCH per rank) scaling of
 #    `cnn` at 1, 2, 4 ranks here (4 oversubscribed), weak scaling on 2 and 4 emulated hosts as Slurm
-#    jobs (salloc -N k mpirun), resnet at 1-2 ranks for its compute time and overlap;
+#    jobs (salloc -N k mpirun), resnet and vit at 1-2 ranks for their compute time and overlap;
 # 3. jobs/scaling_report.py: CSV, PNG and a text report with the fitted parameters, the validation
 #    table and the 1,024-rank predictions (jobs/costmodel.py predicts other layouts).
 # Environment: OUT (runs/scaling), STEPS (cnn steps per point, 60), RESNET_STEPS (8), BATCH (64),
@@ -61,7 +61,9 @@ if has local; then
         train local weak cnn "$np" 1 "$BATCH" "$STEPS" $LOCAL
         train local strong cnn "$np" 1 $((GLOBAL_BATCH / np)) "$STEPS" $LOCAL
     done
-    for np in 1 2; do train local weak resnet "$np" 1 "$BATCH" "$RESNET_STEPS" $LOCAL; done
+    for model in resnet vit; do
+        for np in 1 2; do train local weak "$model" "$np" 1 "$BATCH" "$RESNET_STEPS" $LOCAL; done
+    done
 fi
 
 if [ "$HOSTS" = 1 ]; then
