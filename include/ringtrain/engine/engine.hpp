@@ -102,8 +102,9 @@ struct EngineOptions {
   // tensors always use cpu_fusion_ops().
   std::shared_ptr<FusionOps> device_ops;
   // comm.autotune: search fusion_threshold, cycle_time_ms and the algorithm
-  // per size during the first steps (engine/autotune.hpp). The engine's
-  // options() then report the setting in use.
+  // per size during the first steps (engine/autotune.hpp). The engine thread
+  // changes those two fields of its options while it searches: read options()
+  // once autotune_result().finished (then it reports the setting in use).
   AutotuneOptions autotune;
 };
 
