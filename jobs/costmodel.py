@@ -159,6 +159,22 @@ def efficiency(work, c, algos=ALGORITHMS):
     return t1 / tp, tp, f, d
 
 
+def knee(eff_of, ranks, threshold=0.8):
+    """The first rank count (of `ranks`, ascending) whose efficiency eff_of(p) is below threshold;
+    None if none is. eff_of: p -> efficiency (e.g. lambda p: efficiency(work, cluster(p))[0])."""
+    for p in sorted(ranks):
+        if eff_of(p) < threshold:
+            return p
+    return None
+
+
+def cluster_of(ranks, ranks_per_node, gbit, latency_us, shm, gamma):
+    """A user's cluster: `ranks` ranks, `ranks_per_node` per node, node links of gbit Gbit/s and
+    latency_us one-way latency; shm (intra-node α, β) and gamma as fitted here."""
+    q = min(ranks_per_node, ranks)
+    return Cluster(max(1, ranks // q), q, shm, {"alpha": latency_us * 1e-6, "beta": gbit_to_beta(gbit)}, gamma)
+
+
 def nnls(rows, ys, weights):
     """Least squares with non-negative coefficients (few unknowns: drop negatives and refit)."""
     import numpy as np

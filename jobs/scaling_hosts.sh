@@ -9,10 +9,10 @@ cd "$(dirname "$0")/.."
 SALLOC() { local k=$1; shift; salloc -Q -N "$k" --ntasks-per-node=1 "$@"; }
 args=$SWEEP steps=${STEPS:-60}
 [ "$CLASS" = slow ] && args=$SLOW_SWEEP steps=$SLOW_STEPS
-for k in 2 3 4; do
+for k in ${HOST_SWEEP:-2 3 4}; do
     echo "== sweep: $CLASS, $k hosts"
     SALLOC "$k" mpirun -np "$k" "$BENCH" $args --csv "$OUT/sweeps/$CLASS-${k}n${k}r.csv" > "$OUT/sweeps/$CLASS-${k}n${k}r.txt"
 done
-for k in 2 4; do
+for k in ${HOST_TRAIN:-2 4}; do
     train "hosts-$CLASS" weak cnn "$k" "$k" "${BATCH:-64}" "$steps" SALLOC "$k" mpirun
 done

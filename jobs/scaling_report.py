@@ -3,6 +3,7 @@
    /usr/bin/python3 jobs/scaling_report.py runs/scaling
 Reads sweeps/*.csv, runs.csv and train/*.jsonl written by jobs/scaling_study.sh; writes
 model.json, validation.csv, scaling.csv, predictions.csv, scaling.png and report.txt."""
+import argparse
 import csv
 import json
 import math
@@ -131,8 +132,31 @@ def predict_run(r, work, links, gamma, own_compute=False):
     return cm.step_time(w, c, w["fusion"], compute_slowdown=slowdown)
 
 
+def user_cluster(a, work, links, gamma):
+    """Predicted weak scaling of `cnn` (or the first model measured) on the user's cluster."""
+    model = "cnn" if "cnn" in work else next(iter(work), None)
+    if model is None:
+        return None
+    ranks = [a.ranks_per_node * 2 ** k for k in range(0, 20) if a.ranks_per_node * 2 ** k <= max(a.ranks, 2)]
+    eff = lambda p: cm.efficiency(work[model], cm.cluster_of(p, a.ranks_per_node, a.gbit, a.latency_us,
+                                                             links["shm"], gamma))[0]
+    curve = [(p, eff(p)) for p in ranks]
+    return {"desc": f"{model}, {a.ranks} ranks, {a.ranks_per_node} per node, {a.gbit:g} Gbit/s, {a.latency_us:g} us",
+            "curve": curve, "knee": cm.knee(eff, ranks)}
+
+
 def main():
-    out = sys.argv[1] if len(sys.argv) > 1 else "runs/scaling"
+    ap = argparse.ArgumentParser(description="fit the cost model to a scaling study and write its report")
+    ap.add_argument("out", nargs="?", default="runs/scaling")
+    ap.add_argument("--ranks", type=int, default=1024, help="your cluster: ranks (predicted up to here)")
+    ap.add_argument("--ranks-per-node", type=int, default=4)
+    ap.add_argument("--gbit", type=float, default=25.0, help="node link Gbit/s")
+    ap.add_argument("--latency-us", type=float, default=15.0, help="one-way network latency")
+    a = ap.parse_args()
+    for key in ("ranks", "ranks_per_node", "gbit", "latency_us"):
+        if getattr(a, key) <= 0:
+            sys.exit(f"scaling_report: --{key.replace('_', '-')} must be > 0, got {getattr(a, key)}")
+    out = a.out
     sweeps = load_sweeps(os.path.join(out, "sweeps"))
     links, gamma = fit(sweeps)
     runs = []
@@ -173,13 +197,14 @@ def main():
                       "compute_ms": m["compute_s"] * 1e3, "predicted_step_ms": t * 1e3, "error": t / m["step_s"] - 1,
                       "predicted_step_model_compute_ms": t0 * 1e3, "error_model_compute": t0 / m["step_s"] - 1,
                       "exposed_ms": m["exposed_s"] * 1e3, "predicted_exposed_ms": d["exposed_s"] * 1e3,
+                      "data_wait_ms": m["data_s"] * 1e3, "allreduce_model_ms": d["allreduce_s"] * 1e3,
                       "fitted_on": int((r["where"], r["mode"], r["model"], r["ranks"]) in fitted_runs)})
     write_csv(os.path.join(out, "scaling.csv"), srows)
     preds = target_predictions(work, gamma)
     write_csv(os.path.join(out, "predictions.csv"), preds)
     import scaling_plot
     scaling_plot.plot(os.path.join(out, "scaling.png"), srows, sweeps, links, gamma, work, TARGET)
-    text = report_text(out, links, gamma, work, vrows, srows, preds)
+    text = report_text(out, links, gamma, work, vrows, srows, preds, user_cluster(a, work, links, gamma))
     open(os.path.join(out, "report.txt"), "w").write(text)
     print(text)
 

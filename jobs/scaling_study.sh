@@ -6,13 +6,17 @@
 #    α, β per class and γ; the same sweeps at 3-4 nodes are kept out of the fit for validation;
 # 2. training runs: strong (global batch GLOBAL_BATCH split) and weak (BATCH per rank) scaling of
 #    `cnn` at 1, 2, 4 ranks here (4 oversubscribed), weak scaling on 2 and 4 emulated hosts as Slurm
-#    jobs (salloc -N k mpirun), resnet at 1-2 ranks for its compute time and overlap;
+#    jobs (salloc -N k mpirun), resnet and vit at 1-2 ranks for their compute time and overlap;
 # 3. jobs/scaling_report.py: CSV, PNG and a text report with the fitted parameters, the validation
 #    table and the 1,024-rank predictions (jobs/costmodel.py predicts other layouts).
 # Environment: OUT (runs/scaling), STEPS (cnn steps per point, 60), RESNET_STEPS (8), BATCH (64),
 #   GLOBAL_BATCH (128), RATE (tc rate of the shaped links, 2gbit), HOSTS=0 to skip the emulated hosts,
 #   SWEEP (sweep arguments), SLOW_RATE (100mbit), SLOW_SWEEP, SLOW_STEPS (20), BIN, BENCH,
-#   PHASES (default "local hosts slow": run a subset again; the other phases' results in OUT are kept).
+#   PHASES (default "local hosts slow": run a subset again; the other phases' results in OUT are kept),
+#   LOCAL_RANKS (1 2 4), MODES (weak strong), EXTRA_MODELS (resnet vit: weak, 1-2 ranks here),
+#   SHM_SWEEP_RANKS (2 4), HOST_CLASSES (net tbf), HOST_SWEEP (2 3 4 hosts), HOST_TRAIN (2 4 hosts),
+#   REPORT_ARGS (your cluster for the predictions: --ranks 1024 --ranks-per-node 4 --gbit 25 --latency-us 15).
+# The short sweep CI runs (tests/slurm/scaling_short.sh) sets these to 2 training points.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -20,6 +24,10 @@ OUT=${OUT:-runs/scaling}; mkdir -p "$OUT"/{sweeps,train,data}; OUT=$(cd "$OUT" &
 BIN=${BIN:-$ROOT/build/ringtrain}; BENCH=${BENCH:-$ROOT/build/bench/bench_comm_allreduce_sweep}
 STEPS=${STEPS:-60}; RESNET_STEPS=${RESNET_STEPS:-8}; BATCH=${BATCH:-64}; GLOBAL_BATCH=${GLOBAL_BATCH:-128}
 RATE=${RATE:-2gbit}; HOSTS=${HOSTS:-1}; SLOW_RATE=${SLOW_RATE:-100mbit}; PHASES=${PHASES:-local hosts slow}
+LOCAL_RANKS=${LOCAL_RANKS:-1 2 4}; MODES=${MODES:-weak strong}; EXTRA_MODELS=${EXTRA_MODELS-resnet vit}
+SHM_SWEEP_RANKS=${SHM_SWEEP_RANKS:-2 4}; HOST_CLASSES=${HOST_CLASSES:-net tbf}
+export HOST_SWEEP=${HOST_SWEEP:-2 3 4} HOST_TRAIN=${HOST_TRAIN:-2 4}
+NODES=$(printf '%s\n' $HOST_SWEEP $HOST_TRAIN | sort -n | tail -1)
 export SWEEP=${SWEEP:--b 4K -e 16M -f 4 -w 3 -n 15 -c 0 --algos ring,tree --stat min}
 # Link-bound sizes only (>= 1 MiB at 100 Mbit/s: 80+ ms per message, far above the 256 KB tbf burst),
 # median: the tbf queue varies.
@@ -54,29 +62,38 @@ train() {
 export -f train; export OUT BIN BENCH BATCH STEPS
 
 if has local; then
-    echo "== sweep: shared memory, 2 ranks (fit) and 4 ranks (validation, oversubscribed)"
-    $LOCAL -np 2 "$BENCH" $SWEEP --csv "$OUT/sweeps/shm-1n2r.csv" > "$OUT/sweeps/shm-1n2r.txt"
-    $LOCAL -np 4 "$BENCH" $SWEEP --csv "$OUT/sweeps/shm-1n4r.csv" > "$OUT/sweeps/shm-1n4r.txt"
-    for np in 1 2 4; do
-        train local weak cnn "$np" 1 "$BATCH" "$STEPS" $LOCAL
-        train local strong cnn "$np" 1 $((GLOBAL_BATCH / np)) "$STEPS" $LOCAL
+    echo "== sweep: shared memory, 2 ranks (fit) and more (validation; 4 oversubscribes 2 cores)"
+    for np in $SHM_SWEEP_RANKS; do
+        $LOCAL -np "$np" "$BENCH" $SWEEP --csv "$OUT/sweeps/shm-1n${np}r.csv" > "$OUT/sweeps/shm-1n${np}r.txt"
     done
-    for np in 1 2; do train local weak resnet "$np" 1 "$BATCH" "$RESNET_STEPS" $LOCAL; done
+    for np in $LOCAL_RANKS; do
+        if [[ " $MODES " == *" weak "* ]]; then train local weak cnn "$np" 1 "$BATCH" "$STEPS" $LOCAL; fi
+        if [[ " $MODES " == *" strong "* ]]; then
+            train local strong cnn "$np" 1 $((GLOBAL_BATCH / np)) "$STEPS" $LOCAL
+        fi
+    done
+    for model in $EXTRA_MODELS; do
+        for np in 1 2; do train local weak "$model" "$np" 1 "$BATCH" "$RESNET_STEPS" $LOCAL; done
+    done
 fi
 
 if [ "$HOSTS" = 1 ]; then
     why=$(tests/slurm/cluster.sh check) || { echo "scaling_study: no emulated hosts: $why" >&2; HOSTS=0; }
 fi
 if [ "$HOSTS" = 1 ]; then
-    export RT_SLURM_NAME=rtscale RT_SLURM_SUBNET=10.77.29 RT_SLURM_PORT=18000
+    # Its own cluster instance unless the caller names one (the CI test does).
+    export RT_SLURM_NAME=${RT_SLURM_NAME:-rtscale} RT_SLURM_SUBNET=${RT_SLURM_SUBNET:-10.77.29}
+    export RT_SLURM_PORT=${RT_SLURM_PORT:-18000}
     if has hosts; then
-        tests/slurm/cluster.sh run 4 -- jobs/scaling_hosts.sh net
-        RT_SLURM_RATE=$RATE tests/slurm/cluster.sh run 4 -- jobs/scaling_hosts.sh tbf
-        echo "$RATE" > "$OUT/tbf_rate.txt"
+        for cls in $HOST_CLASSES; do
+            rate=
+            if [ "$cls" = tbf ]; then rate=$RATE; echo "$RATE" > "$OUT/tbf_rate.txt"; fi
+            RT_SLURM_RATE=$rate tests/slurm/cluster.sh run "$NODES" -- jobs/scaling_hosts.sh "$cls"
+        done
     fi
     if has slow; then
-        RT_SLURM_RATE=$SLOW_RATE tests/slurm/cluster.sh run 4 -- jobs/scaling_hosts.sh slow
+        RT_SLURM_RATE=$SLOW_RATE tests/slurm/cluster.sh run "$NODES" -- jobs/scaling_hosts.sh slow
         echo "$SLOW_RATE" > "$OUT/slow_rate.txt"
     fi
 fi
-/usr/bin/python3 jobs/scaling_report.py "$OUT"
+/usr/bin/python3 jobs/scaling_report.py "$OUT" ${REPORT_ARGS:-}

@@ -37,9 +37,50 @@ def sweep_summary(vrows):
     return lines
 
 
-def report_text(out, links, gamma, work, vrows, srows, preds):
+def point_rows(srows):
+    """Per measured point: efficiency = img/s per rank / img/s of the same model and mode at 1 rank
+    on shared memory; the step's split (trainer's time split, per step); hidden = the share of the
+    modelled all-reduce time per step that the measured exposed time does not show (0..1)."""
+    out = []
+    for r in sorted(srows, key=lambda r: (r["where"] != "local", r["where"], r["mode"], r["model"], r["ranks"])):
+        base = next((b for b in srows if b["where"] == "local" and b["mode"] == r["mode"] and b["model"] == r["model"]
+                     and b["ranks"] == 1), None)
+        if base is None:
+            continue
+        step, comp, exp, data = r["step_ms"], r["compute_ms"], r["exposed_ms"], r.get("data_wait_ms", 0.0)
+        ar = r.get("allreduce_model_ms", 0.0)
+        out.append({"where": r["where"], "mode": r["mode"], "model": r["model"], "ranks": r["ranks"],
+                    "images_per_s": r["images_per_s"],
+                    "efficiency": r["images_per_s"] / (base["images_per_s"] * r["ranks"]),
+                    "compute": comp / step, "exposed": exp / step, "data_wait": data / step,
+                    "other": max(0.0, step - comp - exp - data) / step,
+                    "hidden": None if r["ranks"] == 1 or ar <= 0 else min(1.0, max(0.0, 1.0 - exp / ar))})
+    return out
+
+
+def summary_lines(points, user=None):
+    """The report's first lines: efficiency per point, overlap, the time split, and the knee."""
+    L = ["0. Summary (measured on this machine unless marked predicted)",
+         f"   {'where':<10} {'mode':<6} {'model':<6} {'ranks':>5} {'img/s':>8} {'efficiency':>10} {'hidden':>7}"
+         f"   compute / exposed comm / data wait / other (share of the step)"]
+    for p in points:
+        hid = "-" if p["hidden"] is None else f"{p['hidden'] * 100:.0f}%"
+        L.append(f"   {p['where']:<10} {p['mode']:<6} {p['model']:<6} {p['ranks']:>5} {p['images_per_s']:>8.0f} "
+                 f"{p['efficiency'] * 100:>9.0f}% {hid:>7}   {p['compute'] * 100:.0f}% / {p['exposed'] * 100:.0f}% / "
+                 f"{p['data_wait'] * 100:.0f}% / {p['other'] * 100:.0f}%")
+    L.append("   hidden = 1 - measured exposed comm / modelled all-reduce time per step (the overlap's share)")
+    if user:
+        k = user["knee"]
+        L.append(f"   predicted for your cluster ({user['desc']}): weak-scaling efficiency "
+                 + ", ".join(f"{p} ranks {e * 100:.0f}%" for p, e in user["curve"])
+                 + f"; knee (efficiency < 80%): {k if k else 'none up to ' + str(user['curve'][-1][0])} ranks")
+    return L + [""]
+
+
+def report_text(out, links, gamma, work, vrows, srows, preds, user=None):
     L = [f"ringtrain scaling study and cost model  ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})",
          f"machine: {cpu_name()}; produced by: jobs/scaling_study.sh (OUT={out})", ""]
+    L += summary_lines(point_rows(srows), user)
     L.append("1. Fitted link parameters (least squares on relative error, 2-rank sweeps only; joint ring + tree,")
     L.append("   then each algorithm's own, which the predictions use)")
     src = {"shm": "shm-1n2r (2 ranks, Open MPI vader)", "net": "net-2n2r (2 emulated hosts, TCP over veth)",

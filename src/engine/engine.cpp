@@ -8,6 +8,7 @@
 #include <mutex>
 #include <thread>
 
+#include "autotune_session.hpp"
 #include "controller.hpp"
 #include "fusion_buffer.hpp"
 #include "ringtrain/comm/host_backend.hpp"
@@ -67,6 +68,7 @@ struct Engine::Impl {
   engine::FusionBufferManager buffers;
   std::vector<CopySpan> spans;  // reused: one batch's pack/unpack copies (engine thread only)
   std::unique_ptr<engine::Timeline> timeline;
+  std::unique_ptr<engine::AutotuneSession> autotune;  // comm.autotune (engine thread after start-up)
   std::string timeline_error;
   Clock::time_point origin = Clock::now();
 
@@ -119,6 +121,7 @@ Engine::Impl::Impl(const Communicator& c, EngineOptions o) : opts(std::move(o)) 
   MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MIN, comm.handle("Engine start-up"));
   RT_CHECK(bad == size, "Engine: rank ", bad, " could not open its timeline (EngineOptions::timeline = '", opts.timeline,
            "')", timeline_error.empty() ? "" : ": ", timeline_error);
+  if (opts.autotune.enabled) autotune = std::make_unique<engine::AutotuneSession>(comm, opts);
   thread = std::thread([this] { loop(); });
 }
 
@@ -236,8 +239,6 @@ void Engine::Impl::synchronize() {
 void Engine::Impl::loop() {
   std::unordered_map<std::string, OpPtr> pending;
   int idle_cycles = 0;
-  const auto cycle = std::chrono::duration_cast<Clock::duration>(
-      std::chrono::duration<double, std::milli>(opts.cycle_time_ms));
   std::string reason = "the engine was shut down";
   try {
     for (;;) {
@@ -284,6 +285,9 @@ void Engine::Impl::loop() {
       // A caller blocked in wait() submits nothing more until it returns, so
       // there is nothing left to batch on this rank: cycle quickly (short
       // pause) until it is served, at the pace of the slowest peer.
+      // Read every cycle: comm.autotune changes it.
+      const auto cycle = std::chrono::duration_cast<Clock::duration>(
+          std::chrono::duration<double, std::milli>(opts.cycle_time_ms));
       idle_cycles = r.all_idle ? std::min(idle_cycles + 1, 64) : 0;
       const int factor = idle_cycles < 8 ? 1 : std::min(32, 2 << ((idle_cycles - 8) / 4));
       idle.store(factor > 1);  // before the predicate's queue check: no lost wake-up
@@ -317,6 +321,7 @@ void Engine::Impl::execute_batch(const engine::Batch& b) {
   const double factor = avg ? 1.0 / size : 1.0;
   CollectiveOptions copt = opts.collective;
   copt.device = dev;
+  if (autotune) copt.algorithm = autotune->algorithm_for(b.bytes());
 
   auto t0 = Clock::now();
   fo.wait_for_producers(dev);
@@ -378,6 +383,9 @@ void Engine::Impl::execute_batch(const engine::Batch& b) {
     s.allreduce_seconds += std::chrono::duration<double>(t2 - t1).count();
     s.memcpy_seconds += std::chrono::duration<double>((t1 - t0) + (t3 - t2)).count();
   });
+  // Before completing: the step's last completion lets the caller go on, and
+  // the session must see the batch (and may change the options) first.
+  if (autotune) autotune->after_batch(b);
   for (auto& op : b.ops) complete(op, "");
 }
 
@@ -413,6 +421,9 @@ void Engine::reset_stats() {
   impl_->stats = EngineStats{};
 }
 const EngineOptions& Engine::options() const { return impl_->opts; }
+AutotuneResult Engine::autotune_result() const {
+  return impl_->autotune ? impl_->autotune->result() : AutotuneResult{};
+}
 int Engine::rank() const { return impl_->rank; }
 int Engine::size() const { return impl_->size; }
 

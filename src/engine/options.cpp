@@ -15,11 +15,13 @@ void check_engine_settings_agree(const Communicator& comm, const EngineOptions& 
   const char* names[] = {"fusion_threshold (comm.fusion_threshold)", "fp16_allreduce (comm.fp16_allreduce)",
                          "cache_capacity (comm.cache_capacity)", "collective.algorithm (comm.algorithm)",
                          "collective.tree_threshold (comm.tree_threshold)",
-                         "collective.segment_bytes (comm.segment_bytes)"};
+                         "collective.segment_bytes (comm.segment_bytes)", "autotune.enabled (comm.autotune)",
+                         "autotune.samples (comm.autotune_samples)", "autotune.steps_per_sample (comm.autotune_steps)"};
   long long v[] = {static_cast<long long>(o.fusion_threshold), o.fp16_allreduce ? 1 : 0,
                    static_cast<long long>(o.cache_capacity), static_cast<long long>(o.collective.algorithm),
                    effective_tree_threshold(o.collective),
-                   static_cast<long long>(effective_segment_bytes(o.collective))};
+                   static_cast<long long>(effective_segment_bytes(o.collective)), o.autotune.enabled ? 1 : 0,
+                   o.autotune.samples, o.autotune.steps_per_sample};
   constexpr int n = sizeof(v) / sizeof(v[0]);
   long long mm[2 * n];
   for (int i = 0; i < n; ++i) {

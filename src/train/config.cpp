@@ -87,6 +87,10 @@ const std::vector<Field>& fields() {
       RT_FIELD(comm, deterministic, "static gradient buckets: bitwise-reproducible at any rank count"),
       RT_FIELD(comm, bucket_bytes, "gradient bucket size with comm.deterministic, and of ZeRO-2's reduce-scatters (parallel.zero = 2)"),
       RT_FIELD(comm, straggler_factor, "warn naming a rank whose compute takes more than this many times its peers' median (the ranks of its pipeline stage) in 3 consecutive log.interval intervals (0 = off; the epoch record names the slowest rank either way)"),
+      RT_FIELD(comm, autotune, "the fusion engine searches fusion_threshold, cycle_time_ms and the all-reduce algorithm per size during the first steps (about autotune_samples x autotune_steps steps), seeded by a cost model of the job's own steps, and keeps the fastest; the same choice on every rank"),
+      RT_FIELD(comm, autotune_samples, "comm.autotune: settings measured at most (>= 3)"),
+      RT_FIELD(comm, autotune_steps, "comm.autotune: steps per measured setting (>= 2; the first after a change is not counted)"),
+      RT_FIELD(comm, autotune_log, "comm.autotune: CSV written by rank 0 with each candidate, its predicted and measured step time and the choice (empty = none)"),
       RT_FIELD(parallel, pipeline, "pipeline stages (data-parallel size = ranks / (pipeline x tensor))"),
       RT_FIELD(parallel, tensor, "tensor-parallel size: the model splits its layers over this many neighbouring ranks"),
       RT_FIELD(parallel, micro_batches, "micro-batches per step and replica (0 = pipeline); divides data.batch_size"),
@@ -311,6 +315,10 @@ void TrainConfig::validate() const {
   range("comm.stall_shutdown_s", comm.stall_shutdown_s, 0, 1e7);
   range("comm.collective_timeout_s", comm.collective_timeout_s, 0, 1e7);
   range("comm.bucket_bytes", static_cast<double>(comm.bucket_bytes), 1, 1LL << 40);
+  range("comm.autotune_samples", comm.autotune_samples, 3, 1000);
+  range("comm.autotune_steps", comm.autotune_steps, 2, 1000);
+  RT_CHECK(!comm.autotune || (!comm.deterministic && parallel.zero == 0), "comm.autotune = true tunes the fusion "
+           "engine, which comm.deterministic = true and parallel.zero > 0 do not use: set comm.autotune = false");
   RT_CHECK(comm.straggler_factor == 0 || (comm.straggler_factor > 1 && comm.straggler_factor <= 1e6),
            "configuration key 'comm.straggler_factor' must be 0 (off) or in (1, 1e6], got ", comm.straggler_factor);
   range("checkpoint.every_epochs", checkpoint.every_epochs, 1, kHuge);

@@ -104,6 +104,7 @@ EngineOptions engine_options(const TrainConfig& cfg) {
   eo.stall_warning_s = cfg.comm.stall_warning_s;
   eo.stall_shutdown_s = cfg.comm.stall_shutdown_s;
   eo.collective = collective_options(cfg);
+  eo.autotune = {cfg.comm.autotune, cfg.comm.autotune_samples, cfg.comm.autotune_steps, cfg.comm.autotune_log};
   return eo;
 }
 

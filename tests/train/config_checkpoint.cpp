@@ -218,6 +218,9 @@ TEST(Config, NumericKeysAreRangeChecked) {
       {"comm.segment_bytes", [](TrainConfig& c) { c.comm.segment_bytes = 32; }},
       {"comm.tree_threshold", [](TrainConfig& c) { c.comm.tree_threshold = -1; }},
       {"comm.cache_capacity", [](TrainConfig& c) { c.comm.cache_capacity = -1; }},
+      {"comm.autotune_samples", [](TrainConfig& c) { c.comm.autotune_samples = 2; }},
+      {"comm.autotune_steps", [](TrainConfig& c) { c.comm.autotune_steps = 1; }},
+      {"comm.autotune", [](TrainConfig& c) { c.comm.autotune = true, c.parallel.zero = 1; }},
   };
   for (auto& b : bad) {
     m = error_of([&] {

@@ -71,6 +71,7 @@
 #include "ringtrain/comm/collectives.hpp"
 #include "ringtrain/comm/communicator.hpp"
 #include "ringtrain/core/tensor.hpp"
+#include "ringtrain/engine/autotune.hpp"
 #include "ringtrain/engine/fusion_ops.hpp"
 
 namespace ringtrain {
@@ -100,6 +101,11 @@ struct EngineOptions {
   // Byte movers for non-CPU tensors (the CUDA backend provides one). CPU
   // tensors always use cpu_fusion_ops().
   std::shared_ptr<FusionOps> device_ops;
+  // comm.autotune: search fusion_threshold, cycle_time_ms and the algorithm
+  // per size during the first steps (engine/autotune.hpp). The engine thread
+  // changes those two fields of its options while it searches: read options()
+  // once autotune_result().finished (then it reports the setting in use).
+  AutotuneOptions autotune;
 };
 
 // Cumulative counters of one Engine (stats() returns a snapshot; all ranks
@@ -175,6 +181,8 @@ class Engine {
   EngineStats stats() const;
   void reset_stats();
   const EngineOptions& options() const;
+  // comm.autotune's state (finished = false without autotune).
+  AutotuneResult autotune_result() const;
   int rank() const;
   int size() const;
 

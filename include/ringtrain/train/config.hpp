@@ -86,6 +86,11 @@ struct TrainConfig {
     // A rank whose compute is this many times its peers' median in 3 consecutive
     // log.interval intervals is named in a warning (0 = off; train/straggler.hpp).
     double straggler_factor = 1.5;
+    // The fusion engine searches its own settings during the first steps (engine/autotune.hpp).
+    bool autotune = false;
+    int autotune_samples = 20;
+    int autotune_steps = 3;
+    std::string autotune_log;  // CSV of the candidates, rank 0 ("" = none)
   } comm;
   struct Parallel {                // process grid (parallel/grid.hpp); DP size = world / (pipeline · tensor)
     int pipeline = 1;              // pipeline stages
