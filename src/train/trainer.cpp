@@ -402,13 +402,17 @@ const LoadedCheckpoint& Trainer::loaded() const { return impl_->ckpt.loaded(); }
 TrainResult Trainer::fit() { return impl_->fit(); }
 EvalResult Trainer::evaluate(const std::string& path) { return impl_->evaluate(path); }
 const std::string& Trainer::run_id() const { return impl_->pos.run_id; }
-ParamArena& Trainer::parameters() { return impl_->parts.stage->arena(); }
+ParamArena& Trainer::parameters() {
+  if (ShardedOptimizer* zero = impl_->parts.updater->zero()) zero->materialize();  // ZeRO-3
+  return impl_->parts.stage->arena();
+}
 TrainerMemory Trainer::memory() const {
   const GridMemory g = ringtrain::memory(impl_->parts);
   TrainerMemory m;
   m.params = g.params;
   m.grads = g.grads;
   m.grads_in_flight = g.grads_in_flight;
+  m.params_in_flight = g.params_in_flight;
   m.optimizer = g.optimizer;
   m.param_count = g.param_count;
   m.model_param_count = impl_->num_params;
