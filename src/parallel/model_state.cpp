@@ -103,7 +103,6 @@ NamedState ModelState::named(Optimizer* whole_opt) {
 }
 
 NamedState ModelState::replicated() {
-  if (ShardedOptimizer* zero = updater_.zero()) zero->materialize();  // ZeRO-3: collective over the group
   NamedState out;
   const ParamArena& a = stage_.arena();
   for (DType dt : a.dtypes()) out.emplace_back(cat("param.", dtype_name(dt)), a.params_flat(dt));

@@ -373,6 +373,7 @@ EpochMetrics Trainer::Impl::train_epoch(int epoch, bool& finished) {
 // data-parallel group) hold bitwise-identical parameters, buffers and
 // optimizer state; the job ends naming the tensor otherwise.
 void Trainer::Impl::verify_replicas() {
+  if (ShardedOptimizer* zero = parts.updater->zero()) zero->materialize();  // ZeRO-3: the parameters whole
   std::vector<Tensor> ts;
   std::vector<std::string> names;
   for (auto& [name, t] : parts.state->replicated()) {

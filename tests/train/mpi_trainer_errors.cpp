@@ -247,7 +247,7 @@ TEST(TrainerErrors, IncompatibleResumeAndUncreatableCheckpointDir) {
 // Every layout runs every feature: each feature alone and every pair of them
 // trains two steps to a finite loss at data parallelism, pipeline 2, tensor 2
 // and pipeline 2 x tensor 2 (as the rank count allows), or is refused on every
-// rank by a message naming both keys. The pairs refused today are the ZeRO-1
+// rank by a message naming both keys. The pairs refused today are the ZeRO
 // ones listed in `refused`.
 TEST(TrainerErrors, EveryCombinationTrainsOrIsRefusedByName) {
   Communicator world = Communicator::world();
@@ -261,6 +261,7 @@ TEST(TrainerErrors, EveryCombinationTrainsOrIsRefusedByName) {
       {"train.accumulation", [](TrainConfig& c) { c.train.accumulation = 2; }},
       {"parallel.zero = 1", [](TrainConfig& c) { c.parallel.zero = 1; }},
       {"parallel.zero = 2", [](TrainConfig& c) { c.parallel.zero = 2; }},
+      {"parallel.zero = 3", [](TrainConfig& c) { c.parallel.zero = 3; }},
       {"comm.deterministic", [](TrainConfig& c) { c.comm.deterministic = true; }},
       {"model.dropout", [](TrainConfig& c) { c.model.dropout = 0.2; }},
       {"optimizer.clip_norm", [](TrainConfig& c) { c.optimizer.clip_norm = 0.5; }},
@@ -269,7 +270,8 @@ TEST(TrainerErrors, EveryCombinationTrainsOrIsRefusedByName) {
   };
   const std::set<std::pair<std::string, std::string>> refused = {
       {"parallel.zero = 1", "comm.deterministic"}, {"parallel.zero = 1", "comm.fp16_allreduce"},
-      {"parallel.zero = 2", "comm.deterministic"}, {"parallel.zero = 2", "comm.fp16_allreduce"}};
+      {"parallel.zero = 2", "comm.deterministic"}, {"parallel.zero = 2", "comm.fp16_allreduce"},
+      {"parallel.zero = 3", "comm.deterministic"}, {"parallel.zero = 3", "comm.fp16_allreduce"}};
   std::vector<std::pair<int, int>> layouts = {{1, 1}};  // (pipeline, tensor)
   if (world.size() % 2 == 0) layouts.insert(layouts.end(), {{2, 1}, {1, 2}});
   if (world.size() == 4) layouts.push_back({2, 2});
