@@ -197,6 +197,7 @@ void ShardedOptimizer::step(double lr) {
   if (shard_params_) {  // ZeRO-3: the slice holds the parameters; the next use gathers them
     ensure_sharded();
     inner_->step(lr);
+    ++params_version_;
     return;
   }
   const int me = group_.rank();
@@ -250,12 +251,14 @@ void ShardedOptimizer::ensure_sharded() {
     release_params(s.dtype, 0, static_cast<std::size_t>(full_.params_flat(s.dtype).numel()));
   }
   whole_ = false;
+  ++params_version_;
 }
 
 void ShardedOptimizer::mark_sharded() {
   if (!shard_params_) return;
   whole_ = false;
   for (const Slice& s : slices_) release_params(s.dtype, 0, static_cast<std::size_t>(full_.params_flat(s.dtype).numel()));
+  ++params_version_;
 }
 
 void ShardedOptimizer::release_params(DType dt, std::size_t lo, std::size_t hi) {

@@ -2,7 +2,11 @@
 // shard); a bucket of consecutive layers is all-gathered into the stage's
 // arena just before its layers' forward, again before their backward (and a
 // deferred weight backward), and its pages are released once the pass moves
-// on. While a bucket computes, the next one of the pass is gathered by the
+// on. The bucket a pass ends in stays until the next pass moves on from it
+// (FSDP keeps the last layers likewise): the forward ends in the bucket the
+// backward starts in, which so needs no second gather; an update, load or
+// release of the full arena (ShardedOptimizer::params_version) voids it, and
+// finish() releases it. While a bucket computes, the next one of the pass is gathered by the
 // worker thread, which also reduce-scatters each bucket's gradients once the
 // step's last backward made them (as ZeRO-2, grad_sync.cpp). One thread runs
 // both kinds of collective in the order the main thread asked for them: the
@@ -49,6 +53,7 @@ class Zero3Sync final : public GradSync, public ParamAccess {
 
   void begin_step() override {
     zero_.ensure_sharded();  // a broadcast, load or materialize since the last step: the slice takes it
+    check_version();
     for (ZeroBucket& b : buckets_) b.pending = b.layers;
     std::lock_guard<std::mutex> lk(mu_);
     reduced_ = 0;
@@ -71,6 +76,7 @@ class Zero3Sync final : public GradSync, public ParamAccess {
     cv_.wait(lk, [&] { return reduced_ == buckets_.size() || error_; });
     if (error_) std::rethrow_exception(error_);
     lk.unlock();
+    release_all();  // the update makes what was gathered stale
     zero_.average_grads();
     last_peak_grads_ = accumulates_ ? full_grad_bytes() : peak_grads_;
     last_peak_params_ = peak_params_;
@@ -87,8 +93,10 @@ class Zero3Sync final : public GradSync, public ParamAccess {
   // leaves released, and the pass's next bucket prefetched.
   void use(int l, Pass pass) override {
     const int b = bucket_of_layer_[static_cast<std::size_t>(l)];
-    if (b < 0 || b == current_) return;
+    if (b < 0) return;
     zero_.ensure_sharded();  // evaluation after a checkpoint's materialize
+    check_version();
+    if (b == current_) return;
     if (current_ >= 0) release(current_);
     request(b);
     current_ = b;
@@ -97,11 +105,11 @@ class Zero3Sync final : public GradSync, public ParamAccess {
     wait_resident(b);
   }
 
-  // Whatever the pass gathered goes (a prefetch it did not reach included).
+  // Whatever the pass gathered goes (a prefetch it did not reach included),
+  // but the bucket it ends in.
   void end_pass() override {
-    current_ = -1;
     for (std::size_t b = 0; b < buckets_.size(); ++b)
-      if (state_[b] != State::released) release(static_cast<int>(b));
+      if (state_[b] != State::released && static_cast<int>(b) != current_) release(static_cast<int>(b));
   }
 
  private:
@@ -111,6 +119,20 @@ class Zero3Sync final : public GradSync, public ParamAccess {
     Op op;
     int bucket;
   };
+
+  void release_all() {
+    current_ = -1;
+    for (std::size_t b = 0; b < buckets_.size(); ++b)
+      if (state_[b] != State::released) release(static_cast<int>(b));
+  }
+
+  // Gathers of another version of the parameters are gone or stale: forgotten
+  // (their pages released again, as the full arena may have been rewritten).
+  void check_version() {
+    if (zero_.params_version() == version_) return;
+    release_all();
+    version_ = zero_.params_version();
+  }
 
   void request(int b) {
     std::lock_guard<std::mutex> lk(mu_);
@@ -198,7 +220,8 @@ class Zero3Sync final : public GradSync, public ParamAccess {
   const bool release_;      // parallel.zero_release (gradient pages; parameter pages always go)
   std::vector<ZeroBucket> buckets_;
   std::vector<int> bucket_of_layer_;  // -1: a layer without parameters
-  int current_ = -1;                  // the bucket the pass is in (main thread)
+  int current_ = -1;                  // the bucket the pass is in, or the last pass ended in (main thread)
+  std::uint64_t version_ = 0;         // of the parameters gathered (ShardedOptimizer::params_version)
   std::thread worker_;
   std::mutex mu_;
   std::condition_variable cv_;

@@ -86,6 +86,10 @@ class ShardedOptimizer {
   void mark_sharded();
   // Gives the whole pages of elements [lo, hi) of dt's full parameter buffer back.
   void release_params(DType dt, std::size_t lo, std::size_t hi);
+  // Changes whenever what was gathered into the full arena may be stale or
+  // gone (an update, a load, the full arena released): gathers made under
+  // another version must not be used.
+  std::uint64_t params_version() const { return params_version_; }
 
   // Bytes of optimizer state held by this rank (its slice's buffers + step).
   std::size_t state_bytes() const;
@@ -145,6 +149,7 @@ class ShardedOptimizer {
   std::unique_ptr<Optimizer> inner_;
   bool shard_params_ = false;  // ZeRO-3
   bool whole_ = true;          // ZeRO-3: the full arena holds the parameters (else the slice does)
+  std::uint64_t params_version_ = 0;
 };
 
 // Gives the whole memory pages of elements [lo, hi) of a flat host buffer back
