@@ -9,7 +9,7 @@
 //    difference 0 for ZeRO-1, 2 and 3 at 1-4 ranks (AMD EPYC, one node).
 //  - Each rank holds 1/ranks of the unsharded optimizer state (measured against
 //    an unsharded optimizer of the same model).
-//  - Checkpoints: written sharded and loaded unsharded (and the reverse), then
+//  - Checkpoints (ZeRO-1 and ZeRO-3): written sharded and loaded unsharded (and the reverse), then
 //    written again, they are bitwise the same file contents; a run continued
 //    across the switch ends where the unswitched run ends.
 //  - The optimizer alone: shm, ring and MPI reduce-scatters against the whole
@@ -367,49 +367,53 @@ TEST(Zero, ShmReduceScatterIsBitwiseTheShmAllreduce) {
 TEST(Zero, CheckpointsResumeAcrossShardingBitwise) {
   Communicator world = Communicator::world();
   const Case k{"mlp", "adam", 1e-3};
-  const std::string root = data_dir(world) + "/ckpt";
-  auto dir = [&](const char* d) { return root + "/" + d; };
-  auto first = [&](bool shard, const char* d) {
-    TrainConfig c = config(world, k, shard, 10);
-    c.checkpoint.dir = dir(d);
-    Trainer t(c, world, quiet());
-    t.fit();
-  };
-  first(false, "u10");
-  first(true, "s10");
-  // Load and write again at once, the other way.
-  auto reload = [&](bool shard, const char* from, const char* to) {
-    TrainConfig c = config(world, k, shard, 10);
-    c.checkpoint.dir = dir(to);
-    Trainer t(c, world, quiet());
-    t.resume(dir(from));
-    t.save_checkpoint();
-  };
-  reload(true, "u10", "u10-as-s");
-  reload(false, "s10", "s10-as-u");
-  world.barrier();
-  if (world.rank() == 0) {
-    expect_bitwise(find_intact_checkpoint(dir("u10")).data, find_intact_checkpoint(dir("u10-as-s")).data,
-                   "unsharded -> sharded -> saved");
-    expect_bitwise(find_intact_checkpoint(dir("s10")).data, find_intact_checkpoint(dir("s10-as-u")).data,
-                   "sharded -> unsharded -> saved");
+  for (int sharded : {1, 3}) {  // ZeRO-1 (optimizer slices) and ZeRO-3 (parameter slices too)
+    SCOPED_TRACE(cat("ZeRO-", sharded));
+    const std::string root = data_dir(world) + "/ckpt";
+    auto dir = [&](const char* d) { return root + "/" + d; };
+    auto first = [&](bool shard, const char* d) {
+      TrainConfig c = config(world, k, shard ? sharded : 0, 10);
+      c.checkpoint.dir = dir(d);
+      Trainer t(c, world, quiet());
+      t.fit();
+    };
+    first(false, "u10");
+    first(true, "s10");
+    // Load and write again at once, the other way.
+    auto reload = [&](bool shard, const char* from, const char* to) {
+      TrainConfig c = config(world, k, shard ? sharded : 0, 10);
+      c.checkpoint.dir = dir(to);
+      Trainer t(c, world, quiet());
+      t.resume(dir(from));
+      t.save_checkpoint();
+    };
+    reload(true, "u10", "u10-as-s");
+    reload(false, "s10", "s10-as-u");
+    world.barrier();
+    if (world.rank() == 0) {
+      expect_bitwise(find_intact_checkpoint(dir("u10")).data, find_intact_checkpoint(dir("u10-as-s")).data,
+                     "unsharded -> sharded -> saved");
+      expect_bitwise(find_intact_checkpoint(dir("s10")).data, find_intact_checkpoint(dir("s10-as-u")).data,
+                     "sharded -> unsharded -> saved");
+    }
+    // Continue to step 20 across the switch; the reference continues unsharded.
+    auto resume20 = [&](bool shard, const char* from) {
+      TrainConfig c = config(world, k, shard ? sharded : 0, 20);
+      Trainer t(c, world, quiet());
+      t.resume(dir(from));
+      t.fit();
+      return params_of(t);
+    };
+    auto ref = resume20(false, "u10");
+    std::string where;
+    double w = worst_relative(resume20(true, "u10"), ref, &where);
+    EXPECT_LE(w, 1e-6) << "unsharded checkpoint continued sharded: " << where << " differs by " << w;
+    w = worst_relative(resume20(false, "s10"), ref, &where);
+    EXPECT_LE(w, 1e-6) << "sharded checkpoint continued unsharded: " << where << " differs by " << w;
+    world.barrier();
+    if (world.rank() == 0) fs::remove_all(root);
+    world.barrier();
   }
-  // Continue to step 20 across the switch; the reference continues unsharded.
-  auto resume20 = [&](bool shard, const char* from) {
-    TrainConfig c = config(world, k, shard, 20);
-    Trainer t(c, world, quiet());
-    t.resume(dir(from));
-    t.fit();
-    return params_of(t);
-  };
-  auto ref = resume20(false, "u10");
-  std::string where;
-  double w = worst_relative(resume20(true, "u10"), ref, &where);
-  EXPECT_LE(w, 1e-6) << "unsharded checkpoint continued sharded: " << where << " differs by " << w;
-  w = worst_relative(resume20(false, "s10"), ref, &where);
-  EXPECT_LE(w, 1e-6) << "sharded checkpoint continued unsharded: " << where << " differs by " << w;
-  world.barrier();
-  if (world.rank() == 0) fs::remove_all(root);
 }
 
 TEST(Zero, BadInputNamesTheKey) {
