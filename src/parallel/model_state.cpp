@@ -162,6 +162,8 @@ NamedState ModelState::gather_whole(int root) {
 std::vector<StatePiece> ModelState::pieces() {
   const ParamArena& a = stage_.arena();
   const auto buffers = stage_.buffers();
+  // ZeRO-3 before its first step (or after a materialize): the slices take the whole arena's values.
+  if (ShardedOptimizer* z = updater_.zero()) z->ensure_sharded();
   const ShardedOptimizer* zero = updater_.zero();
   // Tensor-parallel shards are held alike by the data-parallel group, the rest by tensor x data.
   std::vector<Held> shards, replicated;

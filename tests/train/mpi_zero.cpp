@@ -416,6 +416,28 @@ TEST(Zero, CheckpointsResumeAcrossShardingBitwise) {
   }
 }
 
+// ZeRO-3 before its first step: the parameters are still whole in the stage's
+// arena, and the slices a checkpoint writes take them from there: the same
+// file contents as an unsharded trainer's initial checkpoint.
+TEST(Zero, Zero3CheckpointBeforeTheFirstStepHoldsTheInitialParameters) {
+  Communicator world = Communicator::world();
+  const Case k{"mlp", "adam", 1e-3};
+  const std::string root = data_dir(world) + "/ckpt0";
+  for (int zero : {0, 3}) {
+    TrainConfig c = config(world, k, zero, 0);
+    c.checkpoint.dir = root + "/z" + std::to_string(zero);
+    Trainer t(c, world, quiet());
+    t.save_checkpoint();
+  }
+  world.barrier();
+  if (world.rank() == 0) {
+    expect_bitwise(find_intact_checkpoint(root + "/z0").data, find_intact_checkpoint(root + "/z3").data,
+                   "unsharded and ZeRO-3 initial checkpoints");
+    fs::remove_all(root);
+  }
+  world.barrier();
+}
+
 TEST(Zero, BadInputNamesTheKey) {
   TrainConfig c;
   // The replaced key, on every rank (each rank reads the configuration): the error names the new one.
