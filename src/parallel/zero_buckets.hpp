@@ -2,6 +2,7 @@
 // What ZeRO-2 (grad_sync.cpp) and ZeRO-3 (zero3.cpp) share: the buckets of
 // consecutive layers whose gradients (and, at ZeRO-3, parameters) move
 // together, and the nap-wait for the group before each bucket's collective.
+// Internal to the parallel library.
 #include <cstddef>
 #include <memory>
 #include <vector>
@@ -40,10 +41,6 @@ std::vector<ZeroBucket> zero_buckets(Stage& stage, std::int64_t bucket_bytes, st
 // 2 cores). Answers liveness pings meanwhile; past the group's timeout it
 // fails naming the ranks that do not respond.
 void wait_group_ready(const Communicator& group, std::size_t b, const char* what);
-
-}  // namespace ringtrain
-
-namespace ringtrain {
 
 class ShardedOptimizer;
 class GradSync;
