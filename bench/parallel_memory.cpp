@@ -4,15 +4,16 @@
 // grid model holds; activations and workspaces are the tensor peak minus
 // those. One layout per process (peak RSS is per process); bench/parallel_memory.sh
 // runs every layout and prints each figure beside its ideal (1 rank / (PP·TP),
-// ZeRO-1: P + G + O/DP, ZeRO-2: P + (G + O)/DP), and the bytes each rank sends
-// per step through our collectives (counted by the primitives; use --algorithm
-// ring: shm copies are not on a wire) beside the ring all-reduce's 2(N-1)/N·G.
-//   mpirun -np 4 bench_parallel_memory --model vit --pipeline 2 --tensor 2 [--zero 0|1|2] [--steps 2]
+// ZeRO-1: P + G + O/DP, ZeRO-2: P + (G + O)/DP, ZeRO-3: (P + G + O)/DP), and the
+// bytes each rank sends per step through our collectives (counted by the
+// primitives; use --algorithm ring: shm copies are not on a wire) beside the
+// ring all-reduce's 2(N-1)/N·G (ZeRO-3: two gathers and a reduce-scatter, 3(N-1)/N·G).
+//   mpirun -np 4 bench_parallel_memory --model vit --pipeline 2 --tensor 2 [--zero 0|1|2|3] [--steps 2]
 //       [--sequence --patch 2]   (sequence parallelism: bench/sequence_parallel.sh)
 // Prints one CSV row per rank (rank 0 writes them all):
 //   model,ranks,pipeline,tensor,zero,rank,peak_rss_mb,tensor_peak_mb,params_b,grads_b,optimizer_b,activations_b,
-//   param_count,model_param_count,grads_in_flight_b,sent_per_step_b,sequence,step_s
-//   (step_s: the median step after the first, seconds)
+//   param_count,model_param_count,grads_in_flight_b,sent_per_step_b,sequence,step_s,params_in_flight_b
+//   (step_s: the median step after the first, seconds; params_in_flight_b: ZeRO-3's gathered layers resident at once)
 #include <sys/resource.h>
 
 #include <CLI/CLI.hpp>
@@ -42,7 +43,7 @@ int main(int argc, char** argv) {
   app.add_option("--model", model, "vit (width 512, depth 8, 8 heads) | resnet (ResNet-20 width 16)");
   app.add_option("--pipeline", pipeline);
   app.add_option("--tensor", tensor);
-  app.add_option("--zero", zero, "parallel.zero (0, 1 or 2)");
+  app.add_option("--zero", zero, "parallel.zero (0 to 3)");
   app.add_option("--algorithm", algorithm, "comm.algorithm (ring: every gradient byte is counted on the wire)");
   app.add_flag("--sequence", sequence, "parallel.sequence (off here: patch 4 gives 49 tokens, which 2 does not divide)");
   app.add_option("--patch", patch, "vit: model.patch (28x28 images: 4 -> 49 tokens, 2 -> 196)");
@@ -122,18 +123,20 @@ int main(int argc, char** argv) {
                               static_cast<double>(m.model_param_count),
                               static_cast<double>(m.grads_in_flight),
                               steps > 1 ? static_cast<double>(sent_last - sent_after_1) / (steps - 1) : 0.0,
-                              median_s};
+                              median_s,
+                              static_cast<double>(m.params_in_flight)};
   std::vector<double> all(mine.size() * world.size());
   allgather(mine.data(), mine.size(), all.data(), DType::f64, world);
   if (world.rank() == 0) {
     if (header)
       std::printf("model,ranks,pipeline,tensor,zero,rank,peak_rss_mb,tensor_peak_mb,params_b,grads_b,optimizer_b,"
-                  "activations_b,param_count,model_param_count,grads_in_flight_b,sent_per_step_b,sequence,step_s\n");
+                  "activations_b,param_count,model_param_count,grads_in_flight_b,sent_per_step_b,sequence,step_s,"
+                  "params_in_flight_b\n");
     for (int r = 0; r < world.size(); ++r) {
       const double* v = &all[mine.size() * r];
-      std::printf("%s,%d,%d,%d,%d,%d,%.1f,%.1f,%.0f,%.0f,%.0f,%.0f,%.0f,%.0f,%.0f,%.0f,%d,%.4f\n", model.c_str(),
+      std::printf("%s,%d,%d,%d,%d,%d,%.1f,%.1f,%.0f,%.0f,%.0f,%.0f,%.0f,%.0f,%.0f,%.0f,%d,%.4f,%.0f\n", model.c_str(),
                   world.size(), pipeline, tensor, zero, r, v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9],
-                  sequence ? 1 : 0, v[10]);
+                  sequence ? 1 : 0, v[10], v[11]);
     }
   }
   return 0;

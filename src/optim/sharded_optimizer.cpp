@@ -7,6 +7,9 @@
 #include <climits>
 #include <cmath>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include "cpu_loops.hpp"
 #include "ringtrain/comm/shm.hpp"
 #include "ringtrain/optim/grad_utils.hpp"
@@ -191,6 +194,12 @@ void ShardedOptimizer::average_grads() {
 }
 
 void ShardedOptimizer::step(double lr) {
+  if (shard_params_) {  // ZeRO-3: the slice holds the parameters; the next use gathers them
+    ensure_sharded();
+    inner_->step(lr);
+    ++params_version_;
+    return;
+  }
   const int me = group_.rank();
   for (const Slice& s : slices_) {
     Tensor mine = shard_flat(s.dtype, false);
@@ -204,6 +213,63 @@ void ShardedOptimizer::step(double lr) {
     allgatherv(mine.defined() ? mine.raw() : nullptr, full_.params_flat(s.dtype).raw(), s.counts, s.dtype, group_,
                copt_);
   }
+}
+
+void ShardedOptimizer::shard_params() {
+  shard_params_ = true;
+  whole_ = true;
+}
+
+void ShardedOptimizer::gather_range(DType dt, std::size_t lo, std::size_t hi) {
+  const Slice& s = slice(dt);
+  const std::size_t me = static_cast<std::size_t>(group_.rank()), es = dtype_size(dt);
+  std::vector<std::size_t> counts(s.counts.size());  // each rank's part of [lo, hi), in rank order
+  for (std::size_t r = 0; r < counts.size(); ++r) {
+    const std::size_t b = std::max(lo, s.offsets[r]), e = std::min(hi, s.offsets[r] + s.counts[r]);
+    counts[r] = e > b ? e - b : 0;
+  }
+  Tensor mine = shard_flat(dt, false);
+  const void* in = counts[me] ? static_cast<const char*>(mine.raw()) + (std::max(lo, s.offsets[me]) - s.offsets[me]) * es
+                              : nullptr;
+  allgatherv(in, static_cast<char*>(full_.params_flat(dt).raw()) + lo * es, counts, dt, group_, copt_);
+}
+
+void ShardedOptimizer::materialize() {
+  if (!shard_params_ || whole_) return;
+  for (const Slice& s : slices_) gather_range(s.dtype, 0, static_cast<std::size_t>(full_.params_flat(s.dtype).numel()));
+  whole_ = true;
+}
+
+void ShardedOptimizer::ensure_sharded() {
+  if (!shard_params_ || !whole_) return;
+  const int me = group_.rank();
+  for (const Slice& s : slices_) {
+    Tensor mine = shard_flat(s.dtype, false);
+    if (mine.defined())
+      mine.copy_from(full_.params_flat(s.dtype).flat_view(static_cast<std::int64_t>(s.offsets[me]),
+                                                         static_cast<std::int64_t>(s.counts[me])));
+    release_params(s.dtype, 0, static_cast<std::size_t>(full_.params_flat(s.dtype).numel()));
+  }
+  whole_ = false;
+  ++params_version_;
+}
+
+void ShardedOptimizer::mark_sharded() {
+  if (!shard_params_) return;
+  whole_ = false;
+  for (const Slice& s : slices_) release_params(s.dtype, 0, static_cast<std::size_t>(full_.params_flat(s.dtype).numel()));
+  ++params_version_;
+}
+
+void ShardedOptimizer::release_params(DType dt, std::size_t lo, std::size_t hi) {
+  release_pages(full_.params_flat(dt), lo, hi);
+}
+
+void release_pages(const Tensor& flat, std::size_t lo, std::size_t hi) {
+  const std::size_t es = dtype_size(flat.dtype()), page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  const auto base = reinterpret_cast<std::uintptr_t>(flat.raw());
+  const std::uintptr_t b = (base + lo * es + page - 1) / page * page, e = (base + hi * es) / page * page;
+  if (e > b) madvise(reinterpret_cast<void*>(b), e - b, MADV_DONTNEED);
 }
 
 std::size_t ShardedOptimizer::state_bytes() const {
@@ -243,24 +309,33 @@ std::unique_ptr<Optimizer> ShardedOptimizer::gather(int root) const {
   return whole;
 }
 
+void ShardedOptimizer::add_slices(const std::string& slot, DType dt, const Tensor& t, std::vector<StateSlice>& out) const {
+  const std::size_t lo = slice(dt).offsets[static_cast<std::size_t>(group_.rank())];
+  for (std::size_t j = 0; j < shard_.size(); ++j) {
+    const ParamInfo& p = full_.info(full_index_[j]);
+    if (p.dtype != dt) continue;
+    // Shard piece j starts at full element max(p.offset, lo); the dtype's last piece may run into padding.
+    const std::size_t start = std::max(p.offset, lo);
+    const std::int64_t n = std::min<std::int64_t>(shard_.info(j).shape[0],
+                                                  static_cast<std::int64_t>(p.offset) + shape_numel(p.shape) -
+                                                      static_cast<std::int64_t>(start));
+    out.push_back({slot, full_index_[j], static_cast<std::int64_t>(start - p.offset),
+                   t.flat_view(static_cast<std::int64_t>(shard_.info(j).offset), n)});
+  }
+}
+
 std::vector<ShardedOptimizer::StateSlice> ShardedOptimizer::state_slices() const {
   std::vector<StateSlice> out;
   for (const auto& [kind, t] : inner_->state()) {
     if (kind == "step") continue;
-    const DType dt = parse_dtype(kind.substr(0, kind.find('.')));
-    const std::size_t lo = slice(dt).offsets[static_cast<std::size_t>(group_.rank())];
-    for (std::size_t j = 0; j < shard_.size(); ++j) {
-      const ParamInfo& p = full_.info(full_index_[j]);
-      if (p.dtype != dt) continue;
-      // Shard piece j starts at full element max(p.offset, lo); the dtype's last piece may run into padding.
-      const std::size_t start = std::max(p.offset, lo);
-      const std::int64_t n = std::min<std::int64_t>(shard_.info(j).shape[0],
-                                                    static_cast<std::int64_t>(p.offset) + shape_numel(p.shape) -
-                                                        static_cast<std::int64_t>(start));
-      out.push_back({kind.substr(kind.find('.') + 1), full_index_[j], static_cast<std::int64_t>(start - p.offset),
-                     t.flat_view(static_cast<std::int64_t>(shard_.info(j).offset), n)});
-    }
+    add_slices(kind.substr(kind.find('.') + 1), parse_dtype(kind.substr(0, kind.find('.'))), t, out);
   }
+  return out;
+}
+
+std::vector<ShardedOptimizer::StateSlice> ShardedOptimizer::param_slices() const {
+  std::vector<StateSlice> out;
+  for (DType dt : shard_.dtypes()) add_slices("param", dt, shard_.params_flat(dt), out);
   return out;
 }
 

@@ -1,8 +1,5 @@
 #include "ringtrain/parallel/grad_sync.hpp"
 
-#include <sys/mman.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
@@ -13,12 +10,11 @@
 #include <thread>
 #include <vector>
 
-#include "ringtrain/comm/liveness.hpp"
-#include "ringtrain/comm/stall_diagnosis.hpp"
 #include "ringtrain/engine/engine.hpp"
 #include "ringtrain/optim/sharded_optimizer.hpp"
 #include "ringtrain/parallel/parts.hpp"
 #include "ringtrain/parallel/stage.hpp"
+#include "zero_buckets.hpp"
 
 namespace ringtrain {
 namespace {
@@ -151,7 +147,7 @@ class Zero2Sync final : public GradSync {
   Zero2Sync(const ProcessGrid& grid, Stage& stage, ShardedOptimizer& zero, const GridConfig& cfg)
       : group_(grid.zero()), stage_(stage), zero_(zero),
         accumulates_(cfg.micro_batches * cfg.accumulation > 1 || !cfg.zero_release), release_(cfg.zero_release) {
-    make_buckets(cfg.bucket_bytes);
+    buckets_ = zero_buckets(stage, cfg.bucket_bytes, bucket_of_layer_, "parallel.zero = 2");
     ready_.assign(buckets_.size(), 0);
     worker_ = std::thread([this] { run(); });
   }
@@ -203,16 +199,6 @@ class Zero2Sync final : public GradSync {
   }
 
  private:
-  struct Range {
-    DType dt;
-    std::size_t lo, hi;  // elements of dt's flat gradient buffer
-  };
-  struct Zero2Bucket {
-    std::vector<Range> ranges;
-    std::size_t bytes = 0;
-    int layers = 0, pending = 0;
-  };
-
   // The worker: bucket 0, 1, ... of every step, each once all its layers are ready.
   void run() {
     for (std::size_t next = 0;; next = (next + 1) % std::max<std::size_t>(1, buckets_.size())) {
@@ -224,7 +210,7 @@ class Zero2Sync final : public GradSync {
       }
       try {
         all_ready(next);
-        for (const Range& r : buckets_[next].ranges) {
+        for (const ZeroRange& r : buckets_[next].ranges) {
           zero_.reduce_scatter_range(r.dt, r.lo, r.hi);
           if (release_) release(r);
         }
@@ -243,40 +229,8 @@ class Zero2Sync final : public GradSync {
     }
   }
 
-  // Waits, napping, until every rank of the group has bucket b ready. Entered
-  // at once, the reduce-scatter would wait for a slower peer in its own loop,
-  // which wakes every few microseconds and takes the core from this rank's
-  // backward (measured: 0.75x the engine's throughput at 2 ranks on 2 cores;
-  // the engine's thread likewise only reduces what every rank submitted).
-  void all_ready(std::size_t b) const {
-    if (group_.size() == 1) return;
-    MPI_Comm comm = group_.handle("ZeRO-2's bucket agreement");
-    MPI_Request req;
-    MPI_Ibarrier(comm, &req);
-    const auto start = std::chrono::steady_clock::now();
-    auto nap = std::chrono::microseconds(20);
-    for (int done = 0;;) {
-      MPI_Test(&req, &done, MPI_STATUS_IGNORE);
-      if (done) return;
-      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      if (group_.timeout_s() > 0 && waited >= group_.timeout_s())  // who answers, job-wide (comm/liveness.hpp)
-        RT_FAIL("parallel.zero = 2: waited ", waited, " s for the other ranks of communicator '", group_.name(),
-                "' to finish gradient bucket ", b, ": ", diagnose_stall(comm, stall_grace_s(group_.timeout_s())).describe(),
-                " (comm.collective_timeout_s)");
-      liveness::serve();
-      std::this_thread::sleep_for(nap);
-      nap = std::min(nap * 2, std::chrono::microseconds(500));
-    }
-  }
-
-  // The whole pages inside the range go back to the system (anonymous private
-  // memory: they read as zeros afterwards). Partial pages at the ends stay.
-  void release(const Range& r) const {
-    const std::size_t es = dtype_size(r.dt), page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
-    const auto base = reinterpret_cast<std::uintptr_t>(stage_.arena().grads_flat(r.dt).raw());
-    const std::uintptr_t lo = (base + r.lo * es + page - 1) / page * page, hi = (base + r.hi * es) / page * page;
-    if (hi > lo) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
-  }
+  void all_ready(std::size_t b) const { wait_group_ready(group_, b, "parallel.zero = 2"); }
+  void release(const ZeroRange& r) const { release_pages(stage_.arena().grads_flat(r.dt), r.lo, r.hi); }
 
   std::size_t full_bytes() const {
     std::size_t n = 0;
@@ -285,70 +239,11 @@ class Zero2Sync final : public GradSync {
   }
   std::size_t two_largest() const {  // before a step: one bucket reducing, one filling
     std::size_t a = 0, b = 0;
-    for (const Zero2Bucket& k : buckets_) {
+    for (const ZeroBucket& k : buckets_) {
       if (k.bytes > a) std::swap(a, b), a = k.bytes;
       else b = std::max(b, k.bytes);
     }
     return a + b;
-  }
-
-  // Layers from the last back until a bucket holds bucket_bytes; for each dtype
-  // a bucket covers [its layers' lowest offset, the previous bucket's low end),
-  // the first from the buffer's end and the last down to 0, so the ranges tile
-  // every buffer (padding included) and each slice element is reduced once.
-  void make_buckets(std::int64_t bucket_bytes) {
-    const ParamArena& a = stage_.arena();
-    std::vector<std::size_t> top;  // per dtype of a.dtypes(): the low end so far
-    for (DType dt : a.dtypes()) top.push_back(static_cast<std::size_t>(a.grads_flat(dt).numel()));
-    auto dtype_index = [&](DType dt) {
-      const auto ds = a.dtypes();
-      return static_cast<std::size_t>(std::find(ds.begin(), ds.end(), dt) - ds.begin());
-    };
-    bucket_of_layer_.assign(static_cast<std::size_t>(stage_.num_layers()), -1);
-    std::vector<std::size_t> low = top;
-    std::size_t bytes = 0, covered = 0;
-    Zero2Bucket cur;
-    auto close = [&](bool last) {
-      if (cur.layers == 0) return;
-      const auto ds = a.dtypes();
-      for (std::size_t d = 0; d < ds.size(); ++d) {
-        const std::size_t lo = last ? 0 : low[d];
-        if (lo < top[d]) cur.ranges.push_back({ds[d], lo, top[d]});
-        cur.bytes += (top[d] - lo) * dtype_size(ds[d]);
-        top[d] = low[d] = lo;
-      }
-      buckets_.push_back(cur);
-      cur = Zero2Bucket{};
-      bytes = 0;
-    };
-    for (int l = stage_.num_layers(); l-- > 0;) {
-      const auto& ps = stage_.layer(l).params();
-      if (ps.empty()) continue;
-      for (std::size_t p : ps) {
-        const ParamInfo& info = a.info(p);
-        const std::size_t d = dtype_index(info.dtype), end = info.offset + static_cast<std::size_t>(shape_numel(info.shape));
-        // Offsets fall from the last layer to the first, so ranges of whole layers tile the buffer.
-        RT_CHECK(end <= top[d], "parallel.zero = 2: internal error: parameter '", info.name,
-                 "' lies after a later layer's in the gradient buffer");
-        low[d] = std::min(low[d], info.offset);
-        bytes += static_cast<std::size_t>(shape_numel(info.shape)) * dtype_size(info.dtype);
-        ++covered;
-      }
-      bucket_of_layer_[static_cast<std::size_t>(l)] = static_cast<int>(buckets_.size());
-      ++cur.layers;
-      if (bytes >= static_cast<std::size_t>(bucket_bytes)) close(false);
-    }
-    close(true);
-    if (cur.layers == 0 && !buckets_.empty()) {  // the lowest layers filled the last bucket: it reaches down to 0
-      const auto ds = a.dtypes();
-      for (std::size_t d = 0; d < ds.size(); ++d)
-        if (top[d] > 0) {
-          buckets_.back().ranges.push_back({ds[d], 0, top[d]});
-          buckets_.back().bytes += top[d] * dtype_size(ds[d]);
-        }
-    }
-    RT_CHECK(covered == a.size(), "parallel.zero = 2: internal error: ", a.size() - covered,
-             " parameter(s) of the stage belong to no layer, so no layer's readiness covers their gradients");
   }
 
   Communicator group_;  // the data-parallel group (grid.zero(), the ShardedOptimizer's)
@@ -356,7 +251,7 @@ class Zero2Sync final : public GradSync {
   ShardedOptimizer& zero_;
   const bool accumulates_;  // the full buffer is resident through the step (several micro-batches, or no release)
   const bool release_;      // parallel.zero_release
-  std::vector<Zero2Bucket> buckets_;
+  std::vector<ZeroBucket> buckets_;
   std::vector<int> bucket_of_layer_;  // -1: a layer without parameters
   std::thread worker_;
   std::mutex mu_;
@@ -373,6 +268,8 @@ class Zero2Sync final : public GradSync {
 std::unique_ptr<GradSync> make_grad_sync(const ProcessGrid& grid, Stage& stage, const GridConfig& cfg,
                                          DeviceRuntime& rt, ShardedOptimizer* zero) {
   // ZeRO-1 reduce-scatters even at one rank: that is how its slice gets its gradients.
+  // ZeRO-3 gathers the parameters the layers use even in compute-only benchmarks.
+  if (zero && cfg.update.zero == 3) return make_zero3_sync(grid, stage, *zero, cfg);
   if (zero && !cfg.skip_allreduce && cfg.update.zero == 2) return std::make_unique<Zero2Sync>(grid, stage, *zero, cfg);
   if (zero && !cfg.skip_allreduce) return std::make_unique<ShardedSync>(*zero);
   if (grid.dp_size() == 1 || cfg.skip_allreduce) return std::make_unique<NoSync>();

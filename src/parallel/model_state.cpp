@@ -68,6 +68,11 @@ void take_share(const std::vector<Held>& ts, int n, int j, std::vector<StatePiec
   }
 }
 
+// A ZeRO slice's checkpoint name: "param/<name>" (ZeRO-3) or "optim/<slot>/<name>".
+std::string slice_name(const ShardedOptimizer::StateSlice& sl, const ParamInfo& pi) {
+  return sl.slot == "param" ? "param/" + pi.name : "optim/" + sl.slot + "/" + pi.name;
+}
+
 }  // namespace
 
 ModelState::ModelState(const ProcessGrid& grid, Stage& stage, Updater& updater)
@@ -132,6 +137,7 @@ NamedState ModelState::whole_stage(Optimizer* whole_opt) {
 }
 
 NamedState ModelState::gather_whole(int root) {
+  if (ShardedOptimizer* zero = updater_.zero()) zero->materialize();  // ZeRO-3: the parameters whole
   // ZeRO-1: the replica's whole optimizer state on its data-parallel rank 0 first.
   std::unique_ptr<Optimizer> whole_opt = updater_.zero() ? updater_.zero()->gather(0) : nullptr;
   NamedState mine = grid_.dp_rank() == 0 ? whole_stage(whole_opt.get()) : NamedState{};  // over tp
@@ -156,23 +162,31 @@ NamedState ModelState::gather_whole(int root) {
 std::vector<StatePiece> ModelState::pieces() {
   const ParamArena& a = stage_.arena();
   const auto buffers = stage_.buffers();
+  // ZeRO-3 before its first step (or after a materialize): the slices take the whole arena's values.
+  if (ShardedOptimizer* z = updater_.zero()) z->ensure_sharded();
   const ShardedOptimizer* zero = updater_.zero();
   // Tensor-parallel shards are held alike by the data-parallel group, the rest by tensor x data.
   std::vector<Held> shards, replicated;
   std::vector<StatePiece> out;
+  const bool sharded_params = zero && zero->params_sharded();
   for (auto& [name, t] : named()) {
     if (name == "optim/step" && !grid_.first_stage()) continue;  // every stage holds it alike
+    if (sharded_params && name.rfind("param/", 0) == 0) continue;  // ZeRO-3: from the slices below
     const ShardSpec* s = shard_of_name(a, buffers, name);
     if (s) shards.push_back({name, t, {s->global, *s, 0}});
     else replicated.push_back({name, t, {t.shape(), {}, 0}});
   }
   if (zero) {
-    // ZeRO-1: each rank holds its own slice (alike on the tensor ranks for a replicated parameter).
-    for (auto& sl : zero->state_slices()) {
+    // ZeRO-1: each rank holds its own slice (alike on the tensor ranks for a replicated parameter);
+    // ZeRO-3 its slice of the parameters too.
+    auto slices = zero->state_slices();
+    if (sharded_params)
+      for (auto& sl : zero->param_slices()) slices.push_back(sl);
+    for (auto& sl : slices) {
       const ParamInfo& pi = a.info(sl.param);
       if (!pi.shard.sharded() && grid_.tp_rank() != 0) continue;
       PiecePlace p = pi.shard.sharded() ? PiecePlace{pi.shard.global, pi.shard, sl.begin} : PiecePlace{pi.shape, {}, sl.begin};
-      out.push_back({"optim/" + sl.slot + "/" + pi.name, sl.data, p});
+      out.push_back({slice_name(sl, pi), sl.data, p});
     }
     if (grid_.first_stage()) {
       Tensor step = Tensor::empty({1}, DType::i64);
@@ -200,21 +214,29 @@ ModelState::Restoration ModelState::restoration(bool with_optimizer) {
   };
   const ParamArena& a = stage_.arena();
   const auto buffers = stage_.buffers();
-  for (auto& [name, t] : named()) {  // with ZeRO-1: parameters and buffers only
+  ShardedOptimizer* zero = updater_.zero();
+  const bool sharded_params = zero && zero->params_sharded();
+  for (auto& [name, t] : named()) {  // with ZeRO-1: parameters and buffers only; ZeRO-3: buffers only
     if (!with_optimizer && name.rfind("optim/", 0) == 0) continue;
+    if (sharded_params && name.rfind("param/", 0) == 0) continue;
     const ShardSpec* s = shard_of_name(a, buffers, name);
     add(name, t, s ? PiecePlace{s->global, *s, 0} : PiecePlace{t.shape(), {}, 0});
   }
-  if (ShardedOptimizer* zero = updater_.zero(); zero && with_optimizer) {
-    for (auto& sl : zero->state_slices()) {
+  if (zero) {
+    std::vector<ShardedOptimizer::StateSlice> slices;
+    if (with_optimizer) slices = zero->state_slices();
+    if (sharded_params)
+      for (auto& sl : zero->param_slices()) slices.push_back(sl);
+    for (auto& sl : slices) {
       const ParamInfo& pi = a.info(sl.param);
-      add("optim/" + sl.slot + "/" + pi.name, sl.data,
+      add(slice_name(sl, pi), sl.data,
           pi.shard.sharded() ? PiecePlace{pi.shard.global, pi.shard, sl.begin} : PiecePlace{pi.shape, {}, sl.begin});
     }
-    add("optim/step", zero->step_state(), {{1}, {}, 0});
+    if (with_optimizer) add("optim/step", zero->step_state(), {{1}, {}, 0});
   }
-  r.finish = [staged] {
+  r.finish = [staged, zero, sharded_params] {
     for (auto& [dev, host] : *staged) dev.copy_from(host);
+    if (sharded_params) zero->mark_sharded();  // ZeRO-3: the slices were read; they own the parameters
   };
   return r;
 }

@@ -48,6 +48,7 @@ ModelParts build_parts(const ProcessGrid& grid, const ModelConfig& mc, const Gri
   parts.stage->set_recompute(gc.recompute);
   parts.updater = std::make_unique<Updater>(grid, *parts.stage, gc.update, oc, rt);
   parts.grad_sync = make_grad_sync(grid, *parts.stage, gc, rt, parts.updater->zero());
+  parts.stage->set_param_access(parts.grad_sync->param_access());  // ZeRO-3: gather before use
   parts.state = std::make_unique<ModelState>(grid, *parts.stage, *parts.updater);
   return parts;
 }
@@ -105,9 +106,12 @@ GridMemory memory(const ModelParts& parts) {
   const ParamArena& a = parts.stage->arena();
   const bool sliced = parts.grad_sync->shards_grads();
   const ParamArena& g = sliced ? parts.updater->zero()->shard() : a;
-  for (DType dt : a.dtypes()) m.params += a.params_flat(dt).nbytes();
+  const ShardedOptimizer* zero = parts.updater->zero();
+  const ParamArena& p = zero && zero->params_sharded() ? zero->shard() : a;
+  for (DType dt : p.dtypes()) m.params += p.params_flat(dt).nbytes();
   for (DType dt : g.dtypes()) m.grads += g.grads_flat(dt).nbytes();
   m.grads_in_flight = parts.grad_sync->grad_bytes_in_flight();
+  m.params_in_flight = parts.grad_sync->param_bytes_in_flight();
   m.param_count = a.numel();
   m.optimizer = parts.updater->state_bytes();
   return m;

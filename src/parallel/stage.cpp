@@ -149,9 +149,11 @@ Tensor Stage::forward(int slot, const Tensor& x, Mode mode) {
   Tensor h = x;
   for (std::size_t i = 0; i < layers.size(); ++i) {
     if (block) inputs_[static_cast<std::size_t>(slot)][i] = h;
+    use(static_cast<int>(i), ParamAccess::Pass::forward);
     h = layers[i]->forward(h, mode);
     if (block) layers[i]->release_activations();  // h and the kept input stay alive
   }
+  end_pass();
   if (carry)
     for (std::size_t i = 0; i < mine.size(); ++i) slot_buffers_[0][i].tensor.copy_from(mine[i].tensor);
   return h;
@@ -199,22 +201,26 @@ Tensor Stage::backward_input(int slot, const Tensor& dy, bool need_dx, const Gra
     overwrite_next_ = false;
     Tensor g = dy;
     for (int i = num_layers(); i-- > stop;) {
+      use(i, ParamAccess::Pass::backward);
       if (block) replay(slot, i);
       g = layers[i]->backward(g, need_dx || i > stop, accumulate);
       if (block) layers[i]->release_activations();  // g, its input gradient, stays alive
       if (ready && !layers[i]->params().empty()) ready(i);
     }
+    end_pass();
     if (block) inputs_[static_cast<std::size_t>(slot)].clear();
     return need_dx ? g : Tensor();
   }
   Tensor g = dy;
   for (int i = num_layers(); i-- > stop;) {
+    use(i, ParamAccess::Pass::backward);
     if (block) replay(slot, i);
     g = layers[i]->backward_input(g, need_dx || i > stop, true);
     // A layer that defers its weight gradient keeps its activations until backward_weight.
     if (block && !layers[i]->splits_backward()) layers[i]->release_activations();
     if (ready && !layers[i]->params().empty() && !layers[i]->splits_backward()) ready(i);
   }
+  end_pass();
   if (block) inputs_[static_cast<std::size_t>(slot)].clear();
   return need_dx ? g : Tensor();
 }
@@ -223,10 +229,12 @@ void Stage::backward_weight(int slot, const GradReady& ready) {
   if (fused_) return;  // done in backward_input
   auto& layers = slots_.at(slot);
   for (int i = num_layers(); i-- > 0;) {
+    if (layers[i]->splits_backward()) use(i, ParamAccess::Pass::weight);
     layers[i]->backward_weight();
     if (recompute_ == Recompute::block && layers[i]->splits_backward()) layers[i]->release_activations();
     if (ready && !layers[i]->params().empty() && layers[i]->splits_backward()) ready(i);
   }
+  end_pass();
 }
 
 }  // namespace ringtrain

@@ -18,7 +18,7 @@ Updater::Updater(const ProcessGrid& grid, Stage& stage, const UpdateConfig& cfg,
     return;
   }
   run_agreed(grid.world(), "setting up parallel.zero", [&] {
-    RT_CHECK(cfg.zero == 1 || cfg.zero == 2, "parallel.zero = ", cfg.zero, " is not available (0, 1 and 2 are)");
+    RT_CHECK(cfg.zero >= 1 && cfg.zero <= 3, "parallel.zero = ", cfg.zero, " is not available (0 to 3 are)");
     RT_CHECK(stage.device().is_cpu(), "parallel.zero = ", cfg.zero, " needs train.device = cpu: its reduce-scatter "
              "and all-gather are host-only (this run chose ", stage.device().str(), ")");
   });

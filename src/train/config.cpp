@@ -85,7 +85,7 @@ const std::vector<Field>& fields() {
       RT_FIELD(comm, stall_shutdown_s, "fail the job when a tensor waits this long for other ranks (0 = never)"),
       RT_FIELD(comm, collective_timeout_s, "end the job when a collective (or a pipeline stage's receive) waits this long for a rank that never comes (0 = never)"),
       RT_FIELD(comm, deterministic, "static gradient buckets: bitwise-reproducible at any rank count"),
-      RT_FIELD(comm, bucket_bytes, "gradient bucket size with comm.deterministic, and of ZeRO-2's reduce-scatters (parallel.zero = 2)"),
+      RT_FIELD(comm, bucket_bytes, "gradient bucket size with comm.deterministic, and of ZeRO-2's reduce-scatters and ZeRO-3's parameter gathers (parallel.zero = 2, 3)"),
       RT_FIELD(comm, straggler_factor, "warn naming a rank whose compute takes more than this many times its peers' median (the ranks of its pipeline stage) in 3 consecutive log.interval intervals (0 = off; the epoch record names the slowest rank either way)"),
       RT_FIELD(comm, autotune, "the fusion engine searches fusion_threshold, cycle_time_ms and the all-reduce algorithm per size during the first steps (about autotune_samples x autotune_steps steps), seeded by a cost model of the job's own steps, and keeps the fastest; the same choice on every rank"),
       RT_FIELD(comm, autotune_samples, "comm.autotune: settings measured at most (>= 3)"),
@@ -97,8 +97,8 @@ const std::vector<Field>& fields() {
       RT_FIELD(parallel, schedule, "afab | 1f1b | zb-h1"),
       RT_FIELD(parallel, partition, "uniform | params | time | list: how layers are cut into stages"),
       RT_FIELD(parallel, balance, "partition = list: layers per stage, e.g. [3, 2, 2]"),
-      RT_FIELD(parallel, zero, "ZeRO stage over the data-parallel ranks: 0 = off, 1 = optimizer state sharded (reduce-scatter after the backward, slice update, all-gather), 2 = gradients sharded too (bucket reduce-scatters overlap the backward; the full gradient is released as they finish). 3 (parameters) is not available yet"),
-      RT_FIELD(parallel, zero_release, "parallel.zero = 2: give each reduced bucket's pages of the full gradient buffer back to the system (a rank holds its gradient slice + the buckets in flight; the next backward page-faults them back: slower). false: the full buffer stays resident (ZeRO-1's gradient memory, no page faults)"),
+      RT_FIELD(parallel, zero, "ZeRO stage over the data-parallel ranks: 0 = off, 1 = optimizer state sharded (reduce-scatter after the backward, slice update, all-gather), 2 = gradients sharded too (bucket reduce-scatters overlap the backward; the full gradient is released as they finish), 3 = parameters sharded too (each bucket of layers is all-gathered before its forward and again before its backward, the next one prefetched, and released after use)"),
+      RT_FIELD(parallel, zero_release, "parallel.zero = 2 or 3: give each reduced bucket's pages of the full gradient buffer back to the system (a rank holds its gradient slice + the buckets in flight; the next backward page-faults them back: slower). false: the full buffer stays resident (ZeRO-1's gradient memory, no page faults)"),
       RT_FIELD(parallel, sequence, "sequence parallelism (Korthikanti et al. 2022) at parallel.tensor > 1: the transformer blocks of vit and of [[model.layers]] transformer entries run LayerNorm, dropout and the residual stream on 1/tensor of the tokens, each tensor all-reduce becoming a reduce-scatter plus an all-gather; the tokens per sample must be divisible by parallel.tensor. No effect on other models"),
       RT_FIELD(checkpoint, dir, "checkpoint directory (empty = no checkpoints)"),
       RT_FIELD(checkpoint, every_epochs, "write a checkpoint every N epochs"),
@@ -339,9 +339,7 @@ void TrainConfig::validate() const {
   RT_CHECK(parallel.partition != "list" || !parallel.balance.empty(),
            "configuration key 'parallel.partition' = list needs parallel.balance (layers per stage, e.g. [3, 2, 2])");
   range("log.interval", log.interval, 1, kHuge);
-  RT_CHECK(parallel.zero != 3, "parallel.zero = 3 (ZeRO-3: parameters sharded too) is not available yet; "
-           "parallel.zero = 1 (optimizer state) and 2 (optimizer state and gradients) are");
-  range("parallel.zero", parallel.zero, 0, 2);
+  range("parallel.zero", parallel.zero, 0, 3);
   if (parallel.zero > 0) {
     RT_CHECK(!comm.fp16_allreduce, "parallel.zero = ", parallel.zero, " reduce-scatters full-precision gradients: "
              "comm.fp16_allreduce = true is not supported with it");

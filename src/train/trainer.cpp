@@ -373,6 +373,7 @@ EpochMetrics Trainer::Impl::train_epoch(int epoch, bool& finished) {
 // data-parallel group) hold bitwise-identical parameters, buffers and
 // optimizer state; the job ends naming the tensor otherwise.
 void Trainer::Impl::verify_replicas() {
+  if (ShardedOptimizer* zero = parts.updater->zero()) zero->materialize();  // ZeRO-3: the parameters whole
   std::vector<Tensor> ts;
   std::vector<std::string> names;
   for (auto& [name, t] : parts.state->replicated()) {
@@ -402,13 +403,17 @@ const LoadedCheckpoint& Trainer::loaded() const { return impl_->ckpt.loaded(); }
 TrainResult Trainer::fit() { return impl_->fit(); }
 EvalResult Trainer::evaluate(const std::string& path) { return impl_->evaluate(path); }
 const std::string& Trainer::run_id() const { return impl_->pos.run_id; }
-ParamArena& Trainer::parameters() { return impl_->parts.stage->arena(); }
+ParamArena& Trainer::parameters() {
+  if (ShardedOptimizer* zero = impl_->parts.updater->zero()) zero->materialize();  // ZeRO-3
+  return impl_->parts.stage->arena();
+}
 TrainerMemory Trainer::memory() const {
   const GridMemory g = ringtrain::memory(impl_->parts);
   TrainerMemory m;
   m.params = g.params;
   m.grads = g.grads;
   m.grads_in_flight = g.grads_in_flight;
+  m.params_in_flight = g.params_in_flight;
   m.optimizer = g.optimizer;
   m.param_count = g.param_count;
   m.model_param_count = impl_->num_params;

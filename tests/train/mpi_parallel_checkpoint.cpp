@@ -43,11 +43,11 @@ struct Layout {
 std::vector<Layout> layouts(int w) {
   std::vector<Layout> v = {{1, 1, 0}};
   if (w > 1)
-    for (Layout l : {Layout{1, 1, 1}, Layout{1, 1, 2}}) v.push_back(l);
+    for (Layout l : {Layout{1, 1, 1}, Layout{1, 1, 2}, Layout{1, 1, 3}}) v.push_back(l);
   if (w % 2 == 0)
     for (Layout l : {Layout{2, 1, 0}, Layout{1, 2, 0}}) v.push_back(l);
   if (w == 4)
-    for (Layout l : {Layout{2, 1, 1}, Layout{1, 2, 2}, Layout{2, 2, 0}}) v.push_back(l);
+    for (Layout l : {Layout{2, 1, 1}, Layout{1, 2, 2}, Layout{2, 1, 3}, Layout{2, 2, 0}}) v.push_back(l);
   return v;
 }
 

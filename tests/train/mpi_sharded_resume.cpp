@@ -136,7 +136,10 @@ class ShardedResume : public test_fixtures::SyntheticDataTest {
     std::vector<Written> v = {{"data-parts", 1, 1, false, true}, {"data-one-file", 1, 1, false, false}};
     if (w % 2 == 0) v.push_back({"tensor2", 1, 2, false, true});
     if (w % 2 == 0) v.push_back({"tensor2-zero2", 1, 2, 2, true});
+    if (w % 2 == 0) v.push_back({"tensor2-zero3", 1, 2, 3, true});
+    if (w > 1) v.push_back({"data-zero3-one-file", 1, 1, 3, false});  // gathered whole on rank 0
     if (w == 4) v.push_back({"pipeline2-tensor2-zero", 2, 2, 1, true});
+    if (w == 4) v.push_back({"pipeline2-zero3", 2, 1, 3, true});
     if (w == 3) v.push_back({"data3-zero", 1, 1, 1, true});
     if (w == 3) v.push_back({"data3-zero2", 1, 1, 2, true});
     return v;
@@ -217,7 +220,7 @@ TEST_F(ShardedResume, AResumedRankReadsItsShareAndHoldsTheSlicedTensors) {
     int pipeline, tensor;
     int zero;
   };
-  std::vector<Layout> layouts = {{"ZeRO-1", 1, 1, 1}, {"ZeRO-2", 1, 1, 2}};
+  std::vector<Layout> layouts = {{"ZeRO-1", 1, 1, 1}, {"ZeRO-2", 1, 1, 2}, {"ZeRO-3", 1, 1, 3}};
   if (w % 2 == 0) layouts.insert(layouts.end(), {{"tensor 2", 1, 2, false}, {"pipeline 2", 2, 1, false}});
   for (const Layout& l : layouts) {
     SCOPED_TRACE(l.name);
@@ -230,7 +233,7 @@ TEST_F(ShardedResume, AResumedRankReadsItsShareAndHoldsTheSlicedTensors) {
     const LoadedCheckpoint& got = t.loaded();
     EXPECT_EQ(got.file, path);
     EXPECT_EQ(got.step, 2);
-    // Its parameters: the reference's shards, bitwise.
+    // Its parameters: the reference's shards, bitwise (ZeRO-3: gathered from the slices it read).
     const ParamArena& a = t.parameters();
     std::size_t held = 0;
     for (std::size_t i = 0; i < a.size(); ++i) {
@@ -243,8 +246,12 @@ TEST_F(ShardedResume, AResumedRankReadsItsShareAndHoldsTheSlicedTensors) {
       held += mine.nbytes();
     }
     // It read exactly what it holds: parameters, their optimizer state (with
-    // ZeRO-1 its slice: each element read by one rank) and the step count.
-    if (l.zero) {
+    // ZeRO-1 its slice: each element read by one rank; ZeRO-3 its slice of the
+    // parameters too) and the step count.
+    if (l.zero == 3) {
+      EXPECT_EQ(sum_over(got.restored_bytes - 8, world_), (1 + slots) * whole_params);
+      EXPECT_LE(got.restored_bytes, 8 + (1 + slots) * whole_params / w + 2 * 64 * 64);
+    } else if (l.zero) {
       EXPECT_EQ(sum_over(got.restored_bytes - held - 8, world_), slots * whole_params);
       EXPECT_LE(got.restored_bytes, held + 8 + slots * whole_params / w + 64 * 64);
     } else {

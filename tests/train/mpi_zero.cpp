@@ -1,22 +1,22 @@
-// ZeRO-1 and ZeRO-2 (parallel.zero = 1, 2): optimizer state (and gradients)
-// sharded over the data-parallel ranks.
-//  - The sharded run (ZeRO-1 and ZeRO-2) follows the unsharded run of the same data and seed: after
+// ZeRO-1, 2 and 3 (parallel.zero = 1, 2, 3): optimizer state (and gradients,
+// and parameters) sharded over the data-parallel ranks.
+//  - The sharded run (ZeRO-1, 2 and 3) follows the unsharded run of the same data and seed: after
 //    50 steps every parameter agrees within 1e-6 (relative to its largest
 //    element) for mlp and cnn with Adam, SGD momentum, LAMB and LARS (the last
 //    two need whole-parameter norms, all-reduced over a parameter's pieces),
 //    with gradient clipping, fp16 loss scaling and (AdamW) gradient accumulation.
 //    On one node the results are in fact bitwise equal (shm_reduce_scatter): measured
-//    difference 0 for ZeRO-1 and ZeRO-2 at 1-4 ranks (AMD EPYC, one node).
+//    difference 0 for ZeRO-1, 2 and 3 at 1-4 ranks (AMD EPYC, one node).
 //  - Each rank holds 1/ranks of the unsharded optimizer state (measured against
 //    an unsharded optimizer of the same model).
-//  - Checkpoints: written sharded and loaded unsharded (and the reverse), then
+//  - Checkpoints (ZeRO-1 and ZeRO-3): written sharded and loaded unsharded (and the reverse), then
 //    written again, they are bitwise the same file contents; a run continued
 //    across the switch ends where the unswitched run ends.
 //  - The optimizer alone: shm, ring and MPI reduce-scatters against the whole
 //    optimizer on exact gradients; empty slices and two dtypes; gather/scatter;
 //    shm_reduce_scatter bitwise the shm all-reduce's blocks.
 //  - Bad input: the old key parallel.shard_optimizer, a non-integer value and
-//    parallel.zero = 3 are errors naming the key; every layout accepts 1 and 2.
+//    parallel.zero = 4 are errors naming the key; every layout accepts 1 to 3.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -122,7 +122,7 @@ TEST_P(ZeroEquals, UnshardedAfter50Steps) {
   auto ref = train(world, config(world, k, false, 50), &whole);
   std::string where;
   double worst = 0;
-  for (int zero : {1, 2}) {
+  for (int zero : {1, 2, 3}) {
     auto got = train(world, config(world, k, zero, 50), &slice);
     // The sharded trainer holds its slice of the state: total/ranks, up to the
     // 64-byte alignment of the slice boundaries (per state kind), plus the step counter.
@@ -143,7 +143,7 @@ TEST_P(ZeroEquals, UnshardedAfter50Steps) {
   std::string w2;
   EXPECT_GT(worst_relative(params_of(init), ref, &w2), 1e-3);
   if (world.rank() == 0)
-    std::printf("%s/%s%s: worst relative parameter difference (ZeRO-1, 2) after 50 steps %.3g (%s)\n", k.model, k.optimizer,
+    std::printf("%s/%s%s: worst relative parameter difference (ZeRO-1, 2, 3) after 50 steps %.3g (%s)\n", k.model, k.optimizer,
                 k.clip > 0 ? " clip" : "", worst, where.c_str());
 }
 
@@ -367,49 +367,75 @@ TEST(Zero, ShmReduceScatterIsBitwiseTheShmAllreduce) {
 TEST(Zero, CheckpointsResumeAcrossShardingBitwise) {
   Communicator world = Communicator::world();
   const Case k{"mlp", "adam", 1e-3};
-  const std::string root = data_dir(world) + "/ckpt";
-  auto dir = [&](const char* d) { return root + "/" + d; };
-  auto first = [&](bool shard, const char* d) {
-    TrainConfig c = config(world, k, shard, 10);
-    c.checkpoint.dir = dir(d);
+  for (int sharded : {1, 3}) {  // ZeRO-1 (optimizer slices) and ZeRO-3 (parameter slices too)
+    SCOPED_TRACE(cat("ZeRO-", sharded));
+    const std::string root = data_dir(world) + "/ckpt";
+    auto dir = [&](const char* d) { return root + "/" + d; };
+    auto first = [&](bool shard, const char* d) {
+      TrainConfig c = config(world, k, shard ? sharded : 0, 10);
+      c.checkpoint.dir = dir(d);
+      Trainer t(c, world, quiet());
+      t.fit();
+    };
+    first(false, "u10");
+    first(true, "s10");
+    // Load and write again at once, the other way.
+    auto reload = [&](bool shard, const char* from, const char* to) {
+      TrainConfig c = config(world, k, shard ? sharded : 0, 10);
+      c.checkpoint.dir = dir(to);
+      Trainer t(c, world, quiet());
+      t.resume(dir(from));
+      t.save_checkpoint();
+    };
+    reload(true, "u10", "u10-as-s");
+    reload(false, "s10", "s10-as-u");
+    world.barrier();
+    if (world.rank() == 0) {
+      expect_bitwise(find_intact_checkpoint(dir("u10")).data, find_intact_checkpoint(dir("u10-as-s")).data,
+                     "unsharded -> sharded -> saved");
+      expect_bitwise(find_intact_checkpoint(dir("s10")).data, find_intact_checkpoint(dir("s10-as-u")).data,
+                     "sharded -> unsharded -> saved");
+    }
+    // Continue to step 20 across the switch; the reference continues unsharded.
+    auto resume20 = [&](bool shard, const char* from) {
+      TrainConfig c = config(world, k, shard ? sharded : 0, 20);
+      Trainer t(c, world, quiet());
+      t.resume(dir(from));
+      t.fit();
+      return params_of(t);
+    };
+    auto ref = resume20(false, "u10");
+    std::string where;
+    double w = worst_relative(resume20(true, "u10"), ref, &where);
+    EXPECT_LE(w, 1e-6) << "unsharded checkpoint continued sharded: " << where << " differs by " << w;
+    w = worst_relative(resume20(false, "s10"), ref, &where);
+    EXPECT_LE(w, 1e-6) << "sharded checkpoint continued unsharded: " << where << " differs by " << w;
+    world.barrier();
+    if (world.rank() == 0) fs::remove_all(root);
+    world.barrier();
+  }
+}
+
+// ZeRO-3 before its first step: the parameters are still whole in the stage's
+// arena, and the slices a checkpoint writes take them from there: the same
+// file contents as an unsharded trainer's initial checkpoint.
+TEST(Zero, Zero3CheckpointBeforeTheFirstStepHoldsTheInitialParameters) {
+  Communicator world = Communicator::world();
+  const Case k{"mlp", "adam", 1e-3};
+  const std::string root = data_dir(world) + "/ckpt0";
+  for (int zero : {0, 3}) {
+    TrainConfig c = config(world, k, zero, 0);
+    c.checkpoint.dir = root + "/z" + std::to_string(zero);
     Trainer t(c, world, quiet());
-    t.fit();
-  };
-  first(false, "u10");
-  first(true, "s10");
-  // Load and write again at once, the other way.
-  auto reload = [&](bool shard, const char* from, const char* to) {
-    TrainConfig c = config(world, k, shard, 10);
-    c.checkpoint.dir = dir(to);
-    Trainer t(c, world, quiet());
-    t.resume(dir(from));
     t.save_checkpoint();
-  };
-  reload(true, "u10", "u10-as-s");
-  reload(false, "s10", "s10-as-u");
+  }
   world.barrier();
   if (world.rank() == 0) {
-    expect_bitwise(find_intact_checkpoint(dir("u10")).data, find_intact_checkpoint(dir("u10-as-s")).data,
-                   "unsharded -> sharded -> saved");
-    expect_bitwise(find_intact_checkpoint(dir("s10")).data, find_intact_checkpoint(dir("s10-as-u")).data,
-                   "sharded -> unsharded -> saved");
+    expect_bitwise(find_intact_checkpoint(root + "/z0").data, find_intact_checkpoint(root + "/z3").data,
+                   "unsharded and ZeRO-3 initial checkpoints");
+    fs::remove_all(root);
   }
-  // Continue to step 20 across the switch; the reference continues unsharded.
-  auto resume20 = [&](bool shard, const char* from) {
-    TrainConfig c = config(world, k, shard, 20);
-    Trainer t(c, world, quiet());
-    t.resume(dir(from));
-    t.fit();
-    return params_of(t);
-  };
-  auto ref = resume20(false, "u10");
-  std::string where;
-  double w = worst_relative(resume20(true, "u10"), ref, &where);
-  EXPECT_LE(w, 1e-6) << "unsharded checkpoint continued sharded: " << where << " differs by " << w;
-  w = worst_relative(resume20(false, "s10"), ref, &where);
-  EXPECT_LE(w, 1e-6) << "sharded checkpoint continued unsharded: " << where << " differs by " << w;
   world.barrier();
-  if (world.rank() == 0) fs::remove_all(root);
 }
 
 TEST(Zero, BadInputNamesTheKey) {
@@ -425,15 +451,10 @@ TEST(Zero, BadInputNamesTheKey) {
   std::string e = error_of([&] { TrainConfig t; t.load_toml(toml); });
   EXPECT_NE(e.find("parallel.shard_optimizer was replaced by parallel.zero = 1"), std::string::npos) << e;
   EXPECT_NE(error_of([&] { c.set("parallel.zero=maybe"); }).find("parallel.zero"), std::string::npos);
-  // ZeRO-3 is refused by name, not run as something else.
-  c.set("parallel.zero=3");
-  e = error_of([&] { c.validate(); });
-  EXPECT_NE(e.find("parallel.zero = 3"), std::string::npos) << e;
-  EXPECT_NE(e.find("not available yet"), std::string::npos) << e;
   c.set("parallel.zero=4");
   EXPECT_NE(error_of([&] { c.validate(); }).find("parallel.zero"), std::string::npos);
-  // ZeRO-1 and 2 run on every layout (each stage and shard over its data-parallel group).
-  for (const char* zero : {"parallel.zero=1", "parallel.zero=2"}) {
+  // ZeRO-1, 2 and 3 run on every layout (each stage and shard over its data-parallel group).
+  for (const char* zero : {"parallel.zero=1", "parallel.zero=2", "parallel.zero=3"}) {
     c.set(zero);
     c.parallel.pipeline = 2;
     c.parallel.tensor = 2;

@@ -25,6 +25,14 @@
 // - Checkpoints keep the per-parameter layout: gather() assembles the state on
 //   the root into an ordinary Optimizer over the full arena (transiently, one
 //   unsharded copy on the root); scatter() hands each rank its slice back.
+// - ZeRO-3 (shard_params()): the slice's parameters are the only up-to-date
+//   copy. The full arena is a gathering area: gather_range() all-gathers pieces
+//   of it before use (parallel/zero3.cpp), release_pages() gives them back; the
+//   step neither refreshes the slice from the full arena nor all-gathers.
+//   materialize() makes the full arena whole again (checkpoints of the whole
+//   model, train.verify_every); the next sharded use (ensure_sharded) takes the
+//   slice from it again and releases it, so a broadcast or load of the full
+//   arena in between is seen.
 // - Host buffers only (our reduce_scatter/allgatherv are host-only).
 #include <cstdint>
 #include <functional>
@@ -62,6 +70,27 @@ class ShardedOptimizer {
   void step(double lr);
   std::int64_t steps() const { return inner_->steps(); }
 
+  // ZeRO-3 (see the rules above). shard_params: from now on the slice owns the
+  // parameters; the full arena is authoritative until the first ensure_sharded().
+  void shard_params();
+  bool params_sharded() const { return shard_params_; }
+  // Elements [lo, hi) of dtype dt's full parameter buffer, each rank sending the
+  // part inside its slice (our ring all-gather). Collective over the group.
+  void gather_range(DType dt, std::size_t lo, std::size_t hi);
+  // The full arena whole (collective; nothing to do if it already is).
+  void materialize();
+  // The slice takes its part of a whole full arena, whose pages are then
+  // released (no communication; nothing to do when already sharded).
+  void ensure_sharded();
+  // A checkpoint was read into the slice's parameters: they own the values now.
+  void mark_sharded();
+  // Gives the whole pages of elements [lo, hi) of dt's full parameter buffer back.
+  void release_params(DType dt, std::size_t lo, std::size_t hi);
+  // Changes whenever what was gathered into the full arena may be stale or
+  // gone (an update, a load, the full arena released): gathers made under
+  // another version must not be used.
+  std::uint64_t params_version() const { return params_version_; }
+
   // Bytes of optimizer state held by this rank (its slice's buffers + step).
   std::size_t state_bytes() const;
   // Collective: {max over ranks of state_bytes(), bytes one unsharded optimizer holds}.
@@ -90,6 +119,8 @@ class ShardedOptimizer {
     Tensor data;
   };
   std::vector<StateSlice> state_slices() const;
+  // ZeRO-3: the same pieces of the slice's parameters (slot "param").
+  std::vector<StateSlice> param_slices() const;
   // The step counter (int64 [1], a view): a checkpoint restores it with the slices.
   Tensor step_state() const;
   std::unique_ptr<Optimizer> gather(int root) const;
@@ -104,6 +135,7 @@ class ShardedOptimizer {
   const Slice& slice(DType dt) const;
   Tensor shard_flat(DType dt, bool grads) const;  // undefined when this rank's slice of dt is empty
   void combine_piece_sums(std::vector<double>& sums, int per) const;
+  void add_slices(const std::string& slot, DType dt, const Tensor& flat, std::vector<StateSlice>& out) const;
 
   ParamArena& full_;
   OptimizerConfig cfg_;
@@ -115,6 +147,14 @@ class ShardedOptimizer {
   std::vector<std::size_t> full_index_;  // shard parameter -> full parameter
   std::vector<std::string> state_names_;  // "<dtype>.<kind>" of the whole optimizer, in its order
   std::unique_ptr<Optimizer> inner_;
+  bool shard_params_ = false;  // ZeRO-3
+  bool whole_ = true;          // ZeRO-3: the full arena holds the parameters (else the slice does)
+  std::uint64_t params_version_ = 0;
 };
+
+// Gives the whole memory pages of elements [lo, hi) of a flat host buffer back
+// to the system (anonymous private memory: they read as zeros afterwards, and
+// cost nothing until written). Partial pages at the ends stay.
+void release_pages(const Tensor& flat, std::size_t lo, std::size_t hi);
 
 }  // namespace ringtrain

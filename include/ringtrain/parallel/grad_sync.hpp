@@ -14,13 +14,17 @@
 //            by a worker thread while the backward goes on (our ring, or shm
 //            on one node), and each bucket's part of the full gradient buffer
 //            is released afterwards: the rank keeps its gradient slice
+//   zero3    ZeRO-3: as zero2, and the rank keeps only its slice of the
+//            parameters too: it is also the stage's ParamAccess, gathering
+//            each bucket's parameters before its layers use them and
+//            releasing them after (zero3.cpp)
 //
 // The executor calls begin_step() before the step's first backward and
 // layer_ready(l) once layer l's gradient of the step is complete; the trainer
 // calls finish(), after which the gradients the Updater reads are final.
 // Each kind owns its communicators (the engine duplicates grid.dp(); ZeRO uses
-// grid.zero()). A parameter-gathering part (ZeRO-3) would sit beside this one,
-// called by the executor before a layer's forward and backward.
+// grid.zero()). ZeRO-3's parameter gathering shares the reduce-scatters'
+// worker thread (one order of collectives on every rank): the same object.
 #include <cstddef>
 #include <memory>
 
@@ -30,6 +34,7 @@
 namespace ringtrain {
 
 class Engine;
+class ParamAccess;
 class ShardedOptimizer;
 class Stage;
 struct GridConfig;
@@ -37,7 +42,7 @@ struct GridConfig;
 class GradSync {
  public:
   virtual ~GradSync() = default;
-  virtual const char* kind() const = 0;  // "none" | "engine" | "sharded" | "zero2"
+  virtual const char* kind() const = 0;  // "none" | "engine" | "sharded" | "zero2" | "zero3"
   virtual void begin_step() {}
   virtual void layer_ready(int local_layer) {}
   virtual void finish() {}
@@ -48,9 +53,13 @@ class GradSync {
   // accumulate over several micro-batches).
   virtual bool shards_grads() const { return false; }
   virtual std::size_t grad_bytes_in_flight() const { return 0; }
+  // ZeRO-3: the stage's hook (Stage::set_param_access), and the most bytes of
+  // gathered parameters resident at once over the last step.
+  virtual ParamAccess* param_access() { return nullptr; }
+  virtual std::size_t param_bytes_in_flight() const { return 0; }
 };
 
-// zero: the Updater's sharded optimizer when parallel.zero is 1 or 2.
+// zero: the Updater's sharded optimizer when parallel.zero is 1, 2 or 3.
 std::unique_ptr<GradSync> make_grad_sync(const ProcessGrid& grid, Stage& stage, const GridConfig& cfg,
                                          DeviceRuntime& rt, ShardedOptimizer* zero);
 

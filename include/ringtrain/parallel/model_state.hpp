@@ -29,6 +29,7 @@ class ModelState {
   NamedState named(Optimizer* whole_opt = nullptr);
   // What every data-parallel replica must hold bit for bit (flat buffers:
   // few large messages), for train.verify_every and the start-up broadcast.
+  // ZeRO-3: the parameters are whole only after ShardedOptimizer::materialize().
   NamedState replicated();
   // Every replica takes data-parallel rank 0's parameters, buffers, optimizer
   // state and loss scale (the start of a run: one source of truth).

@@ -5,7 +5,8 @@
 //
 //   Stage             the rank's top-level layers, split over its tensor group
 //   ScheduleExecutor  the pipeline schedule over the stage's micro-batches
-//   GradSync          none | fusion-engine all-reduce | ZeRO-1/2 reduce-scatter
+//   GradSync          none | fusion-engine all-reduce | ZeRO-1/2 reduce-scatter |
+//                     ZeRO-3 (also gathers each layer bucket's parameters before use)
 //   Updater           fp16 unscale/skip, global-norm clipping, the optimizer step
 //   ModelState        the state under checkpoint names (save, resume, broadcast)
 //
@@ -87,9 +88,11 @@ StepResult train_step(const ProcessGrid& grid, ModelParts& parts, const Tensor& 
 
 // Bytes this rank holds, by kind (benchmarks and the start-up line). ZeRO-2:
 // `grads` is the rank's slice, and grads_in_flight the most of the full
-// gradient buffer resident at once (GradSync::grad_bytes_in_flight).
+// gradient buffer resident at once (GradSync::grad_bytes_in_flight). ZeRO-3:
+// `params` is the rank's slice too, and params_in_flight the most of the
+// gathered parameters resident at once (GradSync::param_bytes_in_flight).
 struct GridMemory {
-  std::size_t params = 0, grads = 0, optimizer = 0, grads_in_flight = 0;
+  std::size_t params = 0, grads = 0, optimizer = 0, grads_in_flight = 0, params_in_flight = 0;
   std::int64_t param_count = 0;  // elements of this rank's parameters
 };
 GridMemory memory(const ModelParts& parts);

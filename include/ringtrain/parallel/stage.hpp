@@ -50,6 +50,19 @@ namespace ringtrain {
 enum class Recompute { none, attention, block };
 Recompute parse_recompute(const std::string& s);  // "none" | "attention" | "block"
 
+// Where a stage's layers use their parameters, for a part that holds them
+// only while in use (ZeRO-3, parallel/zero3.cpp): use() comes before a layer's
+// forward, its backward (before a recomputation's replay) and its deferred
+// weight backward; end_pass() after the stage's pass over its layers. Forward
+// passes visit the layers in ascending order, the others in descending order.
+class ParamAccess {
+ public:
+  enum class Pass { forward, backward, weight };
+  virtual ~ParamAccess() = default;
+  virtual void use(int local_layer, Pass pass) = 0;
+  virtual void end_pass() = 0;
+};
+
 class Stage {
  public:
   using GradReady = std::function<void(int local_layer)>;
@@ -99,6 +112,8 @@ class Stage {
   // Activation recomputation (see the rules above); set before the first forward.
   void set_recompute(Recompute r);
   Recompute recompute() const { return recompute_; }
+  // ZeRO-3: told before each layer uses its parameters (null: they are always there).
+  void set_param_access(ParamAccess* a) { access_ = a; }
 
  private:
   Device device_;
@@ -112,6 +127,13 @@ class Stage {
   bool fused_ = false, overwrite_next_ = false;
   SamplePosition position_;  // the layers read it through BindContext::position
   Recompute recompute_ = Recompute::none;
+  ParamAccess* access_ = nullptr;
+  void use(int local, ParamAccess::Pass p) {
+    if (access_) access_->use(local, p);
+  }
+  void end_pass() {
+    if (access_) access_->end_pass();
+  }
   // Per slot, recompute = block: each layer's input, and where the forward stood.
   std::vector<std::vector<Tensor>> inputs_;
   std::vector<SamplePosition> slot_position_;

@@ -3,7 +3,8 @@
 // synchronised (GradSync::finish):
 //   fp16: unscale; a non-finite gradient anywhere skips the step on every rank;
 //   clipping: the global norm over the whole model, each gradient counted once;
-//   the optimizer step (ZeRO-1/2: the rank's slice, then the parameter all-gather).
+//   the optimizer step (ZeRO-1/2: the rank's slice, then the parameter all-gather;
+//   ZeRO-3: the slice alone, the next use gathers).
 //
 // Partial results (a sum of squares, a non-finite count) are combined in one
 // all-reduce over the ranks that together hold each gradient once: the
@@ -26,7 +27,7 @@ class Stage;
 struct UpdateConfig {
   double clip_norm = 0;          // > 0: clip to this global norm over the whole model
   bool loss_scaling = false;     // train.precision = fp16: dynamic loss scaling
-  int zero = 0;                  // ZeRO stage over the data-parallel group (parallel.zero: 0, 1 or 2)
+  int zero = 0;                  // ZeRO stage over the data-parallel group (parallel.zero: 0 to 3)
   CollectiveOptions zero_collectives;  // its reduce-scatter / all-gather
 };
 

@@ -72,6 +72,7 @@ struct TrainerHooks {
 struct TrainerMemory {
   std::size_t params = 0, grads = 0, optimizer = 0;
   std::size_t grads_in_flight = 0;     // ZeRO-2: full-buffer bytes of the buckets in flight (GridMemory)
+  std::size_t params_in_flight = 0;    // ZeRO-3: gathered parameter bytes resident at once (GridMemory)
   std::int64_t param_count = 0;        // this rank's parameters
   std::int64_t model_param_count = 0;  // the whole model's
 };
@@ -112,7 +113,9 @@ class Trainer {
   // What this rank holds: its stage's and shard's parameters, their
   // gradients, and its optimizer state (its slices with parallel.zero).
   TrainerMemory memory() const;
-  // This rank's parameters (its pipeline stage and tensor shard).
+  // This rank's parameters (its pipeline stage and tensor shard). With
+  // parallel.zero = 3 they are gathered whole first: collective over the
+  // data-parallel group, and resident until the next step releases them.
   ParamArena& parameters();
 
   const std::string& run_id() const;  // set by resume() or at the start of fit()

@@ -1,0 +1,244 @@
+// ZeRO-3: each rank keeps its slice of every parameter (the ShardedOptimizer's
+// shard); a bucket of consecutive layers is all-gathered into the stage's
+// arena just before its layers' forward, again before their backward (and a
+// deferred weight backward), and its pages are released once the pass moves
+// on. The bucket a pass ends in stays until the next pass moves on from it
+// (FSDP keeps the last layers likewise): the forward ends in the bucket the
+// backward starts in, which so needs no second gather; an update, load or
+// release of the full arena (ShardedOptimizer::params_version) voids it, and
+// finish() releases it. While a bucket computes, the next one of the pass is gathered by the
+// worker thread, which also reduce-scatters each bucket's gradients once the
+// step's last backward made them (as ZeRO-2, grad_sync.cpp). One thread runs
+// both kinds of collective in the order the main thread asked for them: the
+// same order on every rank of the group, since every rank runs the same
+// schedule over the same layers.
+#include <algorithm>
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <thread>
+
+#include "ringtrain/optim/sharded_optimizer.hpp"
+#include "ringtrain/parallel/grad_sync.hpp"
+#include "ringtrain/parallel/parts.hpp"
+#include "ringtrain/parallel/stage.hpp"
+#include "zero_buckets.hpp"
+
+namespace ringtrain {
+namespace {
+
+constexpr const char* kWhat = "parallel.zero = 3";
+
+class Zero3Sync final : public GradSync, public ParamAccess {
+ public:
+  Zero3Sync(const ProcessGrid& grid, Stage& stage, ShardedOptimizer& zero, const GridConfig& cfg)
+      : group_(grid.zero()), stage_(stage), zero_(zero),
+        accumulates_(cfg.micro_batches * cfg.accumulation > 1 || !cfg.zero_release), release_(cfg.zero_release) {
+    buckets_ = zero_buckets(stage, cfg.bucket_bytes, bucket_of_layer_, kWhat);
+    state_.assign(buckets_.size(), State::released);
+    zero_.shard_params();
+    worker_ = std::thread([this] { run(); });
+  }
+  ~Zero3Sync() override {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    worker_.join();
+  }
+  const char* kind() const override { return "zero3"; }
+  ParamAccess* param_access() override { return this; }
+
+  void begin_step() override {
+    zero_.ensure_sharded();  // a broadcast, load or materialize since the last step: the slice takes it
+    check_version();
+    for (ZeroBucket& b : buckets_) b.pending = b.layers;
+    std::lock_guard<std::mutex> lk(mu_);
+    reduced_ = 0;
+    held_grads_ = peak_grads_ = buckets_.empty() ? 0 : buckets_.front().bytes;
+    peak_params_ = held_params_;
+  }
+
+  void layer_ready(int l) override {
+    const int b = bucket_of_layer_[static_cast<std::size_t>(l)];
+    if (b < 0 || --buckets_[static_cast<std::size_t>(b)].pending > 0) return;
+    std::lock_guard<std::mutex> lk(mu_);
+    if (static_cast<std::size_t>(b) + 1 < buckets_.size()) held_grads_ += buckets_[static_cast<std::size_t>(b) + 1].bytes;
+    peak_grads_ = std::max(peak_grads_, held_grads_);
+    queue_.push_back({Op::reduce, b});
+    cv_.notify_all();
+  }
+
+  void finish() override {
+    std::unique_lock<std::mutex> lk(mu_);
+    cv_.wait(lk, [&] { return reduced_ == buckets_.size() || error_; });
+    if (error_) std::rethrow_exception(error_);
+    lk.unlock();
+    release_all();  // the update makes what was gathered stale
+    zero_.average_grads();
+    last_peak_grads_ = accumulates_ ? full_grad_bytes() : peak_grads_;
+    last_peak_params_ = peak_params_;
+  }
+
+  bool shards_grads() const override { return true; }
+  std::size_t grad_bytes_in_flight() const override {
+    if (accumulates_) return full_grad_bytes();
+    return last_peak_grads_ ? last_peak_grads_ : two_largest();
+  }
+  std::size_t param_bytes_in_flight() const override { return last_peak_params_ ? last_peak_params_ : two_largest(); }
+
+  // The pass moves to layer l: its bucket is gathered (waited for), the one it
+  // leaves released, and the pass's next bucket prefetched.
+  void use(int l, Pass pass) override {
+    const int b = bucket_of_layer_[static_cast<std::size_t>(l)];
+    if (b < 0) return;
+    zero_.ensure_sharded();  // evaluation after a checkpoint's materialize
+    check_version();
+    if (b == current_) return;
+    if (current_ >= 0) release(current_);
+    request(b);
+    current_ = b;
+    const int next = pass == Pass::forward ? b - 1 : b + 1;  // bucket 0 holds the last layers
+    if (next >= 0 && next < static_cast<int>(buckets_.size())) request(next);
+    wait_resident(b);
+  }
+
+  // Whatever the pass gathered goes (a prefetch it did not reach included),
+  // but the bucket it ends in.
+  void end_pass() override {
+    for (std::size_t b = 0; b < buckets_.size(); ++b)
+      if (state_[b] != State::released && static_cast<int>(b) != current_) release(static_cast<int>(b));
+  }
+
+ private:
+  enum class State { released, requested, resident };
+  enum class Op { gather, reduce };
+  struct Job {
+    Op op;
+    int bucket;
+  };
+
+  void release_all() {
+    current_ = -1;
+    for (std::size_t b = 0; b < buckets_.size(); ++b)
+      if (state_[b] != State::released) release(static_cast<int>(b));
+  }
+
+  // Gathers of another version of the parameters are gone or stale: forgotten
+  // (their pages released again, as the full arena may have been rewritten).
+  void check_version() {
+    if (zero_.params_version() == version_) return;
+    release_all();
+    version_ = zero_.params_version();
+  }
+
+  void request(int b) {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (state_[static_cast<std::size_t>(b)] != State::released) return;
+    state_[static_cast<std::size_t>(b)] = State::requested;
+    queue_.push_back({Op::gather, b});
+    cv_.notify_all();
+  }
+
+  void wait_resident(int b) {
+    std::unique_lock<std::mutex> lk(mu_);
+    cv_.wait(lk, [&] { return state_[static_cast<std::size_t>(b)] == State::resident || error_; });
+    if (error_) std::rethrow_exception(error_);
+  }
+
+  void release(int b) {
+    wait_resident(b);  // a prefetch still in flight writes into these pages
+    for (const ZeroRange& r : buckets_[static_cast<std::size_t>(b)].ranges) zero_.release_params(r.dt, r.lo, r.hi);
+    std::lock_guard<std::mutex> lk(mu_);
+    state_[static_cast<std::size_t>(b)] = State::released;
+    held_params_ -= buckets_[static_cast<std::size_t>(b)].bytes;
+  }
+
+  // The worker: the jobs in the order they were asked for.
+  void run() {
+    for (;;) {
+      Job job;
+      {
+        std::unique_lock<std::mutex> lk(mu_);
+        cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
+        if (stop_) return;
+        job = queue_.front();
+        queue_.pop_front();
+      }
+      const ZeroBucket& k = buckets_[static_cast<std::size_t>(job.bucket)];
+      try {
+        wait_group_ready(group_, static_cast<std::size_t>(job.bucket), kWhat);
+        for (const ZeroRange& r : k.ranges) {
+          if (job.op == Op::gather) {
+            zero_.gather_range(r.dt, r.lo, r.hi);
+          } else {
+            zero_.reduce_scatter_range(r.dt, r.lo, r.hi);
+            if (release_) release_pages(stage_.arena().grads_flat(r.dt), r.lo, r.hi);
+          }
+        }
+      } catch (...) {
+        std::lock_guard<std::mutex> lk(mu_);
+        error_ = std::current_exception();
+        cv_.notify_all();
+        return;
+      }
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        if (job.op == Op::gather) {
+          state_[static_cast<std::size_t>(job.bucket)] = State::resident;
+          held_params_ += k.bytes;
+          peak_params_ = std::max(peak_params_, held_params_);
+        } else {
+          held_grads_ -= std::min(held_grads_, k.bytes);
+          ++reduced_;
+        }
+      }
+      cv_.notify_all();
+    }
+  }
+
+  std::size_t full_grad_bytes() const {
+    std::size_t n = 0;
+    for (DType dt : stage_.arena().dtypes()) n += stage_.arena().grads_flat(dt).nbytes();
+    return n;
+  }
+  std::size_t two_largest() const {  // before a step: one bucket in use, one prefetched
+    std::size_t a = 0, b = 0;
+    for (const ZeroBucket& k : buckets_) {
+      if (k.bytes > a) std::swap(a, b), a = k.bytes;
+      else b = std::max(b, k.bytes);
+    }
+    return a + b;
+  }
+
+  Communicator group_;  // the data-parallel group (grid.zero(), the ShardedOptimizer's)
+  Stage& stage_;
+  ShardedOptimizer& zero_;
+  const bool accumulates_;  // the full gradient buffer is resident through the step
+  const bool release_;      // parallel.zero_release (gradient pages; parameter pages always go)
+  std::vector<ZeroBucket> buckets_;
+  std::vector<int> bucket_of_layer_;  // -1: a layer without parameters
+  int current_ = -1;                  // the bucket the pass is in, or the last pass ended in (main thread)
+  std::uint64_t version_ = 0;         // of the parameters gathered (ShardedOptimizer::params_version)
+  std::thread worker_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Job> queue_;
+  std::vector<State> state_;  // per bucket: its parameters
+  std::size_t reduced_ = 0;   // buckets reduce-scattered this step
+  bool stop_ = false;
+  std::exception_ptr error_;
+  std::size_t held_params_ = 0, peak_params_ = 0, last_peak_params_ = 0;  // gathered parameter bytes resident
+  std::size_t held_grads_ = 0, peak_grads_ = 0, last_peak_grads_ = 0;     // full-buffer gradient bytes
+};
+
+}  // namespace
+
+std::unique_ptr<GradSync> make_zero3_sync(const ProcessGrid& grid, Stage& stage, ShardedOptimizer& zero,
+                                          const GridConfig& cfg) {
+  return std::make_unique<Zero3Sync>(grid, stage, zero, cfg);
+}
+
+}  // namespace ringtrain

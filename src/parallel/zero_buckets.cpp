@@ -1,0 +1,94 @@
+#include "zero_buckets.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
+#include "ringtrain/comm/liveness.hpp"
+#include "ringtrain/comm/stall_diagnosis.hpp"
+#include "ringtrain/parallel/stage.hpp"
+
+namespace ringtrain {
+
+std::vector<ZeroBucket> zero_buckets(Stage& stage, std::int64_t bucket_bytes, std::vector<int>& bucket_of_layer,
+                                     const char* what) {
+  const ParamArena& a = stage.arena();
+  std::vector<ZeroBucket> buckets;
+  std::vector<std::size_t> top;  // per dtype of a.dtypes(): the low end so far
+  for (DType dt : a.dtypes()) top.push_back(static_cast<std::size_t>(a.grads_flat(dt).numel()));
+  auto dtype_index = [&](DType dt) {
+    const auto ds = a.dtypes();
+    return static_cast<std::size_t>(std::find(ds.begin(), ds.end(), dt) - ds.begin());
+  };
+  bucket_of_layer.assign(static_cast<std::size_t>(stage.num_layers()), -1);
+  std::vector<std::size_t> low = top;
+  std::size_t bytes = 0, covered = 0;
+  ZeroBucket cur;
+  auto close = [&](bool last) {
+    if (cur.layers == 0) return;
+    const auto ds = a.dtypes();
+    for (std::size_t d = 0; d < ds.size(); ++d) {
+      const std::size_t lo = last ? 0 : low[d];
+      if (lo < top[d]) cur.ranges.push_back({ds[d], lo, top[d]});
+      cur.bytes += (top[d] - lo) * dtype_size(ds[d]);
+      top[d] = low[d] = lo;
+    }
+    buckets.push_back(cur);
+    cur = ZeroBucket{};
+    bytes = 0;
+  };
+  for (int l = stage.num_layers(); l-- > 0;) {
+    const auto& ps = stage.layer(l).params();
+    if (ps.empty()) continue;
+    for (std::size_t p : ps) {
+      const ParamInfo& info = a.info(p);
+      const std::size_t d = dtype_index(info.dtype), end = info.offset + static_cast<std::size_t>(shape_numel(info.shape));
+      // Offsets fall from the last layer to the first, so ranges of whole layers tile the buffer.
+      RT_CHECK(end <= top[d], what, ": internal error: parameter '", info.name,
+               "' lies after a later layer's in the gradient buffer");
+      low[d] = std::min(low[d], info.offset);
+      bytes += static_cast<std::size_t>(shape_numel(info.shape)) * dtype_size(info.dtype);
+      ++covered;
+    }
+    bucket_of_layer[static_cast<std::size_t>(l)] = static_cast<int>(buckets.size());
+    if (cur.layers == 0) cur.high = l;
+    cur.low = l;
+    ++cur.layers;
+    if (bytes >= static_cast<std::size_t>(bucket_bytes)) close(false);
+  }
+  close(true);
+  if (cur.layers == 0 && !buckets.empty()) {  // the lowest layers filled the last bucket: it reaches down to 0
+    const auto ds = a.dtypes();
+    for (std::size_t d = 0; d < ds.size(); ++d)
+      if (top[d] > 0) {
+        buckets.back().ranges.push_back({ds[d], 0, top[d]});
+        buckets.back().bytes += top[d] * dtype_size(ds[d]);
+      }
+  }
+  RT_CHECK(covered == a.size(), what, ": internal error: ", a.size() - covered,
+           " parameter(s) of the stage belong to no layer, so no layer's readiness covers their gradients");
+  return buckets;
+}
+
+void wait_group_ready(const Communicator& group, std::size_t b, const char* what) {
+  if (group.size() == 1) return;
+  MPI_Comm comm = group.handle("ZeRO's bucket agreement");
+  MPI_Request req;
+  MPI_Ibarrier(comm, &req);
+  const auto start = std::chrono::steady_clock::now();
+  auto nap = std::chrono::microseconds(20);
+  for (int done = 0;;) {
+    MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+    if (done) return;
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (group.timeout_s() > 0 && waited >= group.timeout_s())  // who answers, job-wide (comm/liveness.hpp)
+      RT_FAIL(what, ": waited ", waited, " s for the other ranks of communicator '", group.name(),
+              "' to reach bucket ", b, ": ", diagnose_stall(comm, stall_grace_s(group.timeout_s())).describe(),
+              " (comm.collective_timeout_s)");
+    liveness::serve();
+    std::this_thread::sleep_for(nap);
+    nap = std::min(nap * 2, std::chrono::microseconds(500));
+  }
+}
+
+}  // namespace ringtrain
