@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "ringtrain/nn/backend.hpp"
 
@@ -22,6 +23,9 @@ namespace cpu {
 struct Dnnl {
   dnnl::engine eng{dnnl::engine::kind::cpu, 0};
   dnnl::stream strm{eng};
+  // float32 scratch that kernels use only within one call (CPU kernels run one
+  // at a time): bf16 attention's scores and probabilities, shared by every layer.
+  std::vector<float> scratch[2];
 };
 using DnnlPtr = std::shared_ptr<Dnnl>;
 

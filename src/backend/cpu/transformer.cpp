@@ -207,7 +207,7 @@ class CpuAttention final : public AttentionKernel {
     const std::int64_t nb = g.n * s_.heads, tt = g.tok * g.tok;
     const bool f32 = g.t == dt::f32;
     if (probs_.numel() != nb * tt || probs_.dtype() != qkv.dtype()) probs_ = Tensor::empty({nb * tt}, qkv.dtype());
-    float* sc = f32 ? probs_.data<float>() : scratch(s_scores_, nb * tt);
+    float* sc = f32 ? probs_.data<float>() : scratch(d_->scratch[0], nb * tt);
     const char* x = static_cast<const char*>(qkv.raw());
     const std::size_t es = qkv.dtype() == DType::f32 ? 4 : 2, off_k = es * g.d, off_v = 2 * es * g.d;
     // S = scale Q K^T (float32), softmax in place, P in the activation type, O = P V.
@@ -220,7 +220,7 @@ class CpuAttention final : public AttentionKernel {
     mm(Op::pv, g).run(d_->strm, probs_.raw(), x + off_v, out.raw());
   }
 
-  void release() override { probs_ = dp_ = Tensor(); s_scores_.clear(); }
+  void release() override { probs_ = dp_ = Tensor(); }
 
   void backward(const Tensor& qkv, const Tensor& dout, Tensor& dqkv) override {
     const Dims g = dims(qkv, "attention backward");
@@ -235,13 +235,13 @@ class CpuAttention final : public AttentionKernel {
     char* dx = static_cast<char*>(dqkv.raw());
     const std::size_t es = f32 ? 4 : 2, off_k = es * g.d, off_v = 2 * es * g.d;
     // dP = dO V^T (float32), dV = P^T dO
-    float* dpf = f32 ? dp_.data<float>() : scratch(s_scores_, nb * tt);
+    float* dpf = f32 ? dp_.data<float>() : scratch(d_->scratch[0], nb * tt);
     mm(Op::dp, g).run(d_->strm, dout.raw(), x + off_v, dpf);
     mm(Op::dv, g).run(d_->strm, probs_.raw(), dout.raw(), dx + off_v);
     // dS = P * (dP - rowsum(dP * P)), in place, float32
     const float* pf = f32 ? probs_.data<float>() : nullptr;
     if (!f32) {
-      pf = scratch(s_probs_, nb * tt);
+      pf = scratch(d_->scratch[1], nb * tt);
       cast_.run(probs_.raw(), dt::bf16, const_cast<float*>(pf), dt::f32, nb * tt);
     }
     Softmax& sm = softmax(nb * g.tok, g.tok);
@@ -268,8 +268,9 @@ class CpuAttention final : public AttentionKernel {
     return {qkv.dim(0), qkv.dim(1), d, 3 * d, t};
   }
 
+  // Shared float32 scratch (Dnnl::scratch), grown to n elements.
   static float* scratch(std::vector<float>& v, std::int64_t n) {
-    if (static_cast<std::int64_t>(v.size()) != n) v.assign(static_cast<std::size_t>(n), 0.f);
+    if (static_cast<std::int64_t>(v.size()) < n) v.assign(static_cast<std::size_t>(n), 0.f);
     return v.data();
   }
 
@@ -334,7 +335,6 @@ class CpuAttention final : public AttentionKernel {
   Caster cast_;
   float scale_ = 1;
   Tensor probs_, dp_;  // P and dS in the activation type (dS: float32 scores' gradient in place when f32)
-  std::vector<float> s_scores_, s_probs_;  // bf16 activations: float32 scores and P for the softmax
   std::map<std::pair<std::int64_t, std::int64_t>, Softmax> sm_;
   std::map<std::tuple<int, std::int64_t, std::int64_t, int>, Matmul> mm_;
 };
