@@ -1,14 +1,17 @@
 // bench_nn_throughput: images/s of one training step (forward + loss +
-// backward + plain SGD axpy on the arena) for the model zoo on the CPU, next
-// to PyTorch on the same model, batch and thread count, measured in the same
-// invocation (bench/reference/torch_throughput.py via /usr/bin/python3), in
-// alternating rounds so that background load hits both alike. Also prints the
-// achieved GFLOP/s of conv/linear math (3x forward FLOPs) against the core's
-// FMA peak, measured here with an FMA-bound loop.
+// backward + plain SGD axpy on the arena) for the model zoo on the CPU, in
+// fp32 and bf16 (train.precision), next to PyTorch on the same model, batch
+// and thread count in fp32 and under torch.autocast("cpu", torch.bfloat16),
+// measured in the same invocation (bench/reference/torch_throughput.py via
+// /usr/bin/python3), in alternating rounds so that background load hits both
+// alike. Also prints the achieved GFLOP/s of conv/linear math (3x forward
+// FLOPs) against the measured peak of a large oneDNN matmul of the same
+// precision (the widest vectors and matrix units oneDNN finds).
 //
-//   bench_nn_throughput [--models cnn,resnet,vit] [--batch 64] [--threads 1]
-//                       [--rounds 3] [--iters 20] [--warmup 5] [--profile]
-//                       [--json out.json] [--csv out.csv] [--no-torch]
+//   bench_nn_throughput [--models cnn,resnet,vit] [--batch 32] [--threads 1]
+//                       [--precisions fp32,bf16] [--rounds 3] [--iters 20]
+//                       [--warmup 5] [--profile] [--json out.json]
+//                       [--csv out.csv] [--no-torch]
 #include <omp.h>
 
 #include <time.h>
@@ -23,7 +26,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
-#include "fma_peak.hpp"
+#include <dnnl.hpp>
 #include "ringtrain/nn/loss.hpp"
 #include "ringtrain/parallel/stage.hpp"
 
@@ -48,24 +51,49 @@ double median(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
+// GFLOP/s of a 2048^3 oneDNN matmul (bf16: bf16 inputs, fp32 accumulation),
+// the best of a few runs: the machine's matmul peak at this thread count.
+double matmul_peak(bool bf16) {
+  using dt = dnnl::memory::data_type;
+  using tag = dnnl::memory::format_tag;
+  const std::int64_t n = 2048;
+  const dt t = bf16 ? dt::bf16 : dt::f32;
+  dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+  dnnl::stream strm(eng);
+  dnnl::memory::desc a({n, n}, t, tag::ab), b({n, n}, t, tag::ba), c({n, n}, dt::f32, tag::ab);
+  dnnl::matmul mm(dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), eng));
+  dnnl::memory ma(a, eng), mb(b, eng), mc(c, eng);
+  std::memset(ma.get_data_handle(), 0, a.get_size());
+  std::memset(mb.get_data_handle(), 0, b.get_size());
+  double best = 1e30;
+  for (int i = 0; i < 4; ++i) {
+    const double c0 = cpu_now();
+    mm.execute(strm, {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}});
+    strm.wait();
+    best = std::min(best, cpu_now() - c0);
+  }
+  return 2.0 * double(n * n * n) / best / 1e9;
+}
+
 struct Result {
-  std::string model;
+  std::string model, precision;
   double rt_ips = 0, torch_ips = 0, rt_cpu_ips = 0, torch_cpu_ips = 0, gflop_per_image = 0;
   std::vector<double> rt_rounds, torch_rounds, rt_cpu_rounds, torch_cpu_rounds;
 };
 
-ModelConfig config_for(const std::string& name) {
+ModelConfig config_for(const std::string& name, const std::string& precision) {
   ModelConfig c;
   c.name = name;
+  c.math = parse_math_mode(precision);
   if (name == "resnet") {  // ResNet-20 on CIFAR-sized input
     c.in_channels = 3;
     c.height = c.width = 32;
   }
-  if (name == "vit") {  // jobs/fashion_vit.toml's model: 49 tokens, width 64, 4 heads, 4 blocks
-    c.base_width = 64;
-    c.heads = 4;
-    c.depth = 4;
-    c.mlp_ratio = 2;
+  if (name == "vit") {  // the size users train (issue 31): 49 tokens of width 512, 8 heads, 8 blocks, MLP 4x
+    c.base_width = 512;
+    c.heads = 8;
+    c.depth = 8;
+    c.mlp_ratio = 4;
     c.patch = 4;
   }
   return c;
@@ -75,22 +103,37 @@ ModelConfig config_for(const std::string& name) {
 void profile(Stage& m, const Tensor& x, const Tensor& y, int iters) {
   std::vector<double> f(static_cast<std::size_t>(m.num_layers()), 0), b = f;
   Tensor dl = Tensor::empty(m.output_shape(x.dim(0)));
+  // The stage's boundary casts (bf16 activations), timed as layers of their own.
+  const DType act = m.activation_dtype();
+  Tensor x16 = Tensor::empty(x.shape(), act), y32 = Tensor::empty(m.output_shape(x.dim(0))), dl16 = Tensor::empty(y32.shape(), act);
+  Backend& be = backend_for(DeviceKind::cpu);
+  double casts = 0;
   for (int it = 0; it < iters; ++it) {
+    double c0 = cpu_now();
     Tensor h = x;
+    if (act != DType::f32) be.cast(x, x16), h = x16;
+    casts += cpu_now() - c0;
     for (int i = 0; i < m.num_layers(); ++i) {
       double t0 = cpu_now();
       h = m.layer(i).forward(h, Mode::train);
       f[std::size_t(i)] += cpu_now() - t0;
     }
+    c0 = cpu_now();
+    if (act != DType::f32) be.cast(h, y32), h = y32;
+    casts += cpu_now() - c0;
     softmax_cross_entropy(h, y, 0.0, dl);
     Tensor g = dl;
+    c0 = cpu_now();
+    if (act != DType::f32) be.cast(dl, dl16), g = dl16;
+    casts += cpu_now() - c0;
     for (int i = m.num_layers() - 1; i >= 0; --i) {
       double t0 = cpu_now();
       g = m.layer(i).backward(g, i > 0, false);
       b[std::size_t(i)] += cpu_now() - t0;
     }
   }
-  std::printf("  per-layer CPU ms (forward / backward), mean of %d steps:\n", iters);
+  std::printf("  per-layer CPU ms (forward / backward), mean of %d steps; boundary casts %.3f ms:\n", iters,
+              1e3 * casts / iters);
   for (int i = 0; i < m.num_layers(); ++i)
     std::printf("    %-12s %-14s %8.3f / %8.3f\n", m.layer(i).name().c_str(), m.layer(i).type(),
                 1e3 * f[std::size_t(i)] / iters, 1e3 * b[std::size_t(i)] / iters);
@@ -111,6 +154,7 @@ Rate ringtrain_round(Stage& m, const Tensor& x, const Tensor& y, int warmup, int
     softmax_cross_entropy(m.forward(0, x, Mode::train), y, 0.0, dl);
     m.backward_input(0, dl, false);  // fused: each layer's whole backward
     be.axpy(-0.01, grads, params);
+    m.arena().mark_updated();  // as an optimizer step does: bf16 weight copies are recast
     if (it >= warmup) {
       t.push_back(seconds_since(t0));
       c.push_back(cpu_now() - c0);
@@ -120,14 +164,15 @@ Rate ringtrain_round(Stage& m, const Tensor& x, const Tensor& y, int warmup, int
 }
 
 Rate torch_round(const std::string& script, const ModelConfig& c, std::int64_t batch, int threads, int warmup,
-                   int iters) {
+                   int iters, bool bf16) {
   std::string cmd = "OMP_NUM_THREADS=" + std::to_string(threads) + " /usr/bin/python3 " + script +
                     " --model " + c.name + " --batch " + std::to_string(batch) + " --threads " +
                     std::to_string(threads) + " --warmup " + std::to_string(warmup) + " --iters " +
                     std::to_string(iters) + " --in-channels " + std::to_string(c.in_channels) + " --size " +
                     std::to_string(c.height) + " --depth " + std::to_string(c.depth) + " --width " +
                     std::to_string(c.base_width) + " --heads " + std::to_string(c.heads) + " --mlp-ratio " +
-                    std::to_string(c.mlp_ratio) + " --patch " + std::to_string(c.patch) + " 2>&1";
+                    std::to_string(c.mlp_ratio) + " --patch " + std::to_string(c.patch) +
+                    (bf16 ? " --autocast bf16" : "") + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return {};
   std::string out, last;
@@ -148,12 +193,14 @@ Rate torch_round(const std::string& script, const ModelConfig& c, std::int64_t b
 int main(int argc, char** argv) {
   CLI::App app{"ringtrain CPU training-step throughput vs PyTorch"};
   std::string models = "cnn,resnet,vit", json_path, csv_path;
-  std::int64_t batch = 64;
+  std::int64_t batch = 32;
+  std::string precisions = "fp32,bf16";
   int threads = 1, rounds = 3, iters = 20, warmup = 5;
   bool no_torch = false, do_profile = false;
   std::string script = (std::filesystem::path(__FILE__).parent_path() / "reference" / "torch_throughput.py").string();
   app.add_option("--models", models, "comma-separated: mlp, cnn, resnet, vit");
   app.add_option("--batch", batch, "images per step");
+  app.add_option("--precisions", precisions, "comma-separated train.precision values: fp32, bf16");
   app.add_option("--threads", threads, "OpenMP/OpenBLAS threads (both frameworks)");
   app.add_option("--rounds", rounds, "alternating ringtrain/PyTorch measurement rounds");
   app.add_option("--iters", iters, "timed steps per round (median taken)");
@@ -167,15 +214,23 @@ int main(int argc, char** argv) {
 
   omp_set_num_threads(threads);  // before the backend exists: it sizes OpenBLAS from this
   Backend& be = backend_for(DeviceKind::cpu);
-  const rt_bench::FmaPeak fp = rt_bench::fma_peak();
-  const double peak = fp.gflops;
-  std::printf("backend: %s\n", be.name().c_str());
-  std::printf("FMA peak (measured, 1 thread, %s): %.1f GFLOP/s/core\n", fp.what, peak);
+  const double peak32 = matmul_peak(false), peak16 = matmul_peak(true);
+  std::printf("backend: %s; bf16 math on %s\n", be.name().c_str(), be.bf16_isa().c_str());
+  std::printf("matmul peak (measured: oneDNN 2048^3, %d thread(s)): fp32 %.1f GFLOP/s, bf16 %.1f GFLOP/s\n", threads,
+              peak32, peak16);
 
   std::vector<Result> results;
   std::stringstream ms(models);
-  for (std::string name; std::getline(ms, name, ',');) {
-    ModelConfig c = config_for(name);
+  std::vector<std::string> precs;
+  {
+    std::stringstream ps(precisions);
+    for (std::string p; std::getline(ps, p, ',');) precs.push_back(p);
+  }
+  for (std::string name; std::getline(ms, name, ',');)
+  for (const std::string& prec : precs) {
+    ModelConfig c = config_for(name, prec);
+    const bool bf16 = c.math == MathMode::bf16;
+    const double peak = bf16 ? peak16 : peak32;
     // The whole model, its backward fused (no deferred weight half) and
     // overwriting the gradients after zero_grads (no zeroing pass).
     auto m = std::make_unique<Stage>(c, Device::cpu());
@@ -188,8 +243,10 @@ int main(int argc, char** argv) {
     for (std::int64_t i = 0; i < batch; ++i) y.data<std::int32_t>()[i] = static_cast<std::int32_t>(g() % 10);
     Result r;
     r.model = name;
+    r.precision = prec;
     r.gflop_per_image = model_flops_per_sample(c) / 1e9;
-    std::printf("\n%s: %lld params, batch %lld, %d thread(s), %.1f MFLOP/image per step\n", name.c_str(),
+    std::printf("\n%s %s (activations %s): %lld params, batch %lld, %d thread(s), %.1f MFLOP/image per step\n",
+                name.c_str(), prec.c_str(), dtype_name(m->activation_dtype()),
                 static_cast<long long>(m->arena().numel()), static_cast<long long>(batch), threads,
                 r.gflop_per_image * 1e3);
     for (int round = 0; round < rounds; ++round) {
@@ -198,7 +255,7 @@ int main(int argc, char** argv) {
       r.rt_cpu_rounds.push_back(a.cpu);
       std::printf("  round %d: ringtrain %7.1f img/s (CPU time %7.1f)", round, a.wall, a.cpu);
       if (!no_torch) {
-        Rate b = torch_round(script, c, batch, threads, warmup, iters);
+        Rate b = torch_round(script, c, batch, threads, warmup, iters, bf16);
         r.torch_rounds.push_back(b.wall);
         r.torch_cpu_rounds.push_back(b.cpu);
         std::printf("   pytorch %7.1f img/s (CPU time %7.1f)", b.wall, b.cpu);
@@ -216,7 +273,9 @@ int main(int argc, char** argv) {
       const double gf = a * r.gflop_per_image;
       std::printf("  %-9s ringtrain %7.1f img/s (%5.1f GFLOP/s = %3.0f%% of peak)", what, a, gf,
                   peak > 0 ? 100 * gf / (peak * cores) : 0);
-      if (b > 0) std::printf(" | pytorch %7.1f img/s (%5.1f GFLOP/s) | ratio %.2fx", b, b * r.gflop_per_image, a / b);
+      if (b > 0)
+        std::printf(" | pytorch%s %7.1f img/s (%5.1f GFLOP/s) | ratio %.2fx", bf16 ? " autocast bf16" : "", b,
+                    b * r.gflop_per_image, a / b);
       std::printf("\n");
     };
     line("wall:", r.rt_ips, r.torch_ips, threads);
@@ -226,9 +285,11 @@ int main(int argc, char** argv) {
   }
 
   if (!json_path.empty()) {
-    nlohmann::json j = {{"backend", be.name()}, {"threads", threads}, {"batch", batch}, {"fma_peak_gflops", peak}};
+    nlohmann::json j = {{"backend", be.name()}, {"bf16_isa", be.bf16_isa()}, {"threads", threads}, {"batch", batch},
+                        {"matmul_peak_fp32_gflops", peak32}, {"matmul_peak_bf16_gflops", peak16}};
     for (auto& r : results)
       j["models"].push_back({{"model", r.model},
+                             {"precision", r.precision},
                              {"ringtrain_images_per_s", r.rt_ips},
                              {"pytorch_images_per_s", r.torch_ips},
                              {"ratio", r.torch_ips > 0 ? r.rt_ips / r.torch_ips : 0},
@@ -243,13 +304,13 @@ int main(int argc, char** argv) {
   }
   if (!csv_path.empty()) {
     std::ofstream f(csv_path);
-    f << "model,batch,threads,ringtrain_images_per_s,pytorch_images_per_s,ratio,ringtrain_cpu_images_per_s,"
-         "pytorch_cpu_images_per_s,cpu_ratio,ringtrain_gflops,fma_peak_gflops\n";
+    f << "model,precision,batch,threads,ringtrain_images_per_s,pytorch_images_per_s,ratio,ringtrain_cpu_images_per_s,"
+         "pytorch_cpu_images_per_s,cpu_ratio,ringtrain_gflops,matmul_peak_gflops\n";
     for (auto& r : results)
-      f << r.model << "," << batch << "," << threads << "," << r.rt_ips << "," << r.torch_ips << ","
+      f << r.model << "," << r.precision << "," << batch << "," << threads << "," << r.rt_ips << "," << r.torch_ips << ","
         << (r.torch_ips > 0 ? r.rt_ips / r.torch_ips : 0) << "," << r.rt_cpu_ips << "," << r.torch_cpu_ips << ","
         << (r.torch_cpu_ips > 0 ? r.rt_cpu_ips / r.torch_cpu_ips : 0) << "," << r.rt_ips * r.gflop_per_image << ","
-        << peak << "\n";
+        << (r.precision == "bf16" ? peak16 : peak32) << "\n";
   }
   return 0;
 }

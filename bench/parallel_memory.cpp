@@ -12,8 +12,11 @@
 //       [--sequence --patch 2]   (sequence parallelism: bench/sequence_parallel.sh)
 // Prints one CSV row per rank (rank 0 writes them all):
 //   model,ranks,pipeline,tensor,zero,rank,peak_rss_mb,tensor_peak_mb,params_b,grads_b,optimizer_b,activations_b,
-//   param_count,model_param_count,grads_in_flight_b,sent_per_step_b,sequence,step_s,params_in_flight_b
-//   (step_s: the median step after the first, seconds; params_in_flight_b: ZeRO-3's gathered layers resident at once)
+//   param_count,model_param_count,grads_in_flight_b,sent_per_step_b,sequence,step_s,params_in_flight_b,precision,
+//   weight_copies_b
+//   (step_s: the median step after the first, seconds; params_in_flight_b: ZeRO-3's gathered layers resident at once;
+//   --precision bf16: weight_copies_b are the bfloat16 copies of the Linear weights, 2 bytes per element of every
+//   2-D "*.weight", which activations_b includes: the activations proper are activations_b - weight_copies_b)
 #include <sys/resource.h>
 
 #include <CLI/CLI.hpp>
@@ -37,7 +40,7 @@ int main(int argc, char** argv) {
   Communicator world = Communicator::world();
   CLI::App app{"per-rank memory of one layout"};
   std::string model = "vit", data = "/tmp/rt-bench-memory", partition = "params";
-  std::string algorithm = "auto";
+  std::string algorithm = "auto", precision = "fp32";
   int pipeline = 1, tensor = 1, steps = 2, batch = 32, zero = 0, patch = 4;
   bool header = false, sequence = false;
   app.add_option("--model", model, "vit (width 512, depth 8, 8 heads) | resnet (ResNet-20 width 16)");
@@ -49,6 +52,7 @@ int main(int argc, char** argv) {
   app.add_option("--patch", patch, "vit: model.patch (28x28 images: 4 -> 49 tokens, 2 -> 196)");
   app.add_option("--partition", partition, "parallel.partition: params balances the stages' parameters");
   app.add_option("--steps", steps);
+  app.add_option("--precision", precision, "train.precision (bf16: bfloat16 activations where every layer takes them)");
   app.add_option("--batch", batch, "global batch");
   app.add_option("--data", data, "synthetic 28x28 data directory (made if absent)");
   app.add_flag("--header", header, "print the CSV header first");
@@ -81,6 +85,7 @@ int main(int argc, char** argv) {
   const int dp = world.size() / (pipeline * tensor);
   c.data.batch_size = batch / dp;
   c.train.max_steps = steps;
+  c.train.precision = precision;
   c.train.threads = 1;
   c.optimizer.name = "adamw";
   c.optimizer.lr = 1e-4;
@@ -102,10 +107,15 @@ int main(int argc, char** argv) {
     last = now;
   };
   TrainerMemory m;
+  double copies = 0;
   {
     Trainer t(c, world, h);
     t.fit();
     m = t.memory();
+    if (precision == "bf16")
+      for (const auto& p : t.parameters().infos())
+        if (p.shape.size() == 2 && p.name.size() > 7 && p.name.ends_with(".weight"))
+          copies += 2.0 * static_cast<double>(shape_numel(p.shape));
   }
   std::sort(step_s.begin(), step_s.end());
   const double median_s = step_s.empty() ? 0 : step_s[step_s.size() / 2];
@@ -124,19 +134,20 @@ int main(int argc, char** argv) {
                               static_cast<double>(m.grads_in_flight),
                               steps > 1 ? static_cast<double>(sent_last - sent_after_1) / (steps - 1) : 0.0,
                               median_s,
-                              static_cast<double>(m.params_in_flight)};
+                              static_cast<double>(m.params_in_flight),
+                              copies};
   std::vector<double> all(mine.size() * world.size());
   allgather(mine.data(), mine.size(), all.data(), DType::f64, world);
   if (world.rank() == 0) {
     if (header)
       std::printf("model,ranks,pipeline,tensor,zero,rank,peak_rss_mb,tensor_peak_mb,params_b,grads_b,optimizer_b,"
                   "activations_b,param_count,model_param_count,grads_in_flight_b,sent_per_step_b,sequence,step_s,"
-                  "params_in_flight_b\n");
+                  "params_in_flight_b,precision,weight_copies_b\n");
     for (int r = 0; r < world.size(); ++r) {
       const double* v = &all[mine.size() * r];
-      std::printf("%s,%d,%d,%d,%d,%d,%.1f,%.1f,%.0f,%.0f,%.0f,%.0f,%.0f,%.0f,%.0f,%.0f,%d,%.4f,%.0f\n", model.c_str(),
-                  world.size(), pipeline, tensor, zero, r, v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9],
-                  sequence ? 1 : 0, v[10], v[11]);
+      std::printf("%s,%d,%d,%d,%d,%d,%.1f,%.1f,%.0f,%.0f,%.0f,%.0f,%.0f,%.0f,%.0f,%.0f,%d,%.4f,%.0f,%s,%.0f\n",
+                  model.c_str(), world.size(), pipeline, tensor, zero, r, v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7],
+                  v[8], v[9], sequence ? 1 : 0, v[10], v[11], precision.c_str(), v[12]);
     }
   }
   return 0;

@@ -24,6 +24,8 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--autocast", choices=["fp32", "bf16"], default="fp32",
+                    help='bf16: forward under torch.autocast("cpu", torch.bfloat16)')
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
@@ -36,7 +38,8 @@ def main():
     for it in range(a.warmup + a.iters):
         t0, c0 = time.perf_counter(), time.process_time()
         opt.zero_grad()
-        loss = F.cross_entropy(m(x), y)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.autocast == "bf16"):
+            loss = F.cross_entropy(m(x), y)
         loss.backward()
         opt.step()
         t, c = time.perf_counter() - t0, time.process_time() - c0
@@ -48,6 +51,7 @@ def main():
     med = times[len(times) // 2]
     cmed = cpu[len(cpu) // 2]
     print(json.dumps({"framework": "pytorch", "version": torch.__version__, "model": a.model, "batch": a.batch,
+                      "autocast": a.autocast,
                       "threads": torch.get_num_threads(), "median_s": med, "images_per_s": a.batch / med,
                       "cpu_median_s": cmed, "cpu_images_per_s": a.batch / cmed,
                       "mkldnn": torch.backends.mkldnn.is_available()}))

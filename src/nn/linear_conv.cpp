@@ -69,6 +69,22 @@ void Linear::bind(const BindContext& ctx) {
   bind_weights(ctx);
   spec_.math = ctx.math;
   k_ = ctx.backend.linear(spec_);
+  be_ = &ctx.backend;
+  arena_ = &ctx.arena;
+  w16_valid_ = false;
+}
+
+const Tensor& Linear::weight_for(DType dt) {
+  if (dt == w.dtype()) return w;
+  RT_CHECK(dt == DType::bf16 && be_ && arena_, "Linear '", name_, "': no ", dtype_name(dt), " weights for ",
+           dtype_name(dt), " activations");
+  if (!w16_valid_ || w16_version_ != arena_->version()) {
+    ensure(w16_, w.shape(), DType::bf16, w.device());
+    be_->cast(w, w16_);
+    w16_version_ = arena_->version();
+    w16_valid_ = true;
+  }
+  return w16_;
 }
 
 // Leading dimensions are rows ([N, in] or tokens [N, T, in]): the kernel sees
@@ -87,9 +103,9 @@ double Linear::forward_flops(const Shape& in) const {
 
 Tensor Linear::do_forward(const Tensor& x, Mode) {
   x_ = x;
-  ensure(y_, output_shape(x.shape()), spec_.dtype, x.device());
+  ensure(y_, output_shape(x.shape()), x.dtype(), x.device());
   Tensor y2 = rows_of(y_, spec_.out_features);
-  k_->forward(rows_of(x, spec_.in_features), w, b, y2);
+  k_->forward(rows_of(x, spec_.in_features), weight_for(x.dtype()), b, y2);
   return y_;
 }
 
@@ -101,10 +117,10 @@ Tensor Linear::rows_of(const Tensor& t, std::int64_t features) const {
 Tensor Linear::run_backward(const Tensor& dy, bool need_dx, bool weights, bool accumulate) {
   Tensor dx, dx2, gw = weights ? dw : Tensor(), gb = weights ? db : Tensor();
   if (need_dx) {
-    dx = ensure(dx_, x_.shape(), spec_.dtype, x_.device());
+    dx = ensure(dx_, x_.shape(), x_.dtype(), x_.device());
     dx2 = rows_of(dx, spec_.in_features);
   }
-  k_->backward(rows_of(x_, spec_.in_features), w, rows_of(y_, spec_.out_features), rows_of(dy, spec_.out_features),
+  k_->backward(rows_of(x_, spec_.in_features), weight_for(x_.dtype()), rows_of(y_, spec_.out_features), rows_of(dy, spec_.out_features),
                dx2, gw, gb, accumulate);
   return dx;
 }

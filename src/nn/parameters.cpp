@@ -74,6 +74,7 @@ std::size_t ParamArena::index_of(const std::string& name) const {
 
 Tensor ParamArena::param(std::size_t i) const {
   RT_CHECK(finalized_, "parameter view requested before the arena was finalised");
+  mark_updated();
   const auto& p = infos_.at(i);
   return flat(p.dtype).params.flat_view(static_cast<std::int64_t>(p.offset), shape_numel(p.shape)).reshape(p.shape);
 }
@@ -84,7 +85,10 @@ Tensor ParamArena::grad(std::size_t i) const {
   return flat(p.dtype).grads.flat_view(static_cast<std::int64_t>(p.offset), shape_numel(p.shape)).reshape(p.shape);
 }
 
-Tensor ParamArena::params_flat(DType dt) const { return flat(dt).params; }
+Tensor ParamArena::params_flat(DType dt) const {
+  mark_updated();
+  return flat(dt).params;
+}
 Tensor ParamArena::grads_flat(DType dt) const { return flat(dt).grads; }
 
 std::vector<DType> ParamArena::dtypes() const {

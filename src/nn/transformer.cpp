@@ -206,6 +206,14 @@ void ResidualStack::release_activations() {
   dx_ = Tensor();
 }
 
+bool ResidualStack::takes_bf16() const {
+  if (seq_.scatter_in || seq_.gather_out) return false;
+  for (auto& b : branches_)
+    for (auto& c : b)
+      if (!c->takes_bf16()) return false;
+  return true;
+}
+
 double ResidualStack::forward_flops(const Shape& in) const {
   double f = 0;
   for (auto& b : branches_) {

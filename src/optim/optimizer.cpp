@@ -68,6 +68,7 @@ void Optimizer::step(double lr) {
   RT_CHECK(std::isfinite(lr) && lr >= 0.0, "optimizer '", cfg_.name, "': learning rate must be finite and >= 0, got ", lr);
   const std::int64_t t = steps() + 1;
   update(lr, t);
+  arena_.mark_updated();  // derived bf16 weight copies are recast before the next forward
   step_.data<std::int64_t>()[0] = t;
 }
 

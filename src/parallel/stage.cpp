@@ -97,6 +97,10 @@ Stage::Stage(const ModelConfig& mc, Device dev, int first, int end, int slots)
   for (auto& l : slots_[0]) l->init(arena_, mc.seed);
   for (std::size_t k = 1; k < slot_buffers_.size(); ++k)
     for (std::size_t i = 0; i < slot_buffers_[k].size(); ++i) slot_buffers_[k][i].tensor.copy_from(slot_buffers_[0][i].tensor);
+  bool bf16 = mc.math == MathMode::bf16 && backend_for(dev).bf16_activations();
+  for (auto& l : slots_[0]) bf16 = bf16 && l->takes_bf16();
+  act_ = bf16 ? DType::bf16 : DType::f32;
+  for (auto* v : {&in16_, &out32_, &dy16_, &dx32_}) v->resize(slots_.size());
   first_param_layer_ = 0;
   while (first_param_layer_ + 1 < num_layers() && slots_[0][first_param_layer_]->params().empty()) ++first_param_layer_;
 }
@@ -133,6 +137,15 @@ Shape Stage::output_shape(std::int64_t n) const {
 
 std::vector<NamedBuffer> Stage::buffers() const { return slot_buffers_[0]; }
 
+Tensor Stage::cast_to(std::vector<Tensor>& bufs, int slot, const Tensor& t, DType dt) {
+  if (t.dtype() == dt) return t;
+  Tensor& b = bufs.at(static_cast<std::size_t>(slot));
+  if (!b.defined() || b.shape() != t.shape() || b.dtype() != dt || b.device() != t.device())
+    b = Tensor::empty(t.shape(), dt, t.device());
+  backend_for(device_).cast(t, b);
+  return b;
+}
+
 Tensor Stage::forward(int slot, const Tensor& x, Mode mode) {
   auto& layers = slots_.at(slot);
   auto& mine = slot_buffers_[slot];
@@ -146,7 +159,7 @@ Tensor Stage::forward(int slot, const Tensor& x, Mode mode) {
     slot_position_[static_cast<std::size_t>(slot)] = position_;
     inputs_[static_cast<std::size_t>(slot)].assign(layers.size(), Tensor());
   }
-  Tensor h = x;
+  Tensor h = act_ == DType::bf16 ? cast_to(in16_, slot, x, DType::bf16) : x;
   for (std::size_t i = 0; i < layers.size(); ++i) {
     if (block) inputs_[static_cast<std::size_t>(slot)][i] = h;
     use(static_cast<int>(i), ParamAccess::Pass::forward);
@@ -156,7 +169,7 @@ Tensor Stage::forward(int slot, const Tensor& x, Mode mode) {
   end_pass();
   if (carry)
     for (std::size_t i = 0; i < mine.size(); ++i) slot_buffers_[0][i].tensor.copy_from(mine[i].tensor);
-  return h;
+  return act_ == DType::bf16 ? cast_to(out32_, slot, h, DType::f32) : h;
 }
 
 int Stage::set_deferred_batch_stats(bool on) {
@@ -196,10 +209,15 @@ Tensor Stage::backward_input(int slot, const Tensor& dy, bool need_dx, const Gra
   auto& layers = slots_.at(slot);
   const int stop = need_dx ? 0 : first_param_layer_;
   const bool block = recompute_ == Recompute::block;
+  const Tensor dyl = act_ == DType::bf16 ? cast_to(dy16_, slot, dy, DType::bf16) : dy;
+  auto out = [&](const Tensor& g) {  // the stage's input gradient, float32 at the boundary
+    if (!need_dx) return Tensor();
+    return act_ == DType::bf16 ? cast_to(dx32_, slot, g, DType::f32) : g;
+  };
   if (fused_) {
     const bool accumulate = !overwrite_next_;
     overwrite_next_ = false;
-    Tensor g = dy;
+    Tensor g = dyl;
     for (int i = num_layers(); i-- > stop;) {
       use(i, ParamAccess::Pass::backward);
       if (block) replay(slot, i);
@@ -209,9 +227,9 @@ Tensor Stage::backward_input(int slot, const Tensor& dy, bool need_dx, const Gra
     }
     end_pass();
     if (block) inputs_[static_cast<std::size_t>(slot)].clear();
-    return need_dx ? g : Tensor();
+    return out(g);
   }
-  Tensor g = dy;
+  Tensor g = dyl;
   for (int i = num_layers(); i-- > stop;) {
     use(i, ParamAccess::Pass::backward);
     if (block) replay(slot, i);
@@ -222,7 +240,7 @@ Tensor Stage::backward_input(int slot, const Tensor& dy, bool need_dx, const Gra
   }
   end_pass();
   if (block) inputs_[static_cast<std::size_t>(slot)].clear();
-  return need_dx ? g : Tensor();
+  return out(g);
 }
 
 void Stage::backward_weight(int slot, const GradReady& ready) {

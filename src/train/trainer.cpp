@@ -251,6 +251,13 @@ void Trainer::Impl::start_reporting() {
               " steps/epoch, all-reduce ", cfg.comm.algorithm, ", run ", pos.run_id,
               ckpt.resumed() ? cat(" (resume ", pos.resumes, " at epoch ", pos.epochs_done + 1, " step ",
                                    pos.step_in_epoch, ")") : std::string());
+    if (cfg.train.precision == "bf16") {  // which arithmetic really runs (issue 31)
+      const bool act16 = parts.stage->activation_dtype() == DType::bf16;
+      const std::string isa = backend_for(device).bf16_isa();
+      log::info("ringtrain: bf16: ", act16 ? "activations and Linear/attention weights in bfloat16, fp32 masters and "
+                                             "gradients" : "fp32 activations, bf16 down-conversion inside kernels only",
+                isa.empty() ? std::string() : cat("; bf16 math on ", isa));
+    }
     nlohmann::json head = {{"event", ckpt.resumed() ? "resume" : "start"}, {"model", cfg.model.name},
                            {"params", num_params}, {"ranks", world.size()}, {"device", device.str()},
                            {"pipeline", grid->pp_size()}, {"tensor", grid->tp_size()},

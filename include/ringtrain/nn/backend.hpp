@@ -40,7 +40,9 @@ enum class PoolKind { max, avg };
 //   bf16  bfloat16 allowed          fp16  float16 allowed (pair with loss scaling)
 // CUDA: cuBLAS FAST_TF32/FAST_16BF/FAST_16F; cuDNN conv TF32 (tf32, bf16) or
 // fp16 conversion (fp16). CPU: oneDNN convolutions get the fpmath mode (used
-// where the CPU has the instructions); OpenBLAS Linear stays fp32.
+// where the CPU has the instructions). bf16 additionally stores activations
+// in bfloat16 where the backend and every layer of a stage take them
+// (Backend::bf16_activations, Layer::takes_bf16).
 enum class MathMode { fp32, tf32, bf16, fp16 };
 // "fp32" | "tf32" | "bf16" | "fp16"; throws Error naming the value otherwise.
 MathMode parse_math_mode(const std::string& s);
@@ -245,6 +247,21 @@ class Backend {
   virtual double softmax_xent(const Tensor& logits, const Tensor& labels, double smoothing, Tensor& dlogits) = 0;
   // Number of rows whose argmax (first maximum) equals the label.
   virtual std::int64_t count_correct(const Tensor& logits, const Tensor& labels) = 0;
+  // ---- bfloat16 activations (train.precision = bf16) ----
+  // Whether every kernel above takes bfloat16 activations: x, y, dx, dy (and
+  // attention's qkv, out) bfloat16, a Linear's weight a bfloat16 copy of its
+  // float32 master, every other parameter float32, and every parameter
+  // gradient written in float32 (matmuls accumulate in float32). Where this
+  // holds, a Stage whose layers all take bf16 runs them in bf16 (stage.hpp).
+  virtual bool bf16_activations() const { return false; }
+  // The ISA that bf16 math runs on, for the log: "AMX", "AVX512-BF16", or
+  // "emulated (...)"; "" when the backend does not say.
+  virtual std::string bf16_isa() const { return ""; }
+  // dst = src converted (float32 <-> bfloat16, or a copy of one type); same numel.
+  virtual void cast(const Tensor& src, Tensor& dst) {
+    RT_FAIL("the ", name(), " backend has no float32 <-> bfloat16 cast");
+  }
+
   // Waits until all work issued so far is complete. CPU kernels finish before
   // they return (no-op); asynchronous devices block here, so that a consumer
   // of gradients reported by a stage's grad-ready hook (e.g. a host-staged

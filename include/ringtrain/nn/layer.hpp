@@ -119,6 +119,11 @@ class Layer {
   // freed; the next forward allocates afresh. Only between a backward_weight
   // and the next forward (or after a forward whose backward will re-run it).
   virtual void release_activations() {}
+  // Whether forward/backward take bfloat16 activations (train.precision = bf16
+  // on a backend with Backend::bf16_activations): output and input gradient
+  // then have the input's type, parameter gradients stay float32. A Stage
+  // runs its layers in bf16 only when all of them do (composites ask their children).
+  virtual bool takes_bf16() const { return false; }
 
  protected:
   virtual Tensor do_forward(const Tensor& x, Mode mode) = 0;

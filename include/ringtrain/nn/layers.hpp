@@ -62,6 +62,7 @@ class Linear : public WeightLayer {
   void bind(const BindContext& ctx) override;
   Shape output_shape(const Shape& in) const override;
   double forward_flops(const Shape& in) const override;
+  bool takes_bf16() const override { return spec_.dtype == DType::f32; }
 
  protected:
   Tensor do_forward(const Tensor& x, Mode mode) override;
@@ -69,8 +70,16 @@ class Linear : public WeightLayer {
 
  private:
   Tensor rows_of(const Tensor& t, std::int64_t features) const;
+  // The weight the kernel multiplies by for activations of type dt: w itself,
+  // or (bfloat16) a copy cast from w when the arena's version moved on.
+  const Tensor& weight_for(DType dt);
   LinearSpec spec_;
   std::unique_ptr<LinearKernel> k_;
+  Backend* be_ = nullptr;
+  const ParamArena* arena_ = nullptr;
+  Tensor w16_;
+  std::uint64_t w16_version_ = 0;
+  bool w16_valid_ = false;
 };
 
 class Conv2d : public WeightLayer {
@@ -152,6 +161,7 @@ class Activation : public Layer {
  public:
   Activation(std::string name, Eltwise op) : Layer(std::move(name)), op_(op) {}
   const char* type() const override { return op_ == Eltwise::relu ? "ReLU" : "GELU"; }
+  bool takes_bf16() const override { return true; }
   void bind(const BindContext& ctx) override;
   Shape output_shape(const Shape& in) const override { return in; }
   void release_activations() override;
@@ -201,6 +211,7 @@ class Dropout : public Layer {
  public:
   Dropout(std::string name, double p);
   const char* type() const override { return "Dropout"; }
+  bool takes_bf16() const override { return parts_ == 1; }  // a feature shard runs in float32
   void bind(const BindContext& ctx) override;
   Shape output_shape(const Shape& in) const override { return in; }
   double p() const { return p_; }

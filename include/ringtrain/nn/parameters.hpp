@@ -89,6 +89,15 @@ class ParamArena {
 
   void zero_grads();
 
+  // Changes whenever parameter values may have changed: every call of param()
+  // or params_flat() (the views through which anything writes them: the
+  // optimizers each step, checkpoint loads, broadcasts, ZeRO gathers) and
+  // mark_updated(). Layers that keep a derived copy (a Linear's bfloat16
+  // weights) recompute it when the version differs from the one it was made at,
+  // so the copy is cast once per step, after the update.
+  std::uint64_t version() const { return version_; }
+  void mark_updated() const { ++version_; }
+
  private:
   struct Flat {
     DType dtype;
@@ -103,6 +112,7 @@ class ParamArena {
   Device device_ = Device::cpu();
   std::size_t base_ = 0;
   bool finalized_ = false;
+  mutable std::uint64_t version_ = 0;
 };
 
 }  // namespace ringtrain

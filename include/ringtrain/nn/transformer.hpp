@@ -24,6 +24,7 @@ class LayerNorm : public Layer {
  public:
   LayerNorm(std::string name, std::int64_t features, double eps = 1e-5);
   const char* type() const override { return "LayerNorm"; }
+  bool takes_bf16() const override { return true; }
   void release_activations() override;
   void register_params(ParamArena& arena, int layer_index, const std::string& prefix) override;
   void bind(const BindContext& ctx) override;
@@ -53,6 +54,7 @@ class MultiHeadSelfAttention : public Layer {
   // heads * head_dim must equal qkv's output / 3 and proj's input.
   MultiHeadSelfAttention(std::string name, std::int64_t heads, std::int64_t head_dim, LayerPtr qkv, LayerPtr proj);
   const char* type() const override { return "MultiHeadSelfAttention"; }
+  bool takes_bf16() const override { return qkv_->takes_bf16() && proj_->takes_bf16(); }
   std::int64_t heads() const { return heads_; }
   void release_activations() override;
   // Selective recomputation (Korthikanti et al. 2022): the forward drops the
@@ -91,6 +93,7 @@ class PatchEmbed : public Layer {
   PatchEmbed(std::string name, std::int64_t channels, std::int64_t height, std::int64_t width, std::int64_t patch,
              std::int64_t dim);
   const char* type() const override { return "PatchEmbed"; }
+  bool takes_bf16() const override { return proj_->takes_bf16(); }
   void release_activations() override;
   std::int64_t tokens() const { return (height_ / patch_) * (width_ / patch_); }
   void register_params(ParamArena& arena, int layer_index, const std::string& prefix) override;
@@ -116,6 +119,7 @@ class TokenMean : public Layer {
  public:
   explicit TokenMean(std::string name) : Layer(std::move(name)) {}
   const char* type() const override { return "TokenMean"; }
+  bool takes_bf16() const override { return true; }
   void release_activations() override;
   void bind(const BindContext& ctx) override { be_ = &ctx.backend; }
   Shape output_shape(const Shape& in) const override;
@@ -147,6 +151,8 @@ class ResidualStack : public Layer {
  public:
   ResidualStack(std::string name, std::vector<std::vector<LayerPtr>> branches, SequenceShard seq = {});
   const char* type() const override { return "ResidualStack"; }
+  // Sequence-parallel blocks exchange float32 tokens: not in bf16.
+  bool takes_bf16() const override;
   void release_activations() override;
   void register_params(ParamArena& arena, int layer_index, const std::string& prefix) override;
   void bind(const BindContext& ctx) override;

@@ -33,6 +33,15 @@
 //    attention probabilities, recomputed inside the attention's backward
 //    (MultiHeadSelfAttention::set_recompute_core). Either gives bitwise the
 //    same gradients as `none`; a row-parallel layer's replay all-reduces again.
+//  - Mixed precision: with train.precision = bf16, a backend that takes
+//    bfloat16 activations and layers that all do (Layer::takes_bf16), the
+//    layers run in bf16: forward casts its float32 input to bf16 and the last
+//    layer's output back to float32 (the loss and its gradient stay float32),
+//    backward casts the same way; stage inputs, outputs and their gradients
+//    are float32 at the boundary, so pipelines and losses see no difference.
+//    Parameters and their gradients stay float32 (masters); a Linear uses a
+//    bf16 copy of its weight cast after each update. Otherwise bf16 only
+//    allows down-conversion inside kernels (backend.hpp MathMode).
 //  - Hooks: grad_ready(local layer index) fires once a layer's gradient for
 //    the micro-batch is complete (after backward_input for layers that do not
 //    split, after backward_weight for those that do).
@@ -114,6 +123,8 @@ class Stage {
   Recompute recompute() const { return recompute_; }
   // ZeRO-3: told before each layer uses its parameters (null: they are always there).
   void set_param_access(ParamAccess* a) { access_ = a; }
+  // The type the layers' activations have: float32, or bfloat16 (see the rules above).
+  DType activation_dtype() const { return act_; }
 
  private:
   Device device_;
@@ -137,6 +148,10 @@ class Stage {
   // Per slot, recompute = block: each layer's input, and where the forward stood.
   std::vector<std::vector<Tensor>> inputs_;
   std::vector<SamplePosition> slot_position_;
+  DType act_ = DType::f32;
+  // Per slot, bf16 activations: the cast input and output, and their gradients.
+  std::vector<Tensor> in16_, out32_, dy16_, dx32_;
+  Tensor cast_to(std::vector<Tensor>& slot_buffers, int slot, const Tensor& t, DType dt);
   void replay(int slot, int local);  // reruns layer `local`'s forward of the slot's micro-batch
 };
 

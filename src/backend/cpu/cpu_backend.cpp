@@ -1,5 +1,5 @@
-// The CPU backend: oneDNN for convolution, pooling, batch norm and eltwise,
-// OpenBLAS for Linear, simple OpenMP loops for the element-wise rest.
+// The CPU backend: oneDNN for convolution, pooling, batch norm, eltwise and
+// the matmuls of Linear and attention (float32 or bfloat16), simple OpenMP loops for the element-wise rest.
 // Threads follow OMP_NUM_THREADS (oneDNN uses the OpenMP runtime; OpenBLAS
 // is set to the same count, so OMP_NUM_THREADS=1 makes everything serial).
 #include "cpu_backend.hpp"
@@ -109,7 +109,7 @@ std::int64_t get_label(const Tensor& labels, std::int64_t i, std::int64_t k) {
 
 class CpuBackend final : public Backend {
  public:
-  CpuBackend() : d_(std::make_shared<Dnnl>()) {
+  CpuBackend() : d_(std::make_shared<Dnnl>()), cast_(d_) {
     openblas_set_num_threads(std::max(1, omp_get_max_threads()));
   }
   DeviceKind kind() const override { return DeviceKind::cpu; }
@@ -143,12 +143,29 @@ class CpuBackend final : public Backend {
   void token_mean_backward(const Tensor& dy, Tensor& dx) override { cpu::token_mean_backward(dy, dx); }
 
   void add(const Tensor& a, const Tensor& b, Tensor& out) override {
+    RT_CHECK(a.numel() == b.numel() && a.numel() == out.numel(), "add: sizes differ: ", shape_str(a.shape()), ", ",
+             shape_str(b.shape()), ", ", shape_str(out.shape()));
+    if (a.dtype() == DType::bf16) {  // bfloat16 activations: the sum in float32, rounded once
+      RT_CHECK(b.dtype() == DType::bf16 && out.dtype() == DType::bf16, "add: inputs and output must have one type");
+      const bfloat16 *pa = a.data<bfloat16>(), *pb = b.data<bfloat16>();
+      bfloat16* po = out.data<bfloat16>();
+      const std::int64_t n = a.numel();
+#pragma omp parallel for simd schedule(static)
+      for (std::int64_t i = 0; i < n; ++i) po[i] = to_bf16(to_f32(pa[i]) + to_f32(pb[i]));
+      return;
+    }
     check_f32(a, "add input");
     check_f32(b, "add input");
     check_f32(out, "add output");
-    RT_CHECK(a.numel() == b.numel() && a.numel() == out.numel(), "add: sizes differ: ", shape_str(a.shape()), ", ",
-             shape_str(b.shape()), ", ", shape_str(out.shape()));
     cpu::add(a.data<float>(), b.data<float>(), out.data<float>(), a.numel());
+  }
+
+  bool bf16_activations() const override { return true; }
+  std::string bf16_isa() const override { return cpu::bf16_isa(); }
+  void cast(const Tensor& src, Tensor& dst) override {
+    RT_CHECK(src.numel() == dst.numel(), "cast: sizes differ: ", shape_str(src.shape()), " vs ",
+             shape_str(dst.shape()));
+    cast_.run(src.raw(), dnnl_type(src, "cast input"), dst.raw(), dnnl_type(dst, "cast output"), src.numel());
   }
 
   void axpy(double alpha, const Tensor& x, Tensor& y) override {
@@ -160,9 +177,24 @@ class CpuBackend final : public Backend {
 
   void dropout_forward(const Tensor& x, double p, std::uint64_t seed, std::uint64_t stream, std::uint64_t first,
                        Tensor& mask, Tensor& y) override {
-    check_f32(x, "dropout input");
     RT_CHECK(mask.dtype() == DType::u8 && mask.numel() == x.numel() && y.numel() == x.numel(),
              "dropout: mask (u8) and output must match the input");
+    if (x.dtype() == DType::bf16) {  // the same keep decisions; the scaled value rounded once
+      RT_CHECK(y.dtype() == DType::bf16, "dropout: output type differs from the input's");
+      const bfloat16* px = x.data<bfloat16>();
+      bfloat16* py = y.data<bfloat16>();
+      std::uint8_t* pm = mask.data<std::uint8_t>();
+      const float pf = static_cast<float>(p), scale = static_cast<float>(1.0 / (1.0 - p));
+      const std::int64_t n = x.numel();
+#pragma omp parallel for schedule(static)
+      for (std::int64_t i = 0; i < n; ++i) {
+        bool keep = dropout_keep(seed, stream, first + static_cast<std::uint64_t>(i), pf);
+        pm[i] = keep;
+        py[i] = to_bf16(keep ? to_f32(px[i]) * scale : 0.f);
+      }
+      return;
+    }
+    check_f32(x, "dropout input");
     const float *px = x.data<float>();
     float* py = y.data<float>();
     std::uint8_t* pm = mask.data<std::uint8_t>();
@@ -177,6 +209,17 @@ class CpuBackend final : public Backend {
   }
 
   void dropout_backward(const Tensor& dy, const Tensor& mask, double p, Tensor& dx) override {
+    if (dy.dtype() == DType::bf16) {
+      RT_CHECK(dx.dtype() == DType::bf16, "dropout backward: dx type differs from dy's");
+      const bfloat16* pd = dy.data<bfloat16>();
+      const std::uint8_t* pm = mask.data<std::uint8_t>();
+      bfloat16* px = dx.data<bfloat16>();
+      const float scale = static_cast<float>(1.0 / (1.0 - p));
+      const std::int64_t n = dy.numel();
+#pragma omp parallel for simd schedule(static)
+      for (std::int64_t i = 0; i < n; ++i) px[i] = to_bf16(pm[i] ? to_f32(pd[i]) * scale : 0.f);
+      return;
+    }
     check_f32(dy, "dropout gradient");
     const float* pd = dy.data<float>();
     const std::uint8_t* pm = mask.data<std::uint8_t>();
@@ -231,6 +274,7 @@ class CpuBackend final : public Backend {
 
  private:
   DnnlPtr d_;
+  Caster cast_;
 };
 
 }  // namespace

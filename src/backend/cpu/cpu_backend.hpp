@@ -6,7 +6,11 @@
 // primitives in oneDNN's preferred blocked formats, with the reorders created
 // once per input shape and cached with the primitives.
 #include <dnnl.hpp>
+#include <map>
 #include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
 
 #include "ringtrain/nn/backend.hpp"
 
@@ -19,13 +23,18 @@ namespace cpu {
 struct Dnnl {
   dnnl::engine eng{dnnl::engine::kind::cpu, 0};
   dnnl::stream strm{eng};
+  // float32 scratch that kernels use only within one call (CPU kernels run one
+  // at a time): bf16 attention's scores and probabilities, shared by every layer.
+  std::vector<float> scratch[2];
 };
 using DnnlPtr = std::shared_ptr<Dnnl>;
 
 using dt = dnnl::memory::data_type;
 using tag = dnnl::memory::format_tag;
 
-inline dnnl::memory::desc plain_md(const dnnl::memory::dims& d, tag t) { return {d, dt::f32, t}; }
+inline dnnl::memory::desc plain_md(const dnnl::memory::dims& d, tag t, dt type = dt::f32) { return {d, type, t}; }
+// The oneDNN type of a float32 or bfloat16 tensor (anything else: an error naming `what`).
+dt dnnl_type(const Tensor& t, const char* what);
 inline dnnl::memory::dims dims4(const Shape& s) { return {s[0], s[1], s[2], s[3]}; }
 
 // One primitive argument seen from the caller (plain layout, caller's pointer)
@@ -52,6 +61,46 @@ class Arg {
   dnnl::reorder to_, to_add_;
   bool separate_ = false;
 };
+
+// One oneDNN matmul C = alpha A B (+ C when accumulating) (+ bias) (ReLU) on
+// caller pointers: A [..., m, k], B [..., k, n], C [..., m, n], any dims and
+// strides oneDNN takes (transposes and per-head views are strides), A and B
+// float32 or bfloat16 (then oneDNN accumulates in float32), C either.
+struct MatmulShape {
+  dnnl::memory::dims a, a_strides, b, b_strides, c, c_strides;
+  dt a_type = dt::f32, b_type = dt::f32, c_type = dt::f32;
+  float alpha = 1;
+  bool accumulate = false, bias = false, relu = false;
+};
+class Matmul {
+ public:
+  Matmul(const MatmulShape& s, const dnnl::engine& eng);
+  void run(dnnl::stream& strm, const void* a, const void* b, void* c, const void* bias = nullptr);
+  std::string impl() const { return impl_; }
+
+ private:
+  dnnl::matmul prim_;
+  dnnl::memory a_, b_, c_, bias_;
+  std::string impl_;
+};
+// A row-major [m, k] matrix (ld: elements between rows; trans: stored [k, m]).
+void set_matrix(dnnl::memory::dims& dims, dnnl::memory::dims& strides, std::int64_t m, std::int64_t k,
+                std::int64_t ld, bool trans);
+// f32 <-> bf16 (or a copy of equal types) of n elements, through a cached oneDNN reorder.
+class Caster {
+ public:
+  explicit Caster(DnnlPtr d) : d_(std::move(d)) {}
+  void run(const void* src, dt st, void* dst, dt dtt, std::int64_t n);
+
+ private:
+  DnnlPtr d_;
+  std::map<std::tuple<std::int64_t, int, int>, dnnl::reorder> cache_;
+};
+// Element-wise conversions (round to nearest even; NaN stays NaN).
+void bf16_to_f32(const bfloat16* src, float* dst, std::int64_t n);
+void f32_to_bf16(const float* src, bfloat16* dst, std::int64_t n);
+// Which oneDNN ISA runs bf16 math: "AMX", "AVX512-BF16" or "emulated (...)".
+std::string bf16_isa();
 
 dnnl::memory make_scratch(const dnnl::primitive_desc_base& pd, const dnnl::engine& eng);
 

@@ -77,8 +77,11 @@ class CpuEltwise final : public EltwiseKernel {
  public:
   CpuEltwise(Eltwise op, DnnlPtr d) : op_(op), d_(std::move(d)) {}
 
+  // float32 or bfloat16 activations (oneDNN computes bf16 in float32 registers).
   void forward(const Tensor& x, Tensor& y) override {
-    Plan& p = plan(x.numel());
+    const dt t = dnnl_type(x, "eltwise input");
+    RT_CHECK(dnnl_type(y, "eltwise output") == t, "eltwise: output type differs from the input's");
+    Plan& p = plan(x.numel(), t);
     p.a.set_data_handle(x.raw());
     p.b.set_data_handle(y.raw());
     p.fwd.execute(d_->strm, {{DNNL_ARG_SRC, p.a}, {DNNL_ARG_DST, p.b}});
@@ -86,11 +89,22 @@ class CpuEltwise final : public EltwiseKernel {
   }
 
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx) override {
-    if (op_ == Eltwise::relu) {  // cheaper from the output, and exact
+    const dt t = dnnl_type(dy, "eltwise gradient");
+    RT_CHECK(dnnl_type(dx, "eltwise input gradient") == t && x.dtype() == dy.dtype(),
+             "eltwise backward: x, dy and dx must have one type");
+    if (op_ == Eltwise::relu && t == dt::f32) {  // cheaper from the output, and exact
       relu_mask(y.data<float>(), dy.data<float>(), dx.data<float>(), dy.numel());
       return;
     }
-    Plan& p = plan(x.numel());
+    if (op_ == Eltwise::relu) {  // bfloat16: keep where y > 0 (sign bit clear, not zero)
+      const std::uint16_t *py = &y.data<bfloat16>()->bits, *pd = &dy.data<bfloat16>()->bits;
+      std::uint16_t* pm = &dx.data<bfloat16>()->bits;
+      const std::int64_t n = dy.numel();
+#pragma omp parallel for simd schedule(static)
+      for (std::int64_t i = 0; i < n; ++i) pm[i] = (py[i] & 0x8000u) == 0 && py[i] != 0 ? pd[i] : 0;
+      return;
+    }
+    Plan& p = plan(x.numel(), t);
     p.a.set_data_handle(x.raw());
     p.b.set_data_handle(dy.raw());
     p.c.set_data_handle(dx.raw());
@@ -105,23 +119,23 @@ class CpuEltwise final : public EltwiseKernel {
     memory a, b, c;
   };
 
-  // Eltwise ops are shape-agnostic: plan by element count on a 1-D view.
-  Plan& plan(std::int64_t n) {
-    auto it = plans_.find(n);
+  // Eltwise ops are shape-agnostic: plan by element count and type on a 1-D view.
+  Plan& plan(std::int64_t n, dt t) {
+    auto it = plans_.find({n, int(t)});
     if (it != plans_.end()) return it->second;
     auto& eng = d_->eng;
-    auto md = plain_md({n}, tag::x);
+    auto md = plain_md({n}, tag::x, t);
     const algorithm alg = op_ == Eltwise::relu ? algorithm::eltwise_relu : algorithm::eltwise_gelu_erf;
     eltwise_forward::primitive_desc fpd({prop_kind::forward_training, alg, md, 0.f, 0.f}, eng);
     eltwise_backward::primitive_desc bpd({alg, md, md, 0.f, 0.f}, eng, fpd);
     Plan p{eltwise_forward(fpd), eltwise_backward(bpd), memory(md, eng, DNNL_MEMORY_NONE),
            memory(md, eng, DNNL_MEMORY_NONE), memory(md, eng, DNNL_MEMORY_NONE)};
-    return plans_.emplace(n, std::move(p)).first->second;
+    return plans_.emplace(std::make_pair(n, int(t)), std::move(p)).first->second;
   }
 
   Eltwise op_;
   DnnlPtr d_;
-  std::map<std::int64_t, Plan> plans_;
+  std::map<std::pair<std::int64_t, int>, Plan> plans_;
 };
 
 }  // namespace
