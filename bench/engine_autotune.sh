@@ -9,7 +9,7 @@
 #    and loaded: medians of interleaved runs), OUT/ab.csv, and the summary OUT/summary.txt.
 # Environment: MODEL (cnn), NP (2), BATCH (64 per rank), STEPS (90 per epoch: the search needs at
 #   most 2 + samples x steps = 82), TUNE_STEPS (comm.autotune_steps, 4: the step times of this loaded
-#   machine vary by +-30%, a median of 3 steps per sample), CYCLES ("0.5 1 2 5"), ALGOS ("ring tree shm"), REPEATS (3),
+#   machine vary by +-30%; the fastest of the 3 counted steps is the sample), CYCLES ("0.5 1 2 5"), ALGOS ("ring tree shm"), REPEATS (3),
 #   LAUNCH (mpirun --oversubscribe --bind-to none), BIN (build/ringtrain).
 set -euo pipefail
 cd "$(dirname "$0")/.."

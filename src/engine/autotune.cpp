@@ -68,6 +68,9 @@ namespace {
 constexpr double kRidge = 0.02;    // pulls untried values' corrections to 0 (the model's own guess)
 constexpr double kExplore = 0.04;  // per untried value: the bonus that makes a candidate worth a look
 constexpr double kGiveUp = 1.10;  // stop once nothing (exploration bonus included) is predicted within 10% of the best
+constexpr int kFinalists = 2;     // candidates confirmed at the end, measured alternately
+constexpr int kConfirmed = 3;     // measurements each finalist gets (budget permitting)
+constexpr double kHuberMin = 0.02;  // floor of the Huber threshold (log space): 2%
 
 // Solves A x = b (n x n, row-major) by Gaussian elimination with partial pivoting.
 std::vector<double> solve(std::vector<double> A, std::vector<double> b) {
@@ -94,6 +97,12 @@ std::vector<double> solve(std::vector<double> A, std::vector<double> b) {
   }
   return x;
 }
+
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
 }  // namespace
 
 Autotuner::Autotuner(std::vector<int> dims, std::vector<double> prior, int budget, int first)
@@ -111,8 +120,7 @@ Autotuner::Autotuner(std::vector<int> dims, std::vector<double> prior, int budge
   RT_CHECK(budget >= 3, "Autotuner: a budget of ", budget, " samples; at least 3 are needed");
   RT_CHECK(first >= 0 && first < n, "Autotuner: first candidate ", first, " is not in 0..", n - 1);
   w_.assign(1 + off, 0.0);
-  sum_.assign(n, 0.0);
-  count_.assign(n, 0);
+  costs_.assign(n, {});
   why_.assign(n, "");
   next_ = first_;
   why_[first_] = "baseline";
@@ -128,7 +136,8 @@ std::vector<int> Autotuner::coords(int c) const {
 }
 
 double Autotuner::measured(int c) const {
-  return count_[c] ? sum_[c] / count_[c] : std::numeric_limits<double>::quiet_NaN();
+  const auto& v = costs_[c];
+  return v.empty() ? std::numeric_limits<double>::quiet_NaN() : *std::min_element(v.begin(), v.end());
 }
 
 double Autotuner::predicted(int c) const {
@@ -138,12 +147,25 @@ double Autotuner::predicted(int c) const {
   return prior_[c] * std::exp(s);
 }
 
+// The corrected model, moved towards c's own measurements by n / (n + 2) of
+// their median log residual: one sample cannot outvote the model, three can
+// (mostly) when the model's separable form misses an interaction.
+double Autotuner::score(int c) const {
+  const auto& v = costs_[c];
+  const double p = predicted(c);
+  if (v.empty()) return p;
+  std::vector<double> r;
+  for (double x : v) r.push_back(std::log(x / p));
+  const double n = static_cast<double>(v.size());
+  return p * std::exp(n / (n + 2.0) * median_of(r));
+}
+
 const char* Autotuner::why(int c) const { return why_[c]; }
 
 int Autotuner::best() const {
   int b = -1;
-  for (int c = 0; c < static_cast<int>(count_.size()); ++c)
-    if (count_[c] && (b < 0 || measured(c) < measured(b))) b = c;
+  for (int c = 0; c < static_cast<int>(costs_.size()); ++c)
+    if (!costs_[c].empty() && (b < 0 || score(c) < score(b))) b = c;
   return b;
 }
 
@@ -151,75 +173,110 @@ void Autotuner::record(int candidate, double cost) {
   RT_CHECK(candidate == next_, "Autotuner::record: measured candidate ", candidate, " but ", next_, " was asked for");
   RT_CHECK(cost > 0 && std::isfinite(cost), "Autotuner::record: cost must be finite and > 0, got ", cost);
   history_.push_back({candidate, cost});
-  sum_[candidate] += cost;
-  ++count_[candidate];
+  costs_[candidate].push_back(cost);
   refit();
   next_ = choose();
 }
 
-// Ridge regression of log(measured / prior) on an intercept (not penalised)
-// and one indicator per (dimension, value).
+// Ridge regression of log(cost / prior) on an intercept (not penalised) and
+// one indicator per (dimension, value), over every measurement. Load only adds
+// time, but it adds it to every candidate alike in expectation, so it ends in
+// the intercept and leaves the ranking alone; its outliers (a step that shared
+// a core, a "lucky" quiet sample) are what moves a ranking, so the fit is
+// Huber-weighted (iteratively reweighted, threshold 1.345 robust sigmas of the
+// residuals) and one odd sample counts for little once others disagree.
 void Autotuner::refit() {
   const int k = static_cast<int>(w_.size());
-  std::vector<double> A(k * k, 0.0), b(k, 0.0);
-  for (int i = 1; i < k; ++i) A[i * k + i] = kRidge;
-  for (int c = 0; c < static_cast<int>(count_.size()); ++c) {
-    if (!count_[c]) continue;
-    std::vector<int> idx{0};
+  std::vector<std::vector<int>> idx;
+  std::vector<double> r;
+  for (auto& [c, cost] : history_) {
+    std::vector<int> row{0};
     auto v = coords(c);
-    for (std::size_t d = 0; d < dims_.size(); ++d) idx.push_back(1 + offset_[d] + v[d]);
-    const double r = std::log(measured(c) / prior_[c]);
-    for (int i : idx) {
-      b[i] += r;
-      for (int j : idx) A[i * k + j] += 1.0;
-    }
+    for (std::size_t d = 0; d < dims_.size(); ++d) row.push_back(1 + offset_[d] + v[d]);
+    idx.push_back(std::move(row));
+    r.push_back(std::log(cost / prior_[c]));
   }
-  w_ = solve(A, b);
+  std::vector<double> weight(r.size(), 1.0);
+  for (int iter = 0; iter < 5; ++iter) {
+    std::vector<double> A(k * k, 0.0), b(k, 0.0);
+    for (int i = 1; i < k; ++i) A[i * k + i] = kRidge;
+    for (std::size_t m = 0; m < r.size(); ++m)
+      for (int i : idx[m]) {
+        b[i] += weight[m] * r[m];
+        for (int j : idx[m]) A[i * k + j] += weight[m];
+      }
+    w_ = solve(A, b);
+    if (r.size() < 3) break;
+    std::vector<double> res, absres;
+    for (std::size_t m = 0; m < r.size(); ++m) {
+      double fit = 0;
+      for (int i : idx[m]) fit += w_[i];
+      res.push_back(r[m] - fit);
+      absres.push_back(std::fabs(r[m] - fit));
+    }
+    const double delta = std::max(kHuberMin, 1.345 * 1.4826 * median_of(absres));
+    for (std::size_t m = 0; m < r.size(); ++m)
+      weight[m] = absres[m] <= delta ? 1.0 : delta / absres[m];
+  }
 }
 
 int Autotuner::choose() const {
-  const int n = static_cast<int>(count_.size());
+  const int n = static_cast<int>(costs_.size());
   const int used = samples();
   if (used >= budget_) return -1;
   const int best_c = best();
   auto& why = const_cast<std::vector<const char*>&>(why_);
-  if (used < budget_ - 2) {
+  // Keep enough samples to confirm the finalists (fewer on a small budget).
+  const int reserve = std::min(kFinalists * (kConfirmed - 1), std::max(2, budget_ / 4));
+  if (used < budget_ - reserve) {
     // Values of each dimension seen in some measurement.
     std::vector<char> seen(w_.size(), 0);
     for (int c = 0; c < n; ++c)
-      if (count_[c]) {
+      if (!costs_[c].empty()) {
         auto v = coords(c);
         for (std::size_t d = 0; d < dims_.size(); ++d) seen[1 + offset_[d] + v[d]] = 1;
       }
     int pick = -1, pick_new = 0;
     double pick_score = 0;
     for (int c = 0; c < n; ++c) {
-      if (count_[c]) continue;
+      if (!costs_[c].empty()) continue;
       auto v = coords(c);
       int unseen = 0;
       for (std::size_t d = 0; d < dims_.size(); ++d) unseen += !seen[1 + offset_[d] + v[d]];
-      double score = predicted(c) * (1.0 - kExplore * unseen);
-      if (pick < 0 || score < pick_score) pick = c, pick_score = score, pick_new = unseen;
+      double s = predicted(c) * (1.0 - kExplore * unseen);
+      if (pick < 0 || s < pick_score) pick = c, pick_score = s, pick_new = unseen;
     }
-    if (pick >= 0 && pick_score < kGiveUp * measured(best_c)) {
+    if (pick >= 0 && pick_score < kGiveUp * score(best_c)) {
       why[pick] = pick_new ? "explore" : "model";
       return pick;
     }
   }
-  // Confirmation: the two best measured candidates once more each (noise).
+  // Confirmation: the finalists (best scores) are measured in turn, the one
+  // with fewer measurements first, and never the same one twice in a row
+  // while the other still needs one, so slow drifts in load hit both alike.
   std::vector<int> order;
   for (int c = 0; c < n; ++c)
-    if (count_[c]) order.push_back(c);
-  std::sort(order.begin(), order.end(), [&](int a, int b) { return measured(a) < measured(b); });
-  for (std::size_t i = 0; i < std::min<std::size_t>(2, order.size()); ++i)
-    if (count_[order[i]] < 2) {
-      why[order[i]] = "confirm";
-      return order[i];
-    }
-  return -1;
+    if (!costs_[c].empty()) order.push_back(c);
+  std::sort(order.begin(), order.end(), [&](int a, int b) { return score(a) < score(b); });
+  order.resize(std::min<std::size_t>(kFinalists, order.size()));
+  const int last = history_.back().first;
+  int pick = -1;
+  for (int c : order) {
+    if (static_cast<int>(costs_[c].size()) >= kConfirmed) continue;
+    if (pick < 0 || costs_[c].size() < costs_[pick].size() || (pick == last && costs_[c].size() == costs_[pick].size()))
+      pick = c;
+  }
+  if (pick < 0) return -1;
+  why[pick] = "confirm";
+  return pick;
 }
 
 // ---- cost model ---------------------------------------------------------------
+
+double sample_cost(const std::vector<double>& step_s) {
+  RT_CHECK(!step_s.empty(), "sample_cost: no steps");
+  return *std::min_element(step_s.begin(), step_s.end());
+}
 
 AlphaBeta fit_alpha_beta(Algorithm a, const std::vector<std::size_t>& bytes, const std::vector<double>& seconds) {
   RT_CHECK(bytes.size() == seconds.size() && !bytes.empty(), "fit_alpha_beta: need matching, non-empty samples");

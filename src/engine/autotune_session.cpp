@@ -12,11 +12,6 @@ namespace ringtrain::engine {
 
 namespace {
 double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 }  // namespace
 
 AutotuneSession::AutotuneSession(const Communicator& comm, EngineOptions& opts) : comm_(comm), opts_(opts) {
@@ -137,7 +132,7 @@ void AutotuneSession::probe() {
 void AutotuneSession::end_sample() {
   MPI_Comm h = comm_.handle("comm.autotune");
   MPI_Allreduce(MPI_IN_PLACE, periods_.data(), static_cast<int>(periods_.size()), MPI_DOUBLE, MPI_MAX, h);
-  const double cost = median(periods_);
+  const double cost = sample_cost(periods_);
   int next = 0;
   ++samples_;  // every rank counts the samples
   if (comm_.rank() == 0) {

@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <functional>
+#include <random>
 #include <vector>
 
 #include "ringtrain/core/error.hpp"
@@ -89,6 +91,74 @@ TEST(AutotuneSearch, NoisyMeasurementsStillLandNearTheOptimum) {
   const double best = surface(argmin(surface));
   EXPECT_LE(surface(r.best), best * 1.05) << "5% is the goal of comm.autotune against the grid's best";
   EXPECT_LE(r.samples, 20);
+}
+
+namespace {
+// The 2-host case of docs/scaling.md under load: the tree wins for large
+// buffers (ring is 12% slower), the alpha-beta model says ring (2% ahead), and
+// the noise is the loaded machine's (see loaded()). The old rule (the lowest
+// mean of single samples, each the median of its steps) chose ring there.
+double hosts_surface(int c) {
+  auto v = coords(c);
+  const double fusion[] = {1.20, 1.06, 1.00, 1.03, 1.08};
+  const double cycle[] = {1.04, 1.00, 1.03, 1.10};
+  const double small[] = {1.00, 1.01, 1.03};
+  const double large[] = {1.12, 1.00, 1.20};  // ring, tree, shm/hierarchical
+  return 90.0 * fusion[v[0]] * cycle[v[1]] * small[v[2]] * large[v[3]];
+}
+double hosts_prior(int c) {
+  auto v = coords(c);
+  const double fusion[] = {1.10, 1.03, 1.01, 1.00, 1.02};
+  const double large[] = {1.00, 1.02, 1.05};
+  return 80.0 * fusion[v[0]] * large[v[3]];
+}
+// One sample as the engine measures it: 2 counted steps (comm.autotune_steps =
+// 3, the first discarded) under a load level shared by the sample's steps
+// (one-sided lognormal, median +5%, 1 in 20 above +17%; 5% "lucky" samples
+// 10-18% below the quiet time, 5% busy stretches at +20-50%), each step with
+// its own one-sided jitter and, 1 in 12, a core shared with another job
+// (1.3-2x); the engine reduces the steps to one cost with sample_cost().
+double loaded(double t, std::mt19937_64& rng) {
+  std::normal_distribution<double> z(0.0, 1.0);
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  double level = t * std::exp(0.08 * std::fabs(z(rng)));
+  const double o = u(rng);
+  if (o < 0.05) level *= 0.82 + 0.08 * u(rng);  // lucky
+  else if (o < 0.10) level *= 1.2 + 0.3 * u(rng);  // a busy stretch
+  std::vector<double> steps;
+  for (int s = 0; s < 2; ++s) {
+    double step = level * std::exp(0.03 * std::fabs(z(rng)));
+    if (u(rng) < 1.0 / 12) step *= 1.3 + 0.7 * u(rng);
+    steps.push_back(step);
+  }
+  return sample_cost(steps);
+}
+}  // namespace
+
+TEST(AutotuneSearch, LoadNoiseDoesNotHideTheTreeForLargeBuffers) {
+  std::vector<double> prior(count());
+  for (int c = 0; c < count(); ++c) prior[c] = hosts_prior(c);
+  const int opt = argmin(hosts_surface);
+  ASSERT_EQ(coords(opt)[3], 1) << "the optimum must use the tree for large buffers";
+  ASSERT_EQ(coords(argmin(hosts_prior))[3], 0) << "the model must prefer ring, as the probe did on the hosts";
+  const int first = 4 + 5 * 1;  // the configured setting: 64 MiB fusion, 1 ms, ring / ring
+  int within = 0, tree = 0, most = 0;
+  for (int trial = 0; trial < 100; ++trial) {
+    std::mt19937_64 rng(1000 + trial);
+    auto r = run(prior, 20, first, [&](int c, int) { return loaded(hosts_surface(c), rng); });
+    within += hosts_surface(r.best) <= 1.05 * hosts_surface(opt);
+    tree += coords(r.best)[3] == 1;
+    most = std::max(most, r.samples);
+  }
+  std::printf("within 5%%: %d of 100 trials; tree for large buffers: %d; most samples: %d\n", within, tree, most);
+  // Measured on these 100 seeds: 61 within 5% of the optimum and 96 with the
+  // tree for large buffers (1000 seeds: 68%); the old rule (lowest mean of
+  // samples, each the median of its steps): 45 and 89. The goal of 95 within 5%
+  // is not reached: with ~1 sample per candidate the 3-6% steps of fusion and
+  // cycle time drown in this noise. The thresholds sit between old and new.
+  EXPECT_GE(within, 55) << "within 5% of the optimum";
+  EXPECT_GE(tree, 93) << "chose the tree for large buffers";
+  EXPECT_LE(most, 20);
 }
 
 TEST(AutotuneSearch, TheModelSavesSamples) {

@@ -6,10 +6,13 @@
 // The search is model-based: a cost model of one training step (the job's own
 // gradient sizes and submission times, α-β all-reduce times per algorithm
 // probed on the engine's communicator) ranks the whole grid; measured step
-// times correct it (a per-dimension multiplicative term fitted in log space),
-// and the next candidate is the one the corrected model predicts fastest, with
-// a bonus for settings not tried yet. The two best measured candidates are
-// measured once more at the end; the lowest mean wins.
+// times correct it (a per-dimension multiplicative term fitted in log space
+// over every sample, Huber-weighted so that outliers count little), and the
+// next candidate is the one the corrected model predicts fastest, with a bonus
+// for settings not tried yet. Noise decides nothing alone: a candidate's score
+// is the corrected model moved towards its own samples by n / (n + 2); the two
+// best scores are measured in turn at the end (3 samples each, budget
+// permitting) and the best score then wins.
 //
 // Everything here is deterministic: given the same measurements, every rank
 // would choose the same. The engine still decides on rank 0 only (from step
@@ -75,10 +78,11 @@ class Autotuner {
   int next() const { return next_; }  // the candidate to measure now; -1 once done
   void record(int candidate, double cost);
   bool done() const { return next() < 0; }
-  int best() const;                   // the lowest mean measured cost so far
+  int best() const;                   // the measured candidate with the lowest score()
   double predicted(int c) const;      // the corrected model's cost of c
+  double score(int c) const;          // predicted(c) moved towards c's own measurements
   double prior(int c) const { return prior_[c]; }
-  double measured(int c) const;       // mean of c's measurements (NaN if none)
+  double measured(int c) const;       // the lowest of c's measurements (NaN if none)
   int samples() const { return static_cast<int>(history_.size()); }
   const char* why(int c) const;       // "baseline" | "model" | "explore" | "confirm"
 
@@ -88,12 +92,16 @@ class Autotuner {
   int choose() const;
   std::vector<int> dims_, offset_;
   std::vector<double> prior_, w_;  // w_: log-space correction per (dimension, value)
-  std::vector<double> sum_;
-  std::vector<int> count_;
+  std::vector<std::vector<double>> costs_;  // per candidate, its measurements
   std::vector<std::pair<int, double>> history_;
   std::vector<const char*> why_;
   int budget_, first_, next_ = -1;
 };
+
+// One sample's cost from its counted step periods (each max-reduced over
+// ranks). Load on a shared machine only adds time to a step, so the fastest
+// step is the closest to the setting's own cost.
+double sample_cost(const std::vector<double>& step_s);
 
 // The step cost model. One step's gradients as the engine saw them: bytes
 // and submission time (seconds after the step's first submission), in
