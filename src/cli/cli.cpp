@@ -177,6 +177,9 @@ struct PrepareArgs {
   // synthetic
   std::int64_t samples = 1024, test_samples = 256, channels = 3, height = 224, width = 224, classes = 10;
   std::uint64_t seed = 1;
+  // text / tokens
+  double val_fraction = 0.1;
+  std::int64_t vocab = 0;
 };
 
 int run_prepare(const PrepareArgs& a, const Communicator& world) {
@@ -192,6 +195,25 @@ int run_prepare(const PrepareArgs& a, const Communicator& world) {
   st.chunk_samples = a.chunk;
   st.deflate = a.deflate;
   data::PreparedDataset ds;
+  if (a.dataset == "text" || a.dataset == "tokens") {
+    RT_CHECK(!a.input.empty(), "prepare --dataset ", a.dataset, " needs --input ",
+             a.dataset == "text" ? "FILE or DIR (UTF-8 text)" : "FILE (llm.c .bin or .npy tokens)");
+    data::TokenPrepareOptions o;
+    o.input = a.input;
+    o.output = a.out;
+    o.source = a.dataset == "text" ? data::TokenSource::text : data::TokenSource::tokens;
+    o.vocab = a.vocab;
+    o.val_fraction = a.val_fraction;
+    ds = data::prepare_tokens(o, world);
+    if (world.rank() == 0) {
+      const data::FileInfo test = data::read_file_info(ds.test_files.front());
+      std::printf("prepared %s: %lld train tokens, %lld validation tokens, vocabulary %lld (%s) under %s\n",
+                  ds.train.name.c_str(), static_cast<long long>(ds.train.total_count),
+                  static_cast<long long>(test.total_count), static_cast<long long>(ds.train.vocab),
+                  ds.train.tokenizer.c_str(), a.out.c_str());
+    }
+    return 0;
+  }
   if (a.dataset == "synthetic") {
     data::SyntheticOptions o;
     o.output = a.out;
@@ -230,7 +252,7 @@ int run_prepare(const PrepareArgs& a, const Communicator& world) {
       o.format = a.dataset == "npz" ? data::SourceFormat::npz : data::SourceFormat::images;
     } else {
       RT_FAIL("prepare: unknown --dataset '", a.dataset,
-              "' (fashion-mnist, mnist, idx, cifar10, npz, images, synthetic)");
+              "' (fashion-mnist, mnist, idx, cifar10, npz, images, synthetic, text, tokens)");
     }
     ds = data::prepare_dataset(o, world);
   }
@@ -290,10 +312,12 @@ int main(int argc, char** argv) {
 
   PrepareArgs pa;
   auto* prep = app.add_subcommand("prepare", "convert a data set to ringtrain's HDF5 schema (data/SCHEMA.md)");
-  prep->add_option("--dataset", pa.dataset, "fashion-mnist | mnist | idx | cifar10 | npz | images | synthetic")
+  prep->add_option("--dataset", pa.dataset,
+                   "fashion-mnist | mnist | idx | cifar10 | npz | images | synthetic | text | tokens")
       ->capture_default_str();
   prep->add_option("--input", pa.input, "raw files: a directory (default for fashion-mnist: Debian's), a .npz "
-                   "(npz), or DIR with train/<class>/ and test/<class>/ PNG/JPEG folders (images)");
+                   "(npz), DIR with train/<class>/ and test/<class>/ PNG/JPEG folders (images), a text FILE or DIR (text), "
+                   "an llm.c .bin or a .npy of tokens (tokens)");
   prep->add_option("--out", pa.out, "output directory");
   prep->add_option("--check", pa.check, "validate the prepared files in DIR against the schema and exit");
   prep->add_option("--shards", pa.shards, "files per split (1 = single file; 0 = one per rank)")->capture_default_str();
@@ -306,6 +330,9 @@ int main(int argc, char** argv) {
   prep->add_option("--width", pa.width, "synthetic: width")->capture_default_str();
   prep->add_option("--classes", pa.classes, "synthetic: classes")->capture_default_str();
   prep->add_option("--seed", pa.seed, "synthetic: seed")->capture_default_str();
+  prep->add_option("--val-fraction", pa.val_fraction, "text, tokens: the fraction of the tokens (from the end) "
+                   "kept for validation (the test split)")->capture_default_str();
+  prep->add_option("--vocab", pa.vocab, "tokens: vocabulary size (0 = the largest token + 1)")->capture_default_str();
 
   try {
     app.parse(argc, argv);

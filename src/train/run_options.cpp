@@ -25,6 +25,7 @@ std::unique_ptr<data::Loader> open_train_loader(const TrainConfig& cfg, const Co
   lo.tail = cfg.data.drop_last ? data::TailPolicy::drop_last : data::TailPolicy::pad;
   lo.prefetch_depth = cfg.data.prefetch;
   lo.mpio = cfg.data.mpi_io;
+  lo.seq_len = cfg.data.seq_len;
   if (cfg.data.augment) lo.augment = data::Augment{2, true};
   // Errors name the key (the loader names the file); raised on every rank alike.
   try {
