@@ -6,7 +6,11 @@
 #include <CLI/CLI.hpp>
 #include <mpi.h>
 
+#include <unistd.h>
+
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <cstdio>
 #include <thread>
@@ -18,7 +22,9 @@
 #include "ringtrain/data/prepare.hpp"
 #include "ringtrain/nn/model_registry.hpp"
 #include "ringtrain/train/config.hpp"
+#include "ringtrain/train/checkpoint.hpp"
 #include "ringtrain/train/exit_codes.hpp"
+#include "ringtrain/train/generate.hpp"
 #include "ringtrain/train/plan.hpp"
 #include "ringtrain/train/signals.hpp"
 #include "ringtrain/train/trainer.hpp"
@@ -146,6 +152,41 @@ int run_train(const TrainArgs& a, const Communicator& world, Phase& phase) {
     }
   }
   return 0;
+}
+
+struct GenerateArgs {
+  std::string config, checkpoint, prompt;
+  std::vector<std::string> sets;
+  GenerateOptions opt;
+};
+
+// One rank samples (the others wait): the configuration is the checkpoint's
+// unless --config gives one.
+int run_generate(const GenerateArgs& a, const Communicator& world) {
+  int rc = 0;
+  run_on_root(world, "generate", [&] {
+    TrainConfig cfg;
+    if (!a.config.empty()) {
+      cfg.load_toml(a.config);
+    } else {
+      const auto path = std::filesystem::temp_directory_path() / cat("rt-generate-", ::getpid(), ".toml");
+      std::ofstream(path) << find_intact_checkpoint(a.checkpoint).data.config_toml;
+      try {
+        cfg.load_toml(path.string());
+      } catch (...) {
+        std::filesystem::remove(path);
+        throw;
+      }
+      std::filesystem::remove(path);
+    }
+    for (const auto& s : a.sets) cfg.set(s);
+    const GeneratedText g = generate_from_checkpoint(cfg, a.checkpoint, a.prompt, a.opt,
+                                                       Communicator::dup_of(MPI_COMM_SELF, "generate"));
+    std::fwrite(g.text.data(), 1, g.text.size(), stdout);
+    std::printf("\n");
+    std::fflush(stdout);
+  });
+  return rc;
 }
 
 struct EvalArgs {
@@ -310,6 +351,19 @@ int main(int argc, char** argv) {
   eval->add_option("--data", ea.data, "test split: .h5 file or prepared directory (default data.test)");
   eval->add_option("--set", ea.sets, "override a key: --set section.key=value");
 
+  GenerateArgs ga;
+  auto* gen = app.add_subcommand("generate", "sample text from a language model's checkpoint (one rank)");
+  gen->add_option("--checkpoint", ga.checkpoint, "checkpoint file, or a directory (newest)")->required();
+  gen->add_option("--prompt", ga.prompt, "the text to continue (token ids separated by spaces for a tokens data "
+                  "set)")->required();
+  gen->add_option("--tokens", ga.opt.tokens, "tokens to generate")->capture_default_str()->check(CLI::Range(0, 1 << 24));
+  gen->add_option("--temperature", ga.opt.temperature, "softmax temperature (0 = greedy)")->capture_default_str();
+  gen->add_option("--top-k", ga.opt.top_k, "sample among the k most likely tokens (0 = all)")->capture_default_str();
+  gen->add_option("--seed", ga.opt.seed, "random seed (the same seed gives the same text)")->capture_default_str();
+  gen->add_option("-c,--config", ga.config, "TOML configuration; default: the checkpoint's")
+      ->check(CLI::ExistingFile);
+  gen->add_option("--set", ga.sets, "override a key: --set section.key=value");
+
   PrepareArgs pa;
   auto* prep = app.add_subcommand("prepare", "convert a data set to ringtrain's HDF5 schema (data/SCHEMA.md)");
   prep->add_option("--dataset", pa.dataset,
@@ -348,6 +402,7 @@ int main(int argc, char** argv) {
     if (*train) return run_train(ta, world, phase);
     phase.code = exit_code::bad_input;
     if (*eval) return run_eval(ea, world);
+    if (*gen) return run_generate(ga, world);
     if (*prep) return run_prepare(pa, world);
   } catch (const CollectiveError& e) {
     // Raised on every rank together: one message, the same status everywhere.

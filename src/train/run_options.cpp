@@ -44,6 +44,7 @@ ModelConfig model_config(const TrainConfig& cfg, const data::FileInfo& info) {
   mc.height = info.height;
   mc.width = info.width;
   mc.classes = info.num_classes;
+  if (info.tokens()) mc.seq_len = cfg.data.seq_len;
   mc.depth = cfg.model.depth;
   mc.base_width = cfg.model.width;
   mc.dropout = cfg.model.dropout;

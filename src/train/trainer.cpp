@@ -192,15 +192,21 @@ double Trainer::Impl::train_step(EpochStats& st) {
 
 EvalResult Trainer::Impl::evaluate(const std::string& path) {
   data::LoaderOptions lo;
-  std::int64_t n = 0;
+  std::int64_t n = 0, per = 1;  // samples, and targets per sample (a language model's tokens)
   run_agreed(world, "opening the test data", [&] {
     try {
       lo.files = data::find_split_files(path, "test");
       for (auto& f : lo.files) n += data::read_file_info(f).count;
+      if (data::read_file_info(lo.files.front()).tokens()) {
+        n = data::token_windows(n, cfg.data.seq_len);
+        per = cfg.data.seq_len;
+        RT_CHECK(n >= 1, lo.files.front(), ": data.seq_len = ", cfg.data.seq_len, " is longer than the data");
+      }
     } catch (const Error& e) {
       RT_FAIL("data.test = '", path, "': ", e.what());
     }
   });
+  lo.seq_len = cfg.data.seq_len;
   // Every sample exactly once: no shuffle, padded tail excluded through Batch::valid.
   lo.batch_size = std::max<std::int64_t>(1, std::min<std::int64_t>(256, n / grid->dp_size()));
   lo.shuffle = false;
@@ -214,12 +220,12 @@ EvalResult Trainer::Impl::evaluate(const std::string& path) {
     auto [l, c] = parts.executor->evaluate(*parts.stage, b->images, b->labels, b->valid);
     loss_sum += l;
     correct += c;
-    if (counts) count += b->valid;
+    if (counts) count += b->valid * per;
   }
   std::vector<double> v = {loss_sum, static_cast<double>(correct), static_cast<double>(count)};
   sum_over_ranks(v, world);
-  RT_CHECK(v[2] == static_cast<double>(n), "evaluation saw ", v[2], " samples of ", n);
-  return {v[0] / v[2], v[1] / v[2], static_cast<std::int64_t>(v[2])};
+  RT_CHECK(v[2] == static_cast<double>(n * per), "evaluation saw ", v[2] / per, " samples of ", n);
+  return {v[0] / v[2], v[1] / v[2], static_cast<std::int64_t>(v[2] / per)};
 }
 
 // Reporter on rank 0; the metrics file gets this run's id and resume count on every record.
@@ -235,6 +241,7 @@ void Trainer::Impl::start_reporting() {
   if (!reporter) reporter = std::make_unique<Reporter>(false, cfg.log.format, cfg.log.interval, "", cfg.train.epochs,
                                                        steps_per_epoch());
   reporter->set_run(pos.run_id, pos.resumes);
+  reporter->set_tokens_per_sample(loader->info().tokens() ? cfg.data.seq_len : 0);
   if (world.rank() == 0 && hooks.report) {
     std::string grid_text;
     if (!layout.empty()) {
@@ -366,6 +373,7 @@ EpochMetrics Trainer::Impl::train_epoch(int epoch, bool& finished) {
   m.train_loss = st.steps ? st.loss_sum / st.steps : 0;
   m.train_accuracy = st.seen > 0 ? static_cast<double>(st.correct) / static_cast<double>(st.seen) : 0;
   m.images_per_s = m.time_s > 0 ? static_cast<double>(global_batch()) * st.steps / m.time_s : 0;
+  m.tokens_per_sample = loader->info().tokens() ? cfg.data.seq_len : 0;
   return m;
 }
 

@@ -164,6 +164,9 @@ class CpuAttention final : public AttentionKernel {
     for (std::int64_t b = 0; b < nb; ++b) {
       const float* q = x + (b / H) * g.t * g.ld + (b % H) * hd;
       gemm(false, true, g.t, g.t, hd, scale_, q, g.ld, q + g.d, g.ld, p + b * tt, g.t);
+      if (s_.causal)  // softmax gives the masked scores probability 0, so their gradients are 0 too
+        for (std::int64_t i = 0; i + 1 < g.t; ++i)
+          std::fill(p + b * tt + i * g.t + i + 1, p + b * tt + (i + 1) * g.t, -INFINITY);
     }
     Softmax& sm = softmax(nb * g.t, g.t);
     sm.a.set_data_handle(p);
