@@ -83,9 +83,13 @@ void Reporter::epoch_end(const EpochMetrics& m) {
   if (m.evaluated && m.tokens_per_sample > 0)
     test = cat(" | val loss ", fixed(m.test_loss, 4), " ppl ", fixed(std::exp(m.test_loss), 2), " acc ",
                fixed(100 * m.test_accuracy, 2), "%");
-  const std::string rate = m.tokens_per_sample > 0
-                               ? cat(fixed(m.images_per_s * double(m.tokens_per_sample), 0), " tokens/s")
-                               : cat(fixed(m.images_per_s, 0), " img/s");
+  std::string rate = m.tokens_per_sample > 0
+                         ? cat(fixed(m.images_per_s * double(m.tokens_per_sample), 0), " tokens/s")
+                         : cat(fixed(m.images_per_s, 0), " img/s");
+  if (m.matmul_peak_flops > 0)
+    rate += cat(", model ", fixed(m.model_flops_per_s / 1e9, 2), " GFLOP/s = MFU ",
+                fixed(100 * m.model_flops_per_s / m.matmul_peak_flops, 1), "% of the measured matmul peak ",
+                fixed(m.matmul_peak_flops / 1e9, 1), " GFLOP/s");
   std::string amp = m.loss_scale > 0 ? cat(" | loss scale ", m.loss_scale, ", ", m.skipped_steps, " skipped") : "";
   std::string slow = m.slowest_rank < 0 ? ""
                      : cat(" | ", m.straggler ? "straggler" : "slowest", " rank ", m.slowest_rank, ": compute ",
@@ -117,6 +121,11 @@ void Reporter::epoch_end(const EpochMetrics& m) {
     if (m.tokens_per_sample > 0) {
       j["tokens_per_s"] = m.images_per_s * double(m.tokens_per_sample);
       j["test_perplexity"] = m.evaluated ? nlohmann::json(std::exp(m.test_loss)) : nlohmann::json();
+    }
+    if (m.matmul_peak_flops > 0) {
+      j["model_flops_per_s"] = m.model_flops_per_s;
+      j["matmul_peak_flops"] = m.matmul_peak_flops;
+      j["mfu"] = m.model_flops_per_s / m.matmul_peak_flops;
     }
     const bool slowest = m.slowest_rank >= 0;
     j["slowest_rank"] = slowest ? nlohmann::json(m.slowest_rank) : nlohmann::json();

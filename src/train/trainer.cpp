@@ -110,6 +110,12 @@ void Trainer::Impl::build_model() {
   ModelConfig mc = model_config(cfg, loader->info());
   mc.math = parse_math_mode(cfg.train.precision);
   for (const LayerPlan& l : plan_model_layers(mc)) num_params += l.numel;  // the whole model, never built here
+  if (mc.seq_len > 0 && device.is_cpu()) {  // language models report MFU against every rank's measured peak
+    flops_per_sample = model_flops_per_sample(mc);
+    std::vector<double> peak = {matmul_peak_flops(device)};
+    sum_over_ranks(peak, world);
+    matmul_peak = peak[0];
+  }
   run_agreed(world, "choosing the layout", [&] {
     RT_CHECK(cfg.parallel.tensor == 1 || device.is_cpu(), "parallel.tensor = ", cfg.parallel.tensor,
              " with train.device = cuda is not supported yet: tensor-parallel layers have not run on a GPU "
@@ -374,6 +380,8 @@ EpochMetrics Trainer::Impl::train_epoch(int epoch, bool& finished) {
   m.train_accuracy = st.seen > 0 ? static_cast<double>(st.correct) / static_cast<double>(st.seen) : 0;
   m.images_per_s = m.time_s > 0 ? static_cast<double>(global_batch()) * st.steps / m.time_s : 0;
   m.tokens_per_sample = loader->info().tokens() ? cfg.data.seq_len : 0;
+  m.model_flops_per_s = m.images_per_s * flops_per_sample;
+  m.matmul_peak_flops = matmul_peak;
   return m;
 }
 

@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "fixtures.hpp"
 #include "ringtrain/data/prepare.hpp"
@@ -124,4 +125,34 @@ TEST(GptTrainer, GenerationIsReproducibleAndLayoutIndependent) {
   EXPECT_EQ(a.text, d.text) << "tensor 2's checkpoint generates other text";  // 1e-6 apart: same draws
   o.seed = 6;
   EXPECT_NE(generate_from_checkpoint(c, c.checkpoint.dir, "the quick", o, self).text, a.text);
+}
+
+TEST(GptTrainer, EpochRecordHasPerplexityTokensPerSecondAndMfu) {
+  Communicator world = Communicator::world();
+  const std::string data = text_corpus(world);
+  TrainConfig c = gpt_config(data);
+  c.train.max_steps = 0;
+  c.train.epochs = 1;
+  c.data.batch_size = 8;
+  c.log.metrics = data + "/metrics.jsonl";
+  TrainerHooks hooks;
+  hooks.report = true;
+  Trainer t(c, world, hooks);
+  const TrainResult r = t.fit();
+  ASSERT_TRUE(r.last.evaluated);
+  EXPECT_EQ(r.last.tokens_per_sample, 16);
+  EXPECT_GT(r.last.test_loss, 0);
+  EXPECT_LT(r.last.test_loss, std::log(256.0));  // better than uniform over the bytes after an epoch
+  if (world.rank() != 0) return;
+  std::ifstream f(c.log.metrics);
+  nlohmann::json epoch;
+  for (std::string line; std::getline(f, line);)
+    if (auto j = nlohmann::json::parse(line); j["event"] == "epoch") epoch = j;
+  ASSERT_FALSE(epoch.is_null());
+  EXPECT_DOUBLE_EQ(epoch["test_perplexity"].get<double>(), std::exp(epoch["test_loss"].get<double>()));
+  EXPECT_DOUBLE_EQ(epoch["tokens_per_s"].get<double>(), 16 * epoch["images_per_s"].get<double>());
+  const double mfu = epoch["mfu"].get<double>();
+  EXPECT_GT(mfu, 0);
+  EXPECT_LT(mfu, 1.5);  // model FLOP/s against the measured matmul peak (small matmuls: far below it)
+  EXPECT_DOUBLE_EQ(epoch["model_flops_per_s"].get<double>() / epoch["matmul_peak_flops"].get<double>(), mfu);
 }

@@ -22,6 +22,8 @@ struct EpochMetrics {
   double test_loss = 0, test_accuracy = 0;
   double images_per_s = 0;        // global (all ranks): samples (a language model's sequences) per second
   std::int64_t tokens_per_sample = 0;  // language models: data.seq_len (tokens/s, perplexity); 0: images
+  double model_flops_per_s = 0;   // language models: 3 x forward matmul FLOPs (attention included) per second
+  double matmul_peak_flops = 0;   // the ranks' measured float32 matmul peak, summed (MFU = the ratio)
   double time_s = 0;              // wall time of the epoch's training part
   double compute_s = 0;           // forward + backward + optimizer (root rank)
   double comm_exposed_s = 0;      // time blocked on gradient all-reduce, not hidden by compute
