@@ -22,6 +22,16 @@ using test_fixtures::train_losses;
 
 namespace {
 
+// Removes the corpus directory when a test ends (every rank done with it first).
+struct Cleanup {
+  Communicator world;
+  std::filesystem::path dir;
+  ~Cleanup() {
+    world.barrier();
+    if (world.rank() == 0) std::filesystem::remove_all(dir);
+  }
+};
+
 std::string text_corpus(const Communicator& world) {
   const auto dir = test_fixtures::shared_temp_dir(world, "gpt");
   if (world.rank() == 0) {
@@ -72,6 +82,7 @@ TEST(GptTrainer, LayoutsFollowTheOneRankTrainer) {
   const int w = world.size();
   if (w != 2 && w != 4) GTEST_SKIP() << "needs 2 or 4 ranks";
   const std::string data = text_corpus(world);
+  const Cleanup cleanup{world, std::filesystem::path(data).parent_path()};
   Communicator self = world.split(world.rank(), 0, "self");
   TrainConfig c = gpt_config(data);
   const std::vector<double> ref = train_losses(c, self);  // 1 rank, batch 4
@@ -101,6 +112,7 @@ TEST(GptTrainer, GenerationIsReproducibleAndLayoutIndependent) {
   const int w = world.size();
   if (w != 2) GTEST_SKIP() << "runs at 2 ranks (tensor 2 against 1 rank)";
   const std::string data = text_corpus(world);
+  const Cleanup cleanup{world, std::filesystem::path(data).parent_path()};
   Communicator self = world.split(world.rank(), 0, "self");
   TrainConfig c = gpt_config(data);
   c.model.dropout = 0;
@@ -130,6 +142,7 @@ TEST(GptTrainer, GenerationIsReproducibleAndLayoutIndependent) {
 TEST(GptTrainer, EpochRecordHasPerplexityTokensPerSecondAndMfu) {
   Communicator world = Communicator::world();
   const std::string data = text_corpus(world);
+  const Cleanup cleanup{world, std::filesystem::path(data).parent_path()};
   TrainConfig c = gpt_config(data);
   c.train.max_steps = 0;
   c.train.epochs = 1;
