@@ -16,7 +16,7 @@ RUN_PACKAGES := \
   libzip-dev libpng-dev libjpeg62-turbo-dev \
   libdnnl-dev libopenblas-dev \
   libcli11-dev libtomlplusplus-dev nlohmann-json3-dev \
-  dataset-fashion-mnist
+  dataset-fashion-mnist fortunes
 
 TEST_PACKAGES := \
   libgtest-dev googletest libbenchmark-dev \
@@ -25,7 +25,7 @@ TEST_PACKAGES := \
 
 MPIRUN := mpirun --allow-run-as-root --oversubscribe
 
-.PHONY: deps deps-run build build-run install uninstall test test-gpu bench run prepare clean cluster-up cluster-down docs figures
+.PHONY: deps deps-run build build-run install uninstall test test-gpu bench run prepare prepare-text clean cluster-up cluster-down docs figures
 
 # install-packages LIST: apt-get installs whichever of LIST is missing.
 define install-packages
@@ -82,6 +82,12 @@ FASHION := data/fashion-mnist/fashion-mnist-train.h5
 
 prepare: build-run
 	@[ -f $(FASHION) ] || $(BUILD)/ringtrain prepare --dataset fashion-mnist --out data/fashion-mnist
+
+# The language-model corpus: Debian's fortunes (about 2.5 MB of English), byte tokens, 10% for validation.
+FORTUNES := data/fortunes/fortunes-train.h5
+
+prepare-text: build-run
+	@[ -f $(FORTUNES) ] || $(BUILD)/ringtrain prepare --dataset text --input /usr/share/games/fortunes --out data/fortunes
 
 run: prepare
 	OMP_NUM_THREADS=1 $(MPIRUN) -np $(NP) --bind-to none $(BUILD)/ringtrain train --config $(CONFIG) $(ARGS)

@@ -8,6 +8,8 @@ Usage: make_torch_reference.py DIR [DIR...] [--dtype float64|float32]
                "params": [{"name", "shape"}]}
   params.bin  float32 parameters concatenated in ringtrain's arena order
   x.bin       float32 input [batch, C, H, W];  labels.bin  int64 [batch]
+              (gpt, "seq_len" > 0: token ids as float32 [batch, seq_len], labels int64 [batch, seq_len],
+              the mean cross-entropy over every token)
 Writes into DIR:
   ref_loss.txt  the mean loss;  ref_grads.bin  float64 gradients, same order;
   ref_buffers.bin  float64 BN running mean/var after the train-mode forward
@@ -46,7 +48,7 @@ def reference(d, dtype):
     torch.manual_seed(0)
     m = torch_models.build(meta["model"], meta["in_channels"], meta["height"], meta["width"], meta["classes"],
                            meta.get("depth", 20), meta.get("base_width", 16), meta.get("heads", 4),
-                           meta.get("mlp_ratio", 4.0), meta.get("patch", 4)).to(dtype)
+                           meta.get("mlp_ratio", 4.0), meta.get("patch", 4), meta.get("seq_len", 0)).to(dtype)
     named = dict(m.named_parameters())
     flat = np.fromfile(os.path.join(d, "params.bin"), dtype=np.float32)
     off = 0
@@ -66,10 +68,12 @@ def reference(d, dtype):
         raise SystemExit("parameter count mismatch: file %d values, %d tensors vs torch %d" %
                          (flat.size, len(order), len(named)))
     b, c, h, w = meta["batch"], meta["in_channels"], meta["height"], meta["width"]
-    x = torch.from_numpy(np.fromfile(os.path.join(d, "x.bin"), dtype=np.float32).reshape(b, c, h, w)).to(dtype)
-    y = torch.from_numpy(np.fromfile(os.path.join(d, "labels.bin"), dtype=np.int64))
+    shape = (b, meta["seq_len"]) if meta.get("seq_len", 0) > 0 else (b, c, h, w)
+    x = torch.from_numpy(np.fromfile(os.path.join(d, "x.bin"), dtype=np.float32).reshape(shape)).to(dtype)
+    y = torch.from_numpy(np.fromfile(os.path.join(d, "labels.bin"), dtype=np.int64)).reshape(-1)
     m.train()
-    loss = F.cross_entropy(m(x), y, label_smoothing=meta.get("smoothing", 0.0))
+    out = m(x)
+    loss = F.cross_entropy(out.reshape(-1, out.shape[-1]), y, label_smoothing=meta.get("smoothing", 0.0))
     loss.backward()
     with open(os.path.join(d, "ref_loss.txt"), "w") as f:
         f.write("%.17g\n" % loss.item())

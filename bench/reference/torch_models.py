@@ -1,4 +1,4 @@
-"""PyTorch twins of ringtrain's model zoo (mlp, cnn, resnet, vit) with the same
+"""PyTorch twins of ringtrain's model zoo (mlp, cnn, resnet, vit, gpt) with the same
 parameter names and order as ringtrain's ParamArena, so weights can be copied
 across by position. Used by the gradient cross-check and the throughput bench."""
 import torch
@@ -92,9 +92,10 @@ class PatchEmbed(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, dim, heads):
+    def __init__(self, dim, heads, causal=False):
         super().__init__()
         self.heads = heads
+        self.causal = causal
         self.qkv = nn.Linear(dim, 3 * dim)
         self.proj = nn.Linear(dim, dim)
 
@@ -102,16 +103,19 @@ class Attention(nn.Module):
         n, t, d = x.shape
         hd = d // self.heads
         q, k, v = self.qkv(x).reshape(n, t, 3, self.heads, hd).permute(2, 0, 3, 1, 4)
-        a = torch.softmax(q @ k.transpose(-2, -1) * hd ** -0.5, dim=-1)
+        s = q @ k.transpose(-2, -1) * hd ** -0.5
+        if self.causal:  # token i sees tokens j <= i
+            s = s.masked_fill(torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1), float("-inf"))
+        a = torch.softmax(s, dim=-1)
         return self.proj((a @ v).transpose(1, 2).reshape(n, t, d))
 
 
 class Block(nn.Module):
-    def __init__(self, dim, heads, mlp_ratio):
+    def __init__(self, dim, heads, mlp_ratio, causal=False):
         super().__init__()
         hidden = int(dim * mlp_ratio + 0.5)
         self.norm1 = nn.LayerNorm(dim)
-        self.attn = Attention(dim, heads)
+        self.attn = Attention(dim, heads, causal)
         self.norm2 = nn.LayerNorm(dim)
         self.fc1 = nn.Linear(dim, hidden)
         self.fc2 = nn.Linear(hidden, dim)
@@ -136,7 +140,37 @@ class ViT(nn.Module):
         return self.head(self.norm(x).mean(1))
 
 
-def build(name, cin, h, w, classes, depth=20, width=16, heads=4, mlp_ratio=4.0, patch=4):
+class TokenEmbed(nn.Module):
+    """Token + learned position embedding; ids arrive as floats [N, T] (ringtrain's batch)."""
+
+    def __init__(self, vocab, seq_len, dim):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(vocab, dim))
+        self.pos_embed = nn.Parameter(torch.zeros(seq_len, dim))
+
+    def forward(self, x):
+        return self.weight[x.long()] + self.pos_embed[: x.shape[1]]
+
+
+class GPT(nn.Module):
+    """wte -> causal pre-norm blocks -> LayerNorm -> logits x wte.weight^T (tied), [N, T, vocab]."""
+
+    def __init__(self, vocab, seq_len, depth, width, heads, mlp_ratio):
+        super().__init__()
+        self.wte = TokenEmbed(vocab, seq_len, width)
+        self.blocks = nn.ModuleList([Block(width, heads, mlp_ratio, causal=True) for _ in range(depth)])
+        self.norm = nn.LayerNorm(width)
+
+    def forward(self, x):
+        h = self.wte(x)
+        for b in self.blocks:
+            h = b(h)
+        return self.norm(h) @ self.wte.weight.t()
+
+
+def build(name, cin, h, w, classes, depth=20, width=16, heads=4, mlp_ratio=4.0, patch=4, seq_len=0):
+    if name == "gpt":
+        return GPT(classes, seq_len, depth, width, heads, mlp_ratio)
     if name == "vit":
         return ViT(cin, h, w, classes, depth, width, heads, mlp_ratio, patch)
     if name == "mlp":

@@ -60,6 +60,7 @@ class CublasAttention final : public AttentionKernel {
  public:
   CublasAttention(SharedPtr sh, const AttentionSpec& s) : sh_(std::move(sh)), s_(s) {
     RT_CHECK(s.heads > 0 && s.head_dim > 0, "cuda attention: heads and head_dim must be positive");
+    RT_CHECK(!s.causal, "cuda attention: causal masking is not implemented on the GPU yet (train.device = cpu)");
     type_ = cublas_type(s.dtype, "attention");
     compute_ = CUBLAS_COMPUTE_32F;
     if (s.dtype == DType::f64) compute_ = CUBLAS_COMPUTE_64F;

@@ -6,7 +6,11 @@
 #include <CLI/CLI.hpp>
 #include <mpi.h>
 
+#include <unistd.h>
+
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <cstdio>
 #include <thread>
@@ -18,7 +22,9 @@
 #include "ringtrain/data/prepare.hpp"
 #include "ringtrain/nn/model_registry.hpp"
 #include "ringtrain/train/config.hpp"
+#include "ringtrain/train/checkpoint.hpp"
 #include "ringtrain/train/exit_codes.hpp"
+#include "ringtrain/train/generate.hpp"
 #include "ringtrain/train/plan.hpp"
 #include "ringtrain/train/signals.hpp"
 #include "ringtrain/train/trainer.hpp"
@@ -148,6 +154,41 @@ int run_train(const TrainArgs& a, const Communicator& world, Phase& phase) {
   return 0;
 }
 
+struct GenerateArgs {
+  std::string config, checkpoint, prompt;
+  std::vector<std::string> sets;
+  GenerateOptions opt;
+};
+
+// One rank samples (the others wait): the configuration is the checkpoint's
+// unless --config gives one.
+int run_generate(const GenerateArgs& a, const Communicator& world) {
+  int rc = 0;
+  run_on_root(world, "generate", [&] {
+    TrainConfig cfg;
+    if (!a.config.empty()) {
+      cfg.load_toml(a.config);
+    } else {
+      const auto path = std::filesystem::temp_directory_path() / cat("rt-generate-", ::getpid(), ".toml");
+      std::ofstream(path) << find_intact_checkpoint(a.checkpoint).data.config_toml;
+      try {
+        cfg.load_toml(path.string());
+      } catch (...) {
+        std::filesystem::remove(path);
+        throw;
+      }
+      std::filesystem::remove(path);
+    }
+    for (const auto& s : a.sets) cfg.set(s);
+    const GeneratedText g = generate_from_checkpoint(cfg, a.checkpoint, a.prompt, a.opt,
+                                                       Communicator::dup_of(MPI_COMM_SELF, "generate"));
+    std::fwrite(g.text.data(), 1, g.text.size(), stdout);
+    std::printf("\n");
+    std::fflush(stdout);
+  });
+  return rc;
+}
+
 struct EvalArgs {
   std::string config, checkpoint, data;
   std::vector<std::string> sets;
@@ -177,6 +218,9 @@ struct PrepareArgs {
   // synthetic
   std::int64_t samples = 1024, test_samples = 256, channels = 3, height = 224, width = 224, classes = 10;
   std::uint64_t seed = 1;
+  // text / tokens
+  double val_fraction = 0.1;
+  std::int64_t vocab = 0;
 };
 
 int run_prepare(const PrepareArgs& a, const Communicator& world) {
@@ -192,6 +236,25 @@ int run_prepare(const PrepareArgs& a, const Communicator& world) {
   st.chunk_samples = a.chunk;
   st.deflate = a.deflate;
   data::PreparedDataset ds;
+  if (a.dataset == "text" || a.dataset == "tokens") {
+    RT_CHECK(!a.input.empty(), "prepare --dataset ", a.dataset, " needs --input ",
+             a.dataset == "text" ? "FILE or DIR (UTF-8 text)" : "FILE (llm.c .bin or .npy tokens)");
+    data::TokenPrepareOptions o;
+    o.input = a.input;
+    o.output = a.out;
+    o.source = a.dataset == "text" ? data::TokenSource::text : data::TokenSource::tokens;
+    o.vocab = a.vocab;
+    o.val_fraction = a.val_fraction;
+    ds = data::prepare_tokens(o, world);
+    if (world.rank() == 0) {
+      const data::FileInfo test = data::read_file_info(ds.test_files.front());
+      std::printf("prepared %s: %lld train tokens, %lld validation tokens, vocabulary %lld (%s) under %s\n",
+                  ds.train.name.c_str(), static_cast<long long>(ds.train.total_count),
+                  static_cast<long long>(test.total_count), static_cast<long long>(ds.train.vocab),
+                  ds.train.tokenizer.c_str(), a.out.c_str());
+    }
+    return 0;
+  }
   if (a.dataset == "synthetic") {
     data::SyntheticOptions o;
     o.output = a.out;
@@ -230,7 +293,7 @@ int run_prepare(const PrepareArgs& a, const Communicator& world) {
       o.format = a.dataset == "npz" ? data::SourceFormat::npz : data::SourceFormat::images;
     } else {
       RT_FAIL("prepare: unknown --dataset '", a.dataset,
-              "' (fashion-mnist, mnist, idx, cifar10, npz, images, synthetic)");
+              "' (fashion-mnist, mnist, idx, cifar10, npz, images, synthetic, text, tokens)");
     }
     ds = data::prepare_dataset(o, world);
   }
@@ -288,12 +351,27 @@ int main(int argc, char** argv) {
   eval->add_option("--data", ea.data, "test split: .h5 file or prepared directory (default data.test)");
   eval->add_option("--set", ea.sets, "override a key: --set section.key=value");
 
+  GenerateArgs ga;
+  auto* gen = app.add_subcommand("generate", "sample text from a language model's checkpoint (one rank)");
+  gen->add_option("--checkpoint", ga.checkpoint, "checkpoint file, or a directory (newest)")->required();
+  gen->add_option("--prompt", ga.prompt, "the text to continue (token ids separated by spaces for a tokens data "
+                  "set)")->required();
+  gen->add_option("--tokens", ga.opt.tokens, "tokens to generate")->capture_default_str()->check(CLI::Range(0, 1 << 24));
+  gen->add_option("--temperature", ga.opt.temperature, "softmax temperature (0 = greedy)")->capture_default_str();
+  gen->add_option("--top-k", ga.opt.top_k, "sample among the k most likely tokens (0 = all)")->capture_default_str();
+  gen->add_option("--seed", ga.opt.seed, "random seed (the same seed gives the same text)")->capture_default_str();
+  gen->add_option("-c,--config", ga.config, "TOML configuration; default: the checkpoint's")
+      ->check(CLI::ExistingFile);
+  gen->add_option("--set", ga.sets, "override a key: --set section.key=value");
+
   PrepareArgs pa;
   auto* prep = app.add_subcommand("prepare", "convert a data set to ringtrain's HDF5 schema (data/SCHEMA.md)");
-  prep->add_option("--dataset", pa.dataset, "fashion-mnist | mnist | idx | cifar10 | npz | images | synthetic")
+  prep->add_option("--dataset", pa.dataset,
+                   "fashion-mnist | mnist | idx | cifar10 | npz | images | synthetic | text | tokens")
       ->capture_default_str();
   prep->add_option("--input", pa.input, "raw files: a directory (default for fashion-mnist: Debian's), a .npz "
-                   "(npz), or DIR with train/<class>/ and test/<class>/ PNG/JPEG folders (images)");
+                   "(npz), DIR with train/<class>/ and test/<class>/ PNG/JPEG folders (images), a text FILE or DIR (text), "
+                   "an llm.c .bin or a .npy of tokens (tokens)");
   prep->add_option("--out", pa.out, "output directory");
   prep->add_option("--check", pa.check, "validate the prepared files in DIR against the schema and exit");
   prep->add_option("--shards", pa.shards, "files per split (1 = single file; 0 = one per rank)")->capture_default_str();
@@ -306,6 +384,9 @@ int main(int argc, char** argv) {
   prep->add_option("--width", pa.width, "synthetic: width")->capture_default_str();
   prep->add_option("--classes", pa.classes, "synthetic: classes")->capture_default_str();
   prep->add_option("--seed", pa.seed, "synthetic: seed")->capture_default_str();
+  prep->add_option("--val-fraction", pa.val_fraction, "text, tokens: the fraction of the tokens (from the end) "
+                   "kept for validation (the test split)")->capture_default_str();
+  prep->add_option("--vocab", pa.vocab, "tokens: vocabulary size (0 = the largest token + 1)")->capture_default_str();
 
   try {
     app.parse(argc, argv);
@@ -321,6 +402,7 @@ int main(int argc, char** argv) {
     if (*train) return run_train(ta, world, phase);
     phase.code = exit_code::bad_input;
     if (*eval) return run_eval(ea, world);
+    if (*gen) return run_generate(ga, world);
     if (*prep) return run_prepare(pa, world);
   } catch (const CollectiveError& e) {
     // Raised on every rank together: one message, the same status everywhere.

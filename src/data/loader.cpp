@@ -11,6 +11,7 @@
 
 #include "ringtrain/comm/agree.hpp"
 #include "ringtrain/core/allocator.hpp"
+#include "ringtrain/data/prepare.hpp"
 #include "store.hpp"
 #include "transform.hpp"
 
@@ -46,8 +47,9 @@ struct Loader::Impl {
   FileInfo info;
   std::unique_ptr<Sampler> sampler;  // the prefetch thread's, once started
   std::unique_ptr<SampleStore> store;
+  std::vector<std::int32_t> tokens;  // token files: the split's stream
   Transform tf;
-  std::int64_t b = 0, sample_floats = 0;
+  std::int64_t b = 0, sample_floats = 0, sample_labels = 1;
 
   struct Slot {
     float* images = nullptr;
@@ -86,7 +88,8 @@ struct Loader::Impl {
 Loader::Impl::~Impl() {
   halt();
   for (auto& s : slots) {
-    std::size_t ib = std::size_t(b * sample_floats) * sizeof(float), lb = std::size_t(b) * sizeof(std::int64_t);
+    std::size_t ib = std::size_t(b * sample_floats) * sizeof(float);
+    std::size_t lb = std::size_t(b * sample_labels) * sizeof(std::int64_t);
     if (opt.host_memory.deallocate) {
       opt.host_memory.deallocate(s.images, ib);
       opt.host_memory.deallocate(s.labels, lb);
@@ -121,29 +124,43 @@ Loader::Loader(LoaderOptions opt, const Communicator& comm) : impl_(std::make_un
     std::vector<std::int64_t> counts;
     for (const auto& f : I.infos) counts.push_back(f.count);
     SamplerConfig sc{o.batch_size, p, rank, o.seed, o.shuffle, o.shuffle_mode, o.tail};
+    if (I.info.tokens()) {  // one stream of windows over every shard
+      RT_CHECK(o.seq_len >= 1, o.files.front(), ": a token file needs the sequence length (data.seq_len)");
+      RT_CHECK(!o.mpio, o.files.front(), ": MPI-IO reads are for image files; token files are read whole");
+      I.info.count = token_windows(I.info.total_count, o.seq_len);
+      RT_CHECK(I.info.count >= 1, o.files.front(), ": data.seq_len = ", o.seq_len, " is longer than the data (",
+               I.info.total_count, " tokens; a sample takes seq_len + 1)");
+      counts = {I.info.count};
+      sc.mode = ShuffleMode::global;
+    }
     try {
       I.sampler = std::make_unique<Sampler>(sc, counts);
     } catch (const Error& e) {
       RT_FAIL(o.files.front(), (o.files.size() > 1 ? " (and its shards)" : ""), ": ", e.what());
     }
     std::int64_t need = SampleStore::bytes_for(I.infos, I.sampler->shards());
+    if (I.info.tokens()) return;
     cache = o.cache == CachePolicy::always ||
             (o.cache == CachePolicy::auto_ && !o.mpio && need < o.cache_limit_bytes);
   });
   // Phase 2: open the rank's files (collectively under MPI-IO), read labels, fill the cache.
   run_agreed(comm, "data loader open", [&] {
-    I.store = std::make_unique<SampleStore>(I.infos, I.sampler->shards(), cache, o.mpio, comm);
+    if (I.info.tokens()) I.tokens = read_split_tokens(I.infos);
+    else I.store = std::make_unique<SampleStore>(I.infos, I.sampler->shards(), cache, o.mpio, comm);
   });
   I.b = o.batch_size;
-  I.sample_floats = I.info.sample_bytes();
+  I.sample_floats = I.info.tokens() ? o.seq_len : I.info.sample_bytes();
+  I.sample_labels = I.info.tokens() ? o.seq_len : 1;
   I.tf = Transform(I.info.channels, I.info.height, I.info.width, I.info.mean, I.info.std, o.normalize, o.augment,
                    o.seed);
-  I.staging.resize(std::size_t(I.b * I.sample_floats));
-  const Shape shape{I.b, I.info.channels, I.info.height, I.info.width};
+  if (!I.info.tokens()) I.staging.resize(std::size_t(I.b * I.sample_floats));
+  const Shape shape = I.info.tokens() ? Shape{I.b, o.seq_len} : Shape{I.b, I.info.channels, I.info.height, I.info.width};
+  const Shape lshape = I.info.tokens() ? Shape{I.b, o.seq_len} : Shape{I.b};
   I.slots.resize(std::size_t(o.prefetch_depth) + 1);  // depth ready + one held by the consumer
   for (std::size_t i = 0; i < I.slots.size(); ++i) {
     auto& s = I.slots[i];
-    std::size_t ib = std::size_t(I.b * I.sample_floats) * sizeof(float), lb = std::size_t(I.b) * sizeof(std::int64_t);
+    std::size_t ib = std::size_t(I.b * I.sample_floats) * sizeof(float);
+    std::size_t lb = std::size_t(I.b * I.sample_labels) * sizeof(std::int64_t);
     auto alloc = [&](std::size_t n) {
       return o.host_memory.allocate ? o.host_memory.allocate(n)
                                     : allocator_for(DeviceKind::cpu).allocate(n, Device::cpu());
@@ -151,7 +168,7 @@ Loader::Loader(LoaderOptions opt, const Communicator& comm) : impl_(std::make_un
     s.images = static_cast<float*>(alloc(ib));
     s.labels = static_cast<std::int64_t*>(alloc(lb));
     s.images_t = Tensor::wrap(s.images, shape, DType::f32);
-    s.labels_t = Tensor::wrap(s.labels, {I.b}, DType::i64);
+    s.labels_t = Tensor::wrap(s.labels, lshape, DType::i64);
     s.ids.reserve(std::size_t(I.b));
     I.free_slots.push_back(int(i));
   }
@@ -167,6 +184,19 @@ bool Loader::Impl::fill(int si, std::int64_t epoch, std::int64_t step) {
   Slot& s = si >= 0 ? slots[std::size_t(si)] : dummy;
   std::vector<std::int64_t>& ids = si >= 0 ? s.ids : dummy.ids;
   s.valid = sampler->batch(epoch, step, ids);
+  if (!tokens.empty()) {  // window id: inputs tokens[id*T, id*T+T), targets one later
+    if (si < 0) return false;
+    s.epoch = epoch, s.step = step;
+    const std::int64_t T = sample_floats;
+    for (std::int64_t i = 0; i < b; ++i) {
+      const std::int32_t* w = tokens.data() + ids[std::size_t(i)] * T;
+      for (std::int64_t j = 0; j < T; ++j) {
+        s.images[i * T + j] = float(w[j]);
+        s.labels[i * T + j] = w[j + 1];
+      }
+    }
+    return true;
+  }
   store->read(ids.data(), b, staging.data());
   if (si < 0) return false;  // MPI-IO drain: the collective read happened, nothing to keep
   s.epoch = epoch, s.step = step;
@@ -312,7 +342,7 @@ std::int64_t Loader::steps_per_epoch() const { return impl_->sampler->steps_per_
 std::int64_t Loader::num_samples() const { return impl_->info.count; }
 std::int64_t Loader::batch_size() const { return impl_->b; }
 const FileInfo& Loader::info() const { return impl_->info; }
-bool Loader::cached() const { return impl_->store->cached(); }
+bool Loader::cached() const { return !impl_->store || impl_->store->cached(); }
 double Loader::wait_seconds() const {
   std::lock_guard lk(impl_->mu);
   return impl_->wait_total;

@@ -193,6 +193,17 @@ void check_labels(const FileInfo& f, const std::string& path) {
 }  // namespace
 
 std::string check_prepared(const std::string& dir) {
+  if (read_file_info(find_split_files(dir, "train").front()).tokens()) {  // token files: every token < vocab
+    std::string summary;
+    for (const char* split : {"train", "test"}) {
+      std::vector<FileInfo> infos;
+      for (const auto& f : find_split_files(dir, split)) infos.push_back(read_file_info(f));
+      RT_CHECK(infos.front().tokens() && infos.front().split == split, infos.front().path,
+               ": not a token file of split '", split, "'");
+      summary += cat(summary.empty() ? "" : ", ", split, " ", read_split_tokens(infos).size(), " tokens");
+    }
+    return cat(dir, ": ok: ", summary, ", vocabulary ", read_file_info(find_split_files(dir, "train").front()).vocab);
+  }
   std::string summary;
   FileInfo first;
   for (const char* split : {"train", "test"}) {

@@ -22,11 +22,59 @@ std::string shard_file_name(const std::string& name, const std::string& split, i
   return cat(name, "-", split, buf);
 }
 
+namespace {
+
+// The attributes every file has (shards, split, name), checked alike.
+void read_common(hid_t f, const std::string& path, FileInfo& info) {
+  info.schema_version = int(h5::read_attr_i64(f, "schema_version", path));
+  RT_CHECK(info.schema_version >= 1 && info.schema_version <= kSchemaVersion, path, ": schema_version ",
+           info.schema_version, " is not supported (this build reads 1..", kSchemaVersion, ")");
+  info.name = h5::read_attr_str(f, "name", path);
+  info.split = h5::read_attr_str(f, "split", path);
+  info.source_files = h5::has_attr(f, "source_files") ? h5::read_attr_strs(f, "source_files", path)
+                                                       : std::vector<std::string>{};
+  info.shard_index = h5::read_attr_i64(f, "shard_index", path);
+  info.num_shards = h5::read_attr_i64(f, "num_shards", path);
+  info.first_index = h5::read_attr_i64(f, "first_index", path);
+  info.total_count = h5::read_attr_i64(f, "total_count", path);
+  RT_CHECK(info.num_shards >= 1 && info.shard_index >= 0 && info.shard_index < info.num_shards, path, ": shard_index ",
+           info.shard_index, " / num_shards ", info.num_shards, " are inconsistent");
+  RT_CHECK(info.first_index >= 0 && info.first_index + info.count <= info.total_count, path, ": samples [",
+           info.first_index, ", ", info.first_index + info.count, ") exceed total_count ", info.total_count);
+}
+
+// A token file: /tokens [n] integers, attributes vocab and tokenizer. The
+// image fields describe one token (1x1x1, mean 0, std 1) so code that
+// compares image shapes treats two token files alike.
+FileInfo read_token_info(hid_t f, const std::string& path) {
+  FileInfo info;
+  info.path = path;
+  h5::Handle d(h5::check_id(H5Dopen2(f, kTokens, H5P_DEFAULT), path, "opening /tokens"));
+  auto dims = h5::dims_of(d, path, kTokens);
+  RT_CHECK(dims.size() == 1, path, ": /tokens must have rank 1 [n], has rank ", dims.size());
+  RT_CHECK(dims[0] > 0, path, ": /tokens is empty");
+  h5::Handle t(H5Dget_type(d));
+  RT_CHECK(H5Tget_class(t) == H5T_INTEGER, path, ": /tokens has the wrong dtype (must be an integer type)");
+  info.count = std::int64_t(dims[0]);
+  info.channels = info.height = info.width = 1;
+  info.mean = {0.0};
+  info.std = {1.0};
+  info.vocab = h5::read_attr_i64(f, "vocab", path);
+  RT_CHECK(info.vocab >= 2, path, ": vocab ", info.vocab, " must be >= 2");
+  info.num_classes = info.vocab;
+  info.tokenizer = h5::read_attr_str(f, "tokenizer", path);
+  read_common(f, path, info);
+  return info;
+}
+
+}  // namespace
+
 FileInfo read_file_info(const std::string& path) {
   std::lock_guard lk(hdf5_mutex());
   h5::Handle f = h5::open_file(path);
   FileInfo info;
   info.path = path;
+  if (H5Lexists(f, kTokens, H5P_DEFAULT) > 0) return read_token_info(f, path);
   for (const char* ds : {kImages, kLabels})
     RT_CHECK(H5Lexists(f, ds, H5P_DEFAULT) > 0, path, ": dataset /", ds, " is missing");
   h5::Handle im(h5::check_id(H5Dopen2(f, kImages, H5P_DEFAULT), path, "opening /images"));

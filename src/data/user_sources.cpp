@@ -23,11 +23,7 @@ namespace ringtrain::data {
 namespace {
 namespace fs = std::filesystem;
 
-struct Npy {
-  std::string descr;
-  std::vector<std::int64_t> shape;
-  std::vector<std::uint8_t> bytes;  // the payload, little-endian as stored
-};
+}  // namespace
 
 // `what` is "FILE.npz: x_train".
 Npy parse_npy(const std::vector<std::uint8_t>& b, const std::string& what) {
@@ -78,6 +74,8 @@ Npy parse_npy(const std::vector<std::uint8_t>& b, const std::string& what) {
   n.bytes.assign(b.begin() + std::ptrdiff_t(start + hlen), b.end());
   return n;
 }
+
+namespace {
 
 std::vector<std::uint8_t> zip_member(zip_t* z, const std::string& file, const std::string& member) {
   const zip_int64_t i = zip_name_locate(z, (member + ".npy").c_str(), 0);

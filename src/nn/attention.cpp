@@ -9,8 +9,9 @@
 namespace ringtrain {
 
 MultiHeadSelfAttention::MultiHeadSelfAttention(std::string name, std::int64_t heads, std::int64_t head_dim,
-                                               LayerPtr qkv, LayerPtr proj)
-    : Layer(std::move(name)), heads_(heads), head_dim_(head_dim), qkv_(std::move(qkv)), proj_(std::move(proj)) {
+                                               LayerPtr qkv, LayerPtr proj, bool causal)
+    : Layer(std::move(name)), heads_(heads), head_dim_(head_dim), qkv_(std::move(qkv)), proj_(std::move(proj)),
+      causal_(causal) {
   RT_CHECK(heads_ > 0 && head_dim_ > 0, "MultiHeadSelfAttention '", name_, "': heads (", heads_, ") and head_dim (",
            head_dim_, ") must be positive");
   RT_CHECK(qkv_ && proj_, "MultiHeadSelfAttention '", name_, "': needs qkv and proj layers");
@@ -30,6 +31,7 @@ void MultiHeadSelfAttention::bind(const BindContext& ctx) {
   s.heads = heads_;
   s.head_dim = head_dim_;
   s.math = ctx.math;
+  s.causal = causal_;
   k_ = ctx.backend.attention(s);
 }
 
@@ -86,7 +88,8 @@ void MultiHeadSelfAttention::release_activations() {
   qkv_out_ = core_ = dcore_ = Tensor();
 }
 
-LayerPtr multi_head_attention(const std::string& name, std::int64_t dim, std::int64_t heads, const TensorGroup& g) {
+LayerPtr multi_head_attention(const std::string& name, std::int64_t dim, std::int64_t heads, const TensorGroup& g,
+                              bool causal) {
   RT_CHECK(heads > 0 && dim > 0 && dim % heads == 0, "attention '", name, "': width ", dim,
            " is not divisible by the head count ", heads);
   RT_CHECK(heads % g.size == 0, "attention '", name, "': ", heads, " heads are not divisible by the tensor size ",
@@ -95,7 +98,7 @@ LayerPtr multi_head_attention(const std::string& name, std::int64_t dim, std::in
   LinearSpec p{dim, dim, true, false};
   return std::make_unique<MultiHeadSelfAttention>(
       name, heads / g.size, dim / heads, split_layer("qkv", q, Init::xavier_uniform, TensorSplit::column, g, 3),
-      split_layer("proj", p, Init::xavier_uniform, TensorSplit::row, g));
+      split_layer("proj", p, Init::xavier_uniform, TensorSplit::row, g), causal);
 }
 
 }  // namespace ringtrain

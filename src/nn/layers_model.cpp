@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "ringtrain/nn/language.hpp"
 #include "ringtrain/nn/layers.hpp"
 #include "ringtrain/nn/model.hpp"
 #include "ringtrain/nn/tensor_parallel.hpp"
@@ -48,10 +49,12 @@ const std::vector<TypeSpec>& types() {
       {"dropout", {{"p", 'f'}}},
       {"flatten", {}},
       {"residual", {{"relu", 'b'}}},
-      {"attention", {{"heads", 'i'}}},
-      {"transformer", {{"heads", 'i'}, {"mlp_ratio", 'f'}, {"dropout", 'f'}}},
+      {"attention", {{"heads", 'i'}, {"causal", 'b'}}},
+      {"transformer", {{"heads", 'i'}, {"mlp_ratio", 'f'}, {"dropout", 'f'}, {"causal", 'b'}}},
       {"patch_embed", {{"patch", 'i'}, {"out", 'i'}}},
       {"token_mean", {}},
+      {"embedding", {{"out", 'i'}}},
+      {"lm_head", {{"tie", 's'}}},
   };
   return t;
 }
@@ -156,6 +159,9 @@ void check_entry(const LayerDesc& d, const std::string& where) {
   RT_CHECK(d.type != "dropout" || e.has("p"), w, ": key 'p' (drop probability) is required");
   RT_CHECK((d.type != "attention" && d.type != "transformer") || e.has("heads"), w, ": key 'heads' is required");
   RT_CHECK(d.type != "patch_embed" || (e.has("patch") && e.has("out")), w, ": keys 'patch' and 'out' are required");
+  RT_CHECK(d.type != "embedding" || e.has("out"), w, ": key 'out' (the embedding width) is required");
+  RT_CHECK(d.type != "lm_head" || e.has("tie"), w, ": key 'tie' (the name of the embedding entry whose weight it "
+           "uses) is required");
   if (d.type == "residual") {
     RT_CHECK(!d.layers.empty(), w, ": key 'layers' (the block's body, a list of entries) is required");
     check_list(d.layers, where + ".layers");
@@ -333,7 +339,7 @@ class Builder {
       RT_CHECK(heads % g.size == 0, e.where(), ": key 'heads' = ", heads, " is not divisible by parallel.tensor = ",
                g.size, " (heads are split over the tensor ranks)");
       if (t == "attention") {
-        L.push_back(multi_head_attention(name, dim, heads, g));
+        L.push_back(multi_head_attention(name, dim, heads, g, e.b("causal", false)));
         return;
       }
       TransformerBlockSpec s;
@@ -348,6 +354,7 @@ class Builder {
       s.heads = heads;
       s.mlp_ratio = e.f("mlp_ratio", 4.0);
       s.dropout = e.f("dropout", 0.0);
+      s.causal = e.b("causal", false);
       const auto hidden = static_cast<std::int64_t>(std::llround(double(dim) * s.mlp_ratio));
       RT_CHECK(hidden > 0 && hidden % g.size == 0, e.where(), ": key 'mlp_ratio' = ", s.mlp_ratio, " gives ", hidden,
                " hidden units for width ", dim, ", which must be positive and divisible by parallel.tensor = ", g.size);
@@ -359,6 +366,26 @@ class Builder {
       RT_CHECK(shape_[2] % p == 0 && shape_[3] % p == 0, e.where(), ": key 'patch' = ", p, " does not divide its "
                "input ", sample_str(shape_));
       L.push_back(std::make_unique<PatchEmbed>(name, shape_[1], shape_[2], shape_[3], p, e.i("out", 1)));
+    } else if (t == "embedding") {
+      not_split(e);
+      RT_CHECK(shape_.size() == 2, e.where(), ": needs token ids [T] (token data, data.seq_len), but its input is ",
+               sample_str(shape_));
+      RT_CHECK(t_.classes > 1, e.where(), ": the data gives no vocabulary");
+      auto l = std::make_unique<TokenEmbedding>(name, t_.classes, shape_[1], e.i("out", 1));
+      embeddings_.push_back(l.get());
+      L.push_back(std::move(l));
+    } else if (t == "lm_head") {
+      not_split(e);
+      const std::string tie = e.s("tie", "");
+      TokenEmbedding* emb = nullptr;
+      for (auto* x : embeddings_)
+        if (x->name() == tie) emb = x;
+      RT_CHECK(emb != nullptr, e.where(), ": key 'tie' = '", tie, "' names no embedding entry before it in this list");
+      need_rank(e, 3, "tokens [T, D]");
+      RT_CHECK(shape_[2] == emb->dim(), e.where(), ": its input has width ", shape_[2], " but the tied embedding '",
+               tie, "' has width ", emb->dim());
+      emb->tie_to_head();
+      L.push_back(std::make_unique<LmHead>(name, tie, emb->vocab(), emb->dim()));
     } else if (t == "token_mean") {
       not_split(e);
       need_rank(e, 3, "tokens [T, D]");
@@ -389,6 +416,7 @@ class Builder {
   std::string split_;   // the column entry whose split output is pending ("" = not split)
   std::string next_;    // the type of the entry after the one being added ("" = none)
   bool seq_ = false;    // the tokens are split over the tensor ranks (inside a run of transformer entries)
+  std::vector<TokenEmbedding*> embeddings_;  // built so far, for lm_head's tie (owned by the output list)
 };
 
 }  // namespace
@@ -399,8 +427,14 @@ std::vector<LayerPtr> build_described_layers(const std::vector<LayerDesc>& descs
                                              bool fuse_pool, const std::string& where) {
   check_list(descs, where);
   const Target t{c.tensor, c.classes, fuse_pool, where, c.sequence && c.tensor.size > 1};
-  Builder b(t, {1, c.in_channels, c.height, c.width}, "");
+  Builder b(t, model_input_shape(c, 1), "");
   auto L = b.build(descs, where);
+  if (c.seq_len > 0) {
+    RT_CHECK(b.shape() == (Shape{1, c.seq_len, c.classes}), where, ": the last entry's output is ",
+             sample_str(b.shape()), ", but the loss needs [", c.seq_len, ", ", c.classes, "] (one score per token "
+             "of the vocabulary at each of data.seq_len positions)");
+    return L;
+  }
   RT_CHECK(b.shape().size() == 2 && b.shape()[1] == c.classes, where, ": the last entry's output is ",
            sample_str(b.shape()), ", but the loss needs [", c.classes, "] (one score per class of the data)");
   return L;

@@ -5,6 +5,16 @@
 namespace ringtrain {
 namespace {
 
+// Per-token logits [N, T, K] with labels [N, T] are N*T rows of a [N*T, K] problem.
+Tensor rows(const Tensor& t, std::int64_t features) {
+  if (!t.defined()) return t;
+  return features > 0 ? t.reshape({t.numel() / features, features}) : t.reshape({t.numel()});
+}
+bool per_token(const Tensor& logits, const Tensor& labels) {
+  if (!logits.defined() || !labels.defined() || logits.ndim() != 3 || labels.ndim() != 2) return false;
+  return logits.dim(0) == labels.dim(0) && logits.dim(1) == labels.dim(1);
+}
+
 void check(const Tensor& logits, const Tensor& labels) {
   RT_CHECK(logits.defined() && logits.ndim() == 2 && logits.dim(0) > 0 && logits.dim(1) > 0,
            "softmax cross-entropy: logits must be [N, K], got ",
@@ -22,7 +32,13 @@ void check(const Tensor& logits, const Tensor& labels) {
 
 }  // namespace
 
-double softmax_cross_entropy(const Tensor& logits, const Tensor& labels, double smoothing, Tensor& dlogits) {
+double softmax_cross_entropy(const Tensor& logits_in, const Tensor& labels_in, double smoothing, Tensor& dlogits) {
+  if (per_token(logits_in, labels_in)) {
+    Tensor d = dlogits.defined() && dlogits.shape() == logits_in.shape() ? rows(dlogits, logits_in.dim(2)) : dlogits;
+    return softmax_cross_entropy(rows(logits_in, logits_in.dim(2)), rows(labels_in, 0), smoothing, d);
+  }
+  const Tensor& logits = logits_in;
+  const Tensor& labels = labels_in;
   check(logits, labels);
   RT_CHECK(smoothing >= 0 && smoothing < 1, "label smoothing must be in [0, 1), got ", smoothing);
   if (dlogits.defined())
@@ -45,6 +61,7 @@ double softmax_cross_entropy_loss(const Tensor& logits, const Tensor& labels, do
 }
 
 std::int64_t count_correct(const Tensor& logits, const Tensor& labels) {
+  if (per_token(logits, labels)) return count_correct(rows(logits, logits.dim(2)), rows(labels, 0));
   check(logits, labels);
   return backend_for(logits.device()).count_correct(logits, labels);
 }

@@ -31,7 +31,7 @@ std::string join(const std::vector<std::string>& v) {
 
 const std::vector<std::string>& builtin_model_names() {
   // The names build_layers (models.cpp) dispatches itself; anything else goes to the registry.
-  static const std::vector<std::string> names = {"mlp", "cnn", "resnet", "vit", "layers"};
+  static const std::vector<std::string> names = {"mlp", "cnn", "resnet", "vit", "gpt", "layers"};
   return names;
 }
 

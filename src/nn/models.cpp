@@ -30,6 +30,7 @@ class Entry {
   Entry& i(const char* key, std::int64_t v) { return set(key, v); }
   Entry& f(const char* key, double v) { return set(key, v); }
   Entry& b(const char* key, bool v) { return set(key, v); }
+  Entry& s(const char* key, const std::string& v) { return set(key, v); }
   Entry& column() { return set("tensor", std::string("column")); }
   Entry& row() { return set("tensor", std::string("row")); }
   Entry& layers(std::vector<LayerDesc> l) {
@@ -157,6 +158,39 @@ std::vector<LayerDesc> vit(const ModelConfig& c) {
   return L;
 }
 
+// A GPT-2-style language model (Radford et al. 2019) on token data:
+//   wte (token + learned position embedding) -> [drop] ->
+//   blocks.0 .. blocks.{depth-1} (pre-norm, causal attention, GELU MLP) ->
+//   norm (LayerNorm) -> lm_head (logits: x wte.weight^T, the tied embedding)
+// The blocks split their heads and MLP over the tensor group as in vit; the
+// embedding and the head are replicated there.
+std::vector<LayerDesc> gpt(const ModelConfig& c) {
+  const std::int64_t dim = c.base_width;
+  RT_CHECK(c.seq_len > 0, "model 'gpt': needs token data (ringtrain prepare --dataset text|tokens); data.train "
+           "holds images");
+  RT_CHECK(c.heads > 0, "model 'gpt': model.heads must be positive, got ", c.heads);
+  RT_CHECK(dim > 0 && dim % c.heads == 0, "model 'gpt': model.width = ", dim, " is not divisible by model.heads = ",
+           c.heads);
+  RT_CHECK(c.depth >= 1, "model 'gpt': model.depth must be >= 1, got ", c.depth);
+  RT_CHECK(c.heads % c.tensor.size == 0, "model 'gpt': model.heads = ", c.heads,
+           " is not divisible by parallel.tensor = ", c.tensor.size, " (attention heads are split over the tensor "
+           "ranks)");
+  const auto hidden = static_cast<std::int64_t>(std::llround(double(dim) * c.mlp_ratio));
+  RT_CHECK(hidden > 0 && hidden % c.tensor.size == 0, "model 'gpt': the MLP hidden width model.width * "
+           "model.mlp_ratio = ", hidden, " must be positive and divisible by parallel.tensor = ", c.tensor.size);
+  std::vector<LayerDesc> L = {Entry("embedding", "wte").i("out", dim)};
+  if (c.dropout > 0) L.push_back(Entry("dropout", "drop").f("p", c.dropout));
+  for (int i = 0; i < c.depth; ++i)
+    L.push_back(Entry("transformer", cat("blocks.", i))
+                    .i("heads", c.heads)
+                    .f("mlp_ratio", c.mlp_ratio)
+                    .f("dropout", c.dropout)
+                    .b("causal", true));
+  L.push_back(Entry("layernorm", "norm"));
+  L.push_back(Entry("lm_head", "lm_head").s("tie", "wte"));
+  return L;
+}
+
 std::vector<LayerPtr> build_layers(const ModelConfig& c, bool fuse_pool) {
   RT_CHECK(c.in_channels > 0 && c.height > 0 && c.width > 0, "model '", c.name,
            "': in_channels, height and width must be positive");
@@ -170,7 +204,8 @@ std::vector<LayerPtr> build_layers(const ModelConfig& c, bool fuse_pool) {
   else if (c.name == "cnn") d = cnn(c);
   else if (c.name == "resnet") d = resnet(c);
   else if (c.name == "vit") d = vit(c);
-  else RT_FAIL("unknown model '", c.name, "' (known: mlp, cnn, resnet, vit, layers)");
+  else if (c.name == "gpt") d = gpt(c);
+  else RT_FAIL("unknown model '", c.name, "' (known: mlp, cnn, resnet, vit, gpt, layers)");
   return build_described_layers(d, c, fuse_pool, cat("model '", c.name, "' layers"));
 }
 
@@ -202,7 +237,7 @@ std::vector<LayerPlan> plan_model_layers(const ModelConfig& cfg, Device dev) {
 }
 
 double model_flops_per_sample(const ModelConfig& cfg) {
-  Shape s = {1, cfg.in_channels, cfg.height, cfg.width};
+  Shape s = model_input_shape(cfg, 1);
   double f = 0;
   for (auto& l : build_layers(cfg, true)) {
     f += l->forward_flops(s);

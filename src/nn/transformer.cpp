@@ -292,7 +292,7 @@ LayerPtr transformer_block(const std::string& name, const TransformerBlockSpec& 
   };
   std::vector<LayerPtr> attn, mlp;
   attn.push_back(norm("norm1"));
-  attn.push_back(multi_head_attention("attn", s.dim, s.heads, gs));
+  attn.push_back(multi_head_attention("attn", s.dim, s.heads, gs, s.causal));
   if (s.dropout > 0) attn.push_back(dropout(".drop1"));
   mlp.push_back(norm("norm2"));
   const LinearSpec fc1{s.dim, hidden, true, false}, fc2{hidden, s.dim, true, false};

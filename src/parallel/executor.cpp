@@ -166,9 +166,9 @@ StepOutput ScheduleExecutor::run(Stage& stage, const StepInput& in, GradSync& sy
             if (!d.defined() || d.shape() != output[i].shape())
               d = Tensor::empty(output[i].shape(), DType::f32, output[i].device());
             const double loss = softmax_cross_entropy(output[i], y, 0.0, d);
-            if (counts) {
-              out.stats.loss_sum += loss * static_cast<double>(rows);
-              out.stats.samples += rows;
+            if (counts) {  // in targets: samples, or tokens of a language model's [rows, T] labels
+              out.stats.loss_sum += loss * static_cast<double>(y.numel());
+              out.stats.samples += y.numel();
               out.stats.correct += count_correct(output[i], y);
             }
             if (dloss_scale != 1.0) rt_.scale(d, dloss_scale);
@@ -222,7 +222,8 @@ std::pair<double, std::int64_t> ScheduleExecutor::evaluate(Stage& stage, const T
   Tensor y = on(labels, dev_);
   Tensor o = valid < bn ? y_out.slice_rows(0, valid) : y_out;
   if (valid < bn) y = y.slice_rows(0, valid);
-  return {softmax_cross_entropy_loss(o, y) * static_cast<double>(valid), count_correct(o, y)};
+  // Summed over the targets: samples, or every token of a language model's [valid, T] labels.
+  return {softmax_cross_entropy_loss(o, y) * static_cast<double>(y.numel()), count_correct(o, y)};
 }
 
 }  // namespace ringtrain

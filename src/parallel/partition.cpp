@@ -104,7 +104,7 @@ std::vector<double> layer_param_costs(const std::vector<LayerPlan>& plan) {
 std::vector<double> layer_time_costs(const ModelConfig& mc, Device dev, std::int64_t batch, int reps) {
   using Clock = std::chrono::steady_clock;
   std::vector<LayerPtr> layers = build_model_layers(mc, dev);
-  Shape s = {batch, mc.in_channels, mc.height, mc.width};
+  Shape s = model_input_shape(mc, batch);
   std::size_t index = 0;  // model index of the layer's first parameter
   std::vector<double> out;
   for (std::size_t i = 0; i < layers.size(); ++i) {

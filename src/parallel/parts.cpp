@@ -39,7 +39,9 @@ ModelParts build_parts(const ProcessGrid& grid, const ModelConfig& mc, const Gri
   // The executor knows the slots the schedule needs: the stage is built after it.
   const auto [in_mb, out_mb] = Stage::boundary_shapes(mc_tp, dev, first, end, mb.size());
   parts.executor = std::make_unique<ScheduleExecutor>(grid, gc.schedule, mb, in_mb, out_mb, dev, rt);
-  parts.stage = std::make_unique<Stage>(mc_tp, dev, first, end, parts.executor->slots());
+  // Agreed: a stage's layers can refuse their range (a head tied to another stage's embedding).
+  run_agreed(grid.world(), "building the pipeline stages",
+             [&] { parts.stage = std::make_unique<Stage>(mc_tp, dev, first, end, parts.executor->slots()); });
   // BatchNorm: per-micro-batch normalisation, running statistics over the whole step (stage.hpp).
   if (mb.per_step() > 1) parts.stage->set_deferred_batch_stats(true);
   // Only zero-bubble schedules defer the weight gradients; the others run each

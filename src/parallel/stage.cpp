@@ -64,7 +64,7 @@ Stage::Stage(const ModelConfig& mc, Device dev, int first, int end, int slots)
            ") out of the model's ", n);
   // The stage's input shape (the model's sample shape through the earlier
   // layers) and the model index of its first parameter (init values are drawn per index).
-  Shape s = {1, mc.in_channels, mc.height, mc.width};
+  Shape s = model_input_shape(mc, 1);
   ParamArena before;
   for (int i = 0; i < first; ++i) {
     s = all[static_cast<std::size_t>(i)]->output_shape(s);
@@ -115,7 +115,7 @@ std::pair<Shape, Shape> Stage::boundary_shapes(const ModelConfig& mc, Device dev
   std::vector<LayerPtr> all = build_model_layers(mc, dev);
   RT_CHECK(first >= 0 && first < end && end <= static_cast<int>(all.size()), "pipeline stage: layers [", first,
            ", ", end, ") out of the model's ", all.size());
-  Shape s = {n, mc.in_channels, mc.height, mc.width}, in;
+  Shape s = model_input_shape(mc, n), in;
   for (int i = 0; i < end; ++i) {
     if (i == first) in = s;
     s = all[static_cast<std::size_t>(i)]->output_shape(s);

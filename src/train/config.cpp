@@ -31,12 +31,12 @@ struct Field {
 
 const std::vector<Field>& fields() {
   static const std::vector<Field> f = {
-      RT_FIELD(model, name, "mlp | cnn | resnet | vit | layers (the [[model.layers]] list), or a model the program registered (register_model)"),
-      RT_FIELD(model, depth, "resnet depth (6n+2); vit: transformer blocks"),
-      RT_FIELD(model, width, "resnet channels of the first stage; vit: embedding width"),
+      RT_FIELD(model, name, "mlp | cnn | resnet | vit | gpt (a language model on token data) | layers (the [[model.layers]] list), or a model the program registered (register_model)"),
+      RT_FIELD(model, depth, "resnet depth (6n+2); vit, gpt: transformer blocks"),
+      RT_FIELD(model, width, "resnet channels of the first stage; vit, gpt: embedding width"),
       RT_FIELD(model, dropout, "dropout before the classifier (0 = none); vit: in every block"),
-      RT_FIELD(model, heads, "vit: attention heads (divides model.width)"),
-      RT_FIELD(model, mlp_ratio, "vit: MLP hidden units per embedding unit"),
+      RT_FIELD(model, heads, "vit, gpt: attention heads (divides model.width)"),
+      RT_FIELD(model, mlp_ratio, "vit, gpt: MLP hidden units per embedding unit"),
       RT_FIELD(model, patch, "vit: patch side in pixels (divides the image size)"),
       RT_FIELD(data, train, "training set: HDF5 file, or shard directory/pattern"),
       RT_FIELD(data, test, "test set: HDF5 file, or shard directory/pattern"),
@@ -46,6 +46,7 @@ const std::vector<Field>& fields() {
       RT_FIELD(data, augment, "random crop (pad 2) and horizontal flip"),
       RT_FIELD(data, prefetch, "batches prepared ahead by the loader thread"),
       RT_FIELD(data, mpi_io, "parallel HDF5 collective reads"),
+      RT_FIELD(data, seq_len, "token data (prepare --dataset text|tokens): tokens per sample, the model's context length; a sample is a window of seq_len + 1 tokens (inputs and next-token targets)"),
       RT_FIELD(train, epochs, "epochs to train"),
       RT_FIELD(train, seed, "seed for initialisation, shuffling, dropout"),
       RT_FIELD(train, threads, "compute threads per rank (0 = OMP_NUM_THREADS or 1)"),
@@ -272,7 +273,7 @@ void TrainConfig::validate() const {
            "configuration key 'model.depth': resnet depth must be 6n+2 >= 8, got ", model.depth);
   range("model.width", model.width, 1, 65536);
   range("model.dropout", model.dropout, 0, 1, false, true);
-  if (model.name == "vit") {  // the image size is checked against model.patch when the model is built
+  if (model.name == "vit" || model.name == "gpt") {  // the image size is checked against model.patch when the model is built
     range("model.heads", model.heads, 1, 65536);
     RT_CHECK(model.width % model.heads == 0, "configuration key 'model.heads': ", model.heads,
              " heads do not divide model.width = ", model.width);
@@ -282,6 +283,7 @@ void TrainConfig::validate() const {
   range("data.batch_size", data.batch_size, 1, 1 << 24);
   range("data.global_batch", static_cast<double>(data.global_batch), 0, 1LL << 40);
   range("data.prefetch", data.prefetch, 1, 1024);
+  range("data.seq_len", data.seq_len, 1, 1 << 24);
   range("train.epochs", train.epochs, 1, 1e6);
   range("train.threads", train.threads, 0, 4096);
   range("train.accumulation", train.accumulation, 1, 1 << 16);

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
@@ -49,6 +50,8 @@ static std::string hms(double s) {
 
 void Reporter::step(std::int64_t s, double loss, double images_per_s) {
   if (!root_) return;
+  const char* unit = tokens_ > 0 ? "tokens/s" : "img/s";
+  if (tokens_ > 0) images_per_s *= double(tokens_);
   double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_t0_).count();
   double eta = s > 0 ? elapsed / s * (steps_ - s) : 0;
   if (bar_) {
@@ -56,18 +59,18 @@ void Reporter::step(std::int64_t s, double loss, double images_per_s) {
     int filled = steps_ ? static_cast<int>(width * s / steps_) : width;
     std::string bar(filled, '#');
     bar.resize(width, '.');
-    std::fprintf(stderr, "\repoch %d/%d [%s] %3d%% loss %.4f %7.0f img/s ETA %s   ", epoch_ + 1, epochs_,
-                 bar.c_str(), steps_ ? static_cast<int>(100 * s / steps_) : 100, loss, images_per_s,
+    std::fprintf(stderr, "\repoch %d/%d [%s] %3d%% loss %.4f %7.0f %s ETA %s   ", epoch_ + 1, epochs_,
+                 bar.c_str(), steps_ ? static_cast<int>(100 * s / steps_) : 100, loss, images_per_s, unit,
                  hms(eta).c_str());
     std::fflush(stderr);
   } else if (json_ && (s % interval_ == 0 || s == steps_)) {
     // The loss at full precision, for comparing runs step by step.
     nlohmann::json j = {{"event", "step"}, {"epoch", epoch_ + 1}, {"step", epoch_ * steps_ + s},
-                        {"step_in_epoch", s}, {"loss", loss},     {"images_per_s", images_per_s}};
+                        {"step_in_epoch", s}, {"loss", loss},     {tokens_ > 0 ? "tokens_per_s" : "images_per_s", images_per_s}};
     std::fprintf(stderr, "%s\n", j.dump().c_str());
   } else if (!json_ && (s % interval_ == 0 || s == steps_)) {
-    std::fprintf(stderr, "epoch %d/%d step %lld/%lld loss %.4f %.0f img/s ETA %s\n", epoch_ + 1, epochs_,
-                 static_cast<long long>(s), static_cast<long long>(steps_), loss, images_per_s, hms(eta).c_str());
+    std::fprintf(stderr, "epoch %d/%d step %lld/%lld loss %.4f %.0f %s ETA %s\n", epoch_ + 1, epochs_,
+                 static_cast<long long>(s), static_cast<long long>(steps_), loss, images_per_s, unit, hms(eta).c_str());
   }
 }
 
@@ -76,6 +79,17 @@ void Reporter::epoch_end(const EpochMetrics& m) {
   if (bar_) std::fprintf(stderr, "\n");
   std::string test = m.evaluated ? cat(" | test loss ", fixed(m.test_loss, 4), " acc ", fixed(100 * m.test_accuracy, 2), "%")
                                  : std::string();
+  // A language model: the test split is the validation set; perplexity = exp(mean token loss).
+  if (m.evaluated && m.tokens_per_sample > 0)
+    test = cat(" | val loss ", fixed(m.test_loss, 4), " ppl ", fixed(std::exp(m.test_loss), 2), " acc ",
+               fixed(100 * m.test_accuracy, 2), "%");
+  std::string rate = m.tokens_per_sample > 0
+                         ? cat(fixed(m.images_per_s * double(m.tokens_per_sample), 0), " tokens/s")
+                         : cat(fixed(m.images_per_s, 0), " img/s");
+  if (m.matmul_peak_flops > 0)
+    rate += cat(", model ", fixed(m.model_flops_per_s / 1e9, 2), " GFLOP/s = MFU ",
+                fixed(100 * m.model_flops_per_s / m.matmul_peak_flops, 1), "% of the measured matmul peak ",
+                fixed(m.matmul_peak_flops / 1e9, 1), " GFLOP/s");
   std::string amp = m.loss_scale > 0 ? cat(" | loss scale ", m.loss_scale, ", ", m.skipped_steps, " skipped") : "";
   std::string slow = m.slowest_rank < 0 ? ""
                      : cat(" | ", m.straggler ? "straggler" : "slowest", " rank ", m.slowest_rank, ": compute ",
@@ -83,9 +97,9 @@ void Reporter::epoch_end(const EpochMetrics& m) {
                            fixed(100 * m.slowest_wait_fraction, 0), "% of the step");
   if (!json_)  // json: the epoch record below instead
     std::fprintf(stderr,
-                 "epoch %d/%d: train loss %.4f acc %.2f%%%s | %.0f img/s | "
+                 "epoch %d/%d: train loss %.4f acc %.2f%%%s | %s | "
                  "compute %.1fs, exposed comm %.2fs, data wait %.2fs | lr %.4g%s%s\n",
-                 m.epoch + 1, epochs_, m.train_loss, 100 * m.train_accuracy, test.c_str(), m.images_per_s, m.compute_s,
+                 m.epoch + 1, epochs_, m.train_loss, 100 * m.train_accuracy, test.c_str(), rate.c_str(), m.compute_s,
                  m.comm_exposed_s, m.data_wait_s, m.lr, amp.c_str(), slow.c_str());
   std::fflush(stderr);
   if (metrics_ || json_) {
@@ -104,6 +118,15 @@ void Reporter::epoch_end(const EpochMetrics& m) {
                         {"pipeline_wait_s", m.pipeline_wait_s},
                         {"data_wait_s", m.data_wait_s},
                         {"eval_s", m.eval_s}};
+    if (m.tokens_per_sample > 0) {
+      j["tokens_per_s"] = m.images_per_s * double(m.tokens_per_sample);
+      j["test_perplexity"] = m.evaluated ? nlohmann::json(std::exp(m.test_loss)) : nlohmann::json();
+    }
+    if (m.matmul_peak_flops > 0) {
+      j["model_flops_per_s"] = m.model_flops_per_s;
+      j["matmul_peak_flops"] = m.matmul_peak_flops;
+      j["mfu"] = m.model_flops_per_s / m.matmul_peak_flops;
+    }
     const bool slowest = m.slowest_rank >= 0;
     j["slowest_rank"] = slowest ? nlohmann::json(m.slowest_rank) : nlohmann::json();
     j["slowest_slowdown"] = slowest ? nlohmann::json(m.slowest_slowdown) : nlohmann::json();

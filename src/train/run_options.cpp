@@ -1,6 +1,7 @@
 #include "run_options.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 
 #include "ringtrain/comm/agree.hpp"
@@ -8,6 +9,7 @@
 #include "ringtrain/comm/host_backend.hpp"
 #include "ringtrain/core/error.hpp"
 #include "ringtrain/core/log.hpp"
+#include "ringtrain/nn/backend.hpp"
 
 namespace ringtrain {
 
@@ -25,6 +27,7 @@ std::unique_ptr<data::Loader> open_train_loader(const TrainConfig& cfg, const Co
   lo.tail = cfg.data.drop_last ? data::TailPolicy::drop_last : data::TailPolicy::pad;
   lo.prefetch_depth = cfg.data.prefetch;
   lo.mpio = cfg.data.mpi_io;
+  lo.seq_len = cfg.data.seq_len;
   if (cfg.data.augment) lo.augment = data::Augment{2, true};
   // Errors name the key (the loader names the file); raised on every rank alike.
   try {
@@ -43,6 +46,7 @@ ModelConfig model_config(const TrainConfig& cfg, const data::FileInfo& info) {
   mc.height = info.height;
   mc.width = info.width;
   mc.classes = info.num_classes;
+  if (info.tokens()) mc.seq_len = cfg.data.seq_len;
   mc.depth = cfg.model.depth;
   mc.base_width = cfg.model.width;
   mc.dropout = cfg.model.dropout;
@@ -53,6 +57,23 @@ ModelConfig model_config(const TrainConfig& cfg, const data::FileInfo& info) {
   mc.sequence = cfg.parallel.sequence;
   mc.seed = cfg.train.seed;
   return mc;
+}
+
+double matmul_peak_flops(Device dev) {
+  if (!dev.is_cpu()) return 0;
+  const std::int64_t n = 512;
+  auto k = backend_for(dev).linear(LinearSpec{n, n, false, false});
+  Tensor x = Tensor::empty({n, n}), w = Tensor::empty({n, n}), y = Tensor::empty({n, n});
+  x.fill_(1e-3);
+  w.fill_(1e-3);
+  k->forward(x, w, Tensor(), y);  // warm-up (kernel creation, caches)
+  double best = 1e300;
+  for (int r = 0; r < 5; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    k->forward(x, w, Tensor(), y);
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return 2.0 * double(n) * double(n) * double(n) / best;
 }
 
 OptimizerConfig optimizer_config(const TrainConfig& cfg) {

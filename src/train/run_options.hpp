@@ -28,6 +28,9 @@ ScheduleConfig schedule_config(const TrainConfig& cfg, std::int64_t global_batch
 CollectiveOptions collective_options(const TrainConfig& cfg);
 // The comm.* keys, without device_ops (the caller adds its device's).
 EngineOptions engine_options(const TrainConfig& cfg);
+// FLOP/s of one float32 matmul (512^3, the backend's Linear kernel, the best of
+// 5) on this rank's compute threads: the peak model FLOP/s are compared with (MFU). CPU only (0 elsewhere).
+double matmul_peak_flops(Device dev);
 // Records an epoch's evaluation in its metrics and the run's result (best
 // accuracy, first epoch at train.target_accuracy, announced by `speak`).
 void record_evaluation(const TrainConfig& cfg, int epoch, const EvalResult& ev, double eval_s, double run_s,

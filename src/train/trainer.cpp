@@ -110,6 +110,12 @@ void Trainer::Impl::build_model() {
   ModelConfig mc = model_config(cfg, loader->info());
   mc.math = parse_math_mode(cfg.train.precision);
   for (const LayerPlan& l : plan_model_layers(mc)) num_params += l.numel;  // the whole model, never built here
+  if (mc.seq_len > 0 && device.is_cpu()) {  // language models report MFU against every rank's measured peak
+    flops_per_sample = model_flops_per_sample(mc);
+    std::vector<double> peak = {matmul_peak_flops(device)};
+    sum_over_ranks(peak, world);
+    matmul_peak = peak[0];
+  }
   run_agreed(world, "choosing the layout", [&] {
     RT_CHECK(cfg.parallel.tensor == 1 || device.is_cpu(), "parallel.tensor = ", cfg.parallel.tensor,
              " with train.device = cuda is not supported yet: tensor-parallel layers have not run on a GPU "
@@ -192,15 +198,21 @@ double Trainer::Impl::train_step(EpochStats& st) {
 
 EvalResult Trainer::Impl::evaluate(const std::string& path) {
   data::LoaderOptions lo;
-  std::int64_t n = 0;
+  std::int64_t n = 0, per = 1;  // samples, and targets per sample (a language model's tokens)
   run_agreed(world, "opening the test data", [&] {
     try {
       lo.files = data::find_split_files(path, "test");
       for (auto& f : lo.files) n += data::read_file_info(f).count;
+      if (data::read_file_info(lo.files.front()).tokens()) {
+        n = data::token_windows(n, cfg.data.seq_len);
+        per = cfg.data.seq_len;
+        RT_CHECK(n >= 1, lo.files.front(), ": data.seq_len = ", cfg.data.seq_len, " is longer than the data");
+      }
     } catch (const Error& e) {
       RT_FAIL("data.test = '", path, "': ", e.what());
     }
   });
+  lo.seq_len = cfg.data.seq_len;
   // Every sample exactly once: no shuffle, padded tail excluded through Batch::valid.
   lo.batch_size = std::max<std::int64_t>(1, std::min<std::int64_t>(256, n / grid->dp_size()));
   lo.shuffle = false;
@@ -214,12 +226,12 @@ EvalResult Trainer::Impl::evaluate(const std::string& path) {
     auto [l, c] = parts.executor->evaluate(*parts.stage, b->images, b->labels, b->valid);
     loss_sum += l;
     correct += c;
-    if (counts) count += b->valid;
+    if (counts) count += b->valid * per;
   }
   std::vector<double> v = {loss_sum, static_cast<double>(correct), static_cast<double>(count)};
   sum_over_ranks(v, world);
-  RT_CHECK(v[2] == static_cast<double>(n), "evaluation saw ", v[2], " samples of ", n);
-  return {v[0] / v[2], v[1] / v[2], static_cast<std::int64_t>(v[2])};
+  RT_CHECK(v[2] == static_cast<double>(n * per), "evaluation saw ", v[2] / per, " samples of ", n);
+  return {v[0] / v[2], v[1] / v[2], static_cast<std::int64_t>(v[2] / per)};
 }
 
 // Reporter on rank 0; the metrics file gets this run's id and resume count on every record.
@@ -235,6 +247,7 @@ void Trainer::Impl::start_reporting() {
   if (!reporter) reporter = std::make_unique<Reporter>(false, cfg.log.format, cfg.log.interval, "", cfg.train.epochs,
                                                        steps_per_epoch());
   reporter->set_run(pos.run_id, pos.resumes);
+  reporter->set_tokens_per_sample(loader->info().tokens() ? cfg.data.seq_len : 0);
   if (world.rank() == 0 && hooks.report) {
     std::string grid_text;
     if (!layout.empty()) {
@@ -373,6 +386,9 @@ EpochMetrics Trainer::Impl::train_epoch(int epoch, bool& finished) {
   m.train_loss = st.steps ? st.loss_sum / st.steps : 0;
   m.train_accuracy = st.seen > 0 ? static_cast<double>(st.correct) / static_cast<double>(st.seen) : 0;
   m.images_per_s = m.time_s > 0 ? static_cast<double>(global_batch()) * st.steps / m.time_s : 0;
+  m.tokens_per_sample = loader->info().tokens() ? cfg.data.seq_len : 0;
+  m.model_flops_per_s = m.images_per_s * flops_per_sample;
+  m.matmul_peak_flops = matmul_peak;
   return m;
 }
 

@@ -34,6 +34,9 @@ struct Trainer::Impl {
   std::unique_ptr<data::Loader> loader;  // over the data-parallel group: a replica's stages read the same batches
   ModelParts parts;               // this rank's stage and shard, and what trains them
   std::int64_t num_params = 0;    // the whole model's
+  // Language models: model FLOPs per sample (3 x the forward's matmuls, attention
+  // included) and the measured matmul peak summed over the ranks (MFU); 0: not reported.
+  double flops_per_sample = 0, matmul_peak = 0;
   std::unique_ptr<LrSchedule> schedule;
   std::unique_ptr<Reporter> reporter;
   RunPosition pos;                // where the run stands (checkpointed)

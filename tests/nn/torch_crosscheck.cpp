@@ -73,6 +73,14 @@ void prepare(Case& k) {
   k.x = random_tensor({k.batch, c.in_channels, c.height, c.width}, 77, 0.0, 1.0);
   k.y = Tensor::empty({k.batch}, DType::i64);
   for (std::int64_t i = 0; i < k.batch; ++i) k.y.data<std::int64_t>()[i] = (i * 3 + 1) % c.classes;
+  if (c.seq_len > 0) {  // gpt: token ids in, the next tokens as per-token labels
+    k.x = Tensor::empty({k.batch, c.seq_len});
+    k.y = Tensor::empty({k.batch, c.seq_len}, DType::i64);
+    for (std::int64_t i = 0; i < k.batch * c.seq_len; ++i) {
+      k.x.data<float>()[i] = float((i * 7 + 3) % c.classes);
+      k.y.data<std::int64_t>()[i] = (i * 5 + 2) % c.classes;
+    }
+  }
 
   k.dir = fs::temp_directory_path() /
           ("rt_torch_ref_" + c.name + std::to_string(k.batch) + "_" + std::to_string(::getpid()));
@@ -80,7 +88,8 @@ void prepare(Case& k) {
   nlohmann::json meta = {{"model", c.name}, {"in_channels", c.in_channels}, {"height", c.height},
                          {"width", c.width}, {"classes", c.classes},        {"depth", c.depth},
                          {"base_width", c.base_width}, {"batch", k.batch}, {"smoothing", k.smoothing},
-                         {"heads", c.heads}, {"mlp_ratio", c.mlp_ratio}, {"patch", c.patch}};
+                         {"heads", c.heads}, {"mlp_ratio", c.mlp_ratio}, {"patch", c.patch},
+                         {"seq_len", c.seq_len}};
   std::vector<float> params;
   for (std::size_t i = 0; i < m.arena().size(); ++i) {
     meta["params"].push_back({{"name", m.arena().info(i).name}, {"shape", m.arena().info(i).shape}});
@@ -162,6 +171,14 @@ class TorchCrossCheck : public ::testing::Test {
     v3.mlp_ratio = 1.5;
     v3.patch = 4;
     cases_->push_back(Case{v3, 4, 0.1, {}, {}, {}, {}});
+    ModelConfig g = named("gpt");  // 2 causal blocks, 11-token vocabulary, tied head
+    g.seq_len = 8;
+    g.classes = 11;
+    g.depth = 2;
+    g.base_width = 16;
+    g.heads = 4;
+    g.mlp_ratio = 2;
+    cases_->push_back(Case{g, 4, 0.0, {}, {}, {}, {}});
     std::ostringstream cmd;  // (string += in a loop trips GCC 12's -Wrestrict false positive)
     cmd << "/usr/bin/python3 " << script();
     for (auto& k : *cases_) {
@@ -192,3 +209,4 @@ TEST_F(TorchCrossCheck, ResnetTrainModeWithBatchNormAndRunningStats) { run(2); }
 TEST_F(TorchCrossCheck, Mlp) { run(3); }
 TEST_F(TorchCrossCheck, VitLossAndGradients) { run(4); }
 TEST_F(TorchCrossCheck, VitThreeChannelsWithLabelSmoothing) { run(5); }
+TEST_F(TorchCrossCheck, GptCausalTiedLossAndGradients) { run(6); }

@@ -131,6 +131,43 @@ TEST(LayersModel, VitDescriptionIsTheBuiltInVitBitForBit) {
   expect_identical(a, b, {3, 1, 28, 28});
 }
 
+TEST(LayersModel, GptDescriptionIsTheBuiltInGptBitForBit) {
+  std::string s = "[model]\nname = \"layers\"\n[[model.layers]]\ntype = \"embedding\"\nname = \"wte\"\nout = 16\n"
+                  "[[model.layers]]\ntype = \"dropout\"\nname = \"drop\"\np = 0.1\n";
+  for (int i = 0; i < 2; ++i)
+    s += cat("[[model.layers]]\ntype = \"transformer\"\nname = \"blocks.", i,
+             "\"\nheads = 4\nmlp_ratio = 2\ndropout = 0.1\ncausal = true\n");
+  s += "[[model.layers]]\ntype = \"layernorm\"\nname = \"norm\"\n[[model.layers]]\ntype = \"lm_head\"\n"
+       "name = \"lm_head\"\ntie = \"wte\"\n";
+  TrainConfig t = parse(s);
+  ModelConfig l = model_of(t);
+  l.seq_len = 8, l.classes = 11;
+  ModelConfig g = l;
+  g.name = "gpt";
+  g.base_width = 16, g.heads = 4, g.depth = 2, g.mlp_ratio = 2.0, g.dropout = 0.1;
+  Stage a(l, Device::cpu()), b(g, Device::cpu());
+  EXPECT_EQ(layer_names(a), layer_names(b));
+  ASSERT_EQ(a.arena().size(), b.arena().size());
+  for (std::size_t i = 0; i < a.arena().size(); ++i) {
+    EXPECT_EQ(a.arena().info(i).name, b.arena().info(i).name);
+    EXPECT_TRUE(same_bits(a.arena().param(i), b.arena().param(i))) << a.arena().info(i).name;
+  }
+  Tensor x = Tensor::empty({3, 8});
+  for (std::int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = float((i * 7 + 1) % 11);
+  for (Mode mode : {Mode::train, Mode::eval})  // train: the same dropout masks too
+    EXPECT_TRUE(same_bits(a.forward(0, x, mode), b.forward(0, x, mode))) << (mode == Mode::train ? "train" : "eval");
+  // Without a tie target the lm_head entry is refused, naming the entry and the key.
+  const std::string bad = error_of([&] {
+    TrainConfig u = parse("[model]\nname = \"layers\"\n[[model.layers]]\ntype = \"embedding\"\nname = \"e\"\n"
+                          "out = 16\n[[model.layers]]\ntype = \"lm_head\"\ntie = \"wte\"\n");
+    ModelConfig m = model_of(u);
+    m.seq_len = 8, m.classes = 11;
+    Stage st(m, Device::cpu());
+  });
+  EXPECT_NE(bad.find("model.layers[1] (lm_head 'lm_head1'): key 'tie' = 'wte' names no embedding entry"),
+            std::string::npos) << bad;
+}
+
 // Every layer kind in one small model: d loss / d parameter by central
 // differences (float64 sums over a float32 model) against backward.
 TEST(LayersModel, EveryKindGradientChecked) {

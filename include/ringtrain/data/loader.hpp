@@ -25,6 +25,12 @@
 //    thread issues exactly one collective read per step, and finishes a started
 //    epoch's reads before it stops;
 //  - wait_seconds(): time next() spent blocked on the prefetch thread.
+//  - token files (language models, schema.hpp): a sample is a window of
+//    seq_len + 1 tokens of the split's stream (window i starts at token
+//    i * seq_len), drawn by the same Sampler, so batches are deterministic
+//    per (epoch, position) and sharded by rank alike; images is then f32
+//    [b, seq_len] (token ids as floats: exact below 2^24) and labels i64
+//    [b, seq_len] the next tokens. The tokens are held in memory.
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -65,13 +71,14 @@ struct LoaderOptions {
   std::int64_t cache_limit_bytes = std::int64_t(1) << 30;
   bool mpio = false;               // collective MPI-IO reads (single-file layout)
   bool normalize = true;           // false: raw pixel values 0..255 as float
+  std::int64_t seq_len = 0;        // token files: tokens per sample (required there, ignored for images)
   Augment augment;
   HostMemory host_memory;
 };
 
 struct Batch {
-  Tensor images;                  // f32 [b, C, H, W]
-  Tensor labels;                  // i64 [b]
+  Tensor images;                  // f32 [b, C, H, W] (token files: [b, seq_len] token ids)
+  Tensor labels;                  // i64 [b] (token files: [b, seq_len], the next tokens)
   std::int64_t epoch = 0, step = 0;
   std::int64_t valid = 0;         // leading samples that are not padding (== b except in the pad tail)
   const std::vector<std::int64_t>* ids = nullptr;  // global sample ids, batch order
@@ -96,7 +103,7 @@ class Loader {
   void stop();                         // joins the prefetch thread; next() restarts it
 
   std::int64_t steps_per_epoch() const;
-  std::int64_t num_samples() const;    // in the split
+  std::int64_t num_samples() const;    // in the split (token files: windows)
   std::int64_t batch_size() const;
   const FileInfo& info() const;        // the split's attributes (shard 0's file)
   bool cached() const;                 // whether samples are served from memory

@@ -74,4 +74,34 @@ struct SyntheticOptions {
 
 PreparedDataset generate_synthetic(const SyntheticOptions& opt, const Communicator& comm);
 
+// Language-model data (`prepare --dataset text|tokens`): one token stream
+// whose last val_fraction goes to the "test" split (the validation set), each
+// split one file "<name>-<split>.h5" holding /tokens (data/SCHEMA.md).
+//  - text: `input` is a file, or a directory whose regular files (recursively,
+//    in name order; symbolic links and binary files, those with a NUL byte,
+//    skipped) are concatenated; the tokenizer is byte-level (vocab 256),
+//    so the tokens are the file's bytes and decode back to them exactly;
+//  - tokens: `input` is llm.c's .bin (a 256 x int32 header: magic 20240520,
+//    version 1 (uint16 tokens) or 2 (uint32), token count; then the tokens) or
+//    a .npy array of integers (any shape, C order, read flat). The vocabulary
+//    is `vocab` when > 0, else the largest token + 1.
+// Errors name the file: empty input, a token >= vocab, a bad header, a size
+// that does not match the header, a split left empty.
+enum class TokenSource { text, tokens };
+struct TokenPrepareOptions {
+  std::string input, output;
+  TokenSource source = TokenSource::text;
+  std::string name;            // "" = the input's file/directory name
+  std::int64_t vocab = 0;      // tokens: 0 = from the data
+  double val_fraction = 0.1;   // of the tokens, taken from the end
+};
+PreparedDataset prepare_tokens(const TokenPrepareOptions& opt, const Communicator& comm);
+
+// The tokens of a pre-tokenised file (.bin or .npy, as above), checked
+// against `vocab` when > 0. Throws Error naming the file.
+std::vector<std::int32_t> read_token_file(const std::string& path, std::int64_t vocab = 0);
+// Every token of a split's files, concatenated in shard order, each checked
+// to be in [0, vocab) (errors name the file and the position).
+std::vector<std::int32_t> read_split_tokens(const std::vector<FileInfo>& files);
+
 }  // namespace ringtrain::data

@@ -17,9 +17,13 @@
 
 namespace ringtrain::data {
 
-inline constexpr int kSchemaVersion = 1;
+inline constexpr int kSchemaVersion = 2;  // 2: token files
 inline constexpr const char* kImages = "images";
 inline constexpr const char* kLabels = "labels";
+// A token file (language models): /tokens [n] (uint16 or int32) instead of
+// /images and /labels, attribute vocab; count is tokens, not samples. Its
+// samples are windows of seq_len + 1 tokens (token_windows below).
+inline constexpr const char* kTokens = "tokens";
 
 // What one file says about itself (root attributes + dataset shapes).
 struct FileInfo {
@@ -36,8 +40,17 @@ struct FileInfo {
   std::int64_t shard_index = 0, num_shards = 1;
   std::int64_t first_index = 0;           // global index of sample 0 of this file
   std::int64_t total_count = 0;           // samples in the whole split
+  std::int64_t vocab = 0;                 // token files: vocabulary size (0: an image file)
+  std::string tokenizer;                  // token files: "bytes" (UTF-8 bytes) or "external"
+  bool tokens() const { return vocab > 0; }
   std::int64_t sample_bytes() const { return channels * height * width; }
 };
+
+// Training windows in `tokens` tokens at sequence length seq_len: window i is
+// tokens [i * seq_len, i * seq_len + seq_len + 1) (inputs and shifted targets).
+inline std::int64_t token_windows(std::int64_t tokens, std::int64_t seq_len) {
+  return seq_len > 0 && tokens > 0 ? (tokens - 1) / seq_len : 0;
+}
 
 // Reads and validates one file's attributes and dataset shapes/dtypes.
 // Throws Error naming the file and the problem (missing file or dataset, wrong

@@ -21,6 +21,15 @@ IdxArray read_idx(const std::string& path);
 // Whole file contents through zlib (gzip or plain). Throws Error naming the file.
 std::vector<std::uint8_t> read_gz_or_raw(const std::string& path);
 
+// One NumPy array (.npy bytes): little-endian dtype string ('<u2', '|u1'),
+// C-order shape, payload. Errors name `what` ("FILE.npz: x_train").
+struct Npy {
+  std::string descr;
+  std::vector<std::int64_t> shape;
+  std::vector<std::uint8_t> bytes;  // the payload, little-endian as stored
+};
+Npy parse_npy(const std::vector<std::uint8_t>& bytes, const std::string& what);
+
 // Images in NCHW uint8 with their labels.
 struct ImageSet {
   std::int64_t count = 0, channels = 0, height = 0, width = 0;

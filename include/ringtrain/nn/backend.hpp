@@ -113,6 +113,7 @@ struct AttentionSpec {
   double scale = 0;  // 0: 1 / sqrt(head_dim)
   DType dtype = DType::f32;
   MathMode math = MathMode::fp32;
+  bool causal = false;  // token i attends to tokens j <= i only (language models): scores j > i are -inf
 };
 
 enum class Eltwise { relu, gelu };  // gelu = exact erf form (PyTorch default)

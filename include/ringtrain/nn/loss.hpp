@@ -12,7 +12,9 @@ struct LossResult {
   Tensor dlogits;   // d loss / d logits, same shape and device as the logits
 };
 
-// logits [N,K] (f32), labels [N] (i32 or i64, each in [0,K)). Throws Error
+// logits [N,K] (f32), labels [N] (i32 or i64, each in [0,K)); per-token
+// logits [N,T,K] with labels [N,T] are the N*T rows (the mean over tokens;
+// count_correct counts tokens). Throws Error
 // naming the mismatch on wrong shapes, dtypes, devices or labels.
 LossResult softmax_cross_entropy(const Tensor& logits, const Tensor& labels, double label_smoothing = 0.0);
 // Same, writing into a caller-owned dlogits (reused across steps, no allocation).

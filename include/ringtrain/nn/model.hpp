@@ -22,7 +22,7 @@
 namespace ringtrain {
 
 struct ModelConfig {
-  std::string name = "cnn";     // mlp | cnn | resnet | vit | layers
+  std::string name = "cnn";     // mlp | cnn | resnet | vit | gpt | layers
   std::int64_t in_channels = 1;
   std::int64_t height = 28, width = 28;
   std::int64_t classes = 10;
@@ -37,7 +37,15 @@ struct ModelConfig {
   TensorGroup tensor;              // parallel.tensor: every model splits its layers over it
   bool sequence = true;            // parallel.sequence: transformer blocks split their tokens over `tensor` too
   std::vector<LayerDesc> layers;   // name = layers: the [[model.layers]] entries (layers_model.hpp)
+  // Token data (language models): the input is token ids [N, seq_len] and
+  // `classes` is the vocabulary; 0: images [N, in_channels, height, width].
+  std::int64_t seq_len = 0;
 };
+
+// The model's input for n samples: [n, seq_len] token ids, or [n, C, H, W] images.
+inline Shape model_input_shape(const ModelConfig& c, std::int64_t n) {
+  return c.seq_len > 0 ? Shape{n, c.seq_len} : Shape{n, c.in_channels, c.height, c.width};
+}
 
 // The top-level layers of mlp / cnn / resnet / vit / layers or a registered
 // model (model_registry.hpp) for `dev`'s backend; throws Error naming unknown

@@ -52,7 +52,9 @@ class LayerNorm : public Layer {
 class MultiHeadSelfAttention : public Layer {
  public:
   // heads * head_dim must equal qkv's output / 3 and proj's input.
-  MultiHeadSelfAttention(std::string name, std::int64_t heads, std::int64_t head_dim, LayerPtr qkv, LayerPtr proj);
+  // causal: each token attends to itself and earlier tokens only (AttentionSpec::causal).
+  MultiHeadSelfAttention(std::string name, std::int64_t heads, std::int64_t head_dim, LayerPtr qkv, LayerPtr proj,
+                         bool causal = false);
   const char* type() const override { return "MultiHeadSelfAttention"; }
   bool takes_bf16() const override { return qkv_->takes_bf16() && proj_->takes_bf16(); }
   std::int64_t heads() const { return heads_; }
@@ -77,12 +79,13 @@ class MultiHeadSelfAttention : public Layer {
   Tensor qkv_out_, core_, dcore_;
   std::unique_ptr<AttentionKernel> k_;
   bool recompute_core_ = false;
+  bool causal_ = false;
 };
 
 // The standard attention: qkv and proj are Linear(dim, 3 dim) and Linear(dim, dim) with biases;
 // over g, qkv is column-parallel per head and proj row-parallel (heads/T heads per rank).
 LayerPtr multi_head_attention(const std::string& name, std::int64_t dim, std::int64_t heads,
-                              const TensorGroup& g = {});
+                              const TensorGroup& g = {}, bool causal = false);
 
 // Image [N, C, H, W] -> patches [N, T, C*p*p] -> Linear "proj" to [N, T, D],
 // plus a learned position embedding "pos_embed" [T, D] (normal, std 0.02).
@@ -183,6 +186,7 @@ struct TransformerBlockSpec {
   // stream on 1/T of the tokens; seq_first / seq_last: the block starts / ends
   // a run of such blocks (takes whole tokens in / gives them out).
   bool sequence = false, seq_first = true, seq_last = true;
+  bool causal = false;     // causal attention (a language model's block)
 };
 // Pre-norm block "<name>": norm1, attn (qkv, proj), norm2, fc1, GELU, fc2. Over g
 // the attention splits its heads and the MLP is fc1 column-parallel, fc2

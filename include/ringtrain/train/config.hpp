@@ -32,6 +32,7 @@ struct TrainConfig {
     bool augment = false;          // random crop (pad 2) + horizontal flip
     int prefetch = 4;              // batches queued ahead
     bool mpi_io = false;           // parallel HDF5 collective reads
+    int seq_len = 128;             // token data: tokens per sample (context length)
   } data;
   struct Train {
     int epochs = 10;

@@ -20,7 +20,10 @@ struct EpochMetrics {
   double train_loss = 0, train_accuracy = 0;
   bool evaluated = false;         // test_* hold values (no --no-eval)
   double test_loss = 0, test_accuracy = 0;
-  double images_per_s = 0;        // global (all ranks)
+  double images_per_s = 0;        // global (all ranks): samples (a language model's sequences) per second
+  std::int64_t tokens_per_sample = 0;  // language models: data.seq_len (tokens/s, perplexity); 0: images
+  double model_flops_per_s = 0;   // language models: 3 x forward matmul FLOPs (attention included) per second
+  double matmul_peak_flops = 0;   // the ranks' measured float32 matmul peak, summed (MFU = the ratio)
   double time_s = 0;              // wall time of the epoch's training part
   double compute_s = 0;           // forward + backward + optimizer (root rank)
   double comm_exposed_s = 0;      // time blocked on gradient all-reduce, not hidden by compute
@@ -48,6 +51,8 @@ class Reporter {
   Reporter& operator=(const Reporter&) = delete;
 
   void epoch_start(int epoch);
+  // Token data: progress lines give tokens/s instead of img/s.
+  void set_tokens_per_sample(std::int64_t n) { tokens_ = n; }
   void step(std::int64_t step_in_epoch, double loss, double images_per_s);
   void epoch_end(const EpochMetrics& m);
   // A rank slower than `factor` x its peers' median compute in `intervals`
@@ -62,6 +67,7 @@ class Reporter {
 
  private:
   bool root_, bar_, json_ = false;
+  std::int64_t tokens_ = 0;
   int interval_, epochs_, epoch_ = 0;
   std::int64_t steps_;
   std::FILE* metrics_ = nullptr;

@@ -212,6 +212,10 @@ class CpuAttention final : public AttentionKernel {
     const std::size_t es = qkv.dtype() == DType::f32 ? 4 : 2, off_k = es * g.d, off_v = 2 * es * g.d;
     // S = scale Q K^T (float32), softmax in place, P in the activation type, O = P V.
     mm(Op::qk, g).run(d_->strm, x, x + off_k, sc);
+    if (s_.causal)  // masked scores get probability 0 from the softmax, so their gradients are 0 too
+      for (std::int64_t b = 0; b < nb; ++b)
+        for (std::int64_t i = 0; i + 1 < g.tok; ++i)
+          std::fill(sc + b * tt + i * g.tok + i + 1, sc + b * tt + (i + 1) * g.tok, -INFINITY);
     Softmax& sm = softmax(nb * g.tok, g.tok);
     sm.a.set_data_handle(sc);
     sm.fwd.execute(d_->strm, {{DNNL_ARG_SRC, sm.a}, {DNNL_ARG_DST, sm.a}});

@@ -1,0 +1,19 @@
+#pragma once
+// Vocabulary-parallel softmax cross-entropy (Megatron-LM's): each tensor rank
+// holds the logits of its slice of the vocabulary, [rows, vocab / T] (the
+// columns [rank * V/T, (rank + 1) * V/T)), and the loss is computed without
+// gathering them: the row maxima, the sums of exponentials and the target
+// logits are summed over the group (3 small all-reduces of O(rows) values),
+// so no rank ever holds [rows, vocab]. Equal to softmax_cross_entropy on the
+// gathered logits (mean over the rows); dlogits is this rank's slice of its
+// gradient. A building block: the gpt model's head is not vocabulary-parallel yet.
+#include "ringtrain/core/tensor.hpp"
+#include "ringtrain/nn/tensor_group.hpp"
+
+namespace ringtrain {
+
+// logits f32 [rows, V/T] (CPU), labels i64 [rows] in [0, V); dlogits (when
+// defined) f32 [rows, V/T] receives d mean-loss / d logits. Collective over g.
+double vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& labels, const TensorGroup& g, Tensor& dlogits);
+
+}  // namespace ringtrain
