@@ -1,6 +1,11 @@
 #include "ringtrain/nn/parameters.hpp"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdint>
+#include <cstring>
 
 namespace ringtrain {
 
@@ -42,12 +47,33 @@ void ParamArena::set_index_base(std::size_t base) {
   base_ = base;
 }
 
+namespace {
+// Zeros whose whole pages are handed back instead of written (host memory is
+// private and anonymous: such pages read back as zero), so a gradient buffer
+// costs resident memory only where a backward writes it; under ZeRO-3 most of
+// the full-size buffer never is.
+Tensor lazy_zeros(std::int64_t n, DType dt, Device dev) {
+  if (!dev.is_cpu()) return Tensor::zeros({n}, dt, dev);
+  Tensor t = Tensor::empty({n}, dt, dev);
+  const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  const auto base = reinterpret_cast<std::uintptr_t>(t.raw()), end = base + t.nbytes();
+  const std::uintptr_t b = (base + page - 1) / page * page, e = end / page * page;
+  if (e <= b || madvise(reinterpret_cast<void*>(b), e - b, MADV_DONTNEED) != 0) {
+    t.zero_();
+    return t;
+  }
+  std::memset(reinterpret_cast<void*>(base), 0, b - base);
+  std::memset(reinterpret_cast<void*>(e), 0, end - e);
+  return t;
+}
+}  // namespace
+
 void ParamArena::finalize(Device dev) {
   RT_CHECK(!finalized_, "parameter arena finalised twice");
   device_ = dev;
   for (auto& f : flats_) {
-    f.params = Tensor::zeros({static_cast<std::int64_t>(f.elems)}, f.dtype, dev);
-    f.grads = Tensor::zeros({static_cast<std::int64_t>(f.elems)}, f.dtype, dev);
+    f.params = Tensor::zeros({static_cast<std::int64_t>(f.elems)}, f.dtype, dev);  // initialisation writes them all
+    f.grads = lazy_zeros(static_cast<std::int64_t>(f.elems), f.dtype, dev);
   }
   finalized_ = true;
 }

@@ -16,12 +16,14 @@
 #include <condition_variable>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <mutex>
 #include <thread>
 
 #include "ringtrain/optim/sharded_optimizer.hpp"
 #include "ringtrain/parallel/grad_sync.hpp"
 #include "ringtrain/parallel/parts.hpp"
+#include "ringtrain/nn/language.hpp"
 #include "ringtrain/parallel/stage.hpp"
 #include "zero_buckets.hpp"
 
@@ -35,6 +37,7 @@ class Zero3Sync final : public GradSync, public ParamAccess {
   Zero3Sync(const ProcessGrid& grid, Stage& stage, ShardedOptimizer& zero, const GridConfig& cfg)
       : group_(grid.zero()), stage_(stage), zero_(zero),
         accumulates_(cfg.micro_batches * cfg.accumulation > 1 || !cfg.zero_release), release_(cfg.zero_release) {
+    refuse_tied_layers(stage);
     buckets_ = zero_buckets(stage, cfg.bucket_bytes, bucket_of_layer_, kWhat);
     state_.assign(buckets_.size(), State::released);
     zero_.shard_params();
@@ -49,6 +52,18 @@ class Zero3Sync final : public GradSync, public ParamAccess {
     worker_.join();
   }
   const char* kind() const override { return "zero3"; }
+
+  // A tied LM head reads the embedding's weight, which lives in another
+  // bucket (released by then): not gathered for it, so refused by name.
+  static void refuse_tied_layers(Stage& stage) {
+    std::function<void(Layer&)> check = [&](Layer& l) {
+      if (auto* h = dynamic_cast<LmHead*>(&l))
+        RT_FAIL(kWhat, " gathers each bucket of layers for its own use, but '", h->name(), "' (lm_head) reads the "
+                "weight of '", h->tie(), "' from another bucket: use parallel.zero = 0, 1 or 2 with a tied LM head");
+      l.for_each_child(check);
+    };
+    for (int i = 0; i < stage.num_layers(); ++i) check(stage.layer(i));
+  }
   ParamAccess* param_access() override { return this; }
 
   void begin_step() override {
