@@ -96,32 +96,18 @@ FileInfo read_file_info(const std::string& path) {
   info.channels = std::int64_t(d[1]);
   info.height = std::int64_t(d[2]);
   info.width = std::int64_t(d[3]);
-  info.schema_version = int(h5::read_attr_i64(f, "schema_version", path));
-  RT_CHECK(info.schema_version >= 1 && info.schema_version <= kSchemaVersion, path, ": schema_version ",
-           info.schema_version, " is not supported (this build reads 1..", kSchemaVersion, ")");
-  info.name = h5::read_attr_str(f, "name", path);
-  info.split = h5::read_attr_str(f, "split", path);
+  read_common(f, path, info);
   info.num_classes = h5::read_attr_i64(f, "num_classes", path);
   RT_CHECK(info.num_classes >= 1, path, ": num_classes ", info.num_classes, " must be >= 1");
   info.class_names = h5::read_attr_strs(f, "class_names", path);
   RT_CHECK(info.class_names.empty() || std::int64_t(info.class_names.size()) == info.num_classes, path,
            ": class_names has ", info.class_names.size(), " entries for ", info.num_classes, " classes");
-  info.source_files = h5::has_attr(f, "source_files") ? h5::read_attr_strs(f, "source_files", path)
-                                                       : std::vector<std::string>{};
   info.mean = h5::read_attr_f64s(f, "mean", path);
   info.std = h5::read_attr_f64s(f, "std", path);
   RT_CHECK(std::int64_t(info.mean.size()) == info.channels && std::int64_t(info.std.size()) == info.channels, path,
            ": mean/std must have one value per channel (", info.channels, "), have ", info.mean.size(), "/",
            info.std.size());
   for (double s : info.std) RT_CHECK(s > 0, path, ": std attribute has a non-positive entry ", s);
-  info.shard_index = h5::read_attr_i64(f, "shard_index", path);
-  info.num_shards = h5::read_attr_i64(f, "num_shards", path);
-  info.first_index = h5::read_attr_i64(f, "first_index", path);
-  info.total_count = h5::read_attr_i64(f, "total_count", path);
-  RT_CHECK(info.num_shards >= 1 && info.shard_index >= 0 && info.shard_index < info.num_shards, path, ": shard_index ",
-           info.shard_index, " / num_shards ", info.num_shards, " are inconsistent");
-  RT_CHECK(info.first_index >= 0 && info.first_index + info.count <= info.total_count, path, ": samples [",
-           info.first_index, ", ", info.first_index + info.count, ") exceed total_count ", info.total_count);
   return info;
 }
 

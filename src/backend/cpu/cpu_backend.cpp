@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "ringtrain/nn/rng.hpp"
@@ -107,6 +108,31 @@ std::int64_t get_label(const Tensor& labels, std::int64_t i, std::int64_t k) {
   return y;
 }
 
+// Dropout over float or bfloat16 elements: arithmetic in float, the result rounded once.
+inline float as_f32(float v) { return v; }
+inline float as_f32(bfloat16 v) { return to_f32(v); }
+template <typename T>
+T from_f32(float v) {
+  if constexpr (std::is_same_v<T, bfloat16>) return to_bf16(v); else return v;
+}
+template <typename T>
+void dropout_forward_loop(const T* px, double p, std::uint64_t seed, std::uint64_t stream, std::uint64_t first,
+                          std::uint8_t* pm, T* py, std::int64_t n) {
+  const float pf = static_cast<float>(p), scale = static_cast<float>(1.0 / (1.0 - p));
+#pragma omp parallel for schedule(static)
+  for (std::int64_t i = 0; i < n; ++i) {
+    bool keep = dropout_keep(seed, stream, first + static_cast<std::uint64_t>(i), pf);
+    pm[i] = keep;
+    py[i] = from_f32<T>(keep ? as_f32(px[i]) * scale : 0.f);
+  }
+}
+template <typename T>
+void dropout_backward_loop(const T* pd, const std::uint8_t* pm, double p, T* px, std::int64_t n) {
+  const float scale = static_cast<float>(1.0 / (1.0 - p));
+#pragma omp parallel for simd schedule(static)
+  for (std::int64_t i = 0; i < n; ++i) px[i] = from_f32<T>(pm[i] ? as_f32(pd[i]) * scale : 0.f);
+}
+
 class CpuBackend final : public Backend {
  public:
   CpuBackend() : d_(std::make_shared<Dnnl>()), cast_(d_) {
@@ -181,53 +207,22 @@ class CpuBackend final : public Backend {
              "dropout: mask (u8) and output must match the input");
     if (x.dtype() == DType::bf16) {  // the same keep decisions; the scaled value rounded once
       RT_CHECK(y.dtype() == DType::bf16, "dropout: output type differs from the input's");
-      const bfloat16* px = x.data<bfloat16>();
-      bfloat16* py = y.data<bfloat16>();
-      std::uint8_t* pm = mask.data<std::uint8_t>();
-      const float pf = static_cast<float>(p), scale = static_cast<float>(1.0 / (1.0 - p));
-      const std::int64_t n = x.numel();
-#pragma omp parallel for schedule(static)
-      for (std::int64_t i = 0; i < n; ++i) {
-        bool keep = dropout_keep(seed, stream, first + static_cast<std::uint64_t>(i), pf);
-        pm[i] = keep;
-        py[i] = to_bf16(keep ? to_f32(px[i]) * scale : 0.f);
-      }
-      return;
+      return dropout_forward_loop(x.data<bfloat16>(), p, seed, stream, first, mask.data<std::uint8_t>(),
+                                  y.data<bfloat16>(), x.numel());
     }
     check_f32(x, "dropout input");
-    const float *px = x.data<float>();
-    float* py = y.data<float>();
-    std::uint8_t* pm = mask.data<std::uint8_t>();
-    const float pf = static_cast<float>(p), scale = static_cast<float>(1.0 / (1.0 - p));
-    const std::int64_t n = x.numel();
-#pragma omp parallel for schedule(static)
-    for (std::int64_t i = 0; i < n; ++i) {
-      bool keep = dropout_keep(seed, stream, first + static_cast<std::uint64_t>(i), pf);
-      pm[i] = keep;
-      py[i] = keep ? px[i] * scale : 0.f;
-    }
+    dropout_forward_loop(x.data<float>(), p, seed, stream, first, mask.data<std::uint8_t>(), y.data<float>(),
+                         x.numel());
   }
 
   void dropout_backward(const Tensor& dy, const Tensor& mask, double p, Tensor& dx) override {
     if (dy.dtype() == DType::bf16) {
       RT_CHECK(dx.dtype() == DType::bf16, "dropout backward: dx type differs from dy's");
-      const bfloat16* pd = dy.data<bfloat16>();
-      const std::uint8_t* pm = mask.data<std::uint8_t>();
-      bfloat16* px = dx.data<bfloat16>();
-      const float scale = static_cast<float>(1.0 / (1.0 - p));
-      const std::int64_t n = dy.numel();
-#pragma omp parallel for simd schedule(static)
-      for (std::int64_t i = 0; i < n; ++i) px[i] = to_bf16(pm[i] ? to_f32(pd[i]) * scale : 0.f);
-      return;
+      return dropout_backward_loop(dy.data<bfloat16>(), mask.data<std::uint8_t>(), p, dx.data<bfloat16>(),
+                                   dy.numel());
     }
     check_f32(dy, "dropout gradient");
-    const float* pd = dy.data<float>();
-    const std::uint8_t* pm = mask.data<std::uint8_t>();
-    float* px = dx.data<float>();
-    const float scale = static_cast<float>(1.0 / (1.0 - p));
-    const std::int64_t n = dy.numel();
-#pragma omp parallel for simd schedule(static)
-    for (std::int64_t i = 0; i < n; ++i) px[i] = pm[i] ? pd[i] * scale : 0.f;
+    dropout_backward_loop(dy.data<float>(), mask.data<std::uint8_t>(), p, dx.data<float>(), dy.numel());
   }
 
   double softmax_xent(const Tensor& logits, const Tensor& labels, double smoothing, Tensor& dlogits) override {
