@@ -15,26 +15,16 @@
 #include "ringtrain/data/loader.hpp"
 #include "ringtrain/data/prepare.hpp"
 #include "support/error_of.hpp"
+#include "support/numpy_files.hpp"
 
 using namespace ringtrain;
 using test_support::error_of;
+using test_support::python;
 namespace fs = std::filesystem;
 
 namespace {
 
-fs::path temp_dir(const std::string& tag) {
-  fs::path d = fs::temp_directory_path() / ("rt-tok-" + tag + "-" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
-
-void python(const fs::path& dir, const std::string& code) {
-  const fs::path script = dir / "gen.py";
-  std::ofstream(script) << "import numpy as np, os, sys\nos.chdir(sys.argv[1])\n" << code;
-  const std::string cmd = "/usr/bin/python3 " + script.string() + " " + dir.string();
-  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
-}
+fs::path temp_dir(const std::string& tag) { return test_support::temp_dir("rt-tok", tag); }
 
 std::vector<std::int32_t> tokens_of(const std::string& path) {
   return data::read_split_tokens({data::read_file_info(path)});
