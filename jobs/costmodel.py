@@ -49,6 +49,12 @@ class Cluster:
     def p(self):
         return self.m * self.q
 
+    @property
+    def share(self):
+        """Testbed: ranks per core when the emulated hosts outnumber the cores. Every rank's software
+        work (a message's latency, the reduction) then gets 1/share of a core."""
+        return max(1.0, self.p / self.cores) if self.cores else 1.0
+
     def net_beta(self, flows, b=None):
         b = self.net["beta"] if b is None else b
         if self.cores:  # veth flows share the CPU that moves their bytes
@@ -71,7 +77,7 @@ def t_ring(n, c):
     else:
         (a_s, b_s), (a_n, b_n) = ab(c.shm, "ring"), ab(c.net, "ring")
         a, b = max(a_n, a_s), max(c.net_beta(c.m, b_n), b_s)
-    return 2 * (p - 1) * (a + n / p * b) + (p - 1) / p * n * c.gamma
+    return 2 * (p - 1) * (a * c.share + n / p * b) + (p - 1) / p * n * c.gamma * c.share
 
 
 def t_tree(n, c):
@@ -84,15 +90,15 @@ def t_tree(n, c):
     mask = 1
     while mask < pof2:
         if mask < c.q:  # partner on the same node
-            t += a_s + n * b_s
+            t += a_s * c.share + n * b_s
         else:           # q ranks of each node exchange across the NIC at once
-            t += a_n + c.q * n * c.net_beta(p, b_n)
-        t += n * c.gamma
+            t += a_n * c.share + c.q * n * c.net_beta(p, b_n)
+        t += n * c.gamma * c.share
         mask <<= 1
     if pof2 != p:  # fold in and send back out (one link class: the worst)
         a = a_n if c.m > 1 else a_s
         b = c.net_beta(p, b_n) if c.m > 1 else b_s
-        t += 2 * (a + n * b) + n * c.gamma
+        t += 2 * (a * c.share + n * b) + n * c.gamma * c.share
     return t
 
 

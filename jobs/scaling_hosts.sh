@@ -13,6 +13,6 @@ for k in ${HOST_SWEEP:-2 3 4}; do
     echo "== sweep: $CLASS, $k hosts"
     SALLOC "$k" mpirun -np "$k" "$BENCH" $args --csv "$OUT/sweeps/$CLASS-${k}n${k}r.csv" > "$OUT/sweeps/$CLASS-${k}n${k}r.txt"
 done
-for k in ${HOST_TRAIN:-2 4}; do
+for k in ${HOST_TRAIN:-2 3 4}; do
     train "hosts-$CLASS" weak cnn "$k" "$k" "${BATCH:-64}" "$steps" SALLOC "$k" mpirun
 done

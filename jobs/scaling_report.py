@@ -61,11 +61,26 @@ def cluster_for(where, ranks, links, gamma):
     if cls == "slow":  # link-bound: the shaped link is the network (its own α and β, no CPU term)
         return cm.Cluster(ranks, 1, links["shm"], links["slow"], gamma)
     net = links.get(cls, links.get("net"))
-    return cm.Cluster(ranks, 1, links["shm"], links.get("net", net), gamma, cores=CORES,
-                      beta_link=net["beta"] if cls == "tbf" else 0.0)
+    # A shaped link's wire: the tc rate the study set (tbf_rate.txt), else the fitted β.
+    beta_link = 0.0
+    if cls == "tbf":
+        beta_link = cm.gbit_to_beta(net["wire_gbit"]) if "wire_gbit" in net else net["beta"]
+    return cm.Cluster(ranks, 1, links["shm"], links.get("net", net), gamma, cores=CORES, beta_link=beta_link)
 
 
-def fit(sweeps):
+def tc_gbit(path):
+    """A tc rate written by the study (e.g. 2gbit, 100mbit) in Gbit/s; None if absent."""
+    try:
+        txt = open(path).read().strip().lower()
+    except OSError:
+        return None
+    m = re.fullmatch(r"([0-9.]+)\s*([kmg]?)bit", txt)
+    if not m:
+        sys.exit(f"scaling_report: {path}: '{txt}' is not a tc rate such as 2gbit or 100mbit")
+    return float(m.group(1)) * {"k": 1e-6, "m": 1e-3, "g": 1.0, "": 1e-9}[m.group(2)]
+
+
+def fit(sweeps, out):
     links, gamma = {}, 0.0
     if ("shm", 1, 2) not in sweeps:
         sys.exit("scaling_report: sweeps/shm-1n2r.csv missing: the shared-memory fit needs it")
@@ -74,6 +89,9 @@ def fit(sweeps):
     for cls in ("net", "tbf", "slow"):
         if (cls, 2, 2) in sweeps:
             links[cls] = cm.fit_link(sweeps[(cls, 2, 2)], gamma)
+    rate = tc_gbit(os.path.join(out, "tbf_rate.txt"))
+    if rate and "tbf" in links:
+        links["tbf"]["wire_gbit"] = rate
     return links, gamma
 
 
@@ -158,7 +176,7 @@ def main():
             sys.exit(f"scaling_report: --{key.replace('_', '-')} must be > 0, got {getattr(a, key)}")
     out = a.out
     sweeps = load_sweeps(os.path.join(out, "sweeps"))
-    links, gamma = fit(sweeps)
+    links, gamma = fit(sweeps, out)
     runs = []
     for r in csv.DictReader(open(os.path.join(out, "runs.csv"))):
         try:

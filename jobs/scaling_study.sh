@@ -14,7 +14,7 @@
 #   SWEEP (sweep arguments), SLOW_RATE (100mbit), SLOW_SWEEP, SLOW_STEPS (20), BIN, BENCH,
 #   PHASES (default "local hosts slow": run a subset again; the other phases' results in OUT are kept),
 #   LOCAL_RANKS (1 2 4), MODES (weak strong), EXTRA_MODELS (resnet vit: weak, 1-2 ranks here),
-#   SHM_SWEEP_RANKS (2 4), HOST_CLASSES (net tbf), HOST_SWEEP (2 3 4 hosts), HOST_TRAIN (2 4 hosts),
+#   SHM_SWEEP_RANKS (2 4), HOST_CLASSES (net tbf), HOST_SWEEP (2 3 4 hosts), HOST_TRAIN (2 3 4 hosts),
 #   REPORT_ARGS (your cluster for the predictions: --ranks 1024 --ranks-per-node 4 --gbit 25 --latency-us 15).
 # The short sweep CI runs (tests/slurm/scaling_short.sh) sets these to 2 training points.
 set -euo pipefail
@@ -26,7 +26,7 @@ STEPS=${STEPS:-60}; RESNET_STEPS=${RESNET_STEPS:-8}; BATCH=${BATCH:-64}; GLOBAL_
 RATE=${RATE:-2gbit}; HOSTS=${HOSTS:-1}; SLOW_RATE=${SLOW_RATE:-100mbit}; PHASES=${PHASES:-local hosts slow}
 LOCAL_RANKS=${LOCAL_RANKS:-1 2 4}; MODES=${MODES:-weak strong}; EXTRA_MODELS=${EXTRA_MODELS-resnet vit}
 SHM_SWEEP_RANKS=${SHM_SWEEP_RANKS:-2 4}; HOST_CLASSES=${HOST_CLASSES:-net tbf}
-export HOST_SWEEP=${HOST_SWEEP:-2 3 4} HOST_TRAIN=${HOST_TRAIN:-2 4}
+export HOST_SWEEP=${HOST_SWEEP:-2 3 4} HOST_TRAIN=${HOST_TRAIN:-2 3 4}
 NODES=$(printf '%s\n' $HOST_SWEEP $HOST_TRAIN | sort -n | tail -1)
 export SWEEP=${SWEEP:--b 4K -e 16M -f 4 -w 3 -n 15 -c 0 --algos ring,tree --stat min}
 # Link-bound sizes only (>= 1 MiB at 100 Mbit/s: 80+ ms per message, far above the 256 KB tbf burst),
@@ -84,6 +84,8 @@ if [ "$HOSTS" = 1 ]; then
     # Its own cluster instance unless the caller names one (the CI test does).
     export RT_SLURM_NAME=${RT_SLURM_NAME:-rtscale} RT_SLURM_SUBNET=${RT_SLURM_SUBNET:-10.77.29}
     export RT_SLURM_PORT=${RT_SLURM_PORT:-18000}
+    # Each emulated host on its own core, as a node has its own cores (3-4 hosts share the 2 cores).
+    export RT_SLURM_PIN=${RT_SLURM_PIN:-1}
     if has hosts; then
         for cls in $HOST_CLASSES; do
             rate=

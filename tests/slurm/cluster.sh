@@ -10,7 +10,9 @@
 #
 # Instances are named so tests and a person's cluster do not collide:
 #   RT_SLURM_NAME (default rtslm: netns rtslm1.., bridge rtslmbr), RT_SLURM_SUBNET (10.77.9),
-#   RT_SLURM_PORT (17800: slurmctld; node K's slurmd at PORT+K), RT_SLURM_RATE (tc tbf rate per node link). Files under /run/ringtrain-slurm/NAME.
+#   RT_SLURM_PORT (17800: slurmctld; node K's slurmd at PORT+K), RT_SLURM_RATE (tc tbf rate per node link),
+#   RT_SLURM_PIN=1 (node K's slurmd, and so its jobs, on core (K-1) mod cores: a node with its own core,
+#   as on a real cluster; more nodes than cores share them). Files under /run/ringtrain-slurm/NAME.
 # After `up`, `. /run/ringtrain-slurm/NAME/env.sh` sets SLURM_CONF and the site's Open MPI settings
 # (TCP on the cluster subnet, no binding) so `sbatch jobs/sbatch_fashion.sh` runs unchanged.
 set -uo pipefail
@@ -22,6 +24,7 @@ SUBNET=${RT_SLURM_SUBNET:-10.77.9}
 PORT=${RT_SLURM_PORT:-17800}
 CRED_EXPIRE=${RT_SLURM_CRED_EXPIRE:-5}
 RATE=${RT_SLURM_RATE:-}   # tc tbf rate of every node's link, e.g. 2gbit (empty: unshaped veth)
+PIN=${RT_SLURM_PIN:-0}
 DIR=/run/ringtrain-slurm/$NAME
 HOST=$(hostname -s)
 
@@ -104,6 +107,10 @@ export OMPI_MCA_oob_tcp_if_include=$SUBNET.0/24
 export OMPI_MCA_hwloc_base_binding_policy=none
 export OMPI_MCA_rmaps_base_oversubscribe=1
 export OMPI_MCA_btl_vader_single_copy_mechanism=none
+# The nodes share this machine's cores, which Open MPI cannot see from one node: its blocking calls
+# must yield as on an oversubscribed node (it spins otherwise, and a 4 KiB all-reduce over 3 nodes
+# on 2 cores took 4-8 ms, a scheduler slice, instead of 0.16 ms).
+export OMPI_MCA_mpi_yield_when_idle=1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 EOF
 }
@@ -131,7 +138,9 @@ cmd_up() {
     SLURM_CONF=$DIR/slurm.conf slurmctld -i || { cmd_down; die "slurmctld did not start (see $DIR/log/slurmctld.log)"; }
     wait_for 30 "slurmctld to answer" env SLURM_CONF="$DIR/slurm.conf" scontrol ping || { cmd_down; exit 1; }
     for i in $(seq 1 "$n"); do
-        SLURM_CONF=$DIR/slurm.conf nsenter --net="/run/netns/$NAME$i" slurmd -N "node$i" ||
+        pin=()
+        [ "$PIN" = 1 ] && pin=(taskset -c $(((i - 1) % $(nproc))))
+        SLURM_CONF=$DIR/slurm.conf "${pin[@]}" nsenter --net="/run/netns/$NAME$i" slurmd -N "node$i" ||
             { cmd_down; die "slurmd -N node$i did not start (see $DIR/log/slurmd-node$i.log)"; }
     done
     wait_for 90 "$n nodes idle in sinfo" nodes_idle "$n" || { tail -5 "$DIR"/log/*.log >&2; cmd_down; exit 1; }

@@ -40,6 +40,16 @@ class Formulas(unittest.TestCase):
         want = 2 * (2e-6 + n / 10e9) + (20e-6 + 4 * n / 1e9)
         self.assertAlmostEqual(cm.t_tree(n, c), want, delta=1e-15)
 
+    def test_hosts_sharing_cores_pay_their_share(self):
+        # 4 emulated hosts on 2 cores: each rank gets half a core, so latency and reduction cost 2x;
+        # the veth flows (4 on 2 cores) cost 2x the fitted β, above a tbf wire of 1/(0.5 GB/s).
+        c = cm.Cluster(4, 1, SHM, NET, 1 / 5e9, cores=2, beta_link=1 / 0.5e9)
+        n = 4096
+        want = 6 * (20e-6 * 2 + n / 4 / 0.5e9) + 3 / 4 * n / 5e9 * 2
+        self.assertAlmostEqual(cm.t_ring(n, c), want, delta=want * 1e-12)
+        self.assertEqual(cm.Cluster(2, 1, SHM, NET, 0.0, cores=2).share, 1.0)
+        self.assertEqual(cm.Cluster(4, 1, SHM, NET, 0.0).share, 1.0)  # a real cluster: own cores
+
     def test_one_rank_costs_nothing(self):
         c = cm.Cluster(1, 1, SHM, NET, 1e-9)
         self.assertEqual(cm.t_ring(1 << 20, c), 0.0)

@@ -9,6 +9,7 @@ import unittest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "jobs"))
 import costmodel as cm  # noqa: E402
+import scaling_report as sr  # noqa: E402
 import scaling_text as st  # noqa: E402
 
 FIXED = os.path.join(ROOT, "tests", "slurm", "data", "scaling_fixed.csv")
@@ -71,6 +72,21 @@ class Knee(unittest.TestCase):
         self.assertEqual((c.m, c.q), (256, 4))
         self.assertAlmostEqual(c.net["alpha"], 15e-6)
         self.assertAlmostEqual(c.net["beta"], 8 / 25e9)
+
+
+class TcRate(unittest.TestCase):
+    def test_rates_the_study_writes(self):
+        import tempfile
+        with tempfile.TemporaryDirectory() as d:
+            f = os.path.join(d, "rate.txt")
+            for text, gbit in (("2gbit\n", 2.0), ("100mbit", 0.1), ("500kbit", 5e-4)):
+                open(f, "w").write(text)
+                self.assertAlmostEqual(sr.tc_gbit(f), gbit, places=12)
+            self.assertIsNone(sr.tc_gbit(os.path.join(d, "absent.txt")))
+            open(f, "w").write("fast")
+            with self.assertRaises(SystemExit) as e:
+                sr.tc_gbit(f)
+            self.assertIn("'fast' is not a tc rate", str(e.exception))
 
 
 if __name__ == "__main__":
