@@ -17,7 +17,7 @@ OUT=${1:-docs/data/autotune}; mkdir -p "$OUT"
 BIN=${BIN:-build/ringtrain}; MODEL=${MODEL:-cnn}; NP=${NP:-2}; BATCH=${BATCH:-64}; STEPS=${STEPS:-90}; TUNE_STEPS=${TUNE_STEPS:-4}
 CYCLES=${CYCLES:-0.5 1 2 5}; ALGOS=${ALGOS:-ring tree shm}; REPEATS=${REPEATS:-3}
 LAUNCH=${LAUNCH:-mpirun --oversubscribe --bind-to none}
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_vader_single_copy_mechanism=none NP LAUNCH
 [ -x "$BIN" ] || { echo "engine_autotune: '$BIN' missing: build ringtrain first" >&2; exit 2; }
 TMP=$(mktemp -d); trap 'rm -rf "$TMP"' EXIT
 DATA=$TMP/data
@@ -65,7 +65,10 @@ rows = list(csv.DictReader(open(f"{out}/ab.csv")))
 med = {s: statistics.median(float(r["images_per_s"]) for r in rows if r["setting"] == s) for s in ("grid best", "autotune")}
 log = [r for r in csv.DictReader(l for l in open(f"{out}/autotune_log.csv") if not l.startswith("#"))]
 chosen = [r for r in log if r["chosen"] == "1"][0]
-print("measured, 2 ranks on this machine (shared, loaded 2-core VM); steady state = 2nd epoch img/s")
+import os
+load = open("/proc/loadavg").read().split()[0]
+print(f"measured, {os.environ.get('NP', '2')} ranks, {os.environ.get('LAUNCH', 'mpirun on this machine')}; load average "
+      f"{load} at the end (the benchmark's own ranks count); steady state = 2nd epoch img/s")
 print(f"grid: {sum(1 for _ in open(f'{out}/grid.csv')) - 1} points; best {best}; worst {worst}; "
       f"spread {float(best.split(',')[3]) / float(worst.split(',')[3]):.2f}x")
 print(f"autotune (first run): chose fusion {chosen['fusion_threshold']} B, cycle {chosen['cycle_time_ms']} ms, "
