@@ -258,7 +258,11 @@ void Trainer::Impl::start_reporting() {
                       "-sample micro-batches)");
     }
     const GridMemory mem = ringtrain::memory(parts);
-    log::info("ringtrain: ", cfg.model.name, " (", num_params, " parameters; ", mem.param_count, " on this rank) on ",
+    // ZeRO-3 keeps a 1/dp slice of every parameter: the stage's count is what a gathered bucket holds.
+    const std::string here = cfg.parallel.zero == 3 && grid->dp_size() > 1
+                                 ? cat("1/", grid->dp_size(), " of ", mem.param_count, " on this rank, gathered per bucket")
+                                 : cat(mem.param_count, " on this rank");
+    log::info("ringtrain: ", cfg.model.name, " (", num_params, " parameters; ", here, ") on ",
               world.size(), " rank(s)", grid_text, ", ", device.str(), ", ", cfg.train.precision, ", batch ",
               cfg.data.batch_size, "/rank (global ", global_batch(), "), ", steps_per_epoch(),
               " steps/epoch, all-reduce ", cfg.comm.algorithm, ", run ", pos.run_id,
