@@ -10,7 +10,9 @@
 // the Stage really running bf16 (its activations are bfloat16 and its loss differs).
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
+#include <cstring>
 #include <random>
 
 #include "ringtrain/nn/backend.hpp"
@@ -110,6 +112,48 @@ TEST(Bf16Kernels, LinearForwardBackwardWithinTheDotProductBound) {
   expect_within(db, db32, tb, "Linear db");
   // The input gradient differs from fp32's: bf16 really ran (rounded outputs).
   EXPECT_NE(std::memcmp(to32(dx16).raw(), dx32.raw(), dx32.nbytes()), 0);
+}
+
+// train.precision = bf16 on a float32 convolution: the kernel rounds its
+// inputs, weights and output gradients to bf16 and accumulates in fp32, so
+// each output is off by at most (2u + 2K 2^-24) sum_k |a_k b_k| (no output
+// rounding); the sums of |a b| are the same convolutions run on |x|, |w|, |dy|.
+TEST(Bf16Kernels, ConvolutionInBf16MathWithinTheDotProductBound) {
+  if (be().bf16_isa().rfind("emulated", 0) == 0) GTEST_SKIP() << "no bf16 instructions: convolutions stay fp32";
+  for (const std::int64_t cin : {1, 16}) {  // the first layer (a plain input) and a blocked one
+    Conv2dSpec s = Conv2dSpec::square(cin, 24, 3, 1, true);
+    Conv2dSpec s16 = s;
+    s16.math = MathMode::bf16;
+    auto k32 = be().conv2d(s), k16 = be().conv2d(s16), kabs = be().conv2d(s);
+    const Shape xs{4, cin, 12, 12}, ys{4, 24, 12, 12}, ws{24, cin, 3, 3};
+    Tensor x = randn(xs, 10 + cin), w = randn(ws, 20 + cin, 0.2), b = randn({24}, 30, 0.1), dy = randn(ys, 40 + cin);
+    auto run = [&](Conv2dKernel& k, const Tensor& xx, const Tensor& ww, const Tensor& bb, const Tensor& gg) {
+      std::array<Tensor, 4> r{Tensor::empty(ys), Tensor::empty(xs), Tensor::empty(ws), Tensor::empty({24})};
+      k.forward(xx, ww, bb, r[0]);
+      k.backward(xx, ww, r[0], gg, r[1], r[2], r[3], false);
+      return r;
+    };
+    auto abs_of = [](const Tensor& t) {
+      Tensor a = Tensor::empty(t.shape());
+      for (std::int64_t i = 0; i < t.numel(); ++i) a.data<float>()[i] = std::abs(t.data<float>()[i]);
+      return a;
+    };
+    const auto f32 = run(*k32, x, w, b, dy), f16 = run(*k16, x, w, b, dy);
+    Tensor zero = Tensor::empty({24});
+    std::fill(zero.data<float>(), zero.data<float>() + 24, 0.f);
+    const auto sums = run(*kabs, abs_of(x), abs_of(w), zero, abs_of(dy));  // sum |a b| of each output
+    auto bound = [&](const Tensor& sum, std::int64_t k) {
+      std::vector<double> t(static_cast<std::size_t>(sum.numel()));
+      for (std::int64_t i = 0; i < sum.numel(); ++i) t[std::size_t(i)] = (2 * u + 4 * double(k) * e32) * sum.data<float>()[i];
+      return t;
+    };
+    const std::string c = cat("cin ", cin);
+    expect_within(f16[0], f32[0], bound(sums[0], cin * 9), ("Conv forward, " + c).c_str());
+    expect_within(f16[1], f32[1], bound(sums[1], 24 * 9), ("Conv dx, " + c).c_str());
+    expect_within(f16[2], f32[2], bound(sums[2], 4 * 144), ("Conv dw, " + c).c_str());
+    EXPECT_NE(std::memcmp(f16[0].raw(), f32[0].raw(), f32[0].nbytes()), 0) << c << ": bf16 did not run";
+    EXPECT_NE(std::memcmp(f16[2].raw(), f32[2].raw(), f32[2].nbytes()), 0) << c << ": bf16 did not run";
+  }
 }
 
 TEST(Bf16Kernels, AttentionWithinTheBoundOfItsTwoProducts) {

@@ -253,6 +253,23 @@ class CpuConv2d final : public Conv2dKernel {
   Plan& plan(const Shape& xs) {
     auto it = plans_.find(xs);
     if (it != plans_.end()) return it->second;
+    // bf16: the products read bfloat16 inputs, weights and output gradients
+    // (the reorders into the primitives' layouts convert them on the way) and
+    // write float32 outputs and gradients. oneDNN 2.6 ignores fpmath_mode for
+    // these convolutions on AVX512-BF16, so without this bf16 ran as fp32.
+    // Where the CPU has no bf16 instructions, or oneDNN no bf16 implementation
+    // for a shape, the convolution stays float32 (with the fpmath permission).
+    if (s_.math == MathMode::bf16 && native_bf16()) {
+      try {
+        return plans_.emplace(xs, make_plan(xs, dt::bf16)).first->second;
+      } catch (const dnnl::error&) {
+      }
+    }
+    return plans_.emplace(xs, make_plan(xs, dt::f32)).first->second;
+  }
+
+  // io: the type of the products' inputs (source, weights, output gradient).
+  Plan make_plan(const Shape& xs, dt io) {
     const auto& s = s_;
     const memory::dim oh = (xs[2] + 2 * s.pad_h - s.dilation_h * (s.kernel_h - 1) - 1) / s.stride_h + 1;
     const memory::dim ow = (xs[3] + 2 * s.pad_w - s.dilation_w * (s.kernel_w - 1) - 1) / s.stride_w + 1;
@@ -260,6 +277,7 @@ class CpuConv2d final : public Conv2dKernel {
                  bia_d{s.out_channels}, dst_d{xs[0], s.out_channels, oh, ow}, strides{s.stride_h, s.stride_w},
                  dil{s.dilation_h - 1, s.dilation_w - 1}, pad{s.pad_h, s.pad_w};
     auto any = [](const memory::dims& d) { return memory::desc(d, dt::f32, tag::any); };
+    auto in = [io](const memory::dims& d) { return memory::desc(d, io, tag::any); };
     auto src_p = plain_md(src_d, tag::nchw), wei_p = plain_md(wei_d, tag::oihw), bia_p = plain_md(bia_d, tag::x),
          dst_p = plain_md(dst_d, tag::nchw);
     auto& eng = d_->eng;
@@ -272,16 +290,16 @@ class CpuConv2d final : public Conv2dKernel {
     // Without fused pooling the output is the caller's: ask for it plain only
     // if oneDNN would otherwise pick a blocked one anyway (it reorders either way).
     auto fd = s.bias ? convolution_forward::desc(prop_kind::forward_training, algorithm::convolution_direct,
-                                                 any(src_d), any(wei_d), bia_p, any(dst_d), strides, dil, pad, pad)
+                                                 in(src_d), in(wei_d), bia_p, any(dst_d), strides, dil, pad, pad)
                      : convolution_forward::desc(prop_kind::forward_training, algorithm::convolution_direct,
-                                                 any(src_d), any(wei_d), any(dst_d), strides, dil, pad, pad);
+                                                 in(src_d), in(wei_d), any(dst_d), strides, dil, pad, pad);
     convolution_forward::primitive_desc fpd(fd, attr, eng);
     primitive_attr battr = conv_attr();
     convolution_backward_data::primitive_desc bdpd(
-        convolution_backward_data::desc(algorithm::convolution_direct, any(src_d), any(wei_d), any(dst_d), strides,
+        convolution_backward_data::desc(algorithm::convolution_direct, any(src_d), in(wei_d), in(dst_d), strides,
                                         dil, pad, pad),
         battr, eng, fpd);
-    convolution_backward_weights::primitive_desc bwpd = weights_pd(src_d, wei_d, bia_p, dst_d, strides, dil, pad, fpd);
+    convolution_backward_weights::primitive_desc bwpd = weights_pd(src_d, wei_d, bia_p, dst_d, strides, dil, pad, fpd, io);
 
     Plan p;
     p.fwd = convolution_forward(fpd);
@@ -340,7 +358,7 @@ class CpuConv2d final : public Conv2dKernel {
     p.scratch_f = make_scratch(fpd, eng);
     p.scratch_bd = make_scratch(bdpd, eng);
     p.scratch_bw = make_scratch(bwpd, eng);
-    return plans_.emplace(xs, std::move(p)).first->second;
+    return p;
   }
 
   // User scratchpad, and the down-conversion the spec's MathMode allows
@@ -359,24 +377,25 @@ class CpuConv2d final : public Conv2dKernel {
                                                           const memory::desc& bia_p, const memory::dims& dst_d,
                                                           const memory::dims& strides, const memory::dims& dil,
                                                           const memory::dims& pad,
-                                                          const convolution_forward::primitive_desc& fpd) {
+                                                          const convolution_forward::primitive_desc& fpd, dt io) {
     auto any = [](const memory::dims& d) { return memory::desc(d, dt::f32, tag::any); };
+    auto in = [io](const memory::dims& d) { return memory::desc(d, io, tag::any); };
     primitive_attr attr = conv_attr();
     auto make = [&](const memory::desc& src) {
       auto bwd = s_.bias ? convolution_backward_weights::desc(algorithm::convolution_direct, src, any(wei_d), bia_p,
-                                                              any(dst_d), strides, dil, pad, pad)
+                                                              in(dst_d), strides, dil, pad, pad)
                          : convolution_backward_weights::desc(algorithm::convolution_direct, src, any(wei_d),
-                                                              any(dst_d), strides, dil, pad, pad);
+                                                              in(dst_d), strides, dil, pad, pad);
       return convolution_backward_weights::primitive_desc(bwd, attr, d_->eng, fpd);
     };
-    if (s_.in_channels < 8 && fpd.src_desc() == plain_md(src_d, tag::nchw)) {
+    if (s_.in_channels < 8 && fpd.src_desc() == plain_md(src_d, tag::nchw, io)) {
       try {
-        return make(plain_md(src_d, tag::nchw));
+        return make(plain_md(src_d, tag::nchw, io));
       } catch (const dnnl::error&) {
         // no implementation for a plain input: fall back to the preferred layout
       }
     }
-    return make(any(src_d));
+    return make(in(src_d));
   }
 
   Conv2dSpec s_;

@@ -101,6 +101,8 @@ void bf16_to_f32(const bfloat16* src, float* dst, std::int64_t n);
 void f32_to_bf16(const float* src, bfloat16* dst, std::int64_t n);
 // Which oneDNN ISA runs bf16 math: "AMX", "AVX512-BF16" or "emulated (...)".
 std::string bf16_isa();
+// The CPU has bfloat16 instructions (AVX512-BF16 or AMX): bf16 products run natively.
+bool native_bf16();
 
 dnnl::memory make_scratch(const dnnl::primitive_desc_base& pd, const dnnl::engine& eng);
 

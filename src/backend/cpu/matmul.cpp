@@ -94,6 +94,11 @@ __attribute__((target_clones("arch=x86-64-v4", "arch=haswell", "default"))) void
   }
 }
 
+bool native_bf16() {
+  const cpu_isa isa = get_effective_cpu_isa();
+  return isa == cpu_isa::avx512_core_bf16 || isa == cpu_isa::avx512_core_amx;
+}
+
 std::string bf16_isa() {
   const cpu_isa isa = get_effective_cpu_isa();
   if (isa == cpu_isa::avx512_core_amx) return "AMX";
