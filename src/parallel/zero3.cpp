@@ -59,23 +59,24 @@ class Zero3Sync final : public GradSync, public ParamAccess {
   const char* kind() const override { return "zero3"; }
 
   // Per local layer, the buckets its passes need, ascending: its own, and
-  // for a tied LM head (itself or inside it) the bucket of the layer that
-  // registered the tied weight.
+  // for a tied LM head (itself or inside it) the bucket of the layer of the
+  // stage that registered the tied weight (none on the stage: the head's own
+  // parameters hold what it reads, in its own bucket).
   static std::vector<std::vector<int>> buckets_used(Stage& stage, const std::vector<int>& bucket_of_layer) {
     const ParamArena& a = stage.arena();
     auto owner_bucket = [&](const std::string& param) {
-      const std::size_t p = a.index_of(param);
       for (int l = 0; l < stage.num_layers(); ++l)
         for (std::size_t q : stage.layer(l).params())
-          if (q == p) return bucket_of_layer[static_cast<std::size_t>(l)];
-      RT_FAIL(kWhat, ": internal error: the tied weight '", param, "' belongs to no layer of the stage");
+          if (a.info(q).name == param) return bucket_of_layer[static_cast<std::size_t>(l)];
+      return -1;
     };
     std::vector<std::vector<int>> uses(static_cast<std::size_t>(stage.num_layers()));
     for (int l = 0; l < stage.num_layers(); ++l) {
       std::vector<int>& u = uses[static_cast<std::size_t>(l)];
       if (bucket_of_layer[static_cast<std::size_t>(l)] >= 0) u.push_back(bucket_of_layer[static_cast<std::size_t>(l)]);
       std::function<void(Layer&)> ties = [&](Layer& x) {
-        if (auto* h = dynamic_cast<LmHead*>(&x)) u.push_back(owner_bucket(h->tie() + ".weight"));
+        if (auto* h = dynamic_cast<LmHead*>(&x))
+          if (const int b = owner_bucket(h->tie() + ".weight"); b >= 0) u.push_back(b);
         x.for_each_child(ties);
       };
       ties(stage.layer(l));
