@@ -10,24 +10,24 @@
 // that weight's gradient first (it runs first) and the embedding then adds
 // its part: tie_to() marks the embedding so it always accumulates.
 //
-// Vocabulary parallelism (Megatron-LM's, at parallel.tensor = T > 1 where T
-// divides the vocabulary; the builder passes the model's TensorGroup, else a
+// Vocabulary parallelism (Megatron-LM's, at parallel.tensor = P > 1 where P
+// divides the vocabulary V; the builder passes the model's TensorGroup, else a
 // group of 1): the embedding's weight is split by rows, rank r holding the
-// tokens [r V/T, (r+1) V/T) (a ShardSpec of the whole [V, dim], so checkpoints
+// tokens [r V/P, (r+1) V/P) (a ShardSpec of the whole [V, dim], so checkpoints
 // save it whole and reshard it, and its initial values are that slice of the
 // 1-rank weight's). Its forward looks up the tokens it holds (zeros for the
 // others) and all-reduces the partial embeddings over the group (every
 // token's row comes from exactly one rank, so the sum is exact); the position
 // embedding is replicated and added after it. The backward is local. With
 // sequence parallelism before transformer blocks (scatter_tokens), the sum is
-// a reduce-scatter instead (Megatron's): the output is this rank's tokens
-// [N, T/T_, dim] (Korthikanti et al.'s token shards, tensor_parallel.hpp), and
-// the backward all-gathers their gradient first. The head
-// multiplies by the local rows: its logits are [N, T, V/T], the columns of
-// this rank's tokens (the loss is vocab_parallel_cross_entropy, nn/lm_loss.hpp,
-// so no rank holds [N, T, V]); its input gradient is the sum of every rank's
-// partial product, all-reduced. A head tied to a copy of the weight (another
-// pipeline stage's embedding) splits the copy alike.
+// a reduce-scatter instead (Megatron's): the output is this rank's token
+// shard [N, T/P, dim] (tensor_parallel.hpp), and the backward all-gathers its
+// gradient first. The head multiplies by the local rows: its logits are
+// [N, T, V/P], this rank's tokens' columns (the loss is
+// vocab_parallel_cross_entropy, nn/lm_loss.hpp, so no rank holds [N, T, V]);
+// its input gradient, every rank's partial product, is all-reduced. A copy of
+// the weight that a head reads on another pipeline stage must be split alike
+// (rows [V/P, dim], the same ShardSpec).
 #include <cstdint>
 #include <memory>
 #include <string>
