@@ -1,21 +1,35 @@
-// TokenEmbedding and the tied LmHead (nn/language.hpp).
+// TokenEmbedding and the tied LmHead (nn/language.hpp), vocabulary-parallel over a tensor group.
 #include <algorithm>
 #include <cmath>
 
 #include "init.hpp"
 #include "ringtrain/nn/language.hpp"
+#include "ringtrain/nn/tensor_parallel.hpp"
 
 namespace ringtrain {
+namespace {
+
+std::int64_t rows_of(const char* type, const std::string& name, std::int64_t vocab, const TensorGroup& g) {
+  RT_CHECK(g.size >= 1 && vocab % g.size == 0, type, " '", name, "': the vocabulary of ", vocab,
+           " tokens is not divisible by the ", g.size, " tensor ranks it is split over");
+  return vocab / g.size;
+}
+
+}  // namespace
 
 // ---- TokenEmbedding ---------------------------------------------------------
-TokenEmbedding::TokenEmbedding(std::string name, std::int64_t vocab, std::int64_t positions, std::int64_t dim)
-    : Layer(std::move(name)), vocab_(vocab), positions_(positions), dim_(dim) {
+TokenEmbedding::TokenEmbedding(std::string name, std::int64_t vocab, std::int64_t positions, std::int64_t dim,
+                               TensorGroup g)
+    : Layer(std::move(name)), vocab_(vocab), positions_(positions), dim_(dim), g_(std::move(g)) {
   RT_CHECK(vocab > 0 && positions > 0 && dim > 0, "TokenEmbedding '", name_, "': vocab (", vocab, "), positions (",
            positions, ") and width (", dim, ") must be positive");
+  local_ = rows_of("TokenEmbedding", name_, vocab_, g_);
+  first_ = std::int64_t(g_.rank) * local_;
 }
 
 void TokenEmbedding::register_params(ParamArena& arena, int li, const std::string& prefix) {
-  w_ = add_param(arena, prefix, "weight", {vocab_, dim_}, DType::f32, true, li);
+  w_ = add_param(arena, prefix, "weight", {local_, dim_}, DType::f32, true, li);
+  if (g_.size > 1) arena.set_shard(w_, make_shard({vocab_, dim_}, 0, g_.size, g_.rank));
   p_ = add_param(arena, prefix, "pos_embed", {positions_, dim_}, DType::f32, false, li);
 }
 
@@ -27,52 +41,90 @@ void TokenEmbedding::bind(const BindContext& ctx) {
   dpos = ctx.arena.grad(p_);
 }
 
+// N(0, 0.02^2): xavier_normal's std sqrt(2 / (fan_in + fan_out)) with both fans 1 / 0.02^2.
 void TokenEmbedding::init(const ParamArena& arena, std::uint64_t seed) {
-  detail::init_normal(arena, w_, 0.02, seed);
+  const double fan = 1.0 / (0.02 * 0.02);
+  if (g_.size > 1) detail::init_shard(arena, w_, Init::xavier_normal, fan, fan, seed);  // the 1-rank weight's rows
+  else detail::init_normal(arena, w_, 0.02, seed);
   detail::init_normal(arena, p_, 0.02, seed);
+}
+
+void TokenEmbedding::scatter_tokens() {
+  RT_CHECK(g_.size > 1, "TokenEmbedding '", name_, "': scatters tokens only with a split vocabulary");
+  scatter_ = true;
 }
 
 Shape TokenEmbedding::output_shape(const Shape& in) const {
   RT_CHECK(in.size() == 2 && in[1] >= 1 && in[1] <= positions_, "TokenEmbedding '", name_,
            "': expects token ids [N, T] with T <= ", positions_, " positions, got ", shape_str(in));
-  return {in[0], in[1], dim_};
+  const Shape whole = {in[0], in[1], dim_};
+  return scatter_ ? seq_shard_shape(whole, g_) : whole;
 }
 
 Tensor TokenEmbedding::do_forward(const Tensor& x, Mode) {
   const std::int64_t n = x.dim(0), t = x.dim(1), d = dim_;
-  ensure(y_, {n, t, d}, DType::f32, x.device());
+  // Scattering: the partial lookups go to a workspace used within this call only.
+  Tensor part = scatter_ ? seq_workspace(1, {n, t, d}, DType::f32, x.device())
+                         : ensure(y_, {n, t, d}, DType::f32, x.device());
   ids_.resize(std::size_t(n * t));
   const float* id = x.data<float>();
   for (std::int64_t i = 0; i < n * t; ++i) {
     const float v = id[i];
     RT_CHECK(v >= 0 && v < float(vocab_) && v == std::floor(v), "TokenEmbedding '", name_, "': input ", i, " = ", v,
              " is not a token id in [0, ", vocab_, ")");
-    ids_[std::size_t(i)] = std::int32_t(v);
+    const std::int64_t row = std::int64_t(v) - first_;
+    ids_[std::size_t(i)] = row >= 0 && row < local_ ? std::int32_t(row) : -1;
   }
   const float *w = weight.data<float>(), *p = pos.data<float>();
-  float* y = y_.data<float>();
+  float* y = part.data<float>();
   for (std::int64_t i = 0; i < n * t; ++i) {
-    const float* wr = w + std::int64_t(ids_[std::size_t(i)]) * d;
-    const float* pr = p + (i % t) * d;
+    const std::int32_t r = ids_[std::size_t(i)];
     float* yr = y + i * d;
-    for (std::int64_t k = 0; k < d; ++k) yr[k] = wr[k] + pr[k];
+    if (r >= 0) std::copy(w + std::int64_t(r) * d, w + (std::int64_t(r) + 1) * d, yr);
+    else std::fill(yr, yr + d, 0.f);
+  }
+  // Each token's row is on exactly one rank: the sum over the group is that row, exactly.
+  std::int64_t ts = t, t0 = 0;  // the output's tokens per sample and its first position
+  if (scatter_) {
+    ensure(y_, seq_shard_shape(part.shape(), g_), DType::f32, x.device());
+    seq_reduce_scatter(part, y_, g_);
+    ts = t / g_.size;
+    t0 = std::int64_t(g_.rank) * ts;
+  } else if (g_.size > 1) {
+    tp_all_reduce(y_, g_);
+  }
+  y = y_.data<float>();
+  for (std::int64_t i = 0; i < n * ts; ++i) {
+    const float* pr = p + (t0 + i % ts) * d;
+    float* yr = y + i * d;
+    for (std::int64_t k = 0; k < d; ++k) yr[k] += pr[k];
   }
   return y_;
 }
 
+// The incoming gradient is the same on every tensor rank (the next layer's
+// input gradient is reduced over the group): each adds its own rows' part.
 Tensor TokenEmbedding::do_backward(const Tensor& dy, bool, bool accumulate) {
   const std::int64_t t = in_shape_[1], rows = in_shape_[0] * t, d = dim_;
   float *dw = dweight.data<float>(), *dp = dpos.data<float>();
   if (!accumulate) {
     std::fill(dp, dp + positions_ * d, 0.f);
-    if (!tied_) std::fill(dw, dw + vocab_ * d, 0.f);  // tied: the head has written its part already
+    if (!tied_) std::fill(dw, dw + local_ * d, 0.f);  // tied: the head has written its part already
   }
-  const float* g = dy.data<float>();
+  Tensor dyw = dy;  // scattered: every token's gradient, for the rows of this rank's vocabulary
+  if (scatter_) {
+    dyw = seq_workspace(1, seq_whole_shape(dy.shape(), g_), dy.dtype(), dy.device());
+    seq_all_gather(dy, dyw, g_);
+  }
+  const float* g = dyw.data<float>();
   for (std::int64_t i = 0; i < rows; ++i) {  // in order: the sums are the same on every run
-    float* wr = dw + std::int64_t(ids_[std::size_t(i)]) * d;
+    const std::int32_t r = ids_[std::size_t(i)];
     float* pr = dp + (i % t) * d;
     const float* gr = g + i * d;
-    for (std::int64_t k = 0; k < d; ++k) wr[k] += gr[k], pr[k] += gr[k];
+    for (std::int64_t k = 0; k < d; ++k) pr[k] += gr[k];
+    if (r < 0) continue;
+    float* wr = dw + std::int64_t(r) * d;
+    for (std::int64_t k = 0; k < d; ++k) wr[k] += gr[k];
   }
   return {};  // token ids have no gradient
 }
@@ -84,9 +136,10 @@ void TokenEmbedding::release_activations() {
 }
 
 // ---- LmHead -----------------------------------------------------------------
-LmHead::LmHead(std::string name, std::string tie, std::int64_t vocab, std::int64_t dim)
-    : Layer(std::move(name)), tie_(std::move(tie)), vocab_(vocab), dim_(dim) {
+LmHead::LmHead(std::string name, std::string tie, std::int64_t vocab, std::int64_t dim, TensorGroup g)
+    : Layer(std::move(name)), tie_(std::move(tie)), vocab_(vocab), dim_(dim), g_(std::move(g)) {
   RT_CHECK(vocab > 0 && dim > 0, "LmHead '", name_, "': vocab (", vocab, ") and width (", dim, ") must be positive");
+  local_ = rows_of("LmHead", name_, vocab_, g_);
 }
 
 void LmHead::bind(const BindContext& ctx) {
@@ -97,11 +150,14 @@ void LmHead::bind(const BindContext& ctx) {
     RT_FAIL("LmHead '", name_, "': the embedding it is tied to, '", tie_, "', is not on this pipeline stage (its "
             "weight ", tie_, ".weight is not among the stage's parameters)");
   }
-  RT_CHECK(ctx.arena.info(i).shape == (Shape{vocab_, dim_}), "LmHead '", name_, "': the tied weight ", tie_,
-           ".weight is ", shape_str(ctx.arena.info(i).shape), ", expected [", vocab_, ", ", dim_, "]");
+  RT_CHECK(ctx.arena.info(i).shape == (Shape{local_, dim_}), "LmHead '", name_, "': the tied weight ", tie_,
+           ".weight is ", shape_str(ctx.arena.info(i).shape), ", expected [", local_, ", ", dim_, "]",
+           g_.size > 1 ? cat(" (rows ", g_.rank * local_, " to ", (g_.rank + 1) * local_, " of the ", vocab_,
+                             "-token vocabulary split over ", g_.size, " tensor ranks)")
+                       : std::string());
   weight = ctx.arena.param(i);
   dweight = ctx.arena.grad(i);
-  LinearSpec s{dim_, vocab_, false, false};
+  LinearSpec s{dim_, local_, false, false};
   s.math = ctx.math;
   k_ = ctx.backend.linear(s);
 }
@@ -109,16 +165,16 @@ void LmHead::bind(const BindContext& ctx) {
 Shape LmHead::output_shape(const Shape& in) const {
   RT_CHECK(in.size() == 3 && in[2] == dim_, "LmHead '", name_, "': expects tokens [N, T, ", dim_, "], got ",
            shape_str(in));
-  return {in[0], in[1], vocab_};
+  return {in[0], in[1], local_};
 }
 
-double LmHead::forward_flops(const Shape& in) const { return 2.0 * double(in[0] * in[1]) * double(dim_ * vocab_); }
+double LmHead::forward_flops(const Shape& in) const { return 2.0 * double(in[0] * in[1]) * double(dim_ * local_); }
 
 Tensor LmHead::do_forward(const Tensor& x, Mode) {
   x_ = x;
   const std::int64_t rows = x.dim(0) * x.dim(1);
-  ensure(y_, {x.dim(0), x.dim(1), vocab_}, DType::f32, x.device());
-  Tensor y2 = y_.reshape({rows, vocab_});
+  ensure(y_, {x.dim(0), x.dim(1), local_}, DType::f32, x.device());
+  Tensor y2 = y_.reshape({rows, local_});
   k_->forward(x.reshape({rows, dim_}), weight, Tensor(), y2);
   return y_;
 }
@@ -131,8 +187,10 @@ Tensor LmHead::do_backward(const Tensor& dy, bool need_dx, bool accumulate) {
     dx2 = dx.reshape({rows, dim_});
   }
   Tensor dw = dweight;
-  k_->backward(x_.reshape({rows, dim_}), weight, y_.reshape({rows, vocab_}), dy.reshape({rows, vocab_}), dx2, dw,
+  k_->backward(x_.reshape({rows, dim_}), weight, y_.reshape({rows, local_}), dy.reshape({rows, local_}), dx2, dw,
                none, accumulate);
+  // Split vocabulary: dx is this rank's rows' part of the sum (Megatron's f backward).
+  if (need_dx && g_.size > 1) tp_all_reduce(dx, g_);
   return dx;
 }
 

@@ -8,7 +8,9 @@
 // then split), one with tensor = "row" takes such a split input and
 // all-reduces. Between them only per-feature layers may stand (relu, gelu,
 // pooling, batchnorm on channels, dropout on features). attention and
-// transformer entries split their heads and MLP by themselves. At T = 1 the
+// transformer entries split their heads and MLP by themselves; embedding and
+// lm_head entries split the vocabulary where T divides it (nn/language.hpp),
+// the head then giving this rank's columns of the logits. At T = 1 the
 // same file builds the ordinary layers (the pairing is checked all the same).
 // The built-in models (models.cpp) are descriptions built here too.
 #include "ringtrain/nn/layers_model.hpp"
@@ -222,6 +224,7 @@ class Builder {
       const Entry e(d, cat(w, " (", d.type, " '", name, "')"));
       const std::size_t first = out.size();
       next_ = i + 1 < list.size() ? list[i + 1].type : std::string();
+      after_next_ = i + 2 < list.size() ? list[i + 2].type : std::string();
       try {
         add(out, e, name);
         for (std::size_t k = first; k < out.size(); ++k) shape_ = out[k]->output_shape(shape_);
@@ -319,6 +322,7 @@ class Builder {
       L.push_back(std::make_unique<Pool2d>(name, s, global));
     } else if (t == "dropout") {
       auto d = std::make_unique<Dropout>(name, e.f("p", 0));
+      if (seq_) d->shard_tokens(g.size, g.rank);  // between a scattering embedding and its transformer
       if (!split_.empty()) {
         RT_CHECK(shape_.size() != 4, e.where(), ": dropout on the channels of a tensor = \"column\" conv is not "
                  "supported: put it after the tensor = \"row\" entry");
@@ -371,7 +375,17 @@ class Builder {
       RT_CHECK(shape_.size() == 2, e.where(), ": needs token ids [T] (token data, data.seq_len), but its input is ",
                sample_str(shape_));
       RT_CHECK(t_.classes > 1, e.where(), ": the data gives no vocabulary");
-      auto l = std::make_unique<TokenEmbedding>(name, t_.classes, shape_[1], e.i("out", 1));
+      // Vocabulary-parallel where the tensor ranks divide the vocabulary (language.hpp); else replicated.
+      const bool split = tp && t_.classes % g.size == 0;
+      auto l = std::make_unique<TokenEmbedding>(name, t_.classes, shape_[1], e.i("out", 1), split ? g : TensorGroup{});
+      // Sequence parallelism: a split embedding right before transformer entries (a dropout between
+      // them splits its mask alike) reduce-scatters to their token shards instead of all-reducing.
+      if (split && t_.sequence &&
+          (next_ == "transformer" || (next_ == "dropout" && after_next_ == "transformer"))) {
+        seq_shard_shape(shape_, g);  // the sequence length must divide: named errors
+        l->scatter_tokens();
+        seq_ = true;
+      }
       embeddings_.push_back(l.get());
       L.push_back(std::move(l));
     } else if (t == "lm_head") {
@@ -385,7 +399,7 @@ class Builder {
       RT_CHECK(shape_[2] == emb->dim(), e.where(), ": its input has width ", shape_[2], " but the tied embedding '",
                tie, "' has width ", emb->dim());
       emb->tie_to_head();
-      L.push_back(std::make_unique<LmHead>(name, tie, emb->vocab(), emb->dim()));
+      L.push_back(std::make_unique<LmHead>(name, tie, emb->vocab(), emb->dim(), emb->group()));
     } else if (t == "token_mean") {
       not_split(e);
       need_rank(e, 3, "tokens [T, D]");
@@ -415,6 +429,7 @@ class Builder {
   std::string parent_;  // enclosing residual's name (dropout streams are keyed by layer name)
   std::string split_;   // the column entry whose split output is pending ("" = not split)
   std::string next_;    // the type of the entry after the one being added ("" = none)
+  std::string after_next_;  // and of the one after that
   bool seq_ = false;    // the tokens are split over the tensor ranks (inside a run of transformer entries)
   std::vector<TokenEmbedding*> embeddings_;  // built so far, for lm_head's tie (owned by the output list)
 };
@@ -430,9 +445,13 @@ std::vector<LayerPtr> build_described_layers(const std::vector<LayerDesc>& descs
   Builder b(t, model_input_shape(c, 1), "");
   auto L = b.build(descs, where);
   if (c.seq_len > 0) {
-    RT_CHECK(b.shape() == (Shape{1, c.seq_len, c.classes}), where, ": the last entry's output is ",
-             sample_str(b.shape()), ", but the loss needs [", c.seq_len, ", ", c.classes, "] (one score per token "
-             "of the vocabulary at each of data.seq_len positions)");
+    // A vocabulary-parallel head gives this rank's columns only (language.hpp).
+    auto* head = L.empty() ? nullptr : dynamic_cast<const LmHead*>(L.back().get());
+    const std::int64_t parts = head && head->vocab_group() ? head->vocab_group()->size : 1;
+    RT_CHECK(b.shape() == (Shape{1, c.seq_len, c.classes / parts}), where, ": the last entry's output is ",
+             sample_str(b.shape()), ", but the loss needs [", c.seq_len, ", ", c.classes / parts, "] (one score per "
+             "token of the vocabulary", parts > 1 ? " slice of this tensor rank" : "", " at each of data.seq_len "
+             "positions)");
     return L;
   }
   RT_CHECK(b.shape().size() == 2 && b.shape()[1] == c.classes, where, ": the last entry's output is ",

@@ -163,7 +163,9 @@ std::vector<LayerDesc> vit(const ModelConfig& c) {
 //   blocks.0 .. blocks.{depth-1} (pre-norm, causal attention, GELU MLP) ->
 //   norm (LayerNorm) -> lm_head (logits: x wte.weight^T, the tied embedding)
 // The blocks split their heads and MLP over the tensor group as in vit; the
-// embedding and the head are replicated there.
+// embedding and the head split the vocabulary (Megatron's vocabulary-parallel
+// embedding, logits and loss) where parallel.tensor divides it, else they are
+// replicated.
 std::vector<LayerDesc> gpt(const ModelConfig& c) {
   const std::int64_t dim = c.base_width;
   RT_CHECK(c.seq_len > 0, "model 'gpt': needs token data (ringtrain prepare --dataset text|tokens); data.train "

@@ -12,6 +12,11 @@
 // both kinds of collective in the order the main thread asked for them: the
 // same order on every rank of the group, since every rank runs the same
 // schedule over the same layers.
+// A tied LM head (nn/language.hpp) reads and writes its embedding's weight,
+// in an earlier layer's bucket: its use gathers that bucket (so a layer uses
+// a set of buckets). Its gradient lands in the full-size buffer before the
+// embedding's backward, which runs later in the pass; the bucket is
+// reduce-scattered only once all its layers are ready, the embedding last.
 #include <algorithm>
 #include <condition_variable>
 #include <deque>
@@ -37,8 +42,8 @@ class Zero3Sync final : public GradSync, public ParamAccess {
   Zero3Sync(const ProcessGrid& grid, Stage& stage, ShardedOptimizer& zero, const GridConfig& cfg)
       : group_(grid.zero()), stage_(stage), zero_(zero),
         accumulates_(cfg.micro_batches * cfg.accumulation > 1 || !cfg.zero_release), release_(cfg.zero_release) {
-    refuse_tied_layers(stage);
     buckets_ = zero_buckets(stage, cfg.bucket_bytes, bucket_of_layer_, kWhat);
+    uses_ = buckets_used(stage, bucket_of_layer_);
     state_.assign(buckets_.size(), State::released);
     zero_.shard_params();
     worker_ = std::thread([this] { run(); });
@@ -53,16 +58,32 @@ class Zero3Sync final : public GradSync, public ParamAccess {
   }
   const char* kind() const override { return "zero3"; }
 
-  // A tied LM head reads the embedding's weight, which lives in another
-  // bucket (released by then): not gathered for it, so refused by name.
-  static void refuse_tied_layers(Stage& stage) {
-    std::function<void(Layer&)> check = [&](Layer& l) {
-      if (auto* h = dynamic_cast<LmHead*>(&l))
-        RT_FAIL(kWhat, " gathers each bucket of layers for its own use, but '", h->name(), "' (lm_head) reads the "
-                "weight of '", h->tie(), "' from another bucket: use parallel.zero = 0, 1 or 2 with a tied LM head");
-      l.for_each_child(check);
+  // Per local layer, the buckets its passes need, ascending: its own, and
+  // for a tied LM head (itself or inside it) the bucket of the layer of the
+  // stage that registered the tied weight (none on the stage: the head's own
+  // parameters hold what it reads, in its own bucket).
+  static std::vector<std::vector<int>> buckets_used(Stage& stage, const std::vector<int>& bucket_of_layer) {
+    const ParamArena& a = stage.arena();
+    auto owner_bucket = [&](const std::string& param) {
+      for (int l = 0; l < stage.num_layers(); ++l)
+        for (std::size_t q : stage.layer(l).params())
+          if (a.info(q).name == param) return bucket_of_layer[static_cast<std::size_t>(l)];
+      return -1;
     };
-    for (int i = 0; i < stage.num_layers(); ++i) check(stage.layer(i));
+    std::vector<std::vector<int>> uses(static_cast<std::size_t>(stage.num_layers()));
+    for (int l = 0; l < stage.num_layers(); ++l) {
+      std::vector<int>& u = uses[static_cast<std::size_t>(l)];
+      if (bucket_of_layer[static_cast<std::size_t>(l)] >= 0) u.push_back(bucket_of_layer[static_cast<std::size_t>(l)]);
+      std::function<void(Layer&)> ties = [&](Layer& x) {
+        if (auto* h = dynamic_cast<LmHead*>(&x))
+          if (const int b = owner_bucket(h->tie() + ".weight"); b >= 0) u.push_back(b);
+        x.for_each_child(ties);
+      };
+      ties(stage.layer(l));
+      std::sort(u.begin(), u.end());
+      u.erase(std::unique(u.begin(), u.end()), u.end());
+    }
+    return uses;
   }
   ParamAccess* param_access() override { return this; }
 
@@ -104,27 +125,34 @@ class Zero3Sync final : public GradSync, public ParamAccess {
   }
   std::size_t param_bytes_in_flight() const override { return last_peak_params_ ? last_peak_params_ : two_largest(); }
 
-  // The pass moves to layer l: its bucket is gathered (waited for), the one it
-  // leaves released, and the pass's next bucket prefetched.
+  // The pass moves to layer l: its buckets are gathered (waited for), those it
+  // leaves released, and the buckets of the pass's next layer that needs
+  // others prefetched.
   void use(int l, Pass pass) override {
-    const int b = bucket_of_layer_[static_cast<std::size_t>(l)];
-    if (b < 0) return;
+    const std::vector<int>& want = uses_[static_cast<std::size_t>(l)];
+    if (want.empty()) return;
     zero_.ensure_sharded();  // evaluation after a checkpoint's materialize
     check_version();
-    if (b == current_) return;
-    if (current_ >= 0) release(current_);
-    request(b);
-    current_ = b;
-    const int next = pass == Pass::forward ? b - 1 : b + 1;  // bucket 0 holds the last layers
-    if (next >= 0 && next < static_cast<int>(buckets_.size())) request(next);
-    wait_resident(b);
+    if (want == current_) return;
+    for (int b : current_)
+      if (!holds(want, b)) release(b);
+    for (int b : want) request(b);
+    current_ = want;
+    const int step = pass == Pass::forward ? 1 : -1;
+    for (int k = l + step; k >= 0 && k < static_cast<int>(uses_.size()); k += step) {
+      const std::vector<int>& next = uses_[static_cast<std::size_t>(k)];
+      if (next.empty() || next == want) continue;
+      for (int b : next) request(b);
+      break;
+    }
+    for (int b : want) wait_resident(b);
   }
 
   // Whatever the pass gathered goes (a prefetch it did not reach included),
-  // but the bucket it ends in.
+  // but the buckets it ends in.
   void end_pass() override {
     for (std::size_t b = 0; b < buckets_.size(); ++b)
-      if (state_[b] != State::released && static_cast<int>(b) != current_) release(static_cast<int>(b));
+      if (state_[b] != State::released && !holds(current_, static_cast<int>(b))) release(static_cast<int>(b));
   }
 
  private:
@@ -135,8 +163,10 @@ class Zero3Sync final : public GradSync, public ParamAccess {
     int bucket;
   };
 
+  static bool holds(const std::vector<int>& v, int b) { return std::find(v.begin(), v.end(), b) != v.end(); }
+
   void release_all() {
-    current_ = -1;
+    current_.clear();
     for (std::size_t b = 0; b < buckets_.size(); ++b)
       if (state_[b] != State::released) release(static_cast<int>(b));
   }
@@ -235,7 +265,8 @@ class Zero3Sync final : public GradSync, public ParamAccess {
   const bool release_;      // parallel.zero_release (gradient pages; parameter pages always go)
   std::vector<ZeroBucket> buckets_;
   std::vector<int> bucket_of_layer_;  // -1: a layer without parameters
-  int current_ = -1;                  // the bucket the pass is in, or the last pass ended in (main thread)
+  std::vector<std::vector<int>> uses_;  // per layer: the buckets it reads (buckets_used)
+  std::vector<int> current_;            // the buckets the pass is in, or the last pass ended in (main thread)
   std::uint64_t version_ = 0;         // of the parameters gathered (ShardedOptimizer::params_version)
   std::thread worker_;
   std::mutex mu_;

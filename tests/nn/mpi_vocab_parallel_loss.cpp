@@ -2,9 +2,11 @@
 // group equals softmax_cross_entropy on the gathered logits: the loss and this
 // rank's columns of the gradient (float32, tolerance 10x the measured
 // difference), with large logits (the shift by the global maximum matters)
-// and labels owned by every rank.
+// and labels owned by every rank; and the accuracy (the first argmax, ties
+// across the slices included) equals count_correct on the gathered logits.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 
@@ -40,4 +42,30 @@ TEST(VocabParallelLoss, EqualsTheGatheredLoss) {
     }
   if (world.rank() == 0) std::printf("[vocab-parallel loss] %d ranks: loss %.9f vs %.9f, worst dlogit diff %.1e\n",
                                      g.size, loss, ref.loss, worst);
+}
+
+// The accuracy over vocabulary slices equals count_correct on the gathered
+// logits, ties included: values from {0, 1, 2} repeat across the slices, and
+// labels name the first maximum, a later maximum or a non-maximum of each row.
+TEST(VocabParallelLoss, AccuracyIsTheGatheredFirstArgmax) {
+  Communicator world = Communicator::world();
+  const TensorGroup g = TensorGroup::of(world);
+  const std::int64_t rows = 24, local = 3, vocab = local * g.size;
+  Tensor whole = Tensor::empty({rows, vocab}), labels = Tensor::empty({rows}, DType::i64);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t j = 0; j < vocab; ++j) whole.data<float>()[r * vocab + j] = float((r * 5 + j * (r % 4)) % 3);
+    const float* row = whole.data<float>() + r * vocab;
+    const std::int64_t first = std::max_element(row, row + vocab) - row;
+    std::int64_t last = first;
+    for (std::int64_t j = 0; j < vocab; ++j)
+      if (row[j] == row[first]) last = j;
+    labels.data<std::int64_t>()[r] = r % 3 == 0 ? first : r % 3 == 1 ? last : (first + 1) % vocab;
+  }
+  Tensor mine = Tensor::empty({rows, local});
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t j = 0; j < local; ++j)
+      mine.data<float>()[r * local + j] = whole.data<float>()[r * vocab + g.rank * local + j];
+  const std::int64_t ref = count_correct(whole, labels);
+  EXPECT_EQ(vocab_parallel_count_correct(mine, labels, g), ref);
+  EXPECT_GE(ref, rows / 3);  // the first-maximum labels at least
 }

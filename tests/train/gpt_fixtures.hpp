@@ -1,9 +1,18 @@
-// A byte-level text corpus and a small gpt configuration for the trainer tests.
 #pragma once
+// The gpt trainer tests' corpus and configuration: a byte-level text corpus
+// (vocabulary 256) prepared into a directory every rank shares, removed when
+// the test ends, and a small gpt that learns it in a few steps.
+#include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
+
+#include <mpi.h>
 
 #include "fixtures.hpp"
 #include "ringtrain/data/prepare.hpp"
@@ -11,18 +20,17 @@
 namespace ringtrain::test_fixtures {
 
 // Removes the corpus directory when a test ends (every rank done with it first).
-struct GptCorpusCleanup {
+struct GptCleanup {
   Communicator world;
   std::filesystem::path dir;
-  ~GptCorpusCleanup() {
+  ~GptCleanup() {
     world.barrier();
     if (world.rank() == 0) std::filesystem::remove_all(dir);
   }
 };
 
-// 300 lines of English-like text, prepared as token shards (vocabulary 256);
-// returns the data directory. `tag` names the temporary directory.
-inline std::string gpt_text_corpus(const Communicator& world, const std::string& tag = "gpt") {
+// Collective: the prepared token data's directory (its parent holds the text).
+inline std::string gpt_text_corpus(const Communicator& world, const std::string& tag) {
   const auto dir = shared_temp_dir(world, tag);
   if (world.rank() == 0) {
     std::filesystem::create_directories(dir);
@@ -37,8 +45,7 @@ inline std::string gpt_text_corpus(const Communicator& world, const std::string&
   return o.output;
 }
 
-// gpt, width 16, 4 heads, depth 2, sequence 16, batch 4, AdamW, 10 steps.
-inline TrainConfig gpt_config(const std::string& data) {
+inline TrainConfig gpt_test_config(const std::string& data) {
   TrainConfig c = small_config(data);
   c.model.name = "gpt";
   c.model.width = 16;
@@ -54,6 +61,21 @@ inline TrainConfig gpt_config(const std::string& data) {
   c.schedule.name = "constant";
   c.train.max_steps = 10;
   return c;
+}
+
+// Every step's loss within tol of the reference run's; prints the largest difference (rank 0).
+// Not collective: rank 0 may call it alone.
+inline void expect_losses_follow(const std::vector<double>& got, const std::vector<double>& ref,
+                                 const std::string& what, double tol) {
+  ASSERT_EQ(got.size(), ref.size()) << what;
+  double worst = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    EXPECT_NEAR(got[i], ref[i], tol) << what << " step " << i;
+    worst = std::max(worst, std::fabs(got[i] - ref[i]));
+  }
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank == 0) std::printf("[gpt layouts] %s: max |loss - 1-rank loss| %.2e (tolerance %.0e)\n", what.c_str(), worst, tol);
 }
 
 }  // namespace ringtrain::test_fixtures

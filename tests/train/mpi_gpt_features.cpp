@@ -14,34 +14,18 @@
 #include "ringtrain/train/trainer.hpp"
 
 using namespace ringtrain;
-using test_fixtures::gpt_config;
+using test_fixtures::gpt_test_config;
 using test_fixtures::train_losses;
 
-namespace {
-
-// Returns the largest |got - ref|, after checking each step against `tol`.
-double expect_follows(const std::vector<double>& got, const std::vector<double>& ref, double tol,
-                      const std::string& what, bool print) {
-  EXPECT_EQ(got.size(), ref.size()) << what;
-  double worst = 0;
-  for (std::size_t i = 0; i < std::min(got.size(), ref.size()); ++i) {
-    EXPECT_NEAR(got[i], ref[i], tol) << what << " step " << i;
-    worst = std::max(worst, std::fabs(got[i] - ref[i]));
-  }
-  if (print)
-    std::printf("[gpt features] %s: max |loss - 1-rank loss| %.2e (tolerance %.0e)\n", what.c_str(), worst, tol);
-  return worst;
-}
-
-}  // namespace
+using test_fixtures::expect_losses_follow;
 
 TEST(GptFeatures, AccumulationRecomputeZeroAndBf16FollowTheOneRankTrainer) {
   Communicator world = Communicator::world();
   if (world.size() != 2) GTEST_SKIP() << "data 2 against 1 rank";
   const std::string data = test_fixtures::gpt_text_corpus(world, "gpt-features");
-  const test_fixtures::GptCorpusCleanup cleanup{world, std::filesystem::path(data).parent_path()};
+  const test_fixtures::GptCleanup cleanup{world, std::filesystem::path(data).parent_path()};
   Communicator self = world.split(world.rank(), 0, "self");
-  const TrainConfig c = gpt_config(data);
+  const TrainConfig c = gpt_test_config(data);
   const std::vector<double> ref = train_losses(c, self);  // batch 4 on 1 rank
   ASSERT_EQ(ref.size(), 10u);
   EXPECT_LT(ref.back(), ref.front());  // it learns
@@ -56,17 +40,17 @@ TEST(GptFeatures, AccumulationRecomputeZeroAndBf16FollowTheOneRankTrainer) {
     TrainConfig d = data2();
     d.data.batch_size = 1;
     d.train.accumulation = 2;
-    expect_follows(train_losses(d, world), ref, 2e-7, "data 2, accumulation 2", world.rank() == 0);
+    expect_losses_follow(train_losses(d, world), ref, "data 2, accumulation 2", 2e-7);
   }
   for (const char* r : {"attention", "block"}) {
     TrainConfig d = data2();
     d.train.recompute = r;
-    expect_follows(train_losses(d, world), ref, 2e-7, cat("data 2, recompute ", r), world.rank() == 0);
+    expect_losses_follow(train_losses(d, world), ref, cat("data 2, recompute ", r), 2e-7);
   }
   for (int z : {1, 2}) {
     TrainConfig d = data2();
     d.parallel.zero = z;
-    expect_follows(train_losses(d, world), ref, 2e-7, cat("data 2, ZeRO-", z), world.rank() == 0);
+    expect_losses_follow(train_losses(d, world), ref, cat("data 2, ZeRO-", z), 2e-7);
   }
   // bf16 against 1 rank in bf16: the same roundings of the same products.
   TrainConfig b = c;
@@ -74,10 +58,10 @@ TEST(GptFeatures, AccumulationRecomputeZeroAndBf16FollowTheOneRankTrainer) {
   const std::vector<double> ref16 = train_losses(b, self);
   TrainConfig d16 = data2();
   d16.train.precision = "bf16";
-  expect_follows(train_losses(d16, world), ref16, 2e-7, "data 2, bf16", world.rank() == 0);
+  expect_losses_follow(train_losses(d16, world), ref16, "data 2, bf16", 2e-7);
   double gap = 0;
   for (std::size_t i = 0; i < ref.size(); ++i) gap = std::max(gap, std::fabs(ref16[i] - ref[i]));
-  if (world.rank() == 0) std::printf("[gpt features] bf16 against fp32 at 1 rank: max |loss difference| %.2e\n", gap);
+  if (world.rank() == 0) std::printf("[gpt layouts] bf16 against fp32 at 1 rank: max |loss difference| %.2e\n", gap);
   EXPECT_GT(gap, 0.0) << "train.precision = bf16 changed nothing";
   EXPECT_LT(gap, 0.05) << "bf16 strays from fp32";
 }
@@ -86,10 +70,10 @@ TEST(GptFeatures, ACutRunContinuesAtAnotherLayout) {
   Communicator world = Communicator::world();
   if (world.size() != 2) GTEST_SKIP() << "cut at data 2, continued at 1 rank and at tensor 2";
   const std::string data = test_fixtures::gpt_text_corpus(world, "gpt-elastic");
-  const test_fixtures::GptCorpusCleanup cleanup{world, std::filesystem::path(data).parent_path()};
+  const test_fixtures::GptCleanup cleanup{world, std::filesystem::path(data).parent_path()};
   Communicator self = world.split(world.rank(), 0, "self");
   auto run = [&](const std::string& dir) {
-    TrainConfig c = gpt_config(data);
+    TrainConfig c = gpt_test_config(data);
     c.data.global_batch = 4;
     c.comm.deterministic = true;
     c.checkpoint.dir = dir;
@@ -115,7 +99,7 @@ TEST(GptFeatures, ACutRunContinuesAtAnotherLayout) {
     world.barrier();
     if (world.rank() != 0) continue;
     // Measured <= 1.3e-8 (a different order of the same sums); 2e-7 is ~10x.
-    expect_follows(rest, std::vector<double>(full.begin() + 5, full.end()), 2e-7,
-                   tensor ? "cut at data 2, continued at tensor 2" : "cut at data 2, continued at 1 rank", true);
+    expect_losses_follow(rest, std::vector<double>(full.begin() + 5, full.end()),
+                         tensor ? "cut at data 2, continued at tensor 2" : "cut at data 2, continued at 1 rank", 2e-7);
   }
 }

@@ -9,27 +9,52 @@
 // bound), so both must be on one pipeline stage. The head's backward writes
 // that weight's gradient first (it runs first) and the embedding then adds
 // its part: tie_to() marks the embedding so it always accumulates.
+//
+// Vocabulary parallelism (Megatron-LM's, at parallel.tensor = P > 1 where P
+// divides the vocabulary V; the builder passes the model's TensorGroup, else a
+// group of 1): the embedding's weight is split by rows, rank r holding the
+// tokens [r V/P, (r+1) V/P) (a ShardSpec of the whole [V, dim], so checkpoints
+// save it whole and reshard it, and its initial values are that slice of the
+// 1-rank weight's). Its forward looks up the tokens it holds (zeros for the
+// others) and all-reduces the partial embeddings over the group (every
+// token's row comes from exactly one rank, so the sum is exact); the position
+// embedding is replicated and added after it. The backward is local. With
+// sequence parallelism before transformer blocks (scatter_tokens), the sum is
+// a reduce-scatter instead (Megatron's): the output is this rank's token
+// shard [N, T/P, dim] (tensor_parallel.hpp), and the backward all-gathers its
+// gradient first. The head multiplies by the local rows: its logits are
+// [N, T, V/P], this rank's tokens' columns (the loss is
+// vocab_parallel_cross_entropy, nn/lm_loss.hpp, so no rank holds [N, T, V]);
+// its input gradient, every rank's partial product, is all-reduced. A copy of
+// the weight that a head reads on another pipeline stage must be split alike
+// (rows [V/P, dim], the same ShardSpec).
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "ringtrain/nn/layer.hpp"
+#include "ringtrain/nn/tensor_group.hpp"
 
 namespace ringtrain {
 
 // ids [N, T] (T <= positions) -> weight[id] + pos_embed[t], [N, T, dim].
 // Parameters "<name>.weight" [vocab, dim] and "<name>.pos_embed" [positions,
 // dim], both N(0, 0.02^2) (GPT-2). An id that is not an integer in [0, vocab)
-// is an Error naming the layer. CPU only.
+// is an Error naming the layer. CPU only. g: the group the vocabulary is
+// split over (size 1: not split; its size must divide vocab).
 class TokenEmbedding : public Layer {
  public:
-  TokenEmbedding(std::string name, std::int64_t vocab, std::int64_t positions, std::int64_t dim);
-  const char* type() const override { return "TokenEmbedding"; }
-  std::int64_t vocab() const { return vocab_; }
+  TokenEmbedding(std::string name, std::int64_t vocab, std::int64_t positions, std::int64_t dim,
+                 TensorGroup g = {});
+  const char* type() const override { return g_.size > 1 ? "VocabParallelEmbedding" : "TokenEmbedding"; }
+  std::int64_t vocab() const { return vocab_; }  // the whole vocabulary
   std::int64_t dim() const { return dim_; }
+  const TensorGroup& group() const { return g_; }
   // An LmHead reads and also writes this weight's gradient: always accumulate.
   void tie_to_head() { tied_ = true; }
+  // Split vocabulary only: give this rank's token shard (see above).
+  void scatter_tokens();
   void release_activations() override;
   void register_params(ParamArena& arena, int layer_index, const std::string& prefix) override;
   void bind(const BindContext& ctx) override;
@@ -42,19 +67,24 @@ class TokenEmbedding : public Layer {
 
  private:
   std::int64_t vocab_, positions_, dim_;
+  TensorGroup g_;
+  std::int64_t local_, first_;  // this rank's rows: tokens [first_, first_ + local_)
   std::size_t w_ = 0, p_ = 0;
-  bool tied_ = false;
+  bool tied_ = false, scatter_ = false;
   Tensor weight, pos, dweight, dpos, y_;
-  std::vector<std::int32_t> ids_;
+  std::vector<std::int32_t> ids_;  // per token: its row here, or -1 (another rank's)
 };
 
 // x [N, T, dim] -> logits [N, T, vocab] = x W^T, W the tied embedding's weight
-// [vocab, dim] (the backend's Linear kernel, no bias).
+// [vocab, dim] (the backend's Linear kernel, no bias). g: the embedding's
+// group; at size > 1 the logits are [N, T, vocab / size] (see above).
 class LmHead : public Layer {
  public:
-  LmHead(std::string name, std::string tie, std::int64_t vocab, std::int64_t dim);
-  const char* type() const override { return "LmHead"; }
+  LmHead(std::string name, std::string tie, std::int64_t vocab, std::int64_t dim, TensorGroup g = {});
+  const char* type() const override { return g_.size > 1 ? "VocabParallelLmHead" : "LmHead"; }
   const std::string& tie() const { return tie_; }
+  // The group its logits' columns are split over, or null (whole logits).
+  const TensorGroup* vocab_group() const { return g_.size > 1 ? &g_ : nullptr; }
   void release_activations() override;
   void bind(const BindContext& ctx) override;
   Shape output_shape(const Shape& in) const override;
@@ -67,6 +97,8 @@ class LmHead : public Layer {
  private:
   std::string tie_;
   std::int64_t vocab_, dim_;
+  TensorGroup g_;
+  std::int64_t local_;  // logits (weight rows) on this rank
   Tensor weight, dweight, x_, y_, dx_;
   std::unique_ptr<LinearKernel> k_;
 };

@@ -6,7 +6,8 @@
 // logits are summed over the group (3 small all-reduces of O(rows) values),
 // so no rank ever holds [rows, vocab]. Equal to softmax_cross_entropy on the
 // gathered logits (mean over the rows); dlogits is this rank's slice of its
-// gradient. A building block: the gpt model's head is not vocabulary-parallel yet.
+// gradient. The gpt model's vocabulary-parallel head (nn/language.hpp) gives
+// such logits; the pipeline executor computes its loss and accuracy here.
 #include "ringtrain/core/tensor.hpp"
 #include "ringtrain/nn/tensor_group.hpp"
 
@@ -15,5 +16,10 @@ namespace ringtrain {
 // logits f32 [rows, V/T] (CPU), labels i64 [rows] in [0, V); dlogits (when
 // defined) f32 [rows, V/T] receives d mean-loss / d logits. Collective over g.
 double vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& labels, const TensorGroup& g, Tensor& dlogits);
+
+// The number of rows whose whole-vocabulary argmax (the first maximum, as
+// count_correct) is the label, summed over the group (the same on every rank).
+// Two all-reduces of O(rows) values. Collective over g.
+std::int64_t vocab_parallel_count_correct(const Tensor& logits, const Tensor& labels, const TensorGroup& g);
 
 }  // namespace ringtrain
