@@ -27,10 +27,35 @@ TokenEmbedding::TokenEmbedding(std::string name, std::int64_t vocab, std::int64_
   first_ = std::int64_t(g_.rank) * local_;
 }
 
+// One function for both, so a change to the embedding's initialisation reaches the copy.
+// N(0, 0.02^2); a vocabulary-split weight gets its rows of the 1-rank weight
+// (xavier_normal's std sqrt(2 / (fan_in + fan_out)) with both fans 1 / 0.02^2).
+void init_embedding_weight(const ParamArena& arena, std::size_t index, std::uint64_t seed) {
+  const double fan = 1.0 / (0.02 * 0.02);
+  if (arena.info(index).shard.sharded()) detail::init_shard(arena, index, Init::xavier_normal, fan, fan, seed);
+  else detail::init_normal(arena, index, 0.02, seed);
+}
+
+void split_tied_layers(std::vector<LayerPtr>& layers, int first, int end, const ParamArena& before) {
+  const int n = static_cast<int>(layers.size());
+  for (int i = first; i < end; ++i) {
+    if (auto* h = dynamic_cast<LmHead*>(layers[static_cast<std::size_t>(i)].get())) {
+      // Its embedding came before the stage: its weight is among the earlier parameters.
+      for (std::size_t w = 0; w < before.size(); ++w)
+        if (before.info(w).name == h->tie() + ".weight") h->hold_copy(before.info(w), w);
+    } else if (auto* e = dynamic_cast<TokenEmbedding*>(layers[static_cast<std::size_t>(i)].get())) {
+      for (int j = end; j < n; ++j)
+        if (auto* h = dynamic_cast<LmHead*>(layers[static_cast<std::size_t>(j)].get()); h && h->tie() == e->name())
+          e->head_elsewhere();
+    }
+  }
+}
+
 void TokenEmbedding::register_params(ParamArena& arena, int li, const std::string& prefix) {
   w_ = add_param(arena, prefix, "weight", {local_, dim_}, DType::f32, true, li);
   if (g_.size > 1) arena.set_shard(w_, make_shard({vocab_, dim_}, 0, g_.size, g_.rank));
   p_ = add_param(arena, prefix, "pos_embed", {positions_, dim_}, DType::f32, false, li);
+  if (copied_) arena.set_copied(w_);
 }
 
 void TokenEmbedding::bind(const BindContext& ctx) {
@@ -41,11 +66,8 @@ void TokenEmbedding::bind(const BindContext& ctx) {
   dpos = ctx.arena.grad(p_);
 }
 
-// N(0, 0.02^2): xavier_normal's std sqrt(2 / (fan_in + fan_out)) with both fans 1 / 0.02^2.
 void TokenEmbedding::init(const ParamArena& arena, std::uint64_t seed) {
-  const double fan = 1.0 / (0.02 * 0.02);
-  if (g_.size > 1) detail::init_shard(arena, w_, Init::xavier_normal, fan, fan, seed);  // the 1-rank weight's rows
-  else detail::init_normal(arena, w_, 0.02, seed);
+  init_embedding_weight(arena, w_, seed);
   detail::init_normal(arena, p_, 0.02, seed);
 }
 
@@ -140,6 +162,28 @@ LmHead::LmHead(std::string name, std::string tie, std::int64_t vocab, std::int64
     : Layer(std::move(name)), tie_(std::move(tie)), vocab_(vocab), dim_(dim), g_(std::move(g)) {
   RT_CHECK(vocab > 0 && dim > 0, "LmHead '", name_, "': vocab (", vocab, ") and width (", dim, ") must be positive");
   local_ = rows_of("LmHead", name_, vocab_, g_);
+}
+
+void LmHead::hold_copy(const ParamInfo& owner, std::size_t owner_index) {
+  const Shape& whole = owner.shard.sharded() ? owner.shard.global : owner.shape;
+  RT_CHECK(whole == (Shape{vocab_, dim_}), "LmHead '", name_, "': the tied weight ", owner.name, " is ",
+           shape_str(whole), ", expected [", vocab_, ", ", dim_, "]");
+  owner_ = owner;
+  copy_of_ = static_cast<std::int64_t>(owner_index);
+}
+
+void LmHead::register_params(ParamArena& arena, int li, const std::string&) {
+  if (copy_of_ < 0) return;  // the embedding's weight is on this stage
+  // Under the owner's name (checkpoints read it from the owner's entry), as
+  // one of this layer's parameters: its gradient is ready with the head's backward.
+  copy_ = arena.add(owner_.name, owner_.shape, owner_.dtype, owner_.decay, li);
+  arena.set_copy_of(copy_, static_cast<std::size_t>(copy_of_));
+  if (owner_.shard.sharded()) arena.set_shard(copy_, owner_.shard);  // split over the tensor ranks as the owner is
+  params_.push_back(copy_);
+}
+
+void LmHead::init(const ParamArena& arena, std::uint64_t seed) {
+  if (copy_of_ >= 0) init_embedding_weight(arena, copy_, seed);
 }
 
 void LmHead::bind(const BindContext& ctx) {

@@ -42,6 +42,29 @@ const ParamArena::Flat& ParamArena::flat(DType dt) const {
   RT_FAIL("the parameter arena holds no ", dtype_name(dt), " parameters");
 }
 
+void ParamArena::set_copy_of(std::size_t i, std::size_t owner) {
+  RT_CHECK(!finalized_, "parameter '", info(i).name, "' is marked as a tied copy after the arena was finalised");
+  infos_.at(i).copy_of = static_cast<std::int64_t>(owner);
+}
+
+void ParamArena::set_copied(std::size_t i) { infos_.at(i).copied = true; }
+
+std::vector<std::size_t> ParamArena::tied() const {
+  std::vector<std::size_t> out;
+  for (std::size_t i = 0; i < infos_.size(); ++i)
+    if (infos_[i].copied || infos_[i].copy_of >= 0) out.push_back(i);
+  std::sort(out.begin(), out.end(), [&](std::size_t x, std::size_t y) { return infos_[x].name < infos_[y].name; });
+  return out;
+}
+
+std::size_t ParamArena::model_index(std::size_t i) const {
+  const ParamInfo& p = infos_.at(i);
+  if (p.copy_of >= 0) return static_cast<std::size_t>(p.copy_of);
+  std::size_t copies = 0;  // before i (a tied head's copy takes no index of the model's)
+  for (std::size_t k = 0; k < i; ++k) copies += infos_[k].copy_of >= 0;
+  return base_ + i - copies;
+}
+
 void ParamArena::set_index_base(std::size_t base) {
   RT_CHECK(!finalized_, "the parameter arena's index base is set after finalize()");
   base_ = base;

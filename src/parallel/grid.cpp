@@ -31,6 +31,9 @@ ProcessGrid ProcessGrid::make(const Communicator& world_in, GridShape s, double 
   g.tp_comm_ = world.split(g.dp_ + g.pp_ * g.dp_size_, g.tp_, "tp");
   g.replica_comm_ = world.split(g.dp_, world.rank(), "replica");
   g.zero_comm_ = g.dp_comm_.dup("zero");
+  // The first and last stage of each (dp, tp) coordinate; every other stage alone.
+  const bool end = g.pp_ == 0 || g.pp_ == g.pp_size_ - 1;
+  g.ends_comm_ = world.split(end ? g.tp_ + g.dp_ * g.tp_size_ : g.tp_size_ * g.dp_size_ + r, g.pp_, "pp_ends");
   // Tensor groups all-reduce on the critical path of every layer pair: across
   // nodes that costs far more. The widest group decides (nodes may be uneven).
   int spans = g.tp_comm_.node_count();

@@ -16,14 +16,9 @@
 namespace ringtrain {
 namespace {
 
-// The shard of the parameter or buffer a state name belongs to (nullptr: replicated or neither).
-const ShardSpec* shard_of_name(const ParamArena& a, const std::vector<NamedBuffer>& buffers, const std::string& name) {
+// The parameter a "param/<name>" or "optim/<slot>/<name>" state name belongs to (nullptr: none).
+const ParamInfo* param_of_name(const ParamArena& a, const std::string& name) {
   std::string pname;
-  if (name.rfind("buffer/", 0) == 0) {
-    for (const auto& b : buffers)
-      if (b.name == name.substr(7)) return b.shard.sharded() ? &b.shard : nullptr;
-    return nullptr;
-  }
   if (name.rfind("param/", 0) == 0) {
     pname = name.substr(6);
   } else if (name.rfind("optim/", 0) == 0) {
@@ -34,8 +29,26 @@ const ShardSpec* shard_of_name(const ParamArena& a, const std::vector<NamedBuffe
     return nullptr;
   }
   for (std::size_t i = 0; i < a.size(); ++i)
-    if (a.info(i).name == pname) return a.info(i).shard.sharded() ? &a.info(i).shard : nullptr;
+    if (a.info(i).name == pname) return &a.info(i);
   return nullptr;
+}
+
+// The shard of the parameter or buffer a state name belongs to (nullptr: replicated or neither).
+const ShardSpec* shard_of_name(const ParamArena& a, const std::vector<NamedBuffer>& buffers, const std::string& name) {
+  if (name.rfind("buffer/", 0) == 0) {
+    for (const auto& b : buffers)
+      if (b.name == name.substr(7)) return b.shard.sharded() ? &b.shard : nullptr;
+    return nullptr;
+  }
+  const ParamInfo* p = param_of_name(a, name);
+  return p && p->shard.sharded() ? &p->shard : nullptr;
+}
+
+// A tied weight's copy (the last stage's LM head, ParamInfo::copy_of) and its
+// optimizer state: equal to the owner's, written by the owner's stage alone.
+bool tied_copy(const ParamArena& a, const std::string& name) {
+  const ParamInfo* p = param_of_name(a, name);
+  return p && p->copy_of >= 0;
 }
 
 Tensor on_host(const Tensor& t) { return t.device().is_cpu() ? t : t.to(Device::cpu()); }
@@ -112,6 +125,13 @@ NamedState ModelState::replicated() {
   return out;
 }
 
+NamedState ModelState::tied() {
+  NamedState out;
+  const ParamArena& a = stage_.arena();
+  for (std::size_t i : a.tied()) out.emplace_back("param/" + a.info(i).name, a.param(i));
+  return out;
+}
+
 void ModelState::broadcast() {
   if (grid_.dp_size() == 1) return;
   std::vector<Tensor> ts;
@@ -172,6 +192,7 @@ std::vector<StatePiece> ModelState::pieces() {
   for (auto& [name, t] : named()) {
     if (name == "optim/step" && !grid_.first_stage()) continue;  // every stage holds it alike
     if (sharded_params && name.rfind("param/", 0) == 0) continue;  // ZeRO-3: from the slices below
+    if (tied_copy(a, name)) continue;
     const ShardSpec* s = shard_of_name(a, buffers, name);
     if (s) shards.push_back({name, t, {s->global, *s, 0}});
     else replicated.push_back({name, t, {t.shape(), {}, 0}});
@@ -184,7 +205,7 @@ std::vector<StatePiece> ModelState::pieces() {
       for (auto& sl : zero->param_slices()) slices.push_back(sl);
     for (auto& sl : slices) {
       const ParamInfo& pi = a.info(sl.param);
-      if (!pi.shard.sharded() && grid_.tp_rank() != 0) continue;
+      if ((!pi.shard.sharded() && grid_.tp_rank() != 0) || pi.copy_of >= 0) continue;
       PiecePlace p = pi.shard.sharded() ? PiecePlace{pi.shard.global, pi.shard, sl.begin} : PiecePlace{pi.shape, {}, sl.begin};
       out.push_back({slice_name(sl, pi), sl.data, p});
     }

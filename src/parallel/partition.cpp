@@ -8,6 +8,7 @@
 
 #include "ringtrain/core/error.hpp"
 #include "ringtrain/nn/backend.hpp"
+#include "ringtrain/nn/language.hpp"
 #include "ringtrain/nn/model.hpp"
 
 namespace ringtrain {
@@ -104,22 +105,28 @@ std::vector<double> layer_param_costs(const std::vector<LayerPlan>& plan) {
 std::vector<double> layer_time_costs(const ModelConfig& mc, Device dev, std::int64_t batch, int reps) {
   using Clock = std::chrono::steady_clock;
   std::vector<LayerPtr> layers = build_model_layers(mc, dev);
+  // The earlier layers' parameters, registered (never allocated) by a second
+  // list: a tied LM head timed alone holds a copy of its embedding's weight.
+  std::vector<LayerPtr> shadow = build_model_layers(mc, dev);
+  ParamArena before;
   Shape s = model_input_shape(mc, batch);
-  std::size_t index = 0;  // model index of the layer's first parameter
   std::vector<double> out;
   for (std::size_t i = 0; i < layers.size(); ++i) {
     Layer& l = *layers[i];
+    split_tied_layers(layers, static_cast<int>(i), static_cast<int>(i) + 1, before);
     ParamArena a;
-    a.set_index_base(index);
+    a.set_index_base(before.size());  // model index of the layer's first parameter
     l.register_params(a, static_cast<int>(i), "");
-    index += a.size();
+    shadow[i]->register_params(before, static_cast<int>(i), "");
     a.finalize(dev);
     l.bind(BindContext{backend_for(dev), dev, a, mc.seed, mc.math});
     l.init(a, mc.seed);
     Tensor x = Tensor::empty(s, DType::f32, dev);
     {
       Tensor h = Tensor::empty(s, DType::f32);
-      for (std::int64_t k = 0; k < h.numel(); ++k) h.data<float>()[k] = float((k * 7919) % 255) / 255.f - 0.5f;
+      const bool ids = mc.seq_len > 0 && i == 0;  // a language model's token ids
+      for (std::int64_t k = 0; k < h.numel(); ++k)
+        h.data<float>()[k] = ids ? float((k * 7919) % mc.classes) : float((k * 7919) % 255) / 255.f - 0.5f;
       x.copy_from(h);
     }
     std::vector<double> t;

@@ -39,9 +39,11 @@ ModelParts build_parts(const ProcessGrid& grid, const ModelConfig& mc, const Gri
   // The executor knows the slots the schedule needs: the stage is built after it.
   const auto [in_mb, out_mb] = Stage::boundary_shapes(mc_tp, dev, first, end, mb.size());
   parts.executor = std::make_unique<ScheduleExecutor>(grid, gc.schedule, mb, in_mb, out_mb, dev, rt);
-  // Agreed: a stage's layers can refuse their range (a head tied to another stage's embedding).
-  run_agreed(grid.world(), "building the pipeline stages",
-             [&] { parts.stage = std::make_unique<Stage>(mc_tp, dev, first, end, parts.executor->slots()); });
+  // Agreed: a stage's layers can refuse their range (a tied LM head on a middle stage).
+  run_agreed(grid.world(), "building the pipeline stages", [&] {
+    parts.stage = std::make_unique<Stage>(mc_tp, dev, first, end, parts.executor->slots());
+    check_tied_stages(grid, *parts.stage);
+  });
   // BatchNorm: per-micro-batch normalisation, running statistics over the whole step (stage.hpp).
   if (mb.per_step() > 1) parts.stage->set_deferred_batch_stats(true);
   // Only zero-bubble schedules defer the weight gradients; the others run each
@@ -49,7 +51,10 @@ ModelParts build_parts(const ProcessGrid& grid, const ModelConfig& mc, const Gri
   parts.stage->set_fused_backward(gc.schedule != ScheduleKind::zb_h1);
   parts.stage->set_recompute(gc.recompute);
   parts.updater = std::make_unique<Updater>(grid, *parts.stage, gc.update, oc, rt);
-  parts.grad_sync = make_grad_sync(grid, *parts.stage, gc, rt, parts.updater->zero());
+  // Agreed: ZeRO-3 refuses a tied head, which only the last stage may hold.
+  run_agreed(grid.world(), "setting up the gradient synchronisation", [&] {
+    parts.grad_sync = with_tied_grads(grid, *parts.stage, make_grad_sync(grid, *parts.stage, gc, rt, parts.updater->zero()));
+  });
   parts.stage->set_param_access(parts.grad_sync->param_access());  // ZeRO-3: gather before use
   parts.state = std::make_unique<ModelState>(grid, *parts.stage, *parts.updater);
   return parts;

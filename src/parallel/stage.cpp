@@ -1,6 +1,7 @@
 #include "ringtrain/parallel/stage.hpp"
 
 #include "ringtrain/nn/backend.hpp"
+#include "ringtrain/nn/language.hpp"
 #include "ringtrain/nn/layers.hpp"
 #include "ringtrain/nn/transformer.hpp"
 
@@ -75,6 +76,7 @@ Stage::Stage(const ModelConfig& mc, Device dev, int first, int end, int slots)
 
   for (int k = 0; k < slots; ++k) {
     if (k > 0) all = build_model_layers(mc, dev);
+    split_tied_layers(all, first, end, before);  // a tied LM head apart from its embedding holds a copy
     std::vector<LayerPtr> mine;
     for (int i = first; i < end; ++i) mine.push_back(std::move(all[static_cast<std::size_t>(i)]));
     // Slot 0 registers into the stage's arena; the others into a scratch arena

@@ -22,6 +22,14 @@ Updater::Updater(const ProcessGrid& grid, Stage& stage, const UpdateConfig& cfg,
     RT_CHECK(stage.device().is_cpu(), "parallel.zero = ", cfg.zero, " needs train.device = cpu: its reduce-scatter "
              "and all-gather are host-only (this run chose ", stage.device().str(), ")");
   });
+  // ZeRO-1/2 slice a tied weight's two copies differently on their stages
+  // (pipeline > 1). From 3 replicas a ring reduce-scatter may sum an element in
+  // an order that depends on its slice, and at 2 LARS/LAMB add per-slice norms
+  // that differ: the copies could differ in the last bit, so after each update
+  // the copy takes its owner's values. (Without ZeRO, or ZeRO over 2 replicas
+  // with another optimizer, both stages compute the same bits.)
+  resync_tied_ = cfg.zero <= 2 && grid.pp_size() > 1 &&
+                 (grid.dp_size() >= 3 || (grid.dp_size() == 2 && (oc.name == "lars" || oc.name == "lamb")));
   zero_ = std::make_unique<ShardedOptimizer>(stage.arena(), oc, grid.zero(), cfg.zero_collectives,
                                              [&rt](ParamArena& a, const OptimizerConfig& c) {
                                                return rt.make_optimizer(a, c);
@@ -32,15 +40,18 @@ Updater::~Updater() = default;
 
 // Parameters whose gradients this rank contributes to the global norm:
 // tensor-parallel shards everywhere, replicated parameters on tensor rank 0
-// only (every tensor rank holds the same copy). A ZeRO slice's pieces map to
-// the stage's parameters through full_index().
+// only (every tensor rank holds the same copy), and a tied weight on its
+// owner's stage only (the last stage's copy holds the same gradient). A ZeRO
+// slice's pieces map to the stage's parameters through full_index().
 std::vector<char> Updater::counted_once(const ParamArena& a) const {
-  if (grid_.tp_size() == 1) return {};  // all of them
   const ParamArena& whole = stage_.arena();
+  bool copies = false;
+  for (const ParamInfo& pi : whole.infos()) copies = copies || pi.copy_of >= 0;
+  if (grid_.tp_size() == 1 && !copies) return {};  // all of them
   std::vector<char> keep(a.size());
   for (std::size_t i = 0; i < a.size(); ++i) {
-    const std::size_t p = zero_ ? zero_->full_index()[i] : i;
-    keep[i] = whole.info(p).shard.sharded() || grid_.tp_rank() == 0;
+    const ParamInfo& pi = whole.info(zero_ ? zero_->full_index()[i] : i);
+    keep[i] = (pi.shard.sharded() || grid_.tp_rank() == 0) && pi.copy_of < 0;
   }
   return keep;
 }
@@ -64,7 +75,21 @@ bool Updater::apply(double lr) {
   }
   if (zero_) zero_->step(lr);
   else opt_->step(lr);
+  if (resync_tied_) resync_tied();
   return true;
+}
+
+// See the constructor: the last stage's copy of a tied weight takes the first
+// stage's updated values (root: the first stage of grid.ends()).
+void Updater::resync_tied() {
+  if (grid_.pp_size() == 1) return;
+  const ParamArena& a = stage_.arena();
+  for (std::size_t i : a.tied()) {
+    Tensor p = a.param(i);
+    CollectiveOptions o;
+    o.device = p.device();
+    broadcast(p.raw(), static_cast<std::size_t>(p.numel()), p.dtype(), 0, grid_.ends(), o);
+  }
 }
 
 std::size_t Updater::state_bytes() const {

@@ -398,16 +398,21 @@ EpochMetrics Trainer::Impl::train_epoch(int epoch, bool& finished) {
 
 // train.verify_every: the replicas of this rank's stage and tensor shard (its
 // data-parallel group) hold bitwise-identical parameters, buffers and
-// optimizer state; the job ends naming the tensor otherwise.
+// optimizer state, and so do the first and last pipeline stages' copies of a
+// tied weight; the job ends naming the tensor otherwise.
 void Trainer::Impl::verify_replicas() {
   if (ShardedOptimizer* zero = parts.updater->zero()) zero->materialize();  // ZeRO-3: the parameters whole
-  std::vector<Tensor> ts;
-  std::vector<std::string> names;
-  for (auto& [name, t] : parts.state->replicated()) {
-    names.push_back(name);
-    ts.push_back(t);
-  }
-  verify_identical(ts, dp(), names);
+  auto verify = [](const NamedState& state, const Communicator& comm) {
+    std::vector<Tensor> ts;
+    std::vector<std::string> names;
+    for (auto& [name, t] : state) {
+      names.push_back(name);
+      ts.push_back(t);
+    }
+    verify_identical(ts, comm, names);
+  };
+  verify(parts.state->replicated(), dp());
+  if (grid->pp_size() > 1) verify(parts.state->tied(), grid->ends());
 }
 
 Trainer::Trainer(TrainConfig cfg, Communicator world, TrainerHooks hooks)

@@ -6,9 +6,13 @@
 //
 // Tying: LmHead has no parameters of its own; it multiplies by the weight of
 // the TokenEmbedding named `tie` ("<tie>.weight", found in the arena when
-// bound), so both must be on one pipeline stage. The head's backward writes
-// that weight's gradient first (it runs first) and the embedding then adds
-// its part: tie_to() marks the embedding so it always accumulates.
+// bound). On one stage, the head's backward writes that weight's gradient
+// first (it runs first) and the embedding then adds its part: tie_to_head()
+// marks the embedding so it always accumulates. On different pipeline stages
+// (split_tied_layers, Megatron's "word embeddings for head"), the head holds
+// a copy of the weight under the same name, initialised like the embedding's
+// (the same model index), and each writes its own gradient; the stages sum
+// the two every step (parallel/grad_sync.hpp), so the copies stay equal.
 //
 // Vocabulary parallelism (Megatron-LM's, at parallel.tensor = P > 1 where P
 // divides the vocabulary V; the builder passes the model's TensorGroup, else a
@@ -55,6 +59,9 @@ class TokenEmbedding : public Layer {
   void tie_to_head() { tied_ = true; }
   // Split vocabulary only: give this rank's token shard (see above).
   void scatter_tokens();
+  // The tied LmHead is on a later pipeline stage, with a copy of the weight:
+  // the gradient here is this layer's alone; the weight is marked copied.
+  void head_elsewhere() { tied_ = false, copied_ = true; }
   void release_activations() override;
   void register_params(ParamArena& arena, int layer_index, const std::string& prefix) override;
   void bind(const BindContext& ctx) override;
@@ -70,7 +77,7 @@ class TokenEmbedding : public Layer {
   TensorGroup g_;
   std::int64_t local_, first_;  // this rank's rows: tokens [first_, first_ + local_)
   std::size_t w_ = 0, p_ = 0;
-  bool tied_ = false, scatter_ = false;
+  bool tied_ = false, scatter_ = false, copied_ = false;
   Tensor weight, pos, dweight, dpos, y_;
   std::vector<std::int32_t> ids_;  // per token: its row here, or -1 (another rank's)
 };
@@ -85,6 +92,12 @@ class LmHead : public Layer {
   const std::string& tie() const { return tie_; }
   // The group its logits' columns are split over, or null (whole logits).
   const TensorGroup* vocab_group() const { return g_.size > 1 ? &g_ : nullptr; }
+  // The tied embedding is on an earlier pipeline stage: the head registers a
+  // copy of its weight (`owner`, the model's parameter `owner_index`) under
+  // the same name and initialises it the same way.
+  void hold_copy(const ParamInfo& owner, std::size_t owner_index);
+  void register_params(ParamArena& arena, int layer_index, const std::string& prefix) override;
+  void init(const ParamArena& arena, std::uint64_t seed) override;
   void release_activations() override;
   void bind(const BindContext& ctx) override;
   Shape output_shape(const Shape& in) const override;
@@ -99,8 +112,23 @@ class LmHead : public Layer {
   std::int64_t vocab_, dim_;
   TensorGroup g_;
   std::int64_t local_;  // logits (weight rows) on this rank
+  std::int64_t copy_of_ = -1;  // hold_copy: the owner's model index
+  ParamInfo owner_;
+  std::size_t copy_ = 0;       // the copy's arena index
   Tensor weight, dweight, x_, y_, dx_;
   std::unique_ptr<LinearKernel> k_;
 };
+
+// The initial values of a token embedding's weight (arena parameter `index`,
+// drawn for its model index): the embedding and a head's copy of it alike.
+void init_embedding_weight(const ParamArena& arena, std::size_t index, std::uint64_t seed);
+
+// A pipeline stage of the model's top-level layers [first, end) (`layers`, as
+// built, those before `first` possibly gone; `before`: the parameters of layers
+// [0, first) registered in model order): an LmHead in the range whose
+// embedding is before it holds a copy of its weight, and a TokenEmbedding in
+// the range whose head comes after it keeps its gradient to itself. Call
+// before the range registers its parameters.
+void split_tied_layers(std::vector<LayerPtr>& layers, int first, int end, const ParamArena& before);
 
 }  // namespace ringtrain

@@ -54,6 +54,15 @@ struct ParamInfo {
   bool decay = true;       // weight decay / LARS trust ratio apply (false for biases and norms)
   int layer = -1;          // index of the owning layer in the model
   ShardSpec shard;         // tensor parallelism: replicated unless set_shard() said otherwise
+  // Pipeline parallelism with a tied weight (a language model's LM head on the
+  // last stage, its embedding on the first: nn/language.hpp). copy_of: this is
+  // the head's copy of the embedding's parameter of the same name, whose model
+  // index it holds (-1: not a copy); copied: this is that owner. Both start
+  // from the owner's values and their gradients are summed every step
+  // (parallel/grad_sync.hpp), so they stay bitwise equal; checkpoints hold the
+  // owner's alone, and the copy is read from the owner's entry.
+  std::int64_t copy_of = -1;
+  bool copied = false;
 };
 
 class ParamArena {
@@ -71,12 +80,21 @@ class ParamArena {
   // checks that the local shape is the global one divided as `s` says.
   void set_shard(std::size_t i, ShardSpec s);
   std::size_t index_of(const std::string& name) const;  // throws Error naming it
+  // Tied weights across pipeline stages (see ParamInfo::copy_of): parameter i
+  // is a copy of the model's parameter `owner` (it draws that one's initial
+  // values and takes no model index of its own), or the owner of such a copy.
+  void set_copy_of(std::size_t i, std::size_t owner);
+  void set_copied(std::size_t i);
+  // The indices of tied parameters (owners or copies), in name order: the
+  // same list on both stages of a tie, which sum and compare them in that order.
+  std::vector<std::size_t> tied() const;
   // A pipeline stage's arena holds a contiguous run of the whole model's
   // parameters: index i here is parameter base + i of the model. Initial values
   // are drawn per model index (nn/init.hpp), so a stage built on its own starts
-  // from the same weights as the whole model.
+  // from the same weights as the whole model. A copy of a tied weight has its
+  // owner's index, and the parameters after it are not shifted by it.
   void set_index_base(std::size_t base);
-  std::size_t model_index(std::size_t i) const { return base_ + i; }
+  std::size_t model_index(std::size_t i) const;
 
   Tensor param(std::size_t i) const;
   Tensor grad(std::size_t i) const;

@@ -63,4 +63,15 @@ class GradSync {
 std::unique_ptr<GradSync> make_grad_sync(const ProcessGrid& grid, Stage& stage, const GridConfig& cfg,
                                          DeviceRuntime& rt, ShardedOptimizer* zero);
 
+// A weight tied across pipeline stages (a language model's embedding on the
+// first stage, its LM head's copy on the last; ParamInfo::copy_of): `inner`
+// wrapped so that the layers holding it reach `inner` only at finish(), after
+// their gradients were summed over grid.ends() (tied_grads.cpp). Both copies
+// then take the same synchronised gradient and update, and stay bitwise
+// equal. `inner` itself when the stage holds no tied weight (pipeline 1).
+std::unique_ptr<GradSync> with_tied_grads(const ProcessGrid& grid, Stage& stage, std::unique_ptr<GradSync> inner);
+// An Error naming the stage and parameter unless tied copies sit on the last
+// stage and their owners on the first (no communication).
+void check_tied_stages(const ProcessGrid& grid, Stage& stage);
+
 }  // namespace ringtrain

@@ -11,7 +11,8 @@
 //    split or duplicate (traffic on one never matches another's) with the
 //    job's collective timeout passed explicitly: world, the data, pipeline and
 //    tensor groups, the replica (a data-parallel rank's stages and shards:
-//    global-norm clipping and fp16's finiteness check) and ZeRO's group. The
+//    global-norm clipping and fp16's finiteness check), ZeRO's group and the
+//    pipeline's ends (a tied weight's two copies: parallel/grad_sync.hpp). The
 //    fusion engine duplicates dp() and so inherits its timeout. A wait on any
 //    of them past the timeout ends the job naming the rank that never came.
 //  - A tensor group spanning nodes is a warning (tensor_span_warning), not an error.
@@ -55,11 +56,14 @@ class ProcessGrid {
   const Communicator& tp() const { return tp_comm_; }
   const Communicator& replica() const { return replica_comm_; }  // same dp: pp x tp ranks
   const Communicator& zero() const { return zero_comm_; }        // a duplicate of dp() for ZeRO's collectives
+  // The first and the last stage of this rank's dp and tp coordinates, ranked
+  // by stage (2 ranks; this rank alone at pipeline 1 and on the stages between).
+  const Communicator& ends() const { return ends_comm_; }
   double timeout_s() const { return world_.timeout_s(); }
   std::string tag() const;  // "[dp 1 pp 3]" (tp appears once tensor > 1)
 
  private:
-  Communicator world_, dp_comm_, pp_comm_, tp_comm_, replica_comm_, zero_comm_;
+  Communicator world_, dp_comm_, pp_comm_, tp_comm_, replica_comm_, zero_comm_, ends_comm_;
   int tp_size_ = 1, dp_size_ = 1, pp_size_ = 1;
   int tp_ = 0, dp_ = 0, pp_ = 0;
 };

@@ -4,6 +4,8 @@
 // the names of the checkpoint layout (train/state.hpp), which is the same at
 // every layout: "param/<name>", "buffer/<name>", "optim/<slot>/<name>",
 // "optim/step". A run saved at tensor 2 x pipeline 2 resumes at data 4 and back.
+// A tied weight's copy on the last pipeline stage (ParamInfo::copy_of) has its
+// owner's names: written once, by the owner's stage, and restored from there.
 #include <functional>
 #include <string>
 #include <utility>
@@ -31,6 +33,11 @@ class ModelState {
   // few large messages), for train.verify_every and the start-up broadcast.
   // ZeRO-3: the parameters are whole only after ShardedOptimizer::materialize().
   NamedState replicated();
+  // A weight tied across pipeline stages as this stage holds it (the first
+  // stage's owner, the last stage's copy, ParamInfo::copy_of), in name order:
+  // what the two ends of the pipeline (grid.ends()) hold bit for bit. Empty
+  // on the stages between and at pipeline 1.
+  NamedState tied();
   // Every replica takes data-parallel rank 0's parameters, buffers, optimizer
   // state and loss scale (the start of a run: one source of truth).
   void broadcast();

@@ -12,7 +12,9 @@
 //  - A stage allocates and initialises only its own layers. Parameters start
 //    equal to the unpipelined model's built from the same ModelConfig (values
 //    are drawn per model parameter index, ParamArena::set_index_base), so
-//    every stage count starts from the same weights.
+//    every stage count starts from the same weights. A tied LM head on a
+//    later stage than its embedding holds a copy of the embedding's weight
+//    (nn/language.hpp split_tied_layers; ParamInfo::copy_of), drawn alike.
 //  - Gradients accumulate over the step's micro-batches: zero_grads() first.
 //  - BatchNorm: each micro-batch is normalised with its own statistics (as
 //    GPipe); the running statistics live in slot 0's layers. By default every

@@ -51,6 +51,7 @@ class Updater {
 
  private:
   std::vector<char> counted_once(const ParamArena& a) const;
+  void resync_tied();  // a tied weight's copy takes its owner's values (see updater.cpp)
 
   const ProcessGrid& grid_;
   Stage& stage_;
@@ -59,6 +60,7 @@ class Updater {
   std::unique_ptr<Optimizer> opt_;
   std::unique_ptr<ShardedOptimizer> zero_;
   std::unique_ptr<LossScaler> scaler_;
+  bool resync_tied_ = false;  // ZeRO: a tied weight's copy takes its owner's values after each update
 };
 
 }  // namespace ringtrain
