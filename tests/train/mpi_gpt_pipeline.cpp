@@ -22,7 +22,7 @@
 #include <fstream>
 #include <set>
 
-#include "fixtures.hpp"
+#include "gpt_fixtures.hpp"
 #include "ringtrain/core/error.hpp"
 #include "ringtrain/data/prepare.hpp"
 #include "ringtrain/nn/layers_model.hpp"
@@ -35,47 +35,10 @@ using test_fixtures::train_losses;
 
 namespace {
 
-// Removes the corpus directory when a test ends (every rank done with it first).
-struct Cleanup {
-  Communicator world;
-  std::filesystem::path dir;
-  ~Cleanup() {
-    world.barrier();
-    if (world.rank() == 0) std::filesystem::remove_all(dir);
-  }
-};
-
-std::string text_corpus(const Communicator& world) {
-  const auto dir = test_fixtures::shared_temp_dir(world, "gptpipe");
-  if (world.rank() == 0) {
-    std::filesystem::create_directories(dir);
-    std::ofstream f(dir / "corpus.txt");
-    for (int i = 0; i < 300; ++i) f << "the quick brown fox " << i % 7 << " jumps over the lazy dog.\n";
-  }
-  world.barrier();
-  data::TokenPrepareOptions o;
-  o.input = (dir / "corpus.txt").string();
-  o.output = (dir / "data").string();
-  data::prepare_tokens(o, world);
-  return o.output;
-}
-
 // Global batch 4; `ranks_per_replica` = pipeline x tensor of the layout that runs it.
 TrainConfig gpt_config(const std::string& data, int world, int ranks_per_replica) {
-  TrainConfig c = test_fixtures::small_config(data);
-  c.model.name = "gpt";
-  c.model.width = 16;
-  c.model.heads = 4;
-  c.model.depth = 2;
-  c.model.mlp_ratio = 2.0;
-  c.model.dropout = 0.1;
-  c.data.seq_len = 16;
+  TrainConfig c = test_fixtures::gpt_test_config(data);
   c.data.batch_size = 4 / (world / ranks_per_replica);
-  c.optimizer.name = "adamw";
-  c.optimizer.lr = 3e-3;
-  c.optimizer.weight_decay = 0.1;
-  c.schedule.name = "constant";
-  c.train.max_steps = 10;
   return c;
 }
 
@@ -94,16 +57,8 @@ TrainConfig pipelined(TrainConfig c, int pipeline, const std::string& schedule, 
 // and the head's parts apart, then added), so float32 rounding differs slightly.
 constexpr double kTolerance = 1.5e-7;
 
-double expect_follows(const std::vector<double>& got, const std::vector<double>& ref, const std::string& what) {
-  EXPECT_EQ(got.size(), ref.size()) << what;
-  double worst = 0;
-  for (std::size_t i = 0; i < std::min(got.size(), ref.size()); ++i) {
-    EXPECT_NEAR(got[i], ref[i], kTolerance) << what << " step " << i;
-    worst = std::max(worst, std::fabs(got[i] - ref[i]));
-  }
-  if (Communicator::world().rank() == 0)
-    std::printf("[gpt pipeline] %s: max |loss - 1-rank loss| %.2e over %zu steps\n", what.c_str(), worst, got.size());
-  return worst;
+void expect_follows(const std::vector<double>& got, const std::vector<double>& ref, const std::string& what) {
+  test_fixtures::expect_losses_follow(got, ref, what, kTolerance);
 }
 
 std::set<std::string> state_names(const std::string& dir) {
@@ -120,8 +75,8 @@ TEST(GptPipeline, LayoutsFollowTheOneRankTrainer) {
   Communicator world = Communicator::world();
   const int w = world.size();
   if (w != 2 && w != 4) GTEST_SKIP() << "needs 2 or 4 ranks";
-  const std::string data = text_corpus(world);
-  const Cleanup cleanup{world, std::filesystem::path(data).parent_path()};
+  const std::string data = test_fixtures::gpt_text_corpus(world, "gptpipe");
+  const test_fixtures::GptCleanup cleanup{world, std::filesystem::path(data).parent_path()};
   Communicator self = world.split(world.rank(), 0, "self");
   const std::vector<double> ref = train_losses(gpt_config(data, 1, 1), self);  // 1 rank, batch 4
   ASSERT_EQ(ref.size(), 10u);
@@ -155,8 +110,8 @@ TEST(GptPipeline, CheckpointsMoveBetweenPipelineAndOneRank) {
   Communicator world = Communicator::world();
   const int w = world.size();
   if (w != 2 && w != 4) GTEST_SKIP() << "needs 2 or 4 ranks";
-  const std::string data = text_corpus(world);
-  const Cleanup cleanup{world, std::filesystem::path(data).parent_path()};
+  const std::string data = test_fixtures::gpt_text_corpus(world, "gptpipe");
+  const test_fixtures::GptCleanup cleanup{world, std::filesystem::path(data).parent_path()};
   Communicator self = world.split(world.rank(), 0, "self");
   const TrainConfig one = gpt_config(data, 1, 1);
   const std::vector<double> ref = train_losses(one, self);  // uninterrupted, 10 steps
@@ -195,8 +150,8 @@ TEST(GptPipeline, GenerationIsTheSameFromPipelineAndOneRankCheckpoints) {
   Communicator world = Communicator::world();
   const int w = world.size();
   if (w != 2 && w != 4) GTEST_SKIP() << "needs 2 or 4 ranks";
-  const std::string data = text_corpus(world);
-  const Cleanup cleanup{world, std::filesystem::path(data).parent_path()};
+  const std::string data = test_fixtures::gpt_text_corpus(world, "gptpipe");
+  const test_fixtures::GptCleanup cleanup{world, std::filesystem::path(data).parent_path()};
   Communicator self = world.split(world.rank(), 0, "self");
   TrainConfig one = gpt_config(data, 1, 1);
   one.model.dropout = 0;
@@ -227,8 +182,8 @@ TEST(GptPipeline, GenerationIsTheSameFromPipelineAndOneRankCheckpoints) {
 TEST(GptPipeline, ATiedHeadOnAMiddleStageIsRefused) {
   Communicator world = Communicator::world();
   if (world.size() != 3) GTEST_SKIP() << "three stages of one layer each: 3 ranks";
-  const std::string data = text_corpus(world);
-  const Cleanup cleanup{world, std::filesystem::path(data).parent_path()};
+  const std::string data = test_fixtures::gpt_text_corpus(world, "gptpipe");
+  const test_fixtures::GptCleanup cleanup{world, std::filesystem::path(data).parent_path()};
   TrainConfig c = gpt_config(data, 1, 1);
   c.model.name = "layers";
   using V = LayerDesc::Value;

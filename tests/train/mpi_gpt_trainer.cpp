@@ -10,7 +10,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "fixtures.hpp"
+#include "gpt_fixtures.hpp"
 #include "ringtrain/data/prepare.hpp"
 #include "ringtrain/train/generate.hpp"
 #include "ringtrain/train/trainer.hpp"
@@ -20,57 +20,8 @@ using test_fixtures::train_losses;
 
 namespace {
 
-// Removes the corpus directory when a test ends (every rank done with it first).
-struct Cleanup {
-  Communicator world;
-  std::filesystem::path dir;
-  ~Cleanup() {
-    world.barrier();
-    if (world.rank() == 0) std::filesystem::remove_all(dir);
-  }
-};
-
-std::string text_corpus(const Communicator& world) {
-  const auto dir = test_fixtures::shared_temp_dir(world, "gpt");
-  if (world.rank() == 0) {
-    std::filesystem::create_directories(dir);
-    std::ofstream f(dir / "corpus.txt");
-    for (int i = 0; i < 300; ++i) f << "the quick brown fox " << i % 7 << " jumps over the lazy dog.\n";
-  }
-  world.barrier();
-  data::TokenPrepareOptions o;
-  o.input = (dir / "corpus.txt").string();
-  o.output = (dir / "data").string();
-  data::prepare_tokens(o, world);
-  return o.output;
-}
-
-TrainConfig gpt_config(const std::string& data) {
-  TrainConfig c = test_fixtures::small_config(data);
-  c.model.name = "gpt";
-  c.model.width = 16;
-  c.model.heads = 4;
-  c.model.depth = 2;
-  c.model.mlp_ratio = 2.0;
-  c.model.dropout = 0.1;
-  c.data.seq_len = 16;
-  c.data.batch_size = 4;
-  c.optimizer.name = "adamw";
-  c.optimizer.lr = 3e-3;
-  c.optimizer.weight_decay = 0.1;
-  c.schedule.name = "constant";
-  c.train.max_steps = 10;
-  return c;
-}
-
 void expect_follows(const std::vector<double>& got, const std::vector<double>& ref, const std::string& what) {
-  ASSERT_EQ(got.size(), ref.size()) << what;
-  double worst = 0;
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    EXPECT_NEAR(got[i], ref[i], 2e-7) << what << " step " << i;  // fp32 rounding: <= 2e-8 measured
-    worst = std::max(worst, std::fabs(got[i] - ref[i]));
-  }
-  if (Communicator::world().rank() == 0) std::printf("[gpt layouts] %s: max |loss - 1-rank loss| %.2e\n", what.c_str(), worst);
+  test_fixtures::expect_losses_follow(got, ref, what, 2e-7);  // fp32 rounding: <= 2e-8 measured
 }
 
 }  // namespace
@@ -79,10 +30,10 @@ TEST(GptTrainer, LayoutsFollowTheOneRankTrainer) {
   Communicator world = Communicator::world();
   const int w = world.size();
   if (w != 2 && w != 4) GTEST_SKIP() << "needs 2 or 4 ranks";
-  const std::string data = text_corpus(world);
-  const Cleanup cleanup{world, std::filesystem::path(data).parent_path()};
+  const std::string data = test_fixtures::gpt_text_corpus(world, "gpt");
+  const test_fixtures::GptCleanup cleanup{world, std::filesystem::path(data).parent_path()};
   Communicator self = world.split(world.rank(), 0, "self");
-  TrainConfig c = gpt_config(data);
+  TrainConfig c = test_fixtures::gpt_test_config(data);
   const std::vector<double> ref = train_losses(c, self);  // 1 rank, batch 4
   ASSERT_EQ(ref.size(), 10u);
   EXPECT_LT(ref.back(), ref.front());  // it learns
@@ -105,10 +56,10 @@ TEST(GptTrainer, GenerationIsReproducibleAndLayoutIndependent) {
   Communicator world = Communicator::world();
   const int w = world.size();
   if (w != 2) GTEST_SKIP() << "runs at 2 ranks (tensor 2 against 1 rank)";
-  const std::string data = text_corpus(world);
-  const Cleanup cleanup{world, std::filesystem::path(data).parent_path()};
+  const std::string data = test_fixtures::gpt_text_corpus(world, "gpt");
+  const test_fixtures::GptCleanup cleanup{world, std::filesystem::path(data).parent_path()};
   Communicator self = world.split(world.rank(), 0, "self");
-  TrainConfig c = gpt_config(data);
+  TrainConfig c = test_fixtures::gpt_test_config(data);
   c.model.dropout = 0;
   c.checkpoint.dir = cat(data, "/one-", world.rank());  // each rank trains the 1-rank model into its own dir
   train_losses(c, self);
@@ -135,9 +86,9 @@ TEST(GptTrainer, GenerationIsReproducibleAndLayoutIndependent) {
 
 TEST(GptTrainer, EpochRecordHasPerplexityTokensPerSecondAndMfu) {
   Communicator world = Communicator::world();
-  const std::string data = text_corpus(world);
-  const Cleanup cleanup{world, std::filesystem::path(data).parent_path()};
-  TrainConfig c = gpt_config(data);
+  const std::string data = test_fixtures::gpt_text_corpus(world, "gpt");
+  const test_fixtures::GptCleanup cleanup{world, std::filesystem::path(data).parent_path()};
+  TrainConfig c = test_fixtures::gpt_test_config(data);
   c.train.max_steps = 0;
   c.train.epochs = 1;
   c.data.batch_size = 8;
