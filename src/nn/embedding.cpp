@@ -6,6 +6,12 @@
 #include "ringtrain/nn/language.hpp"
 
 namespace ringtrain {
+namespace {
+float store_as(float, float v) { return v; }
+bfloat16 store_as(bfloat16, float v) { return to_bf16(v); }
+float as_float(float v) { return v; }
+float as_float(bfloat16 v) { return to_f32(v); }
+}  // namespace
 
 // ---- TokenEmbedding ---------------------------------------------------------
 TokenEmbedding::TokenEmbedding(std::string name, std::int64_t vocab, std::int64_t positions, std::int64_t dim)
@@ -40,7 +46,9 @@ Shape TokenEmbedding::output_shape(const Shape& in) const {
 
 Tensor TokenEmbedding::do_forward(const Tensor& x, Mode) {
   const std::int64_t n = x.dim(0), t = x.dim(1), d = dim_;
-  ensure(y_, {n, t, d}, DType::f32, x.device());
+  RT_CHECK(x.dtype() == DType::f32, "TokenEmbedding '", name_, "': token ids must be float32, got ",
+           dtype_name(x.dtype()));
+  ensure(y_, {n, t, d}, out_dt_, x.device());
   ids_.resize(std::size_t(n * t));
   const float* id = x.data<float>();
   for (std::int64_t i = 0; i < n * t; ++i) {
@@ -50,13 +58,16 @@ Tensor TokenEmbedding::do_forward(const Tensor& x, Mode) {
     ids_[std::size_t(i)] = std::int32_t(v);
   }
   const float *w = weight.data<float>(), *p = pos.data<float>();
-  float* y = y_.data<float>();
-  for (std::int64_t i = 0; i < n * t; ++i) {
-    const float* wr = w + std::int64_t(ids_[std::size_t(i)]) * d;
-    const float* pr = p + (i % t) * d;
-    float* yr = y + i * d;
-    for (std::int64_t k = 0; k < d; ++k) yr[k] = wr[k] + pr[k];
-  }
+  auto rows = [&](auto* y) {  // float32, or the sum rounded once to bf16
+    for (std::int64_t i = 0; i < n * t; ++i) {
+      const float* wr = w + std::int64_t(ids_[std::size_t(i)]) * d;
+      const float* pr = p + (i % t) * d;
+      auto* yr = y + i * d;
+      for (std::int64_t k = 0; k < d; ++k) yr[k] = store_as(yr[k], wr[k] + pr[k]);
+    }
+  };
+  if (out_dt_ == DType::bf16) rows(y_.data<bfloat16>());
+  else rows(y_.data<float>());
   return y_;
 }
 
@@ -67,13 +78,19 @@ Tensor TokenEmbedding::do_backward(const Tensor& dy, bool, bool accumulate) {
     std::fill(dp, dp + positions_ * d, 0.f);
     if (!tied_) std::fill(dw, dw + vocab_ * d, 0.f);  // tied: the head has written its part already
   }
-  const float* g = dy.data<float>();
-  for (std::int64_t i = 0; i < rows; ++i) {  // in order: the sums are the same on every run
-    float* wr = dw + std::int64_t(ids_[std::size_t(i)]) * d;
-    float* pr = dp + (i % t) * d;
-    const float* gr = g + i * d;
-    for (std::int64_t k = 0; k < d; ++k) wr[k] += gr[k], pr[k] += gr[k];
-  }
+  auto scatter = [&](const auto* g) {
+    for (std::int64_t i = 0; i < rows; ++i) {  // in order: the sums are the same on every run
+      float* wr = dw + std::int64_t(ids_[std::size_t(i)]) * d;
+      float* pr = dp + (i % t) * d;
+      const auto* gr = g + i * d;
+      for (std::int64_t k = 0; k < d; ++k) {
+        const float v = as_float(gr[k]);
+        wr[k] += v, pr[k] += v;
+      }
+    }
+  };
+  if (dy.dtype() == DType::bf16) scatter(dy.data<bfloat16>());
+  else scatter(dy.data<float>());
   return {};  // token ids have no gradient
 }
 
@@ -101,6 +118,9 @@ void LmHead::bind(const BindContext& ctx) {
            ".weight is ", shape_str(ctx.arena.info(i).shape), ", expected [", vocab_, ", ", dim_, "]");
   weight = ctx.arena.param(i);
   dweight = ctx.arena.grad(i);
+  be_ = &ctx.backend;
+  arena_ = &ctx.arena;
+  w16_valid_ = false;
   LinearSpec s{dim_, vocab_, false, false};
   s.math = ctx.math;
   k_ = ctx.backend.linear(s);
@@ -114,12 +134,23 @@ Shape LmHead::output_shape(const Shape& in) const {
 
 double LmHead::forward_flops(const Shape& in) const { return 2.0 * double(in[0] * in[1]) * double(dim_ * vocab_); }
 
+const Tensor& LmHead::weight_for(DType dt) {
+  if (dt == weight.dtype()) return weight;
+  if (!w16_valid_ || w16_version_ != arena_->version()) {
+    ensure(w16_, weight.shape(), dt, weight.device());
+    be_->cast(weight, w16_);
+    w16_version_ = arena_->version();
+    w16_valid_ = true;
+  }
+  return w16_;
+}
+
 Tensor LmHead::do_forward(const Tensor& x, Mode) {
   x_ = x;
   const std::int64_t rows = x.dim(0) * x.dim(1);
-  ensure(y_, {x.dim(0), x.dim(1), vocab_}, DType::f32, x.device());
+  ensure(y_, {x.dim(0), x.dim(1), vocab_}, DType::f32, x.device());  // float32 logits at every precision
   Tensor y2 = y_.reshape({rows, vocab_});
-  k_->forward(x.reshape({rows, dim_}), weight, Tensor(), y2);
+  k_->forward(x.reshape({rows, dim_}), weight_for(x.dtype()), Tensor(), y2);
   return y_;
 }
 
@@ -127,12 +158,12 @@ Tensor LmHead::do_backward(const Tensor& dy, bool need_dx, bool accumulate) {
   const std::int64_t rows = x_.dim(0) * x_.dim(1);
   Tensor dx, dx2, none;
   if (need_dx) {
-    dx = ensure(dx_, x_.shape(), DType::f32, x_.device());
+    dx = ensure(dx_, x_.shape(), x_.dtype(), x_.device());
     dx2 = dx.reshape({rows, dim_});
   }
   Tensor dw = dweight;
-  k_->backward(x_.reshape({rows, dim_}), weight, y_.reshape({rows, vocab_}), dy.reshape({rows, vocab_}), dx2, dw,
-               none, accumulate);
+  k_->backward(x_.reshape({rows, dim_}), weight_for(x_.dtype()), y_.reshape({rows, vocab_}),
+               dy.reshape({rows, vocab_}), dx2, dw, none, accumulate);
   return dx;
 }
 
