@@ -15,10 +15,12 @@
 // rounded to bf16 as the dense kernel's P is). Tiles are oneDNN matmuls on
 // strided views of qkv, one primitive per tile shape, created before the
 // parallel loop and run with a per-thread scratchpad (primitives are then
-// safe to run concurrently). Kept between forward and backward: N*H*T floats.
+// safe to run concurrently). Kept between forward and backward: N*H*T floats
+// and the threads' scratch (O(threads * T * hd), no [T, T] matrix).
 #include <omp.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -36,7 +38,7 @@ using namespace dnnl;
 
 // 64 query rows x 512 keys: the forward's score tile (128 KiB) stays in L2;
 // the spans are long enough that each matmul is large next to oneDNN's call cost.
-constexpr std::int64_t kRows = 64, kSpan = 512;
+constexpr std::int64_t kRows = 128, kSpan = 512;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // exp(x) by range reduction x = n ln2 + r (|r| <= ln2/2) and a degree-6
@@ -44,8 +46,9 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 // 0 below -87 (where expf is subnormal) and for -inf. A plain loop GCC
 // vectorises, unlike calls to expf.
 inline float exp_poly(float x) {
-  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
-  float r = std::fma(n, -0.693145751953125f, x);
+  const float xc = std::max(x, -87.f);  // keeps n in range: no overflow in the exponent bits
+  const float n = std::nearbyint(xc * 1.44269504088896341f);  // vectorises; floor does not (-ftrapping-math)
+  float r = std::fma(n, -0.693145751953125f, xc);
   r = std::fma(n, -1.428606765330187e-06f, r);
   float p = 1.f / 720.f;
   p = std::fma(p, r, 1.f / 120.f);
@@ -54,9 +57,7 @@ inline float exp_poly(float x) {
   p = std::fma(p, r, 0.5f);
   p = std::fma(p, r, 1.f);
   p = std::fma(p, r, 1.f);
-  const std::int32_t e = (static_cast<std::int32_t>(x < -87.f ? 0.f : n) + 127) << 23;
-  float s;
-  std::memcpy(&s, &e, sizeof s);
+  const float s = std::bit_cast<float>((static_cast<std::int32_t>(n) + 127) << 23);
   return x < -87.f ? 0.f : p * s;
 }
 
@@ -76,9 +77,14 @@ __attribute__((target_clones("arch=x86-64-v4", "arch=haswell", "default"))) floa
 
 __attribute__((target_clones("arch=x86-64-v4", "arch=haswell", "default"))) float row_max(const float* row,
                                                                                           std::int64_t n) {
+  float lane[16];  // 16 running maxima: GCC leaves an `omp simd reduction(max)` scalar here
+  std::fill(lane, lane + 16, kNegInf);
+  std::int64_t j = 0;
+  for (; j + 16 <= n; j += 16)
+    for (int l = 0; l < 16; ++l) lane[l] = lane[l] < row[j + l] ? row[j + l] : lane[l];
   float m = kNegInf;
-#pragma omp simd reduction(max : m)
-  for (std::int64_t j = 0; j < n; ++j) m = std::max(m, row[j]);
+  for (float v : lane) m = std::max(m, v);
+  for (; j < n; ++j) m = std::max(m, row[j]);
   return m;
 }
 
@@ -122,8 +128,7 @@ class TiledAttention final : public AttentionKernel {
     const std::int64_t H = s_.heads, T = g.tok, nb = g.n * H;
     if (lse_.numel() != nb * T) lse_ = Tensor::empty({nb * T});
     out_ = out;
-    const Layout lay = {kRows * kSpan, kRows * kSpan, kRows * s_.head_dim, 2 * kRows};  // S/P, P in bf16, O, m and l
-    Scratch sc(lay, threads(nb), scratchpad_);
+    Scratch sc(layout(T), threads(nb), scratchpad_, scratch_);
     const char* x = static_cast<const char*>(qkv.raw());
     char* o = static_cast<char*>(out.raw());
     float* lse = lse_.data<float>();
@@ -144,11 +149,7 @@ class TiledAttention final : public AttentionKernel {
                  out_.numel() == g.n * T * g.d && dqkv.numel() == qkv.numel() && dout.numel() == out_.numel(),
              "attention backward: no forward of these shapes before it");
     prepare(g);
-    const std::int64_t hd = s_.head_dim;
-    // Per thread: P and dP (float32), their bf16 copies, dK and dV of a key
-    // block, dQ and D of the whole sequence, two widened rows.
-    const Layout lay = {2 * kSpan * kRows, kSpan * kRows, 2 * kRows * hd + T * hd + T + 2 * hd, 0};
-    Scratch sc(lay, threads(nb), scratchpad_);
+    Scratch sc(layout(T), threads(nb), scratchpad_, scratch_);
     const char* x = static_cast<const char*>(qkv.raw());
     char* dx = static_cast<char*>(dqkv.raw());
     const float* lse = lse_.data<float>();
@@ -161,7 +162,7 @@ class TiledAttention final : public AttentionKernel {
     }
   }
 
-  void release() override { lse_ = out_ = Tensor(); }
+  void release() override { lse_ = out_ = scratch_ = Tensor(); }
 
  private:
   struct Geom {
@@ -185,12 +186,22 @@ class TiledAttention final : public AttentionKernel {
   struct Layout {
     std::int64_t f32_tiles, act_tiles, rest, small;
   };
-  // One float32 tensor for all threads (counted by the host allocator), freed when the call returns.
+  // One layout for both passes (one allocation). Forward: S/P, P in bf16, the
+  // output rows (in `rest`), m and l. Backward: P and dP, their bf16 copies,
+  // dK and dV of a key block, dQ and D of the whole sequence, two widened rows.
+  Layout layout(std::int64_t T) const {
+    const std::int64_t hd = s_.head_dim;
+    return {2 * kSpan * kRows, kSpan * kRows, 2 * kRows * hd + T * hd + T + 2 * hd, 2 * kRows};
+  }
+  // The threads' slices of one float32 tensor (counted by the host
+  // allocator), kept by the kernel and grown when a call needs more: fresh
+  // pages every call cost more in page faults than the tiles' arithmetic.
   struct Scratch {
-    Scratch(const Layout& l, int threads, std::size_t pad) : lay(l), nt(threads) {
+    Scratch(const Layout& l, int threads, std::size_t pad, Tensor& keep) : lay(l), nt(threads) {
       per = align(l.f32_tiles) + align(l.act_tiles) + align(l.rest) + align(l.small) +
             align(static_cast<std::int64_t>((pad + 3) / 4));
-      buf = Tensor::empty({per * nt});
+      if (keep.numel() < per * nt) keep = Tensor::empty({per * nt});
+      buf = keep;
     }
     static std::int64_t align(std::int64_t n) { return (n + 15) / 16 * 16; }  // 64 bytes
     Layout lay;
@@ -405,6 +416,7 @@ class TiledAttention final : public AttentionKernel {
   DnnlPtr d_;
   float scale_ = 1;
   Tensor lse_, out_;  // the row log-sum-exp [N * H * T]; the forward's output (the caller's tensor)
+  Tensor scratch_;    // the threads' tiles and per-sequence rows: O(threads * (kRows * kSpan + T * hd))
   std::map<Key, Prim> prims_;
   std::set<std::pair<std::int64_t, int>> prepared_;  // (T, type) whose primitives exist
   std::size_t scratchpad_ = 0;  // bytes: the largest primitive's

@@ -9,6 +9,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
@@ -115,8 +116,9 @@ std::int64_t get_label(const Tensor& labels, std::int64_t i, std::int64_t k) {
 // A plain loop body GCC vectorises, unlike calls to exp: the cross-entropy
 // over a 50257-token vocabulary is 2 exps per logit.
 inline double exp_neg(double x) {
-  const double n = std::floor(x * 1.4426950408889634 + 0.5);
-  double r = std::fma(n, -6.93147180369123816490e-01, x);
+  const double xc = std::max(x, -700.0);  // keeps n in range: no overflow in the exponent bits
+  const double n = std::nearbyint(xc * 1.4426950408889634);  // vectorises; floor does not (-ftrapping-math)
+  double r = std::fma(n, -6.93147180369123816490e-01, xc);
   r = std::fma(n, -1.90821492927058770002e-10, r);
   double p = std::fma(1.0 / 39916800, r, 1.0 / 3628800);  // 1/11!, 1/10!
   p = std::fma(p, r, 1.0 / 362880);
@@ -129,18 +131,21 @@ inline double exp_neg(double x) {
   p = std::fma(p, r, 0.5);
   p = std::fma(p, r, 1.0);
   p = std::fma(p, r, 1.0);
-  const std::int64_t e = (static_cast<std::int64_t>(x < -700 ? 0 : n) + 1023) << 52;
-  double s;
-  std::memcpy(&s, &e, sizeof s);
+  const double s = std::bit_cast<double>((static_cast<std::int64_t>(n) + 1023) << 52);
   return x < -700 ? 0.0 : p * s;
 }
 
 // One row of the softmax cross-entropy: the maximum, sum exp(z - m) and sum z.
 __attribute__((target_clones("arch=x86-64-v4", "arch=haswell", "default"))) void xent_row_sums(
     const float* z, std::int64_t k, double& m, double& se, double& sz) {
+  float lane[16];  // 16 running maxima: GCC leaves an `omp simd reduction(max)` scalar here
+  std::fill(lane, lane + 16, z[0]);
+  std::int64_t j0 = 0;
+  for (; j0 + 16 <= k; j0 += 16)
+    for (int l = 0; l < 16; ++l) lane[l] = lane[l] < z[j0 + l] ? z[j0 + l] : lane[l];
   float mf = z[0];
-#pragma omp simd reduction(max : mf)
-  for (std::int64_t j = 0; j < k; ++j) mf = std::max(mf, z[j]);
+  for (float v : lane) mf = std::max(mf, v);
+  for (; j0 < k; ++j0) mf = std::max(mf, z[j0]);
   double a = 0, b = 0;
   const double md = mf;
 #pragma omp simd reduction(+ : a, b)
