@@ -78,7 +78,7 @@ Time ringtrain_round(Stage& m, const Tensor& x, const Tensor& y, int warmup, int
       c.push_back(cpu_now() - c0);
     }
   }
-  return {median(t), median(c)};
+  return {median(t), median(c), {}};
 }
 
 Time torch_round(const std::string& script, const Shape3& s, int threads, int warmup, int steps, bool bf16) {

