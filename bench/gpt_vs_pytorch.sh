@@ -3,8 +3,9 @@
 # the small model and GPT-2 124M's shape, fp32 and bf16, alternating rounds.
 #   bench/gpt_vs_pytorch.sh OUT [BUILD_DIR] [-- extra bench_nn_gpt_vs_pytorch options]
 # writes OUT.txt (the printed table, with the command, CPU and load at the top)
-# and OUT.json. About 5 minutes on an idle core with the default rounds and
-# steps; fewer with e.g. -- --rounds 2 --big-rounds 1.
+# and OUT.json. About 5 minutes on an idle core with the defaults (PyTorch's fp32
+# 124M step alone takes 35-45 s); knobs: --rounds/--steps/--warmup (small),
+# --big-rounds/--big-steps/--big-warmup (124m), --sizes, --precisions.
 set -euo pipefail
 OUT=${1:?usage: bench/gpt_vs_pytorch.sh OUT [BUILD_DIR] [-- options]}
 shift
