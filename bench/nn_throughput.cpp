@@ -26,7 +26,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
-#include <dnnl.hpp>
+#include "measure.hpp"
 #include "ringtrain/nn/loss.hpp"
 #include "ringtrain/parallel/stage.hpp"
 
@@ -37,43 +37,9 @@ namespace {
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-// Process CPU time: on a shared, oversubscribed machine it excludes the time
-// other processes hold the core, so it is far steadier than wall time (at one
-// thread the two agree on an idle machine).
-double cpu_now() {
-  timespec ts;
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
-
-// GFLOP/s of a 2048^3 oneDNN matmul (bf16: bf16 inputs, fp32 accumulation),
-// the best of a few runs: the machine's matmul peak at this thread count.
-double matmul_peak(bool bf16) {
-  using dt = dnnl::memory::data_type;
-  using tag = dnnl::memory::format_tag;
-  const std::int64_t n = 2048;
-  const dt t = bf16 ? dt::bf16 : dt::f32;
-  dnnl::engine eng(dnnl::engine::kind::cpu, 0);
-  dnnl::stream strm(eng);
-  dnnl::memory::desc a({n, n}, t, tag::ab), b({n, n}, t, tag::ba), c({n, n}, dt::f32, tag::ab);
-  dnnl::matmul mm(dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), eng));
-  dnnl::memory ma(a, eng), mb(b, eng), mc(c, eng);
-  std::memset(ma.get_data_handle(), 0, a.get_size());
-  std::memset(mb.get_data_handle(), 0, b.get_size());
-  double best = 1e30;
-  for (int i = 0; i < 4; ++i) {
-    const double c0 = cpu_now();
-    mm.execute(strm, {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}});
-    strm.wait();
-    best = std::min(best, cpu_now() - c0);
-  }
-  return 2.0 * double(n * n * n) / best / 1e9;
-}
+using rt_bench::cpu_now;
+using rt_bench::matmul_peak;
+using rt_bench::median;
 
 struct Result {
   std::string model, precision;
@@ -172,19 +138,9 @@ Rate torch_round(const std::string& script, const ModelConfig& c, std::int64_t b
                     std::to_string(c.height) + " --depth " + std::to_string(c.depth) + " --width " +
                     std::to_string(c.base_width) + " --heads " + std::to_string(c.heads) + " --mlp-ratio " +
                     std::to_string(c.mlp_ratio) + " --patch " + std::to_string(c.patch) +
-                    (bf16 ? " --autocast bf16" : "") + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return {};
-  std::string out, last;
-  char buf[4096];
-  while (std::fgets(buf, sizeof buf, p)) out += buf;
-  int rc = pclose(p);
-  auto pos = out.rfind('{');
-  if (rc != 0 || pos == std::string::npos) {
-    std::fprintf(stderr, "PyTorch reference failed (rc %d):\n%s\n", rc, out.c_str());
-    return {};
-  }
-  auto j = nlohmann::json::parse(out.substr(pos));
+                    (bf16 ? " --autocast bf16" : "");
+  const nlohmann::json j = rt_bench::run_json(cmd);
+  if (j.is_null()) return {};
   return {j["images_per_s"].get<double>(), j["cpu_images_per_s"].get<double>()};
 }
 

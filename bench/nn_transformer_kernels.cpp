@@ -13,7 +13,8 @@
 // step; the data behind docs/data/vit_profile.txt.
 //
 //   bench_nn_transformer_kernels [--batch 32] [--tokens 49] [--width 512]
-//                                [--heads 8] [--threads 1] [--iters 5]
+//                                [--heads 8] [--threads 1] [--iters 5] [--causal]
+// --causal adds the tiled causal attention core (a gpt block's) beside the dense one.
 #include <cblas.h>
 #include <omp.h>
 #include <time.h>
@@ -89,6 +90,8 @@ int main(int argc, char** argv) {
   CLI::App app{"per-kind times of a vit block's kernels against their bounds"};
   std::int64_t n = 32, t = 49, d = 512, heads = 8;
   int threads = 1, iters = 5;
+  bool causal = false;
+  app.add_flag("--causal", causal, "also time the causal attention core (tiled; bound: the unmasked half's FLOPs)");
   app.add_option("--batch", n);
   app.add_option("--tokens", t);
   app.add_option("--width", d);
@@ -193,14 +196,20 @@ int main(int argc, char** argv) {
   as.heads = heads;
   as.head_dim = d / heads;
   const double att_flops = 2.0 * 2.0 * n * heads * t * t * (d / heads);
-  auto att = [&](auto& z, DType dty, bool bwd) {
+  auto att = [&](auto& z, DType dty, bool bwd, bool causal_core = false) {
     (void)dty;  // kernels are made for float32 parameters and take the activations' type
-    auto k = be.attention(as);
+    AttentionSpec cs = as;
+    cs.causal = causal_core;
+    auto k = be.attention(cs);
     k->forward(z.qkv, z.out);
     return time_of([&] { bwd ? k->backward(z.qkv, z.dout, z.dqkv) : k->forward(z.qkv, z.out); }, iters) * 1e3;
   };
   report("attention core fwd", att(f, DType::f32, false), att(h, DType::bf16, false), att_flops, 0);
   report("attention core bwd", att(f, DType::f32, true), att(h, DType::bf16, true), 2 * att_flops, 0);
+  if (causal) {
+    report("causal attention fwd", att(f, DType::f32, false, true), att(h, DType::bf16, false, true), att_flops / 2, 0);
+    report("causal attention bwd", att(f, DType::f32, true, true), att(h, DType::bf16, true, true), att_flops, 0);
+  }
   auto ln = [&](auto& z, DType dty, bool bwd) {
     LayerNormSpec s;
     s.features = d;

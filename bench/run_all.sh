@@ -15,6 +15,7 @@ run tests/hosts/run_mpi.sh --rate 1gbit 2,2 -- "$B/bench/bench_comm_allreduce_sw
   --algos ring,hierarchical,mpi --csv "$OUT/allreduce_2hosts.csv"
 run "$B/bench/bench_gb_comm_reduce" --benchmark_min_time=0.2
 run env OMP_NUM_THREADS=1 "$B/bench/bench_nn_throughput" --json "$OUT/nn_throughput.json"
+run bench/gpt_vs_pytorch.sh "$OUT/gpt_vs_pytorch" "$B"
 run "$B/bench/bench_data_loader_throughput" --json "$OUT/loader.json"
 run $MPIRUN -np 2 "$B/bench/bench_engine_fusion"
 run $MPIRUN -np 2 "$B/bench/bench_train_ddp_throughput" --model cnn --json "$OUT/ddp_cnn.json"

@@ -103,6 +103,8 @@ class Attention(nn.Module):
         n, t, d = x.shape
         hd = d // self.heads
         q, k, v = self.qkv(x).reshape(n, t, 3, self.heads, hd).permute(2, 0, 3, 1, 4)
+        if self.causal and hasattr(F, "scaled_dot_product_attention"):  # torch >= 2.0: the fused kernel
+            return self.proj(F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(n, t, d))
         s = q @ k.transpose(-2, -1) * hd ** -0.5
         if self.causal:  # token i sees tokens j <= i
             s = s.masked_fill(torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1), float("-inf"))
@@ -149,7 +151,7 @@ class TokenEmbed(nn.Module):
         self.pos_embed = nn.Parameter(torch.zeros(seq_len, dim))
 
     def forward(self, x):
-        return self.weight[x.long()] + self.pos_embed[: x.shape[1]]
+        return F.embedding(x.long(), self.weight) + self.pos_embed[: x.shape[1]]
 
 
 class GPT(nn.Module):

@@ -15,6 +15,10 @@ std::int64_t rows_of(const char* type, const std::string& name, std::int64_t voc
   return vocab / g.size;
 }
 
+float store_as(float, float v) { return v; }
+bfloat16 store_as(bfloat16, float v) { return to_bf16(v); }
+float as_float(float v) { return v; }
+float as_float(bfloat16 v) { return to_f32(v); }
 }  // namespace
 
 // ---- TokenEmbedding ---------------------------------------------------------
@@ -85,9 +89,8 @@ Shape TokenEmbedding::output_shape(const Shape& in) const {
 
 Tensor TokenEmbedding::do_forward(const Tensor& x, Mode) {
   const std::int64_t n = x.dim(0), t = x.dim(1), d = dim_;
-  // Scattering: the partial lookups go to a workspace used within this call only.
-  Tensor part = scatter_ ? seq_workspace(1, {n, t, d}, DType::f32, x.device())
-                         : ensure(y_, {n, t, d}, DType::f32, x.device());
+  RT_CHECK(x.dtype() == DType::f32, "TokenEmbedding '", name_, "': token ids must be float32, got ",
+           dtype_name(x.dtype()));
   ids_.resize(std::size_t(n * t));
   const float* id = x.data<float>();
   for (std::int64_t i = 0; i < n * t; ++i) {
@@ -98,6 +101,24 @@ Tensor TokenEmbedding::do_forward(const Tensor& x, Mode) {
     ids_[std::size_t(i)] = row >= 0 && row < local_ ? std::int32_t(row) : -1;
   }
   const float *w = weight.data<float>(), *p = pos.data<float>();
+  if (g_.size == 1) {  // the whole vocabulary: row + position, stored once (bf16 activations round here)
+    ensure(y_, {n, t, d}, out_dt_, x.device());
+    auto rows = [&](auto* y) {
+      for (std::int64_t i = 0; i < n * t; ++i) {
+        const float* wr = w + std::int64_t(ids_[std::size_t(i)]) * d;
+        const float* pr = p + (i % t) * d;
+        auto* yr = y + i * d;
+        for (std::int64_t k = 0; k < d; ++k) yr[k] = store_as(yr[k], wr[k] + pr[k]);
+      }
+    };
+    if (out_dt_ == DType::bf16) rows(y_.data<bfloat16>());
+    else rows(y_.data<float>());
+    return y_;
+  }
+  // Split vocabulary (float32). Scattering: the partial lookups go to a
+  // workspace used within this call only.
+  Tensor part = scatter_ ? seq_workspace(1, {n, t, d}, DType::f32, x.device())
+                         : ensure(y_, {n, t, d}, DType::f32, x.device());
   float* y = part.data<float>();
   for (std::int64_t i = 0; i < n * t; ++i) {
     const std::int32_t r = ids_[std::size_t(i)];
@@ -132,6 +153,22 @@ Tensor TokenEmbedding::do_backward(const Tensor& dy, bool, bool accumulate) {
   if (!accumulate) {
     std::fill(dp, dp + positions_ * d, 0.f);
     if (!tied_) std::fill(dw, dw + local_ * d, 0.f);  // tied: the head has written its part already
+  }
+  if (g_.size == 1) {
+    auto scatter = [&](const auto* g) {
+      for (std::int64_t i = 0; i < rows; ++i) {  // in order: the sums are the same on every run
+        float* wr = dw + std::int64_t(ids_[std::size_t(i)]) * d;
+        float* pr = dp + (i % t) * d;
+        const auto* gr = g + i * d;
+        for (std::int64_t k = 0; k < d; ++k) {
+          const float v = as_float(gr[k]);
+          wr[k] += v, pr[k] += v;
+        }
+      }
+    };
+    if (dy.dtype() == DType::bf16) scatter(dy.data<bfloat16>());
+    else scatter(dy.data<float>());
+    return {};  // token ids have no gradient
   }
   Tensor dyw = dy;  // scattered: every token's gradient, for the rows of this rank's vocabulary
   if (scatter_) {
@@ -201,6 +238,9 @@ void LmHead::bind(const BindContext& ctx) {
                        : std::string());
   weight = ctx.arena.param(i);
   dweight = ctx.arena.grad(i);
+  be_ = &ctx.backend;
+  arena_ = &ctx.arena;
+  w16_valid_ = false;
   LinearSpec s{dim_, local_, false, false};
   s.math = ctx.math;
   k_ = ctx.backend.linear(s);
@@ -214,12 +254,23 @@ Shape LmHead::output_shape(const Shape& in) const {
 
 double LmHead::forward_flops(const Shape& in) const { return 2.0 * double(in[0] * in[1]) * double(dim_ * local_); }
 
+const Tensor& LmHead::weight_for(DType dt) {
+  if (dt == weight.dtype()) return weight;
+  if (!w16_valid_ || w16_version_ != arena_->version()) {
+    ensure(w16_, weight.shape(), dt, weight.device());
+    be_->cast(weight, w16_);
+    w16_version_ = arena_->version();
+    w16_valid_ = true;
+  }
+  return w16_;
+}
+
 Tensor LmHead::do_forward(const Tensor& x, Mode) {
   x_ = x;
   const std::int64_t rows = x.dim(0) * x.dim(1);
-  ensure(y_, {x.dim(0), x.dim(1), local_}, DType::f32, x.device());
+  ensure(y_, {x.dim(0), x.dim(1), local_}, DType::f32, x.device());  // float32 logits at every precision
   Tensor y2 = y_.reshape({rows, local_});
-  k_->forward(x.reshape({rows, dim_}), weight, Tensor(), y2);
+  k_->forward(x.reshape({rows, dim_}), weight_for(x.dtype()), Tensor(), y2);
   return y_;
 }
 
@@ -227,12 +278,12 @@ Tensor LmHead::do_backward(const Tensor& dy, bool need_dx, bool accumulate) {
   const std::int64_t rows = x_.dim(0) * x_.dim(1);
   Tensor dx, dx2, none;
   if (need_dx) {
-    dx = ensure(dx_, x_.shape(), DType::f32, x_.device());
+    dx = ensure(dx_, x_.shape(), x_.dtype(), x_.device());
     dx2 = dx.reshape({rows, dim_});
   }
   Tensor dw = dweight;
-  k_->backward(x_.reshape({rows, dim_}), weight, y_.reshape({rows, local_}), dy.reshape({rows, local_}), dx2, dw,
-               none, accumulate);
+  k_->backward(x_.reshape({rows, dim_}), weight_for(x_.dtype()), y_.reshape({rows, local_}),
+               dy.reshape({rows, local_}), dx2, dw, none, accumulate);
   // Split vocabulary: dx is this rank's rows' part of the sum (Megatron's f backward).
   if (need_dx && g_.size > 1) tp_all_reduce(dx, g_);
   return dx;

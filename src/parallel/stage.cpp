@@ -102,6 +102,9 @@ Stage::Stage(const ModelConfig& mc, Device dev, int first, int end, int slots)
   bool bf16 = mc.math == MathMode::bf16 && backend_for(dev).bf16_activations();
   for (auto& l : slots_[0]) bf16 = bf16 && l->takes_bf16();
   act_ = bf16 ? DType::bf16 : DType::f32;
+  for (auto& sl : slots_)
+    for (auto& l : sl)
+      if (l->takes_token_ids()) l->set_output_dtype(act_);
   for (auto* v : {&in16_, &out32_, &dy16_, &dx32_}) v->resize(slots_.size());
   first_param_layer_ = 0;
   while (first_param_layer_ + 1 < num_layers() && slots_[0][first_param_layer_]->params().empty()) ++first_param_layer_;
@@ -161,7 +164,7 @@ Tensor Stage::forward(int slot, const Tensor& x, Mode mode) {
     slot_position_[static_cast<std::size_t>(slot)] = position_;
     inputs_[static_cast<std::size_t>(slot)].assign(layers.size(), Tensor());
   }
-  Tensor h = act_ == DType::bf16 ? cast_to(in16_, slot, x, DType::bf16) : x;
+  Tensor h = act_ == DType::bf16 && !layers[0]->takes_token_ids() ? cast_to(in16_, slot, x, DType::bf16) : x;
   for (std::size_t i = 0; i < layers.size(); ++i) {
     if (block) inputs_[static_cast<std::size_t>(slot)][i] = h;
     use(static_cast<int>(i), ParamAccess::Pass::forward);
@@ -213,7 +216,7 @@ Tensor Stage::backward_input(int slot, const Tensor& dy, bool need_dx, const Gra
   const bool block = recompute_ == Recompute::block;
   const Tensor dyl = act_ == DType::bf16 ? cast_to(dy16_, slot, dy, DType::bf16) : dy;
   auto out = [&](const Tensor& g) {  // the stage's input gradient, float32 at the boundary
-    if (!need_dx) return Tensor();
+    if (!need_dx || !g.defined()) return Tensor();  // token ids have no gradient
     return act_ == DType::bf16 ? cast_to(dx32_, slot, g, DType::f32) : g;
   };
   if (fused_) {

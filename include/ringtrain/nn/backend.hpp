@@ -184,11 +184,14 @@ class AttentionKernel {
   virtual ~AttentionKernel() = default;
   // qkv [N, T, 3*H*hd]: per token all heads' q, then k, then v (one Linear's
   // output; PyTorch's qkv.reshape(N, T, 3, H, hd)). out [N, T, H*hd], head h in
-  // columns [h*hd, (h+1)*hd). Keeps the probabilities [N, H, T, T] for backward.
+  // columns [h*hd, (h+1)*hd). Keeps what backward needs: the probabilities
+  // [N, H, T, T] (a dense kernel), or the row log-sum-exp [N, H, T] and out
+  // itself (a tiled one, the CPU's causal kernel: out must then hold the
+  // forward's values when backward runs).
   virtual void forward(const Tensor& qkv, Tensor& out) = 0;
   // dqkv is overwritten (same layout as qkv).
   virtual void backward(const Tensor& qkv, const Tensor& dout, Tensor& dqkv) = 0;
-  // Frees the kept probabilities and backward scratch (selective recomputation:
+  // Frees what forward kept and backward scratch (selective recomputation:
   // forward runs again before the next backward).
   virtual void release() {}
 };

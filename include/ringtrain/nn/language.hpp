@@ -52,6 +52,11 @@ class TokenEmbedding : public Layer {
   TokenEmbedding(std::string name, std::int64_t vocab, std::int64_t positions, std::int64_t dim,
                  TensorGroup g = {});
   const char* type() const override { return g_.size > 1 ? "VocabParallelEmbedding" : "TokenEmbedding"; }
+  // bf16 activations (tensor 1: a split vocabulary runs float32): float32 ids
+  // in, bfloat16 rows out (the Stage names the type).
+  bool takes_bf16() const override { return g_.size == 1; }
+  bool takes_token_ids() const override { return true; }
+  void set_output_dtype(DType dt) override { out_dt_ = dt; }
   std::int64_t vocab() const { return vocab_; }  // the whole vocabulary
   std::int64_t dim() const { return dim_; }
   const TensorGroup& group() const { return g_; }
@@ -78,6 +83,7 @@ class TokenEmbedding : public Layer {
   std::int64_t local_, first_;  // this rank's rows: tokens [first_, first_ + local_)
   std::size_t w_ = 0, p_ = 0;
   bool tied_ = false, scatter_ = false, copied_ = false;
+  DType out_dt_ = DType::f32;
   Tensor weight, pos, dweight, dpos, y_;
   std::vector<std::int32_t> ids_;  // per token: its row here, or -1 (another rank's)
 };
@@ -85,10 +91,14 @@ class TokenEmbedding : public Layer {
 // x [N, T, dim] -> logits [N, T, vocab] = x W^T, W the tied embedding's weight
 // [vocab, dim] (the backend's Linear kernel, no bias). g: the embedding's
 // group; at size > 1 the logits are [N, T, vocab / size] (see above).
+// bfloat16 activations (tensor 1) multiply with a bf16 copy of W (cast when
+// the arena's version moves on) and give float32 logits (the loss's type: no
+// rounding of them, no cast of [N, T, vocab]).
 class LmHead : public Layer {
  public:
   LmHead(std::string name, std::string tie, std::int64_t vocab, std::int64_t dim, TensorGroup g = {});
   const char* type() const override { return g_.size > 1 ? "VocabParallelLmHead" : "LmHead"; }
+  bool takes_bf16() const override { return g_.size == 1; }
   const std::string& tie() const { return tie_; }
   // The group its logits' columns are split over, or null (whole logits).
   const TensorGroup* vocab_group() const { return g_.size > 1 ? &g_ : nullptr; }
@@ -108,6 +118,7 @@ class LmHead : public Layer {
   Tensor do_backward(const Tensor& dy, bool need_dx, bool accumulate) override;
 
  private:
+  const Tensor& weight_for(DType dt);
   std::string tie_;
   std::int64_t vocab_, dim_;
   TensorGroup g_;
@@ -115,8 +126,12 @@ class LmHead : public Layer {
   std::int64_t copy_of_ = -1;  // hold_copy: the owner's model index
   ParamInfo owner_;
   std::size_t copy_ = 0;       // the copy's arena index
-  Tensor weight, dweight, x_, y_, dx_;
+  Tensor weight, dweight, x_, y_, dx_, w16_;
   std::unique_ptr<LinearKernel> k_;
+  Backend* be_ = nullptr;
+  const ParamArena* arena_ = nullptr;
+  std::uint64_t w16_version_ = 0;
+  bool w16_valid_ = false;
 };
 
 // The initial values of a token embedding's weight (arena parameter `index`,

@@ -124,6 +124,11 @@ class Layer {
   // then have the input's type, parameter gradients stay float32. A Stage
   // runs its layers in bf16 only when all of them do (composites ask their children).
   virtual bool takes_bf16() const { return false; }
+  // A layer whose input is token ids (TokenEmbedding): a Stage passes its
+  // float32 input uncast (ids above 256 are not bfloat16 numbers) and names
+  // the activation type it must output.
+  virtual bool takes_token_ids() const { return false; }
+  virtual void set_output_dtype(DType) {}
 
  protected:
   virtual Tensor do_forward(const Tensor& x, Mode mode) = 0;

@@ -37,8 +37,10 @@
 //    same gradients as `none`; a row-parallel layer's replay all-reduces again.
 //  - Mixed precision: with train.precision = bf16, a backend that takes
 //    bfloat16 activations and layers that all do (Layer::takes_bf16), the
-//    layers run in bf16: forward casts its float32 input to bf16 and the last
-//    layer's output back to float32 (the loss and its gradient stay float32),
+//    layers run in bf16: forward casts its float32 input to bf16 (not token
+//    ids: an embedding reads them as they are, Layer::takes_token_ids) and the
+//    last layer's output back to float32 (the loss and its gradient stay
+//    float32; an LM head already gives float32 logits),
 //    backward casts the same way; stage inputs, outputs and their gradients
 //    are float32 at the boundary, so pipelines and losses see no difference.
 //    Parameters and their gradients stay float32 (masters); a Linear uses a

@@ -119,6 +119,7 @@ std::unique_ptr<Pool2dKernel> make_pool2d(const Pool2dSpec& s, DnnlPtr d);
 std::unique_ptr<EltwiseKernel> make_eltwise(Eltwise op, DnnlPtr d);
 std::unique_ptr<LayerNormKernel> make_layernorm(const LayerNormSpec& s, DnnlPtr d);
 std::unique_ptr<AttentionKernel> make_attention(const AttentionSpec& s, DnnlPtr d);
+std::unique_ptr<AttentionKernel> make_tiled_attention(const AttentionSpec& s, DnnlPtr d);
 // Token ops (transformer.cpp); Backend's contracts.
 void patchify(const Tensor& x, std::int64_t p, Tensor& out);
 void unpatchify(const Tensor& dout, std::int64_t p, Tensor& dx);

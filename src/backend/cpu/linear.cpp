@@ -20,9 +20,10 @@ class CpuLinear final : public LinearKernel {
   }
 
   void forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y) override {
-    const dt t = types(x, w, "forward");
-    RT_CHECK(dnnl_type(y, "Linear output") == t, "cpu Linear: output dtype differs from the input's");
-    mm(Kind::fwd, x.dim(0), t, false).run(d_->strm, x.raw(), w.raw(), y.raw(), s_.bias ? b.raw() : nullptr);
+    const dt t = types(x, w, "forward"), yt = dnnl_type(y, "Linear output");
+    // bf16 inputs may give a float32 output (an LM head's logits, for the loss)
+    RT_CHECK(yt == t || (t == dt::bf16 && yt == dt::f32), "cpu Linear: output dtype differs from the input's");
+    mm(Kind::fwd, x.dim(0), t, false, yt).run(d_->strm, x.raw(), w.raw(), y.raw(), s_.bias ? b.raw() : nullptr);
   }
 
   void backward(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& dy, Tensor& dx, Tensor& dw,
@@ -75,29 +76,30 @@ class CpuLinear final : public LinearKernel {
   }
 
   // The matmul of one pass for n rows, built once per (pass, rows, type, accumulate).
-  Matmul& mm(Kind k, std::int64_t n, dt t, bool acc) {
-    auto key = std::make_tuple(int(k), n, int(t), acc);
+  Matmul& mm(Kind k, std::int64_t n, dt t, bool acc, dt out = dt::undef) {
+    if (out == dt::undef) out = t;
+    auto key = std::make_tuple(int(k), n, int(t) * 16 + int(out), acc);
     auto it = cache_.find(key);
     if (it != cache_.end()) return it->second;
-    const std::int64_t in = s_.in_features, out = s_.out_features;
+    const std::int64_t in = s_.in_features, out_f = s_.out_features;
     MatmulShape m;
     m.a_type = m.b_type = t;
     if (k == Kind::fwd) {  // [n, in] x w^T [in, out] -> [n, out]
       set_matrix(m.a, m.a_strides, n, in, in, false);
-      set_matrix(m.b, m.b_strides, in, out, in, true);
-      set_matrix(m.c, m.c_strides, n, out, out, false);
-      m.c_type = t;
+      set_matrix(m.b, m.b_strides, in, out_f, in, true);
+      set_matrix(m.c, m.c_strides, n, out_f, out_f, false);
+      m.c_type = out;
       m.bias = s_.bias;
       m.relu = s_.fuse_relu;
     } else if (k == Kind::dx) {  // dy [n, out] x w [out, in] -> [n, in]
-      set_matrix(m.a, m.a_strides, n, out, out, false);
-      set_matrix(m.b, m.b_strides, out, in, in, false);
+      set_matrix(m.a, m.a_strides, n, out_f, out_f, false);
+      set_matrix(m.b, m.b_strides, out_f, in, in, false);
       set_matrix(m.c, m.c_strides, n, in, in, false);
       m.c_type = t;
     } else {  // dy^T [out, n] x x [n, in] -> dw [out, in], float32
-      set_matrix(m.a, m.a_strides, out, n, out, true);
+      set_matrix(m.a, m.a_strides, out_f, n, out_f, true);
       set_matrix(m.b, m.b_strides, n, in, in, false);
-      set_matrix(m.c, m.c_strides, out, in, in, false);
+      set_matrix(m.c, m.c_strides, out_f, in, in, false);
       m.c_type = dt::f32;
       m.accumulate = acc;
     }

@@ -1,9 +1,7 @@
-// Transformer kernels on the CPU: LayerNorm (our loops, AVX2 clones),
-// attention as per-(sample, head) OpenBLAS sgemm calls on strided views of
-// the qkv activation (OpenBLAS 0.3.21 has no cblas_sgemm_batch; each call is
-// small enough to stay single-threaded inside OpenBLAS, so the loop over
-// sample x head is the parallel one) around oneDNN's softmax, and the token
-// ops of a vision transformer.
+// Transformer kernels on the CPU: LayerNorm (our loops, AVX2 clones), dense
+// attention (oneDNN matmuls over all heads at once around oneDNN's softmax;
+// causal attention is tiled, attention_tiled.cpp), and the token ops of a
+// vision transformer.
 #include <cblas.h>
 #include <omp.h>
 
@@ -186,7 +184,8 @@ class CpuLayerNorm final : public LayerNormKernel {
 };
 
 // ---- attention --------------------------------------------------------------
-// The per-(sample, head) products are oneDNN matmuls over all N x H heads at
+// Dense (non-causal: vit's 49 tokens, where one batched matmul over all heads
+// beats per-head tiles). The per-(sample, head) products are oneDNN matmuls over all N x H heads at
 // once, on strided 4-D views [N, H, T, hd] of qkv (row stride 3D, head stride
 // hd); the scores S and their gradient are float32 (softmax and its backward
 // in float32), the kept probabilities P and every matmul input are the
@@ -197,6 +196,7 @@ class CpuAttention final : public AttentionKernel {
   CpuAttention(const AttentionSpec& s, DnnlPtr d) : s_(s), d_(std::move(d)), cast_(d_) {
     RT_CHECK(s.dtype == DType::f32, "cpu attention: only float32 is supported, got ", dtype_name(s.dtype));
     RT_CHECK(s.heads > 0 && s.head_dim > 0, "cpu attention: heads and head_dim must be positive");
+    RT_CHECK(!s.causal, "cpu attention: the dense kernel is not causal (attention_tiled.cpp is)");
     scale_ = float(s.scale > 0 ? s.scale : 1.0 / std::sqrt(double(s.head_dim)));
   }
 
@@ -212,10 +212,6 @@ class CpuAttention final : public AttentionKernel {
     const std::size_t es = qkv.dtype() == DType::f32 ? 4 : 2, off_k = es * g.d, off_v = 2 * es * g.d;
     // S = scale Q K^T (float32), softmax in place, P in the activation type, O = P V.
     mm(Op::qk, g).run(d_->strm, x, x + off_k, sc);
-    if (s_.causal)  // masked scores get probability 0 from the softmax, so their gradients are 0 too
-      for (std::int64_t b = 0; b < nb; ++b)
-        for (std::int64_t i = 0; i + 1 < g.tok; ++i)
-          std::fill(sc + b * tt + i * g.tok + i + 1, sc + b * tt + (i + 1) * g.tok, -INFINITY);
     Softmax& sm = softmax(nb * g.tok, g.tok);
     sm.a.set_data_handle(sc);
     sm.fwd.execute(d_->strm, {{DNNL_ARG_SRC, sm.a}, {DNNL_ARG_DST, sm.a}});
@@ -348,7 +344,10 @@ class CpuAttention final : public AttentionKernel {
 std::unique_ptr<LayerNormKernel> make_layernorm(const LayerNormSpec& s, DnnlPtr) {
   return std::make_unique<CpuLayerNorm>(s);
 }
+// Causal attention is tiled (attention_tiled.cpp): it never stores the
+// masked half, nor any [T, T] matrix.
 std::unique_ptr<AttentionKernel> make_attention(const AttentionSpec& s, DnnlPtr d) {
+  if (s.causal) return make_tiled_attention(s, std::move(d));
   return std::make_unique<CpuAttention>(s, std::move(d));
 }
 
