@@ -51,8 +51,19 @@ ModelParts build_parts(const ProcessGrid& grid, const ModelConfig& mc, const Gri
   parts.stage->set_fused_backward(gc.schedule != ScheduleKind::zb_h1);
   parts.stage->set_recompute(gc.recompute);
   parts.updater = std::make_unique<Updater>(grid, *parts.stage, gc.update, oc, rt);
-  // Agreed: ZeRO-3 refuses a tied head, which only the last stage may hold.
+  // Agreed: only the pipeline's ends hold a tied weight, so a refusal here must reach every stage.
   run_agreed(grid.world(), "setting up the gradient synchronisation", [&] {
+    // ZeRO-3 cuts the two copies of a tied weight into differently placed slices:
+    // from 3 replicas a ring reduce-scatter may sum an element in another order
+    // on each stage, and LARS/LAMB add per-slice norms, so the copies could part
+    // in the last bit; ZeRO-1/2 then give the copy its owner's values after the
+    // update (Updater::resync_tied), which ZeRO-3 cannot: it owns only slices.
+    RT_CHECK(!(gc.update.zero == 3 && grid.pp_size() > 1 && !parts.stage->arena().tied().empty() &&
+               (grid.dp_size() >= 3 || oc.name == "lars" || oc.name == "lamb")),
+             "parallel.zero = 3 with parallel.pipeline = ", grid.pp_size(), ": the tied weight ",
+             parts.stage->arena().info(parts.stage->arena().tied().front()).name, " has a copy on each end of the "
+             "pipeline, and ZeRO-3 keeps the copies bitwise equal only over at most 2 data-parallel ranks (here ",
+             grid.dp_size(), ") with an element-wise optimizer (here '", oc.name, "'): use parallel.zero = 1 or 2");
     parts.grad_sync = with_tied_grads(grid, *parts.stage, make_grad_sync(grid, *parts.stage, gc, rt, parts.updater->zero()));
   });
   parts.stage->set_param_access(parts.grad_sync->param_access());  // ZeRO-3: gather before use

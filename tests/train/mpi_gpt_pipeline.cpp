@@ -3,7 +3,8 @@
 // two gradients are summed between the stages every step. Against a 1-rank run
 // of the same model and data (dropout on):
 //  - pipeline 2 under 1f1b, zb-h1 and afab (stages cut by measured time),
-//    pipeline 2 with ZeRO-1 and ZeRO-2 (at 4 ranks also with LAMB),
+//    pipeline 2 with ZeRO-1 and ZeRO-2 (at 4 ranks also with LAMB, and
+//    ZeRO-3, which refuses LAMB by name),
 //    and at 4 ranks tensor 2 x pipeline 2 and pipeline 4, follow it for 10
 //    steps, with train.verify_every = 1 checking every step that the two
 //    copies of the tied weight are bitwise equal (and the replicas);
@@ -23,6 +24,7 @@
 #include <set>
 
 #include "gpt_fixtures.hpp"
+#include "support/error_of.hpp"
 #include "ringtrain/core/error.hpp"
 #include "ringtrain/data/prepare.hpp"
 #include "ringtrain/nn/layers_model.hpp"
@@ -99,6 +101,14 @@ TEST(GptPipeline, LayoutsFollowTheOneRankTrainer) {
   TrainConfig lamb2 = pipelined(p2, 2, "1f1b", 1);
   lamb2.optimizer.name = "lamb";
   expect_follows(train_losses(lamb2, world), ref_lamb, "pipeline 2 x data 2 zero 1, lamb");
+  // ZeRO-3 over the 2 data-parallel ranks of each stage: the tied copies are
+  // gathered with their buckets and summed before the reduce-scatter.
+  expect_follows(train_losses(pipelined(p2, 2, "1f1b", 3), world), ref, "pipeline 2 x data 2 zero 3");
+  // ...not with LAMB (or 3+ replicas): refused on every rank, naming the keys.
+  lamb2.parallel.zero = 3;
+  const std::string e = test_support::error_of([&] { train_losses(lamb2, world); });
+  EXPECT_NE(e.find("parallel.zero = 3 with parallel.pipeline = 2: the tied weight wte.weight"), std::string::npos) << e;
+  EXPECT_NE(e.find("with an element-wise optimizer (here 'lamb')"), std::string::npos) << e;
   TrainConfig tp = pipelined(gpt_config(data, w, 4), 2, "1f1b");
   tp.parallel.tensor = 2;
   expect_follows(train_losses(tp, world), ref, "tensor 2 x pipeline 2");
