@@ -73,13 +73,27 @@ std::set<std::string> state_names(const std::string& dir) {
 
 }  // namespace
 
-TEST(GptPipeline, LayoutsFollowTheOneRankTrainer) {
+// At 2 or 4 ranks (skipped otherwise): the corpus, removed after the test,
+// and a 1-rank communicator for the reference runs.
+class GptPipeline : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (w != 2 && w != 4) GTEST_SKIP() << "needs 2 or 4 ranks";
+    data = test_fixtures::gpt_text_corpus(world, "gptpipe");
+    self = world.split(world.rank(), 0, "self");
+  }
+  void TearDown() override {
+    if (data.empty()) return;
+    world.barrier();
+    if (world.rank() == 0) std::filesystem::remove_all(std::filesystem::path(data).parent_path());
+  }
   Communicator world = Communicator::world();
   const int w = world.size();
-  if (w != 2 && w != 4) GTEST_SKIP() << "needs 2 or 4 ranks";
-  const std::string data = test_fixtures::gpt_text_corpus(world, "gptpipe");
-  const test_fixtures::GptCleanup cleanup{world, std::filesystem::path(data).parent_path()};
-  Communicator self = world.split(world.rank(), 0, "self");
+  std::string data;
+  Communicator self;
+};
+
+TEST_F(GptPipeline, LayoutsFollowTheOneRankTrainer) {
   const std::vector<double> ref = train_losses(gpt_config(data, 1, 1), self);  // 1 rank, batch 4
   ASSERT_EQ(ref.size(), 10u);
   EXPECT_LT(ref.back(), ref.front());  // it learns
@@ -116,13 +130,7 @@ TEST(GptPipeline, LayoutsFollowTheOneRankTrainer) {
   expect_follows(train_losses(pipelined(gpt_config(data, w, 4), 4, "1f1b"), world), ref, "pipeline 4");
 }
 
-TEST(GptPipeline, CheckpointsMoveBetweenPipelineAndOneRank) {
-  Communicator world = Communicator::world();
-  const int w = world.size();
-  if (w != 2 && w != 4) GTEST_SKIP() << "needs 2 or 4 ranks";
-  const std::string data = test_fixtures::gpt_text_corpus(world, "gptpipe");
-  const test_fixtures::GptCleanup cleanup{world, std::filesystem::path(data).parent_path()};
-  Communicator self = world.split(world.rank(), 0, "self");
+TEST_F(GptPipeline, CheckpointsMoveBetweenPipelineAndOneRank) {
   const TrainConfig one = gpt_config(data, 1, 1);
   const std::vector<double> ref = train_losses(one, self);  // uninterrupted, 10 steps
   const std::vector<double> tail(ref.begin() + 5, ref.end());
@@ -156,13 +164,7 @@ TEST(GptPipeline, CheckpointsMoveBetweenPipelineAndOneRank) {
   expect_follows(train_losses(r4, world, p.checkpoint.dir), tail, "pipeline 2 checkpoint resumed at pipeline 4");
 }
 
-TEST(GptPipeline, GenerationIsTheSameFromPipelineAndOneRankCheckpoints) {
-  Communicator world = Communicator::world();
-  const int w = world.size();
-  if (w != 2 && w != 4) GTEST_SKIP() << "needs 2 or 4 ranks";
-  const std::string data = test_fixtures::gpt_text_corpus(world, "gptpipe");
-  const test_fixtures::GptCleanup cleanup{world, std::filesystem::path(data).parent_path()};
-  Communicator self = world.split(world.rank(), 0, "self");
+TEST_F(GptPipeline, GenerationIsTheSameFromPipelineAndOneRankCheckpoints) {
   TrainConfig one = gpt_config(data, 1, 1);
   one.model.dropout = 0;
   one.checkpoint.dir = cat(data, "/one-", world.rank());  // each rank trains the 1-rank model into its own dir
@@ -189,7 +191,7 @@ TEST(GptPipeline, GenerationIsTheSameFromPipelineAndOneRankCheckpoints) {
 
 // A [[model.layers]] model whose tied head is not on the last stage (an entry
 // after it gets a stage of its own): refused on every rank, naming the stage.
-TEST(GptPipeline, ATiedHeadOnAMiddleStageIsRefused) {
+TEST(GptPipelineStages, ATiedHeadOnAMiddleStageIsRefused) {
   Communicator world = Communicator::world();
   if (world.size() != 3) GTEST_SKIP() << "three stages of one layer each: 3 ranks";
   const std::string data = test_fixtures::gpt_text_corpus(world, "gptpipe");
