@@ -3,8 +3,9 @@
 # emulated node3 killed: its slurmd and its rank) and finishes on the 2 nodes left: the step is
 # relaunched at 2 ranks from the last checkpoint with --resume auto, the final checkpoint's step
 # count is the uninterrupted 3-node job's, every loss after the resumed step matches its (the same global batch and
-# data order: data.global_batch), and the lost steps are reported and at most
-# checkpoint.every_steps. Usage: elastic.sh SRC_DIR RINGTRAIN_BIN (inside cluster.sh run 3 -- ...)
+# data order: data.global_batch), and the relaunch resumes from the newest checkpoint that was
+# complete when the node died (an asynchronous write still in flight then is not one), so the lost
+# steps are reported and fewer than 2 x checkpoint.every_steps. Usage: elastic.sh SRC_DIR RINGTRAIN_BIN (inside cluster.sh run 3 -- ...)
 set -uo pipefail
 SRC=$1; BIN=$2
 . "$(dirname "$0")/lib.sh"
@@ -34,6 +35,8 @@ until grep -qE "^epoch 1/1 step (4[5-9]|[5-9][0-9]|[1-3][0-9][0-9])/" "$out" 2>/
 check "job $id is training on 3 ranks" grep -q 'launch 0: 3 rank(s) on 3 node(s)' "$out"
 pids=$(ip netns pids "$NODE3" | tr '\n' ' ')
 check "node3 runs processes (slurmd and a rank)" test -n "$pids"
+# The newest checkpoint complete before the kill: the relaunch may resume from none older.
+done_before=$(sed -n 's/.*checkpoint written: .*-s0*\([0-9][0-9]*\)\.h5.*/\1/p' "$out" | tail -1)
 kill -9 $pids
 at_kill=$(grep -oE '^epoch 1/1 step [0-9]+' "$out" | tail -1)
 echo "killed node3 ($pids) at ${at_kill:-?}"
@@ -48,11 +51,15 @@ ref_step=$(/usr/bin/python3 -c "import h5py,sys;print(h5py.File(sys.argv[1],'r')
 run_step=$(/usr/bin/python3 -c "import h5py,sys;print(h5py.File(sys.argv[1],'r')['scalars'].attrs['step'])" "$(newest_ckpt "$WORK/run")")
 check "final checkpoint at step $run_step = the uninterrupted job's $ref_step" test "$run_step" = "$ref_step" -a "$ref_step" = $STEPS
 lost=$(sed -n 's/.*: \([0-9]*\) step(s) lost and trained again.*/\1/p' "$out" | tail -1)
-check "lost steps reported (${lost:-none}) and at most checkpoint.every_steps = $EVERY" test -n "$lost" -a "${lost:-99}" -le $EVERY
+resumed=$(sed -n 's/.*launch 1 resumed at step \([0-9]*\);.*/\1/p' "$out")
+check "resumed at step ${resumed:-none}, not before the newest checkpoint complete at the kill (${done_before:-none})" \
+    test -n "$resumed" -a -n "$done_before" -a "${resumed:-0}" -ge "${done_before:-1}"
+# A save waits for the previous asynchronous write, so a checkpoint is in flight for fewer than
+# every_steps steps: the work lost is below twice the interval.
+check "lost steps reported (${lost:-none}) and below 2 x checkpoint.every_steps = $((2 * EVERY))" test -n "$lost" -a "${lost:-99}" -lt $((2 * EVERY))
 # Every step's loss from the resumed step on, against the uninterrupted job's (the last line of
 # a step wins: the relaunch logs again the steps it recomputes).
 losses() { sed -n 's/^epoch 1\/1 step \([0-9]*\)\/[0-9]* loss \([0-9.]*\) .*/\1 \2/p' "$1"; }
-resumed=$(sed -n 's/.*launch 1 resumed at step \([0-9]*\);.*/\1/p' "$out")
 cmp=$(/usr/bin/python3 - "$resumed" <(losses "$WORK/ref-$ref.out") <(losses "$out") <<'EOF'
 import sys
 start = int(sys.argv[1] or 10**9)
