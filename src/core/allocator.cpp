@@ -1,9 +1,15 @@
 #include "ringtrain/core/allocator.hpp"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <array>
 #include <atomic>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <string>
 #include <mutex>
 #include <new>
 
@@ -16,6 +22,13 @@ namespace {
 // Live and peak bytes of host tensors (relaxed counters: a few atomic adds per allocation).
 std::atomic<std::size_t> g_live{0}, g_peak{0};
 
+void count_alloc(std::size_t bytes) {
+  const std::size_t live = g_live.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+  std::size_t peak = g_peak.load(std::memory_order_relaxed);
+  while (live > peak && !g_peak.compare_exchange_weak(peak, live, std::memory_order_relaxed)) {
+  }
+}
+
 class CpuAllocator final : public Allocator {
  public:
   void* allocate(std::size_t bytes, Device) override {
@@ -24,10 +37,7 @@ class CpuAllocator final : public Allocator {
     std::size_t rounded = (bytes + 63) / 64 * 64;
     void* p = std::aligned_alloc(64, rounded);
     RT_CHECK(p != nullptr, "out of host memory allocating ", bytes, " bytes");
-    const std::size_t live = g_live.fetch_add(bytes, std::memory_order_relaxed) + bytes;
-    std::size_t peak = g_peak.load(std::memory_order_relaxed);
-    while (live > peak && !g_peak.compare_exchange_weak(peak, live, std::memory_order_relaxed)) {
-    }
+    count_alloc(bytes);
     return p;
   }
   void deallocate(void* p, std::size_t bytes, Device) override {
@@ -53,7 +63,52 @@ Registry& registry() {
   return r;
 }
 
+std::size_t read_huge_page() {
+  std::ifstream enabled("/sys/kernel/mm/transparent_hugepage/enabled");
+  std::string modes((std::istreambuf_iterator<char>(enabled)), std::istreambuf_iterator<char>());
+  if (modes.empty() || modes.find("[never]") != std::string::npos) return 0;
+  std::ifstream size("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size");
+  std::size_t n = 0;
+  return size >> n ? n : 0;
+}
+
 }  // namespace
+
+std::size_t host_base_page() {
+  static const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  return page;
+}
+
+std::size_t host_huge_page() {
+  static const std::size_t huge = read_huge_page();
+  return huge;
+}
+
+HostPages allocate_host_pages(std::size_t bytes) {
+  HostPages p;
+  if (bytes == 0) return p;
+  const std::size_t huge = host_huge_page();
+  p.chunk = huge && bytes >= huge / 2 ? huge : host_base_page();
+  p.bytes = (bytes + p.chunk - 1) / p.chunk * p.chunk;
+  // Over-map by one chunk and trim both ends to a chunk-aligned region.
+  const std::size_t span = p.bytes + (p.chunk > host_base_page() ? p.chunk : 0);
+  void* m = mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  RT_CHECK(m != MAP_FAILED, "out of host memory mapping ", bytes, " bytes");
+  const auto lo = reinterpret_cast<std::uintptr_t>(m), start = (lo + p.chunk - 1) / p.chunk * p.chunk;
+  if (start > lo) munmap(m, start - lo);
+  if (lo + span > start + p.bytes) munmap(reinterpret_cast<void*>(start + p.bytes), lo + span - start - p.bytes);
+  p.data = reinterpret_cast<void*>(start);
+  if (p.chunk != host_base_page()) madvise(p.data, p.bytes, MADV_HUGEPAGE);  // advice: failure is harmless
+  p.asked = bytes;
+  count_alloc(bytes);
+  return p;
+}
+
+void free_host_pages(const HostPages& p) {
+  if (!p.data) return;
+  munmap(p.data, p.bytes);
+  g_live.fetch_sub(p.asked, std::memory_order_relaxed);
+}
 
 HostMemoryStats host_memory_stats() {
   return {g_live.load(std::memory_order_relaxed), g_peak.load(std::memory_order_relaxed)};

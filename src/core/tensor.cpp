@@ -27,8 +27,11 @@ Storage::Storage(std::size_t bytes, Device dev) : bytes_(bytes), dev_(dev), owne
   data_ = allocator_for(dev.kind).allocate(bytes, dev);
 }
 Storage::Storage(void* data, std::size_t bytes, Device dev) : data_(data), bytes_(bytes), dev_(dev) {}
+Storage::Storage(const HostPages& pages)
+    : data_(pages.data), bytes_(pages.bytes), dev_(Device::cpu()), pages_(pages) {}
 Storage::~Storage() {
-  if (owned_ && data_) allocator_for(dev_.kind).deallocate(data_, bytes_, dev_);
+  if (pages_.data) free_host_pages(pages_);
+  else if (owned_ && data_) allocator_for(dev_.kind).deallocate(data_, bytes_, dev_);
 }
 
 Tensor Tensor::empty(const Shape& shape, DType dt, Device dev) {
@@ -44,6 +47,20 @@ Tensor Tensor::zeros(const Shape& shape, DType dt, Device dev) {
   Tensor t = empty(shape, dt, dev);
   t.zero_();
   return t;
+}
+
+Tensor Tensor::paged(std::int64_t n, DType dt) {
+  Tensor t;
+  t.shape_ = {n};
+  t.numel_ = shape_numel(t.shape_);
+  t.dtype_ = dt;
+  if (t.nbytes() == 0) t.storage_ = std::make_shared<Storage>(0, Device::cpu());
+  else t.storage_ = std::make_shared<Storage>(allocate_host_pages(t.nbytes()));
+  return t;
+}
+
+std::size_t Tensor::bytes_to_storage_end() const {
+  return storage_ ? storage_->bytes() - offset_ * dtype_size(dtype_) : 0;
 }
 
 Tensor Tensor::wrap(void* data, const Shape& shape, DType dt, Device dev) {

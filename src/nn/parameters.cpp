@@ -1,8 +1,5 @@
 #include "ringtrain/nn/parameters.hpp"
 
-#include <sys/mman.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -70,33 +67,17 @@ void ParamArena::set_index_base(std::size_t base) {
   base_ = base;
 }
 
-namespace {
-// Zeros whose whole pages are handed back instead of written (host memory is
-// private and anonymous: such pages read back as zero), so a gradient buffer
-// costs resident memory only where a backward writes it; under ZeRO-3 most of
-// the full-size buffer never is.
-Tensor lazy_zeros(std::int64_t n, DType dt, Device dev) {
-  if (!dev.is_cpu()) return Tensor::zeros({n}, dt, dev);
-  Tensor t = Tensor::empty({n}, dt, dev);
-  const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
-  const auto base = reinterpret_cast<std::uintptr_t>(t.raw()), end = base + t.nbytes();
-  const std::uintptr_t b = (base + page - 1) / page * page, e = end / page * page;
-  if (e <= b || madvise(reinterpret_cast<void*>(b), e - b, MADV_DONTNEED) != 0) {
-    t.zero_();
-    return t;
-  }
-  std::memset(reinterpret_cast<void*>(base), 0, b - base);
-  std::memset(reinterpret_cast<void*>(e), 0, end - e);
-  return t;
-}
-}  // namespace
 
 void ParamArena::finalize(Device dev) {
   RT_CHECK(!finalized_, "parameter arena finalised twice");
   device_ = dev;
   for (auto& f : flats_) {
-    f.params = Tensor::zeros({static_cast<std::int64_t>(f.elems)}, f.dtype, dev);  // initialisation writes them all
-    f.grads = lazy_zeros(static_cast<std::int64_t>(f.elems), f.dtype, dev);
+    // On the host, zeros in whole pages that cost memory only once written
+    // (under ZeRO-3 most of the full-size buffers never are at once) and that
+    // ZeRO-2/3 hand back piece by piece (PageLedger).
+    const auto n = static_cast<std::int64_t>(f.elems);
+    f.params = dev.is_cpu() ? Tensor::paged(n, f.dtype) : Tensor::zeros({n}, f.dtype, dev);
+    f.grads = dev.is_cpu() ? Tensor::paged(n, f.dtype) : Tensor::zeros({n}, f.dtype, dev);
   }
   finalized_ = true;
 }

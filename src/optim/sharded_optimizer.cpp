@@ -7,11 +7,9 @@
 #include <climits>
 #include <cmath>
 
-#include <sys/mman.h>
-#include <unistd.h>
-
 #include "cpu_loops.hpp"
 #include "ringtrain/comm/shm.hpp"
+#include "ringtrain/core/page_ledger.hpp"
 #include "ringtrain/optim/grad_utils.hpp"
 
 namespace ringtrain {
@@ -248,7 +246,7 @@ void ShardedOptimizer::ensure_sharded() {
     if (mine.defined())
       mine.copy_from(full_.params_flat(s.dtype).flat_view(static_cast<std::int64_t>(s.offsets[me]),
                                                          static_cast<std::int64_t>(s.counts[me])));
-    release_params(s.dtype, 0, static_cast<std::size_t>(full_.params_flat(s.dtype).numel()));
+    release_params(s.dtype);
   }
   whole_ = false;
   ++params_version_;
@@ -257,20 +255,11 @@ void ShardedOptimizer::ensure_sharded() {
 void ShardedOptimizer::mark_sharded() {
   if (!shard_params_) return;
   whole_ = false;
-  for (const Slice& s : slices_) release_params(s.dtype, 0, static_cast<std::size_t>(full_.params_flat(s.dtype).numel()));
+  for (const Slice& s : slices_) release_params(s.dtype);
   ++params_version_;
 }
 
-void ShardedOptimizer::release_params(DType dt, std::size_t lo, std::size_t hi) {
-  release_pages(full_.params_flat(dt), lo, hi);
-}
-
-void release_pages(const Tensor& flat, std::size_t lo, std::size_t hi) {
-  const std::size_t es = dtype_size(flat.dtype()), page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
-  const auto base = reinterpret_cast<std::uintptr_t>(flat.raw());
-  const std::uintptr_t b = (base + lo * es + page - 1) / page * page, e = (base + hi * es) / page * page;
-  if (e > b) madvise(reinterpret_cast<void*>(b), e - b, MADV_DONTNEED);
-}
+void ShardedOptimizer::release_params(DType dt) { PageLedger(full_.params_flat(dt)).drop_all(); }
 
 std::size_t ShardedOptimizer::state_bytes() const {
   std::size_t n = 0;

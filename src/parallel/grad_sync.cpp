@@ -1,6 +1,7 @@
 #include "ringtrain/parallel/grad_sync.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -134,8 +135,8 @@ class ShardedSync final : public GradSync {
 // slice by a worker thread as soon as the step's last backward made them (the
 // backward of the layers below goes on meanwhile, as with the engine's
 // all-reduce), and the bucket's pages of the full gradient buffer are then
-// given back to the system (madvise DONTNEED: they read as zeros and cost no
-// memory until the next backward writes them). So with one micro-batch per step
+// given back to the system (BucketPages: whole huge pages no unreduced bucket
+// shares, which cost no memory until the next backward writes them). So with one micro-batch per step
 // the full gradient is resident only for the buckets in flight; with more (the
 // gradients accumulate over the step) all of it is, during the backward.
 // parallel.zero_release = false keeps the pages: no page faults in the next
@@ -148,6 +149,7 @@ class Zero2Sync final : public GradSync {
       : group_(grid.zero()), stage_(stage), zero_(zero),
         accumulates_(cfg.micro_batches * cfg.accumulation > 1 || !cfg.zero_release), release_(cfg.zero_release) {
     buckets_ = zero_buckets(stage, cfg.bucket_bytes, bucket_of_layer_, "parallel.zero = 2");
+    if (release_) pages_ = std::make_unique<BucketPages>(stage, true);
     ready_.assign(buckets_.size(), 0);
     worker_ = std::thread([this] { run(); });
   }
@@ -166,6 +168,7 @@ class Zero2Sync final : public GradSync {
     for (std::size_t b = 0; b < buckets_.size(); ++b) {
       buckets_[b].pending = buckets_[b].layers;
       ready_[b] = 0;
+      if (pages_) pages_->hold(buckets_[b]);  // until reduced (the worker is idle now)
     }
     done_ = 0;
     held_ = peak_ = buckets_.empty() ? 0 : buckets_.front().bytes;  // the first bucket fills
@@ -185,7 +188,9 @@ class Zero2Sync final : public GradSync {
 
   void finish() override {
     std::unique_lock<std::mutex> lk(mu_);
+    hurry_ = true;
     cv_.wait(lk, [&] { return done_ == buckets_.size() || error_; });
+    hurry_ = false;
     if (error_) std::rethrow_exception(error_);
     lk.unlock();
     zero_.average_grads();
@@ -210,10 +215,8 @@ class Zero2Sync final : public GradSync {
       }
       try {
         all_ready(next);
-        for (const ZeroRange& r : buckets_[next].ranges) {
-          zero_.reduce_scatter_range(r.dt, r.lo, r.hi);
-          if (release_) release(r);
-        }
+        for (const ZeroRange& r : buckets_[next].ranges) zero_.reduce_scatter_range(r.dt, r.lo, r.hi);
+        if (pages_) pages_->drop(buckets_[next]);
       } catch (...) {
         std::lock_guard<std::mutex> lk(mu_);
         error_ = std::current_exception();
@@ -229,8 +232,7 @@ class Zero2Sync final : public GradSync {
     }
   }
 
-  void all_ready(std::size_t b) const { wait_group_ready(group_, b, "parallel.zero = 2"); }
-  void release(const ZeroRange& r) const { release_pages(stage_.arena().grads_flat(r.dt), r.lo, r.hi); }
+  void all_ready(std::size_t b) const { wait_group_ready(group_, b, "parallel.zero = 2", &hurry_); }
 
   std::size_t full_bytes() const {
     std::size_t n = 0;
@@ -253,9 +255,11 @@ class Zero2Sync final : public GradSync {
   const bool release_;      // parallel.zero_release
   std::vector<ZeroBucket> buckets_;
   std::vector<int> bucket_of_layer_;  // -1: a layer without parameters
+  std::unique_ptr<BucketPages> pages_;  // parallel.zero_release: buckets not yet reduced hold their pages
   std::thread worker_;
   std::mutex mu_;
   std::condition_variable cv_;
+  std::atomic<bool> hurry_{false};  // the main thread waits for the worker
   std::vector<char> ready_;  // per bucket, this step
   std::size_t done_ = 0;     // buckets reduced this step
   bool stop_ = false;

@@ -18,6 +18,7 @@
 // embedding's backward, which runs later in the pass; the bucket is
 // reduce-scattered only once all its layers are ready, the embedding last.
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -41,10 +42,12 @@ class Zero3Sync final : public GradSync, public ParamAccess {
  public:
   Zero3Sync(const ProcessGrid& grid, Stage& stage, ShardedOptimizer& zero, const GridConfig& cfg)
       : group_(grid.zero()), stage_(stage), zero_(zero),
-        accumulates_(cfg.micro_batches * cfg.accumulation > 1 || !cfg.zero_release), release_(cfg.zero_release) {
+        accumulates_(cfg.micro_batches * cfg.accumulation > 1 || !cfg.zero_release), release_(cfg.zero_release),
+        param_pages_(stage, false) {
     buckets_ = zero_buckets(stage, cfg.bucket_bytes, bucket_of_layer_, kWhat);
     uses_ = buckets_used(stage, bucket_of_layer_);
     state_.assign(buckets_.size(), State::released);
+    if (release_) grad_pages_ = std::make_unique<BucketPages>(stage, true);
     zero_.shard_params();
     worker_ = std::thread([this] { run(); });
   }
@@ -90,7 +93,10 @@ class Zero3Sync final : public GradSync, public ParamAccess {
   void begin_step() override {
     zero_.ensure_sharded();  // a broadcast, load or materialize since the last step: the slice takes it
     check_version();
-    for (ZeroBucket& b : buckets_) b.pending = b.layers;
+    for (ZeroBucket& b : buckets_) {
+      b.pending = b.layers;
+      if (grad_pages_) grad_pages_->hold(b);  // until reduced (the worker has no reduce queued now)
+    }
     std::lock_guard<std::mutex> lk(mu_);
     reduced_ = 0;
     held_grads_ = peak_grads_ = buckets_.empty() ? 0 : buckets_.front().bytes;
@@ -109,7 +115,9 @@ class Zero3Sync final : public GradSync, public ParamAccess {
 
   void finish() override {
     std::unique_lock<std::mutex> lk(mu_);
+    hurry_ = true;
     cv_.wait(lk, [&] { return reduced_ == buckets_.size() || error_; });
+    hurry_ = false;
     if (error_) std::rethrow_exception(error_);
     lk.unlock();
     release_all();  // the update makes what was gathered stale
@@ -183,19 +191,22 @@ class Zero3Sync final : public GradSync, public ParamAccess {
     std::lock_guard<std::mutex> lk(mu_);
     if (state_[static_cast<std::size_t>(b)] != State::released) return;
     state_[static_cast<std::size_t>(b)] = State::requested;
+    param_pages_.hold(buckets_[static_cast<std::size_t>(b)]);
     queue_.push_back({Op::gather, b});
     cv_.notify_all();
   }
 
   void wait_resident(int b) {
     std::unique_lock<std::mutex> lk(mu_);
+    hurry_ = true;
     cv_.wait(lk, [&] { return state_[static_cast<std::size_t>(b)] == State::resident || error_; });
+    hurry_ = false;
     if (error_) std::rethrow_exception(error_);
   }
 
   void release(int b) {
     wait_resident(b);  // a prefetch still in flight writes into these pages
-    for (const ZeroRange& r : buckets_[static_cast<std::size_t>(b)].ranges) zero_.release_params(r.dt, r.lo, r.hi);
+    param_pages_.drop(buckets_[static_cast<std::size_t>(b)]);
     std::lock_guard<std::mutex> lk(mu_);
     state_[static_cast<std::size_t>(b)] = State::released;
     held_params_ -= buckets_[static_cast<std::size_t>(b)].bytes;
@@ -214,15 +225,12 @@ class Zero3Sync final : public GradSync, public ParamAccess {
       }
       const ZeroBucket& k = buckets_[static_cast<std::size_t>(job.bucket)];
       try {
-        wait_group_ready(group_, static_cast<std::size_t>(job.bucket), kWhat);
+        wait_group_ready(group_, static_cast<std::size_t>(job.bucket), kWhat, &hurry_);
         for (const ZeroRange& r : k.ranges) {
-          if (job.op == Op::gather) {
-            zero_.gather_range(r.dt, r.lo, r.hi);
-          } else {
-            zero_.reduce_scatter_range(r.dt, r.lo, r.hi);
-            if (release_) release_pages(stage_.arena().grads_flat(r.dt), r.lo, r.hi);
-          }
+          if (job.op == Op::gather) zero_.gather_range(r.dt, r.lo, r.hi);
+          else zero_.reduce_scatter_range(r.dt, r.lo, r.hi);
         }
+        if (job.op == Op::reduce && grad_pages_) grad_pages_->drop(k);
       } catch (...) {
         std::lock_guard<std::mutex> lk(mu_);
         error_ = std::current_exception();
@@ -263,6 +271,8 @@ class Zero3Sync final : public GradSync, public ParamAccess {
   ShardedOptimizer& zero_;
   const bool accumulates_;  // the full gradient buffer is resident through the step
   const bool release_;      // parallel.zero_release (gradient pages; parameter pages always go)
+  BucketPages param_pages_;                  // requested and resident buckets hold theirs (main thread)
+  std::unique_ptr<BucketPages> grad_pages_;  // buckets not yet reduced hold theirs
   std::vector<ZeroBucket> buckets_;
   std::vector<int> bucket_of_layer_;  // -1: a layer without parameters
   std::vector<std::vector<int>> uses_;  // per layer: the buckets it reads (buckets_used)
@@ -271,6 +281,7 @@ class Zero3Sync final : public GradSync, public ParamAccess {
   std::thread worker_;
   std::mutex mu_;
   std::condition_variable cv_;
+  std::atomic<bool> hurry_{false};  // the main thread waits for the worker
   std::deque<Job> queue_;
   std::vector<State> state_;  // per bucket: its parameters
   std::size_t reduced_ = 0;   // buckets reduce-scattered this step

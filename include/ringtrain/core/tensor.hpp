@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "ringtrain/core/allocator.hpp"
 #include "ringtrain/core/device.hpp"
 #include "ringtrain/core/dtype.hpp"
 #include "ringtrain/core/error.hpp"
@@ -23,18 +24,21 @@ class Storage {
  public:
   Storage(std::size_t bytes, Device dev);                   // owning
   Storage(void* data, std::size_t bytes, Device dev);       // non-owning
+  explicit Storage(const HostPages& pages);                 // owning host pages
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
   void* data() const { return data_; }
   std::size_t bytes() const { return bytes_; }
   Device device() const { return dev_; }
+  std::size_t page_chunk() const { return pages_.chunk; }  // 0: not from allocate_host_pages
 
  private:
   void* data_ = nullptr;
   std::size_t bytes_ = 0;
   Device dev_;
   bool owned_ = false;
+  HostPages pages_;
 };
 
 class Tensor {
@@ -43,6 +47,9 @@ class Tensor {
   // Uninitialised owning tensor.
   static Tensor empty(const Shape& shape, DType dt = DType::f32, Device dev = Device::cpu());
   static Tensor zeros(const Shape& shape, DType dt = DType::f32, Device dev = Device::cpu());
+  // n zeros of host memory in whole pages whose pages can be given back
+  // (PageLedger): the arena's flat parameter and gradient buffers.
+  static Tensor paged(std::int64_t n, DType dt);
   // Non-owning view of external memory (must outlive every view of it).
   static Tensor wrap(void* data, const Shape& shape, DType dt, Device dev = Device::cpu());
 
@@ -54,6 +61,9 @@ class Tensor {
   std::size_t nbytes() const { return static_cast<std::size_t>(numel_) * dtype_size(dtype_); }
   DType dtype() const { return dtype_; }
   Device device() const { return storage_ ? storage_->device() : Device::cpu(); }
+  // The storage's page chunk (Tensor::paged; 0 otherwise) and its bytes from raw() on.
+  std::size_t page_chunk() const { return storage_ ? storage_->page_chunk() : 0; }
+  std::size_t bytes_to_storage_end() const;
 
   void* raw() const;
   template <typename T>

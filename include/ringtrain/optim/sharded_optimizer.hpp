@@ -27,7 +27,7 @@
 //   unsharded copy on the root); scatter() hands each rank its slice back.
 // - ZeRO-3 (shard_params()): the slice's parameters are the only up-to-date
 //   copy. The full arena is a gathering area: gather_range() all-gathers pieces
-//   of it before use (parallel/zero3.cpp), release_pages() gives them back; the
+//   of it before use (parallel/zero3.cpp, whose PageLedger gives them back); the
 //   step neither refreshes the slice from the full arena nor all-gathers.
 //   materialize() makes the full arena whole again (checkpoints of the whole
 //   model, train.verify_every); the next sharded use (ensure_sharded) takes the
@@ -84,8 +84,6 @@ class ShardedOptimizer {
   void ensure_sharded();
   // A checkpoint was read into the slice's parameters: they own the values now.
   void mark_sharded();
-  // Gives the whole pages of elements [lo, hi) of dt's full parameter buffer back.
-  void release_params(DType dt, std::size_t lo, std::size_t hi);
   // Changes whenever what was gathered into the full arena may be stale or
   // gone (an update, a load, the full arena released): gathers made under
   // another version must not be used.
@@ -133,6 +131,7 @@ class ShardedOptimizer {
     std::vector<std::size_t> counts, offsets;  // per rank, in elements of the full buffer
   };
   const Slice& slice(DType dt) const;
+  void release_params(DType dt);  // gives the pages of dt's full parameter buffer back
   Tensor shard_flat(DType dt, bool grads) const;  // undefined when this rank's slice of dt is empty
   void combine_piece_sums(std::vector<double>& sums, int per) const;
   void add_slices(const std::string& slot, DType dt, const Tensor& flat, std::vector<StateSlice>& out) const;
@@ -151,10 +150,5 @@ class ShardedOptimizer {
   bool whole_ = true;          // ZeRO-3: the full arena holds the parameters (else the slice does)
   std::uint64_t params_version_ = 0;
 };
-
-// Gives the whole memory pages of elements [lo, hi) of a flat host buffer back
-// to the system (anonymous private memory: they read as zeros afterwards, and
-// cost nothing until written). Partial pages at the ends stay.
-void release_pages(const Tensor& flat, std::size_t lo, std::size_t hi);
 
 }  // namespace ringtrain
