@@ -136,31 +136,20 @@ class ShardedSync final : public GradSync {
 // backward of the layers below goes on meanwhile, as with the engine's
 // all-reduce), and the bucket's pages of the full gradient buffer are then
 // given back to the system (BucketPages: whole huge pages no unreduced bucket
-// shares, which cost no memory until the next backward writes them). So with one micro-batch per step
-// the full gradient is resident only for the buckets in flight; with more (the
-// gradients accumulate over the step) all of it is, during the backward.
-// parallel.zero_release = false keeps the pages: no page faults in the next
-// backward (they cost throughput: docs/parallel_layouts.md), the full buffer resident.
+// shares, which cost no memory until the next backward writes them). So with
+// one micro-batch per step the full gradient is resident only for the buckets
+// in flight; with more (the gradients accumulate over the step) all of it is,
+// during the backward. parallel.zero_release = false keeps the pages resident.
 // Buckets are reduced in a fixed order (the last layers' first), the same on
 // every rank of the data-parallel group.
-class Zero2Sync final : public GradSync {
+class Zero2Sync final : public ZeroSyncBase {
  public:
   Zero2Sync(const ProcessGrid& grid, Stage& stage, ShardedOptimizer& zero, const GridConfig& cfg)
-      : group_(grid.zero()), stage_(stage), zero_(zero),
-        accumulates_(cfg.micro_batches * cfg.accumulation > 1 || !cfg.zero_release), release_(cfg.zero_release) {
-    buckets_ = zero_buckets(stage, cfg.bucket_bytes, bucket_of_layer_, "parallel.zero = 2");
-    if (release_) pages_ = std::make_unique<BucketPages>(stage, true);
+      : ZeroSyncBase(grid, stage, zero, cfg, "parallel.zero = 2") {
     ready_.assign(buckets_.size(), 0);
-    worker_ = std::thread([this] { run(); });
+    start_worker();
   }
-  ~Zero2Sync() override {
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    worker_.join();
-  }
+  ~Zero2Sync() override { stop_worker(); }
   const char* kind() const override { return "zero2"; }
 
   void begin_step() override {
@@ -168,8 +157,8 @@ class Zero2Sync final : public GradSync {
     for (std::size_t b = 0; b < buckets_.size(); ++b) {
       buckets_[b].pending = buckets_[b].layers;
       ready_[b] = 0;
-      if (pages_) pages_->hold(buckets_[b]);  // until reduced (the worker is idle now)
     }
+    hold_grad_pages();  // until reduced (the worker is idle now)
     done_ = 0;
     held_ = peak_ = buckets_.empty() ? 0 : buckets_.front().bytes;  // the first bucket fills
   }
@@ -188,82 +177,37 @@ class Zero2Sync final : public GradSync {
 
   void finish() override {
     std::unique_lock<std::mutex> lk(mu_);
-    hurry_ = true;
-    cv_.wait(lk, [&] { return done_ == buckets_.size() || error_; });
-    hurry_ = false;
-    if (error_) std::rethrow_exception(error_);
+    wait_main(lk, [&] { return done_ == buckets_.size(); });
     lk.unlock();
     zero_.average_grads();
-    last_peak_ = accumulates_ ? full_bytes() : peak_;
+    last_peak_ = accumulates_ ? full_grad_bytes() : peak_;
   }
 
-  bool shards_grads() const override { return true; }
   std::size_t grad_bytes_in_flight() const override {
-    if (accumulates_ || last_peak_ == 0) return accumulates_ ? full_bytes() : two_largest();
+    if (accumulates_ || last_peak_ == 0) return accumulates_ ? full_grad_bytes() : two_largest();
     return last_peak_;
   }
 
  private:
-  // The worker: bucket 0, 1, ... of every step, each once all its layers are ready.
-  void run() {
-    for (std::size_t next = 0;; next = (next + 1) % std::max<std::size_t>(1, buckets_.size())) {
-      {
-        std::unique_lock<std::mutex> lk(mu_);
-        // done_ == next: bucket 0 waits for the next step's begin_step (which resets done_).
-        cv_.wait(lk, [&] { return stop_ || (!buckets_.empty() && ready_[next] && done_ == next); });
-        if (stop_) return;
-      }
-      try {
-        all_ready(next);
-        for (const ZeroRange& r : buckets_[next].ranges) zero_.reduce_scatter_range(r.dt, r.lo, r.hi);
-        if (pages_) pages_->drop(buckets_[next]);
-      } catch (...) {
-        std::lock_guard<std::mutex> lk(mu_);
-        error_ = std::current_exception();
-        cv_.notify_all();
-        return;
-      }
-      {
-        std::lock_guard<std::mutex> lk(mu_);
-        held_ -= std::min(held_, buckets_[next].bytes);
-        done_ = next + 1;
-      }
-      cv_.notify_all();
-    }
+  // The worker: bucket 0, 1, ... of every step, each once all its layers are
+  // ready. done_ == next: bucket 0 waits for the next step's begin_step (which resets done_).
+  bool work(std::unique_lock<std::mutex>& lk) override {
+    const std::size_t next = buckets_.empty() ? 0 : done_ % buckets_.size();
+    cv_.wait(lk, [&] { return stop_ || (!buckets_.empty() && ready_[next] && done_ == next); });
+    if (stop_) return false;
+    lk.unlock();
+    group_ready(next);
+    for (const ZeroRange& r : buckets_[next].ranges) zero_.reduce_scatter_range(r.dt, r.lo, r.hi);
+    drop_grad_pages(buckets_[next]);
+    lk.lock();
+    held_ -= std::min(held_, buckets_[next].bytes);
+    done_ = next + 1;
+    cv_.notify_all();
+    return true;
   }
 
-  void all_ready(std::size_t b) const { wait_group_ready(group_, b, "parallel.zero = 2", &hurry_); }
-
-  std::size_t full_bytes() const {
-    std::size_t n = 0;
-    for (DType dt : stage_.arena().dtypes()) n += stage_.arena().grads_flat(dt).nbytes();
-    return n;
-  }
-  std::size_t two_largest() const {  // before a step: one bucket reducing, one filling
-    std::size_t a = 0, b = 0;
-    for (const ZeroBucket& k : buckets_) {
-      if (k.bytes > a) std::swap(a, b), a = k.bytes;
-      else b = std::max(b, k.bytes);
-    }
-    return a + b;
-  }
-
-  Communicator group_;  // the data-parallel group (grid.zero(), the ShardedOptimizer's)
-  Stage& stage_;
-  ShardedOptimizer& zero_;
-  const bool accumulates_;  // the full buffer is resident through the step (several micro-batches, or no release)
-  const bool release_;      // parallel.zero_release
-  std::vector<ZeroBucket> buckets_;
-  std::vector<int> bucket_of_layer_;  // -1: a layer without parameters
-  std::unique_ptr<BucketPages> pages_;  // parallel.zero_release: buckets not yet reduced hold their pages
-  std::thread worker_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::atomic<bool> hurry_{false};  // the main thread waits for the worker
   std::vector<char> ready_;  // per bucket, this step
   std::size_t done_ = 0;     // buckets reduced this step
-  bool stop_ = false;
-  std::exception_ptr error_;
   std::size_t held_ = 0, peak_ = 0, last_peak_ = 0;  // full-buffer bytes between a bucket's filling and release
 };
 

@@ -38,27 +38,16 @@ namespace {
 
 constexpr const char* kWhat = "parallel.zero = 3";
 
-class Zero3Sync final : public GradSync, public ParamAccess {
+class Zero3Sync final : public ZeroSyncBase, public ParamAccess {
  public:
   Zero3Sync(const ProcessGrid& grid, Stage& stage, ShardedOptimizer& zero, const GridConfig& cfg)
-      : group_(grid.zero()), stage_(stage), zero_(zero),
-        accumulates_(cfg.micro_batches * cfg.accumulation > 1 || !cfg.zero_release), release_(cfg.zero_release),
-        param_pages_(stage, false) {
-    buckets_ = zero_buckets(stage, cfg.bucket_bytes, bucket_of_layer_, kWhat);
+      : ZeroSyncBase(grid, stage, zero, cfg, kWhat), param_pages_(stage, false) {
     uses_ = buckets_used(stage, bucket_of_layer_);
     state_.assign(buckets_.size(), State::released);
-    if (release_) grad_pages_ = std::make_unique<BucketPages>(stage, true);
     zero_.shard_params();
-    worker_ = std::thread([this] { run(); });
+    start_worker();
   }
-  ~Zero3Sync() override {
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    worker_.join();
-  }
+  ~Zero3Sync() override { stop_worker(); }
   const char* kind() const override { return "zero3"; }
 
   // Per local layer, the buckets its passes need, ascending: its own, and
@@ -93,10 +82,8 @@ class Zero3Sync final : public GradSync, public ParamAccess {
   void begin_step() override {
     zero_.ensure_sharded();  // a broadcast, load or materialize since the last step: the slice takes it
     check_version();
-    for (ZeroBucket& b : buckets_) {
-      b.pending = b.layers;
-      if (grad_pages_) grad_pages_->hold(b);  // until reduced (the worker has no reduce queued now)
-    }
+    for (ZeroBucket& b : buckets_) b.pending = b.layers;
+    hold_grad_pages();  // until reduced (the worker has no reduce queued now)
     std::lock_guard<std::mutex> lk(mu_);
     reduced_ = 0;
     held_grads_ = peak_grads_ = buckets_.empty() ? 0 : buckets_.front().bytes;
@@ -115,10 +102,7 @@ class Zero3Sync final : public GradSync, public ParamAccess {
 
   void finish() override {
     std::unique_lock<std::mutex> lk(mu_);
-    hurry_ = true;
-    cv_.wait(lk, [&] { return reduced_ == buckets_.size() || error_; });
-    hurry_ = false;
-    if (error_) std::rethrow_exception(error_);
+    wait_main(lk, [&] { return reduced_ == buckets_.size(); });
     lk.unlock();
     release_all();  // the update makes what was gathered stale
     zero_.average_grads();
@@ -126,7 +110,6 @@ class Zero3Sync final : public GradSync, public ParamAccess {
     last_peak_params_ = peak_params_;
   }
 
-  bool shards_grads() const override { return true; }
   std::size_t grad_bytes_in_flight() const override {
     if (accumulates_) return full_grad_bytes();
     return last_peak_grads_ ? last_peak_grads_ : two_largest();
@@ -198,10 +181,7 @@ class Zero3Sync final : public GradSync, public ParamAccess {
 
   void wait_resident(int b) {
     std::unique_lock<std::mutex> lk(mu_);
-    hurry_ = true;
-    cv_.wait(lk, [&] { return state_[static_cast<std::size_t>(b)] == State::resident || error_; });
-    hurry_ = false;
-    if (error_) std::rethrow_exception(error_);
+    wait_main(lk, [&] { return state_[static_cast<std::size_t>(b)] == State::resident; });
   }
 
   void release(int b) {
@@ -213,80 +193,39 @@ class Zero3Sync final : public GradSync, public ParamAccess {
   }
 
   // The worker: the jobs in the order they were asked for.
-  void run() {
-    for (;;) {
-      Job job;
-      {
-        std::unique_lock<std::mutex> lk(mu_);
-        cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
-        if (stop_) return;
-        job = queue_.front();
-        queue_.pop_front();
-      }
-      const ZeroBucket& k = buckets_[static_cast<std::size_t>(job.bucket)];
-      try {
-        wait_group_ready(group_, static_cast<std::size_t>(job.bucket), kWhat, &hurry_);
-        for (const ZeroRange& r : k.ranges) {
-          if (job.op == Op::gather) zero_.gather_range(r.dt, r.lo, r.hi);
-          else zero_.reduce_scatter_range(r.dt, r.lo, r.hi);
-        }
-        if (job.op == Op::reduce && grad_pages_) grad_pages_->drop(k);
-      } catch (...) {
-        std::lock_guard<std::mutex> lk(mu_);
-        error_ = std::current_exception();
-        cv_.notify_all();
-        return;
-      }
-      {
-        std::lock_guard<std::mutex> lk(mu_);
-        if (job.op == Op::gather) {
-          state_[static_cast<std::size_t>(job.bucket)] = State::resident;
-          held_params_ += k.bytes;
-          peak_params_ = std::max(peak_params_, held_params_);
-        } else {
-          held_grads_ -= std::min(held_grads_, k.bytes);
-          ++reduced_;
-        }
-      }
-      cv_.notify_all();
+  bool work(std::unique_lock<std::mutex>& lk) override {
+    cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
+    if (stop_) return false;
+    const Job job = queue_.front();
+    queue_.pop_front();
+    lk.unlock();
+    const ZeroBucket& k = buckets_[static_cast<std::size_t>(job.bucket)];
+    group_ready(static_cast<std::size_t>(job.bucket));
+    for (const ZeroRange& r : k.ranges) {
+      if (job.op == Op::gather) zero_.gather_range(r.dt, r.lo, r.hi);
+      else zero_.reduce_scatter_range(r.dt, r.lo, r.hi);
     }
+    if (job.op == Op::reduce) drop_grad_pages(k);
+    lk.lock();
+    if (job.op == Op::gather) {
+      state_[static_cast<std::size_t>(job.bucket)] = State::resident;
+      held_params_ += k.bytes;
+      peak_params_ = std::max(peak_params_, held_params_);
+    } else {
+      held_grads_ -= std::min(held_grads_, k.bytes);
+      ++reduced_;
+    }
+    cv_.notify_all();
+    return true;
   }
 
-  std::size_t full_grad_bytes() const {
-    std::size_t n = 0;
-    for (DType dt : stage_.arena().dtypes()) n += stage_.arena().grads_flat(dt).nbytes();
-    return n;
-  }
-  std::size_t two_largest() const {  // before a step: one bucket in use, one prefetched
-    std::size_t a = 0, b = 0;
-    for (const ZeroBucket& k : buckets_) {
-      if (k.bytes > a) std::swap(a, b), a = k.bytes;
-      else b = std::max(b, k.bytes);
-    }
-    return a + b;
-  }
-
-  Communicator group_;  // the data-parallel group (grid.zero(), the ShardedOptimizer's)
-  Stage& stage_;
-  ShardedOptimizer& zero_;
-  const bool accumulates_;  // the full gradient buffer is resident through the step
-  const bool release_;      // parallel.zero_release (gradient pages; parameter pages always go)
-  BucketPages param_pages_;                  // requested and resident buckets hold theirs (main thread)
-  std::unique_ptr<BucketPages> grad_pages_;  // buckets not yet reduced hold theirs
-  std::vector<ZeroBucket> buckets_;
-  std::vector<int> bucket_of_layer_;  // -1: a layer without parameters
+  BucketPages param_pages_;             // requested and resident buckets hold theirs (main thread)
   std::vector<std::vector<int>> uses_;  // per layer: the buckets it reads (buckets_used)
   std::vector<int> current_;            // the buckets the pass is in, or the last pass ended in (main thread)
   std::uint64_t version_ = 0;         // of the parameters gathered (ShardedOptimizer::params_version)
-  std::thread worker_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::atomic<bool> hurry_{false};  // the main thread waits for the worker
   std::deque<Job> queue_;
   std::vector<State> state_;  // per bucket: its parameters
   std::size_t reduced_ = 0;   // buckets reduce-scattered this step
-  bool stop_ = false;
-  std::exception_ptr error_;
   std::size_t held_params_ = 0, peak_params_ = 0, last_peak_params_ = 0;  // gathered parameter bytes resident
   std::size_t held_grads_ = 0, peak_grads_ = 0, last_peak_grads_ = 0;     // full-buffer gradient bytes
 };

@@ -6,6 +6,7 @@
 
 #include "ringtrain/comm/liveness.hpp"
 #include "ringtrain/comm/stall_diagnosis.hpp"
+#include "ringtrain/parallel/parts.hpp"
 #include "ringtrain/parallel/stage.hpp"
 
 namespace ringtrain {
@@ -125,6 +126,57 @@ void wait_group_ready(const Communicator& group, std::size_t b, const char* what
     std::this_thread::sleep_for(urgent ? std::chrono::microseconds(20) : nap);
     nap = std::min(nap * 2, std::chrono::microseconds(500));
   }
+}
+
+ZeroSyncBase::ZeroSyncBase(const ProcessGrid& grid, Stage& stage, ShardedOptimizer& zero, const GridConfig& cfg,
+                           const char* what)
+    : group_(grid.zero()), stage_(stage), zero_(zero), what_(what),
+      accumulates_(cfg.micro_batches * cfg.accumulation > 1 || !cfg.zero_release), release_(cfg.zero_release) {
+  buckets_ = zero_buckets(stage, cfg.bucket_bytes, bucket_of_layer_, what);
+  if (release_) grad_pages_ = std::make_unique<BucketPages>(stage, true);
+}
+
+void ZeroSyncBase::start_worker() {
+  worker_ = std::thread([this] {
+    std::unique_lock<std::mutex> lk(mu_);
+    try {
+      while (work(lk)) {
+      }
+    } catch (...) {
+      if (!lk.owns_lock()) lk.lock();
+      error_ = std::current_exception();
+      cv_.notify_all();
+    }
+  });
+}
+
+void ZeroSyncBase::stop_worker() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (worker_.joinable()) worker_.join();
+}
+
+void ZeroSyncBase::hold_grad_pages() {
+  if (grad_pages_)
+    for (const ZeroBucket& k : buckets_) grad_pages_->hold(k);
+}
+
+std::size_t ZeroSyncBase::full_grad_bytes() const {
+  std::size_t n = 0;
+  for (DType dt : stage_.arena().dtypes()) n += stage_.arena().grads_flat(dt).nbytes();
+  return n;
+}
+
+std::size_t ZeroSyncBase::two_largest() const {
+  std::size_t a = 0, b = 0;
+  for (const ZeroBucket& k : buckets_) {
+    if (k.bytes > a) std::swap(a, b), a = k.bytes;
+    else b = std::max(b, k.bytes);
+  }
+  return a + b;
 }
 
 }  // namespace ringtrain

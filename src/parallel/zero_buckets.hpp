@@ -1,16 +1,22 @@
 #pragma once
 // What ZeRO-2 (grad_sync.cpp) and ZeRO-3 (zero3.cpp) share: the buckets of
 // consecutive layers whose gradients (and, at ZeRO-3, parameters) move
-// together, and the nap-wait for the group before each bucket's collective.
+// together, their pages, the nap-wait for the group before each bucket's
+// collective, and the worker thread that runs the collectives.
 // Internal to the parallel library.
 #include <atomic>
+#include <condition_variable>
 #include <cstddef>
+#include <exception>
 #include <memory>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "ringtrain/comm/communicator.hpp"
 #include "ringtrain/core/dtype.hpp"
 #include "ringtrain/core/page_ledger.hpp"
+#include "ringtrain/parallel/grad_sync.hpp"
 
 namespace ringtrain {
 
@@ -63,9 +69,62 @@ void wait_group_ready(const Communicator& group, std::size_t b, const char* what
                       const std::atomic<bool>* hurry = nullptr);
 
 class ShardedOptimizer;
-class GradSync;
 class ProcessGrid;
 struct GridConfig;
+
+// The part of ZeRO-2's and ZeRO-3's synchronisation that is the same: the
+// data-parallel group, the buckets, the gradient pages (parallel.zero_release),
+// and one worker thread running the buckets' collectives while the main thread
+// computes. An error on the worker ends it and is raised on the main thread at
+// its next wait. A subclass starts the worker last in its constructor and stops
+// it first in its destructor (work() uses the subclass's members).
+class ZeroSyncBase : public GradSync {
+ public:
+  bool shards_grads() const override { return true; }
+
+ protected:
+  ZeroSyncBase(const ProcessGrid& grid, Stage& stage, ShardedOptimizer& zero, const GridConfig& cfg, const char* what);
+  // One unit of the worker's work, entered with mu_ held: waits for a job,
+  // returns false once stop_ is set; the job runs with lk released.
+  virtual bool work(std::unique_lock<std::mutex>& lk) = 0;
+  void start_worker();
+  void stop_worker();
+  // The main thread waits (the worker polls its group faster meanwhile) until
+  // done() holds; a worker's error is raised here.
+  template <typename Done>
+  void wait_main(std::unique_lock<std::mutex>& lk, Done done) {
+    hurry_ = true;
+    cv_.wait(lk, [&] { return done() || error_; });
+    hurry_ = false;
+    if (error_) std::rethrow_exception(error_);
+  }
+  // Waits for the group at bucket b (wait_group_ready), on the worker.
+  void group_ready(std::size_t b) const { wait_group_ready(group_, b, what_, &hurry_); }
+  void hold_grad_pages();                       // begin_step: every bucket's gradients are to come
+  void drop_grad_pages(const ZeroBucket& k) {  // reduced
+    if (grad_pages_) grad_pages_->drop(k);
+  }
+  std::size_t full_grad_bytes() const;
+  std::size_t two_largest() const;  // before a step: one bucket in use, one in flight
+
+  Communicator group_;  // the data-parallel group (grid.zero(), the ShardedOptimizer's)
+  Stage& stage_;
+  ShardedOptimizer& zero_;
+  const char* what_;        // "parallel.zero = 2" in errors
+  const bool accumulates_;  // the full gradient buffer is resident through the step (several micro-batches, or no release)
+  const bool release_;      // parallel.zero_release
+  std::vector<ZeroBucket> buckets_;
+  std::vector<int> bucket_of_layer_;  // -1: a layer without parameters
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::exception_ptr error_;
+
+ private:
+  std::unique_ptr<BucketPages> grad_pages_;  // buckets not yet reduced hold theirs
+  std::atomic<bool> hurry_{false};            // the main thread waits for the worker
+  std::thread worker_;
+};
 
 // ZeRO-3's part (zero3.cpp): gathers each bucket's parameters before use and
 // reduce-scatters its gradients, both on one worker thread.
