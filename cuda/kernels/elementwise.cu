@@ -73,26 +73,28 @@ __global__ void finite_kernel(const T* x, std::size_t n, int* flag) {
   if (__any_sync(0xffffffffu, bad) && (threadIdx.x & 31) == 0) *flag = 1;
 }
 
-template <typename T>
-__global__ void bias_add_kernel(T* y, const T* b, std::int64_t channels, std::int64_t inner, std::size_t n,
+// B: the bias's type (T, or float32 for 16-bit activations); the sum in T's accumulator, rounded once.
+template <typename T, typename B>
+__global__ void bias_add_kernel(T* y, const B* b, std::int64_t channels, std::int64_t inner, std::size_t n,
                                 bool relu) {
   RT_GRID_STRIDE(i, n) {
     std::int64_t c = static_cast<std::int64_t>(i / static_cast<std::size_t>(inner)) % channels;
-    auto v = to_acc(y[i]) + to_acc(b[c]);
+    auto v = to_acc(y[i]) + static_cast<acc_t<T>>(to_acc(b[c]));
     if (relu && !(v > 0)) v = 0;
     y[i] = from_acc<T>(v);
   }
 }
 
-template <typename T>
-__global__ void bias_grad_kernel(T* db, const T* dy, std::int64_t outer, std::int64_t channels, std::int64_t inner,
+// P: the gradient's type (T, or float32 for 16-bit activations); sums in P's accumulator.
+template <typename T, typename P>
+__global__ void bias_grad_kernel(P* db, const T* dy, std::int64_t outer, std::int64_t channels, std::int64_t inner,
                                  bool accumulate) {
-  using A = acc_t<T>;
+  using A = acc_t<P>;
   const std::int64_t c = blockIdx.x;
   A s = 0;
   for (std::int64_t n = 0; n < outer; ++n) {
     const T* row = dy + (n * channels + c) * inner;
-    for (std::int64_t i = threadIdx.x; i < inner; i += blockDim.x) s += to_acc(row[i]);
+    for (std::int64_t i = threadIdx.x; i < inner; i += blockDim.x) s += static_cast<A>(to_acc(row[i]));
   }
   __shared__ A sh[kThreadsPerBlock];
   sh[threadIdx.x] = s;
@@ -101,32 +103,34 @@ __global__ void bias_grad_kernel(T* db, const T* dy, std::int64_t outer, std::in
     if (threadIdx.x < w) sh[threadIdx.x] += sh[threadIdx.x + w];
     __syncthreads();
   }
-  if (threadIdx.x == 0) db[c] = from_acc<T>(accumulate ? to_acc(db[c]) + sh[0] : sh[0]);
+  if (threadIdx.x == 0) db[c] = from_acc<P>(accumulate ? to_acc(db[c]) + sh[0] : sh[0]);
 }
 
 }  // namespace
 
 void bias_add(void* y, const void* b, std::int64_t outer, std::int64_t channels, std::int64_t inner, bool relu,
-              DType dt, cudaStream_t s) {
+              DType dt, DType b_dt, cudaStream_t s) {
   RT_CHECK(outer >= 0 && channels > 0 && inner > 0, "bias_add: bad shape [", outer, ", ", channels, ", ", inner, "]");
   std::size_t n = static_cast<std::size_t>(outer * channels * inner);
   if (n == 0) return;
-  detail::dispatch_float(dt, "cuda::bias_add", [&](auto tag) {
+  detail::dispatch_act_param(dt, b_dt, "cuda::bias_add", [&](auto tag, auto btag) {
     using T = decltype(tag);
-    bias_add_kernel<T><<<detail::blocks_for(n), detail::kThreads, 0, s>>>(static_cast<T*>(y), static_cast<const T*>(b),
-                                                                          channels, inner, n, relu);
+    using B = decltype(btag);
+    bias_add_kernel<T, B><<<detail::blocks_for(n), detail::kThreads, 0, s>>>(
+        static_cast<T*>(y), static_cast<const B*>(b), channels, inner, n, relu);
   });
   RT_CUDA_LAUNCHED("bias_add");
 }
 
 void bias_grad(void* db, const void* dy, std::int64_t outer, std::int64_t channels, std::int64_t inner,
-               bool accumulate, DType dt, cudaStream_t s) {
+               bool accumulate, DType dt, DType db_dt, cudaStream_t s) {
   RT_CHECK(outer >= 0 && channels > 0 && inner > 0, "bias_grad: bad shape [", outer, ", ", channels, ", ", inner, "]");
   RT_CHECK(channels < (1ll << 31), "bias_grad: too many channels");
-  detail::dispatch_float(dt, "cuda::bias_grad", [&](auto tag) {
+  detail::dispatch_act_param(dt, db_dt, "cuda::bias_grad", [&](auto tag, auto ptag) {
     using T = decltype(tag);
-    bias_grad_kernel<T><<<static_cast<unsigned>(channels), kThreadsPerBlock, 0, s>>>(
-        static_cast<T*>(db), static_cast<const T*>(dy), outer, channels, inner, accumulate);
+    using P = decltype(ptag);
+    bias_grad_kernel<T, P><<<static_cast<unsigned>(channels), kThreadsPerBlock, 0, s>>>(
+        static_cast<P*>(db), static_cast<const T*>(dy), outer, channels, inner, accumulate);
   });
   RT_CUDA_LAUNCHED("bias_grad");
 }

@@ -35,6 +35,17 @@ void dispatch_float(DType dt, const char* what, F&& f) {
     default: RT_FAIL(what, ": dtype ", dtype_name(dt), " is not supported (need float32/float16/bfloat16/float64)");
   }
 }
+// Calls f(T{}, P{}) for an activation storage type T and a parameter type P:
+// one type (P = T, any of dispatch_float's), or 16-bit activations (bf16,
+// f16) with float32 parameters (mixed precision: Backend::bf16_activations).
+template <typename F>
+void dispatch_act_param(DType act, DType param, const char* what, F&& f) {
+  if (act == param) return dispatch_float(act, what, [&](auto t) { f(t, t); });
+  if (param == DType::f32 && act == DType::bf16) return f(bfloat16{}, float{});
+  if (param == DType::f32 && act == DType::f16) return f(float16{}, float{});
+  RT_FAIL(what, ": ", dtype_name(act), " activations with ", dtype_name(param),
+          " parameters are not supported (one type, or 16-bit activations with float32 parameters)");
+}
 // The collective dtypes: f32, f64, f16, bf16, i32, i64.
 template <typename F>
 void dispatch_collective(DType dt, const char* what, F&& f) {

@@ -1,6 +1,9 @@
 // Transformer kernels: LayerNorm and row softmax (one warp per row, float
 // accumulation, fixed reduction order: deterministic), column sums (a fixed
 // tree per column, no atomics), and the vision transformer's token ops.
+// Each is one template over its storage types: activations T (f32, f64, or
+// 16-bit) and LayerNorm parameters P (T, or float32 beside 16-bit activations);
+// every sum is in float whatever the storage, each result rounded once.
 #include <cfloat>
 
 #include "kernels/launch.cuh"
@@ -23,8 +26,8 @@ __device__ float wmax(float v) {
 
 unsigned row_blocks(std::int64_t rows) { return static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock); }
 
-template <typename T>
-__global__ void ln_fwd_kernel(const T* x, const T* g, const T* b, T* y, float* mean, float* rstd, std::int64_t rows,
+template <typename T, typename P>
+__global__ void ln_fwd_kernel(const T* x, const P* g, const P* b, T* y, float* mean, float* rstd, std::int64_t rows,
                               std::int64_t d, float eps) {
   const std::int64_t r = blockIdx.x * static_cast<std::int64_t>(kWarpsPerBlock) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
@@ -51,8 +54,8 @@ __global__ void ln_fwd_kernel(const T* x, const T* g, const T* b, T* y, float* m
 }
 
 // dx (optional) and dy * xhat (for dgamma's column sum) per row.
-template <typename T>
-__global__ void ln_bwd_kernel(const T* x, const T* g, const T* dy, const float* mean, const float* rstd, T* dx,
+template <typename T, typename P>
+__global__ void ln_bwd_kernel(const T* x, const P* g, const T* dy, const float* mean, const float* rstd, T* dx,
                               float* dyxh, std::int64_t rows, std::int64_t d) {
   const std::int64_t r = blockIdx.x * static_cast<std::int64_t>(kWarpsPerBlock) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
@@ -94,12 +97,15 @@ __global__ void colsum_kernel(const TI* in, TO* out, std::int64_t rows, std::int
   }
 }
 
-template <typename T>
-__global__ void softmax_fwd_kernel(T* p, std::int64_t rows, std::int64_t cols) {
+// p = softmax(s) per row: scores S (float for 16-bit probabilities P, else
+// S = P's type and p may alias s: each element is read before its own write).
+template <typename S, typename T>
+__global__ void softmax_fwd_kernel(const S* s, T* p, std::int64_t rows, std::int64_t cols) {
   const std::int64_t r = blockIdx.x * static_cast<std::int64_t>(kWarpsPerBlock) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (r >= rows) return;
-  T* row = p + r * cols;
+  const S* row = s + r * cols;
+  T* out = p + r * cols;
   float m = -FLT_MAX;
   for (std::int64_t j = lane; j < cols; j += 32) m = fmaxf(m, static_cast<float>(to_acc(row[j])));
   m = wmax(m);  // subtracted before exp: no overflow whatever the logits
@@ -107,23 +113,25 @@ __global__ void softmax_fwd_kernel(T* p, std::int64_t rows, std::int64_t cols) {
   for (std::int64_t j = lane; j < cols; j += 32) z += expf(static_cast<float>(to_acc(row[j])) - m);
   const float inv = 1.0f / wsum(z);
   for (std::int64_t j = lane; j < cols; j += 32)
-    row[j] = from_acc<T>(static_cast<acc_t<T>>(expf(static_cast<float>(to_acc(row[j])) - m) * inv));
+    out[j] = from_acc<T>(static_cast<acc_t<T>>(expf(static_cast<float>(to_acc(row[j])) - m) * inv));
 }
 
-// dp := p * (dp - sum(dp * p)) per row, in place.
-template <typename T>
-__global__ void softmax_bwd_kernel(const T* p, T* dp, std::int64_t rows, std::int64_t cols) {
+// ds := p * (dp - sum(dp * p)) per row: P and dS in the activation type T,
+// dP in D (float for 16-bit T; else D = T and ds may alias dp).
+template <typename T, typename D>
+__global__ void softmax_bwd_kernel(const T* p, const D* dp, T* ds, std::int64_t rows, std::int64_t cols) {
   const std::int64_t r = blockIdx.x * static_cast<std::int64_t>(kWarpsPerBlock) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (r >= rows) return;
   const T* pr = p + r * cols;
-  T* dr = dp + r * cols;
+  const D* dr = dp + r * cols;
+  T* out = ds + r * cols;
   float s = 0;
   for (std::int64_t j = lane; j < cols; j += 32) s += static_cast<float>(to_acc(pr[j])) * static_cast<float>(to_acc(dr[j]));
   s = wsum(s);
   for (std::int64_t j = lane; j < cols; j += 32) {
     const float pj = static_cast<float>(to_acc(pr[j]));
-    dr[j] = from_acc<T>(static_cast<acc_t<T>>(pj * (static_cast<float>(to_acc(dr[j])) - s)));
+    out[j] = from_acc<T>(static_cast<acc_t<T>>(pj * (static_cast<float>(to_acc(dr[j])) - s)));
   }
 }
 
@@ -163,13 +171,14 @@ __global__ void token_mean_bwd_kernel(const T* dy, T* dx, std::int64_t t, std::i
 }  // namespace
 
 void layernorm_forward(const void* x, const void* gamma, const void* beta, void* y, float* mean, float* rstd,
-                       std::int64_t rows, std::int64_t d, float eps, DType dt, cudaStream_t s) {
+                       std::int64_t rows, std::int64_t d, float eps, DType dt, DType param_dt, cudaStream_t s) {
   RT_CHECK(rows >= 0 && d > 0, "layernorm_forward: bad shape [", rows, ", ", d, "]");
   if (rows == 0) return;
-  detail::dispatch_float(dt, "cuda::layernorm_forward", [&](auto tag) {
+  detail::dispatch_act_param(dt, param_dt, "cuda::layernorm_forward", [&](auto tag, auto ptag) {
     using T = decltype(tag);
-    ln_fwd_kernel<T><<<row_blocks(rows), 32 * kWarpsPerBlock, 0, s>>>(
-        static_cast<const T*>(x), static_cast<const T*>(gamma), static_cast<const T*>(beta), static_cast<T*>(y), mean,
+    using P = decltype(ptag);
+    ln_fwd_kernel<T, P><<<row_blocks(rows), 32 * kWarpsPerBlock, 0, s>>>(
+        static_cast<const T*>(x), static_cast<const P*>(gamma), static_cast<const P*>(beta), static_cast<T*>(y), mean,
         rstd, rows, d, eps);
   });
   RT_CUDA_LAUNCHED("layernorm_forward");
@@ -181,50 +190,57 @@ std::size_t layernorm_scratch_bytes(std::int64_t rows, std::int64_t d) {
 
 void layernorm_backward(const void* x, const void* gamma, const void* dy, const float* mean, const float* rstd,
                         void* dx, void* dgamma, void* dbeta, std::int64_t rows, std::int64_t d, bool accumulate,
-                        DType dt, void* scratch, cudaStream_t s) {
+                        DType dt, DType param_dt, void* scratch, cudaStream_t s) {
   RT_CHECK(rows >= 0 && d > 0, "layernorm_backward: bad shape [", rows, ", ", d, "]");
   auto* dyxh = static_cast<float*>(scratch);
-  detail::dispatch_float(dt, "cuda::layernorm_backward", [&](auto tag) {
+  detail::dispatch_act_param(dt, param_dt, "cuda::layernorm_backward", [&](auto tag, auto ptag) {
     using T = decltype(tag);
+    using P = decltype(ptag);
     if (rows > 0)
-      ln_bwd_kernel<T><<<row_blocks(rows), 32 * kWarpsPerBlock, 0, s>>>(
-          static_cast<const T*>(x), static_cast<const T*>(gamma), static_cast<const T*>(dy), mean, rstd,
+      ln_bwd_kernel<T, P><<<row_blocks(rows), 32 * kWarpsPerBlock, 0, s>>>(
+          static_cast<const T*>(x), static_cast<const P*>(gamma), static_cast<const T*>(dy), mean, rstd,
           static_cast<T*>(dx), dyxh, rows, d);
     const dim3 blk(32, 8), grid(static_cast<unsigned>((d + 31) / 32));
-    colsum_kernel<float, T><<<grid, blk, 0, s>>>(dyxh, static_cast<T*>(dgamma), rows, d, accumulate);
-    colsum_kernel<T, T><<<grid, blk, 0, s>>>(static_cast<const T*>(dy), static_cast<T*>(dbeta), rows, d, accumulate);
+    colsum_kernel<float, P><<<grid, blk, 0, s>>>(dyxh, static_cast<P*>(dgamma), rows, d, accumulate);
+    colsum_kernel<T, P><<<grid, blk, 0, s>>>(static_cast<const T*>(dy), static_cast<P*>(dbeta), rows, d, accumulate);
   });
   RT_CUDA_LAUNCHED("layernorm_backward");
 }
 
 void column_sum(const void* in, void* out, std::int64_t rows, std::int64_t cols, bool accumulate, DType dt,
-                cudaStream_t s) {
+                DType out_dt, cudaStream_t s) {
   RT_CHECK(rows >= 0 && cols > 0, "column_sum: bad shape [", rows, ", ", cols, "]");
-  detail::dispatch_float(dt, "cuda::column_sum", [&](auto tag) {
+  detail::dispatch_act_param(dt, out_dt, "cuda::column_sum", [&](auto tag, auto otag) {
     using T = decltype(tag);
-    colsum_kernel<T, T><<<static_cast<unsigned>((cols + 31) / 32), dim3(32, 8), 0, s>>>(
-        static_cast<const T*>(in), static_cast<T*>(out), rows, cols, accumulate);
+    using O = decltype(otag);
+    colsum_kernel<T, O><<<static_cast<unsigned>((cols + 31) / 32), dim3(32, 8), 0, s>>>(
+        static_cast<const T*>(in), static_cast<O*>(out), rows, cols, accumulate);
   });
   RT_CUDA_LAUNCHED("column_sum");
 }
 
-void softmax_rows(void* p, std::int64_t rows, std::int64_t cols, DType dt, cudaStream_t s) {
+void softmax_rows(const void* scores, DType scores_dt, void* p, DType dt, std::int64_t rows, std::int64_t cols,
+                  cudaStream_t s) {
   RT_CHECK(rows >= 0 && cols > 0, "softmax_rows: bad shape [", rows, ", ", cols, "]");
   if (rows == 0) return;
-  detail::dispatch_float(dt, "cuda::softmax_rows", [&](auto tag) {
+  detail::dispatch_act_param(dt, scores_dt, "cuda::softmax_rows", [&](auto tag, auto stag) {
     using T = decltype(tag);
-    softmax_fwd_kernel<T><<<row_blocks(rows), 32 * kWarpsPerBlock, 0, s>>>(static_cast<T*>(p), rows, cols);
+    using S = decltype(stag);
+    softmax_fwd_kernel<S, T><<<row_blocks(rows), 32 * kWarpsPerBlock, 0, s>>>(static_cast<const S*>(scores),
+                                                                             static_cast<T*>(p), rows, cols);
   });
   RT_CUDA_LAUNCHED("softmax_rows");
 }
 
-void softmax_rows_backward(const void* p, void* dp, std::int64_t rows, std::int64_t cols, DType dt, cudaStream_t s) {
+void softmax_rows_backward(const void* p, const void* dp, DType dp_dt, void* ds, DType dt, std::int64_t rows,
+                           std::int64_t cols, cudaStream_t s) {
   RT_CHECK(rows >= 0 && cols > 0, "softmax_rows_backward: bad shape [", rows, ", ", cols, "]");
   if (rows == 0) return;
-  detail::dispatch_float(dt, "cuda::softmax_rows_backward", [&](auto tag) {
+  detail::dispatch_act_param(dt, dp_dt, "cuda::softmax_rows_backward", [&](auto tag, auto dtag) {
     using T = decltype(tag);
-    softmax_bwd_kernel<T><<<row_blocks(rows), 32 * kWarpsPerBlock, 0, s>>>(static_cast<const T*>(p),
-                                                                          static_cast<T*>(dp), rows, cols);
+    using D = decltype(dtag);
+    softmax_bwd_kernel<T, D><<<row_blocks(rows), 32 * kWarpsPerBlock, 0, s>>>(
+        static_cast<const T*>(p), static_cast<const D*>(dp), static_cast<T*>(ds), rows, cols);
   });
   RT_CUDA_LAUNCHED("softmax_rows_backward");
 }

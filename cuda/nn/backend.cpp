@@ -13,19 +13,20 @@ class CudaEltwise final : public EltwiseKernel {
  public:
   CudaEltwise(SharedPtr sh, Eltwise op, DType dt) : sh_(std::move(sh)), op_(op), dt_(dt) {}
   void forward(const Tensor& x, Tensor& y) override {
-    expect_cuda(x, dt_, "eltwise forward", "x");
-    expect_cuda(y, dt_, "eltwise forward", "y");
+    const DType t = act_type(x, dt_, "eltwise forward", "x");
+    expect_cuda(y, t, "eltwise forward", "y");
     RT_CHECK(x.numel() == y.numel(), "eltwise forward: x has ", x.numel(), " elements, y ", y.numel());
     cudaStream_t s = sh_->ctx(x).compute();
-    if (op_ == Eltwise::relu) relu_forward(y.raw(), x.raw(), x.numel(), dt_, s);
-    else gelu_forward(y.raw(), x.raw(), x.numel(), dt_, s);
+    if (op_ == Eltwise::relu) relu_forward(y.raw(), x.raw(), x.numel(), t, s);
+    else gelu_forward(y.raw(), x.raw(), x.numel(), t, s);
   }
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx) override {
-    expect_cuda(dy, dt_, "eltwise backward", "dy");
-    expect_cuda(dx, dt_, "eltwise backward", "dx");
+    const DType t = act_type(dy, dt_, "eltwise backward", "dy");
+    expect_cuda(dx, t, "eltwise backward", "dx");
+    expect_cuda(op_ == Eltwise::relu ? y : x, t, "eltwise backward", op_ == Eltwise::relu ? "y" : "x");
     cudaStream_t s = sh_->ctx(dy).compute();
-    if (op_ == Eltwise::relu) relu_backward(dx.raw(), dy.raw(), y.raw(), dy.numel(), dt_, s);
-    else gelu_backward(dx.raw(), dy.raw(), x.raw(), dy.numel(), dt_, s);
+    if (op_ == Eltwise::relu) relu_backward(dx.raw(), dy.raw(), y.raw(), dy.numel(), t, s);
+    else gelu_backward(dx.raw(), dy.raw(), x.raw(), dy.numel(), t, s);
   }
 
  private:
@@ -33,6 +34,11 @@ class CudaEltwise final : public EltwiseKernel {
   Eltwise op_;
   DType dt_;
 };
+
+// A broadcast parameter's dtype beside activations x: x's, or float32 beside bfloat16.
+DType param_type(const Tensor& x, const Tensor& b) {
+  return x.dtype() == DType::bf16 && b.dtype() == DType::f32 ? DType::f32 : x.dtype();
+}
 
 // x's [outer, m, inner] view for an add_broadcast of m entries over `inner` elements each.
 std::int64_t broadcast_outer(const Tensor& x, std::int64_t m, std::int64_t inner, const char* what) {
@@ -71,25 +77,26 @@ class CudaBackend final : public Backend {
 
   void patchify(const Tensor& x, std::int64_t p, Tensor& out) override { patches(x, p, out, true); }
   void unpatchify(const Tensor& dout, std::int64_t p, Tensor& dx) override { patches(dx, p, dout, false); }
+  // b (and db) have the activations' dtype, or float32 beside bf16 activations (a parameter).
   void add_broadcast(const Tensor& x, const Tensor& b, std::int64_t inner, Tensor& out) override {
     expect_cuda(x, x.dtype(), "add_broadcast", "x");
-    expect_cuda(b, x.dtype(), "add_broadcast", "b");
+    expect_cuda(b, param_type(x, b), "add_broadcast", "b");
     expect_cuda(out, x.dtype(), "add_broadcast", "out");
     const std::int64_t m = b.numel(), outer = broadcast_outer(x, m, inner, "add_broadcast");
     RT_CHECK(out.numel() == x.numel(), "add_broadcast: out ", shape_str(out.shape()), " is not x's size ",
              shape_str(x.shape()));
     cudaStream_t s = sh_->ctx(x).compute();
     if (out.raw() != x.raw()) RT_CUDA(cudaMemcpyAsync(out.raw(), x.raw(), x.nbytes(), cudaMemcpyDeviceToDevice, s));
-    bias_add(out.raw(), b.raw(), outer, m, inner, false, x.dtype(), s);
+    bias_add(out.raw(), b.raw(), outer, m, inner, false, x.dtype(), b.dtype(), s);
   }
   // Rows (inner = 1): a column sum over [rows, m]; pixels of a channel (inner > 1): one block per channel.
   void sum_broadcast(const Tensor& dy, std::int64_t inner, Tensor& db, bool accumulate) override {
     expect_cuda(dy, dy.dtype(), "sum_broadcast", "dy");
-    expect_cuda(db, dy.dtype(), "sum_broadcast", "db");
+    expect_cuda(db, param_type(dy, db), "sum_broadcast", "db");
     const std::int64_t m = db.numel(), outer = broadcast_outer(dy, m, inner, "sum_broadcast");
     cudaStream_t s = sh_->ctx(dy).compute();
-    if (inner == 1) column_sum(dy.raw(), db.raw(), outer, m, accumulate, dy.dtype(), s);
-    else bias_grad(db.raw(), dy.raw(), outer, m, inner, accumulate, dy.dtype(), s);
+    if (inner == 1) column_sum(dy.raw(), db.raw(), outer, m, accumulate, dy.dtype(), db.dtype(), s);
+    else bias_grad(db.raw(), dy.raw(), outer, m, inner, accumulate, dy.dtype(), db.dtype(), s);
   }
   void token_mean(const Tensor& x, Tensor& y) override {
     expect_cuda(x, x.dtype(), "token_mean", "x");
@@ -142,6 +149,23 @@ class CudaBackend final : public Backend {
   }
   std::int64_t count_correct(const Tensor& logits, const Tensor& labels) override {
     return run_xent(logits, labels, 0.0, nullptr).correct;
+  }
+
+  // bfloat16 activations (train.precision = bf16): every kernel above takes
+  // bf16 x/y/dx/dy through its float32 kernel, with float32 parameters (a
+  // Linear's weight a bf16 copy) and float32 parameter gradients; cuBLAS
+  // multiplies bf16 with float32 accumulation, our kernels compute in float.
+  // The convolution, batch-norm and pooling kernels do not (no layer of
+  // theirs asks yet: Layer::takes_bf16).
+  bool bf16_activations() const override { return true; }
+  std::string bf16_isa() const override { return "CUDA tensor cores (cuBLAS, float32 accumulation)"; }
+  void cast(const Tensor& src, Tensor& dst) override {
+    expect_cuda(src, src.dtype(), "cast", "src");
+    expect_cuda(dst, dst.dtype(), "cast", "dst");
+    RT_CHECK(src.numel() == dst.numel(), "cast: sizes differ: ", shape_str(src.shape()), " vs ",
+             shape_str(dst.shape()));
+    cuda::cast(dst.raw(), dst.dtype(), src.raw(), src.dtype(), static_cast<std::size_t>(src.numel()),
+               sh_->ctx(src).compute());
   }
 
   // Gradients reported by a stage's grad-ready hook are complete once this returns.

@@ -70,6 +70,23 @@ void expect_cuda(const Tensor& t, DType dt, const char* what, const char* arg) {
   RT_CHECK(t.dtype() == dt, what, ": ", arg, " has dtype ", dtype_name(t.dtype()), ", expected ", dtype_name(dt));
 }
 
+DType act_type(const Tensor& t, DType dt, const char* what, const char* arg) {
+  const DType a = t.defined() && t.dtype() == DType::bf16 && dt == DType::f32 ? DType::bf16 : dt;
+  expect_cuda(t, a, what, arg);
+  return a;
+}
+
+cublasComputeType_t compute_type(DType in, MathMode math) {
+  if (in == DType::f64) return CUBLAS_COMPUTE_64F;
+  if (in != DType::f32) return CUBLAS_COMPUTE_32F;  // bf16/f16 operands, float32 accumulation
+  switch (math) {
+    case MathMode::tf32: return CUBLAS_COMPUTE_32F_FAST_TF32;
+    case MathMode::bf16: return CUBLAS_COMPUTE_32F_FAST_16BF;
+    case MathMode::fp16: return CUBLAS_COMPUTE_32F_FAST_16F;
+    default: return CUBLAS_COMPUTE_32F;
+  }
+}
+
 Scratch::~Scratch() {
   if (p_) device_allocator().deallocate(p_, bytes_, dev_);
 }

@@ -66,7 +66,8 @@ class CudnnConv final : public Conv2dKernel {
     // would need a second pass for the ReLU.
     if (b.defined()) {
       expect_cuda(b, s_.dtype, "conv2d forward", "b");
-      bias_add(y.raw(), b.raw(), y.dim(0), y.dim(1), y.dim(2) * y.dim(3), s_.fuse_relu, s_.dtype, c.compute());
+      bias_add(y.raw(), b.raw(), y.dim(0), y.dim(1), y.dim(2) * y.dim(3), s_.fuse_relu, s_.dtype, s_.dtype,
+               c.compute());
     } else if (s_.fuse_relu) {
       relu_forward(y.raw(), y.raw(), y.numel(), s_.dtype, c.compute());
     }
@@ -97,7 +98,8 @@ class CudnnConv final : public Conv2dKernel {
     }
     if (db.defined()) {
       expect_cuda(db, s_.dtype, "conv2d backward", "db");
-      bias_grad(db.raw(), g, dy.dim(0), dy.dim(1), dy.dim(2) * dy.dim(3), accumulate, s_.dtype, c.compute());
+      bias_grad(db.raw(), g, dy.dim(0), dy.dim(1), dy.dim(2) * dy.dim(3), accumulate, s_.dtype, s_.dtype,
+                c.compute());
     }
     if (dx.defined()) {
       expect_cuda(dx, s_.dtype, "conv2d backward", "dx");

@@ -8,6 +8,14 @@
 // f16/bf16 use tensor cores with fp32 accumulation; f32 is strict fp32 unless
 // the spec's MathMode (train.precision) allows down-conversion: cuBLAS
 // COMPUTE_32F_FAST_TF32 / _FAST_16BF / _FAST_16F on the float32 operands.
+// Mixed precision (Backend::bf16_activations): a float32 kernel also takes
+// bf16 x, w (the layer's bf16 weight copy), y, dy, dx with the float32 bias
+// and writes float32 dw and db: cuBLAS multiplies the bf16 operands on tensor
+// cores and accumulates in float32 (into float32 C for the gradients), as the
+// CPU backend's oneDNN matmul does. y may be float32 beside bf16 inputs (an
+// LM head's logits for the loss), as on the CPU.
+#include <algorithm>
+
 #include "nn/common.hpp"
 #include "ringtrain/cuda/kernels.hpp"
 
@@ -18,88 +26,93 @@ class CublasLinear final : public LinearKernel {
  public:
   CublasLinear(SharedPtr sh, const LinearSpec& s) : sh_(std::move(sh)), s_(s) {
     RT_CHECK(s.in_features > 0 && s.out_features > 0, "linear: features must be positive");
-    type_ = cublas_type(s.dtype, "linear");
-    compute_ = CUBLAS_COMPUTE_32F;
-    if (s.dtype == DType::f64) compute_ = CUBLAS_COMPUTE_64F;
-    else if (s.dtype == DType::f32 && s.math == MathMode::bf16) compute_ = CUBLAS_COMPUTE_32F_FAST_16BF;
-    else if (s.dtype == DType::f32 && s.math == MathMode::fp16) compute_ = CUBLAS_COMPUTE_32F_FAST_16F;
-    else if (s.dtype == DType::f32 && s.math == MathMode::tf32)
-      compute_ = CUBLAS_COMPUTE_32F_FAST_TF32;
+    (void)cublas_type(s.dtype, "linear");  // a dtype cuBLAS takes
   }
 
   void forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y) override {
     const char* what = "linear forward";
-    expect_cuda(x, s_.dtype, what, "x");
-    expect_cuda(w, s_.dtype, what, "w");
-    expect_cuda(y, s_.dtype, what, "y");
+    const DType t = act_type(x, s_.dtype, what, "x");
+    expect_weight(w, t, what);
+    const DType yt = t == DType::bf16 && y.defined() && y.dtype() == DType::f32 ? DType::f32 : t;
+    expect_cuda(y, yt, what, "y");
     RT_CHECK(x.ndim() == 2 && x.dim(1) == s_.in_features, what, ": x ", shape_str(x.shape()), " is not [N, ",
              s_.in_features, "]");
     int N = static_cast<int>(x.dim(0)), in = static_cast<int>(s_.in_features), out = static_cast<int>(s_.out_features);
     CudaContext& c = sh_->ctx(x);
-    gemm(c, CUBLAS_OP_T, CUBLAS_OP_N, out, N, in, w.raw(), in, x.raw(), in, false, y.raw(), out);
+    gemm(c, t, yt, CUBLAS_OP_T, CUBLAS_OP_N, out, N, in, w.raw(), in, x.raw(), in, false, y.raw(), out);
     if (b.defined()) {  // y[n, o] += b[o], ReLU fused: one pass
       expect_cuda(b, s_.dtype, what, "b");
-      bias_add(y.raw(), b.raw(), N, out, 1, s_.fuse_relu, s_.dtype, c.compute());
+      bias_add(y.raw(), b.raw(), N, out, 1, s_.fuse_relu, yt, s_.dtype, c.compute());
     } else if (s_.fuse_relu) {
-      relu_forward(y.raw(), y.raw(), y.numel(), s_.dtype, c.compute());
+      relu_forward(y.raw(), y.raw(), y.numel(), yt, c.compute());
     }
   }
 
   void backward(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& dy, Tensor& dx, Tensor& dw,
                 Tensor& db, bool accumulate) override {
     const char* what = "linear backward";
-    expect_cuda(dy, s_.dtype, what, "dy");
+    const DType t = act_type(x, s_.dtype, what, "x");
+    expect_cuda(dy, t, what, "dy");
     int N = static_cast<int>(x.dim(0)), in = static_cast<int>(s_.in_features), out = static_cast<int>(s_.out_features);
     CudaContext& c = sh_->ctx(x);
     const void* g = dy.raw();
     if (s_.fuse_relu) {
-      expect_cuda(y, s_.dtype, what, "y");
+      expect_cuda(y, t, what, "y");
       void* m = masked_.get(dy.nbytes(), dy.device());
-      relu_backward(m, dy.raw(), y.raw(), dy.numel(), s_.dtype, c.compute());
+      relu_backward(m, dy.raw(), y.raw(), dy.numel(), t, c.compute());
       g = m;
     }
-    if (dw.defined()) {
+    if (dw.defined()) {  // the parameter gradients have the parameters' dtype (float32 masters)
       expect_cuda(dw, s_.dtype, what, "dw");
-      gemm(c, CUBLAS_OP_N, CUBLAS_OP_T, in, out, N, x.raw(), in, g, out, accumulate, dw.raw(), in);
+      gemm(c, t, s_.dtype, CUBLAS_OP_N, CUBLAS_OP_T, in, out, N, x.raw(), in, g, out, accumulate, dw.raw(), in);
     }
     if (db.defined()) {
       expect_cuda(db, s_.dtype, what, "db");
-      gemm(c, CUBLAS_OP_N, CUBLAS_OP_N, out, 1, N, g, out, ones(c, N), N, accumulate, db.raw(), out);
+      gemm(c, t, s_.dtype, CUBLAS_OP_N, CUBLAS_OP_N, out, 1, N, g, out, ones(c, N, t), N, accumulate, db.raw(), out);
     }
     if (dx.defined()) {
-      expect_cuda(dx, s_.dtype, what, "dx");
-      gemm(c, CUBLAS_OP_N, CUBLAS_OP_N, in, N, out, w.raw(), in, g, out, false, dx.raw(), in);
+      expect_weight(w, t, what);
+      expect_cuda(dx, t, what, "dx");
+      gemm(c, t, t, CUBLAS_OP_N, CUBLAS_OP_N, in, N, out, w.raw(), in, g, out, false, dx.raw(), in);
     }
   }
 
  private:
-  void gemm(CudaContext& c, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const void* A, int lda,
-            const void* B, int ldb, bool accumulate, void* C, int ldc) {
-    float one = 1.0f, zero = 0.0f;
-    double oned = 1.0, zerod = 0.0;
-    bool dbl = s_.dtype == DType::f64;
-    const void* alpha = dbl ? static_cast<const void*>(&oned) : &one;
-    const void* beta = accumulate ? alpha : (dbl ? static_cast<const void*>(&zerod) : &zero);
-    RT_CUBLAS(cublasGemmEx(c.cublas(), ta, tb, m, n, k, alpha, A, type_, lda, B, type_, ldb, beta, C, type_, ldc,
-                           compute_, CUBLAS_GEMM_DEFAULT));
+  void expect_weight(const Tensor& w, DType t, const char* what) const {
+    RT_CHECK(!w.defined() || w.dtype() == t, what, ": the weight is ", dtype_name(w.dtype()), " but the input ",
+             dtype_name(t), " (bfloat16 activations take a bfloat16 weight copy)");
+    expect_cuda(w, t, what, "w");
   }
 
-  // A vector of N ones in the layer's dtype, rebuilt only when N grows.
-  const void* ones(CudaContext& c, int N) {
-    if (N > ones_n_) {
-      void* p = ones_.get(static_cast<std::size_t>(N) * dtype_size(s_.dtype), c.device());
-      fill(p, static_cast<std::size_t>(N), s_.dtype, 1.0, c.compute());
-      ones_n_ = N;
+  // C (dtype cd) = A B (+ C when accumulating), A and B of dtype ab.
+  void gemm(CudaContext& c, DType ab, DType cd, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+            const void* A, int lda, const void* B, int ldb, bool accumulate, void* C, int ldc) {
+    float one = 1.0f, zero = 0.0f;
+    double oned = 1.0, zerod = 0.0;
+    bool dbl = ab == DType::f64;
+    const void* alpha = dbl ? static_cast<const void*>(&oned) : &one;
+    const void* beta = accumulate ? alpha : (dbl ? static_cast<const void*>(&zerod) : &zero);
+    const cudaDataType_t at = cublas_type(ab, "linear"), ct = cublas_type(cd, "linear");
+    RT_CUBLAS(cublasGemmEx(c.cublas(), ta, tb, m, n, k, alpha, A, at, lda, B, at, ldb, beta, C, ct, ldc,
+                           compute_type(ab, s_.math), CUBLAS_GEMM_DEFAULT));
+  }
+
+  // A vector of N ones of dtype dt (exact in every dtype), rebuilt only when N grows or dt changes.
+  const void* ones(CudaContext& c, int N, DType dt) {
+    if (N > ones_n_ || dt != ones_dt_) {
+      void* p = ones_.get(static_cast<std::size_t>(std::max(N, ones_n_)) * dtype_size(DType::f64), c.device());
+      ones_n_ = std::max(N, ones_n_);
+      fill(p, static_cast<std::size_t>(ones_n_), dt, 1.0, c.compute());
+      ones_dt_ = dt;
     }
     return ones_.get(0, c.device());
   }
 
   SharedPtr sh_;
   LinearSpec s_;
-  cudaDataType_t type_;
-  cublasComputeType_t compute_;
   Scratch masked_, ones_;
   int ones_n_ = 0;
+  DType ones_dt_ = DType::f32;
 };
 
 }  // namespace

@@ -13,6 +13,12 @@
 //  - Precision: f32 layers compute in strict fp32 (cuDNN FMA math, cuBLAS
 //    32F) unless their spec's MathMode (train.precision) allows TF32, bf16 or
 //    fp16 conversion; f16/bf16 layers use tensor cores with fp32 accumulation.
+//  - bfloat16 activations (Backend::bf16_activations, train.precision = bf16):
+//    the float32 Linear, LayerNorm, attention, element-wise, dropout, token
+//    and broadcast kernels also take bf16 activations with float32
+//    parameters (a Linear's weight: its bf16 copy) and write float32
+//    parameter gradients; cuBLAS multiplies bf16 with float32 accumulation.
+//    Convolution, batch norm and pooling take float32 only.
 //  - BackendOptions come from the environment at registration (static
 //    initialisation, before any configuration is read): only the cuDNN
 //    algorithm choice, which no configuration key covers.

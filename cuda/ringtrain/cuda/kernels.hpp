@@ -44,33 +44,42 @@ void dropout_backward(void* dx, const void* dy, const std::uint8_t* mask, std::s
                       cudaStream_t stream);
 
 // ---- per-channel bias (NCHW) ---------------------------------------------------
+// Mixed precision: y/dy of dtype dt, the bias (gradient) b_dt/db_dt = dt, or
+// float32 beside bf16/f16 activations (Backend::bf16_activations).
 // y[n,c,i] = y[n,c,i] + b[c] (then max(.,0) when relu), i < inner (= H*W).
 void bias_add(void* y, const void* b, std::int64_t outer, std::int64_t channels, std::int64_t inner, bool relu,
-              DType dt, cudaStream_t stream);
+              DType dt, DType b_dt, cudaStream_t stream);
 // db[c] (+)= sum over n, i of dy[n,c,i]: one block per channel, summed in float
 // in a fixed order (deterministic, identical on every rank).
 void bias_grad(void* db, const void* dy, std::int64_t outer, std::int64_t channels, std::int64_t inner,
-               bool accumulate, DType dt, cudaStream_t stream);
+               bool accumulate, DType dt, DType db_dt, cudaStream_t stream);
 
 // ---- transformer (kernels/transformer.cu) -------------------------------------
 // LayerNorm over the last dimension of [rows, d]; mean/rstd: float [rows]
-// device arrays kept for the backward. Statistics and sums in float.
+// device arrays kept for the backward. Statistics and sums in float. x, y,
+// dy, dx have dtype dt; gamma, beta and their gradients param_dt (= dt, or
+// float32 beside bf16/f16 activations).
 void layernorm_forward(const void* x, const void* gamma, const void* beta, void* y, float* mean, float* rstd,
-                       std::int64_t rows, std::int64_t d, float eps, DType dt, cudaStream_t stream);
+                       std::int64_t rows, std::int64_t d, float eps, DType dt, DType param_dt, cudaStream_t stream);
 // dx (may be null), dgamma and dbeta (overwritten, or added to when accumulate).
 // scratch: layernorm_scratch_bytes(rows, d) device bytes.
 std::size_t layernorm_scratch_bytes(std::int64_t rows, std::int64_t d);
 void layernorm_backward(const void* x, const void* gamma, const void* dy, const float* mean, const float* rstd,
                         void* dx, void* dgamma, void* dbeta, std::int64_t rows, std::int64_t d, bool accumulate,
-                        DType dt, void* scratch, cudaStream_t stream);
-// out[c] (+)= sum over r of in[r, c] ([rows, cols]), in a fixed order (deterministic).
+                        DType dt, DType param_dt, void* scratch, cudaStream_t stream);
+// out[c] (+)= sum over r of in[r, c] ([rows, cols]), in a fixed order
+// (deterministic); out has dtype out_dt (= dt, or float32 for bf16/f16 input).
 void column_sum(const void* in, void* out, std::int64_t rows, std::int64_t cols, bool accumulate, DType dt,
-                cudaStream_t stream);
-// Softmax of each row of p [rows, cols] in place, the row maximum subtracted
-// first; backward: dp := p * (dp - sum(dp * p)) per row, in place.
-void softmax_rows(void* p, std::int64_t rows, std::int64_t cols, DType dt, cudaStream_t stream);
-void softmax_rows_backward(const void* p, void* dp, std::int64_t rows, std::int64_t cols, DType dt,
-                           cudaStream_t stream);
+                DType out_dt, cudaStream_t stream);
+// p = softmax of each row of the scores [rows, cols], the row maximum
+// subtracted first; p (dtype dt) may alias scores when scores_dt == dt. For
+// bf16/f16 probabilities the scores may be float32 (attention keeps S in
+// float and P in the activation type). Backward: ds := p * (dp - sum(dp * p))
+// per row, p and ds of dtype dt, dp of dp_dt (= dt, or float32); ds may alias dp.
+void softmax_rows(const void* scores, DType scores_dt, void* p, DType dt, std::int64_t rows, std::int64_t cols,
+                  cudaStream_t stream);
+void softmax_rows_backward(const void* p, const void* dp, DType dp_dt, void* ds, DType dt, std::int64_t rows,
+                           std::int64_t cols, cudaStream_t stream);
 // img [n, c, h, w] <-> tokens [n, (h/p)(w/p), c*p*p] (Backend::patchify's layout);
 // to_tokens copies img into tokens, else tokens into img.
 void patch_copy(void* img, void* tokens, std::int64_t n, std::int64_t c, std::int64_t h, std::int64_t w,

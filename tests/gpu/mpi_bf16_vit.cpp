@@ -1,0 +1,64 @@
+// train.precision = bf16 on the GPU (issue 31, item 3): a vit, whose layers
+// all take bfloat16 activations, trains with bf16 storage on CUDA (the bf16
+// weight copies and activations through cuBLAS and our kernels, fp32 masters
+// and gradients); over 20 steps it follows the fp32 GPU run of the same model
+// and data within the bf16 bound of the CPU test (tests/train/mpi_bf16.cpp,
+// 4u over 50 steps; the CPU measured 0.0013-0.0020) and is NOT bitwise that
+// run (before this, GPU bf16 kept fp32 storage and its losses equalled
+// tf32's bitwise on the H100). Written and compiled without a GPU; not yet
+// run on one (docs/gpu.md).
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "ringtrain/train/trainer.hpp"
+#include "train/fixtures.hpp"
+
+using namespace ringtrain;
+using test_fixtures::train_losses;
+
+namespace {
+
+constexpr int kSteps = 20;
+
+TrainConfig vit_config(const std::string& data, const std::string& precision) {
+  TrainConfig c = test_fixtures::small_config(data);
+  c.model.name = "vit";
+  c.model.width = 32;
+  c.model.heads = 2;
+  c.model.depth = 2;
+  c.model.mlp_ratio = 2;
+  c.model.patch = 7;  // 16 tokens of 28x28 images
+  c.data.batch_size = 32;
+  c.optimizer.name = "adamw";
+  c.optimizer.lr = 1e-3;
+  c.optimizer.momentum = 0;
+  c.schedule.name = "constant";
+  c.train.epochs = 4;  // more than enough steps at 4 ranks; max_steps stops
+  c.train.max_steps = kSteps;
+  c.train.device = "cuda";
+  c.train.precision = precision;
+  return c;
+}
+
+class GpuBf16Vit : public test_fixtures::SyntheticDataTest {
+ protected:
+  GpuBf16Vit() : SyntheticDataTest("gpu-bf16-vit", 2048, 64) {}
+};
+
+}  // namespace
+
+TEST_F(GpuBf16Vit, FollowsFp32AndIsNotFp32) {
+  TrainConfig a = vit_config(data_, "fp32"), b = vit_config(data_, "bf16");
+  a.checkpoint.dir = data_ + "/ck32";
+  b.checkpoint.dir = data_ + "/ck16";
+  const std::vector<double> f32 = train_losses(a, world_), f16 = train_losses(b, world_);
+  ASSERT_EQ(f32.size(), static_cast<std::size_t>(kSteps));
+  ASSERT_EQ(f16.size(), static_cast<std::size_t>(kSteps));
+  EXPECT_NE(f16, f32) << "the bf16 GPU run is bitwise the fp32 one: no bfloat16 storage ran";
+  double worst = 0;
+  for (int s = 0; s < kSteps; ++s) worst = std::max(worst, std::abs(f16[s] - f32[s]) / f32[s]);
+  EXPECT_LE(worst, 4 * std::ldexp(1.0, -8)) << "bf16 strays from fp32 on the GPU";
+  if (world_.rank() == 0)
+    std::printf("GPU bf16 vs fp32: worst relative loss difference %.4g over %d steps\n", worst, kSteps);
+}
