@@ -4,6 +4,8 @@
 //    and into another tensor, seq_reduce_scatter) are MPI_Allreduce's float32
 //    sum rounded to bf16 once, bitwise, on values whose float32 sum is exact
 //    but whose bf16 partial sums are not (2, 3 and 4 ranks);
+//  - a dropout on a feature shard in bf16 is bitwise its part of the whole
+//    layer's bf16 dropout (2 to 4 ranks);
 //  - at tensor 2 the stages of vit and gpt (with and without sequence
 //    parallelism) and of a `layers` model with a dropout on a feature shard
 //    really run bf16 (Stage::activation_dtype), and the vocabulary-parallel
@@ -235,6 +237,35 @@ TEST(Bf16Sums, TensorGroupSumsInFloat32RoundedOnce) {
   if (world.rank() == 0)
     std::printf("[bf16 sums] %d ranks: %lld of %lld elements differ when rounded at every step\n", w,
                 static_cast<long long>(off), static_cast<long long>(n));
+}
+
+// The dropout on a feature shard (between a column and a row layer) in bf16:
+// bitwise this rank's part of the whole layer's bf16 dropout (the backend's), both ways.
+TEST(Bf16ShardedDropout, IsTheWholeBf16DropoutsPartBitwise) {
+  Communicator world = Communicator::world();
+  const int w = world.size();
+  if (w < 2) GTEST_SKIP() << "a feature shard needs 2 ranks";
+  const TensorGroup g = TensorGroup::of(world);
+  ParamArena none_w, none_m;  // a dropout has no parameters
+  none_w.finalize(Device::cpu());
+  none_m.finalize(Device::cpu());
+  Dropout whole("dropout", 0.3), mine("dropout", 0.3);
+  mine.shard_features(g.size, g.rank);
+  whole.bind(BindContext{backend_for(Device::cpu()), Device::cpu(), none_w, 7});
+  mine.bind(BindContext{backend_for(Device::cpu()), Device::cpu(), none_m, 7});
+  const Shape shape = {3, 5, 8 * std::int64_t(w)};
+  const ShardSpec s = make_shard(shape, 2, g.size, g.rank);
+  const std::int64_t n = shape_numel(shape);
+  const Tensor x = as_bf16(bf16_values(0, n), shape), dy = as_bf16(bf16_values(1, n), shape);
+  ASSERT_TRUE(mine.takes_bf16());
+  const Tensor yw = whole.forward(x, Mode::train), ym = mine.forward(shard_of(x, s), Mode::train);
+  ASSERT_EQ(ym.dtype(), DType::bf16);
+  EXPECT_EQ(differing(ym, shard_of(yw, s)), 0) << "dropout forward";
+  std::int64_t zeros = 0;
+  for (std::int64_t i = 0; i < yw.numel(); ++i) zeros += yw.data<bfloat16>()[i].bits == 0;
+  EXPECT_GT(zeros, 0) << "the mask is not trivial";
+  const Tensor dw = whole.backward(dy, true, false), dm = mine.backward(shard_of(dy, s), true, false);
+  EXPECT_EQ(differing(dm, shard_of(dw, s)), 0) << "dropout backward";
 }
 
 TEST_F(Bf16Layouts, TensorTwoStagesRunBf16) {
