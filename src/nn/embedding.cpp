@@ -115,33 +115,42 @@ Tensor TokenEmbedding::do_forward(const Tensor& x, Mode) {
     else rows(y_.data<float>());
     return y_;
   }
-  // Split vocabulary (float32). Scattering: the partial lookups go to a
-  // workspace used within this call only.
-  Tensor part = scatter_ ? seq_workspace(1, {n, t, d}, DType::f32, x.device())
-                         : ensure(y_, {n, t, d}, DType::f32, x.device());
-  float* y = part.data<float>();
+  // Split vocabulary: the partial lookups are float32 at either precision,
+  // summed over the group (each token's row is on exactly one rank, so the sum
+  // is that row, exactly), the position added in float32, and bf16
+  // activations rounded once: the tensor-1 values, bitwise. Scattering, or
+  // bf16, the float32 partials go to workspaces used within this call only.
+  const bool f32 = out_dt_ == DType::f32;
+  Tensor part = scatter_ || !f32 ? seq_workspace(1, {n, t, d}, DType::f32, x.device())
+                                 : ensure(y_, {n, t, d}, DType::f32, x.device());
+  float* pp = part.data<float>();
   for (std::int64_t i = 0; i < n * t; ++i) {
     const std::int32_t r = ids_[std::size_t(i)];
-    float* yr = y + i * d;
+    float* yr = pp + i * d;
     if (r >= 0) std::copy(w + std::int64_t(r) * d, w + (std::int64_t(r) + 1) * d, yr);
     else std::fill(yr, yr + d, 0.f);
   }
-  // Each token's row is on exactly one rank: the sum over the group is that row, exactly.
   std::int64_t ts = t, t0 = 0;  // the output's tokens per sample and its first position
+  Tensor sum = part;
   if (scatter_) {
-    ensure(y_, seq_shard_shape(part.shape(), g_), DType::f32, x.device());
-    seq_reduce_scatter(part, y_, g_);
+    const Shape shard = seq_shard_shape(part.shape(), g_);
+    sum = f32 ? ensure(y_, shard, DType::f32, x.device()) : seq_workspace(4, shard, DType::f32, x.device());
+    seq_reduce_scatter(part, sum, g_);
     ts = t / g_.size;
     t0 = std::int64_t(g_.rank) * ts;
-  } else if (g_.size > 1) {
-    tp_all_reduce(y_, g_);
+  } else {
+    tp_all_reduce(part, g_);
   }
-  y = y_.data<float>();
-  for (std::int64_t i = 0; i < n * ts; ++i) {
-    const float* pr = p + (t0 + i % ts) * d;
-    float* yr = y + i * d;
-    for (std::int64_t k = 0; k < d; ++k) yr[k] += pr[k];
-  }
+  if (!f32) ensure(y_, sum.shape(), DType::bf16, x.device());
+  const float* s = sum.data<float>();  // float32: y_ itself
+  auto add_positions = [&](auto* y) {
+    for (std::int64_t i = 0; i < n * ts; ++i) {
+      const float* pr = p + (t0 + i % ts) * d;
+      for (std::int64_t k = 0; k < d; ++k) y[i * d + k] = store_as(y[i * d + k], s[i * d + k] + pr[k]);
+    }
+  };
+  if (f32) add_positions(y_.data<float>());
+  else add_positions(y_.data<bfloat16>());
   return y_;
 }
 
@@ -175,16 +184,19 @@ Tensor TokenEmbedding::do_backward(const Tensor& dy, bool, bool accumulate) {
     dyw = seq_workspace(1, seq_whole_shape(dy.shape(), g_), dy.dtype(), dy.device());
     seq_all_gather(dy, dyw, g_);
   }
-  const float* g = dyw.data<float>();
-  for (std::int64_t i = 0; i < rows; ++i) {  // in order: the sums are the same on every run
-    const std::int32_t r = ids_[std::size_t(i)];
-    float* pr = dp + (i % t) * d;
-    const float* gr = g + i * d;
-    for (std::int64_t k = 0; k < d; ++k) pr[k] += gr[k];
-    if (r < 0) continue;
-    float* wr = dw + std::int64_t(r) * d;
-    for (std::int64_t k = 0; k < d; ++k) wr[k] += gr[k];
-  }
+  auto add_rows = [&](const auto* g) {  // bf16 gradients widened as at tensor 1
+    for (std::int64_t i = 0; i < rows; ++i) {  // in order: the sums are the same on every run
+      const std::int32_t r = ids_[std::size_t(i)];
+      float* pr = dp + (i % t) * d;
+      const auto* gr = g + i * d;
+      for (std::int64_t k = 0; k < d; ++k) pr[k] += as_float(gr[k]);
+      if (r < 0) continue;
+      float* wr = dw + std::int64_t(r) * d;
+      for (std::int64_t k = 0; k < d; ++k) wr[k] += as_float(gr[k]);
+    }
+  };
+  if (dyw.dtype() == DType::bf16) add_rows(dyw.data<bfloat16>());
+  else add_rows(dyw.data<float>());
   return {};  // token ids have no gradient
 }
 

@@ -186,15 +186,25 @@ std::int64_t RowParallel::inner(const Tensor& z) const { return after_.images ? 
 
 Tensor RowParallel::do_forward(const Tensor& x, Mode mode) {
   Tensor partial = local_->forward(x, mode);
-  if (g_.sequence) {  // g: sum the partial products, each rank keeping its tokens
-    ensure(z_, seq_shard_shape(partial.shape(), g_), partial.dtype(), partial.device());
-    seq_reduce_scatter(partial, z_, g_);
+  if (partial.dtype() == DType::bf16) {
+    // bfloat16: the (bf16) partial products summed in float32 (g, or g's
+    // reduce-scatter), the bias added to that sum, and rounded once, as the
+    // 1-rank Linear rounds its float32 accumulator plus bias once.
+    Tensor sum = tp_sum_f32(partial, g_, g_.sequence);
+    if (after_.bias) be_->add_broadcast(sum, b, inner(sum), sum);
+    ensure(z_, sum.shape(), DType::bf16, sum.device());
+    be_->cast(sum, z_);
   } else {
-    ensure(z_, partial.shape(), partial.dtype(), partial.device());
-    tp_all_reduce(partial, z_, g_);  // g: sum the partial products
+    if (g_.sequence) {  // g: sum the partial products, each rank keeping its tokens
+      ensure(z_, seq_shard_shape(partial.shape(), g_), partial.dtype(), partial.device());
+      seq_reduce_scatter(partial, z_, g_);
+    } else {
+      ensure(z_, partial.shape(), partial.dtype(), partial.device());
+      tp_all_reduce(partial, z_, g_);  // g: sum the partial products
+    }
+    if (after_.bias) be_->add_broadcast(z_, b, inner(z_), z_);
   }
-  if (after_.bias) be_->add_broadcast(z_, b, inner(z_), z_);
-  if (after_.relu) relu_->forward(z_, z_);
+  if (after_.relu) relu_->forward(z_, z_);  // commutes with the rounding: on the bf16 sum
   if (!after_.pool) return z_;
   ensure(y_, output_shape(x.shape()), z_.dtype(), z_.device());
   pool_->forward(z_, y_, mode == Mode::train);

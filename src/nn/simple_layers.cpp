@@ -5,6 +5,12 @@
 #include "ringtrain/nn/rng.hpp"
 
 namespace ringtrain {
+namespace {
+float widen(float v) { return v; }
+float widen(bfloat16 v) { return to_f32(v); }
+void put(float* p, float v) { *p = v; }
+void put(bfloat16* p, float v) { *p = to_bf16(v); }
+}  // namespace
 
 // ---- Activation -------------------------------------------------------------
 void Activation::bind(const BindContext& ctx) { k_ = ctx.backend.eltwise(op_, DType::f32); }
@@ -118,24 +124,28 @@ Tensor Dropout::do_forward(const Tensor& x, Mode mode) {
     }
     return y_;
   }
-  RT_CHECK(x.dtype() == DType::f32, "Dropout '", name_, "': a feature-sharded dropout runs on float32 tensors");
+  RT_CHECK(x.dtype() == DType::f32 || x.dtype() == DType::bf16, "Dropout '", name_,
+           "': a feature-sharded dropout takes float32 or bfloat16 tensors, got ", dtype_name(x.dtype()));
   // Feature shard `index_` of `parts_`: number elements as in the whole activation.
   // Computed on the host (a device tensor makes the round trip).
   const bool host = x.device().is_cpu();
   const Tensor xh = host ? x : x.to(Device::cpu());
-  Tensor yh = host ? y_ : Tensor::empty(x.shape(), DType::f32), mh = host ? mask_ : Tensor::empty(x.shape(), DType::u8);
+  Tensor yh = host ? y_ : Tensor::empty(x.shape(), x.dtype()), mh = host ? mask_ : Tensor::empty(x.shape(), DType::u8);
   const std::int64_t d = x.shape().back(), whole = d * parts_;
   const std::int64_t base = first_sample * per_sample * parts_;
   const float pf = static_cast<float>(p_), scale = static_cast<float>(1.0 / (1.0 - p_));  // as the backends
-  const float* px = xh.data<float>();
-  float* py = yh.data<float>();
   std::uint8_t* pm = mh.data<std::uint8_t>();
-  for (std::int64_t i = 0; i < x.numel(); ++i) {
-    const std::int64_t global = base + (i / d) * whole + index_ * d + i % d;
-    const bool keep = dropout_keep(seed_, stream, static_cast<std::uint64_t>(global), pf);
-    pm[i] = keep;
-    py[i] = keep ? px[i] * scale : 0.f;
-  }
+  // bfloat16: the same keep decisions, the scaled value rounded once (as the backend's dropout).
+  auto run = [&](const auto* px, auto* py) {
+    for (std::int64_t i = 0; i < x.numel(); ++i) {
+      const std::int64_t global = base + (i / d) * whole + index_ * d + i % d;
+      const bool keep = dropout_keep(seed_, stream, static_cast<std::uint64_t>(global), pf);
+      pm[i] = keep;
+      put(py + i, keep ? widen(px[i]) * scale : 0.f);
+    }
+  };
+  if (x.dtype() == DType::bf16) run(xh.data<bfloat16>(), yh.data<bfloat16>());
+  else run(xh.data<float>(), yh.data<float>());
   if (!host) {
     y_.copy_from(yh);
     mask_.copy_from(mh);

@@ -105,6 +105,30 @@ Tensor& scratch_for(const Tensor& t) {
   return scratch;
 }
 
+// dst = src as dst's type (float32 <-> bfloat16, same numel). Host tensors
+// convert in plain loops (core/dtype.hpp's rounding, as the backend's cast):
+// a column layer sums its dx on a helper thread beside the backend's kernels,
+// so these do not share the backend's conversion primitives or stream.
+void convert(const Tensor& src, Tensor& dst) {
+  RT_CHECK(src.numel() == dst.numel(), "tensor-parallel sum: ", shape_str(src.shape()), " into ",
+           shape_str(dst.shape()));
+  if (!src.device().is_cpu()) return backend_for(src.device()).cast(src, dst);
+  const std::int64_t n = src.numel();
+  if (src.dtype() == dst.dtype()) {
+    std::memcpy(dst.raw(), src.raw(), src.nbytes());
+  } else if (src.dtype() == DType::bf16 && dst.dtype() == DType::f32) {
+    const bfloat16* s = src.data<bfloat16>();
+    float* d = dst.data<float>();
+    for (std::int64_t i = 0; i < n; ++i) d[i] = to_f32(s[i]);
+  } else if (src.dtype() == DType::f32 && dst.dtype() == DType::bf16) {
+    const float* s = src.data<float>();
+    bfloat16* d = dst.data<bfloat16>();
+    for (std::int64_t i = 0; i < n; ++i) d[i] = to_bf16(s[i]);
+  } else {
+    RT_FAIL("tensor-parallel sum: no conversion from ", dtype_name(src.dtype()), " to ", dtype_name(dst.dtype()));
+  }
+}
+
 }  // namespace
 
 // ---- sequence parallelism -----------------------------------------------------
@@ -141,6 +165,10 @@ void seq_all_gather(const Tensor& shard, Tensor& whole, const TensorGroup& g) {
 
 void seq_reduce_scatter(const Tensor& whole, Tensor& shard, const TensorGroup& g) {
   check_seq(whole, shard, g, "sequence reduce-scatter");
+  if (whole.dtype() == DType::bf16 && g.size > 1) {  // summed in float32, rounded once (tp_sum_f32)
+    convert(tp_sum_f32(whole, g, true), shard);
+    return;
+  }
   TpTimer timer(g, shard.nbytes());
   const SeqRuns runs(whole, g);
   const std::vector<std::size_t> counts(std::size_t(g.size), std::size_t(shard.numel()));
@@ -156,8 +184,8 @@ void seq_reduce_scatter(const Tensor& whole, Tensor& shard, const TensorGroup& g
 }
 
 Tensor seq_workspace(int slot, const Shape& shape, DType dt, Device dev) {
-  static auto& slots = *new std::array<Tensor, 3>;  // never destroyed, as the packing scratch
-  RT_CHECK(slot >= 0 && slot < 3, "seq_workspace: slot ", slot, " is not 0, 1 or 2");
+  static auto& slots = *new std::array<Tensor, 5>;  // never destroyed, as the packing scratch
+  RT_CHECK(slot >= 0 && slot < 5, "seq_workspace: slot ", slot, " is not 0 to 4");
   Tensor& t = slots[std::size_t(slot)];
   const std::size_t bytes = std::size_t(shape_numel(shape)) * dtype_size(dt);
   if (!t.defined() || t.nbytes() < bytes || t.device() != dev) t = Tensor::empty({std::int64_t(bytes)}, DType::u8, dev);
@@ -193,6 +221,10 @@ void tp_all_reduce(const Tensor& in, Tensor& out, const TensorGroup& g) {
     if (in.raw() != out.raw()) out.copy_from(in);
     return;
   }
+  if (in.dtype() == DType::bf16) {  // summed in float32, rounded once (tp_sum_f32)
+    convert(tp_sum_f32(in, g, false), out);
+    return;
+  }
   TpTimer timer(g, in.nbytes());
   CollectiveOptions o;
   o.device = in.device();  // device buffers go through the device collectives (comm/collectives.hpp),
@@ -200,6 +232,18 @@ void tp_all_reduce(const Tensor& in, Tensor& out, const TensorGroup& g) {
   // return with the result complete.
   if (!in.device().is_cpu()) backend_for(in.device()).synchronize();
   allreduce(in.raw(), out.raw(), std::size_t(in.numel()), in.dtype(), ReduceOp::sum, g.comm, o);
+}
+
+Tensor tp_sum_f32(const Tensor& in, const TensorGroup& g, bool scatter_tokens) {
+  Tensor whole = seq_workspace(3, in.shape(), DType::f32, in.device());
+  convert(in, whole);
+  if (!scatter_tokens) {
+    tp_all_reduce(whole, g);
+    return whole;
+  }
+  Tensor shard = seq_workspace(4, seq_shard_shape(in.shape(), g), DType::f32, in.device());
+  seq_reduce_scatter(whole, shard, g);
+  return shard;
 }
 
 ShardSpec make_shard(const Shape& global, int dim, int parts, int index, int blocks) {

@@ -207,7 +207,6 @@ void ResidualStack::release_activations() {
 }
 
 bool ResidualStack::takes_bf16() const {
-  if (seq_.scatter_in || seq_.gather_out) return false;
   for (auto& b : branches_)
     for (auto& c : b)
       if (!c->takes_bf16()) return false;

@@ -52,9 +52,10 @@ class TokenEmbedding : public Layer {
   TokenEmbedding(std::string name, std::int64_t vocab, std::int64_t positions, std::int64_t dim,
                  TensorGroup g = {});
   const char* type() const override { return g_.size > 1 ? "VocabParallelEmbedding" : "TokenEmbedding"; }
-  // bf16 activations (tensor 1: a split vocabulary runs float32): float32 ids
-  // in, bfloat16 rows out (the Stage names the type).
-  bool takes_bf16() const override { return g_.size == 1; }
+  // bf16 activations: float32 ids in, bfloat16 rows out (the Stage names the
+  // type). A split vocabulary sums its float32 lookups over the group and
+  // rounds once after adding the position: the tensor-1 rows, bitwise.
+  bool takes_bf16() const override { return true; }
   bool takes_token_ids() const override { return true; }
   void set_output_dtype(DType dt) override { out_dt_ = dt; }
   std::int64_t vocab() const { return vocab_; }  // the whole vocabulary
@@ -91,14 +92,16 @@ class TokenEmbedding : public Layer {
 // x [N, T, dim] -> logits [N, T, vocab] = x W^T, W the tied embedding's weight
 // [vocab, dim] (the backend's Linear kernel, no bias). g: the embedding's
 // group; at size > 1 the logits are [N, T, vocab / size] (see above).
-// bfloat16 activations (tensor 1) multiply with a bf16 copy of W (cast when
-// the arena's version moves on) and give float32 logits (the loss's type: no
-// rounding of them, no cast of [N, T, vocab]).
+// bfloat16 activations multiply with a bf16 copy of W (this rank's rows at
+// size > 1; cast when the arena's version moves on) and give float32 logits
+// (the loss's type: no rounding of them, no cast of [N, T, vocab]); a split
+// vocabulary's input gradient is summed over the group in float32 and
+// rounded once (tp_all_reduce).
 class LmHead : public Layer {
  public:
   LmHead(std::string name, std::string tie, std::int64_t vocab, std::int64_t dim, TensorGroup g = {});
   const char* type() const override { return g_.size > 1 ? "VocabParallelLmHead" : "LmHead"; }
-  bool takes_bf16() const override { return g_.size == 1; }
+  bool takes_bf16() const override { return true; }
   const std::string& tie() const { return tie_; }
   // The group its logits' columns are split over, or null (whole logits).
   const TensorGroup* vocab_group() const { return g_.size > 1 ? &g_ : nullptr; }

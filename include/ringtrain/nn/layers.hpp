@@ -211,7 +211,7 @@ class Dropout : public Layer {
  public:
   Dropout(std::string name, double p);
   const char* type() const override { return "Dropout"; }
-  bool takes_bf16() const override { return parts_ == 1; }  // a feature shard runs in float32
+  bool takes_bf16() const override { return true; }  // a feature shard too (its host loop keeps bf16)
   void bind(const BindContext& ctx) override;
   Shape output_shape(const Shape& in) const override { return in; }
   double p() const { return p_; }

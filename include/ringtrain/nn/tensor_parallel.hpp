@@ -25,6 +25,13 @@
 // rank's part), so tensor = T starts where tensor = 1 starts. The collectives
 // are ringtrain's own (comm/collectives.hpp): all-reduces of device tensors go
 // through the device collectives.
+//
+// bfloat16 activations (train.precision = bf16, Layer::takes_bf16): a column
+// or row layer takes bf16 when its local Linear does (a bf16 copy of the
+// local fp32 weight shard, fp32 gradients, fp32 accumulation in the matmul).
+// Sums over the group run in float32 (tp_sum_f32): a row layer's bf16 partial
+// products are widened, summed, the bias added, and rounded to bf16 once; the
+// all-gathers, which do no arithmetic, move bf16.
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -39,7 +46,18 @@ namespace ringtrain {
 // and g's backward are the identity).
 void tp_all_reduce(Tensor& t, const TensorGroup& g);
 // out = the sum over the group of `in` (out may be `in`; same shape): no copy before the reduction.
+// bfloat16: summed in float32 and rounded once (tp_sum_f32).
 void tp_all_reduce(const Tensor& in, Tensor& out, const TensorGroup& g);
+// The float32 sum over the group of `in` (any float type), or with
+// scatter_tokens this rank's tokens of it (seq_reduce_scatter's result), in
+// seq_workspace slots 3 (whole) and 4 (token shard): valid until the next call.
+// Why float32 on the wire for bfloat16 sums: the collectives' ring rounds each
+// partial sum to bf16 at every one of its T - 1 combine steps, so at T > 2 a
+// bf16 sum would carry T - 1 roundings in an order set by the ring; the 1-rank
+// layer rounds its float32-accumulated sum once. Converting first costs twice
+// the bytes of a bf16 sum over the (node-local) tensor group, and gives one
+// float32 sum rounded once by the caller.
+Tensor tp_sum_f32(const Tensor& in, const TensorGroup& g, bool scatter_tokens);
 
 // ---- sequence parallelism (Korthikanti et al. 2022) ----
 // Tokens [B, S, ...] split along S: rank r holds tokens [r S/T, (r+1) S/T) of
@@ -48,13 +66,15 @@ void tp_all_reduce(const Tensor& in, Tensor& out, const TensorGroup& g);
 // Megatron's g-bar forward (the all-gather before a column layer; its
 // backward is the reduce-scatter) and g forward (the reduce-scatter after a
 // row layer; its backward the all-gather).
+// bfloat16: the all-gather moves bf16; the reduce-scatter sums in float32 (tp_sum_f32).
 void seq_all_gather(const Tensor& shard, Tensor& whole, const TensorGroup& g);
 void seq_reduce_scatter(const Tensor& whole, Tensor& shard, const TensorGroup& g);
 // A buffer the sequence-parallel layers use only within one call (the
 // gathered input of a column layer, gathered again in its backward; the
 // gathered dz of a row layer; a column layer's dx shard until the next layer
 // reads it), shared by every layer of the process: `slot` 0, 1, 2 for the
-// three, so activation memory holds them once, not once per layer.
+// three, so activation memory holds them once, not once per layer; slots 3
+// and 4 hold tp_sum_f32's float32 sums.
 Tensor seq_workspace(int slot, const Shape& shape, DType dt, Device dev);
 // This rank's tokens of a replicated `whole` (a copy, no communication).
 void seq_slice(const Tensor& whole, Tensor& shard, const TensorGroup& g);
@@ -93,6 +113,7 @@ class TensorParallelLayer : public Layer {
   Shape output_shape(const Shape& in) const override { return local_->output_shape(in); }
   double forward_flops(const Shape& in) const override { return local_->forward_flops(in); }
   void release_activations() override { local_->release_activations(); }
+  bool takes_bf16() const override { return local_->takes_bf16(); }
 
  protected:
   TensorParallelLayer(std::string name, const char* type, std::unique_ptr<WeightLayer> local, int dim,
@@ -132,6 +153,8 @@ class RowParallel : public TensorParallelLayer {
   void init(const ParamArena& arena, std::uint64_t seed) override;
   Shape output_shape(const Shape& in) const override;
   void release_activations() override;
+  // A row Conv2d that pools after the reduction keeps its stage in float32.
+  bool takes_bf16() const override { return local_->takes_bf16() && !after_.pool; }
 
  protected:
   Tensor do_forward(const Tensor& x, Mode mode) override;

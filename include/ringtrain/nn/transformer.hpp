@@ -154,7 +154,7 @@ class ResidualStack : public Layer {
  public:
   ResidualStack(std::string name, std::vector<std::vector<LayerPtr>> branches, SequenceShard seq = {});
   const char* type() const override { return "ResidualStack"; }
-  // Sequence-parallel blocks exchange float32 tokens: not in bf16.
+  // When every child does; token shards are sliced and gathered in either type.
   bool takes_bf16() const override;
   void release_activations() override;
   void register_params(ParamArena& arena, int layer_index, const std::string& prefix) override;
