@@ -139,16 +139,11 @@ void maxpool_backward(const float* act, const float* y, const float* dy, float* 
         }
 }
 
-// ReLU backward from its output on float32 or bfloat16 storage: dst = y > 0 ? dy : 0
-// (a bfloat16 is > 0 when its sign bit is clear and it is not zero).
+// ReLU backward from its output on float32 or bfloat16 storage: dst = y > 0 ? dy : 0.
 void relu_mask_as(const void* y, const void* dy, void* dst, std::int64_t n, dt t) {
   if (t == dt::f32)
     return relu_mask(static_cast<const float*>(y), static_cast<const float*>(dy), static_cast<float*>(dst), n);
-  const auto* py = static_cast<const std::uint16_t*>(y);
-  const auto* pd = static_cast<const std::uint16_t*>(dy);
-  auto* pm = static_cast<std::uint16_t*>(dst);
-#pragma omp parallel for simd schedule(static)
-  for (std::int64_t i = 0; i < n; ++i) pm[i] = (py[i] & 0x8000u) == 0 && py[i] != 0 ? pd[i] : 0;
+  relu_mask(static_cast<const bfloat16*>(y), static_cast<const bfloat16*>(dy), static_cast<bfloat16*>(dst), n);
 }
 
 class CpuConv2d final : public Conv2dKernel {

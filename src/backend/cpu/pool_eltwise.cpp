@@ -103,12 +103,8 @@ class CpuEltwise final : public EltwiseKernel {
       relu_mask(y.data<float>(), dy.data<float>(), dx.data<float>(), dy.numel());
       return;
     }
-    if (op_ == Eltwise::relu) {  // bfloat16: keep where y > 0 (sign bit clear, not zero)
-      const std::uint16_t *py = &y.data<bfloat16>()->bits, *pd = &dy.data<bfloat16>()->bits;
-      std::uint16_t* pm = &dx.data<bfloat16>()->bits;
-      const std::int64_t n = dy.numel();
-#pragma omp parallel for simd schedule(static)
-      for (std::int64_t i = 0; i < n; ++i) pm[i] = (py[i] & 0x8000u) == 0 && py[i] != 0 ? pd[i] : 0;
+    if (op_ == Eltwise::relu) {  // bfloat16: keep where y > 0 (vectorised; the short-circuit loop was 30x the forward)
+      relu_mask(y.data<bfloat16>(), dy.data<bfloat16>(), dx.data<bfloat16>(), dy.numel());
       return;
     }
     Plan& p = plan(x.numel(), t);
