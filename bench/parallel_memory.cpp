@@ -15,8 +15,9 @@
 //   param_count,model_param_count,grads_in_flight_b,sent_per_step_b,sequence,step_s,params_in_flight_b,precision,
 //   weight_copies_b
 //   (step_s: the median step after the first, seconds; params_in_flight_b: ZeRO-3's gathered layers resident at once;
-//   --precision bf16: weight_copies_b are the bfloat16 copies of the Linear weights, 2 bytes per element of every
-//   2-D "*.weight", which activations_b includes: the activations proper are activations_b - weight_copies_b)
+//   --precision bf16: weight_copies_b are the bfloat16 copies of the Linear and Conv2d weights, 2 bytes per element
+//   of every 2-D or 4-D "*.weight", which activations_b includes: the activations proper are
+//   activations_b - weight_copies_b)
 #include <sys/resource.h>
 
 #include <CLI/CLI.hpp>
@@ -114,7 +115,7 @@ int main(int argc, char** argv) {
     m = t.memory();
     if (precision == "bf16")
       for (const auto& p : t.parameters().infos())
-        if (p.shape.size() == 2 && p.name.size() > 7 && p.name.ends_with(".weight"))
+        if ((p.shape.size() == 2 || p.shape.size() == 4) && p.name.size() > 7 && p.name.ends_with(".weight"))
           copies += 2.0 * static_cast<double>(shape_numel(p.shape));
   }
   std::sort(step_s.begin(), step_s.end());

@@ -52,7 +52,7 @@ Tensor BatchNorm2d::do_forward(const Tensor& x, Mode mode) {
     RT_CHECK(x.numel() / spec_.channels > 1, "BatchNorm2d '", name_,
              "': train mode needs more than one value per channel, got input ", shape_str(x.shape()));
   x_ = x;
-  ensure(y_, x.shape(), spec_.dtype, x.device());
+  ensure(y_, x.shape(), x.dtype(), x.device());  // bfloat16 data keeps its type; statistics stay float32
   // A recomputed forward normalises as the first did, with the same kernel,
   // and leaves the running (or deferred) statistics as they are.
   const bool replay = mode == Mode::train && position_ && position_->replay;
@@ -151,7 +151,7 @@ void BatchNorm2d::release_activations() { x_ = y_ = dx_ = Tensor(); }
 Tensor BatchNorm2d::do_backward(const Tensor& dy, bool, bool accumulate) {
   // dx is always computed: BN is never the first layer of a model we build,
   // and the kernel produces dx together with dgamma/dbeta.
-  Tensor dx = ensure(dx_, x_.shape(), spec_.dtype, x_.device());
+  Tensor dx = ensure(dx_, x_.shape(), x_.dtype(), x_.device());
   last_k_->backward(x_, gamma, dy, dx, dgamma, dbeta, accumulate);  // the kernel that ran the forward
   return dx;
 }

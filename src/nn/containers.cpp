@@ -25,6 +25,12 @@ void chain_backward_weight(const std::vector<LayerPtr>& ls) {
   for (std::size_t i = ls.size(); i-- > 0;) ls[i]->backward_weight();
 }
 
+bool chain_bf16(const std::vector<LayerPtr>& ls) {
+  for (auto& l : ls)
+    if (!l->takes_bf16()) return false;
+  return true;
+}
+
 bool chain_splits(const std::vector<LayerPtr>& ls) {
   for (auto& l : ls)
     if (l->splits_backward()) return true;
@@ -87,6 +93,7 @@ Tensor Sequential::do_backward_input(const Tensor& dy, bool need_dx, bool accumu
 }
 void Sequential::do_backward_weight() { chain_backward_weight(children_); }
 bool Sequential::splits_backward() const { return chain_splits(children_); }
+bool Sequential::takes_bf16() const { return chain_bf16(children_); }
 void Sequential::release_activations() {
   for (auto& c : children_) c->release_activations();
 }
@@ -179,6 +186,7 @@ void Residual::release_activations() {
 }
 
 bool Residual::splits_backward() const { return chain_splits(body_) || chain_splits(shortcut_); }
+bool Residual::takes_bf16() const { return chain_bf16(body_) && chain_bf16(shortcut_) && (!post_ || post_->takes_bf16()); }
 void Residual::for_each_child(const std::function<void(Layer&)>& f) {
   for (auto* v : {&body_, &shortcut_})
     for (auto& c : *v) f(*c);

@@ -161,6 +161,22 @@ void Conv2d::bind(const BindContext& ctx) {
            " backend cannot fuse pooling into a convolution; use a separate Pool2d layer");
   spec_.math = ctx.math;
   k_ = ctx.backend.conv2d(spec_);
+  be_ = &ctx.backend;
+  arena_ = &ctx.arena;
+  w16_valid_ = false;
+}
+
+const Tensor& Conv2d::weight_for(DType dt) {
+  if (dt == w.dtype()) return w;
+  RT_CHECK(dt == DType::bf16 && be_ && arena_, "Conv2d '", name_, "': no ", dtype_name(dt), " weights for ",
+           dtype_name(dt), " activations");
+  if (!w16_valid_ || w16_version_ != arena_->version()) {
+    ensure(w16_, w.shape(), DType::bf16, w.device());
+    be_->cast(w, w16_);
+    w16_version_ = arena_->version();
+    w16_valid_ = true;
+  }
+  return w16_;
 }
 
 Shape Conv2d::output_shape(const Shape& in) const {
@@ -187,17 +203,18 @@ double Conv2d::forward_flops(const Shape& in) const {
   return 2.0 * double(shape_numel(o)) * double(spec_.in_channels * spec_.kernel_h * spec_.kernel_w);
 }
 
+// Activations keep the input's type (bfloat16 storage: a bf16 weight copy, float32 gradients).
 Tensor Conv2d::do_forward(const Tensor& x, Mode) {
   x_ = x;
-  ensure(y_, output_shape(x.shape()), spec_.dtype, x.device());
-  k_->forward(x, w, b, y_);
+  ensure(y_, output_shape(x.shape()), x.dtype(), x.device());
+  k_->forward(x, weight_for(x.dtype()), b, y_);
   return y_;
 }
 
 Tensor Conv2d::run_backward(const Tensor& dy, bool need_dx, bool weights, bool accumulate) {
   Tensor dx, gw = weights ? dw : Tensor(), gb = weights ? db : Tensor();
-  if (need_dx) dx = ensure(dx_, x_.shape(), spec_.dtype, x_.device());
-  k_->backward(x_, w, y_, dy, dx, gw, gb, accumulate);
+  if (need_dx) dx = ensure(dx_, x_.shape(), x_.dtype(), x_.device());
+  k_->backward(x_, weight_for(x_.dtype()), y_, dy, dx, gw, gb, accumulate);
   return dx;
 }
 

@@ -90,6 +90,7 @@ class Conv2d : public WeightLayer {
   void bind(const BindContext& ctx) override;
   Shape output_shape(const Shape& in) const override;
   double forward_flops(const Shape& in) const override;
+  bool takes_bf16() const override { return spec_.dtype == DType::f32; }
 
  protected:
   Tensor do_forward(const Tensor& x, Mode mode) override;
@@ -97,14 +98,22 @@ class Conv2d : public WeightLayer {
 
  private:
   Shape conv_shape(const Shape& in) const;  // before the fused pooling
+  // As Linear's: w, or for bfloat16 activations a copy cast from w once per arena version.
+  const Tensor& weight_for(DType dt);
   Conv2dSpec spec_;
   std::unique_ptr<Conv2dKernel> k_;
+  Backend* be_ = nullptr;
+  const ParamArena* arena_ = nullptr;
+  Tensor w16_;
+  std::uint64_t w16_version_ = 0;
+  bool w16_valid_ = false;
 };
 
 class BatchNorm2d : public Layer {
  public:
   BatchNorm2d(std::string name, BatchNormSpec spec);
   const char* type() const override { return "BatchNorm2d"; }
+  bool takes_bf16() const override { return spec_.dtype == DType::f32; }  // bf16 data, float32 statistics
   void register_params(ParamArena& arena, int layer_index, const std::string& prefix) override;
   void bind(const BindContext& ctx) override;
   void init(const ParamArena& arena, std::uint64_t seed) override;
@@ -187,6 +196,7 @@ class Pool2d : public Layer {
   void bind(const BindContext& ctx) override;
   Shape output_shape(const Shape& in) const override;
   void release_activations() override;
+  bool takes_bf16() const override { return true; }
 
  protected:
   Tensor do_forward(const Tensor& x, Mode mode) override;
@@ -246,6 +256,7 @@ class Flatten : public Layer {
  public:
   explicit Flatten(std::string name) : Layer(std::move(name)) {}
   const char* type() const override { return "Flatten"; }
+  bool takes_bf16() const override { return true; }  // a view of any type
   Shape output_shape(const Shape& in) const override;
 
  protected:
@@ -258,6 +269,7 @@ class Sequential : public Layer {
  public:
   Sequential(std::string name, std::vector<LayerPtr> children);
   const char* type() const override { return "Sequential"; }
+  bool takes_bf16() const override;  // when every child does
   void register_params(ParamArena& arena, int layer_index, const std::string& prefix) override;
   void bind(const BindContext& ctx) override;
   void init(const ParamArena& arena, std::uint64_t seed) override;
@@ -285,6 +297,7 @@ class Residual : public Layer {
  public:
   Residual(std::string name, std::vector<LayerPtr> body, std::vector<LayerPtr> shortcut, bool relu_after = true);
   const char* type() const override { return "Residual"; }
+  bool takes_bf16() const override;  // when every child does (the add and ReLU take bf16)
   void release_activations() override;
   void register_params(ParamArena& arena, int layer_index, const std::string& prefix) override;
   void bind(const BindContext& ctx) override;

@@ -4,6 +4,9 @@
 // primitive, running statistics updated here with PyTorch's rule (unbiased
 // variance). Eval: oneDNN with global statistics. The eval-mode backward (rare:
 // frozen-BN fine-tuning) is a direct formula, since it is just an affine map.
+// Data (x, y, dy, dx) are float32 or bfloat16 (train.precision = bf16
+// storage: oneDNN normalises bf16 data in float32 registers); scale, shift,
+// statistics and their gradients are always float32.
 #include <cmath>
 #include <map>
 #include <vector>
@@ -20,7 +23,7 @@ using nf = normalization_flags;
 class CpuBatchNorm final : public BatchNormKernel {
  public:
   CpuBatchNorm(const BatchNormSpec& s, DnnlPtr d) : s_(s), d_(std::move(d)) {
-    RT_CHECK(s.dtype == DType::f32, "cpu BatchNorm2d: only float32 is supported, got ", dtype_name(s.dtype));
+    RT_CHECK(s.dtype == DType::f32, "cpu BatchNorm2d: parameters must be float32, got ", dtype_name(s.dtype));
     const memory::dims c{s.channels};
     mean_ = memory(plain_md(c, tag::x), d_->eng);
     var_ = memory(plain_md(c, tag::x), d_->eng);
@@ -30,7 +33,9 @@ class CpuBatchNorm final : public BatchNormKernel {
 
   void forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& rmean, Tensor& rvar, bool train,
                Tensor& y) override {
-    Plan& p = plan(x.shape());
+    const dt t = dnnl_type(x, "BatchNorm2d input");
+    RT_CHECK(dnnl_type(y, "BatchNorm2d output") == t, "cpu BatchNorm2d: output dtype differs from the input's");
+    Plan& p = plan(x.shape(), t);
     auto& st = d_->strm;
     auto wrap = [&](const Tensor& t, const memory::desc& md) { return memory(md, d_->eng, t.raw()); };
     const auto cmd = plain_md({s_.channels}, tag::x);
@@ -70,7 +75,10 @@ class CpuBatchNorm final : public BatchNormKernel {
 
   void backward(const Tensor& x, const Tensor& gamma, const Tensor& dy, Tensor& dx, Tensor& dgamma, Tensor& dbeta,
                 bool accumulate) override {
-    Plan& p = plan(x.shape());
+    const dt t = dnnl_type(x, "BatchNorm2d input");
+    RT_CHECK(dnnl_type(dy, "BatchNorm2d gradient") == t && dnnl_type(dx, "BatchNorm2d dx") == t,
+             "cpu BatchNorm2d: gradient dtypes differ from the input's");
+    Plan& p = plan(x.shape(), t);
     if (!train_) return eval_backward(x, gamma, dy, dx, dgamma, dbeta, accumulate);
     auto& st = d_->strm;
     auto wrap = [&](const Tensor& t, const memory::desc& md) { return memory(md, d_->eng, t.raw()); };
@@ -105,8 +113,17 @@ class CpuBatchNorm final : public BatchNormKernel {
   };
 
   // y = gamma (x - rm) / sqrt(rv + eps) + beta: an affine map per channel.
+  // bfloat16 data: widened to float32 first, dx rounded once at the end.
   void eval_backward(const Tensor& x, const Tensor& gamma, const Tensor& dy, Tensor& dx, Tensor& dgamma,
                      Tensor& dbeta, bool accumulate) {
+    if (x.dtype() == DType::bf16) {
+      Tensor x32 = Tensor::empty(x.shape()), dy32 = Tensor::empty(x.shape()), dx32 = Tensor::empty(x.shape());
+      bf16_to_f32(x.data<bfloat16>(), x32.data<float>(), x.numel());
+      bf16_to_f32(dy.data<bfloat16>(), dy32.data<float>(), x.numel());
+      eval_backward(x32, gamma, dy32, dx32, dgamma, dbeta, accumulate);
+      f32_to_bf16(dx32.data<float>(), dx.data<bfloat16>(), x.numel());
+      return;
+    }
     const std::int64_t n = x.dim(0), c = x.dim(1), hw = x.dim(2) * x.dim(3);
     const float *px = x.data<float>(), *pd = dy.data<float>(), *g = gamma.data<float>();
     const float *rm = eval_mean_.data<float>(), *rv = eval_var_.data<float>();
@@ -130,15 +147,30 @@ class CpuBatchNorm final : public BatchNormKernel {
     }
   }
 
-  Plan& plan(const Shape& xs) {
-    auto it = plans_.find(xs);
+  // t: the data's type. bfloat16 runs bf16 primitives where oneDNN has them,
+  // else float32 ones between conversions (the Args' reorders).
+  Plan& plan(const Shape& xs, dt t) {
+    const auto key = std::make_pair(xs, int(t));
+    auto it = plans_.find(key);
     if (it != plans_.end()) return it->second;
+    if (t == dt::bf16) {
+      try {
+        return plans_.emplace(key, make_plan(xs, t, dt::bf16)).first->second;
+      } catch (const dnnl::error&) {
+      }
+    }
+    return plans_.emplace(key, make_plan(xs, t, dt::f32)).first->second;
+  }
+
+  // t: the caller's data; pt: the primitives'.
+  Plan make_plan(const Shape& xs, dt t, dt pt) {
     auto& eng = d_->eng;
     Plan p;
-    const auto plain = plain_md(dims4(xs), tag::nchw);
+    const auto plain = plain_md(dims4(xs), tag::nchw, t);
     const bool b16 = cpu_features().avx512f && s_.channels % 16 == 0;
-    p.md = b16 ? plain_md(dims4(xs), tag::aBcd16b)
-               : s_.channels % 8 == 0 && cpu_features().avx2 ? plain_md(dims4(xs), tag::aBcd8b) : plain;
+    p.md = b16 ? plain_md(dims4(xs), tag::aBcd16b, pt)
+               : s_.channels % 8 == 0 && cpu_features().avx2 ? plain_md(dims4(xs), tag::aBcd8b, pt)
+                                                              : plain_md(dims4(xs), tag::nchw, pt);
     p.src = Arg(plain, p.md, eng, true);
     p.dst = Arg(plain, p.md, eng, false);
     p.ddst = Arg(plain, p.md, eng, true);
@@ -158,7 +190,7 @@ class CpuBatchNorm final : public BatchNormKernel {
     p.scratch_t = make_scratch(tpd, eng);
     p.scratch_e = make_scratch(epd, eng);
     p.scratch_b = make_scratch(bpd, eng);
-    return plans_.emplace(xs, std::move(p)).first->second;
+    return p;
   }
 
   BatchNormSpec s_;
@@ -166,7 +198,7 @@ class CpuBatchNorm final : public BatchNormKernel {
   memory mean_, var_, dscale_, dshift_;
   Tensor eval_mean_, eval_var_;
   bool train_ = true;
-  std::map<Shape, Plan> plans_;
+  std::map<std::pair<Shape, int>, Plan> plans_;  // per input shape and data type
 };
 
 }  // namespace

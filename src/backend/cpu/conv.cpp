@@ -9,6 +9,9 @@
 // tensor is reordered. The forward's reordered input is reused by
 // backward-weights, and one reordered output gradient feeds both backward
 // primitives when their formats agree.
+// Activations (x, y, dx, dy) are float32, or bfloat16 with a bfloat16 weight
+// copy (train.precision = bf16 storage): the products then read and write
+// bf16 and accumulate in float32; bias, weight and bias gradients stay float32.
 #include <algorithm>
 #include <cstring>
 #include <map>
@@ -136,14 +139,23 @@ void maxpool_backward(const float* act, const float* y, const float* dy, float* 
         }
 }
 
+// ReLU backward from its output on float32 or bfloat16 storage: dst = y > 0 ? dy : 0.
+void relu_mask_as(const void* y, const void* dy, void* dst, std::int64_t n, dt t) {
+  if (t == dt::f32)
+    return relu_mask(static_cast<const float*>(y), static_cast<const float*>(dy), static_cast<float*>(dst), n);
+  relu_mask(static_cast<const bfloat16*>(y), static_cast<const bfloat16*>(dy), static_cast<bfloat16*>(dst), n);
+}
+
 class CpuConv2d final : public Conv2dKernel {
  public:
   CpuConv2d(const Conv2dSpec& s, DnnlPtr d) : s_(s), d_(std::move(d)) {
-    RT_CHECK(s.dtype == DType::f32, "cpu Conv2d: only float32 is supported, got ", dtype_name(s.dtype));
+    RT_CHECK(s.dtype == DType::f32, "cpu Conv2d: parameters must be float32, got ", dtype_name(s.dtype));
   }
 
   void forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y) override {
-    Plan& p = plan(x.shape());
+    const dt at = types(x, w, "forward");
+    RT_CHECK(dnnl_type(y, "Conv2d output") == at, "cpu Conv2d: output dtype differs from the input's");
+    Plan& p = plan(x.shape(), at);
     auto& st = d_->strm;
     memory& out = s_.fuse_pool ? p.act : p.dst.out(y.raw());
     std::unordered_map<int, memory> args{{DNNL_ARG_SRC, p.src.in(x.raw(), st)},
@@ -165,7 +177,12 @@ class CpuConv2d final : public Conv2dKernel {
 
   void backward(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& dy, Tensor& dx, Tensor& dw,
                 Tensor& db, bool accumulate) override {
-    Plan& p = plan(x.shape());
+    const dt at = types(x, w, "backward");
+    RT_CHECK(dnnl_type(dy, "Conv2d gradient") == at && (!dx.defined() || dnnl_type(dx, "Conv2d dx") == at),
+             "cpu Conv2d: gradient dtypes differ from the input's");
+    RT_CHECK(!dw.defined() || (dw.dtype() == DType::f32 && (!s_.bias || db.dtype() == DType::f32)),
+             "cpu Conv2d: parameter gradients must be float32");
+    Plan& p = plan(x.shape(), at);
     auto& st = d_->strm;
     memory* g;  // output gradient of the convolution (after ReLU's mask)
     if (s_.fuse_pool) {
@@ -175,7 +192,7 @@ class CpuConv2d final : public Conv2dKernel {
       const bool mask_pooled = s_.fuse_relu && s_.pool.kind == PoolKind::max;
       const void* gp = dy.raw();
       if (mask_pooled) {
-        relu_mask(y.data<float>(), dy.data<float>(), p.masked.data<float>(), dy.numel());
+        relu_mask_as(y.raw(), dy.raw(), p.masked.raw(), dy.numel(), at);
         gp = p.masked.raw();
       }
       memory& gpool = p.pddst.in(gp, st);
@@ -193,15 +210,15 @@ class CpuConv2d final : public Conv2dKernel {
         st.wait();
       }
       if (s_.fuse_relu && !mask_pooled) {
-        const auto n = static_cast<std::int64_t>(p.gact.get_desc().get_size() / sizeof(float));
-        float* ga = static_cast<float*>(p.gact.get_data_handle());
-        relu_mask(static_cast<const float*>(p.act.get_data_handle()), ga, ga, n);
+        const auto n = static_cast<std::int64_t>(p.gact.get_desc().get_size() / (p.ot == dt::f32 ? 4 : 2));
+        void* ga = p.gact.get_data_handle();
+        relu_mask_as(p.act.get_data_handle(), ga, ga, n, p.ot);
       }
       g = &p.gact;
     } else {
       const void* gp = dy.raw();
       if (s_.fuse_relu) {
-        relu_mask(y.data<float>(), dy.data<float>(), p.masked.data<float>(), dy.numel());
+        relu_mask_as(y.raw(), dy.raw(), p.masked.raw(), dy.numel(), at);
         gp = p.masked.raw();
       }
       g = &p.gin.in(gp, st);
@@ -248,38 +265,57 @@ class CpuConv2d final : public Conv2dKernel {
     bool src_bw_shared = false;
     memory scratch_f, scratch_bd, scratch_bw;
     Tensor masked;  // ReLU-masked output gradient (plain; pooled shape with fused max pooling)
+    dt ot = dt::f32;  // the type the primitives write activations in (dst, diff_src; act, gact)
   };
 
-  Plan& plan(const Shape& xs) {
-    auto it = plans_.find(xs);
+  // The activations' type; the weight must be of the same type (a bfloat16 copy for bf16).
+  dt types(const Tensor& x, const Tensor& w, const char* what) const {
+    const dt t = dnnl_type(x, "Conv2d input");
+    RT_CHECK(dnnl_type(w, "Conv2d weight") == t, "cpu Conv2d ", what, ": the weight is ", dtype_name(w.dtype()),
+             " but the input ", dtype_name(x.dtype()), " (bfloat16 activations take a bfloat16 weight copy)");
+    return t;
+  }
+
+  // at: the activations' storage type.
+  Plan& plan(const Shape& xs, dt at) {
+    const auto key = std::make_pair(xs, int(at));
+    auto it = plans_.find(key);
     if (it != plans_.end()) return it->second;
     // bf16: the products read bfloat16 inputs, weights and output gradients
-    // (the reorders into the primitives' layouts convert them on the way) and
-    // write float32 outputs and gradients. oneDNN 2.6 ignores fpmath_mode for
-    // these convolutions on AVX512-BF16, so without this bf16 ran as fp32.
-    // Where the CPU has no bf16 instructions, or oneDNN no bf16 implementation
-    // for a shape, the convolution stays float32 (with the fpmath permission).
-    if (s_.math == MathMode::bf16 && native_bf16()) {
+    // and accumulate in float32. float32 storage (math bf16 only): the reorders
+    // into the primitives' layouts convert on the way and outputs stay float32;
+    // oneDNN 2.6 ignores fpmath_mode for these convolutions on AVX512-BF16, so
+    // without this bf16 ran as fp32. There, without bf16 instructions the
+    // convolution stays float32 (with the fpmath permission). bfloat16 storage
+    // always asks for bf16 products (emulated on AVX-512 without the
+    // instructions, as Linear's matmuls; the log names the ISA). Where oneDNN
+    // has no bf16 implementation for a shape, the products run in float32
+    // between conversions of the bf16 data.
+    if (at == dt::bf16 || (s_.math == MathMode::bf16 && native_bf16())) {
       try {
-        return plans_.emplace(xs, make_plan(xs, dt::bf16)).first->second;
+        return plans_.emplace(key, make_plan(xs, dt::bf16, at)).first->second;
       } catch (const dnnl::error&) {
       }
     }
-    return plans_.emplace(xs, make_plan(xs, dt::f32)).first->second;
+    return plans_.emplace(key, make_plan(xs, dt::f32, at)).first->second;
   }
 
-  // io: the type of the products' inputs (source, weights, output gradient).
-  Plan make_plan(const Shape& xs, dt io) {
+  // io: the type of the products' inputs (source, weights, output gradient);
+  // at: the caller's activations (and weight copy).
+  Plan make_plan(const Shape& xs, dt io, dt at) {
     const auto& s = s_;
     const memory::dim oh = (xs[2] + 2 * s.pad_h - s.dilation_h * (s.kernel_h - 1) - 1) / s.stride_h + 1;
     const memory::dim ow = (xs[3] + 2 * s.pad_w - s.dilation_w * (s.kernel_w - 1) - 1) / s.stride_w + 1;
     memory::dims src_d = dims4(xs), wei_d{s.out_channels, s.in_channels, s.kernel_h, s.kernel_w},
                  bia_d{s.out_channels}, dst_d{xs[0], s.out_channels, oh, ow}, strides{s.stride_h, s.stride_w},
                  dil{s.dilation_h - 1, s.dilation_w - 1}, pad{s.pad_h, s.pad_w};
-    auto any = [](const memory::dims& d) { return memory::desc(d, dt::f32, tag::any); };
+    // bf16 products with bf16 storage write bf16; otherwise the outputs are float32.
+    const dt ot = io == dt::bf16 && at == dt::bf16 ? dt::bf16 : dt::f32;
+    auto any = [ot](const memory::dims& d) { return memory::desc(d, ot, tag::any); };
     auto in = [io](const memory::dims& d) { return memory::desc(d, io, tag::any); };
-    auto src_p = plain_md(src_d, tag::nchw), wei_p = plain_md(wei_d, tag::oihw), bia_p = plain_md(bia_d, tag::x),
-         dst_p = plain_md(dst_d, tag::nchw);
+    auto src_p = plain_md(src_d, tag::nchw, at), wei_p = plain_md(wei_d, tag::oihw, at),
+         dwei_p = plain_md(wei_d, tag::oihw), bia_p = plain_md(bia_d, tag::x), dst_p = plain_md(dst_d, tag::nchw, at);
+    const DType adt = at == dt::bf16 ? DType::bf16 : DType::f32;
     auto& eng = d_->eng;
     primitive_attr attr = conv_attr();
     if (s.fuse_relu) {
@@ -302,6 +338,7 @@ class CpuConv2d final : public Conv2dKernel {
     convolution_backward_weights::primitive_desc bwpd = weights_pd(src_d, wei_d, bia_p, dst_d, strides, dil, pad, fpd, io);
 
     Plan p;
+    p.ot = ot;
     p.fwd = convolution_forward(fpd);
     p.bwd_data = convolution_backward_data(bdpd);
     p.bwd_w = convolution_backward_weights(bwpd);
@@ -321,7 +358,7 @@ class CpuConv2d final : public Conv2dKernel {
       pooling_v2_forward::primitive_desc ppd(
           {prop_kind::forward_training, alg, fpd.dst_desc(), any(pd_d), st, k, pdil, pl, pr}, eng);
       pooling_v2_backward::primitive_desc pbpd({alg, fpd.dst_desc(), ppd.dst_desc(), st, k, pdil, pl, pr}, eng, ppd);
-      p.own_maxpool_bwd = q.kind == PoolKind::max && Layout::of(fpd.dst_desc(), p.act_layout) &&
+      p.own_maxpool_bwd = ot == dt::f32 && q.kind == PoolKind::max && Layout::of(fpd.dst_desc(), p.act_layout) &&
                           Layout::of(ppd.dst_desc(), p.pool_layout) &&
                           (p.act_layout.block == 8 || p.act_layout.block == 16) &&
                           p.act_layout.block == p.pool_layout.block && pbpd.diff_dst_desc() == ppd.dst_desc();
@@ -333,17 +370,17 @@ class CpuConv2d final : public Conv2dKernel {
         p.pfwd = pooling_v2_forward(ppd);
         if (ppd.workspace_desc().get_size() > 0) p.ws = memory(ppd.workspace_desc(), eng);
       }
-      p.pdst = Arg(plain_md(pd_d, tag::nchw), ppd.dst_desc(), eng, false);
-      p.pddst = Arg(plain_md(pd_d, tag::nchw), pbpd.diff_dst_desc(), eng, true);
+      p.pdst = Arg(plain_md(pd_d, tag::nchw, at), ppd.dst_desc(), eng, false);
+      p.pddst = Arg(plain_md(pd_d, tag::nchw, at), pbpd.diff_dst_desc(), eng, true);
       p.gact = memory(pbpd.diff_src_desc(), eng);
       RT_ASSERT(pbpd.diff_src_desc() == fpd.dst_desc());  // the ReLU mask is element-wise in one layout
       gsrc = p.gact;
-      if (s.fuse_relu) p.masked = Tensor::empty(pd_d);
+      if (s.fuse_relu) p.masked = Tensor::empty(pd_d, adt);
     } else {
       p.dst = Arg(dst_p, fpd.dst_desc(), eng, false);
       p.gin = Arg(dst_p, bwpd.diff_dst_desc(), eng, true);
       gsrc = p.gin.inner();
-      if (s.fuse_relu) p.masked = Tensor::empty({xs[0], s.out_channels, oh, ow});
+      if (s.fuse_relu) p.masked = Tensor::empty({xs[0], s.out_channels, oh, ow}, adt);
     }
     p.g_bw = Convert(gsrc, bwpd.diff_dst_desc(), eng);
     p.g_bd = Convert(gsrc, bdpd.diff_dst_desc(), eng);
@@ -353,7 +390,7 @@ class CpuConv2d final : public Conv2dKernel {
     p.src_bw = Arg(src_p, bwpd.src_desc(), eng, true);
     // Weight gradients always land in a separate buffer so that accumulation
     // is a reorder with a sum post-op.
-    p.dwei = Arg(wei_p, bwpd.diff_weights_desc(), eng, false, true);
+    p.dwei = Arg(dwei_p, bwpd.diff_weights_desc(), eng, false, true);
     if (s.bias) p.dbia = Arg(bia_p, bwpd.diff_bias_desc(), eng, false, true);
     p.scratch_f = make_scratch(fpd, eng);
     p.scratch_bd = make_scratch(bdpd, eng);
@@ -400,7 +437,7 @@ class CpuConv2d final : public Conv2dKernel {
 
   Conv2dSpec s_;
   DnnlPtr d_;
-  std::map<Shape, Plan> plans_;
+  std::map<std::pair<Shape, int>, Plan> plans_;  // per input shape and activation type
 };
 
 }  // namespace

@@ -83,6 +83,16 @@ void relu_mask(const float* y, const float* dy, float* dst, std::int64_t n) {
   });
 }
 
+// bfloat16: y > 0 is the bits read as int16 > 0 (sign clear, not zero); a branch-free select that vectorises.
+__attribute__((target_clones("arch=x86-64-v4", "arch=haswell", "default"))) void relu_mask16_range(
+    const std::uint16_t* y, const std::uint16_t* dy, std::uint16_t* dst, std::int64_t b, std::int64_t e) {
+  for (std::int64_t i = b; i < e; ++i) dst[i] = static_cast<std::int16_t>(y[i]) > 0 ? dy[i] : std::uint16_t{0};
+}
+
+void relu_mask(const bfloat16* y, const bfloat16* dy, bfloat16* dst, std::int64_t n) {
+  parallel_chunks(n, [&](std::int64_t b, std::int64_t e) { relu_mask16_range(&y->bits, &dy->bits, &dst->bits, b, e); });
+}
+
 void add(const float* a, const float* b, float* out, std::int64_t n) {
   parallel_chunks(n, [&](std::int64_t lo, std::int64_t hi) {
     if (const CpuSimd* v = cpu_simd()) return v->add(a, b, out, lo, hi);

@@ -108,6 +108,7 @@ dnnl::memory make_scratch(const dnnl::primitive_desc_base& pd, const dnnl::engin
 
 // dst[i] = y[i] > 0 ? dy[i] : 0 (ReLU backward from the ReLU's output).
 void relu_mask(const float* y, const float* dy, float* dst, std::int64_t n);
+void relu_mask(const bfloat16* y, const bfloat16* dy, bfloat16* dst, std::int64_t n);
 // out[i] = a[i] + b[i]; out[i] += a[i] (n elements; out may alias the inputs).
 void add(const float* a, const float* b, float* out, std::int64_t n);
 void add_into(float* out, const float* a, std::int64_t n);
