@@ -271,7 +271,7 @@ void Trainer::Impl::start_reporting() {
     if (cfg.train.precision == "bf16") {  // which arithmetic really runs (issue 31)
       const bool act16 = parts.stage->activation_dtype() == DType::bf16;
       const std::string isa = backend_for(device).bf16_isa();
-      log::info("ringtrain: bf16: ", act16 ? "activations and Linear/attention weights in bfloat16, fp32 masters and "
+      log::info("ringtrain: bf16: ", act16 ? "activations and Linear/Conv2d/attention weights in bfloat16, fp32 masters and "
                                              "gradients" : "fp32 activations, bf16 down-conversion inside kernels only",
                 isa.empty() ? std::string() : cat("; bf16 math on ", isa));
     }

@@ -258,6 +258,9 @@ class Backend {
   // gradient written in float32 (matmuls accumulate in float32). Where this
   // holds, a Stage whose layers all take bf16 runs them in bf16 (stage.hpp).
   virtual bool bf16_activations() const { return false; }
+  // Whether the convolution, batch-norm and pooling kernels take them too
+  // (Conv2d, BatchNorm2d and Pool2d ask; a stage with one that does not runs float32).
+  virtual bool bf16_images() const { return false; }
   // The ISA that bf16 math runs on, for the log: "AMX", "AVX512-BF16", or
   // "emulated (...)"; "" when the backend does not say.
   virtual std::string bf16_isa() const { return ""; }

@@ -90,7 +90,7 @@ class Conv2d : public WeightLayer {
   void bind(const BindContext& ctx) override;
   Shape output_shape(const Shape& in) const override;
   double forward_flops(const Shape& in) const override;
-  bool takes_bf16() const override { return spec_.dtype == DType::f32; }
+  bool takes_bf16() const override { return spec_.dtype == DType::f32 && be_ && be_->bf16_images(); }
 
  protected:
   Tensor do_forward(const Tensor& x, Mode mode) override;
@@ -113,7 +113,8 @@ class BatchNorm2d : public Layer {
  public:
   BatchNorm2d(std::string name, BatchNormSpec spec);
   const char* type() const override { return "BatchNorm2d"; }
-  bool takes_bf16() const override { return spec_.dtype == DType::f32; }  // bf16 data, float32 statistics
+  // bf16 data, float32 statistics
+  bool takes_bf16() const override { return spec_.dtype == DType::f32 && be_ && be_->bf16_images(); }
   void register_params(ParamArena& arena, int layer_index, const std::string& prefix) override;
   void bind(const BindContext& ctx) override;
   void init(const ParamArena& arena, std::uint64_t seed) override;
@@ -196,7 +197,7 @@ class Pool2d : public Layer {
   void bind(const BindContext& ctx) override;
   Shape output_shape(const Shape& in) const override;
   void release_activations() override;
-  bool takes_bf16() const override { return true; }
+  bool takes_bf16() const override { return be_ && be_->bf16_images(); }
 
  protected:
   Tensor do_forward(const Tensor& x, Mode mode) override;

@@ -251,6 +251,7 @@ class CpuBackend final : public Backend {
   }
 
   bool bf16_activations() const override { return true; }
+  bool bf16_images() const override { return true; }
   std::string bf16_isa() const override { return cpu::bf16_isa(); }
   void cast(const Tensor& src, Tensor& dst) override {
     RT_CHECK(src.numel() == dst.numel(), "cast: sizes differ: ", shape_str(src.shape()), " vs ",
