@@ -252,7 +252,7 @@ void LmHead::bind(const BindContext& ctx) {
   dweight = ctx.arena.grad(i);
   be_ = &ctx.backend;
   arena_ = &ctx.arena;
-  w16_valid_ = false;
+  w16_.invalidate();
   LinearSpec s{dim_, local_, false, false};
   s.math = ctx.math;
   k_ = ctx.backend.linear(s);
@@ -268,13 +268,7 @@ double LmHead::forward_flops(const Shape& in) const { return 2.0 * double(in[0] 
 
 const Tensor& LmHead::weight_for(DType dt) {
   if (dt == weight.dtype()) return weight;
-  if (!w16_valid_ || w16_version_ != arena_->version()) {
-    ensure(w16_, weight.shape(), dt, weight.device());
-    be_->cast(weight, w16_);
-    w16_version_ = arena_->version();
-    w16_valid_ = true;
-  }
-  return w16_;
+  return w16_.of(weight, dt, *be_, *arena_);
 }
 
 Tensor LmHead::do_forward(const Tensor& x, Mode) {

@@ -41,4 +41,15 @@ Tensor& Layer::ensure(Tensor& slot, const Shape& shape, DType dt, Device dev) {
   return slot;
 }
 
+const Tensor& WeightCopy::of(const Tensor& w, DType dt, Backend& be, const ParamArena& arena) {
+  if (!valid_ || version_ != arena.version()) {
+    if (!copy_.defined() || copy_.shape() != w.shape() || copy_.dtype() != dt || copy_.device() != w.device())
+      copy_ = Tensor::empty(w.shape(), dt, w.device());
+    be.cast(w, copy_);
+    version_ = arena.version();
+    valid_ = true;
+  }
+  return copy_;
+}
+
 }  // namespace ringtrain

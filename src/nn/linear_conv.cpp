@@ -71,20 +71,14 @@ void Linear::bind(const BindContext& ctx) {
   k_ = ctx.backend.linear(spec_);
   be_ = &ctx.backend;
   arena_ = &ctx.arena;
-  w16_valid_ = false;
+  w16_.invalidate();
 }
 
 const Tensor& Linear::weight_for(DType dt) {
   if (dt == w.dtype()) return w;
   RT_CHECK(dt == DType::bf16 && be_ && arena_, "Linear '", name_, "': no ", dtype_name(dt), " weights for ",
            dtype_name(dt), " activations");
-  if (!w16_valid_ || w16_version_ != arena_->version()) {
-    ensure(w16_, w.shape(), DType::bf16, w.device());
-    be_->cast(w, w16_);
-    w16_version_ = arena_->version();
-    w16_valid_ = true;
-  }
-  return w16_;
+  return w16_.of(w, dt, *be_, *arena_);
 }
 
 // Leading dimensions are rows ([N, in] or tokens [N, T, in]): the kernel sees
@@ -163,20 +157,14 @@ void Conv2d::bind(const BindContext& ctx) {
   k_ = ctx.backend.conv2d(spec_);
   be_ = &ctx.backend;
   arena_ = &ctx.arena;
-  w16_valid_ = false;
+  w16_.invalidate();
 }
 
 const Tensor& Conv2d::weight_for(DType dt) {
   if (dt == w.dtype()) return w;
   RT_CHECK(dt == DType::bf16 && be_ && arena_, "Conv2d '", name_, "': no ", dtype_name(dt), " weights for ",
            dtype_name(dt), " activations");
-  if (!w16_valid_ || w16_version_ != arena_->version()) {
-    ensure(w16_, w.shape(), DType::bf16, w.device());
-    be_->cast(w, w16_);
-    w16_version_ = arena_->version();
-    w16_valid_ = true;
-  }
-  return w16_;
+  return w16_.of(w, dt, *be_, *arena_);
 }
 
 Shape Conv2d::output_shape(const Shape& in) const {

@@ -129,12 +129,11 @@ class LmHead : public Layer {
   std::int64_t copy_of_ = -1;  // hold_copy: the owner's model index
   ParamInfo owner_;
   std::size_t copy_ = 0;       // the copy's arena index
-  Tensor weight, dweight, x_, y_, dx_, w16_;
+  Tensor weight, dweight, x_, y_, dx_;
+  WeightCopy w16_;
   std::unique_ptr<LinearKernel> k_;
   Backend* be_ = nullptr;
   const ParamArena* arena_ = nullptr;
-  std::uint64_t w16_version_ = 0;
-  bool w16_valid_ = false;
 };
 
 // The initial values of a token embedding's weight (arena parameter `index`,

@@ -152,6 +152,21 @@ class Layer {
   bool has_forward_ = false;
 };
 
+// A weight in another dtype (the bfloat16 copy that bf16 activations multiply
+// by), cast from the float32 master again on first use after the arena's
+// version moved on: once per step after the update, and after a checkpoint
+// load, a broadcast or a ZeRO gather. Linear, Conv2d and the LM head hold one.
+class WeightCopy {
+ public:
+  const Tensor& of(const Tensor& w, DType dt, Backend& be, const ParamArena& arena);
+  void invalidate() { valid_ = false; }
+
+ private:
+  Tensor copy_;
+  std::uint64_t version_ = 0;
+  bool valid_ = false;
+};
+
 using LayerPtr = std::unique_ptr<Layer>;
 
 }  // namespace ringtrain

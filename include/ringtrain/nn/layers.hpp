@@ -77,9 +77,7 @@ class Linear : public WeightLayer {
   std::unique_ptr<LinearKernel> k_;
   Backend* be_ = nullptr;
   const ParamArena* arena_ = nullptr;
-  Tensor w16_;
-  std::uint64_t w16_version_ = 0;
-  bool w16_valid_ = false;
+  WeightCopy w16_;
 };
 
 class Conv2d : public WeightLayer {
@@ -104,9 +102,7 @@ class Conv2d : public WeightLayer {
   std::unique_ptr<Conv2dKernel> k_;
   Backend* be_ = nullptr;
   const ParamArena* arena_ = nullptr;
-  Tensor w16_;
-  std::uint64_t w16_version_ = 0;
-  bool w16_valid_ = false;
+  WeightCopy w16_;
 };
 
 class BatchNorm2d : public Layer {
