@@ -43,7 +43,13 @@ double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock:
 // CPU rank never maps the GPU libraries (core/device_module.hpp).
 Device choose_device(const TrainConfig& cfg, const Communicator& world) {
   if (cfg.train.device == "cuda") {
-    run_agreed(world, "loading the CUDA backend", [] { load_device_module(DeviceKind::cuda); });
+    run_agreed(world, "loading the CUDA backend", [] {
+      try {
+        load_device_module(DeviceKind::cuda);
+      } catch (const Error& e) {  // a build or install without the module: name the key that asked for it
+        RT_FAIL("train.device = cuda: ", e.what());
+      }
+    });
   } else if (cfg.train.device == "auto" && device_driver_present(DeviceKind::cuda)) {
     try {
       load_device_module(DeviceKind::cuda);
