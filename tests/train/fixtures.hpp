@@ -97,6 +97,13 @@ inline std::vector<double> train_losses(const TrainConfig& c, const Communicator
   return losses;
 }
 
+// The mean of the 5 losses from index `first` on (a learning check: early against late).
+inline double mean5(const std::vector<double>& l, std::size_t first) {
+  double s = 0;
+  for (std::size_t i = first; i < first + 5; ++i) s += l[i];
+  return s / 5;
+}
+
 inline TrainConfig small_config(const std::string& dir) {
   TrainConfig c;
   c.model.name = "cnn";

@@ -17,6 +17,7 @@
 #include "ringtrain/train/trainer.hpp"
 
 using namespace ringtrain;
+using test_fixtures::mean5;
 using test_fixtures::train_losses;
 
 namespace {
@@ -40,12 +41,6 @@ TrainConfig vit_config(const std::string& data, const std::string& precision) {
   c.train.max_steps = kSteps;
   c.train.precision = precision;
   return c;
-}
-
-double mean5(const std::vector<double>& l, std::size_t first) {
-  double s = 0;
-  for (std::size_t i = first; i < first + 5; ++i) s += l[i];
-  return s / 5;
 }
 
 // Rank 0: every tensor of the newest checkpoint of `dir`.

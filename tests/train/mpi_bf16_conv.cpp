@@ -14,6 +14,7 @@
 #include "ringtrain/train/trainer.hpp"
 
 using namespace ringtrain;
+using test_fixtures::mean5;
 using test_fixtures::train_losses;
 
 namespace {
@@ -38,12 +39,6 @@ TrainConfig config(const std::string& data, const std::string& model, const std:
   c.train.max_steps = kSteps;
   c.train.precision = precision;
   return c;
-}
-
-double mean5(const std::vector<double>& l, std::size_t first) {
-  double s = 0;
-  for (std::size_t i = first; i < first + 5; ++i) s += l[i];
-  return s / 5;
 }
 
 class Bf16ConvRuns : public test_fixtures::SyntheticDataTest, public ::testing::WithParamInterface<const char*> {
