@@ -91,6 +91,7 @@ class SleepLayer final : public Layer {
     st_->nap();
     --st_->live;
   }
+  void visit_state(MicroBatchState& s) override { s(out_, dx_); }
 
  private:
   std::shared_ptr<SleepState> st_;

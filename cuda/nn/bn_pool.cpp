@@ -34,7 +34,7 @@ class CudnnBatchNorm final : public BatchNormKernel {
     train_ = train;
     if (train) {
       std::size_t cb = static_cast<std::size_t>(s_.channels) * dtype_size(pt);
-      char* save = static_cast<char*>(saved_.get(2 * cb, x.device()));
+      char* save = static_cast<char*>(kept_buffer(saved_, 2 * cb, x.device()));
       RT_CUDNN(cudnnBatchNormalizationForwardTraining(
           c.cudnn(), CUDNN_BATCHNORM_SPATIAL, &one, &zero, xd_.d, x.raw(), xd_.d, y.raw(), pd_.d, gamma.raw(),
           beta.raw(), s_.momentum, running_mean.raw(), running_var.raw(), s_.eps, save, save + cb));
@@ -58,7 +58,7 @@ class CudnnBatchNorm final : public BatchNormKernel {
     set_shape(x);
     float one = 1.0f, zero = 0.0f;
     std::size_t cb = static_cast<std::size_t>(s_.channels) * dtype_size(pt);
-    char* save = static_cast<char*>(saved_.get(2 * cb, x.device()));
+    char* save = static_cast<char*>(kept_for_backward(saved_, 2 * cb, "cuda BatchNorm2d"));
     RT_CUDNN(cudnnBatchNormalizationBackward(c.cudnn(), CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one,
                                              accumulate ? &one : &zero, xd_.d, x.raw(), xd_.d, dy.raw(), xd_.d,
                                              dx.raw(), pd_.d, gamma.raw(), dgamma.raw(), dbeta.raw(), s_.eps, save,
@@ -81,8 +81,12 @@ class CudnnBatchNorm final : public BatchNormKernel {
   BatchNormSpec s_;
   TensorDesc xd_, pd_;
   std::array<std::int64_t, 4> shape_{};
-  Scratch saved_;  // saved mean and inverse std of the last training forward
+  // Forward to backward: the batch's mean and inverse std (training forward).
+  Tensor saved_;
   bool train_ = true;
+
+ public:
+  void visit_state(MicroBatchState& s) override { s(saved_, train_); }
 };
 
 class CudnnPool final : public Pool2dKernel {

@@ -33,8 +33,7 @@ class CudaLayerNorm final : public LayerNormKernel {
     RT_CHECK(rows * d == x.numel() && y.numel() == x.numel(), what, ": x ", shape_str(x.shape()),
              " is not [rows, ", d, "] or y differs");
     CudaContext& c = sh_->ctx(x);
-    auto* st = static_cast<float*>(stats_.get(static_cast<std::size_t>(2 * rows) * sizeof(float), x.device()));
-    rows_ = rows;
+    auto* st = static_cast<float*>(kept_buffer(stats_, static_cast<std::size_t>(2 * rows) * sizeof(float), x.device()));
     layernorm_forward(x.raw(), gamma.raw(), beta.raw(), y.raw(), st, st + rows, rows, d, float(s_.eps), t, s_.dtype,
                       c.compute());
   }
@@ -48,10 +47,11 @@ class CudaLayerNorm final : public LayerNormKernel {
     expect_cuda(dgamma, s_.dtype, what, "dgamma");
     expect_cuda(dbeta, s_.dtype, what, "dbeta");
     const std::int64_t d = s_.features, rows = x.numel() / d;
-    RT_CHECK(rows == rows_, what, ": no forward of this shape");
+    RT_CHECK(stats_.defined() && stats_.nbytes() == static_cast<std::size_t>(2 * rows) * sizeof(float), what,
+             ": no forward of this shape");
     if (dx.defined()) expect_cuda(dx, t, what, "dx");
     CudaContext& c = sh_->ctx(x);
-    auto* st = static_cast<float*>(stats_.get(0, x.device()));
+    auto* st = static_cast<float*>(stats_.raw());
     void* scratch = work_.get(layernorm_scratch_bytes(rows, d), x.device());
     layernorm_backward(x.raw(), gamma.raw(), dy.raw(), st, st + rows, dx.defined() ? dx.raw() : nullptr,
                        dgamma.raw(), dbeta.raw(), rows, d, accumulate, t, s_.dtype, scratch, c.compute());
@@ -60,8 +60,11 @@ class CudaLayerNorm final : public LayerNormKernel {
  private:
   SharedPtr sh_;
   LayerNormSpec s_;
-  Scratch stats_, work_;
-  std::int64_t rows_ = -1;
+  Tensor stats_;  // forward to backward: each row's mean and 1/std
+  Scratch work_;
+
+ public:
+  void visit_state(MicroBatchState& s) override { s(stats_); }
 };
 
 class CublasAttention final : public AttentionKernel {
@@ -80,7 +83,7 @@ class CublasAttention final : public AttentionKernel {
              ", ", g.t, ", ", g.d, "]");
     CudaContext& c = sh_->ctx(qkv);
     const std::size_t es = dtype_size(g.dt), ss = dtype_size(g.sd), nb = static_cast<std::size_t>(g.n * H() * g.tt);
-    char* p = static_cast<char*>(probs_.get(nb * es, qkv.device()));
+    char* p = static_cast<char*>(kept_buffer(probs_, nb * es, qkv.device()));
     char* sc = g.sd == g.dt ? p : static_cast<char*>(scores_.get(nb * ss, qkv.device()));  // S in place of P, or float
     const char* x = static_cast<const char*>(qkv.raw());
     char* o = static_cast<char*>(out.raw());
@@ -106,7 +109,7 @@ class CublasAttention final : public AttentionKernel {
              "attention backward: shapes or dtype differ from the forward's");
     CudaContext& c = sh_->ctx(qkv);
     const std::size_t es = dtype_size(g.dt), ss = dtype_size(g.sd), nb = static_cast<std::size_t>(g.n * H() * g.tt);
-    const char* p = static_cast<const char*>(probs_.get(0, qkv.device()));
+    const char* p = static_cast<const char*>(kept_for_backward(probs_, nb * es, "cuda attention"));
     char* ds = static_cast<char*>(dprobs_.get(nb * es, qkv.device()));
     char* dp = g.sd == g.dt ? ds : static_cast<char*>(scores_.get(nb * ss, qkv.device()));  // dP: in place, or float
     const char *x = static_cast<const char*>(qkv.raw()), *dy = static_cast<const char*>(dout.raw());
@@ -168,7 +171,11 @@ class CublasAttention final : public AttentionKernel {
   SharedPtr sh_;
   AttentionSpec s_;
   double scale_ = 1;
-  Scratch probs_, dprobs_, scores_;
+  Tensor probs_;  // forward to backward: the probabilities
+  Scratch dprobs_, scores_;
+
+ public:
+  void visit_state(MicroBatchState& s) override { s(probs_); }
   std::int64_t n_ = -1;
   DType dt_ = DType::f32;
 };

@@ -65,7 +65,7 @@ Tensor MultiHeadSelfAttention::do_forward(const Tensor& x, Mode mode) {
   Tensor qkv = qkv_->forward(x, mode);
   ensure(core_, {qkv.dim(0), qkv.dim(1), heads_ * head_dim_}, qkv.dtype(), qkv.device());
   k_->forward(qkv, core_);
-  if (recompute_core_ && mode == Mode::train) k_->release();
+  if (recompute_core_ && mode == Mode::train) release_state(*k_);
   qkv_out_ = qkv;
   return proj_->forward(core_, mode);
 }
@@ -77,15 +77,15 @@ Tensor MultiHeadSelfAttention::do_backward(const Tensor& dy, bool need_dx, bool 
   // (proj's deferred weight gradient may still read it).
   if (recompute_core_) k_->forward(qkv_out_, core_);
   k_->backward(qkv_out_, dcore, dcore_);
-  if (recompute_core_) k_->release();
+  if (recompute_core_) release_state(*k_);
   return qkv_->backward(dcore_, need_dx, accumulate);
 }
 
-void MultiHeadSelfAttention::release_activations() {
-  qkv_->release_activations();
-  proj_->release_activations();
-  k_->release();
-  qkv_out_ = core_ = dcore_ = Tensor();
+void MultiHeadSelfAttention::visit_state(MicroBatchState& s) {
+  qkv_->exchange_state(s);
+  proj_->exchange_state(s);
+  if (k_) k_->visit_state(s);
+  s(qkv_out_, core_, dcore_);
 }
 
 LayerPtr multi_head_attention(const std::string& name, std::int64_t dim, std::int64_t heads, const TensorGroup& g,

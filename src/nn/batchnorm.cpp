@@ -83,12 +83,6 @@ void BatchNorm2d::set_deferred_stats(bool on) {
   if (!deferred_) deferred_ = std::make_shared<DeferredStats>();
 }
 
-void BatchNorm2d::share_deferred_stats(const BatchNorm2d& owner) {
-  RT_CHECK(owner.deferred_ && owner.spec_.channels == spec_.channels, "BatchNorm2d '", name_,
-           "': can only share the deferred statistics of a layer of the same width in deferred mode");
-  deferred_ = owner.deferred_;
-}
-
 // The forward's normalisation is the usual train-mode one; the momentum-1
 // kernel makes its "running" outputs the batch's own mean and unbiased variance
 // ((1 - 1) * r + 1 * batch), which are merged into the record here.
@@ -146,7 +140,11 @@ void BatchNorm2d::commit_deferred_stats() {
   d = DeferredStats{};
 }
 
-void BatchNorm2d::release_activations() { x_ = y_ = dx_ = Tensor(); }
+void BatchNorm2d::visit_state(MicroBatchState& s) {
+  s(x_, y_, dx_, last_k_);
+  if (k_) k_->visit_state(s);
+  if (k_batch_) k_batch_->visit_state(s);
+}
 
 Tensor BatchNorm2d::do_backward(const Tensor& dy, bool, bool accumulate) {
   // dx is always computed: BN is never the first layer of a model we build,

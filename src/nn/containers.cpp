@@ -94,8 +94,8 @@ Tensor Sequential::do_backward_input(const Tensor& dy, bool need_dx, bool accumu
 void Sequential::do_backward_weight() { chain_backward_weight(children_); }
 bool Sequential::splits_backward() const { return chain_splits(children_); }
 bool Sequential::takes_bf16() const { return chain_bf16(children_); }
-void Sequential::release_activations() {
-  for (auto& c : children_) c->release_activations();
+void Sequential::visit_state(MicroBatchState& s) {
+  for (auto& c : children_) c->exchange_state(s);
 }
 
 void Sequential::for_each_child(const std::function<void(Layer&)>& f) {
@@ -180,9 +180,9 @@ void Residual::do_backward_weight() {
   chain_backward_weight(shortcut_);
 }
 
-void Residual::release_activations() {
-  for_each_child([](Layer& c) { c.release_activations(); });
-  sum_ = dx_ = Tensor();
+void Residual::visit_state(MicroBatchState& s) {
+  for_each_child([&](Layer& c) { c.exchange_state(s); });
+  s(sum_, dx_);
 }
 
 bool Residual::splits_backward() const { return chain_splits(body_) || chain_splits(shortcut_); }

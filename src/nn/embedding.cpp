@@ -200,11 +200,7 @@ Tensor TokenEmbedding::do_backward(const Tensor& dy, bool, bool accumulate) {
   return {};  // token ids have no gradient
 }
 
-void TokenEmbedding::release_activations() {
-  y_ = Tensor();
-  ids_.clear();
-  ids_.shrink_to_fit();
-}
+void TokenEmbedding::visit_state(MicroBatchState& s) { s(y_, ids_); }
 
 // ---- LmHead -----------------------------------------------------------------
 LmHead::LmHead(std::string name, std::string tie, std::int64_t vocab, std::int64_t dim, TensorGroup g)
@@ -295,6 +291,9 @@ Tensor LmHead::do_backward(const Tensor& dy, bool need_dx, bool accumulate) {
   return dx;
 }
 
-void LmHead::release_activations() { x_ = y_ = dx_ = Tensor(); }
+void LmHead::visit_state(MicroBatchState& s) {
+  s(x_, y_, dx_);
+  if (k_) k_->visit_state(s);
+}
 
 }  // namespace ringtrain

@@ -47,9 +47,9 @@ void WeightLayer::do_backward_weight() {
   dy_ = Tensor();
 }
 
-void WeightLayer::release_activations() {
-  RT_CHECK(!w_pending_, "layer '", name_, "': activations released before backward_weight");
-  x_ = y_ = dx_ = dy_ = Tensor();
+void WeightLayer::visit_state(MicroBatchState& s) {
+  s(x_, y_, dx_, dy_, w_pending_, w_accumulate_);
+  if (Kernel* k = kernel()) k->visit_state(s);
 }
 
 // ---- Linear -----------------------------------------------------------------

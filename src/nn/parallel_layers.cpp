@@ -211,9 +211,11 @@ Tensor RowParallel::do_forward(const Tensor& x, Mode mode) {
   return y_;
 }
 
-void RowParallel::release_activations() {
-  local_->release_activations();
-  z_ = y_ = dz_ = Tensor();
+void RowParallel::visit_state(MicroBatchState& s) {
+  local_->exchange_state(s);
+  s(z_, y_, dz_);
+  if (relu_) relu_->visit_state(s);
+  if (pool_) pool_->visit_state(s);
 }
 
 Tensor RowParallel::do_backward(const Tensor& dy, bool need_dx, bool accumulate) {

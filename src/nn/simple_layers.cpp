@@ -22,7 +22,10 @@ Tensor Activation::do_forward(const Tensor& x, Mode) {
   return y_;
 }
 
-void Activation::release_activations() { x_ = y_ = dx_ = Tensor(); }
+void Activation::visit_state(MicroBatchState& s) {
+  s(x_, y_, dx_);
+  if (k_) k_->visit_state(s);
+}
 
 Tensor Activation::do_backward(const Tensor& dy, bool need_dx, bool) {
   if (!need_dx) return {};
@@ -81,7 +84,10 @@ Tensor Pool2d::do_forward(const Tensor& x, Mode mode) {
   return y_;
 }
 
-void Pool2d::release_activations() { x_ = y_ = dx_ = Tensor(); }
+void Pool2d::visit_state(MicroBatchState& s) {
+  s(x_, y_, dx_);
+  if (k_) k_->visit_state(s);
+}
 
 Tensor Pool2d::do_backward(const Tensor& dy, bool need_dx, bool) {
   if (!need_dx) return {};
@@ -153,7 +159,7 @@ Tensor Dropout::do_forward(const Tensor& x, Mode mode) {
   return y_;
 }
 
-void Dropout::release_activations() { mask_ = y_ = dx_ = Tensor(); }
+void Dropout::visit_state(MicroBatchState& s) { s(mask_, y_, dx_, identity_); }
 
 Tensor Dropout::do_backward(const Tensor& dy, bool need_dx, bool) {
   if (!need_dx) return {};

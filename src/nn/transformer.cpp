@@ -64,7 +64,10 @@ Tensor LayerNorm::do_backward(const Tensor& dy, bool need_dx, bool accumulate) {
   return dx;
 }
 
-void LayerNorm::release_activations() { x_ = y_ = dx_ = Tensor(); }
+void LayerNorm::visit_state(MicroBatchState& s) {
+  s(x_, y_, dx_);
+  if (k_) k_->visit_state(s);
+}
 
 // ---- PatchEmbed -------------------------------------------------------------
 PatchEmbed::PatchEmbed(std::string name, std::int64_t channels, std::int64_t height, std::int64_t width,
@@ -124,9 +127,9 @@ Tensor PatchEmbed::do_backward(const Tensor& dy, bool need_dx, bool accumulate) 
   return dx_;
 }
 
-void PatchEmbed::release_activations() {
-  proj_->release_activations();
-  patches_ = y_ = dpatches_ = dx_ = Tensor();
+void PatchEmbed::visit_state(MicroBatchState& s) {
+  proj_->exchange_state(s);
+  s(patches_, y_, dpatches_, dx_);
 }
 
 // ---- TokenMean --------------------------------------------------------------
@@ -148,7 +151,7 @@ Tensor TokenMean::do_backward(const Tensor& dy, bool need_dx, bool) {
   return dx_;
 }
 
-void TokenMean::release_activations() { y_ = dx_ = Tensor(); }
+void TokenMean::visit_state(MicroBatchState& s) { s(y_, dx_); }
 
 // ---- ResidualStack ----------------------------------------------------------
 ResidualStack::ResidualStack(std::string name, std::vector<std::vector<LayerPtr>> branches, SequenceShard seq)
@@ -200,10 +203,9 @@ void ResidualStack::for_each_child(const std::function<void(Layer&)>& f) {
     for (auto& c : b) f(*c);
 }
 
-void ResidualStack::release_activations() {
-  for_each_child([](Layer& c) { c.release_activations(); });
-  sums_.clear();
-  dx_ = Tensor();
+void ResidualStack::visit_state(MicroBatchState& s) {
+  for_each_child([&](Layer& c) { c.exchange_state(s); });
+  s(sums_, dx_, xs_, y_, dys_, dxw_);
 }
 
 bool ResidualStack::takes_bf16() const {

@@ -30,15 +30,34 @@ Recompute parse_recompute(const std::string& s) {
 
 void Stage::set_recompute(Recompute r) {
   recompute_ = r;
-  for (auto& sl : slots_)
-    for (auto& l : sl) {
-      std::vector<MultiHeadSelfAttention*> attn;
-      collect_attention(*l, attn);
-      for (auto* a : attn) a->set_recompute_core(r == Recompute::attention);
-    }
-  inputs_.assign(slots_.size(), {});
-  slot_position_.assign(slots_.size(), {});
+  for (auto& l : layers_) {
+    std::vector<MultiHeadSelfAttention*> attn;
+    collect_attention(*l, attn);
+    for (auto* a : attn) a->set_recompute_core(r == Recompute::attention);
+  }
+  inputs_.assign(states_.size(), {});
+  slot_position_.assign(states_.size(), {});
 }
+
+// Puts a slot's micro-batch state into the layers for one pass and takes it
+// out again, also when the pass throws. One slot: the layers keep it.
+class Stage::Loaded {
+ public:
+  Loaded(Stage& st, int slot) : st_(st), s_(st.states_.size() > 1 ? &st.states_.at(static_cast<std::size_t>(slot)) : nullptr) {
+    swap();
+  }
+  ~Loaded() { swap(); }
+  Loaded(const Loaded&) = delete;
+  Loaded& operator=(const Loaded&) = delete;
+
+ private:
+  void swap() {
+    if (s_)
+      for (auto& l : st_.layers_) l->swap_state(*s_);
+  }
+  Stage& st_;
+  MicroBatchState* s_;
+};
 
 void Stage::replay(int slot, int local) {
   struct Restore {  // the position the next forward expects, even on an error
@@ -49,8 +68,7 @@ void Stage::replay(int slot, int local) {
   position_ = slot_position_[static_cast<std::size_t>(slot)];
   position_.replay = true;
   auto& in = inputs_[static_cast<std::size_t>(slot)];
-  slots_[static_cast<std::size_t>(slot)][static_cast<std::size_t>(local)]->forward(in[static_cast<std::size_t>(local)],
-                                                                                   Mode::train);
+  layers_[static_cast<std::size_t>(local)]->forward(in[static_cast<std::size_t>(local)], Mode::train);
   in[static_cast<std::size_t>(local)] = Tensor();  // the layer holds it now, until released
 }
 
@@ -74,40 +92,30 @@ Stage::Stage(const ModelConfig& mc, Device dev, int first, int end, int slots)
   sample_in_.assign(s.begin() + 1, s.end());
   arena_.set_index_base(before.size());
 
-  for (int k = 0; k < slots; ++k) {
-    if (k > 0) all = build_model_layers(mc, dev);
-    split_tied_layers(all, first, end, before);  // a tied LM head apart from its embedding holds a copy
-    std::vector<LayerPtr> mine;
-    for (int i = first; i < end; ++i) mine.push_back(std::move(all[static_cast<std::size_t>(i)]));
-    // Slot 0 registers into the stage's arena; the others into a scratch arena
-    // with the same registration order, hence the same indices.
-    ParamArena scratch;
-    for (int i = first; i < end; ++i) mine[i - first]->register_params(k == 0 ? arena_ : scratch, i, "");
-    slots_.push_back(std::move(mine));
-  }
+  split_tied_layers(all, first, end, before);  // a tied LM head apart from its embedding holds a copy
+  for (int i = first; i < end; ++i) layers_.push_back(std::move(all[static_cast<std::size_t>(i)]));
+  for (int i = first; i < end; ++i) layers_[i - first]->register_params(arena_, i, "");
   arena_.finalize(dev);
   BindContext ctx{backend_for(dev), dev, arena_, mc.seed, mc.math, &position_};
-  for (auto& sl : slots_)
-    for (auto& l : sl) l->bind(ctx);
-  for (auto& sl : slots_) {
-    std::vector<NamedBuffer> b;
-    for (auto& l : sl)
-      for (auto& nb : l->buffers()) b.push_back(nb);
-    slot_buffers_.push_back(std::move(b));
+  for (auto& l : layers_) l->bind(ctx);
+  for (auto& l : layers_) l->init(arena_, mc.seed);  // the initial parameters and buffers, once
+  states_.resize(static_cast<std::size_t>(slots));
+  if (slots > 1) {  // every layer must list what its micro-batches keep
+    MicroBatchState probe;
+    for (auto& l : layers_) l->swap_state(probe);
+    for (auto& l : layers_) l->swap_state(probe);
+    RT_CHECK(probe.unlisted_layer().empty(), "pipeline stage: layer ", probe.unlisted_layer(),
+             " does not list its per-micro-batch state (Layer::visit_state), and the schedule keeps ", slots,
+             " micro-batches in flight on this stage");
   }
-  // The initial parameters and buffers of the stage's layers, once.
-  for (auto& l : slots_[0]) l->init(arena_, mc.seed);
-  for (std::size_t k = 1; k < slot_buffers_.size(); ++k)
-    for (std::size_t i = 0; i < slot_buffers_[k].size(); ++i) slot_buffers_[k][i].tensor.copy_from(slot_buffers_[0][i].tensor);
   bool bf16 = mc.math == MathMode::bf16 && backend_for(dev).bf16_activations();
-  for (auto& l : slots_[0]) bf16 = bf16 && l->takes_bf16();
+  for (auto& l : layers_) bf16 = bf16 && l->takes_bf16();
   act_ = bf16 ? DType::bf16 : DType::f32;
-  for (auto& sl : slots_)
-    for (auto& l : sl)
-      if (l->takes_token_ids()) l->set_output_dtype(act_);
-  for (auto* v : {&in16_, &out32_, &dy16_, &dx32_}) v->resize(slots_.size());
+  for (auto& l : layers_)
+    if (l->takes_token_ids()) l->set_output_dtype(act_);
+  for (auto* v : {&in16_, &out32_, &dy16_, &dx32_}) v->resize(states_.size());
   first_param_layer_ = 0;
-  while (first_param_layer_ + 1 < num_layers() && slots_[0][first_param_layer_]->params().empty()) ++first_param_layer_;
+  while (first_param_layer_ + 1 < num_layers() && layers_[first_param_layer_]->params().empty()) ++first_param_layer_;
 }
 
 Stage::Stage(const ModelConfig& mc, Device dev)
@@ -136,11 +144,16 @@ Shape Stage::input_shape(std::int64_t n) const {
 
 Shape Stage::output_shape(std::int64_t n) const {
   Shape s = input_shape(n);
-  for (auto& l : slots_[0]) s = l->output_shape(s);
+  for (auto& l : layers_) s = l->output_shape(s);
   return s;
 }
 
-std::vector<NamedBuffer> Stage::buffers() const { return slot_buffers_[0]; }
+std::vector<NamedBuffer> Stage::buffers() const {
+  std::vector<NamedBuffer> b;
+  for (auto& l : layers_)
+    for (auto& nb : l->buffers()) b.push_back(nb);
+  return b;
+}
 
 Tensor Stage::cast_to(std::vector<Tensor>& bufs, int slot, const Tensor& t, DType dt) {
   if (t.dtype() == dt) return t;
@@ -152,13 +165,8 @@ Tensor Stage::cast_to(std::vector<Tensor>& bufs, int slot, const Tensor& t, DTyp
 }
 
 Tensor Stage::forward(int slot, const Tensor& x, Mode mode) {
-  auto& layers = slots_.at(slot);
-  auto& mine = slot_buffers_[slot];
-  // Running statistics continue from slot 0's (see the header); deferred
-  // BatchNorm leaves them alone until commit_batch_stats().
-  const bool carry = slot != 0 && mode == Mode::train && !deferred_bn_;
-  if (carry)
-    for (std::size_t i = 0; i < mine.size(); ++i) mine[i].tensor.copy_from(slot_buffers_[0][i].tensor);
+  Loaded loaded(*this, slot);
+  auto& layers = layers_;
   const bool block = recompute_ == Recompute::block && mode == Mode::train;
   if (block) {
     slot_position_[static_cast<std::size_t>(slot)] = position_;
@@ -172,38 +180,26 @@ Tensor Stage::forward(int slot, const Tensor& x, Mode mode) {
     if (block) layers[i]->release_activations();  // h and the kept input stay alive
   }
   end_pass();
-  if (carry)
-    for (std::size_t i = 0; i < mine.size(); ++i) slot_buffers_[0][i].tensor.copy_from(mine[i].tensor);
   return act_ == DType::bf16 ? cast_to(out32_, slot, h, DType::f32) : h;
 }
 
 int Stage::set_deferred_batch_stats(bool on) {
-  std::vector<std::vector<BatchNorm2d*>> bns(slots_.size());
-  for (std::size_t k = 0; k < slots_.size(); ++k)
-    for (auto& l : slots_[k]) collect_bn(*l, bns[k]);
+  std::vector<BatchNorm2d*> bns;
+  for (auto& l : layers_) collect_bn(*l, bns);
   // Every running statistic must belong to a layer reached above, or a container
   // that hides its children would silently keep the per-micro-batch update.
   std::size_t stats = 0;
-  for (auto& b : slot_buffers_[0]) stats += b.name.size() > 13 && b.name.ends_with(".running_mean");
-  RT_CHECK(stats == bns[0].size(), "pipeline stage: found ", bns[0].size(), " BatchNorm2d layers but ", stats,
+  for (auto& b : buffers()) stats += b.name.size() > 13 && b.name.ends_with(".running_mean");
+  RT_CHECK(stats == bns.size(), "pipeline stage: found ", bns.size(), " BatchNorm2d layers but ", stats,
            " running means (a composite layer does not list its children in for_each_child)");
-  for (std::size_t k = 0; k < slots_.size(); ++k)
-    for (std::size_t i = 0; i < bns[k].size(); ++i) {
-      if (k == 0) {
-        bns[0][i]->set_deferred_stats(on);
-      } else if (on) {
-        bns[k][i]->share_deferred_stats(*bns[0][i]);
-      } else {
-        bns[k][i]->set_deferred_stats(false);
-      }
-    }
-  deferred_bn_ = on && !bns[0].empty();
-  return static_cast<int>(bns[0].size());
+  for (auto* bn : bns) bn->set_deferred_stats(on);
+  deferred_bn_ = on && !bns.empty();
+  return static_cast<int>(bns.size());
 }
 
 void Stage::commit_batch_stats() {
   if (!deferred_bn_) return;
-  for (auto& l : slots_[0]) {
+  for (auto& l : layers_) {
     std::vector<BatchNorm2d*> bns;
     collect_bn(*l, bns);
     for (auto* bn : bns) bn->commit_deferred_stats();
@@ -211,7 +207,8 @@ void Stage::commit_batch_stats() {
 }
 
 Tensor Stage::backward_input(int slot, const Tensor& dy, bool need_dx, const GradReady& ready) {
-  auto& layers = slots_.at(slot);
+  Loaded loaded(*this, slot);
+  auto& layers = layers_;
   const int stop = need_dx ? 0 : first_param_layer_;
   const bool block = recompute_ == Recompute::block;
   const Tensor dyl = act_ == DType::bf16 ? cast_to(dy16_, slot, dy, DType::bf16) : dy;
@@ -250,7 +247,8 @@ Tensor Stage::backward_input(int slot, const Tensor& dy, bool need_dx, const Gra
 
 void Stage::backward_weight(int slot, const GradReady& ready) {
   if (fused_) return;  // done in backward_input
-  auto& layers = slots_.at(slot);
+  Loaded loaded(*this, slot);
+  auto& layers = layers_;
   for (int i = num_layers(); i-- > 0;) {
     if (layers[i]->splits_backward()) use(i, ParamAccess::Pass::weight);
     layers[i]->backward_weight();

@@ -122,25 +122,6 @@ TEST(DeferredBatchNormLayer, OutputsAndGradientsAreTheNormalLayers) {
   expect_close(e2, e1, 1e-6, "eval y");
 }
 
-// Pipeline activation slots: copies of one layer accumulate into the owner's
-// record; the owner's commit covers all of them, the copies' own buffers stay.
-TEST(DeferredBatchNormLayer, SlotCopiesShareTheOwnersRecord) {
-  Harness whole(make_bn()), owner(make_bn()), copy(make_bn());
-  bn(owner).set_deferred_stats(true);
-  bn(copy).share_deferred_stats(bn(owner));
-  const Tensor rm0 = buf(copy, 0).to(Device::cpu()), rv0 = buf(copy, 1).to(Device::cpu());
-  const Tensor x = batch(21);
-  whole.layer->forward(x, Mode::train);
-  for (int i = 0; i < 4; ++i) (i % 2 ? copy : owner).layer->forward(x.slice_rows(i * 4, (i * 4) + 4), Mode::train);
-  bn(owner).commit_deferred_stats();
-  expect_close(buf(owner, 0), buf(whole, 0), 1e-6, "owner running_mean");
-  expect_close(buf(owner, 1), buf(whole, 1), 1e-6, "owner running_var");
-  expect_close(buf(copy, 0), rm0, 0, "copy running_mean");
-  expect_close(buf(copy, 1), rv0, 0, "copy running_var");
-  bn(copy).commit_deferred_stats();  // the record was consumed: nothing left to commit
-  expect_close(buf(copy, 0), rm0, 0, "copy running_mean after its commit");
-}
-
 TEST(DeferredBatchNormLayer, CommitWithoutForwardsAndTurningOffChangeNothing) {
   Harness def(make_bn());
   const Tensor rm0 = buf(def, 0).to(Device::cpu()), rv0 = buf(def, 1).to(Device::cpu());
@@ -160,16 +141,6 @@ TEST(DeferredBatchNormLayer, CommitWithoutForwardsAndTurningOffChangeNothing) {
   normal.layer->forward(x, Mode::train);
   expect_close(buf(def, 0), buf(normal, 0), 0, "normal-mode running_mean");
   expect_close(buf(def, 1), buf(normal, 1), 0, "normal-mode running_var");
-}
-
-TEST(DeferredBatchNormLayer, SharingNeedsADeferredOwnerOfTheSameWidth) {
-  Harness a(make_bn()), b(make_bn());
-  EXPECT_THROW(bn(b).share_deferred_stats(bn(a)), Error);  // owner not deferred
-  BatchNormSpec s;
-  s.channels = kC + 1;
-  Harness wide(std::make_unique<BatchNorm2d>("wide", s));
-  bn(a).set_deferred_stats(true);
-  EXPECT_THROW(static_cast<BatchNorm2d&>(*wide.layer).share_deferred_stats(bn(a)), Error);
 }
 
 }  // namespace

@@ -176,7 +176,7 @@ TEST(TiledCausalAttention, TwoThreadsMatchOne) {
 
 // What the kernel keeps from forward to backward, counted by the host
 // allocator: the row log-sum-exp (N*H*T floats; the output is the caller's)
-// and its threads' scratch, O(T) each; release() frees both. The dense
+// and its threads' scratch, O(T) each; release_state() frees both. The dense
 // kernel's [N, H, T, T] probabilities are seen by the same count.
 TEST(TiledCausalAttention, KeepsNoTByTMatrix) {
   const std::int64_t H = 4, hd = 16, n = 1;
@@ -196,7 +196,7 @@ TEST(TiledCausalAttention, KeepsNoTByTMatrix) {
     k->forward(qkv, out);  // a steady step allocates nothing more
     k->backward(qkv, dout, dqkv);
     EXPECT_EQ(host_memory_stats().peak - before, kept.back()) << "T " << T;
-    k->release();
+    release_state(*k);
     EXPECT_EQ(host_memory_stats().live, before) << "T " << T;
 
     AttentionSpec s;  // the dense kernel, for scale

@@ -14,8 +14,14 @@
 //    are overwritten when `accumulate` is false and added to when it is true,
 //    so gradient accumulation over micro-batches works by not zeroing.
 //  - A kernel may keep state between forward and the matching backward (saved
-//    batch statistics, pooling indices); calls come as forward, backward pairs
-//    with the same input shape, or forward only (eval).
+//    batch statistics, pooling indices, attention probabilities); it lists
+//    that state, and nothing else, in visit_state (micro_batch_state.hpp), so
+//    a pipeline stage can keep several micro-batches' states for one kernel
+//    and swap the one whose backward runs into it. Calls come as forward,
+//    backward pairs with the same input shape and the same state, or forward
+//    only (eval). A forward finding its state empty allocates it; what the
+//    kernel caches per shape (primitives, workspaces used within one call) is
+//    not state.
 //  - Registration: register_backend() is the one place a device kind is wired
 //    in. The CPU backend (src/backend/cpu) is built in; the CUDA backend
 //    registers itself from cuda/ at static-initialisation time.
@@ -26,6 +32,7 @@
 
 #include "ringtrain/core/device.hpp"
 #include "ringtrain/core/tensor.hpp"
+#include "ringtrain/nn/micro_batch_state.hpp"
 
 namespace ringtrain {
 
@@ -119,10 +126,34 @@ struct AttentionSpec {
 enum class Eltwise { relu, gelu };  // gelu = exact erf form (PyTorch default)
 
 // ---- kernels ----------------------------------------------------------------
-// Output shapes follow PyTorch: out = (in + 2 pad - dil (k - 1) - 1) / stride + 1.
-class Conv2dKernel {
+// What every kernel has: its forward-to-backward state (see the rules above).
+class Kernel {
  public:
-  virtual ~Conv2dKernel() = default;
+  virtual ~Kernel() = default;
+  virtual void visit_state(MicroBatchState&) {}
+};
+// A buffer of `bytes` on `dev` that a kernel keeps from a forward for its
+// backward, held in a Tensor its visit_state lists: allocated when missing or
+// of another size. For the backward it must be there (the forward made it).
+inline void* kept_buffer(Tensor& t, std::size_t bytes, Device dev) {
+  if (!t.defined() || t.nbytes() != bytes || t.device() != dev)
+    t = Tensor::empty({static_cast<std::int64_t>(bytes)}, DType::u8, dev);
+  return t.raw();
+}
+inline void* kept_for_backward(Tensor& t, std::size_t bytes, const char* kernel) {
+  RT_CHECK(t.defined() && t.nbytes() == bytes, kernel, ": backward without the state of its forward");
+  return t.raw();
+}
+// Frees a kernel's forward-to-backward state (selective recomputation: its
+// forward runs again before the backward).
+inline void release_state(Kernel& k) {
+  MicroBatchState empty;
+  k.visit_state(empty);
+}
+
+// Output shapes follow PyTorch: out = (in + 2 pad - dil (k - 1) - 1) / stride + 1.
+class Conv2dKernel : public Kernel {
+ public:
   // x [N,Cin,H,W], w [Cout,Cin,kh,kw], b [Cout] or undefined, y [N,Cout,OH,OW].
   virtual void forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y) = 0;
   // y is forward's output (used to mask dy when fuse_relu); dx undefined = not needed;
@@ -132,18 +163,16 @@ class Conv2dKernel {
                         Tensor& dw, Tensor& db, bool accumulate) = 0;
 };
 
-class LinearKernel {
+class LinearKernel : public Kernel {
  public:
-  virtual ~LinearKernel() = default;
   // x [N,in], w [out,in], b [out] or undefined, y [N,out]: y = x w^T + b.
   virtual void forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y) = 0;
   virtual void backward(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& dy, Tensor& dx,
                         Tensor& dw, Tensor& db, bool accumulate) = 0;
 };
 
-class BatchNormKernel {
+class BatchNormKernel : public Kernel {
  public:
-  virtual ~BatchNormKernel() = default;
   // Train: normalise with batch statistics (biased variance), update running
   // stats with the unbiased variance (PyTorch). Eval: use running stats.
   virtual void forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& running_mean,
@@ -153,25 +182,22 @@ class BatchNormKernel {
                         Tensor& dbeta, bool accumulate) = 0;
 };
 
-class Pool2dKernel {
+class Pool2dKernel : public Kernel {
  public:
-  virtual ~Pool2dKernel() = default;
   virtual void forward(const Tensor& x, Tensor& y, bool train) = 0;
   virtual void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx) = 0;
 };
 
-class EltwiseKernel {
+class EltwiseKernel : public Kernel {
  public:
-  virtual ~EltwiseKernel() = default;
   virtual void forward(const Tensor& x, Tensor& y) = 0;
   // x and y are forward's input and output (either may be used).
   virtual void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx) = 0;
 };
 
 // Rows are all leading dimensions flattened: x, y [rows, features].
-class LayerNormKernel {
+class LayerNormKernel : public Kernel {
  public:
-  virtual ~LayerNormKernel() = default;
   // y = (x - mean) / sqrt(var + eps) * gamma + beta per row (biased variance);
   // keeps each row's mean and 1/std for the backward.
   virtual void forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y) = 0;
@@ -179,9 +205,8 @@ class LayerNormKernel {
                         Tensor& dbeta, bool accumulate) = 0;
 };
 
-class AttentionKernel {
+class AttentionKernel : public Kernel {
  public:
-  virtual ~AttentionKernel() = default;
   // qkv [N, T, 3*H*hd]: per token all heads' q, then k, then v (one Linear's
   // output; PyTorch's qkv.reshape(N, T, 3, H, hd)). out [N, T, H*hd], head h in
   // columns [h*hd, (h+1)*hd). Keeps what backward needs: the probabilities
@@ -191,9 +216,6 @@ class AttentionKernel {
   virtual void forward(const Tensor& qkv, Tensor& out) = 0;
   // dqkv is overwritten (same layout as qkv).
   virtual void backward(const Tensor& qkv, const Tensor& dout, Tensor& dqkv) = 0;
-  // Frees what forward kept and backward scratch (selective recomputation:
-  // forward runs again before the next backward).
-  virtual void release() {}
 };
 
 // ---- the backend ------------------------------------------------------------

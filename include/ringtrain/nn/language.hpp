@@ -68,7 +68,7 @@ class TokenEmbedding : public Layer {
   // The tied LmHead is on a later pipeline stage, with a copy of the weight:
   // the gradient here is this layer's alone; the weight is marked copied.
   void head_elsewhere() { tied_ = false, copied_ = true; }
-  void release_activations() override;
+  void visit_state(MicroBatchState& s) override;
   void register_params(ParamArena& arena, int layer_index, const std::string& prefix) override;
   void bind(const BindContext& ctx) override;
   void init(const ParamArena& arena, std::uint64_t seed) override;
@@ -111,7 +111,7 @@ class LmHead : public Layer {
   void hold_copy(const ParamInfo& owner, std::size_t owner_index);
   void register_params(ParamArena& arena, int layer_index, const std::string& prefix) override;
   void init(const ParamArena& arena, std::uint64_t seed) override;
-  void release_activations() override;
+  void visit_state(MicroBatchState& s) override;
   void bind(const BindContext& ctx) override;
   Shape output_shape(const Shape& in) const override;
   double forward_flops(const Shape& in) const override;

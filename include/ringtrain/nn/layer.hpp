@@ -21,8 +21,14 @@
 //    backward_weight, so callers may always call both; splits_backward() says
 //    whether the weight half really is deferred. backward_weight must come
 //    before the layer's next forward.
-//  - release_activations() gives the buffers back (recomputation): a layer
-//    that does not override it keeps them, which costs memory, not correctness.
+//  - Per-micro-batch state: everything a forward leaves for its backward
+//    (kept inputs, outputs, gradient buffers, the kernels' saved state) is
+//    listed in visit_state and moves in and out of the layer as one
+//    MicroBatchState (swap_state): a pipeline stage runs several micro-batches
+//    through one copy of its layers that way, and release_activations() gives
+//    the buffers back (recomputation). A layer that does not override
+//    visit_state keeps its buffers to itself: it runs where one micro-batch is
+//    in flight at a time, and a stage that needs more refuses it by name.
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -31,6 +37,7 @@
 
 #include "ringtrain/core/tensor.hpp"
 #include "ringtrain/nn/backend.hpp"
+#include "ringtrain/nn/micro_batch_state.hpp"
 #include "ringtrain/nn/parameters.hpp"
 
 namespace ringtrain {
@@ -114,11 +121,25 @@ class Layer {
   // ResidualStack), so callers can reach nested layers (a pipeline stage's
   // BatchNorm2d layers) without knowing the container. Leaves have none.
   virtual void for_each_child(const std::function<void(Layer&)>& f) {}
+  // Exchanges this layer's per-micro-batch state (its children's included)
+  // with s's (see the rules above and micro_batch_state.hpp).
+  void swap_state(MicroBatchState& s) { exchange_state(s); }
   // Activation recomputation: drops every tensor the last forward kept for the
   // backward and the gradient buffers (children's too), so their memory is
   // freed; the next forward allocates afresh. Only between a backward_weight
   // and the next forward (or after a forward whose backward will re-run it).
-  virtual void release_activations() {}
+  void release_activations() {
+    MicroBatchState empty;
+    swap_state(empty);
+  }
+  // The base class's part of the state and visit_state; composites call it on each child.
+  void exchange_state(MicroBatchState& s) {
+    s(in_shape_, last_mode_, has_forward_);
+    visit_state(s);
+  }
+  // Lists this layer's per-micro-batch members: s(x_, y_, dx_), k_->visit_state(s),
+  // child->exchange_state(s). The default says the layer does not list them.
+  virtual void visit_state(MicroBatchState& s) { s.unlisted(name_ + " (" + type() + ")"); }
   // Whether forward/backward take bfloat16 activations (train.precision = bf16
   // on a backend with Backend::bf16_activations): output and input gradient
   // then have the input's type, parameter gradients stay float32. A Stage
@@ -138,7 +159,6 @@ class Layer {
     return do_backward(dy, need_dx, accumulate);
   }
   virtual void do_backward_weight() {}
-
   // Registers one parameter and remembers its index.
   std::size_t add_param(ParamArena& arena, const std::string& prefix, const std::string& pname, Shape shape,
                         DType dt, bool decay, int layer_index);

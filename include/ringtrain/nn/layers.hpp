@@ -25,7 +25,7 @@ class WeightLayer : public Layer {
   void register_params(ParamArena& arena, int layer_index, const std::string& prefix) override;
   void init(const ParamArena& arena, std::uint64_t seed) override;
   bool splits_backward() const override { return split_; }
-  void release_activations() override;
+  void visit_state(MicroBatchState& s) override;
 
  protected:
   WeightLayer(std::string name, Shape weight, bool bias, DType dt, Init init);
@@ -39,6 +39,7 @@ class WeightLayer : public Layer {
   }
   Tensor do_backward_input(const Tensor& dy, bool need_dx, bool accumulate) override;
   void do_backward_weight() override;
+  virtual Kernel* kernel() = 0;  // the one kernel (null before bind), for its forward-to-backward state
 
   Init init_;
   DType dtype_;
@@ -67,6 +68,7 @@ class Linear : public WeightLayer {
  protected:
   Tensor do_forward(const Tensor& x, Mode mode) override;
   Tensor run_backward(const Tensor& dy, bool need_dx, bool weights, bool accumulate) override;
+  Kernel* kernel() override { return k_.get(); }
 
  private:
   Tensor rows_of(const Tensor& t, std::int64_t features) const;
@@ -93,6 +95,7 @@ class Conv2d : public WeightLayer {
  protected:
   Tensor do_forward(const Tensor& x, Mode mode) override;
   Tensor run_backward(const Tensor& dy, bool need_dx, bool weights, bool accumulate) override;
+  Kernel* kernel() override { return k_.get(); }
 
  private:
   Shape conv_shape(const Shape& in) const;  // before the fused pooling
@@ -116,7 +119,7 @@ class BatchNorm2d : public Layer {
   void init(const ParamArena& arena, std::uint64_t seed) override;
   Shape output_shape(const Shape& in) const override;
   std::vector<NamedBuffer> buffers() const override;  // running_mean, running_var
-  void release_activations() override;
+  void visit_state(MicroBatchState& s) override;
 
   // Deferred running statistics (torchgpipe's DeferredBatchNorm), for the
   // micro-batches of a pipeline step: while on, a train-mode forward still
@@ -129,9 +132,6 @@ class BatchNorm2d : public Layer {
   // forwards are unaffected. Turning it off drops what was not committed.
   void set_deferred_stats(bool on);
   bool deferred_stats() const { return deferred_ != nullptr; }
-  // This layer's forwards accumulate into `owner`'s record (a pipeline stage's
-  // activation-slot copies of one layer); owner must be in deferred mode.
-  void share_deferred_stats(const BatchNorm2d& owner);
   void commit_deferred_stats();  // no-op when nothing was accumulated
 
  protected:
@@ -170,7 +170,7 @@ class Activation : public Layer {
   bool takes_bf16() const override { return true; }
   void bind(const BindContext& ctx) override;
   Shape output_shape(const Shape& in) const override { return in; }
-  void release_activations() override;
+  void visit_state(MicroBatchState& s) override;
 
  protected:
   Tensor do_forward(const Tensor& x, Mode mode) override;
@@ -192,7 +192,7 @@ class Pool2d : public Layer {
   const char* type() const override;
   void bind(const BindContext& ctx) override;
   Shape output_shape(const Shape& in) const override;
-  void release_activations() override;
+  void visit_state(MicroBatchState& s) override;
   bool takes_bf16() const override { return be_ && be_->bf16_images(); }
 
  protected:
@@ -225,7 +225,7 @@ class Dropout : public Layer {
   // Next train-mode forward uses this call index (checkpoint resume).
   void set_call_count(std::uint64_t n) { calls_ = n; }
   std::uint64_t call_count() const { return calls_; }
-  void release_activations() override;
+  void visit_state(MicroBatchState& s) override;
   // Tensor parallelism: the input is part `index` of `parts` of a wider
   // activation along its last dimension; the mask is then that part of the
   // whole activation's mask (the 1-rank model's), computed on the host.
@@ -255,6 +255,7 @@ class Flatten : public Layer {
   const char* type() const override { return "Flatten"; }
   bool takes_bf16() const override { return true; }  // a view of any type
   Shape output_shape(const Shape& in) const override;
+  void visit_state(MicroBatchState&) override {}  // nothing beyond the input shape
 
  protected:
   Tensor do_forward(const Tensor& x, Mode mode) override;
@@ -276,7 +277,7 @@ class Sequential : public Layer {
   const std::vector<LayerPtr>& children() const { return children_; }
   bool splits_backward() const override;
   void for_each_child(const std::function<void(Layer&)>& f) override;
-  void release_activations() override;
+  void visit_state(MicroBatchState& s) override;
 
  protected:
   Tensor do_forward(const Tensor& x, Mode mode) override;
@@ -295,7 +296,7 @@ class Residual : public Layer {
   Residual(std::string name, std::vector<LayerPtr> body, std::vector<LayerPtr> shortcut, bool relu_after = true);
   const char* type() const override { return "Residual"; }
   bool takes_bf16() const override;  // when every child does (the add and ReLU take bf16)
-  void release_activations() override;
+  void visit_state(MicroBatchState& s) override;
   void register_params(ParamArena& arena, int layer_index, const std::string& prefix) override;
   void bind(const BindContext& ctx) override;
   void init(const ParamArena& arena, std::uint64_t seed) override;

@@ -112,7 +112,7 @@ class TensorParallelLayer : public Layer {
   void init(const ParamArena& arena, std::uint64_t seed) override;
   Shape output_shape(const Shape& in) const override { return local_->output_shape(in); }
   double forward_flops(const Shape& in) const override { return local_->forward_flops(in); }
-  void release_activations() override { local_->release_activations(); }
+  void visit_state(MicroBatchState& s) override { local_->exchange_state(s); }
   bool takes_bf16() const override { return local_->takes_bf16(); }
 
  protected:
@@ -134,6 +134,10 @@ class ColumnParallel : public TensorParallelLayer {
   // g.sequence: the input is a token shard, all-gathered first (its dx reduce-scattered).
   Shape output_shape(const Shape& in) const override { return local_->output_shape(gathered(in)); }
   double forward_flops(const Shape& in) const override { return local_->forward_flops(gathered(in)); }
+  void visit_state(MicroBatchState& s) override {
+    TensorParallelLayer::visit_state(s);
+    s(xs_, xg_);
+  }
 
  protected:
   Tensor do_forward(const Tensor& x, Mode mode) override;
@@ -152,7 +156,7 @@ class RowParallel : public TensorParallelLayer {
   void bind(const BindContext& ctx) override;
   void init(const ParamArena& arena, std::uint64_t seed) override;
   Shape output_shape(const Shape& in) const override;
-  void release_activations() override;
+  void visit_state(MicroBatchState& s) override;
   // A row Conv2d that pools after the reduction keeps its stage in float32.
   bool takes_bf16() const override { return local_->takes_bf16() && !after_.pool; }
 

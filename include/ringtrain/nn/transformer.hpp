@@ -25,7 +25,7 @@ class LayerNorm : public Layer {
   LayerNorm(std::string name, std::int64_t features, double eps = 1e-5);
   const char* type() const override { return "LayerNorm"; }
   bool takes_bf16() const override { return true; }
-  void release_activations() override;
+  void visit_state(MicroBatchState& s) override;
   void register_params(ParamArena& arena, int layer_index, const std::string& prefix) override;
   void bind(const BindContext& ctx) override;
   void init(const ParamArena& arena, std::uint64_t seed) override;
@@ -58,7 +58,7 @@ class MultiHeadSelfAttention : public Layer {
   const char* type() const override { return "MultiHeadSelfAttention"; }
   bool takes_bf16() const override { return qkv_->takes_bf16() && proj_->takes_bf16(); }
   std::int64_t heads() const { return heads_; }
-  void release_activations() override;
+  void visit_state(MicroBatchState& s) override;
   // Selective recomputation (Korthikanti et al. 2022): the forward drops the
   // attention probabilities [N, H, T, T] (the O(heads * T^2) activations) and
   // the backward recomputes them from the kept q, k, v.
@@ -97,7 +97,7 @@ class PatchEmbed : public Layer {
              std::int64_t dim);
   const char* type() const override { return "PatchEmbed"; }
   bool takes_bf16() const override { return proj_->takes_bf16(); }
-  void release_activations() override;
+  void visit_state(MicroBatchState& s) override;
   std::int64_t tokens() const { return (height_ / patch_) * (width_ / patch_); }
   void register_params(ParamArena& arena, int layer_index, const std::string& prefix) override;
   void bind(const BindContext& ctx) override;
@@ -123,7 +123,7 @@ class TokenMean : public Layer {
   explicit TokenMean(std::string name) : Layer(std::move(name)) {}
   const char* type() const override { return "TokenMean"; }
   bool takes_bf16() const override { return true; }
-  void release_activations() override;
+  void visit_state(MicroBatchState& s) override;
   void bind(const BindContext& ctx) override { be_ = &ctx.backend; }
   Shape output_shape(const Shape& in) const override;
 
@@ -156,7 +156,7 @@ class ResidualStack : public Layer {
   const char* type() const override { return "ResidualStack"; }
   // When every child does; token shards are sliced and gathered in either type.
   bool takes_bf16() const override;
-  void release_activations() override;
+  void visit_state(MicroBatchState& s) override;
   void register_params(ParamArena& arena, int layer_index, const std::string& prefix) override;
   void bind(const BindContext& ctx) override;
   void init(const ParamArena& arena, std::uint64_t seed) override;

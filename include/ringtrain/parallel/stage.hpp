@@ -6,9 +6,14 @@
 // Rules:
 //  - Activation slots: a schedule keeps up to `slots` micro-batches between
 //    their forward and their weight backward (schedule.hpp peak_in_flight).
-//    Each slot is its own copy of the stage's layers, bound to the one arena
-//    (shared parameters and gradients), so each keeps its own activations and
-//    kernel state. A slot is busy from forward() to backward_weight().
+//    The stage has ONE copy of its layers; each slot is a MicroBatchState
+//    (nn/micro_batch_state.hpp): the activations, gradient buffers and kernel
+//    state (BatchNorm's batch statistics, pooling indices, attention
+//    probabilities, dropout masks) its micro-batch's forward left, swapped
+//    into the layers for each of its passes. Parameters, bf16 weight copies,
+//    running statistics and the kernels' cached primitives are shared. A slot
+//    is busy from forward() to backward_weight(). A stage of several slots
+//    refuses a layer that does not list its state (Layer::visit_state).
 //  - A stage allocates and initialises only its own layers. Parameters start
 //    equal to the unpipelined model's built from the same ModelConfig (values
 //    are drawn per model parameter index, ParamArena::set_index_base), so
@@ -17,11 +22,10 @@
 //    (nn/language.hpp split_tied_layers; ParamInfo::copy_of), drawn alike.
 //  - Gradients accumulate over the step's micro-batches: zero_grads() first.
 //  - BatchNorm: each micro-batch is normalised with its own statistics (as
-//    GPipe); the running statistics live in slot 0's layers. By default every
-//    slot's forward continues from them (updated once per micro-batch, in
-//    micro-batch order). With set_deferred_batch_stats(true) (build_parts,
-//    m > 1) the forwards only accumulate their batch statistics, every slot's
-//    copy into slot 0's record, and commit_batch_stats() updates the running
+//    GPipe). By default every forward updates the running statistics (once
+//    per micro-batch, in micro-batch order). With set_deferred_batch_stats(true)
+//    (build_parts, m > 1) the forwards only accumulate their batch statistics
+//    into one record per layer, and commit_batch_stats() updates the running
 //    statistics once with the whole step's mean and unbiased variance
 //    (torchgpipe's DeferredBatchNorm; BatchNorm2d::set_deferred_stats).
 //  - Recomputation (set_recompute, train.recompute): `block` keeps, per slot,
@@ -92,14 +96,14 @@ class Stage {
   int first_layer() const { return first_; }
   int end_layer() const { return end_; }
   int num_layers() const { return end_ - first_; }
-  int slots() const { return static_cast<int>(slots_.size()); }
-  Layer& layer(int local, int slot = 0) { return *slots_.at(slot).at(local); }
+  int slots() const { return static_cast<int>(states_.size()); }
+  Layer& layer(int local) { return *layers_.at(static_cast<std::size_t>(local)); }
   ParamArena& arena() { return arena_; }
   Device device() const { return device_; }
   // Input / output shape of this stage for a batch of n samples.
   Shape input_shape(std::int64_t n) const;
   Shape output_shape(std::int64_t n) const;
-  std::vector<NamedBuffer> buffers() const;  // slot 0's (the running statistics)
+  std::vector<NamedBuffer> buffers() const;  // the layers' (the running statistics)
 
   Tensor forward(int slot, const Tensor& x, Mode mode);
   // need_dx: whether the stage's input gradient is wanted (false on the first stage).
@@ -135,8 +139,9 @@ class Stage {
   int first_, end_;
   Shape sample_in_;  // stage input without the batch
   ParamArena arena_;
-  std::vector<std::vector<LayerPtr>> slots_;
-  std::vector<std::vector<NamedBuffer>> slot_buffers_;
+  std::vector<LayerPtr> layers_;
+  std::vector<MicroBatchState> states_;  // per slot (one slot: the layers keep it)
+  class Loaded;
   int first_param_layer_ = 0;  // without an input gradient, backward stops here
   bool deferred_bn_ = false;
   bool fused_ = false, overwrite_next_ = false;

@@ -163,7 +163,9 @@ class TiledAttention final : public AttentionKernel {
     }
   }
 
-  void release() override { lse_ = out_ = scratch_ = Tensor(); }
+  // Forward to backward: the log-sum-exp and the output; the tiles go with
+  // them, so that recomputation frees them too.
+  void visit_state(MicroBatchState& s) override { s(lse_, out_, scratch_); }
 
  private:
   struct Geom {

@@ -25,10 +25,11 @@ class CpuBatchNorm final : public BatchNormKernel {
   CpuBatchNorm(const BatchNormSpec& s, DnnlPtr d) : s_(s), d_(std::move(d)) {
     RT_CHECK(s.dtype == DType::f32, "cpu BatchNorm2d: parameters must be float32, got ", dtype_name(s.dtype));
     const memory::dims c{s.channels};
-    mean_ = memory(plain_md(c, tag::x), d_->eng);
-    var_ = memory(plain_md(c, tag::x), d_->eng);
+    mean_ = memory(plain_md(c, tag::x), d_->eng, DNNL_MEMORY_NONE);
+    var_ = memory(plain_md(c, tag::x), d_->eng, DNNL_MEMORY_NONE);
     dscale_ = memory(plain_md(c, tag::x), d_->eng);
     dshift_ = memory(plain_md(c, tag::x), d_->eng);
+    bytes_ = static_cast<std::size_t>(s.channels) * sizeof(float);
   }
 
   void forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& rmean, Tensor& rvar, bool train,
@@ -39,12 +40,15 @@ class CpuBatchNorm final : public BatchNormKernel {
     auto& st = d_->strm;
     auto wrap = [&](const Tensor& t, const memory::desc& md) { return memory(md, d_->eng, t.raw()); };
     const auto cmd = plain_md({s_.channels}, tag::x);
+    if (p.src.separate()) p.src.set_inner(kept(sv_.src, p.src.inner().get_desc().get_size()));
     std::unordered_map<int, memory> args{{DNNL_ARG_SRC, p.src.in(x.raw(), st)},
                                          {DNNL_ARG_DST, p.dst.out(y.raw())},
                                          {DNNL_ARG_SCALE, wrap(gamma, cmd)},
                                          {DNNL_ARG_SHIFT, wrap(beta, cmd)}};
-    train_ = train;
+    sv_.train = train;
     if (train) {
+      mean_.set_data_handle(kept(sv_.mean, bytes_));
+      var_.set_data_handle(kept(sv_.var, bytes_));
       args.emplace(DNNL_ARG_MEAN, mean_);
       args.emplace(DNNL_ARG_VARIANCE, var_);
       args.emplace(DNNL_ARG_SCRATCHPAD, p.scratch_t);
@@ -68,10 +72,12 @@ class CpuBatchNorm final : public BatchNormKernel {
       p.fwd_eval.execute(st, args);
       p.dst.finish(st, false);
       st.wait();
-      eval_mean_ = rmean;
-      eval_var_ = rvar;
+      sv_.eval_mean = rmean;
+      sv_.eval_var = rvar;
     }
   }
+
+  void visit_state(MicroBatchState& s) override { s(sv_); }
 
   void backward(const Tensor& x, const Tensor& gamma, const Tensor& dy, Tensor& dx, Tensor& dgamma, Tensor& dbeta,
                 bool accumulate) override {
@@ -79,12 +85,19 @@ class CpuBatchNorm final : public BatchNormKernel {
     RT_CHECK(dnnl_type(dy, "BatchNorm2d gradient") == t && dnnl_type(dx, "BatchNorm2d dx") == t,
              "cpu BatchNorm2d: gradient dtypes differ from the input's");
     Plan& p = plan(x.shape(), t);
-    if (!train_) return eval_backward(x, gamma, dy, dx, dgamma, dbeta, accumulate);
+    if (!sv_.train) return eval_backward(x, gamma, dy, dx, dgamma, dbeta, accumulate);
+    mean_.set_data_handle(kept_for_backward(sv_.mean, bytes_, "cpu BatchNorm2d"));
+    var_.set_data_handle(kept_for_backward(sv_.var, bytes_, "cpu BatchNorm2d"));
     auto& st = d_->strm;
     auto wrap = [&](const Tensor& t, const memory::desc& md) { return memory(md, d_->eng, t.raw()); };
     const auto cmd = plain_md({s_.channels}, tag::x);
     memory dsc = accumulate ? dscale_ : wrap(dgamma, cmd), dsh = accumulate ? dshift_ : wrap(dbeta, cmd);
-    // The forward's reordered input is still in p.src (the layer passes the same x).
+    // The forward's reordered input (kept in the state; the layer passes the same x).
+    if (p.src.separate()) {
+      p.src.set_inner(kept_for_backward(sv_.src, p.src.inner().get_desc().get_size(), "cpu BatchNorm2d"));
+    } else {
+      p.src.in(x.raw(), st);  // the plain input itself: no reorder
+    }
     p.bwd.execute(st, {{DNNL_ARG_SRC, p.src.inner()},
                        {DNNL_ARG_MEAN, mean_},
                        {DNNL_ARG_VARIANCE, var_},
@@ -126,7 +139,7 @@ class CpuBatchNorm final : public BatchNormKernel {
     }
     const std::int64_t n = x.dim(0), c = x.dim(1), hw = x.dim(2) * x.dim(3);
     const float *px = x.data<float>(), *pd = dy.data<float>(), *g = gamma.data<float>();
-    const float *rm = eval_mean_.data<float>(), *rv = eval_var_.data<float>();
+    const float *rm = sv_.eval_mean.data<float>(), *rv = sv_.eval_var.data<float>();
     float* pdx = dx.data<float>();
     float* dg = dgamma.data<float>();
     float* db = dbeta.data<float>();
@@ -171,7 +184,7 @@ class CpuBatchNorm final : public BatchNormKernel {
     p.md = b16 ? plain_md(dims4(xs), tag::aBcd16b, pt)
                : s_.channels % 8 == 0 && cpu_features().avx2 ? plain_md(dims4(xs), tag::aBcd8b, pt)
                                                               : plain_md(dims4(xs), tag::nchw, pt);
-    p.src = Arg(plain, p.md, eng, true);
+    p.src = Arg(plain, p.md, eng, true, false, /*external_inner=*/true);
     p.dst = Arg(plain, p.md, eng, false);
     p.ddst = Arg(plain, p.md, eng, true);
     p.dsrc = Arg(plain, p.md, eng, false);
@@ -195,9 +208,15 @@ class CpuBatchNorm final : public BatchNormKernel {
 
   BatchNormSpec s_;
   DnnlPtr d_;
-  memory mean_, var_, dscale_, dshift_;
-  Tensor eval_mean_, eval_var_;
-  bool train_ = true;
+  memory mean_, var_, dscale_, dshift_;  // mean_, var_: bound to the state's buffers
+  std::size_t bytes_ = 0;                // of a statistic: channels floats
+  // Forward to backward: the batch statistics, the input in the primitives'
+  // layout, and in eval mode the running statistics used.
+  struct Saved {
+    Tensor mean, var, src;
+    bool train = true;
+    Tensor eval_mean, eval_var;
+  } sv_;
   std::map<std::pair<Shape, int>, Plan> plans_;  // per input shape and data type
 };
 

@@ -157,6 +157,7 @@ class CpuConv2d final : public Conv2dKernel {
     RT_CHECK(dnnl_type(y, "Conv2d output") == at, "cpu Conv2d: output dtype differs from the input's");
     Plan& p = plan(x.shape(), at);
     auto& st = d_->strm;
+    bind_state(p, false);
     memory& out = s_.fuse_pool ? p.act : p.dst.out(y.raw());
     std::unordered_map<int, memory> args{{DNNL_ARG_SRC, p.src.in(x.raw(), st)},
                                          {DNNL_ARG_WEIGHTS, p.wei.in(w.raw(), st)},
@@ -175,6 +176,8 @@ class CpuConv2d final : public Conv2dKernel {
     st.wait();
   }
 
+  void visit_state(MicroBatchState& s) override { s(sv_); }
+
   void backward(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& dy, Tensor& dx, Tensor& dw,
                 Tensor& db, bool accumulate) override {
     const dt at = types(x, w, "backward");
@@ -184,6 +187,9 @@ class CpuConv2d final : public Conv2dKernel {
              "cpu Conv2d: parameter gradients must be float32");
     Plan& p = plan(x.shape(), at);
     auto& st = d_->strm;
+    bind_state(p, true);
+    if (p.src_bw_shared && !p.src.separate()) p.src.in(x.raw(), st);  // the plain input itself: no reorder
+    if (p.own_maxpool_bwd && !p.pdst.separate()) p.pdst.out(const_cast<void*>(y.raw()));
     memory* g;  // output gradient of the convolution (after ReLU's mask)
     if (s_.fuse_pool) {
       // max(relu(z)) = relu(max(z)) with the same argmax wherever the gradient
@@ -234,7 +240,7 @@ class CpuConv2d final : public Conv2dKernel {
       st.wait();
       return;
     }
-    // The forward's reordered input is still there: the layer passes the same x.
+    // The forward's reordered input, kept in the state (the layer passes the same x).
     memory& xs = p.src_bw_shared ? p.src.inner() : p.src_bw.in(x.raw(), st);
     std::unordered_map<int, memory> args{{DNNL_ARG_SRC, xs},
                                          {DNNL_ARG_DIFF_DST, p.g_bw(*g, st)},
@@ -267,6 +273,24 @@ class CpuConv2d final : public Conv2dKernel {
     Tensor masked;  // ReLU-masked output gradient (plain; pooled shape with fused max pooling)
     dt ot = dt::f32;  // the type the primitives write activations in (dst, diff_src; act, gact)
   };
+
+  // Forward to backward, per micro-batch: the pre-pool activation and the
+  // pooling workspace (fused pooling), the input in the primitives' layout
+  // (when the weight backward reads it) and the pooled output in that layout
+  // (this file's max-pool backward); bound to the plan's memories.
+  struct Saved {
+    Tensor act, ws, src, pooled;
+  } sv_;
+  void bind_state(Plan& p, bool backward) {
+    auto bind = [&](Tensor& t, std::size_t bytes) {
+      return backward ? kept_for_backward(t, bytes, "cpu Conv2d") : kept(t, bytes);
+    };
+    if (s_.fuse_pool) p.act.set_data_handle(bind(sv_.act, p.act.get_desc().get_size()));
+    if (p.ws) p.ws.set_data_handle(bind(sv_.ws, p.ws.get_desc().get_size()));
+    if (p.src_bw_shared && p.src.separate()) p.src.set_inner(bind(sv_.src, p.src.inner().get_desc().get_size()));
+    if (p.own_maxpool_bwd && p.pdst.separate())
+      p.pdst.set_inner(bind(sv_.pooled, p.pdst.inner().get_desc().get_size()));
+  }
 
   // The activations' type; the weight must be of the same type (a bfloat16 copy for bf16).
   dt types(const Tensor& x, const Tensor& w, const char* what) const {
@@ -342,7 +366,9 @@ class CpuConv2d final : public Conv2dKernel {
     p.fwd = convolution_forward(fpd);
     p.bwd_data = convolution_backward_data(bdpd);
     p.bwd_w = convolution_backward_weights(bwpd);
-    p.src = Arg(src_p, fpd.src_desc(), eng, true);
+    // The forward's reordered input serves the weight backward where both take one layout: kept per micro-batch.
+    p.src_bw_shared = bwpd.src_desc() == fpd.src_desc();
+    p.src = Arg(src_p, fpd.src_desc(), eng, true, false, /*external_inner=*/p.src_bw_shared);
     p.wei = Arg(wei_p, fpd.weights_desc(), eng, true);
     if (s.bias) p.bia = Arg(bia_p, fpd.bias_desc(), eng, true);
     memory gsrc;  // what the conv backward receives before any format conversion
@@ -354,7 +380,7 @@ class CpuConv2d final : public Conv2dKernel {
           pdil{0, 0}, pl{q.pad_h, q.pad_w}, pr{(ph - 1) * q.stride_h + q.kernel_h - oh - q.pad_h,
                                                (pw - 1) * q.stride_w + q.kernel_w - ow - q.pad_w};
       const algorithm alg = q.kind == PoolKind::max ? algorithm::pooling_max : algorithm::pooling_avg_include_padding;
-      p.act = memory(fpd.dst_desc(), eng);
+      p.act = memory(fpd.dst_desc(), eng, DNNL_MEMORY_NONE);  // bound to the micro-batch's state
       pooling_v2_forward::primitive_desc ppd(
           {prop_kind::forward_training, alg, fpd.dst_desc(), any(pd_d), st, k, pdil, pl, pr}, eng);
       pooling_v2_backward::primitive_desc pbpd({alg, fpd.dst_desc(), ppd.dst_desc(), st, k, pdil, pl, pr}, eng, ppd);
@@ -368,9 +394,10 @@ class CpuConv2d final : public Conv2dKernel {
             {prop_kind::forward_inference, alg, fpd.dst_desc(), ppd.dst_desc(), st, k, pdil, pl, pr}, eng));
       } else {
         p.pfwd = pooling_v2_forward(ppd);
-        if (ppd.workspace_desc().get_size() > 0) p.ws = memory(ppd.workspace_desc(), eng);
+        if (ppd.workspace_desc().get_size() > 0) p.ws = memory(ppd.workspace_desc(), eng, DNNL_MEMORY_NONE);
       }
-      p.pdst = Arg(plain_md(pd_d, tag::nchw, at), ppd.dst_desc(), eng, false);
+      // maxpool_backward() reads the pooled output in the primitives' layout: kept per micro-batch.
+      p.pdst = Arg(plain_md(pd_d, tag::nchw, at), ppd.dst_desc(), eng, false, false, p.own_maxpool_bwd);
       p.pddst = Arg(plain_md(pd_d, tag::nchw, at), pbpd.diff_dst_desc(), eng, true);
       p.gact = memory(pbpd.diff_src_desc(), eng);
       RT_ASSERT(pbpd.diff_src_desc() == fpd.dst_desc());  // the ReLU mask is element-wise in one layout
@@ -386,7 +413,6 @@ class CpuConv2d final : public Conv2dKernel {
     p.g_bd = Convert(gsrc, bdpd.diff_dst_desc(), eng);
     p.wei_bd = Arg(wei_p, bdpd.weights_desc(), eng, true);
     p.dsrc = Arg(src_p, bdpd.diff_src_desc(), eng, false);
-    p.src_bw_shared = bwpd.src_desc() == fpd.src_desc();
     p.src_bw = Arg(src_p, bwpd.src_desc(), eng, true);
     // Weight gradients always land in a separate buffer so that accumulation
     // is a reorder with a sum post-op.

@@ -21,11 +21,11 @@ namespace ringtrain {
 namespace cpu {
 
 Arg::Arg(const dnnl::memory::desc& plain, const dnnl::memory::desc& want, const dnnl::engine& eng, bool input,
-         bool force_copy) {
+         bool force_copy, bool external_inner) {
   user_ = dnnl::memory(plain, eng, DNNL_MEMORY_NONE);
   separate_ = force_copy || plain != want;
   if (!separate_) return;
-  inner_ = dnnl::memory(want, eng);
+  inner_ = external_inner ? dnnl::memory(want, eng, DNNL_MEMORY_NONE) : dnnl::memory(want, eng);
   if (input) {
     to_ = dnnl::reorder(user_, inner_);
   } else {

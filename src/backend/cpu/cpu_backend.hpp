@@ -45,8 +45,9 @@ class Arg {
   Arg() = default;
   // input: the reorder goes plain -> inner; output: inner -> plain, and
   // `accumulating` outputs get a second reorder that adds into the plain data.
+  // external_inner: the preferred-layout buffer is the caller's (set_inner before each use).
   Arg(const dnnl::memory::desc& plain, const dnnl::memory::desc& want, const dnnl::engine& eng, bool input,
-      bool force_copy = false);
+      bool force_copy = false, bool external_inner = false);
   // Inputs: point at the caller's data, reorder if needed; returns what the primitive reads.
   dnnl::memory& in(const void* p, dnnl::stream& s);
   // Outputs: point at the caller's data; returns what the primitive writes.
@@ -55,6 +56,9 @@ class Arg {
   void finish(dnnl::stream& s, bool accumulate);
   dnnl::memory& inner() { return separate_ ? inner_ : user_; }
   bool separate() const { return separate_; }
+  // Puts the preferred-layout buffer at p (a micro-batch's kept copy, see
+  // kept() below) instead of the one allocated here; only when separate().
+  void set_inner(void* p) { inner_.set_data_handle(p); }
 
  private:
   dnnl::memory user_, inner_;
@@ -105,6 +109,8 @@ std::string bf16_isa();
 bool native_bf16();
 
 dnnl::memory make_scratch(const dnnl::primitive_desc_base& pd, const dnnl::engine& eng);
+// Kept buffers (backend.hpp kept_buffer) are bound to a oneDNN memory with set_data_handle before each use.
+inline void* kept(Tensor& t, std::size_t bytes) { return kept_buffer(t, bytes, Device::cpu()); }
 
 // dst[i] = y[i] > 0 ? dy[i] : 0 (ReLU backward from the ReLU's output).
 void relu_mask(const float* y, const float* dy, float* dst, std::int64_t n);

@@ -24,10 +24,15 @@ class CpuPool final : public Pool2dKernel {
     p.src.set_data_handle(x.raw());
     p.dst.set_data_handle(y.raw());
     std::unordered_map<int, memory> args{{DNNL_ARG_SRC, p.src}, {DNNL_ARG_DST, p.dst}};
-    if (p.ws) args.emplace(DNNL_ARG_WORKSPACE, p.ws);
+    if (p.ws && train) {
+      p.ws.set_data_handle(kept(ws_, p.ws.get_desc().get_size()));
+      args.emplace(DNNL_ARG_WORKSPACE, p.ws);
+    }
     (train ? p.fwd : p.fwd_eval).execute(d_->strm, args);
     d_->strm.wait();
   }
+
+  void visit_state(MicroBatchState& s) override { s(ws_); }
 
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx) override {
     const dt t = dnnl_type(x, "Pool2d input");
@@ -37,7 +42,10 @@ class CpuPool final : public Pool2dKernel {
     p.ddst.set_data_handle(dy.raw());
     p.dsrc.set_data_handle(dx.raw());
     std::unordered_map<int, memory> args{{DNNL_ARG_DIFF_DST, p.ddst}, {DNNL_ARG_DIFF_SRC, p.dsrc}};
-    if (p.ws) args.emplace(DNNL_ARG_WORKSPACE, p.ws);
+    if (p.ws) {
+      p.ws.set_data_handle(kept_for_backward(ws_, p.ws.get_desc().get_size(), "cpu Pool2d"));
+      args.emplace(DNNL_ARG_WORKSPACE, p.ws);
+    }
     p.bwd.execute(d_->strm, args);
     d_->strm.wait();
   }
@@ -71,12 +79,13 @@ class CpuPool final : public Pool2dKernel {
     p.dst = memory(dmd, eng, DNNL_MEMORY_NONE);
     p.ddst = memory(dmd, eng, DNNL_MEMORY_NONE);
     p.dsrc = memory(smd, eng, DNNL_MEMORY_NONE);
-    if (fpd.workspace_desc().get_size() > 0) p.ws = memory(fpd.workspace_desc(), eng);
+    if (fpd.workspace_desc().get_size() > 0) p.ws = memory(fpd.workspace_desc(), eng, DNNL_MEMORY_NONE);
     return plans_.emplace(key, std::move(p)).first->second;
   }
 
   Pool2dSpec s_;
   DnnlPtr d_;
+  Tensor ws_;  // forward to backward: max pooling's argmax workspace (bound to the plan's ws)
   std::map<std::pair<Shape, int>, Plan> plans_;  // per input shape and data type
 };
 

@@ -130,6 +130,9 @@ class CpuLayerNorm final : public LayerNormKernel {
     }
   }
 
+  // Forward to backward: each row's mean and 1/std.
+  void visit_state(MicroBatchState& s) override { s(mean_, rstd_); }
+
   void backward(const Tensor& x, const Tensor& gamma, const Tensor& dy, Tensor& dx, Tensor& dgamma, Tensor& dbeta,
                 bool accumulate) override {
     const bool bf = dy.dtype() == DType::bf16;
@@ -220,7 +223,9 @@ class CpuAttention final : public AttentionKernel {
     mm(Op::pv, g).run(d_->strm, probs_.raw(), x + off_v, out.raw());
   }
 
-  void release() override { probs_ = dp_ = Tensor(); }
+  // Forward to backward: the probabilities; dP (backward scratch) goes with
+  // them, so that recomputation frees both.
+  void visit_state(MicroBatchState& s) override { s(probs_, dp_); }
 
   void backward(const Tensor& qkv, const Tensor& dout, Tensor& dqkv) override {
     const Dims g = dims(qkv, "attention backward");
