@@ -99,9 +99,14 @@ Stage::Stage(const ModelConfig& mc, Device dev, int first, int end, int slots)
   for (auto& l : slots_[0]) l->init(arena_, mc.seed);
   for (std::size_t k = 1; k < slot_buffers_.size(); ++k)
     for (std::size_t i = 0; i < slot_buffers_[k].size(); ++i) slot_buffers_[k][i].tensor.copy_from(slot_buffers_[0][i].tensor);
-  bool bf16 = mc.math == MathMode::bf16 && backend_for(dev).bf16_activations();
-  for (auto& l : slots_[0]) bf16 = bf16 && l->takes_bf16();
-  act_ = bf16 ? DType::bf16 : DType::f32;
+  // 16-bit storage: bf16, or fp16 (loss-scaled) where the backend takes it; not fp16 with token ids (CPU only).
+  const Backend& be = backend_for(dev);
+  const DType half = mc.math == MathMode::bf16 && be.bf16_activations()   ? DType::bf16
+                     : mc.math == MathMode::fp16 && be.fp16_activations() ? DType::f16
+                                                                          : DType::f32;
+  bool all16 = half != DType::f32;
+  for (auto& l : slots_[0]) all16 = all16 && l->takes_bf16() && !(half == DType::f16 && l->takes_token_ids());
+  act_ = all16 ? half : DType::f32;
   for (auto& sl : slots_)
     for (auto& l : sl)
       if (l->takes_token_ids()) l->set_output_dtype(act_);
@@ -164,7 +169,7 @@ Tensor Stage::forward(int slot, const Tensor& x, Mode mode) {
     slot_position_[static_cast<std::size_t>(slot)] = position_;
     inputs_[static_cast<std::size_t>(slot)].assign(layers.size(), Tensor());
   }
-  Tensor h = act_ == DType::bf16 && !layers[0]->takes_token_ids() ? cast_to(in16_, slot, x, DType::bf16) : x;
+  Tensor h = act_ != DType::f32 && !layers[0]->takes_token_ids() ? cast_to(in16_, slot, x, act_) : x;
   for (std::size_t i = 0; i < layers.size(); ++i) {
     if (block) inputs_[static_cast<std::size_t>(slot)][i] = h;
     use(static_cast<int>(i), ParamAccess::Pass::forward);
@@ -174,7 +179,7 @@ Tensor Stage::forward(int slot, const Tensor& x, Mode mode) {
   end_pass();
   if (carry)
     for (std::size_t i = 0; i < mine.size(); ++i) slot_buffers_[0][i].tensor.copy_from(mine[i].tensor);
-  return act_ == DType::bf16 ? cast_to(out32_, slot, h, DType::f32) : h;
+  return act_ != DType::f32 ? cast_to(out32_, slot, h, DType::f32) : h;
 }
 
 int Stage::set_deferred_batch_stats(bool on) {
@@ -214,10 +219,11 @@ Tensor Stage::backward_input(int slot, const Tensor& dy, bool need_dx, const Gra
   auto& layers = slots_.at(slot);
   const int stop = need_dx ? 0 : first_param_layer_;
   const bool block = recompute_ == Recompute::block;
-  const Tensor dyl = act_ == DType::bf16 ? cast_to(dy16_, slot, dy, DType::bf16) : dy;
+  // fp16: dy arrives loss-scaled (executor.cpp), so the scale is applied before this rounding (GradScaler's order).
+  const Tensor dyl = act_ != DType::f32 ? cast_to(dy16_, slot, dy, act_) : dy;
   auto out = [&](const Tensor& g) {  // the stage's input gradient, float32 at the boundary
     if (!need_dx || !g.defined()) return Tensor();  // token ids have no gradient
-    return act_ == DType::bf16 ? cast_to(dx32_, slot, g, DType::f32) : g;
+    return act_ != DType::f32 ? cast_to(dx32_, slot, g, DType::f32) : g;
   };
   if (fused_) {
     const bool accumulate = !overwrite_next_;
