@@ -35,9 +35,10 @@ class CudaEltwise final : public EltwiseKernel {
   DType dt_;
 };
 
-// A broadcast parameter's dtype beside activations x: x's, or float32 beside bfloat16.
+// A broadcast parameter's dtype beside activations x: x's, or float32 beside bfloat16/float16.
 DType param_type(const Tensor& x, const Tensor& b) {
-  return x.dtype() == DType::bf16 && b.dtype() == DType::f32 ? DType::f32 : x.dtype();
+  const bool half = x.dtype() == DType::bf16 || x.dtype() == DType::f16;
+  return half && b.dtype() == DType::f32 ? DType::f32 : x.dtype();
 }
 
 // x's [outer, m, inner] view for an add_broadcast of m entries over `inner` elements each.
@@ -77,7 +78,7 @@ class CudaBackend final : public Backend {
 
   void patchify(const Tensor& x, std::int64_t p, Tensor& out) override { patches(x, p, out, true); }
   void unpatchify(const Tensor& dout, std::int64_t p, Tensor& dx) override { patches(dx, p, dout, false); }
-  // b (and db) have the activations' dtype, or float32 beside bf16 activations (a parameter).
+  // b (and db) have the activations' dtype, or float32 beside 16-bit activations (a parameter).
   void add_broadcast(const Tensor& x, const Tensor& b, std::int64_t inner, Tensor& out) override {
     expect_cuda(x, x.dtype(), "add_broadcast", "x");
     expect_cuda(b, param_type(x, b), "add_broadcast", "b");
@@ -157,7 +158,10 @@ class CudaBackend final : public Backend {
   // multiplies bf16 with float32 accumulation, our kernels compute in float.
   // The convolution, batch-norm and pooling kernels do not (no layer of
   // theirs asks yet: Layer::takes_bf16).
+  // float16 the same way (train.precision = fp16, the loss scaled before the
+  // stage's cast): every template above is instantiated for float16 too.
   bool bf16_activations() const override { return true; }
+  bool fp16_activations() const override { return true; }
   std::string bf16_isa() const override { return "CUDA tensor cores (cuBLAS, float32 accumulation)"; }
   void cast(const Tensor& src, Tensor& dst) override {
     expect_cuda(src, src.dtype(), "cast", "src");

@@ -71,7 +71,8 @@ void expect_cuda(const Tensor& t, DType dt, const char* what, const char* arg) {
 }
 
 DType act_type(const Tensor& t, DType dt, const char* what, const char* arg) {
-  const DType a = t.defined() && t.dtype() == DType::bf16 && dt == DType::f32 ? DType::bf16 : dt;
+  const bool half = t.defined() && (t.dtype() == DType::bf16 || t.dtype() == DType::f16);
+  const DType a = half && dt == DType::f32 ? t.dtype() : dt;
   expect_cuda(t, a, what, arg);
   return a;
 }

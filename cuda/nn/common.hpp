@@ -42,8 +42,9 @@ using SharedPtr = std::shared_ptr<Shared>;
 // Checks that `t` is a defined CUDA tensor of dtype `dt` (names `what` and `arg`).
 void expect_cuda(const Tensor& t, DType dt, const char* what, const char* arg);
 // The activation dtype of a kernel created for `dt` given tensor `t`: `dt`, or
-// bfloat16 when `dt` is float32 (Backend::bf16_activations: layers create
-// float32 kernels and pass bf16 activations); checks `t` as expect_cuda does.
+// t's bfloat16/float16 when `dt` is float32 (Backend::bf16_activations,
+// fp16_activations: layers create float32 kernels and pass 16-bit
+// activations); checks `t` as expect_cuda does.
 DType act_type(const Tensor& t, DType dt, const char* what, const char* arg);
 // cuBLAS's compute type for inputs of dtype `in` under a layer's MathMode: f64
 // in double; f32 strict, or with the TF32/bf16/fp16 down-conversion the mode

@@ -13,7 +13,8 @@
 // and writes float32 dw and db: cuBLAS multiplies the bf16 operands on tensor
 // cores and accumulates in float32 (into float32 C for the gradients), as the
 // CPU backend's oneDNN matmul does. y may be float32 beside bf16 inputs (an
-// LM head's logits for the loss), as on the CPU.
+// LM head's logits for the loss), as on the CPU. float16 activations
+// (Backend::fp16_activations) take the same path with CUDA_R_16F operands.
 #include <algorithm>
 
 #include "nn/common.hpp"
@@ -33,7 +34,8 @@ class CublasLinear final : public LinearKernel {
     const char* what = "linear forward";
     const DType t = act_type(x, s_.dtype, what, "x");
     expect_weight(w, t, what);
-    const DType yt = t == DType::bf16 && y.defined() && y.dtype() == DType::f32 ? DType::f32 : t;
+    const bool half = t == DType::bf16 || t == DType::f16;
+    const DType yt = half && y.defined() && y.dtype() == DType::f32 ? DType::f32 : t;
     expect_cuda(y, yt, what, "y");
     RT_CHECK(x.ndim() == 2 && x.dim(1) == s_.in_features, what, ": x ", shape_str(x.shape()), " is not [N, ",
              s_.in_features, "]");
@@ -80,7 +82,7 @@ class CublasLinear final : public LinearKernel {
  private:
   void expect_weight(const Tensor& w, DType t, const char* what) const {
     RT_CHECK(!w.defined() || w.dtype() == t, what, ": the weight is ", dtype_name(w.dtype()), " but the input ",
-             dtype_name(t), " (bfloat16 activations take a bfloat16 weight copy)");
+             dtype_name(t), " (16-bit activations take a weight copy of their type)");
     expect_cuda(w, t, what, "w");
   }
 

@@ -9,6 +9,8 @@
 // operands and the probabilities P in bf16 (tensor cores, float32
 // accumulation) and, like the CPU kernel, its scores S and dP in float32: the
 // softmax and its backward read float32 and round P and dS once to bf16.
+// float16 activations (Backend::fp16_activations) alike: P and dS rounded to
+// float16, S and dP float32.
 #include <cmath>
 
 #include "nn/common.hpp"

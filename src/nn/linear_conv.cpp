@@ -76,7 +76,7 @@ void Linear::bind(const BindContext& ctx) {
 
 const Tensor& Linear::weight_for(DType dt) {
   if (dt == w.dtype()) return w;
-  RT_CHECK(dt == DType::bf16 && be_ && arena_, "Linear '", name_, "': no ", dtype_name(dt), " weights for ",
+  RT_CHECK((dt == DType::bf16 || dt == DType::f16) && be_ && arena_, "Linear '", name_, "': no ", dtype_name(dt), " weights for ",
            dtype_name(dt), " activations");
   return w16_.of(w, dt, *be_, *arena_);
 }
@@ -162,7 +162,7 @@ void Conv2d::bind(const BindContext& ctx) {
 
 const Tensor& Conv2d::weight_for(DType dt) {
   if (dt == w.dtype()) return w;
-  RT_CHECK(dt == DType::bf16 && be_ && arena_, "Conv2d '", name_, "': no ", dtype_name(dt), " weights for ",
+  RT_CHECK((dt == DType::bf16 || dt == DType::f16) && be_ && arena_, "Conv2d '", name_, "': no ", dtype_name(dt), " weights for ",
            dtype_name(dt), " activations");
   return w16_.of(w, dt, *be_, *arena_);
 }

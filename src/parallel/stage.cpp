@@ -108,9 +108,14 @@ Stage::Stage(const ModelConfig& mc, Device dev, int first, int end, int slots)
              " does not list its per-micro-batch state (Layer::visit_state), and the schedule keeps ", slots,
              " micro-batches in flight on this stage");
   }
-  bool bf16 = mc.math == MathMode::bf16 && backend_for(dev).bf16_activations();
-  for (auto& l : layers_) bf16 = bf16 && l->takes_bf16();
-  act_ = bf16 ? DType::bf16 : DType::f32;
+  // 16-bit storage: bf16, or fp16 (loss-scaled) where the backend takes it; not fp16 with token ids (CPU only).
+  const Backend& be = backend_for(dev);
+  const DType half = mc.math == MathMode::bf16 && be.bf16_activations()   ? DType::bf16
+                     : mc.math == MathMode::fp16 && be.fp16_activations() ? DType::f16
+                                                                          : DType::f32;
+  bool all16 = half != DType::f32;
+  for (auto& l : layers_) all16 = all16 && l->takes_bf16() && !(half == DType::f16 && l->takes_token_ids());
+  act_ = all16 ? half : DType::f32;
   for (auto& l : layers_)
     if (l->takes_token_ids()) l->set_output_dtype(act_);
   for (auto* v : {&in16_, &out32_, &dy16_, &dx32_}) v->resize(states_.size());
@@ -172,7 +177,7 @@ Tensor Stage::forward(int slot, const Tensor& x, Mode mode) {
     slot_position_[static_cast<std::size_t>(slot)] = position_;
     inputs_[static_cast<std::size_t>(slot)].assign(layers.size(), Tensor());
   }
-  Tensor h = act_ == DType::bf16 && !layers[0]->takes_token_ids() ? cast_to(in16_, slot, x, DType::bf16) : x;
+  Tensor h = act_ != DType::f32 && !layers[0]->takes_token_ids() ? cast_to(in16_, slot, x, act_) : x;
   for (std::size_t i = 0; i < layers.size(); ++i) {
     if (block) inputs_[static_cast<std::size_t>(slot)][i] = h;
     use(static_cast<int>(i), ParamAccess::Pass::forward);
@@ -180,7 +185,7 @@ Tensor Stage::forward(int slot, const Tensor& x, Mode mode) {
     if (block) layers[i]->release_activations();  // h and the kept input stay alive
   }
   end_pass();
-  return act_ == DType::bf16 ? cast_to(out32_, slot, h, DType::f32) : h;
+  return act_ != DType::f32 ? cast_to(out32_, slot, h, DType::f32) : h;
 }
 
 int Stage::set_deferred_batch_stats(bool on) {
@@ -211,10 +216,11 @@ Tensor Stage::backward_input(int slot, const Tensor& dy, bool need_dx, const Gra
   auto& layers = layers_;
   const int stop = need_dx ? 0 : first_param_layer_;
   const bool block = recompute_ == Recompute::block;
-  const Tensor dyl = act_ == DType::bf16 ? cast_to(dy16_, slot, dy, DType::bf16) : dy;
+  // fp16: dy arrives loss-scaled (executor.cpp), so the scale is applied before this rounding (GradScaler's order).
+  const Tensor dyl = act_ != DType::f32 ? cast_to(dy16_, slot, dy, act_) : dy;
   auto out = [&](const Tensor& g) {  // the stage's input gradient, float32 at the boundary
     if (!need_dx || !g.defined()) return Tensor();  // token ids have no gradient
-    return act_ == DType::bf16 ? cast_to(dx32_, slot, g, DType::f32) : g;
+    return act_ != DType::f32 ? cast_to(dx32_, slot, g, DType::f32) : g;
   };
   if (fused_) {
     const bool accumulate = !overwrite_next_;

@@ -281,6 +281,12 @@ void Trainer::Impl::start_reporting() {
                                              "gradients" : "fp32 activations, bf16 down-conversion inside kernels only",
                 isa.empty() ? std::string() : cat("; bf16 math on ", isa));
     }
+    if (cfg.train.precision == "fp16") {
+      const bool act16 = parts.stage->activation_dtype() == DType::f16;
+      log::info("ringtrain: fp16: ", act16 ? "activations and Linear weights in float16, fp32 masters and gradients"
+                                           : "fp32 activations, fp16 down-conversion inside kernels only",
+                "; dynamic loss scaling");
+    }
     nlohmann::json head = {{"event", ckpt.resumed() ? "resume" : "start"}, {"model", cfg.model.name},
                            {"params", num_params}, {"ranks", world.size()}, {"device", device.str()},
                            {"pipeline", grid->pp_size()}, {"tensor", grid->tp_size()},

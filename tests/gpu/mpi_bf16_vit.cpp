@@ -11,35 +11,15 @@
 
 #include <cmath>
 
-#include "ringtrain/train/trainer.hpp"
-#include "train/fixtures.hpp"
+#include "vit_trainer.hpp"
 
 using namespace ringtrain;
+using rt_gpu::vit_config;
 using test_fixtures::train_losses;
 
 namespace {
 
 constexpr int kSteps = 20;
-
-TrainConfig vit_config(const std::string& data, const std::string& precision) {
-  TrainConfig c = test_fixtures::small_config(data);
-  c.model.name = "vit";
-  c.model.width = 32;
-  c.model.heads = 2;
-  c.model.depth = 2;
-  c.model.mlp_ratio = 2;
-  c.model.patch = 7;  // 16 tokens of 28x28 images
-  c.data.batch_size = 32;
-  c.optimizer.name = "adamw";
-  c.optimizer.lr = 1e-3;
-  c.optimizer.momentum = 0;
-  c.schedule.name = "constant";
-  c.train.epochs = 4;  // more than enough steps at 4 ranks; max_steps stops
-  c.train.max_steps = kSteps;
-  c.train.device = "cuda";
-  c.train.precision = precision;
-  return c;
-}
 
 class GpuBf16Vit : public test_fixtures::SyntheticDataTest {
  protected:
@@ -49,7 +29,7 @@ class GpuBf16Vit : public test_fixtures::SyntheticDataTest {
 }  // namespace
 
 TEST_F(GpuBf16Vit, FollowsFp32AndIsNotFp32) {
-  TrainConfig a = vit_config(data_, "fp32"), b = vit_config(data_, "bf16");
+  TrainConfig a = vit_config(data_, "fp32", kSteps), b = vit_config(data_, "bf16", kSteps);
   a.checkpoint.dir = data_ + "/ck32";
   b.checkpoint.dir = data_ + "/ck16";
   const std::vector<double> f32 = train_losses(a, world_), f16 = train_losses(b, world_);

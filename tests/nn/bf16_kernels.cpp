@@ -342,3 +342,41 @@ TEST(Bf16Kernels, IsaIsNamed) {
   const std::string isa = be().bf16_isa();
   EXPECT_TRUE(isa == "AMX" || isa == "AVX512-BF16" || isa.rfind("emulated", 0) == 0) << isa;
 }
+
+// train.precision = fp16 on the CPU keeps float32 storage (the backend takes
+// no float16 activations; fp16 there is loss scaling around fp32 arithmetic):
+// a vit stage, which has no convolution for oneDNN's fp16 fpmath mode, runs
+// bitwise as its fp32 stage (the GPU's fp16 storage: tests/gpu/fp16_kernels.cpp).
+TEST(Bf16Kernels, Fp16OnTheCpuKeepsFloat32Storage) {
+  EXPECT_FALSE(be().fp16_activations());
+  ModelConfig c;
+  c.name = "vit";
+  c.base_width = 32;
+  c.heads = 2;
+  c.depth = 1;
+  c.mlp_ratio = 2;
+  c.patch = 7;
+  ModelConfig c16 = c;
+  c16.math = MathMode::fp16;
+  Stage a(c, Device::cpu()), b(c16, Device::cpu());
+  ASSERT_EQ(b.activation_dtype(), DType::f32);
+  const std::int64_t n = 8;
+  Tensor x = randn({n, 1, 28, 28}, 15), y = Tensor::empty({n}, DType::i32);
+  for (std::int64_t i = 0; i < n; ++i) y.data<std::int32_t>()[i] = std::int32_t(i % 10);
+  Tensor out[2];
+  Stage* st[2] = {&a, &b};
+  for (int k = 0; k < 2; ++k) {
+    st[k]->zero_grads();
+    Tensor dl = Tensor::empty(st[k]->output_shape(n));
+    out[k] = st[k]->forward(0, x, Mode::train).clone();
+    softmax_cross_entropy(out[k], y, 0.0, dl);
+    st[k]->backward_input(0, dl, false);
+    st[k]->backward_weight(0);
+  }
+  ASSERT_EQ(out[1].dtype(), DType::f32);
+  EXPECT_EQ(std::memcmp(out[0].raw(), out[1].raw(), out[0].nbytes()), 0) << "fp16 logits differ from fp32's";
+  for (std::size_t i = 0; i < a.arena().size(); ++i) {
+    const Tensor g32 = a.arena().grad(i), g16 = b.arena().grad(i);
+    EXPECT_EQ(std::memcmp(g32.raw(), g16.raw(), g32.nbytes()), 0) << a.arena().info(i).name;
+  }
+}

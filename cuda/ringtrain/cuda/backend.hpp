@@ -18,7 +18,8 @@
 //    and broadcast kernels also take bf16 activations with float32
 //    parameters (a Linear's weight: its bf16 copy) and write float32
 //    parameter gradients; cuBLAS multiplies bf16 with float32 accumulation.
-//    Convolution, batch norm and pooling take float32 only.
+//    Convolution, batch norm and pooling take float32 only. float16
+//    activations (Backend::fp16_activations, train.precision = fp16) alike.
 //  - BackendOptions come from the environment at registration (static
 //    initialisation, before any configuration is read): only the cuDNN
 //    algorithm choice, which no configuration key covers.

@@ -49,7 +49,8 @@ enum class PoolKind { max, avg };
 // fp16 conversion (fp16). CPU: oneDNN convolutions get the fpmath mode (used
 // where the CPU has the instructions). bf16 additionally stores activations
 // in bfloat16 where the backend and every layer of a stage take them
-// (Backend::bf16_activations, Layer::takes_bf16).
+// (Backend::bf16_activations, Layer::takes_bf16); fp16 in float16 likewise
+// (Backend::fp16_activations: the CUDA backend, not the CPU).
 enum class MathMode { fp32, tf32, bf16, fp16 };
 // "fp32" | "tf32" | "bf16" | "fp16"; throws Error naming the value otherwise.
 MathMode parse_math_mode(const std::string& s);
@@ -280,13 +281,20 @@ class Backend {
   // gradient written in float32 (matmuls accumulate in float32). Where this
   // holds, a Stage whose layers all take bf16 runs them in bf16 (stage.hpp).
   virtual bool bf16_activations() const { return false; }
+  // The same for float16 activations (train.precision = fp16, with dynamic
+  // loss scaling: the stage casts the scaled float32 loss gradient to float16).
+  // Layers ask Layer::takes_bf16 for either 16-bit type, so a backend that
+  // says yes takes float16 wherever it takes bfloat16 (bf16_images included).
+  // The CPU says no: its fp16 runs keep float32 storage.
+  virtual bool fp16_activations() const { return false; }
   // Whether the convolution, batch-norm and pooling kernels take them too
   // (Conv2d, BatchNorm2d and Pool2d ask; a stage with one that does not runs float32).
   virtual bool bf16_images() const { return false; }
   // The ISA that bf16 math runs on, for the log: "AMX", "AVX512-BF16", or
   // "emulated (...)"; "" when the backend does not say.
   virtual std::string bf16_isa() const { return ""; }
-  // dst = src converted (float32 <-> bfloat16, or a copy of one type); same numel.
+  // dst = src converted (float32 <-> bfloat16, float32 <-> float16 where the
+  // backend takes fp16 activations, or a copy of one type); same numel.
   virtual void cast(const Tensor& src, Tensor& dst) {
     RT_FAIL("the ", name(), " backend has no float32 <-> bfloat16 cast");
   }

@@ -144,6 +144,10 @@ class Layer {
   // on a backend with Backend::bf16_activations): output and input gradient
   // then have the input's type, parameter gradients stay float32. A Stage
   // runs its layers in bf16 only when all of them do (composites ask their children).
+  // It means 16-bit float activations: float16 too (train.precision = fp16 on
+  // a backend with Backend::fp16_activations, i.e. CUDA). Layers that run on
+  // the CPU only (TokenEmbedding, tensor-parallel host paths) write bf16 but
+  // not fp16; a Stage never picks fp16 there (CPU, or token ids: float32).
   virtual bool takes_bf16() const { return false; }
   // A layer whose input is token ids (TokenEmbedding): a Stage passes its
   // float32 input uncast (ids above 256 are not bfloat16 numbers) and names
@@ -172,8 +176,8 @@ class Layer {
   bool has_forward_ = false;
 };
 
-// A weight in another dtype (the bfloat16 copy that bf16 activations multiply
-// by), cast from the float32 master again on first use after the arena's
+// A weight in another dtype (the bfloat16 or float16 copy that 16-bit
+// activations multiply by), cast from the float32 master again on first use after the arena's
 // version moved on: once per step after the update, and after a checkpoint
 // load, a broadcast or a ZeRO gather. Linear, Conv2d and the LM head hold one.
 class WeightCopy {

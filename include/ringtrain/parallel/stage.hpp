@@ -50,6 +50,12 @@
 //    Parameters and their gradients stay float32 (masters); a Linear uses a
 //    bf16 copy of its weight cast after each update. Otherwise bf16 only
 //    allows down-conversion inside kernels (backend.hpp MathMode).
+//    train.precision = fp16 does the same in float16 where the backend takes
+//    it (Backend::fp16_activations: CUDA; not with token ids): backward's
+//    float32 dy is already multiplied by the loss scale when it is cast, and
+//    an overflow there reaches the float32 parameter gradients as inf/NaN,
+//    which the loss scaler finds (the step is skipped). On the CPU fp16 keeps
+//    float32 storage.
 //  - Hooks: grad_ready(local layer index) fires once a layer's gradient for
 //    the micro-batch is complete (after backward_input for layers that do not
 //    split, after backward_weight for those that do).
@@ -158,7 +164,7 @@ class Stage {
   std::vector<std::vector<Tensor>> inputs_;
   std::vector<SamplePosition> slot_position_;
   DType act_ = DType::f32;
-  // Per slot, bf16 activations: the cast input and output, and their gradients.
+  // Per slot, 16-bit activations: the cast input and output, and their gradients.
   std::vector<Tensor> in16_, out32_, dy16_, dx32_;
   Tensor cast_to(std::vector<Tensor>& slot_buffers, int slot, const Tensor& t, DType dt);
   void replay(int slot, int local);  // reruns layer `local`'s forward of the slot's micro-batch
