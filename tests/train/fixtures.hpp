@@ -121,4 +121,26 @@ inline TrainConfig small_config(const std::string& dir) {
   return c;
 }
 
+// The small vit of the mixed-precision trainer tests (train/mpi_bf16.cpp and
+// the GPU's mpi_bf16_vit / mpi_fp16_vit): 16 tokens of 28x28 images, AdamW at
+// a constant rate, `steps` steps in `precision`.
+inline TrainConfig mixed_precision_vit(const std::string& data, const std::string& precision, int steps) {
+  TrainConfig c = small_config(data);
+  c.model.name = "vit";
+  c.model.width = 32;
+  c.model.heads = 2;
+  c.model.depth = 2;
+  c.model.mlp_ratio = 2;
+  c.model.patch = 7;  // 16 tokens of 28x28 images
+  c.data.batch_size = 32;
+  c.optimizer.name = "adamw";
+  c.optimizer.lr = 1e-3;
+  c.optimizer.momentum = 0;
+  c.schedule.name = "constant";
+  c.train.epochs = 8;  // more than enough steps at 4 ranks; max_steps stops
+  c.train.max_steps = steps;
+  c.train.precision = precision;
+  return c;
+}
+
 }  // namespace ringtrain::test_fixtures

@@ -25,22 +25,7 @@ namespace {
 constexpr int kSteps = 50;
 
 TrainConfig vit_config(const std::string& data, const std::string& precision) {
-  TrainConfig c = test_fixtures::small_config(data);
-  c.model.name = "vit";
-  c.model.width = 32;
-  c.model.heads = 2;
-  c.model.depth = 2;
-  c.model.mlp_ratio = 2;
-  c.model.patch = 7;  // 16 tokens of 28x28 images
-  c.data.batch_size = 32;
-  c.optimizer.name = "adamw";
-  c.optimizer.lr = 1e-3;
-  c.optimizer.momentum = 0;
-  c.schedule.name = "constant";
-  c.train.epochs = 8;  // more than enough steps at 4 ranks; max_steps stops
-  c.train.max_steps = kSteps;
-  c.train.precision = precision;
-  return c;
+  return test_fixtures::mixed_precision_vit(data, precision, kSteps);
 }
 
 // Rank 0: every tensor of the newest checkpoint of `dir`.
