@@ -33,7 +33,8 @@ def act_formula(tokens, dp, pp, tp, sp, mode):
       tensor t                    4 sbh (4 + 12/t + as/(h t))     (LayerNorms, qkv and fc1 inputs whole)
       tensor t + sequence         4 sbh/t (16 + as/h)
       recompute = attention       the as/h term dropped (the softmax output is recomputed)
-      recompute = block           4 sbh, or 4 sbh/t with sequence: the block input only
+      recompute = block           4 sbh, or 4 sbh/t with sequence: the block input only, plus
+                                  once the none form of the one layer being recomputed
     A pipeline stage holds L/PP layers and, under 1F1B with PP micro-batches
     (the default), PP micro-batches of b/PP samples in flight: L sbh/PP on the
     first stage. Data parallelism (ZeRO rows) divides b.
@@ -42,13 +43,16 @@ def act_formula(tokens, dp, pp, tp, sp, mode):
     sbh = tokens * b * H
     att = A * tokens * tokens * b
     t = tp
-    if mode == "block":
-        e = sbh / t if sp else sbh
-    elif sp:
-        e = (16 * sbh + (att if mode == "none" else 0)) / t
-    else:
-        e = 4 * sbh + 12 * sbh / t + (att / t if mode == "none" else 0)
-    return 4 * e * (L / pp) * pp
+
+    def layer(m):  # fp32 elements one layer keeps for one micro-batch
+        if m == "block":
+            return sbh / t if sp else sbh
+        if sp:
+            return (16 * sbh + (att if m == "none" else 0)) / t
+        return 4 * sbh + 12 * sbh / t + (att / t if m == "none" else 0)
+
+    # block: plus the one layer whose forward the backward is repeating (the paper leaves it out)
+    return 4 * layer(mode) * (L / pp) * pp + (4 * layer("none") if mode == "block" else 0)
 
 
 def main(path):
@@ -61,7 +65,8 @@ def main(path):
     print("x 1 rank: against the 1-rank run with recompute none. state: parameters + gradients + optimizer.")
     print("act formula (vit): Korthikanti et al. 2022 per layer, fp32 and no dropout: 4sbh(16 + as/h) at 1 rank,")
     print("  4sbh(4 + 12/t + as/(ht)) at tensor t, 4sbh/t(16 + as/h) with sequence, no as/h term with recompute")
-    print("  attention, 4sbh (4sbh/t with sequence) with recompute block; L/PP layers x PP micro-batches of b/PP.")
+    print("  attention, 4sbh (4sbh/t with sequence) with recompute block plus one layer's none form (the one being")
+    print("  recomputed); L/PP layers x PP micro-batches of b/PP on the first stage.")
     held = lambda r: float(r["params_b"]) + float(r["grads_b"]) + float(r["optimizer_b"])
     act = lambda r: float(r["activations_b"])
     modes = ["none", "attention", "block"]

@@ -204,6 +204,7 @@ void ResidualStack::release_activations() {
   for_each_child([](Layer& c) { c.release_activations(); });
   sums_.clear();
   dx_ = Tensor();
+  xs_ = y_ = dys_ = dxw_ = Tensor();  // sequence parallelism's shard and whole-token buffers
 }
 
 bool ResidualStack::takes_bf16() const {

@@ -136,6 +136,11 @@ class ColumnParallel : public TensorParallelLayer {
   // g.sequence: the input is a token shard, all-gathered first (its dx reduce-scattered).
   Shape output_shape(const Shape& in) const override { return local_->output_shape(gathered(in)); }
   double forward_flops(const Shape& in) const override { return local_->forward_flops(gathered(in)); }
+  // The kept input shard too: it is the previous layer's output, which that layer has released.
+  void release_activations() override {
+    TensorParallelLayer::release_activations();
+    xs_ = xg_ = Tensor();
+  }
 
  protected:
   Tensor do_forward(const Tensor& x, Mode mode) override;
