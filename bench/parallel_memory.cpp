@@ -10,10 +10,13 @@
 // ring all-reduce's 2(N-1)/N·G (ZeRO-3: two gathers and a reduce-scatter, 3(N-1)/N·G).
 //   mpirun -np 4 bench_parallel_memory --model vit --pipeline 2 --tensor 2 [--zero 0|1|2|3] [--steps 2]
 //       [--sequence --patch 2]   (sequence parallelism: bench/sequence_parallel.sh)
+//       [--recompute none|attention|block] [--breakdown FILE]
+//   --breakdown: each rank writes FILE.<rank>, the host tensor bytes live at its peak per
+//   allocating site (bench/memory_attribution.hpp; slow: a backtrace per allocation).
 // Prints one CSV row per rank (rank 0 writes them all):
 //   model,ranks,pipeline,tensor,zero,rank,peak_rss_mb,tensor_peak_mb,params_b,grads_b,optimizer_b,activations_b,
 //   param_count,model_param_count,grads_in_flight_b,sent_per_step_b,sequence,step_s,params_in_flight_b,precision,
-//   weight_copies_b
+//   weight_copies_b,recompute,tokens
 //   (step_s: the median step after the first, seconds; params_in_flight_b: ZeRO-3's gathered layers resident at once;
 //   --precision bf16: weight_copies_b are the bfloat16 copies of the Linear and Conv2d weights, 2 bytes per element
 //   of every 2-D or 4-D "*.weight", which activations_b includes: the activations proper are
@@ -33,6 +36,7 @@
 #include "ringtrain/core/allocator.hpp"
 #include "ringtrain/data/prepare.hpp"
 #include "ringtrain/train/trainer.hpp"
+#include "memory_attribution.hpp"
 
 using namespace ringtrain;
 
@@ -41,7 +45,7 @@ int main(int argc, char** argv) {
   Communicator world = Communicator::world();
   CLI::App app{"per-rank memory of one layout"};
   std::string model = "vit", data = "/tmp/rt-bench-memory", partition = "params";
-  std::string algorithm = "auto", precision = "fp32";
+  std::string algorithm = "auto", precision = "fp32", recompute = "none", breakdown;
   int pipeline = 1, tensor = 1, steps = 2, batch = 32, zero = 0, patch = 4;
   bool header = false, sequence = false;
   app.add_option("--model", model, "vit (width 512, depth 8, 8 heads) | resnet (ResNet-20 width 16)");
@@ -55,6 +59,8 @@ int main(int argc, char** argv) {
   app.add_option("--steps", steps);
   app.add_option("--precision", precision, "train.precision (bf16: bfloat16 activations where every layer takes them)");
   app.add_option("--batch", batch, "global batch");
+  app.add_option("--recompute", recompute, "train.recompute: none | attention | block");
+  app.add_option("--breakdown", breakdown, "write FILE.<rank>: bytes live at the peak per allocating site");
   app.add_option("--data", data, "synthetic 28x28 data directory (made if absent)");
   app.add_flag("--header", header, "print the CSV header first");
   CLI11_PARSE(app, argc, argv);
@@ -87,6 +93,7 @@ int main(int argc, char** argv) {
   c.data.batch_size = batch / dp;
   c.train.max_steps = steps;
   c.train.precision = precision;
+  c.train.recompute = recompute;
   c.train.threads = 1;
   c.optimizer.name = "adamw";
   c.optimizer.lr = 1e-4;
@@ -109,15 +116,19 @@ int main(int argc, char** argv) {
   };
   TrainerMemory m;
   double copies = 0;
+  std::int64_t tokens = 0;
+  if (!breakdown.empty()) memory_attribution::install();
   {
     Trainer t(c, world, h);
     t.fit();
     m = t.memory();
+    if (model == "vit") tokens = (28 / patch) * (28 / patch);
     if (precision == "bf16")
       for (const auto& p : t.parameters().infos())
         if ((p.shape.size() == 2 || p.shape.size() == 4) && p.name.size() > 7 && p.name.ends_with(".weight"))
           copies += 2.0 * static_cast<double>(shape_numel(p.shape));
   }
+  if (!breakdown.empty()) memory_attribution::write(breakdown + "." + std::to_string(world.rank()));
   std::sort(step_s.begin(), step_s.end());
   const double median_s = step_s.empty() ? 0 : step_s[step_s.size() / 2];
   rusage ru{};
@@ -143,12 +154,13 @@ int main(int argc, char** argv) {
     if (header)
       std::printf("model,ranks,pipeline,tensor,zero,rank,peak_rss_mb,tensor_peak_mb,params_b,grads_b,optimizer_b,"
                   "activations_b,param_count,model_param_count,grads_in_flight_b,sent_per_step_b,sequence,step_s,"
-                  "params_in_flight_b,precision,weight_copies_b\n");
+                  "params_in_flight_b,precision,weight_copies_b,recompute,tokens\n");
     for (int r = 0; r < world.size(); ++r) {
       const double* v = &all[mine.size() * r];
-      std::printf("%s,%d,%d,%d,%d,%d,%.1f,%.1f,%.0f,%.0f,%.0f,%.0f,%.0f,%.0f,%.0f,%.0f,%d,%.4f,%.0f,%s,%.0f\n",
+      std::printf("%s,%d,%d,%d,%d,%d,%.1f,%.1f,%.0f,%.0f,%.0f,%.0f,%.0f,%.0f,%.0f,%.0f,%d,%.4f,%.0f,%s,%.0f,%s,%lld\n",
                   model.c_str(), world.size(), pipeline, tensor, zero, r, v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7],
-                  v[8], v[9], sequence ? 1 : 0, v[10], v[11], precision.c_str(), v[12]);
+                  v[8], v[9], sequence ? 1 : 0, v[10], v[11], precision.c_str(), v[12], recompute.c_str(),
+                  static_cast<long long>(tokens));
     }
   }
   return 0;

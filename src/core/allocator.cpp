@@ -21,6 +21,11 @@ namespace {
 
 // Live and peak bytes of host tensors (relaxed counters: a few atomic adds per allocation).
 std::atomic<std::size_t> g_live{0}, g_peak{0};
+std::atomic<HostAllocObserver> g_observer{nullptr};
+
+void observe(const void* p, std::size_t bytes, bool allocated) {
+  if (HostAllocObserver f = g_observer.load(std::memory_order_relaxed)) f(p, bytes, allocated);
+}
 
 void count_alloc(std::size_t bytes) {
   const std::size_t live = g_live.fetch_add(bytes, std::memory_order_relaxed) + bytes;
@@ -38,9 +43,11 @@ class CpuAllocator final : public Allocator {
     void* p = std::aligned_alloc(64, rounded);
     RT_CHECK(p != nullptr, "out of host memory allocating ", bytes, " bytes");
     count_alloc(bytes);
+    observe(p, bytes, true);
     return p;
   }
   void deallocate(void* p, std::size_t bytes, Device) override {
+    if (p) observe(p, bytes, false);
     if (p) g_live.fetch_sub(bytes, std::memory_order_relaxed);
     std::free(p);
   }
@@ -101,11 +108,13 @@ HostPages allocate_host_pages(std::size_t bytes) {
   if (p.chunk != host_base_page()) madvise(p.data, p.bytes, MADV_HUGEPAGE);  // advice: failure is harmless
   p.asked = bytes;
   count_alloc(bytes);
+  observe(p.data, bytes, true);
   return p;
 }
 
 void free_host_pages(const HostPages& p) {
   if (!p.data) return;
+  observe(p.data, p.asked, false);
   munmap(p.data, p.bytes);
   g_live.fetch_sub(p.asked, std::memory_order_relaxed);
 }
@@ -113,6 +122,7 @@ void free_host_pages(const HostPages& p) {
 HostMemoryStats host_memory_stats() {
   return {g_live.load(std::memory_order_relaxed), g_peak.load(std::memory_order_relaxed)};
 }
+void set_host_alloc_observer(HostAllocObserver f) { g_observer.store(f, std::memory_order_relaxed); }
 void reset_host_memory_peak() { g_peak.store(g_live.load(std::memory_order_relaxed), std::memory_order_relaxed); }
 
 void register_allocator(DeviceKind kind, std::unique_ptr<Allocator> a) {

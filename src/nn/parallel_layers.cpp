@@ -112,6 +112,8 @@ Tensor ColumnParallel::do_forward(const Tensor& x, Mode mode) {
 // own the stream work of the calling thread (no second thread on the context).
 Tensor ColumnParallel::do_backward(const Tensor& dy, bool need_dx, bool accumulate) {
   if (g_.sequence) seq_all_gather(xs_, xg_, g_);  // the input the local layer kept (other layers reused the buffer)
+  // The whole-token dx lives until its reduce-scatter below: one buffer for every layer, not one per layer.
+  if (g_.sequence && need_dx) local_->write_input_grad_into(seq_workspace(6, xg_.shape(), xg_.dtype(), xg_.device()));
   Tensor dx = local_->backward_input(dy, need_dx, accumulate);
   RT_CHECK(!g_.sequence || dx.device().is_cpu() || !need_dx, type_, " '", name_,
            "': sequence parallelism runs on the host");
@@ -185,6 +187,9 @@ Shape RowParallel::output_shape(const Shape& in) const {
 std::int64_t RowParallel::inner(const Tensor& z) const { return after_.images ? z.dim(2) * z.dim(3) : 1; }
 
 Tensor RowParallel::do_forward(const Tensor& x, Mode mode) {
+  // Sequence parallelism: the whole-token partial products live until g's reduce-scatter below (local_'s
+  // backward does not read its output): one buffer for every layer, not one per layer.
+  if (g_.sequence) local_->write_output_into(seq_workspace(5, local_->output_shape(x.shape()), x.dtype(), x.device()));
   Tensor partial = local_->forward(x, mode);
   if (partial.dtype() == DType::bf16) {
     // bfloat16: the (bf16) partial products summed in float32 (g, or g's
@@ -199,7 +204,7 @@ Tensor RowParallel::do_forward(const Tensor& x, Mode mode) {
       ensure(z_, seq_shard_shape(partial.shape(), g_), partial.dtype(), partial.device());
       seq_reduce_scatter(partial, z_, g_);
     } else {
-      ensure(z_, partial.shape(), partial.dtype(), partial.device());
+      z_ = partial;  // summed in place: local_'s backward does not read its output, so z_ need not be a copy
       tp_all_reduce(partial, z_, g_);  // g: sum the partial products
     }
     if (after_.bias) be_->add_broadcast(z_, b, inner(z_), z_);

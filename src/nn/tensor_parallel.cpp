@@ -184,8 +184,8 @@ void seq_reduce_scatter(const Tensor& whole, Tensor& shard, const TensorGroup& g
 }
 
 Tensor seq_workspace(int slot, const Shape& shape, DType dt, Device dev) {
-  static auto& slots = *new std::array<Tensor, 5>;  // never destroyed, as the packing scratch
-  RT_CHECK(slot >= 0 && slot < 5, "seq_workspace: slot ", slot, " is not 0 to 4");
+  static auto& slots = *new std::array<Tensor, 7>;  // never destroyed, as the packing scratch
+  RT_CHECK(slot >= 0 && slot < 7, "seq_workspace: slot ", slot, " is not 0 to 6");
   Tensor& t = slots[std::size_t(slot)];
   const std::size_t bytes = std::size_t(shape_numel(shape)) * dtype_size(dt);
   if (!t.defined() || t.nbytes() < bytes || t.device() != dev) t = Tensor::empty({std::int64_t(bytes)}, DType::u8, dev);

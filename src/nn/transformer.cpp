@@ -205,7 +205,7 @@ void ResidualStack::for_each_child(const std::function<void(Layer&)>& f) {
 
 void ResidualStack::visit_state(MicroBatchState& s) {
   for_each_child([&](Layer& c) { c.exchange_state(s); });
-  s(sums_, dx_, xs_, y_, dys_, dxw_);
+  s(sums_, dx_, xs_, y_, dys_, dxw_);  // with sequence parallelism's shard and whole-token buffers
 }
 
 bool ResidualStack::takes_bf16() const {

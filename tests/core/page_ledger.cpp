@@ -1,12 +1,14 @@
 // PageLedger and Tensor::paged against the kernel's own account of which pages
 // are resident (mincore) and against the bytes written: a chunk goes back only
 // once no held range overlaps it, and bytes outside a tensor's storage (or in
-// a chunk still held) are never touched.
+// a chunk still held) are never touched. The host allocation observer sees
+// each allocation and release once, with the bytes host_memory_stats counts.
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 
 #include <cstdint>
 #include <cstring>
+#include <tuple>
 #include <vector>
 
 #include "ringtrain/core/allocator.hpp"
@@ -33,7 +35,40 @@ bool all_bytes(const unsigned char* p, std::size_t n, unsigned char v) {
   return true;
 }
 
+// What the observer saw (it is a plain function pointer: no state of its own).
+std::vector<std::tuple<const void*, std::size_t, bool>>* g_seen = nullptr;
+void record(const void* p, std::size_t bytes, bool allocated) {
+  if (g_seen) g_seen->emplace_back(p, bytes, allocated);
+}
+
 }  // namespace
+
+TEST(HostAllocObserver, SeesEachAllocationAndReleaseWithItsBytes) {
+  std::vector<std::tuple<const void*, std::size_t, bool>> seen;
+  g_seen = &seen;
+  set_host_alloc_observer(&record);
+  const std::size_t live0 = host_memory_stats().live;
+  const void *tensor = nullptr, *pages = nullptr;
+  {
+    Tensor t = Tensor::empty({3, 5}, DType::f32);
+    tensor = t.raw();
+    EXPECT_EQ(host_memory_stats().live - live0, 60u);
+    HostPages hp = allocate_host_pages(5000);
+    pages = hp.data;
+    EXPECT_EQ(host_memory_stats().live - live0, 5060u);
+    free_host_pages(hp);
+  }
+  set_host_alloc_observer(nullptr);
+  g_seen = nullptr;
+  Tensor after = Tensor::empty({4}, DType::f32);  // not observed
+  EXPECT_EQ(host_memory_stats().live - live0, 16u);
+  using Event = std::tuple<const void*, std::size_t, bool>;
+  ASSERT_EQ(seen.size(), 4u);
+  EXPECT_EQ(seen[0], Event(tensor, 60, true));
+  EXPECT_EQ(seen[1], Event(pages, 5000, true));
+  EXPECT_EQ(seen[2], Event(pages, 5000, false));
+  EXPECT_EQ(seen[3], Event(tensor, 60, false));
+}
 
 TEST(HostPages, PagedTensorIsZeroAlignedAndWholeChunks) {
   for (std::int64_t n : {std::int64_t{1}, std::int64_t{1000}, std::int64_t{300000}, std::int64_t{1} << 20}) {

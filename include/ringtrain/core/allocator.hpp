@@ -31,6 +31,12 @@ struct HostMemoryStats {
 };
 HostMemoryStats host_memory_stats();
 void reset_host_memory_peak();
+// Called on every host tensor allocation (allocated = true) and release with
+// its address and counted bytes, on the allocating thread: a benchmark that
+// attributes memory to the code that asked for it (bench/memory_attribution.hpp).
+// Null (the default): none. The observer must not allocate host tensors.
+using HostAllocObserver = void (*)(const void* p, std::size_t bytes, bool allocated);
+void set_host_alloc_observer(HostAllocObserver f);
 
 // Host memory that a PageLedger can hand back to the system piece by piece:
 // zero-filled, aligned to and sized in whole `chunk`s. The chunk is the

@@ -26,6 +26,11 @@ class WeightLayer : public Layer {
   void init(const ParamArena& arena, std::uint64_t seed) override;
   bool splits_backward() const override { return split_; }
   void visit_state(MicroBatchState& s) override;
+  // The next forward writes its output into y, the next backward its input
+  // gradient into dx, when the shapes fit: views of shared workspaces for the
+  // tensors a collective consumes at once (sequence parallelism, parallel_layers.cpp).
+  void write_output_into(const Tensor& y) { y_ = y; }
+  void write_input_grad_into(const Tensor& dx) { dx_ = dx; }
 
  protected:
   WeightLayer(std::string name, Shape weight, bool bias, DType dt, Init init);

@@ -74,7 +74,9 @@ void seq_reduce_scatter(const Tensor& whole, Tensor& shard, const TensorGroup& g
 // gathered dz of a row layer; a column layer's dx shard until the next layer
 // reads it), shared by every layer of the process: `slot` 0, 1, 2 for the
 // three, so activation memory holds them once, not once per layer; slots 3
-// and 4 hold tp_sum_f32's float32 sums.
+// and 4 hold tp_sum_f32's float32 sums; 5 a row layer's whole-token partial
+// products until g's reduce-scatter, 6 a column layer's whole-token dx until
+// its reduce-scatter.
 Tensor seq_workspace(int slot, const Shape& shape, DType dt, Device dev);
 // This rank's tokens of a replicated `whole` (a copy, no communication).
 void seq_slice(const Tensor& whole, Tensor& shard, const TensorGroup& g);
@@ -134,6 +136,8 @@ class ColumnParallel : public TensorParallelLayer {
   // g.sequence: the input is a token shard, all-gathered first (its dx reduce-scattered).
   Shape output_shape(const Shape& in) const override { return local_->output_shape(gathered(in)); }
   double forward_flops(const Shape& in) const override { return local_->forward_flops(gathered(in)); }
+  // The kept input shard too: it is the previous layer's output (block
+  // recomputation releases it with the previous layer's state).
   void visit_state(MicroBatchState& s) override {
     TensorParallelLayer::visit_state(s);
     s(xs_, xg_);
