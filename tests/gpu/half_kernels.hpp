@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "gpu_test_util.hpp"
+#include "support/attention_bounds.hpp"
 #include "ringtrain/nn/backend.hpp"
 #include "ringtrain/nn/loss.hpp"
 #include "ringtrain/parallel/device_runtime.hpp"
@@ -334,19 +335,8 @@ TEST_P(Half16, AttentionWithinTheBoundOfItsTwoProducts) {
     k->forward(qkv.h16, o16);
     k->backward(qkv.h16, dout.h16, dq16);
     be().synchronize();
-    double maxv = 0, maxqk = 0;
-    const float* p = qh.data<float>();
-    for (std::int64_t i = 0; i < n * t; ++i)
-      for (std::int64_t c = 0; c < d; ++c) maxv = std::max(maxv, double(std::abs(p[i * 3 * d + 2 * d + c])));
-    for (std::int64_t b = 0; b < n; ++b)
-      for (std::int64_t hh = 0; hh < heads; ++hh)
-        for (std::int64_t i = 0; i < t; ++i)
-          for (std::int64_t j = 0; j < t; ++j) {
-            double sum = 0;
-            for (std::int64_t c = 0; c < hd; ++c)
-              sum += std::abs(double(p[(b * t + i) * 3 * d + hh * hd + c]) * p[(b * t + j) * 3 * d + d + hh * hd + c]);
-            maxqk = std::max(maxqk, sum / std::sqrt(double(hd)));
-          }
+    const auto mag = test_support::attention_magnitudes(qh.data<float>(), n, t, heads, hd);
+    const double maxv = mag.max_v, maxqk = mag.max_qk;
     const double ds = 2 * (2 * u + 2 * double(hd) * e32) * maxqk, dp = 2 * ds + u;
     const auto o = host_f32(o32), dq = host_f32(dq32);
     const std::string tag = cat("attention T ", t, " heads ", heads);

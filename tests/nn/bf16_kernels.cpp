@@ -19,6 +19,7 @@
 #include "ringtrain/nn/backend.hpp"
 #include "ringtrain/nn/loss.hpp"
 #include "ringtrain/parallel/stage.hpp"
+#include "support/attention_bounds.hpp"
 
 using namespace ringtrain;
 
@@ -174,19 +175,8 @@ TEST(Bf16Kernels, AttentionWithinTheBoundOfItsTwoProducts) {
   // O = P V with rows of P summing to 1: |dO| <= max|V| (|dP| + u) + u|O|, where
   // the scores S = q.k/sqrt(hd) (K = hd) are fp32 and P is rounded to bf16:
   // |dP| <= 2 |dS| + u with |dS| <= 2 (2u + hd 2^-24) max_rows sum |q k| / sqrt(hd).
-  double maxv = 0, maxqk = 0;
-  const float* p = qkv.data<float>();
-  for (std::int64_t i = 0; i < n * t; ++i)
-    for (std::int64_t c = 0; c < d; ++c) maxv = std::max(maxv, double(std::abs(p[i * 3 * d + 2 * d + c])));
-  for (std::int64_t b = 0; b < n; ++b)
-    for (std::int64_t h = 0; h < heads; ++h)
-      for (std::int64_t i = 0; i < t; ++i)
-        for (std::int64_t j = 0; j < t; ++j) {
-          double sum = 0;
-          for (std::int64_t c = 0; c < hd; ++c)
-            sum += std::abs(double(p[(b * t + i) * 3 * d + h * hd + c]) * p[(b * t + j) * 3 * d + d + h * hd + c]);
-          maxqk = std::max(maxqk, sum / std::sqrt(double(hd)));
-        }
+  const auto mag = test_support::attention_magnitudes(qkv.data<float>(), n, t, heads, hd);
+  const double maxv = mag.max_v, maxqk = mag.max_qk;
   const double ds = 2 * (2 * u + hd * e32) * maxqk, dp = 2 * ds + u;
   std::vector<double> to(std::size_t(o32.numel()));
   for (std::int64_t i = 0; i < o32.numel(); ++i) to[std::size_t(i)] = maxv * (dp + u) + u * std::abs(o32.data<float>()[i]);
