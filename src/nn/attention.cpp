@@ -82,8 +82,8 @@ Tensor MultiHeadSelfAttention::do_backward(const Tensor& dy, bool need_dx, bool 
 }
 
 void MultiHeadSelfAttention::visit_state(MicroBatchState& s) {
-  qkv_->exchange_state(s);
-  proj_->exchange_state(s);
+  qkv_->swap_state(s);
+  proj_->swap_state(s);
   if (k_) k_->visit_state(s);
   s(qkv_out_, core_, dcore_);
 }

@@ -95,7 +95,7 @@ void Sequential::do_backward_weight() { chain_backward_weight(children_); }
 bool Sequential::splits_backward() const { return chain_splits(children_); }
 bool Sequential::takes_bf16() const { return chain_bf16(children_); }
 void Sequential::visit_state(MicroBatchState& s) {
-  for (auto& c : children_) c->exchange_state(s);
+  for (auto& c : children_) c->swap_state(s);
 }
 
 void Sequential::for_each_child(const std::function<void(Layer&)>& f) {
@@ -181,7 +181,7 @@ void Residual::do_backward_weight() {
 }
 
 void Residual::visit_state(MicroBatchState& s) {
-  for_each_child([&](Layer& c) { c.exchange_state(s); });
+  for_each_child([&](Layer& c) { c.swap_state(s); });
   s(sum_, dx_);
 }
 

@@ -217,7 +217,7 @@ Tensor RowParallel::do_forward(const Tensor& x, Mode mode) {
 }
 
 void RowParallel::visit_state(MicroBatchState& s) {
-  local_->exchange_state(s);
+  local_->swap_state(s);
   s(z_, y_, dz_);
   if (relu_) relu_->visit_state(s);
   if (pool_) pool_->visit_state(s);

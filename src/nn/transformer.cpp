@@ -128,7 +128,7 @@ Tensor PatchEmbed::do_backward(const Tensor& dy, bool need_dx, bool accumulate) 
 }
 
 void PatchEmbed::visit_state(MicroBatchState& s) {
-  proj_->exchange_state(s);
+  proj_->swap_state(s);
   s(patches_, y_, dpatches_, dx_);
 }
 
@@ -204,7 +204,7 @@ void ResidualStack::for_each_child(const std::function<void(Layer&)>& f) {
 }
 
 void ResidualStack::visit_state(MicroBatchState& s) {
-  for_each_child([&](Layer& c) { c.exchange_state(s); });
+  for_each_child([&](Layer& c) { c.swap_state(s); });
   s(sums_, dx_, xs_, y_, dys_, dxw_);  // with sequence parallelism's shard and whole-token buffers
 }
 

@@ -274,18 +274,14 @@ void Trainer::Impl::start_reporting() {
               " steps/epoch, all-reduce ", cfg.comm.algorithm, ", run ", pos.run_id,
               ckpt.resumed() ? cat(" (resume ", pos.resumes, " at epoch ", pos.epochs_done + 1, " step ",
                                    pos.step_in_epoch, ")") : std::string());
-    if (cfg.train.precision == "bf16") {  // which arithmetic really runs (issue 31)
-      const bool act16 = parts.stage->activation_dtype() == DType::bf16;
-      const std::string isa = backend_for(device).bf16_isa();
-      log::info("ringtrain: bf16: ", act16 ? "activations and Linear/Conv2d/attention weights in bfloat16, fp32 masters and "
-                                             "gradients" : "fp32 activations, bf16 down-conversion inside kernels only",
-                isa.empty() ? std::string() : cat("; bf16 math on ", isa));
-    }
-    if (cfg.train.precision == "fp16") {
-      const bool act16 = parts.stage->activation_dtype() == DType::f16;
-      log::info("ringtrain: fp16: ", act16 ? "activations and Linear weights in float16, fp32 masters and gradients"
-                                           : "fp32 activations, fp16 down-conversion inside kernels only",
-                "; dynamic loss scaling");
+    if (cfg.train.precision == "bf16" || cfg.train.precision == "fp16") {  // which arithmetic really runs (issue 31)
+      const bool bf = cfg.train.precision == "bf16", act16 = parts.stage->activation_dtype() != DType::f32;
+      const std::string isa = bf ? backend_for(device).bf16_isa() : std::string();
+      log::info("ringtrain: ", cfg.train.precision, ": ",
+                act16 ? (bf ? "activations and Linear/Conv2d/attention weights in bfloat16, fp32 masters and gradients"
+                            : "activations and Linear weights in float16, fp32 masters and gradients")
+                      : cat("fp32 activations, ", cfg.train.precision, " down-conversion inside kernels only"),
+                isa.empty() ? std::string() : cat("; bf16 math on ", isa), bf ? "" : "; dynamic loss scaling");
     }
     nlohmann::json head = {{"event", ckpt.resumed() ? "resume" : "start"}, {"model", cfg.model.name},
                            {"params", num_params}, {"ranks", world.size()}, {"device", device.str()},

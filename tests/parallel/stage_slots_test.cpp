@@ -14,6 +14,7 @@
 #include "nn/layer_harness.hpp"
 #include "ringtrain/core/allocator.hpp"
 #include "ringtrain/nn/micro_batch_state.hpp"
+#include "ringtrain/nn/model_registry.hpp"
 #include "ringtrain/parallel/stage.hpp"
 
 using namespace ringtrain;
@@ -154,15 +155,41 @@ TEST(StageSlotsMemory, ASecondMicroBatchAddsActivationsNotWeightCopies) {
   EXPECT_GT(second, first / 4) << "the second micro-batch keeps activations of its own";
 }
 
-// A layer that does not list its state cannot be shared by micro-batches in flight.
-TEST(StageSlotsErrors, UnlistedStateNamesTheLayer) {
+// A layer that does not list its state cannot be shared by micro-batches in
+// flight: a stage of several slots refuses it by name; one slot runs it.
+class Unlisted final : public Layer {
+ public:
+  Unlisted() : Layer("mine") {}
+  const char* type() const override { return "Unlisted"; }
+  Shape output_shape(const Shape& in) const override { return in; }
+
+ protected:
+  Tensor do_forward(const Tensor& x, Mode) override { return x; }
+  Tensor do_backward(const Tensor& dy, bool, bool) override { return dy; }
+};
+
+TEST(StageSlotsErrors, AStageOfSeveralSlotsRefusesALayerThatDoesNotListItsState) {
+  register_model("stage_slots_unlisted", [](const ModelConfig&) {
+    std::vector<LayerPtr> l;
+    l.push_back(std::make_unique<Unlisted>());
+    l.push_back(std::make_unique<Flatten>("flatten"));
+    return l;
+  });
+  ModelConfig c;
+  c.name = "stage_slots_unlisted";
+  EXPECT_NO_THROW(Stage(c, Device::cpu(), 0, 2, 1));
+  try {
+    Stage(c, Device::cpu(), 0, 2, 2);
+    ADD_FAILURE() << "a stage of 2 slots accepted a layer that does not list its state";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("mine (Unlisted)"), std::string::npos) << e.what();
+  }
+  // Members swap through a state: a fresh (undefined) value comes out, and back.
   MicroBatchState s;
-  s.unlisted("mine (Custom)");
-  EXPECT_EQ(s.unlisted_layer(), "mine (Custom)");
-  Tensor a = Tensor::zeros({2}), b;
-  s(a);  // a goes into the state, a fresh (undefined) tensor comes out
+  Tensor a = Tensor::zeros({2});
+  s(a);
   EXPECT_FALSE(a.defined());
-  s(a);  // and back
+  s(a);
   EXPECT_TRUE(a.defined());
   EXPECT_EQ(a.numel(), 2);
 }

@@ -123,7 +123,11 @@ class Layer {
   virtual void for_each_child(const std::function<void(Layer&)>& f) {}
   // Exchanges this layer's per-micro-batch state (its children's included)
   // with s's (see the rules above and micro_batch_state.hpp).
-  void swap_state(MicroBatchState& s) { exchange_state(s); }
+  // Composites call it on each child from their visit_state.
+  void swap_state(MicroBatchState& s) {
+    s(in_shape_, last_mode_, has_forward_);
+    visit_state(s);
+  }
   // Activation recomputation: drops every tensor the last forward kept for the
   // backward and the gradient buffers (children's too), so their memory is
   // freed; the next forward allocates afresh. Only between a backward_weight
@@ -132,13 +136,8 @@ class Layer {
     MicroBatchState empty;
     swap_state(empty);
   }
-  // The base class's part of the state and visit_state; composites call it on each child.
-  void exchange_state(MicroBatchState& s) {
-    s(in_shape_, last_mode_, has_forward_);
-    visit_state(s);
-  }
   // Lists this layer's per-micro-batch members: s(x_, y_, dx_), k_->visit_state(s),
-  // child->exchange_state(s). The default says the layer does not list them.
+  // child->swap_state(s). The default says the layer does not list them.
   virtual void visit_state(MicroBatchState& s) { s.unlisted(name_ + " (" + type() + ")"); }
   // Whether forward/backward take bfloat16 activations (train.precision = bf16
   // on a backend with Backend::bf16_activations): output and input gradient

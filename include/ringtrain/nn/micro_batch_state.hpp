@@ -39,7 +39,6 @@ class MicroBatchState {
     if (unlisted_.empty()) unlisted_ = layer;
   }
   const std::string& unlisted_layer() const { return unlisted_; }
-  std::size_t size() const { return items_.size(); }
 
  private:
   template <class T>

@@ -114,7 +114,7 @@ class TensorParallelLayer : public Layer {
   void init(const ParamArena& arena, std::uint64_t seed) override;
   Shape output_shape(const Shape& in) const override { return local_->output_shape(in); }
   double forward_flops(const Shape& in) const override { return local_->forward_flops(in); }
-  void visit_state(MicroBatchState& s) override { local_->exchange_state(s); }
+  void visit_state(MicroBatchState& s) override { local_->swap_state(s); }
   bool takes_bf16() const override { return local_->takes_bf16(); }
 
  protected:
