@@ -155,7 +155,7 @@ int main(int argc, char** argv) {
         world.barrier();
         g_state->reset();
         // The schedule alone (no synchronisation or update: nothing to update).
-        StepTiming t = parts.executor->run(*parts.stage, in, *parts.grad_sync).timing;
+        StepTiming t = parts.executor->run(*parts.stage, *parts.loss, in, *parts.grad_sync).timing;
         double vspan = g_state->clock;
         allreduce(&vspan, &vspan, 1, DType::f64, ReduceOp::max, world);
         // The step lasts until the last stage is done (the flush): every

@@ -4,6 +4,7 @@
 
 #include "init.hpp"
 #include "ringtrain/nn/language.hpp"
+#include "ringtrain/nn/lm_loss.hpp"
 #include "ringtrain/nn/tensor_parallel.hpp"
 
 namespace ringtrain {
@@ -121,7 +122,7 @@ Tensor TokenEmbedding::do_forward(const Tensor& x, Mode) {
   // activations rounded once: the tensor-1 values, bitwise. Scattering, or
   // bf16, the float32 partials go to workspaces used within this call only.
   const bool f32 = out_dt_ == DType::f32;
-  Tensor part = scatter_ || !f32 ? seq_workspace(1, {n, t, d}, DType::f32, x.device())
+  Tensor part = scatter_ || !f32 ? g_.workspace(TpBuffer::gathered_grad, {n, t, d}, DType::f32, x.device())
                                  : ensure(y_, {n, t, d}, DType::f32, x.device());
   float* pp = part.data<float>();
   for (std::int64_t i = 0; i < n * t; ++i) {
@@ -134,7 +135,7 @@ Tensor TokenEmbedding::do_forward(const Tensor& x, Mode) {
   Tensor sum = part;
   if (scatter_) {
     const Shape shard = seq_shard_shape(part.shape(), g_);
-    sum = f32 ? ensure(y_, shard, DType::f32, x.device()) : seq_workspace(4, shard, DType::f32, x.device());
+    sum = f32 ? ensure(y_, shard, DType::f32, x.device()) : g_.workspace(TpBuffer::sum_shard, shard, DType::f32, x.device());
     seq_reduce_scatter(part, sum, g_);
     ts = t / g_.size;
     t0 = std::int64_t(g_.rank) * ts;
@@ -181,7 +182,7 @@ Tensor TokenEmbedding::do_backward(const Tensor& dy, bool, bool accumulate) {
   }
   Tensor dyw = dy;  // scattered: every token's gradient, for the rows of this rank's vocabulary
   if (scatter_) {
-    dyw = seq_workspace(1, seq_whole_shape(dy.shape(), g_), dy.dtype(), dy.device());
+    dyw = g_.workspace(TpBuffer::gathered_grad, seq_whole_shape(dy.shape(), g_), dy.dtype(), dy.device());
     seq_all_gather(dy, dyw, g_);
   }
   auto add_rows = [&](const auto* g) {  // bf16 gradients widened as at tensor 1
@@ -203,6 +204,10 @@ Tensor TokenEmbedding::do_backward(const Tensor& dy, bool, bool accumulate) {
 void TokenEmbedding::visit_state(MicroBatchState& s) { s(y_, ids_); }
 
 // ---- LmHead -----------------------------------------------------------------
+std::shared_ptr<const Loss> LmHead::output_loss() const {
+  return g_.size > 1 ? vocab_parallel_cross_entropy_loss(g_) : nullptr;
+}
+
 LmHead::LmHead(std::string name, std::string tie, std::int64_t vocab, std::int64_t dim, TensorGroup g)
     : Layer(std::move(name)), tie_(std::move(tie)), vocab_(vocab), dim_(dim), g_(std::move(g)) {
   RT_CHECK(vocab > 0 && dim > 0, "LmHead '", name_, "': vocab (", vocab, ") and width (", dim, ") must be positive");

@@ -85,4 +85,35 @@ std::int64_t vocab_parallel_count_correct(const Tensor& logits, const Tensor& la
   return std::int64_t(hits.data<double>()[0]);
 }
 
+namespace {
+
+// [..., K] as rows [n, K] (labels [...] as [n]).
+Tensor as_rows(const Tensor& t, std::int64_t k) {
+  return t.defined() ? (k > 0 ? t.reshape({t.numel() / k, k}) : t.reshape({t.numel()})) : t;
+}
+
+class VocabParallelCrossEntropy final : public Loss {
+ public:
+  explicit VocabParallelCrossEntropy(TensorGroup g) : g_(std::move(g)) {}
+  std::string name() const override { return "vocab-parallel cross-entropy"; }
+  double value_and_grad(const Tensor& out, const Tensor& targets, Tensor& grad) const override {
+    const std::int64_t k = out.dim(out.ndim() - 1);
+    Tensor d = as_rows(grad, k);
+    return vocab_parallel_cross_entropy(as_rows(out, k), as_rows(targets, 0), g_, d);
+  }
+  std::int64_t correct(const Tensor& out, const Tensor& targets) const override {
+    return vocab_parallel_count_correct(as_rows(out, out.dim(out.ndim() - 1)), as_rows(targets, 0), g_);
+  }
+  bool collective() const override { return true; }
+
+ private:
+  TensorGroup g_;
+};
+
+}  // namespace
+
+LossPtr vocab_parallel_cross_entropy_loss(const TensorGroup& g) {
+  return std::make_shared<VocabParallelCrossEntropy>(g);
+}
+
 }  // namespace ringtrain

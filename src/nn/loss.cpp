@@ -70,4 +70,24 @@ double top1_accuracy(const Tensor& logits, const Tensor& labels) {
   return double(count_correct(logits, labels)) / double(logits.dim(0));
 }
 
+namespace {
+
+class CrossEntropy final : public Loss {
+ public:
+  explicit CrossEntropy(double smoothing) : smoothing_(smoothing) {}
+  std::string name() const override { return "cross-entropy"; }
+  double value_and_grad(const Tensor& out, const Tensor& targets, Tensor& grad) const override {
+    return grad.defined() ? softmax_cross_entropy(out, targets, smoothing_, grad)
+                          : softmax_cross_entropy_loss(out, targets, smoothing_);
+  }
+  std::int64_t correct(const Tensor& out, const Tensor& targets) const override { return count_correct(out, targets); }
+
+ private:
+  double smoothing_;
+};
+
+}  // namespace
+
+LossPtr cross_entropy_loss(double label_smoothing) { return std::make_shared<CrossEntropy>(label_smoothing); }
+
 }  // namespace ringtrain

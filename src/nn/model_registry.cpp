@@ -14,6 +14,7 @@ namespace {
 struct Registry {
   std::mutex mu;
   std::map<std::string, ModelBuilder> builders;
+  std::map<std::string, LossBuilder> losses;
 };
 
 Registry& registry() {
@@ -35,7 +36,7 @@ const std::vector<std::string>& builtin_model_names() {
   return names;
 }
 
-void register_model(const std::string& name, ModelBuilder builder) {
+void register_model(const std::string& name, ModelBuilder builder, LossBuilder loss) {
   RT_CHECK(!name.empty(), "register_model: the model name is empty");
   RT_CHECK(builder != nullptr, "register_model('", name, "'): the builder is empty");
   RT_CHECK(!is_builtin_model(name), "register_model('", name, "'): '", name, "' is a built-in model (built-in: ",
@@ -44,6 +45,7 @@ void register_model(const std::string& name, ModelBuilder builder) {
   std::lock_guard lk(r.mu);
   RT_CHECK(!r.builders.count(name), "register_model('", name, "'): a model of that name is already registered");
   r.builders.emplace(name, std::move(builder));
+  if (loss) r.losses.emplace(name, std::move(loss));
 }
 
 bool is_registered_model(const std::string& name) {
@@ -98,6 +100,29 @@ std::vector<LayerPtr> build_registered_model(const ModelConfig& cfg) {
                " are both named '", layers[i]->name(), "' (names must be unique: parameters are named after them)");
   }
   return layers;
+}
+
+LossPtr model_loss(const ModelConfig& cfg, const Layer* last) {
+  LossBuilder b;
+  {
+    Registry& r = registry();
+    std::lock_guard lk(r.mu);
+    auto it = r.losses.find(cfg.name);
+    if (it != r.losses.end()) b = it->second;
+  }
+  if (b) {
+    LossPtr loss;
+    try {
+      loss = b(cfg);
+    } catch (const std::exception& e) {
+      RT_FAIL("model '", cfg.name, "': its loss: ", e.what());
+    }
+    RT_CHECK(loss != nullptr, "model '", cfg.name, "': the registered loss builder returned no loss");
+    return loss;
+  }
+  if (last)
+    if (LossPtr own = last->output_loss()) return own;
+  return cross_entropy_loss();
 }
 
 }  // namespace ringtrain

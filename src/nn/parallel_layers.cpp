@@ -100,7 +100,7 @@ Shape ColumnParallel::gathered(const Shape& in) const { return g_.sequence ? seq
 Tensor ColumnParallel::do_forward(const Tensor& x, Mode mode) {
   if (!g_.sequence) return local_->forward(x, mode);
   xs_ = x;  // the backward gathers it again (Megatron): the whole input is not kept per layer
-  xg_ = seq_workspace(0, gathered(x.shape()), x.dtype(), x.device());
+  xg_ = g_.workspace(TpBuffer::gathered_input, gathered(x.shape()), x.dtype(), x.device());
   seq_all_gather(x, xg_, g_);  // g-bar
   return local_->forward(xg_, mode);
 }
@@ -113,7 +113,7 @@ Tensor ColumnParallel::do_forward(const Tensor& x, Mode mode) {
 Tensor ColumnParallel::do_backward(const Tensor& dy, bool need_dx, bool accumulate) {
   if (g_.sequence) seq_all_gather(xs_, xg_, g_);  // the input the local layer kept (other layers reused the buffer)
   // The whole-token dx lives until its reduce-scatter below: one buffer for every layer, not one per layer.
-  if (g_.sequence && need_dx) local_->write_input_grad_into(seq_workspace(6, xg_.shape(), xg_.dtype(), xg_.device()));
+  if (g_.sequence && need_dx) local_->write_input_grad_into(g_.workspace(TpBuffer::column_dx, xg_.shape(), xg_.dtype(), xg_.device()));
   Tensor dx = local_->backward_input(dy, need_dx, accumulate);
   RT_CHECK(!g_.sequence || dx.device().is_cpu() || !need_dx, type_, " '", name_,
            "': sequence parallelism runs on the host");
@@ -124,7 +124,7 @@ Tensor ColumnParallel::do_backward(const Tensor& dy, bool need_dx, bool accumula
   }
   // Sequence parallelism: g-bar's backward reduce-scatters dx to this rank's tokens instead.
   Tensor dxs;
-  if (g_.sequence) dxs = seq_workspace(2, in_shape_, dx.dtype(), dx.device());
+  if (g_.sequence) dxs = g_.workspace(TpBuffer::dx_shard, in_shape_, dx.dtype(), dx.device());
   std::future<void> reduce = std::async(std::launch::async, [&] {
     if (g_.sequence) seq_reduce_scatter(dx, dxs, g_);
     else tp_all_reduce(dx, g_);
@@ -189,7 +189,7 @@ std::int64_t RowParallel::inner(const Tensor& z) const { return after_.images ? 
 Tensor RowParallel::do_forward(const Tensor& x, Mode mode) {
   // Sequence parallelism: the whole-token partial products live until g's reduce-scatter below (local_'s
   // backward does not read its output): one buffer for every layer, not one per layer.
-  if (g_.sequence) local_->write_output_into(seq_workspace(5, local_->output_shape(x.shape()), x.dtype(), x.device()));
+  if (g_.sequence) local_->write_output_into(g_.workspace(TpBuffer::row_partial, local_->output_shape(x.shape()), x.dtype(), x.device()));
   Tensor partial = local_->forward(x, mode);
   if (partial.dtype() == DType::bf16) {
     // bfloat16: the (bf16) partial products summed in float32 (g, or g's
@@ -247,7 +247,7 @@ Tensor RowParallel::do_backward(const Tensor& dy, bool need_dx, bool accumulate)
     be_->sum_broadcast(dz, inner(z_), dbp_, false);
     tp_sum_partial(dbp_, {db}, accumulate, g_, *be_);
   }
-  Tensor dzg = seq_workspace(1, seq_whole_shape(dz.shape(), g_), dz.dtype(), dz.device());
+  Tensor dzg = g_.workspace(TpBuffer::gathered_grad, seq_whole_shape(dz.shape(), g_), dz.dtype(), dz.device());
   seq_all_gather(dz, dzg, g_);
   return local_->backward(dzg, need_dx, accumulate);
 }

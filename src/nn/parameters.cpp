@@ -137,4 +137,29 @@ void ParamArena::zero_grads() {
   for (auto& f : flats_) f.grads.zero_();
 }
 
+void ParamArena::set_reduce_over(std::size_t i, DimSet dims) {
+  RT_CHECK(!finalized_, "parameter ", info(i).name, ": its reduce dimensions are set before the arena is finalised");
+  infos_.at(i).reduce_over = dims;
+}
+
+std::vector<DimSet> ParamArena::reduce_sets() const {
+  std::vector<DimSet> out;
+  for (const ParamInfo& p : infos_)
+    if (std::find(out.begin(), out.end(), p.reduce_over) == out.end()) out.push_back(p.reduce_over);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+const char* dim_name(Dim d) {
+  static const char* const names[kMeshDims] = {"pipeline", "data", "context", "tensor"};
+  return names[dim_index(d)];
+}
+
+std::string DimSet::str() const {
+  std::string s;
+  for (int i = 0; i < kMeshDims; ++i)
+    if (has(static_cast<Dim>(i))) s += std::string(s.empty() ? "" : " x ") + dim_name(static_cast<Dim>(i));
+  return s.empty() ? "none" : s;
+}
+
 }  // namespace ringtrain

@@ -95,14 +95,9 @@ void check_seq(const Tensor& whole, const Tensor& shard, const TensorGroup& g, c
            " ranks");
 }
 
-// One scratch for every packing: the sequence collectives of a process never overlap.
-// Never destroyed: the host allocator may be gone by the time statics are.
-std::mutex seq_mutex;
-Tensor& scratch_for(const Tensor& t) {
-  static Tensor& scratch = *new Tensor;
-  if (!scratch.defined() || scratch.nbytes() < t.nbytes())
-    scratch = Tensor::empty({std::int64_t(t.nbytes())}, DType::u8);
-  return scratch;
+// The group's packing scratch, as many bytes as `t` (call under pack_mutex).
+Tensor scratch_for(const Tensor& t, const TensorGroup& g) {
+  return g.workspace(TpBuffer::pack_scratch, {std::int64_t(t.nbytes())}, DType::u8, Device::cpu());
 }
 
 // dst = src as dst's type (float32 <-> bfloat16, same numel). Host tensors
@@ -157,8 +152,8 @@ void seq_all_gather(const Tensor& shard, Tensor& whole, const TensorGroup& g) {
     else allgather(shard.raw(), std::size_t(shard.numel()), whole.raw(), shard.dtype(), g.comm);
     return;
   }
-  std::lock_guard<std::mutex> lock(seq_mutex);
-  Tensor& tmp = scratch_for(whole);
+  std::lock_guard<std::mutex> lock(g.workspaces->pack_mutex());
+  Tensor tmp = scratch_for(whole, g);
   allgather(shard.raw(), std::size_t(shard.numel()), tmp.raw(), shard.dtype(), g.comm);
   runs.copy(static_cast<char*>(whole.raw()), static_cast<char*>(tmp.raw()), 0, g.size, false);
 }
@@ -177,19 +172,30 @@ void seq_reduce_scatter(const Tensor& whole, Tensor& shard, const TensorGroup& g
     else reduce_scatter(whole.raw(), shard.raw(), counts, whole.dtype(), ReduceOp::sum, g.comm);
     return;
   }
-  std::lock_guard<std::mutex> lock(seq_mutex);
-  Tensor& tmp = scratch_for(whole);
+  std::lock_guard<std::mutex> lock(g.workspaces->pack_mutex());
+  Tensor tmp = scratch_for(whole, g);
   runs.copy(static_cast<char*>(whole.raw()), static_cast<char*>(tmp.raw()), 0, g.size, true);
   reduce_scatter(tmp.raw(), shard.raw(), counts, whole.dtype(), ReduceOp::sum, g.comm);
 }
 
-Tensor seq_workspace(int slot, const Shape& shape, DType dt, Device dev) {
-  static auto& slots = *new std::array<Tensor, 7>;  // never destroyed, as the packing scratch
-  RT_CHECK(slot >= 0 && slot < 7, "seq_workspace: slot ", slot, " is not 0 to 6");
-  Tensor& t = slots[std::size_t(slot)];
+const char* workspace_name(TpBuffer w) {
+  static const char* const names[] = {"gathered_input", "gathered_grad", "dx_shard", "sum_whole",
+                                      "sum_shard",      "row_partial",   "column_dx", "pack_scratch"};
+  return w < TpBuffer::count ? names[static_cast<int>(w)] : "?";
+}
+
+Tensor TpWorkspaces::get(TpBuffer w, const Shape& shape, DType dt, Device dev) {
+  RT_CHECK(w < TpBuffer::count, "tensor-parallel workspace ", static_cast<int>(w), " does not exist");
+  Tensor& t = slots_[static_cast<std::size_t>(w)];
   const std::size_t bytes = std::size_t(shape_numel(shape)) * dtype_size(dt);
   if (!t.defined() || t.nbytes() < bytes || t.device() != dev) t = Tensor::empty({std::int64_t(bytes)}, DType::u8, dev);
   return t.view_bytes(0, shape, dt);
+}
+
+std::size_t TpWorkspaces::bytes() const {
+  std::size_t n = 0;
+  for (const Tensor& t : slots_) n += t.defined() ? t.nbytes() : 0;
+  return n;
 }
 
 void seq_slice(const Tensor& whole, Tensor& shard, const TensorGroup& g) {
@@ -235,13 +241,13 @@ void tp_all_reduce(const Tensor& in, Tensor& out, const TensorGroup& g) {
 }
 
 Tensor tp_sum_f32(const Tensor& in, const TensorGroup& g, bool scatter_tokens) {
-  Tensor whole = seq_workspace(3, in.shape(), DType::f32, in.device());
+  Tensor whole = g.workspace(TpBuffer::sum_whole, in.shape(), DType::f32, in.device());
   convert(in, whole);
   if (!scatter_tokens) {
     tp_all_reduce(whole, g);
     return whole;
   }
-  Tensor shard = seq_workspace(4, seq_shard_shape(in.shape(), g), DType::f32, in.device());
+  Tensor shard = g.workspace(TpBuffer::sum_shard, seq_shard_shape(in.shape(), g), DType::f32, in.device());
   seq_reduce_scatter(whole, shard, g);
   return shard;
 }

@@ -3,8 +3,6 @@
 #include <chrono>
 
 #include "ringtrain/comm/agree.hpp"
-#include "ringtrain/nn/language.hpp"
-#include "ringtrain/nn/lm_loss.hpp"
 #include "ringtrain/nn/loss.hpp"
 #include "ringtrain/parallel/stage.hpp"
 #include "peer.hpp"
@@ -31,31 +29,6 @@ Shape unpack_shape(const std::vector<std::int64_t>& v) {
 }
 
 Tensor on(const Tensor& t, Device dev) { return t.device() == dev ? t : t.to(dev); }
-
-// The group the stage's logits are split over by vocabulary (a
-// vocabulary-parallel LM head last, nn/language.hpp), or null: whole logits.
-const TensorGroup* vocab_split(Stage& stage) {
-  const auto* head = dynamic_cast<const LmHead*>(&stage.layer(stage.num_layers() - 1));
-  return head ? head->vocab_group() : nullptr;
-}
-
-// [..., K] as rows [n, K] (labels [...] as [n]): the vocabulary-parallel loss takes rows.
-Tensor as_rows(const Tensor& t, std::int64_t k) {
-  return t.defined() ? (k > 0 ? t.reshape({t.numel() / k, k}) : t.reshape({t.numel()})) : t;
-}
-
-// The mean cross-entropy (and its gradient into d, when defined): on the
-// whole logits, or collectively over the vocabulary slices of `split`.
-double loss_of(const Tensor& logits, const Tensor& labels, const TensorGroup* split, Tensor& d) {
-  if (!split) return softmax_cross_entropy(logits, labels, 0.0, d);
-  const std::int64_t k = logits.dim(logits.ndim() - 1);
-  Tensor dr = as_rows(d, k);
-  return vocab_parallel_cross_entropy(as_rows(logits, k), as_rows(labels, 0), *split, dr);
-}
-std::int64_t correct_of(const Tensor& logits, const Tensor& labels, const TensorGroup* split) {
-  if (!split) return count_correct(logits, labels);
-  return vocab_parallel_count_correct(as_rows(logits, logits.dim(logits.ndim() - 1)), as_rows(labels, 0), *split);
-}
 
 }  // namespace
 
@@ -118,7 +91,7 @@ struct ScheduleExecutor::Transfers {
   }
 };
 
-StepOutput ScheduleExecutor::run(Stage& stage, const StepInput& in, GradSync& sync) {
+StepOutput ScheduleExecutor::run(Stage& stage, const Loss& loss_fn, const StepInput& in, GradSync& sync) {
   const int s = grid_.pp_rank(), p = grid_.pp_size(), m = mb_.per_step();
   const std::int64_t rows = mb_.size();
   auto check = [&](const std::vector<Tensor>& v, const char* what) {
@@ -140,9 +113,9 @@ StepOutput ScheduleExecutor::run(Stage& stage, const StepInput& in, GradSync& sy
     const std::int64_t a = i / mb_.micro_batches, j = i % mb_.micro_batches;
     return a * grid_.dp_size() * mb_.batch + grid_.dp_rank() * mb_.batch + j * rows;
   };
-  const bool counts = grid_.last_stage() && grid_.tp_rank() == 0;  // the logits' owner speaks for the replica
-  // Vocabulary-split logits: every tensor rank takes part in the loss and the count; rank 0 records them.
-  const TensorGroup* split = grid_.last_stage() ? vocab_split(stage) : nullptr;
+  const bool counts = grid_.last_stage() && grid_.tp_rank() == 0;  // the output's owner speaks for the replica
+  // A collective loss (split logits): every tensor rank takes part in the loss and the count; rank 0 records them.
+  const bool collective = loss_fn.collective();
   const double dloss_scale = in.loss_scale / m;
 
   StepOutput out;
@@ -194,8 +167,8 @@ StepOutput ScheduleExecutor::run(Stage& stage, const StepInput& in, GradSync& sy
             Tensor& d = dlogits_[static_cast<std::size_t>(slot_of[i])];
             if (!d.defined() || d.shape() != output[i].shape())
               d = Tensor::empty(output[i].shape(), DType::f32, output[i].device());
-            const double loss = loss_of(output[i], y, split, d);
-            const std::int64_t correct = split || counts ? correct_of(output[i], y, split) : 0;
+            const double loss = loss_fn.value_and_grad(output[i], y, d);
+            const std::int64_t correct = collective || counts ? loss_fn.correct(output[i], y) : 0;
             if (counts) {  // in targets: samples, or tokens of a language model's [rows, T] labels
               out.stats.loss_sum += loss * static_cast<double>(y.numel());
               out.stats.samples += y.numel();
@@ -226,8 +199,8 @@ StepOutput ScheduleExecutor::run(Stage& stage, const StepInput& in, GradSync& sy
 }
 
 // Forward along the chain, the batch size (a last batch may be short) ahead of the activation.
-std::pair<double, std::int64_t> ScheduleExecutor::evaluate(Stage& stage, const Tensor& images, const Tensor& labels,
-                                                           std::int64_t valid) {
+std::pair<double, std::int64_t> ScheduleExecutor::evaluate(Stage& stage, const Loss& loss_fn, const Tensor& images,
+                                                           const Tensor& labels, std::int64_t valid) {
   const int s = grid_.pp_rank(), p = grid_.pp_size();
   PeerLink link(grid_);
   std::int64_t bn = grid_.first_stage() ? images.dim(0) : 0;
@@ -248,16 +221,16 @@ std::pair<double, std::int64_t> ScheduleExecutor::evaluate(Stage& stage, const T
     link.wait(r, "an evaluation activation");
     return {0.0, 0};
   }
-  // Tensor ranks hold the same logits, or (vocabulary-split) compute the loss together: counted once.
-  const TensorGroup* split = vocab_split(stage);
-  if (valid <= 0 || (grid_.tp_rank() != 0 && !split)) return {0.0, 0};
+  // Tensor ranks hold the same output, or (a collective loss) compute the loss together: counted once.
+  const bool collective = loss_fn.collective();
+  if (valid <= 0 || (grid_.tp_rank() != 0 && !collective)) return {0.0, 0};
   Tensor y = on(labels, dev_);
   Tensor o = valid < bn ? y_out.slice_rows(0, valid) : y_out;
   if (valid < bn) y = y.slice_rows(0, valid);
   // Summed over the targets: samples, or every token of a language model's [valid, T] labels.
   Tensor none;
-  const double loss = loss_of(o, y, split, none) * static_cast<double>(y.numel());
-  const std::int64_t correct = correct_of(o, y, split);
+  const double loss = loss_fn.value_and_grad(o, y, none) * static_cast<double>(y.numel());
+  const std::int64_t correct = loss_fn.correct(o, y);
   if (grid_.tp_rank() != 0) return {0.0, 0};
   return {loss, correct};
 }

@@ -25,26 +25,43 @@ class NoSync final : public GradSync {
   const char* kind() const override { return "none"; }
 };
 
-// A bucket: consecutive layers whose gradients are one span of the arena.
+// A bucket: consecutive layers whose gradients are one span of the arena,
+// averaged over one group.
 struct Bucket {
   Tensor grads;
   std::string name;
   int layers = 0, pending = 0;
+  Engine* engine = nullptr;  // null: its group is this rank alone
 };
+
+// Whether any parameter of `a` is averaged over more than this rank.
+bool reduces_anything(const ProcessGrid& grid, const ParamArena& a) {
+  for (DimSet s : a.reduce_sets())
+    if (grid.mesh().size(s) > 1) return true;
+  return false;
+}
 
 class EngineSync final : public GradSync {
  public:
+  // One engine per group the parameters are averaged over (the mesh's
+  // group(reduce_over): data x context for dense weights): each duplicates its group.
   EngineSync(const ProcessGrid& grid, Stage& stage, const GridConfig& cfg, DeviceRuntime& rt) : stage_(stage) {
     EngineOptions eo = cfg.engine;
     eo.device_ops = rt.fusion_ops(stage.device());
-    if (cfg.deterministic) {
-      eo.fusion_threshold = 0;  // each bucket is its own all-reduce: composition never varies
-      make_buckets(cfg.bucket_bytes);
-    }
-    engine_ = std::make_unique<Engine>(grid.dp(), eo);
+    if (cfg.deterministic) eo.fusion_threshold = 0;  // each bucket is its own all-reduce: composition never varies
+    const ParamArena& a = stage.arena();
+    for (DimSet s : a.reduce_sets())
+      if (grid.mesh().size(s) > 1) engines_.push_back({s, std::make_unique<Engine>(grid.reduce_group(s), eo)});
+    engine_of_.resize(a.size());
+    for (std::size_t p = 0; p < a.size(); ++p) engine_of_[p] = find(a.info(p).reduce_over);
+    if (cfg.deterministic) make_buckets(cfg.bucket_bytes);
   }
   const char* kind() const override { return "engine"; }
-  const Engine* engine() const override { return engine_.get(); }
+  // The dense parameters' engine (statistics, autotuning), else the first.
+  const Engine* engine() const override {
+    Engine* e = find(kDenseReduce);
+    return e ? e : engines_.empty() ? nullptr : engines_.front().engine.get();
+  }
 
   void begin_step() override {
     for (Bucket& b : buckets_) b.pending = b.layers;
@@ -54,15 +71,16 @@ class EngineSync final : public GradSync {
     const int b = bucket_of_layer_.empty() ? -1 : bucket_of_layer_[static_cast<std::size_t>(l)];
     if (b >= 0) {  // comm.deterministic: the bucket goes once all its layers are ready
       Bucket& k = buckets_[static_cast<std::size_t>(b)];
-      if (--k.pending == 0) handles_.push_back(engine_->allreduce_async(k.name, k.grads));
+      if (--k.pending == 0 && k.engine) handles_.push_back({k.engine, k.engine->allreduce_async(k.name, k.grads)});
       return;
     }
     for (std::size_t p : stage_.layer(l).params())
-      handles_.push_back(engine_->allreduce_async(stage_.arena().info(p).name, stage_.arena().grad(p)));
+      if (Engine* e = engine_of_[p])
+        handles_.push_back({e, e->allreduce_async(stage_.arena().info(p).name, stage_.arena().grad(p))});
   }
 
   void finish() override {
-    for (auto& h : handles_) engine_->wait(h);
+    for (auto& [e, h] : handles_) e->wait(h);
     handles_.clear();
   }
 
@@ -73,11 +91,14 @@ class EngineSync final : public GradSync {
   // when they share one dtype their gradients are one span (alignment padding
   // inside stays zero), and so are those of consecutive such layers. Buckets
   // gather layers from the last one back until they hold `bucket_bytes`.
+  // A bucket's layers share one group: a layer whose parameters reduce over
+  // several groups goes per parameter.
   void make_buckets(std::int64_t bucket_bytes) {
     const ParamArena& a = stage_.arena();
     bucket_of_layer_.assign(static_cast<std::size_t>(stage_.num_layers()), -1);
     std::size_t lo = 0, hi = 0, bytes = 0;
     DType dt = DType::f32;
+    DimSet group;
     Bucket cur;
     auto close = [&] {
       if (cur.layers == 0) return;
@@ -93,16 +114,20 @@ class EngineSync final : public GradSync {
       const ParamInfo &first = a.info(ps.front()), &last = a.info(ps.back());
       bool one_span = true;
       for (std::size_t k = 0; k < ps.size(); ++k)
-        one_span = one_span && a.info(ps[k]).dtype == first.dtype && (k == 0 || ps[k] == ps[k - 1] + 1);
+        one_span = one_span && a.info(ps[k]).dtype == first.dtype && a.info(ps[k]).reduce_over == first.reduce_over &&
+                   (k == 0 || ps[k] == ps[k - 1] + 1);
       if (!one_span) {  // per parameter, still unfused
         close();
         continue;
       }
       const std::size_t end = last.offset + static_cast<std::size_t>(shape_numel(last.shape));
-      if (cur.layers > 0 && (first.dtype != dt || end != lo)) close();  // not adjacent: a new span
+      if (cur.layers > 0 && (first.dtype != dt || end != lo || first.reduce_over != group))
+        close();  // not adjacent, or another group: a new span
       if (cur.layers == 0) {
         hi = end;
         dt = first.dtype;
+        group = first.reduce_over;
+        cur.engine = find(group);
       }
       lo = first.offset;
       bytes += (end - first.offset) * dtype_size(first.dtype);
@@ -113,9 +138,20 @@ class EngineSync final : public GradSync {
     close();
   }
 
+  Engine* find(DimSet s) const {
+    for (const auto& g : engines_)
+      if (g.set == s) return g.engine.get();
+    return nullptr;
+  }
+
+  struct Group {
+    DimSet set;
+    std::unique_ptr<Engine> engine;
+  };
   Stage& stage_;
-  std::unique_ptr<Engine> engine_;
-  std::vector<Handle> handles_;  // in flight during one step (between the last backward and finish)
+  std::vector<Group> engines_;
+  std::vector<Engine*> engine_of_;  // per parameter; null: averaged over this rank alone
+  std::vector<std::pair<Engine*, Handle>> handles_;  // in flight during one step (between the last backward and finish)
   std::vector<Bucket> buckets_;
   std::vector<int> bucket_of_layer_;  // -1: per parameter
 };
@@ -217,10 +253,14 @@ std::unique_ptr<GradSync> make_grad_sync(const ProcessGrid& grid, Stage& stage, 
                                          DeviceRuntime& rt, ShardedOptimizer* zero) {
   // ZeRO-1 reduce-scatters even at one rank: that is how its slice gets its gradients.
   // ZeRO-3 gathers the parameters the layers use even in compute-only benchmarks.
+  for (DimSet s : stage.arena().reduce_sets())
+    RT_CHECK(!zero || s == kDenseReduce, "parallel.zero = ", cfg.update.zero, ": ZeRO shards over the data-parallel "
+             "group, but parameters of this model are averaged over ", s.str(), " (ZeRO needs every parameter "
+             "replicated over ", kDenseReduce.str(), ")");
   if (zero && cfg.update.zero == 3) return make_zero3_sync(grid, stage, *zero, cfg);
   if (zero && !cfg.skip_allreduce && cfg.update.zero == 2) return std::make_unique<Zero2Sync>(grid, stage, *zero, cfg);
   if (zero && !cfg.skip_allreduce) return std::make_unique<ShardedSync>(*zero);
-  if (grid.dp_size() == 1 || cfg.skip_allreduce) return std::make_unique<NoSync>();
+  if (!reduces_anything(grid, stage.arena()) || cfg.skip_allreduce) return std::make_unique<NoSync>();
   return std::make_unique<EngineSync>(grid, stage, cfg, rt);
 }
 

@@ -6,31 +6,28 @@
 namespace ringtrain {
 
 int ProcessGrid::data_parallel_size(int world_size, GridShape s) {
-  RT_CHECK(s.tensor >= 1, "configuration key 'parallel.tensor' must be >= 1, got ", s.tensor);
-  RT_CHECK(s.pipeline >= 1, "configuration key 'parallel.pipeline' must be >= 1, got ", s.pipeline);
-  RT_CHECK(world_size % (s.pipeline * s.tensor) == 0, "parallel.pipeline = ", s.pipeline, " x parallel.tensor = ",
-           s.tensor, " does not divide the ", world_size, " ranks of the job");
-  return world_size / (s.pipeline * s.tensor);
+  return Mesh::sizes_for(world_size, {s.pipeline, 1, s.tensor})[dim_index(Dim::data)];
 }
 
 ProcessGrid ProcessGrid::make(const Communicator& world_in, GridShape s, double timeout_s) {
-  // Pure arithmetic on values every rank shares: every rank raises the same Error.
+  // Every group is the mesh's; only the pipeline's ends are a split of their own.
   ProcessGrid g;
-  g.tp_size_ = s.tensor;
-  g.pp_size_ = s.pipeline;
-  g.dp_size_ = data_parallel_size(world_in.size(), s);
-  const int r = world_in.rank();
-  g.tp_ = r % g.tp_size_;
-  g.dp_ = (r / g.tp_size_) % g.dp_size_;
-  g.pp_ = r / (g.tp_size_ * g.dp_size_);
-  g.world_ = world_in.dup("world", timeout_s);
+  g.mesh_ = Mesh::make(world_in, {s.pipeline, 1, s.tensor}, timeout_s);
+  const Mesh& m = g.mesh_;
+  g.tp_size_ = m.size(Dim::tensor);
+  g.pp_size_ = m.size(Dim::pipeline);
+  g.dp_size_ = m.size(Dim::data);
+  g.tp_ = m.coord(Dim::tensor);
+  g.dp_ = m.coord(Dim::data);
+  g.pp_ = m.coord(Dim::pipeline);
+  g.world_ = m.world();
   const Communicator& world = g.world_;
-  // Colour = the coordinates that stay fixed in the group, key = the one that varies.
-  g.dp_comm_ = world.split(g.tp_ + g.pp_ * g.tp_size_, g.dp_, "dp");
-  g.pp_comm_ = world.split(g.tp_ + g.dp_ * g.tp_size_, g.pp_, "pp");
-  g.tp_comm_ = world.split(g.dp_ + g.pp_ * g.dp_size_, g.tp_, "tp");
-  g.replica_comm_ = world.split(g.dp_, world.rank(), "replica");
-  g.zero_comm_ = g.dp_comm_.dup("zero");
+  const int r = world.rank();
+  g.dp_comm_ = m.group({Dim::data});
+  g.pp_comm_ = m.group({Dim::pipeline});
+  g.tp_comm_ = m.group({Dim::tensor});
+  g.replica_comm_ = m.group({Dim::pipeline, Dim::tensor});
+  g.zero_comm_ = m.group(kDenseReduce).dup("zero");
   // The first and last stage of each (dp, tp) coordinate; every other stage alone.
   const bool end = g.pp_ == 0 || g.pp_ == g.pp_size_ - 1;
   g.ends_comm_ = world.split(end ? g.tp_ + g.dp_ * g.tp_size_ : g.tp_size_ * g.dp_size_ + r, g.pp_, "pp_ends");

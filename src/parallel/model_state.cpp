@@ -133,14 +133,20 @@ NamedState ModelState::tied() {
 }
 
 void ModelState::broadcast() {
-  if (grid_.dp_size() == 1) return;
+  // Over the group the parameters are averaged over (the mesh's data x context):
+  // the ranks that hold the same replica of this stage and shard.
+  const std::vector<DimSet> sets = stage_.arena().reduce_sets();
+  RT_CHECK(sets.size() <= 1, grid_.tag(), " the stage's parameters are averaged over ", sets.size(),
+           " different groups (", sets.front().str(), ", ", sets.back().str(), "); the state broadcast takes one");
+  const Communicator& group = grid_.reduce_group(sets.empty() ? kDenseReduce : sets.front());
+  if (group.size() == 1) return;
   std::vector<Tensor> ts;
   for (auto& [name, t] : replicated()) ts.push_back(t);
-  broadcast_tensors(ts, 0, grid_.dp());
+  broadcast_tensors(ts, 0, group);
   if (LossScaler* sc = updater_.scaler()) {
     double s[4];
     sc->save(s);
-    ringtrain::broadcast(s, 4, DType::f64, 0, grid_.dp());
+    ringtrain::broadcast(s, 4, DType::f64, 0, group);
     sc->load(s);
   }
 }

@@ -5,6 +5,7 @@
 
 #include "ringtrain/comm/agree.hpp"
 #include "ringtrain/comm/collectives.hpp"
+#include "ringtrain/nn/model_registry.hpp"
 
 namespace ringtrain {
 
@@ -43,6 +44,9 @@ ModelParts build_parts(const ProcessGrid& grid, const ModelConfig& mc, const Gri
   run_agreed(grid.world(), "building the pipeline stages", [&] {
     parts.stage = std::make_unique<Stage>(mc_tp, dev, first, end, parts.executor->slots());
     check_tied_stages(grid, *parts.stage);
+    // The last stage's last layer may ask for its own loss (split logits); a registered model may bring one.
+    Stage& st = *parts.stage;
+    parts.loss = model_loss(mc_tp, grid.last_stage() && st.num_layers() > 0 ? &st.layer(st.num_layers() - 1) : nullptr);
   });
   // BatchNorm: per-micro-batch normalisation, running statistics over the whole step (stage.hpp).
   if (mb.per_step() > 1) parts.stage->set_deferred_batch_stats(true);
@@ -78,7 +82,7 @@ ModelParts build_parts(const ProcessGrid& grid, const ModelConfig& mc, const Gri
 //   statistics and flags of every rank.
 StepResult train_step(const ProcessGrid& grid, ModelParts& parts, const StepInput& in, StepFlags flags) {
   using Clock = std::chrono::steady_clock;
-  StepOutput out = parts.executor->run(*parts.stage, in, *parts.grad_sync);
+  StepOutput out = parts.executor->run(*parts.stage, *parts.loss, in, *parts.grad_sync);
   const auto t_sync = Clock::now();
   parts.grad_sync->finish();
   out.timing.reduce_s = std::chrono::duration<double>(Clock::now() - t_sync).count();

@@ -4,6 +4,7 @@
 
 #include <charconv>
 #include <cmath>
+#include <algorithm>
 #include <functional>
 #include <limits>
 #include <sstream>
@@ -116,14 +117,60 @@ const std::vector<Field>& fields() {
 }
 #undef RT_FIELD
 
+// Edit distance (insertions, deletions, substitutions, adjacent swaps), for suggestions.
+std::size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<std::vector<std::size_t>> d(a.size() + 1, std::vector<std::size_t>(b.size() + 1));
+  for (std::size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (std::size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i)
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] != b[j - 1])});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  return d[a.size()][b.size()];
+}
+
+std::string after_dot(const std::string& k) { return k.substr(k.find('.') + 1); }
+
+}  // namespace
+
+std::vector<std::string> closest_keys(const std::string& key, const std::vector<std::string>& keys) {
+  // A key in the wrong section ("lr", "train.lr") matches by its name; a typo
+  // by edit distance over the whole key, up to a third of its length (at most 3).
+  std::vector<std::string> out;
+  const std::string name = after_dot(key);
+  for (const auto& k : keys)
+    if (after_dot(k) == name) out.push_back(k);
+  if (!out.empty()) return out;
+  std::size_t best = std::min<std::size_t>(3, std::max<std::size_t>(1, key.size() / 3)) + 1;
+  for (const auto& k : keys) {
+    const std::size_t d = std::min(edit_distance(key, k), edit_distance(name, after_dot(k)) + (key == name ? 0 : 1));
+    if (d < best) {
+      best = d;
+      out = {k};
+    } else if (d == best) {
+      out.push_back(k);
+    }
+  }
+  if (out.size() > 3) out.resize(3);
+  return out;
+}
+
+namespace {
+
 const Field& find_field(const std::string& key) {
   // Keys that were replaced: the error names the new key, not the whole list.
   RT_CHECK(key != "parallel.shard_optimizer", "configuration key parallel.shard_optimizer was replaced by "
            "parallel.zero = 1 (ZeRO-1; parallel.zero = 2 shards the gradients too, 0 = off)");
   for (const auto& f : fields())
     if (key == f.key) return f;
-  std::string known;
-  for (const auto& f : fields()) known += std::string(known.empty() ? "" : ", ") + f.key;
+  std::vector<std::string> keys;
+  for (const auto& f : fields()) keys.emplace_back(f.key);
+  const std::vector<std::string> near = closest_keys(key, keys);
+  std::string known, hint;
+  for (const auto& k : keys) known += (known.empty() ? "" : ", ") + k;
+  for (const auto& k : near) hint += (hint.empty() ? "" : " or ") + ("'" + k + "'");
+  if (!hint.empty()) RT_FAIL("unknown configuration key '", key, "': did you mean ", hint, "? (`ringtrain train --list-keys` lists every key)");
   RT_FAIL("unknown configuration key '", key, "' (known keys: ", known, ")");
 }
 

@@ -229,7 +229,7 @@ EvalResult Trainer::Impl::evaluate(const std::string& path) {
   std::int64_t correct = 0, count = 0;
   const bool counts = grid->last_stage() && grid->tp_rank() == 0;  // the logits' owner speaks for the replica
   while (auto b = test.next()) {
-    auto [l, c] = parts.executor->evaluate(*parts.stage, b->images, b->labels, b->valid);
+    auto [l, c] = parts.executor->evaluate(*parts.stage, *parts.loss, b->images, b->labels, b->valid);
     loss_sum += l;
     correct += c;
     if (counts) count += b->valid * per;

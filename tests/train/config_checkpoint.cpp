@@ -167,6 +167,27 @@ TEST(Config, ErrorsNameTheKeyAndTheFile) {
   fs::remove_all(d);
 }
 
+// An unknown key suggests what it most likely meant: the same name in another
+// section, a typo within a third of the key's length; nothing for a stranger.
+TEST(Config, UnknownKeySuggestsTheNearestKeys) {
+  std::string m = error_of([] { TrainConfig c; c.set("train.lr=0.1"); });
+  EXPECT_NE(m.find("did you mean 'optimizer.lr'"), std::string::npos) << m;
+  m = error_of([] { TrainConfig c; c.set("optimizer.momentun=0.9"); });
+  EXPECT_NE(m.find("did you mean 'optimizer.momentum'"), std::string::npos) << m;
+  m = error_of([] { TrainConfig c; c.set("parallel.pipline=2"); });
+  EXPECT_NE(m.find("'parallel.pipeline'"), std::string::npos) << m;
+  m = error_of([] { TrainConfig c; c.set("data.bacth_size=2"); });
+  EXPECT_NE(m.find("'data.batch_size'"), std::string::npos) << m;
+  m = error_of([] { TrainConfig c; c.set("zzz.qqqqqqqq=1"); });
+  EXPECT_EQ(m.find("did you mean"), std::string::npos) << m;
+  EXPECT_NE(m.find("known keys"), std::string::npos) << m;
+  // The suggestion function alone, on a list of its own.
+  const std::vector<std::string> keys = {"a.alpha", "a.beta", "b.alpha", "b.gamma"};
+  EXPECT_EQ(closest_keys("c.alpha", keys), (std::vector<std::string>{"a.alpha", "b.alpha"}));
+  EXPECT_EQ(closest_keys("b.gamme", keys), (std::vector<std::string>{"b.gamma"}));
+  EXPECT_TRUE(closest_keys("q.omega", keys).empty());
+}
+
 // Every numeric key is range-checked with the key named: TOML integers that
 // do not fit the field (no silent wrap), negatives, inf/nan from TOML and --set.
 TEST(Config, NumericKeysAreRangeChecked) {

@@ -135,7 +135,7 @@ TEST(FailureChild, DISABLED_PipelineEvalStageZeroIsStopped) {
   Tensor x = Tensor::zeros({16, 1, 28, 28}), y = Tensor::zeros({16}, DType::i32);
   for (int b = 0; b < 1000; ++b) {
     if (b == 2 && world.rank() == 0) std::raise(SIGSTOP);
-    pm.executor->evaluate(*pm.stage, x, y, 16);
+    pm.executor->evaluate(*pm.stage, *pm.loss, x, y, 16);
   }
 }
 

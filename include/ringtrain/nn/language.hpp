@@ -105,6 +105,8 @@ class LmHead : public Layer {
   const std::string& tie() const { return tie_; }
   // The group its logits' columns are split over, or null (whole logits).
   const TensorGroup* vocab_group() const { return g_.size > 1 ? &g_ : nullptr; }
+  // Split logits: the vocabulary-parallel cross-entropy over the group (nn/lm_loss.hpp).
+  std::shared_ptr<const Loss> output_loss() const override;
   // The tied embedding is on an earlier pipeline stage: the head registers a
   // copy of its weight (`owner`, the model's parameter `owner_index`) under
   // the same name and initialises it the same way.

@@ -42,6 +42,8 @@
 
 namespace ringtrain {
 
+class Loss;  // nn/loss.hpp
+
 enum class Mode { train, eval };
 
 // Weight initialisation; biases start at zero, BatchNorm at gamma 1, beta 0.
@@ -152,6 +154,9 @@ class Layer {
   // float32 input uncast (ids above 256 are not bfloat16 numbers) and names
   // the activation type it must output.
   virtual bool takes_token_ids() const { return false; }
+  // The loss this layer's output needs when it ends the model (a
+  // vocabulary-split head's), or null: the model's default (nn/model.hpp's model_loss).
+  virtual std::shared_ptr<const Loss> output_loss() const { return nullptr; }
   virtual void set_output_dtype(DType) {}
 
  protected:

@@ -9,6 +9,7 @@
 // gradient. The gpt model's vocabulary-parallel head (nn/language.hpp) gives
 // such logits; the pipeline executor computes its loss and accuracy here.
 #include "ringtrain/core/tensor.hpp"
+#include "ringtrain/nn/loss.hpp"
 #include "ringtrain/nn/tensor_group.hpp"
 
 namespace ringtrain {
@@ -21,5 +22,9 @@ double vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& labels, 
 // count_correct) is the label, summed over the group (the same on every rank).
 // Two all-reduces of O(rows) values. Collective over g.
 std::int64_t vocab_parallel_count_correct(const Tensor& logits, const Tensor& labels, const TensorGroup& g);
+
+// Both as a Loss (collective over g): logits [..., V/T] with labels [...] are
+// taken as rows. What a vocabulary-parallel LM head asks for (Layer::output_loss).
+LossPtr vocab_parallel_cross_entropy_loss(const TensorGroup& g);
 
 }  // namespace ringtrain

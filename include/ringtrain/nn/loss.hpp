@@ -2,10 +2,39 @@
 // Loss and metric on the logits' device. Softmax cross-entropy is the mean
 // over the batch; label smoothing s mixes the one-hot target with s/K.
 #include <cstdint>
+#include <memory>
+#include <string>
 
 #include "ringtrain/core/tensor.hpp"
 
 namespace ringtrain {
+
+// The loss a training schedule applies to the model's output. The pipeline
+// executor takes one as an argument (parallel/executor.hpp) and knows nothing
+// of the model that made the output. Built in: softmax cross-entropy (below)
+// and its vocabulary-parallel form (nn/lm_loss.hpp, chosen by a split LM
+// head); a registered model may bring its own (nn/model_registry.hpp).
+// Implementations are stateless: one object serves every micro-batch.
+class Loss {
+ public:
+  virtual ~Loss() = default;
+  virtual std::string name() const = 0;
+  // The mean loss over the targets' elements (samples, or a language model's
+  // tokens). When `grad` is defined it receives d mean-loss / d output: the
+  // output's shape and device (the executor reuses it across steps).
+  virtual double value_and_grad(const Tensor& output, const Tensor& targets, Tensor& grad) const = 0;
+  // How many targets the output predicts correctly (accuracy's numerator);
+  // 0 where the notion does not apply.
+  virtual std::int64_t correct(const Tensor& output, const Tensor& targets) const { return 0; }
+  // True when the output is split over a tensor group and every rank of it
+  // takes part in value_and_grad and correct (collectives); false when the
+  // group's ranks hold the same output and tensor rank 0 counts for them.
+  virtual bool collective() const { return false; }
+};
+using LossPtr = std::shared_ptr<const Loss>;
+
+// Softmax cross-entropy with label smoothing (the functions below) and top-1 counts.
+LossPtr cross_entropy_loss(double label_smoothing = 0.0);
 
 struct LossResult {
   double loss = 0;  // mean over the batch

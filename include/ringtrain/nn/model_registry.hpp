@@ -42,16 +42,21 @@
 #include <string>
 #include <vector>
 
+#include "ringtrain/nn/loss.hpp"
 #include "ringtrain/nn/model.hpp"
 
 namespace ringtrain {
 
 using ModelBuilder = std::function<std::vector<LayerPtr>(const ModelConfig& cfg)>;
+// The model's own loss (nn/loss.hpp), made once per run on every rank; only
+// the last pipeline stage calls it. Deterministic, like the builder.
+using LossBuilder = std::function<LossPtr(const ModelConfig& cfg)>;
 
 // Registers `builder` under `name` (call before training, e.g. first thing in
-// main; thread-safe). Throws Error for an empty name, a built-in name
+// main; thread-safe), with `loss` when the model trains on another loss than
+// softmax cross-entropy. Throws Error for an empty name, a built-in name
 // (builtin_model_names()), a name registered before, or an empty builder.
-void register_model(const std::string& name, ModelBuilder builder);
+void register_model(const std::string& name, ModelBuilder builder, LossBuilder loss = {});
 bool is_registered_model(const std::string& name);
 std::vector<std::string> registered_model_names();  // sorted
 
@@ -65,5 +70,11 @@ std::string known_model_list();
 // The registered model's top-level layers for cfg (cfg.name names it); errors
 // name the model (an unknown name lists the known ones).
 std::vector<LayerPtr> build_registered_model(const ModelConfig& cfg);
+
+// The loss a model of cfg trains on, given the last layer of the model (null:
+// this rank's stage does not end the model): the registered model's own, else
+// what that layer asks for (Layer::output_loss: a vocabulary-split head), else
+// softmax cross-entropy. Throws Error naming the model when its builder fails.
+LossPtr model_loss(const ModelConfig& cfg, const Layer* last);
 
 }  // namespace ringtrain

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "ringtrain/core/tensor.hpp"
+#include "ringtrain/nn/mesh_dims.hpp"
 
 namespace ringtrain {
 
@@ -54,6 +55,9 @@ struct ParamInfo {
   bool decay = true;       // weight decay / LARS trust ratio apply (false for biases and norms)
   int layer = -1;          // index of the owning layer in the model
   ShardSpec shard;         // tensor parallelism: replicated unless set_shard() said otherwise
+  // The mesh dimensions this parameter is replicated over: its gradient is
+  // averaged over the mesh's group of them (parallel/mesh.hpp).
+  DimSet reduce_over = kDenseReduce;
   // Pipeline parallelism with a tied weight (a language model's LM head on the
   // last stage, its embedding on the first: nn/language.hpp). copy_of: this is
   // the head's copy of the embedding's parameter of the same name, whose model
@@ -79,6 +83,10 @@ class ParamArena {
   // Marks parameter i as a shard of a larger parameter (before or after finalize);
   // checks that the local shape is the global one divided as `s` says.
   void set_shard(std::size_t i, ShardSpec s);
+  // Parameter i is replicated over `dims` instead of kDenseReduce (before finalize).
+  void set_reduce_over(std::size_t i, DimSet dims);
+  // The distinct reduce_over sets of the parameters, in a fixed order.
+  std::vector<DimSet> reduce_sets() const;
   std::size_t index_of(const std::string& name) const;  // throws Error naming it
   // Tied weights across pipeline stages (see ParamInfo::copy_of): parameter i
   // is a copy of the model's parameter `owner` (it draws that one's initial

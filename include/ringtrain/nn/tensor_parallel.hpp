@@ -50,7 +50,7 @@ void tp_all_reduce(Tensor& t, const TensorGroup& g);
 void tp_all_reduce(const Tensor& in, Tensor& out, const TensorGroup& g);
 // The float32 sum over the group of `in` (any float type), or with
 // scatter_tokens this rank's tokens of it (seq_reduce_scatter's result), in
-// seq_workspace slots 3 (whole) and 4 (token shard): valid until the next call.
+// g's workspaces sum_whole and sum_shard (tensor_group.hpp): valid until the next call.
 // Why float32 on the wire for bfloat16 sums: the collectives' ring rounds each
 // partial sum to bf16 at every one of its T - 1 combine steps, so at T > 2 a
 // bf16 sum would carry T - 1 roundings in an order set by the ring; the 1-rank
@@ -69,15 +69,6 @@ Tensor tp_sum_f32(const Tensor& in, const TensorGroup& g, bool scatter_tokens);
 // bfloat16: the all-gather moves bf16; the reduce-scatter sums in float32 (tp_sum_f32).
 void seq_all_gather(const Tensor& shard, Tensor& whole, const TensorGroup& g);
 void seq_reduce_scatter(const Tensor& whole, Tensor& shard, const TensorGroup& g);
-// A buffer the sequence-parallel layers use only within one call (the
-// gathered input of a column layer, gathered again in its backward; the
-// gathered dz of a row layer; a column layer's dx shard until the next layer
-// reads it), shared by every layer of the process: `slot` 0, 1, 2 for the
-// three, so activation memory holds them once, not once per layer; slots 3
-// and 4 hold tp_sum_f32's float32 sums; 5 a row layer's whole-token partial
-// products until g's reduce-scatter, 6 a column layer's whole-token dx until
-// its reduce-scatter.
-Tensor seq_workspace(int slot, const Shape& shape, DType dt, Device dev);
 // This rank's tokens of a replicated `whole` (a copy, no communication).
 void seq_slice(const Tensor& whole, Tensor& shard, const TensorGroup& g);
 // The token shape on either side: dim 1 multiplied / divided by g.size

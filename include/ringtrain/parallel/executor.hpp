@@ -5,9 +5,13 @@
 // micro-batch. It takes the step's inputs as a value and returns its counts
 // and timing; nothing of a step outlives run().
 //
-//   StepOutput out = executor.run(stage, StepInput{images, labels, step, lr, scale}, grad_sync);
+//   StepOutput out = executor.run(stage, loss, StepInput{images, labels, step, lr, scale}, grad_sync);
 //
 // Rules:
+//  - The loss is an argument (nn/loss.hpp): the last stage applies it to its
+//    output; the executor knows no model type. A collective loss (split
+//    logits) runs on every tensor rank of the last stage, any other on all of
+//    them too but is counted by tensor rank 0 alone.
 //  - A step takes `accumulation` loader batches of B samples each; each is cut
 //    into m = micro_batches micro-batches, so the schedule runs
 //    accumulation·m micro-batches. The loss is the mean over the step's
@@ -50,6 +54,7 @@
 
 namespace ringtrain {
 
+class Loss;
 class Stage;
 
 // How a step is cut into micro-batches.
@@ -74,13 +79,13 @@ class ScheduleExecutor {
   const std::vector<Instr>& schedule() const { return sched_; }
   const MicroBatching& batching() const { return mb_; }
 
-  StepOutput run(Stage& stage, const StepInput& in, GradSync& sync);
+  StepOutput run(Stage& stage, const Loss& loss, const StepInput& in, GradSync& sync);
 
   // Forward only, in eval mode, along the pipeline; returns {loss sum,
   // correct} over the first `valid` samples on the last stage's tensor rank 0,
   // zeros elsewhere. Collective over the pipeline group.
-  std::pair<double, std::int64_t> evaluate(Stage& stage, const Tensor& images, const Tensor& labels,
-                                           std::int64_t valid);
+  std::pair<double, std::int64_t> evaluate(Stage& stage, const Loss& loss, const Tensor& images,
+                                           const Tensor& labels, std::int64_t valid);
 
  private:
   struct Transfers;

@@ -1,7 +1,9 @@
 #pragma once
-// ProcessGrid: the world split into tensor-, data- and pipeline-parallel
-// groups, Megatron's order: rank = tp + dp·TP + pp·TP·DP (tensor innermost so
-// it stays inside a node, pipeline outermost).
+// ProcessGrid: the trainer's view of the mesh (parallel/mesh.hpp): the world
+// split into tensor-, data- and pipeline-parallel groups, Megatron's order:
+// rank = tp + dp·TP + pp·TP·DP (tensor innermost so it stays inside a node,
+// pipeline outermost). Its groups are the mesh's; mesh() answers the rest
+// (which group reduces a parameter: mesh().group(info.reduce_over)).
 //
 // Rules:
 //  - make() is collective over `world` and checks the sizes on every rank
@@ -20,6 +22,7 @@
 #include <string>
 
 #include "ringtrain/comm/communicator.hpp"
+#include "ringtrain/parallel/mesh.hpp"
 
 namespace ringtrain {
 
@@ -60,9 +63,13 @@ class ProcessGrid {
   // by stage (2 ranks; this rank alone at pipeline 1 and on the stages between).
   const Communicator& ends() const { return ends_comm_; }
   double timeout_s() const { return world_.timeout_s(); }
+  const Mesh& mesh() const { return mesh_; }
+  // The group a parameter's gradient is averaged over (ParamInfo::reduce_over).
+  const Communicator& reduce_group(DimSet reduce_over) const { return mesh_.group(reduce_over); }
   std::string tag() const;  // "[dp 1 pp 3]" (tp appears once tensor > 1)
 
  private:
+  Mesh mesh_;
   Communicator world_, dp_comm_, pp_comm_, tp_comm_, replica_comm_, zero_comm_, ends_comm_;
   int tp_size_ = 1, dp_size_ = 1, pp_size_ = 1;
   int tp_ = 0, dp_ = 0, pp_ = 0;

@@ -4,6 +4,7 @@
 // tensor shard), and the training step that composes them:
 //
 //   Stage             the rank's top-level layers, split over its tensor group
+//   Loss              what the last stage's output is trained on (the model's: nn/model_registry.hpp)
 //   ScheduleExecutor  the pipeline schedule over the stage's micro-batches
 //   GradSync          none | fusion-engine all-reduce | ZeRO-1/2 reduce-scatter |
 //                     ZeRO-3 (also gathers each layer bucket's parameters before use)
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "ringtrain/engine/engine.hpp"
+#include "ringtrain/nn/loss.hpp"
 #include "ringtrain/nn/model.hpp"
 #include "ringtrain/optim/optimizer.hpp"
 #include "ringtrain/parallel/device_runtime.hpp"
@@ -54,6 +56,7 @@ struct GridConfig {
 struct ModelParts {
   std::vector<int> balance;  // layers per stage
   std::unique_ptr<Stage> stage;
+  LossPtr loss;
   std::unique_ptr<ScheduleExecutor> executor;
   std::unique_ptr<Updater> updater;
   std::unique_ptr<GradSync> grad_sync;

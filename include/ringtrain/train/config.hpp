@@ -134,6 +134,11 @@ struct TrainConfig {
   static std::vector<std::string> keys();
 };
 
+// The keys of `keys` a mistyped `key` most likely meant (same name in another
+// section, else the nearest by edit distance; empty when none is near), for
+// the "did you mean" of an unknown key.
+std::vector<std::string> closest_keys(const std::string& key, const std::vector<std::string>& keys);
+
 // Refuses, with an Error naming the variable and the key, an environment that
 // contradicts `cfg`: a variable that used to override a key and is no longer
 // read, or one still read that disagrees with a key (docs/environment.md).
