@@ -6,13 +6,13 @@
 namespace ringtrain {
 
 int ProcessGrid::data_parallel_size(int world_size, GridShape s) {
-  return Mesh::sizes_for(world_size, {s.pipeline, 1, s.tensor})[dim_index(Dim::data)];
+  return Mesh::sizes_for(world_size, {s.pipeline, s.context, s.tensor})[dim_index(Dim::data)];
 }
 
 ProcessGrid ProcessGrid::make(const Communicator& world_in, GridShape s, double timeout_s) {
   // Every group is the mesh's; only the pipeline's ends are a split of their own.
   ProcessGrid g;
-  g.mesh_ = Mesh::make(world_in, {s.pipeline, 1, s.tensor}, timeout_s);
+  g.mesh_ = Mesh::make(world_in, {s.pipeline, s.context, s.tensor}, timeout_s);
   const Mesh& m = g.mesh_;
   g.tp_size_ = m.size(Dim::tensor);
   g.pp_size_ = m.size(Dim::pipeline);
@@ -28,9 +28,11 @@ ProcessGrid ProcessGrid::make(const Communicator& world_in, GridShape s, double 
   g.tp_comm_ = m.group({Dim::tensor});
   g.replica_comm_ = m.group({Dim::pipeline, Dim::tensor});
   g.zero_comm_ = m.group(kDenseReduce).dup("zero");
-  // The first and last stage of each (dp, tp) coordinate; every other stage alone.
+  // The first and last stage of each (dp, cp, tp) coordinate; every other stage alone.
   const bool end = g.pp_ == 0 || g.pp_ == g.pp_size_ - 1;
-  g.ends_comm_ = world.split(end ? g.tp_ + g.dp_ * g.tp_size_ : g.tp_size_ * g.dp_size_ + r, g.pp_, "pp_ends");
+  std::array<int, kMeshDims> first = m.coords();
+  first[dim_index(Dim::pipeline)] = 0;
+  g.ends_comm_ = world.split(end ? m.rank_of(first) : world.size() + r, g.pp_, "pp_ends");
   // Tensor groups all-reduce on the critical path of every layer pair: across
   // nodes that costs far more. The widest group decides (nodes may be uneven).
   int spans = g.tp_comm_.node_count();
@@ -49,6 +51,7 @@ std::string ProcessGrid::tensor_span_warning(int tensor, int nodes) {
 
 std::string ProcessGrid::tag() const {
   std::string t = cat("[dp ", dp_, " pp ", pp_);
+  if (cp_size() > 1) t += cat(" cp ", cp_rank());
   if (tp_size_ > 1) t += cat(" tp ", tp_);
   return t + "]";
 }

@@ -100,6 +100,18 @@ TEST(Mesh, ProcessGridGroupsAreTheMeshsInTheReleasedRankOrder) {
       EXPECT_EQ(g.tp().name(), "tp");  // how errors name a peer ("rank 1 of 'tp'")
       EXPECT_EQ(g.pp().name(), "pp");
     }
+  // With a context dimension: data shrinks, the ends pair the first and last stage of each (dp, cp, tp).
+  if (n % 4 == 0) {
+    ProcessGrid g = ProcessGrid::make(world, {2, 1, 2});
+    const Coords c = coords(world.rank(), n / 4, 2, 1);
+    EXPECT_EQ(g.dp_size(), n / 4);
+    EXPECT_EQ(g.cp_size(), 2);
+    EXPECT_EQ(g.cp_rank(), c.cp);
+    EXPECT_EQ(members(g.cp()), expected_members(n, n / 4, 2, 1, {Dim::context}));
+    EXPECT_EQ(members(g.reduce_group(kDenseReduce)), expected_members(n, n / 4, 2, 1, kDenseReduce));
+    EXPECT_EQ(members(g.ends()), expected_members(n, n / 4, 2, 1, {Dim::pipeline}));  // 2 stages: both are ends
+    EXPECT_EQ(g.world_rank_of(0, c.dp, c.pp), (c.pp * (n / 4) + c.dp) * 2);
+  }
 }
 
 TEST(Mesh, SizesThatDoNotDivideTheWorldAreAnErrorNamingTheKeys) {

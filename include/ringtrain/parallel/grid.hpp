@@ -29,6 +29,7 @@ namespace ringtrain {
 struct GridShape {
   int pipeline = 1;  // stages
   int tensor = 1;    // ranks per tensor-parallel group (innermost)
+  int context = 1;   // ranks per context-parallel group (between data and tensor; mesh.hpp)
 };
 
 class ProcessGrid {
@@ -43,6 +44,8 @@ class ProcessGrid {
   static std::string tensor_span_warning(int tensor, int nodes);
 
   int tp_size() const { return tp_size_; }
+  int cp_size() const { return mesh_.size(Dim::context); }
+  int cp_rank() const { return mesh_.coord(Dim::context); }
   int dp_size() const { return dp_size_; }
   int pp_size() const { return pp_size_; }
   int tp_rank() const { return tp_; }
@@ -50,13 +53,14 @@ class ProcessGrid {
   int pp_rank() const { return pp_; }
   bool first_stage() const { return pp_ == 0; }
   bool last_stage() const { return pp_ == pp_size_ - 1; }
-  // World rank of grid coordinates (tp, dp, pp).
-  int world_rank_of(int tp, int dp, int pp) const { return tp + dp * tp_size_ + pp * tp_size_ * dp_size_; }
+  // World rank of grid coordinates (tp, dp, pp) at context rank 0.
+  int world_rank_of(int tp, int dp, int pp) const { return mesh_.rank_of({pp, dp, 0, tp}); }
 
   const Communicator& world() const { return world_; }
   const Communicator& dp() const { return dp_comm_; }  // same pp and tp, ranks ordered by dp
   const Communicator& pp() const { return pp_comm_; }  // same dp and tp, ranks ordered by stage
   const Communicator& tp() const { return tp_comm_; }
+  const Communicator& cp() const { return mesh_.group({Dim::context}); }
   const Communicator& replica() const { return replica_comm_; }  // same dp: pp x tp ranks
   const Communicator& zero() const { return zero_comm_; }        // a duplicate of dp() for ZeRO's collectives
   // The first and the last stage of this rank's dp and tp coordinates, ranked
