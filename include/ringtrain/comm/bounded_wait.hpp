@@ -1,0 +1,72 @@
+#pragma once
+// The one way ringtrain waits for MPI: post the non-blocking form of a call,
+// then wait_bounded(). Every MPI call that communicates goes through here
+// (collectives of every algorithm, `mpi` included, host and device; the
+// agreement; the engine's control traffic; ZeRO, checkpoint and autotune
+// traffic; start-up), so a rank that never arrives ends the job instead of
+// hanging it.
+// The loop:
+//  - polls MPI_Testall (which also drives a non-blocking collective's progress),
+//    first back to back, then yielding for WaitOn::spin_s, then sleeping up to
+//    100 us between polls (ranks often share cores with computing ones);
+//  - answers liveness pings (comm/liveness.hpp), so that a rank whose own wait
+//    timed out sees this one alive, whatever it waits on;
+//  - past `timeout_s` (comm.collective_timeout_s; 0 = forever) asks the job who
+//    answers (diagnose_stall) and, by default, ends it: the lowest live rank of
+//    the communicator logs
+//      "<what>: stalled for 3 s on communicator 'dp': world rank 1 does not
+//       respond (stopped, hung or dead). Aborting the job (comm.collective_timeout_s = 3 s)"
+//    and every rank calls MPI_Abort (as the ring's transport does). A caller
+//    that turns errors into an abort itself (the fusion engine's thread) asks
+//    for a StallError instead.
+// Thread-safe (MPI_THREAD_MULTIPLE); the requests belong to the caller.
+#include <mpi.h>
+
+#include <string>
+
+#include "ringtrain/core/error.hpp"
+
+namespace ringtrain {
+
+class Communicator;
+
+// What a wait is on: the MPI communicator, its timeout and its name for
+// messages, and how long a wait yields before it sleeps between polls.
+struct WaitOn {
+  MPI_Comm comm = MPI_COMM_NULL;
+  double timeout_s = 0;
+  std::string name;
+  double spin_s = 2e-3;
+  WaitOn(MPI_Comm c, double timeout, std::string n, double spin = 2e-3)
+      : comm(c), timeout_s(timeout), name(std::move(n)), spin_s(spin) {}
+  // comm.handle(what) (throws when closed), comm.timeout_s(), comm.name().
+  WaitOn(const Communicator& comm, const char* what);
+};
+
+enum class OnStall { abort, throw_error };
+
+class StallError : public Error {
+ public:
+  using Error::Error;
+};
+
+// Completes reqs[0..n) or, past on.timeout_s, ends the job (abort) or throws
+// StallError (throw_error), naming the ranks that do not respond. An MPI error
+// is an Error naming `what`.
+void wait_bounded(MPI_Request* reqs, int n, const WaitOn& on, const char* what, OnStall mode = OnStall::abort);
+
+// Raises an Error "<what>: <call> failed (MPI error <rc>: <MPI's text>)" unless rc is MPI_SUCCESS.
+void check_mpi(int rc, const char* what, const char* call);
+
+// Bounded forms of the blocking calls ringtrain makes outside its own collectives:
+// the non-blocking call, checked, then wait_bounded().
+namespace bounded {
+void allreduce(void* buf, int count, MPI_Datatype type, MPI_Op op, const WaitOn& on, const char* what);  // in place
+void bcast(void* buf, int count, MPI_Datatype type, int root, const WaitOn& on, const char* what);
+void barrier(const WaitOn& on, const char* what);
+void allgather(const void* send, int count, MPI_Datatype type, void* recv, const WaitOn& on, const char* what);
+void send(const void* buf, int count, MPI_Datatype type, int to, int tag, const WaitOn& on, const char* what);
+void recv(void* buf, int count, MPI_Datatype type, int from, int tag, const WaitOn& on, const char* what);
+}  // namespace bounded
+
+}  // namespace ringtrain
