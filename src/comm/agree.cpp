@@ -7,6 +7,7 @@
 #include "ringtrain/core/error.hpp"
 
 namespace ringtrain {
+
 void agree_or_throw(const Communicator& comm, const std::string& local_error, const char* what) {
   if (!comm.valid() || comm.size() == 1) {
     if (!local_error.empty()) throw Error(local_error);

@@ -1,5 +1,6 @@
 #include "ringtrain/comm/bounded_wait.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <thread>
