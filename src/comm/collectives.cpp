@@ -106,7 +106,7 @@ struct Call {
     RT_CHECK(opt.device.is_cpu(), what, ": buffers on ", opt.device.str(),
              " need the device collectives of the CUDA backend; these are host collectives");
   }
-  WaitOn wait_on() const { return WaitOn(comm, timeout_s, comm_name, ctx.spin_s); }
+  WaitOn wait_on() const { return WaitOn(comm, timeout_s, comm_name); }
   void fail_if(bool bad, const std::string& msg) {
     if (bad && error.empty()) error = cat(what, ": ", msg);
   }

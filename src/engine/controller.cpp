@@ -15,7 +15,7 @@ constexpr std::uint64_t kNoUncached = 1, kNoShutdown = 2, kNoForce = 4, kNoPendi
 // The peers' engine threads cycle even while their users compute, so a control
 // collective only stays open when a peer process is gone or hung: after
 // `timeout_s` (> 0) that is a StallError naming it, which the engine turns into
-// MPI_Abort. No yielding phase (spin 0): a peer that is not yet in this cycle
+// MPI_Abort. Naps at once (nap_after_s 0): a peer that is not yet in this cycle
 // is usually a whole cycle away, and the engine must not take the compute
 // thread's core meanwhile.
 void wait_mpi(MPI_Request& req, const char* what, double timeout_s, const Communicator& comm) {

@@ -7,8 +7,11 @@
 // hanging it.
 // The loop:
 //  - polls MPI_Testall (which also drives a non-blocking collective's progress),
-//    first back to back, then yielding for WaitOn::spin_s, then sleeping up to
-//    100 us between polls (ranks often share cores with computing ones);
+//    first back to back, then yielding the core between polls, as MPI's own
+//    blocking calls do when ranks outnumber cores. A wait whose peers are
+//    usually far away (the fusion engine's control traffic) naps instead
+//    after WaitOn::nap_after_s, 10 us doubling to 100 us, to leave the cores to
+//    computing threads; data transfers never nap (each poll moves a fragment);
 //  - answers liveness pings (comm/liveness.hpp), so that a rank whose own wait
 //    timed out sees this one alive, whatever it waits on;
 //  - past `timeout_s` (comm.collective_timeout_s; 0 = forever) asks the job who
@@ -31,14 +34,15 @@ namespace ringtrain {
 class Communicator;
 
 // What a wait is on: the MPI communicator, its timeout and its name for
-// messages, and how long a wait yields before it sleeps between polls.
+// messages, and after how long it naps between polls (never by default).
 struct WaitOn {
+  static constexpr double kNeverNap = 1e300;
   MPI_Comm comm = MPI_COMM_NULL;
   double timeout_s = 0;
   std::string name;
-  double spin_s = 2e-3;
-  WaitOn(MPI_Comm c, double timeout, std::string n, double spin = 2e-3)
-      : comm(c), timeout_s(timeout), name(std::move(n)), spin_s(spin) {}
+  double nap_after_s = kNeverNap;
+  WaitOn(MPI_Comm c, double timeout, std::string n, double nap_after = kNeverNap)
+      : comm(c), timeout_s(timeout), name(std::move(n)), nap_after_s(nap_after) {}
   // comm.handle(what) (throws when closed), comm.timeout_s(), comm.name().
   WaitOn(const Communicator& comm, const char* what);
 };
