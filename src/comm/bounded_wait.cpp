@@ -15,22 +15,23 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Polls back to back first: a short collective usually completes within
-// microseconds, and a yield or a sleep would add scheduler latency to it.
-constexpr int kTightPolls = 64;
-// Then yields between polls; after WaitOn::nap_after_s (the engine: at once)
-// sleeps instead, doubling from 10 us to kMaxNap. Each poll also progresses a
-// non-blocking collective, so the nap stays short. Measured (2 ranks, 2 shared
-// cores, MPI_Iallreduce of 256 KiB): napping after 20 us took 4.0x MPI's
-// blocking MPI_Allreduce, yielding 1.8x.
-constexpr auto kMaxNap = std::chrono::microseconds(100);
+// Polls back to back first: a short message or collective usually completes
+// within microseconds, and reading the clock, yielding or sleeping would add
+// latency to it. Pings are answered and the clock read every kCheckEvery polls
+// after that (one MPI_Improbe each), or at every poll once napping.
+// Measured (2 ranks, 2 shared cores, MPI_Iallreduce of 256 KiB): napping after
+// 20 us took 4.0x MPI's blocking MPI_Allreduce, yielding 1.8x; so data waits
+// yield, and only waits on far-away peers nap.
+constexpr unsigned kTightPolls = 256, kCheckEvery = 16;
 
 [[noreturn]] void stalled(const WaitOn& on, const char* what, double waited, OnStall mode) {
   // The rank we wait for may itself wait for another one: ask the job who answers.
   const StallDiagnosis d = diagnose_stall(on.comm, stall_grace_s(on.timeout_s));
   const std::string head = cat(what, ": stalled for ", static_cast<long long>(waited), " s on communicator '", on.name,
                                "': ", d.describe());
-  if (mode == OnStall::throw_error) throw StallError(cat(head, " (comm.collective_timeout_s = ", on.timeout_s, " s)"));
+  if (mode == OnStall::throw_error)
+    throw StallError(cat(head, " (comm.collective_timeout_s = ", on.timeout_s, " s)"), d.describe(), d.first_live,
+                     waited);
   const std::string msg = cat(head, ". Aborting the job (comm.collective_timeout_s = ", on.timeout_s, " s)");
   int rank = 0;
   MPI_Comm_rank(on.comm, &rank);
@@ -53,25 +54,33 @@ void check_mpi(int rc, const char* what, const char* call) {
           "; do all ranks pass the same count and type?)");
 }
 
-void wait_bounded(MPI_Request* reqs, int n, const WaitOn& on, const char* what, OnStall mode) {
+double wait_bounded(MPI_Request* reqs, int n, const WaitOn& on, const char* what, OnStall mode) {
   int done = 0;
-  for (int i = 0; i < kTightPolls; ++i) {
+  for (unsigned i = 0; i < kTightPolls; ++i) {
     check_mpi(MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE), what, "MPI_Testall");
-    if (done) return;
+    if (done) return 0;
   }
   const auto t0 = Clock::now();
-  auto nap = std::chrono::microseconds(10);
-  for (;;) {
+  auto since = [&] { return std::chrono::duration<double>(Clock::now() - t0).count(); };
+  bool yielding = on.spin_s <= 0, napping = on.nap_after_s <= 0;
+  const auto max_nap = std::chrono::duration<double>(on.max_nap_s);
+  auto nap = std::chrono::duration<double>(10e-6);
+  for (unsigned i = 1;; ++i) {
     check_mpi(MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE), what, "MPI_Testall");
-    if (done) return;
-    liveness::serve();
-    const double waited = std::chrono::duration<double>(Clock::now() - t0).count();
-    if (on.timeout_s > 0 && waited > on.timeout_s) stalled(on, what, waited, mode);
-    if (waited < on.nap_after_s) {
+    if (done) return since();
+    if (napping || i % kCheckEvery == 0) {
+      liveness::serve();
+      const double waited = since();
+      if (on.timeout_s > 0 && waited > on.timeout_s) stalled(on, what, waited, mode);
+      yielding = yielding || waited >= on.spin_s;
+      napping = napping || waited >= on.nap_after_s;
+    }
+    if (napping) {
+      const bool urgent = on.hurry && on.hurry->load(std::memory_order_relaxed);
+      std::this_thread::sleep_for(urgent ? std::chrono::duration<double>(10e-6) : nap);
+      nap = std::min(nap * 2, max_nap);
+    } else if (yielding) {
       std::this_thread::yield();
-    } else {
-      std::this_thread::sleep_for(nap);
-      nap = std::min(nap * 2, kMaxNap);
     }
   }
 }
