@@ -1,7 +1,9 @@
 // DeviceCollectives: the host path's ring/tree/chain algorithms run over the
 // device transport and reducer; Algorithm::mpi is MPI_Allreduce on device
-// pointers (CUDA-aware MPI) or staged whole through pinned memory.
+// pointers (CUDA-aware MPI) or staged whole through pinned memory, completed
+// by wait_bounded() like every other MPI wait (comm/bounded_wait.hpp).
 #include "ringtrain/comm/algorithms.hpp"
+#include "ringtrain/comm/bounded_wait.hpp"
 #include "ringtrain/comm/host_backend.hpp"
 #include "ringtrain/cuda/check.hpp"
 #include "ringtrain/cuda/collectives.hpp"
@@ -46,19 +48,23 @@ void DeviceCollectives::enter() {
 
 void DeviceCollectives::mpi_allreduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
                                       const Communicator& comm) {
-  MPI_Comm c = comm.handle("allreduce");
+  const WaitOn on(comm, "allreduce");
   MPI_Datatype t = mpi_type(dtype);
   std::size_t bytes = count * dtype_size(dtype);
   RT_CHECK(count <= static_cast<std::size_t>(INT32_MAX), "allreduce: count ", count, " too large for MPI");
   cudaStream_t s = ctx_.comm();
   if (cuda_aware_) {
     RT_CUDA(cudaStreamSynchronize(s));
-    MPI_Allreduce(send == recv ? MPI_IN_PLACE : send, recv, static_cast<int>(count), t, mpi_op(op), c);
+    MPI_Request req;
+    check_mpi(MPI_Iallreduce(send == recv ? MPI_IN_PLACE : send, recv, static_cast<int>(count), t, mpi_op(op), on.comm,
+                             &req),
+              "allreduce (algorithm mpi)", "MPI_Iallreduce");
+    wait_bounded(&req, 1, on, "allreduce (algorithm mpi)");
   } else {
     whole_.reserve(bytes);
     RT_CUDA(cudaMemcpyAsync(whole_.data(), send, bytes, cudaMemcpyDeviceToHost, s));
     RT_CUDA(cudaStreamSynchronize(s));
-    MPI_Allreduce(MPI_IN_PLACE, whole_.data(), static_cast<int>(count), t, mpi_op(op), c);
+    bounded::allreduce(whole_.data(), static_cast<int>(count), t, mpi_op(op), on, "allreduce (algorithm mpi)");
     RT_CUDA(cudaMemcpyAsync(recv, whole_.data(), bytes, cudaMemcpyHostToDevice, s));
   }
   if (op == ReduceOp::avg) cuda::divide(recv, count, dtype, comm.size(), s);

@@ -106,6 +106,7 @@ struct Call {
     RT_CHECK(opt.device.is_cpu(), what, ": buffers on ", opt.device.str(),
              " need the device collectives of the CUDA backend; these are host collectives");
   }
+  WaitOn wait_on() const { return WaitOn(comm, timeout_s, comm_name); }
   void fail_if(bool bad, const std::string& msg) {
     if (bad && error.empty()) error = cat(what, ": ", msg);
   }
@@ -157,8 +158,7 @@ void settle(Call& c, bool validate, std::span<const Field> fields) {
     v[k + i] = -fields[i].value;
   }
   v[2 * k] = c.error.empty() ? c.size : c.rank;
-  int rc = MPI_Allreduce(MPI_IN_PLACE, v.data(), static_cast<int>(v.size()), MPI_LONG_LONG, MPI_MIN, c.comm);
-  RT_CHECK(rc == MPI_SUCCESS, c.what, ": validation MPI_Allreduce on '", c.comm_name, "' failed (MPI error ", rc, ")");
+  bounded::allreduce(v.data(), static_cast<int>(v.size()), MPI_LONG_LONG, MPI_MIN, c.wait_on(), c.what);
   if (!c.error.empty()) throw Error(c.error);
   RT_CHECK(v[2 * k] >= c.size, c.what, ": rank ", v[2 * k], " of communicator '", c.comm_name,
            "' passed invalid arguments (its error says which)");
@@ -236,7 +236,7 @@ void allreduce(const void* send, void* recv, std::size_t count, DType dtype, Red
   }
   int divisor = op == ReduceOp::avg ? c.size : 1;
   switch (algo) {
-    case Algorithm::mpi: mpi_impl::allreduce(send, recv, count, dtype, op, c.comm, c.what); break;
+    case Algorithm::mpi: mpi_impl::allreduce(send, recv, count, dtype, op, c.wait_on(), c.what); break;
     case Algorithm::shm: shm_allreduce(send, recv, count, dtype, op, comm, opt); break;
     case Algorithm::hierarchical: hierarchical_allreduce(send, recv, count, dtype, op, comm, opt); break;
     case Algorithm::tree:
@@ -264,7 +264,7 @@ void broadcast(void* buf, std::size_t count, DType dtype, int root, const Commun
                           {"segment bytes", static_cast<long long>(cfg.segment_bytes)}};
   settle(c, opt.validate, fields);
   if (count == 0 || c.size == 1) return;
-  if (algo == Algorithm::mpi) return mpi_impl::broadcast(buf, count, dtype, root, c.comm, c.what);
+  if (algo == Algorithm::mpi) return mpi_impl::broadcast(buf, count, dtype, root, c.wait_on(), c.what);
   run(c, kTagBroadcast, cfg, [&](Primitives& P) {
     if (algo == Algorithm::tree) binomial_broadcast(P, buf, count, root);
     else chain_broadcast(P, buf, count, root);
@@ -295,7 +295,7 @@ void gather_impl(const char* what, const void* send, void* recv, const std::vect
   if (off.back() == 0) return;
   char* mine = static_cast<char*>(recv) + off[c.rank] * es;
   if (opt.algorithm == Algorithm::mpi && c.size > 1)
-    return mpi_impl::allgatherv(send, recv, counts, dtype, c.comm, c.what);
+    return mpi_impl::allgatherv(send, recv, counts, dtype, c.wait_on(), c.what);
   CpuReducer().copy(mine, send, counts[c.rank] * es);
   if (c.size == 1) return;
   // All-gather has nothing to combine, so the ring (bandwidth-optimal) serves every size.
@@ -339,7 +339,7 @@ void reduce_scatter(const void* send, void* recv, const std::vector<std::size_t>
   if (off.back() == 0) return;
   int divisor = op == ReduceOp::avg ? c.size : 1;
   if (c.size == 1) return CpuReducer().copy(recv, send, counts[0] * es);
-  if (opt.algorithm == Algorithm::mpi) return mpi_impl::reduce_scatter(send, recv, counts, dtype, op, c.comm, c.what);
+  if (opt.algorithm == Algorithm::mpi) return mpi_impl::reduce_scatter(send, recv, counts, dtype, op, c.wait_on(), c.what);
   run(c, kTagReduceScatter, config(c, dtype, op, opt),
       [&](Primitives& P) { ring_reduce_scatter(P, send, recv, counts, divisor); });
 }

@@ -1,20 +1,50 @@
 #include "ringtrain/comm/communicator.hpp"
 
+#include <cstdlib>
+
+#include "ringtrain/comm/bounded_wait.hpp"
 #include "ringtrain/comm/liveness.hpp"
 #include "ringtrain/core/error.hpp"
 #include "ringtrain/core/log.hpp"
 
 namespace ringtrain {
 
+std::string thread_level_error(int provided) {
+  if (provided >= MPI_THREAD_MULTIPLE) return "";
+  const char* name = provided == MPI_THREAD_SINGLE       ? "MPI_THREAD_SINGLE"
+                     : provided == MPI_THREAD_FUNNELED   ? "MPI_THREAD_FUNNELED"
+                     : provided == MPI_THREAD_SERIALIZED ? "MPI_THREAD_SERIALIZED"
+                                                         : "an unknown level";
+  return cat("MPI provides thread level ", name, " (", provided, "), but ringtrain needs MPI_THREAD_MULTIPLE (",
+             MPI_THREAD_MULTIPLE, "): the fusion engine's thread and the tensor groups' helper threads call MPI ",
+             "while the main thread does. Use an MPI library built with thread support (Open MPI: ",
+             "--enable-mpi-thread-multiple; MPICH: --enable-threads=multiple), and initialise MPI with ",
+             "MPI_Init_thread(MPI_THREAD_MULTIPLE) if your program does so itself");
+}
+
 MpiRuntime::MpiRuntime(int* argc, char*** argv) {
   int inited = 0;
   MPI_Initialized(&inited);
   if (inited) {
     MPI_Query_thread(&provided_);
+    // Someone else owns MPI: refuse as below, but leave finalising to them.
+    const std::string err = thread_level_error(provided_);
+    if (!err.empty()) throw Error(err);
     return;
   }
   MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided_);
   owns_ = true;
+  // Refuse before anything starts a thread: no code serialises MPI calls, so a
+  // lower level would be undefined behaviour, not a slowdown. Every rank says so.
+  if (const std::string err = thread_level_error(provided_); !err.empty()) {
+    int rank = 0, size = 1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    log::set_rank(rank, size);
+    log::error(err);
+    MPI_Finalize();
+    std::exit(1);
+  }
   // Errors become return codes, so they turn into ringtrain::Error with a message.
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   liveness::start();  // a stall names the rank that stopped (comm/liveness.hpp)
@@ -22,9 +52,6 @@ MpiRuntime::MpiRuntime(int* argc, char*** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   log::set_rank(rank, size);
-  if (provided_ < MPI_THREAD_MULTIPLE)
-    log::warn("MPI provides thread level ", provided_, " < MPI_THREAD_MULTIPLE; the fusion engine ",
-              "will serialise its MPI calls with the main thread's");
 }
 
 MpiRuntime::~MpiRuntime() {
@@ -48,7 +75,13 @@ Communicator Communicator::dup_of(MPI_Comm comm, std::string name, double timeou
   Communicator c;
   c.state_ = std::make_shared<State>();
   auto& s = *c.state_;
-  RT_CHECK(MPI_Comm_dup(comm, &s.comm) == MPI_SUCCESS, "MPI_Comm_dup failed for communicator '", name, "'");
+  // Every collective step here is bounded by the new communicator's timeout
+  // (comm/bounded_wait.hpp): a rank that never arrives ends the job, named.
+  const std::string what = cat("creating communicator '", name, "'");
+  MPI_Request req;
+  check_mpi(MPI_Comm_idup(comm, &s.comm, &req), what.c_str(), "MPI_Comm_idup");
+  wait_bounded(&req, 1, WaitOn(comm, timeout_s, name), what.c_str());
+  const WaitOn on(s.comm, timeout_s, name);
   MPI_Comm_set_errhandler(s.comm, MPI_ERRORS_RETURN);
   MPI_Comm_rank(s.comm, &s.rank);
   MPI_Comm_size(s.comm, &s.size);
@@ -59,8 +92,8 @@ Communicator Communicator::dup_of(MPI_Comm comm, std::string name, double timeou
   MPI_Comm_free(&local);
   // Node layout for the node-aware algorithms: the same answer on every rank.
   int facts[2] = {s.local_size, s.local_rank == 0 ? 1 : 0};
-  MPI_Allreduce(MPI_IN_PLACE, &facts[0], 1, MPI_INT, MPI_MAX, s.comm);
-  MPI_Allreduce(MPI_IN_PLACE, &facts[1], 1, MPI_INT, MPI_SUM, s.comm);
+  bounded::allreduce(&facts[0], 1, MPI_INT, MPI_MAX, on, what.c_str());
+  bounded::allreduce(&facts[1], 1, MPI_INT, MPI_SUM, on, what.c_str());
   s.max_local = facts[0];
   s.nodes = facts[1];
   s.name = std::move(name);
@@ -114,6 +147,9 @@ Communicator Communicator::split(int color, int key, std::string name) const {
 }
 
 Communicator Communicator::split(int color, int key, std::string name, double timeout_s) const {
+  // MPI_Comm_split has no non-blocking form: a bounded barrier first, so that a
+  // rank that never comes ends the job here rather than hanging the split.
+  bounded::barrier(WaitOn(*this, "split"), cat("splitting communicator '", state_->name, "' into '", name, "'").c_str());
   MPI_Comm sub;
   RT_CHECK(MPI_Comm_split(handle("split"), color, key, &sub) == MPI_SUCCESS,
            "MPI_Comm_split of '", state_->name, "' failed");
@@ -136,7 +172,7 @@ void Communicator::close() {
 }
 
 void Communicator::barrier() const {
-  RT_CHECK(MPI_Barrier(handle("barrier")) == MPI_SUCCESS, "MPI_Barrier on '", state_->name, "' failed");
+  bounded::barrier(WaitOn(*this, "barrier"), cat("barrier on '", state_->name, "'").c_str());
 }
 
 }  // namespace ringtrain

@@ -8,6 +8,9 @@
 #include <mutex>
 #include <thread>
 
+#include "ringtrain/comm/bounded_wait.hpp"
+#include "ringtrain/comm/communicator.hpp"
+
 namespace ringtrain::liveness {
 namespace {
 
@@ -63,7 +66,10 @@ void announce(const std::vector<int>& silent, int rank, int size) {
 
 void start() {
   if (g_active.load()) return;
-  if (MPI_Comm_dup(MPI_COMM_WORLD, &g_comm) != MPI_SUCCESS) return;  // no diagnosis, training goes on
+  // Before any configuration is read: bounded by the default collective timeout.
+  MPI_Request req;
+  if (MPI_Comm_idup(MPI_COMM_WORLD, &g_comm, &req) != MPI_SUCCESS) return;  // no diagnosis, training goes on
+  wait_bounded(&req, 1, WaitOn(MPI_COMM_WORLD, kDefaultCollectiveTimeoutS, "world"), "starting MPI (liveness)");
   MPI_Comm_set_errhandler(g_comm, MPI_ERRORS_RETURN);
   g_active.store(true);
 }

@@ -67,10 +67,6 @@ int as_int(std::size_t n, const char* what) {
   return static_cast<int>(n);
 }
 
-void check(int rc, const char* what, const char* call) {
-  RT_CHECK(rc == MPI_SUCCESS, what, ": ", call, " failed (MPI error ", rc, ")");
-}
-
 std::vector<int> int_counts(const std::vector<std::size_t>& c, std::vector<int>* displs, const char* what) {
   std::vector<int> out(c.size());
   std::size_t total = 0;
@@ -85,48 +81,57 @@ std::vector<int> int_counts(const std::vector<std::size_t>& c, std::vector<int>*
 
 }  // namespace
 
-void allreduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op, MPI_Comm comm,
+void allreduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op, const WaitOn& on,
                const char* what) {
   int n = as_int(count, what);
   const void* s = send == recv ? MPI_IN_PLACE : send;
-  check(MPI_Allreduce(s, recv, n, mpi_type(dtype), mpi_op(dtype, op), comm), what, "MPI_Allreduce");
+  MPI_Request req;
+  check_mpi(MPI_Iallreduce(s, recv, n, mpi_type(dtype), mpi_op(dtype, op), on.comm, &req), what, "MPI_Iallreduce");
+  wait_bounded(&req, 1, on, what);
   if (op == ReduceOp::avg) {
     int p = 1;
-    MPI_Comm_size(comm, &p);
+    MPI_Comm_size(on.comm, &p);
     CpuReducer().divide(recv, count, dtype, p);
   }
 }
 
-void broadcast(void* buf, std::size_t count, DType dtype, int root, MPI_Comm comm, const char* what) {
-  check(MPI_Bcast(buf, as_int(count, what), mpi_type(dtype), root, comm), what, "MPI_Bcast");
+void broadcast(void* buf, std::size_t count, DType dtype, int root, const WaitOn& on, const char* what) {
+  MPI_Request req;
+  check_mpi(MPI_Ibcast(buf, as_int(count, what), mpi_type(dtype), root, on.comm, &req), what, "MPI_Ibcast");
+  wait_bounded(&req, 1, on, what);
 }
 
-void allgatherv(const void* send, void* recv, const std::vector<std::size_t>& counts, DType dtype, MPI_Comm comm,
+void allgatherv(const void* send, void* recv, const std::vector<std::size_t>& counts, DType dtype, const WaitOn& on,
                 const char* what) {
   int r = 0;
-  MPI_Comm_rank(comm, &r);
+  MPI_Comm_rank(on.comm, &r);
   std::vector<int> displs;
   auto c = int_counts(counts, &displs, what);
   const char* mine = static_cast<const char*>(recv) + static_cast<std::size_t>(displs[r]) * dtype_size(dtype);
   const void* s = send == mine ? MPI_IN_PLACE : send;
-  check(MPI_Allgatherv(s, c[r], mpi_type(dtype), recv, c.data(), displs.data(), mpi_type(dtype), comm), what,
-        "MPI_Allgatherv");
+  MPI_Request req;
+  check_mpi(MPI_Iallgatherv(s, c[r], mpi_type(dtype), recv, c.data(), displs.data(), mpi_type(dtype), on.comm, &req),
+            what, "MPI_Iallgatherv");
+  wait_bounded(&req, 1, on, what);  // c and displs must outlive the request
 }
 
 void reduce_scatter(const void* send, void* recv, const std::vector<std::size_t>& counts, DType dtype,
-                    ReduceOp op, MPI_Comm comm, const char* what) {
+                    ReduceOp op, const WaitOn& on, const char* what) {
   auto c = int_counts(counts, nullptr, what);
   int r = 0, p = 1;
-  MPI_Comm_rank(comm, &r);
-  MPI_Comm_size(comm, &p);
+  MPI_Comm_rank(on.comm, &r);
+  MPI_Comm_size(on.comm, &p);
   // MPI forbids aliasing send and recv here (its MPI_IN_PLACE means something else).
   std::size_t es = dtype_size(dtype), total = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
   const char* s = static_cast<const char*>(send);
   char* d = static_cast<char*>(recv);
   bool overlap = d < s + total * es && s < d + counts[r] * es;
   std::vector<char> tmp(overlap ? counts[r] * es : 0);
-  check(MPI_Reduce_scatter(send, overlap ? tmp.data() : recv, c.data(), mpi_type(dtype), mpi_op(dtype, op), comm),
-        what, "MPI_Reduce_scatter");
+  MPI_Request req;
+  check_mpi(MPI_Ireduce_scatter(send, overlap ? tmp.data() : recv, c.data(), mpi_type(dtype), mpi_op(dtype, op),
+                                on.comm, &req),
+            what, "MPI_Ireduce_scatter");
+  wait_bounded(&req, 1, on, what);
   if (overlap) std::copy(tmp.begin(), tmp.end(), d);
   if (op == ReduceOp::avg) CpuReducer().divide(recv, counts[r], dtype, p);
 }

@@ -8,9 +8,9 @@
 
 #include <sched.h>
 
+#include "ringtrain/comm/bounded_wait.hpp"
 #include "ringtrain/comm/collectives.hpp"
 #include "ringtrain/comm/host_backend.hpp"
-#include "ringtrain/comm/liveness.hpp"
 #include "ringtrain/comm/stall_diagnosis.hpp"
 #include "ringtrain/core/error.hpp"
 #include "ringtrain/core/log.hpp"
@@ -31,15 +31,12 @@ MPI_Request unpack(std::uint64_t h) {
   return r;
 }
 
-// Polls before the first clock read / yield: a small message usually lands
-// within a few microseconds, and yielding earlier would add scheduler latency.
-constexpr unsigned kSpinPolls = 256;
-
 }  // namespace
 
 MpiTransport::MpiTransport(MPI_Comm comm, int tag, const char* what, const char* comm_name, double timeout_s,
                            double spin_s)
-    : comm_(comm), tag_(tag), what_(what), comm_name_(comm_name), timeout_s_(timeout_s), spin_s_(spin_s) {
+    : comm_(comm), tag_(tag), what_(what), comm_name_(comm_name), timeout_s_(timeout_s), spin_s_(spin_s),
+      on_(comm, timeout_s, comm_name) {
   RT_CHECK(tag >= 0 && tag <= kMaxMpiTag, what, ": MPI tag ", tag, " is outside 0..", kMaxMpiTag,
            ", the range every MPI library accepts");
   MPI_Comm_rank(comm_, &rank_);
@@ -78,33 +75,32 @@ bool MpiTransport::test(Request& r) {
   return true;
 }
 
+// wait_bounded (comm/bounded_wait.hpp), with this transport's pacing: keep the
+// core for spin_s_ (a peer that was preempted for a moment is back soon, and
+// giving the core away would cost us a whole scheduler slice), then yield
+// between polls. Once one wait has spun out, the rest of the call yields at once.
 void MpiTransport::wait(Request& r) {
   if (!r.active) return;
-  for (unsigned i = 0; i < kSpinPolls; ++i)
-    if (test(r)) return;
-  // Then poll against the clock: keep the core for spin_s_ (a peer that was
-  // preempted for a moment is back soon, and giving the core away would cost us
-  // a whole scheduler slice), and after that yield between polls.
-  using clock = std::chrono::steady_clock;
-  auto start = clock::now();
-  for (unsigned i = 1;; ++i) {
-    if (test(r)) return;
-    if (i % 64 == 0) {
-      liveness::serve();
-      double waited = std::chrono::duration<double>(clock::now() - start).count();
-      if (timeout_s_ > 0 && waited > timeout_s_) stalled(r, waited);
-      if (waited > spin_s_) yielding_ = true;
-    }
-    if (yielding_) std::this_thread::yield();
+  MPI_Request req = unpack(r.handle);
+  on_.spin_s = yielding_ ? 0 : spin_s_;
+  try {
+    if (wait_bounded(&req, 1, on_, what_, OnStall::throw_error) > spin_s_) yielding_ = true;
+  } catch (const StallError& e) {
+    stalled(r, e);
+  } catch (const Error& e) {
+    // A truncated receive (the ranks disagree on a message's size) fails here.
+    RT_FAIL(what_, ": waiting to ", r.is_send ? "send to" : "receive from", " rank ", r.peer, " on '", comm_name_,
+            "' failed (", e.what(), "; do all ranks pass the same count and dtype?)");
   }
+  r.handle = pack(req);
+  r.active = false;
 }
 
-void MpiTransport::stalled(const Request& r, double waited_s) const {
-  // The peer we wait for may itself wait for another rank: ask who never came.
-  StallDiagnosis d = diagnose_stall(comm_, stall_grace_s(timeout_s_));
-  if (rank_ == d.first_live)
-    log::error(what_, ": stalled for ", static_cast<long long>(waited_s), " s on communicator '", comm_name_,
-               "': ", d.describe(), "; rank ", rank_, " of ", size_, " was waiting to ",
+void MpiTransport::stalled(const Request& r, const StallError& e) const {
+  // The peer we wait for may itself wait for another rank: e names who never came.
+  if (rank_ == e.first_live)
+    log::error(what_, ": stalled for ", static_cast<long long>(e.waited_s), " s on communicator '", comm_name_,
+               "': ", e.diagnosis, "; rank ", rank_, " of ", size_, " was waiting to ",
                r.is_send ? "send to" : "receive from", " rank ", r.peer, " (world rank ", world_rank_of(comm_, r.peer),
                ") of communicator '", comm_name_, "'. Aborting the job (comm.collective_timeout_s = ", timeout_s_,
                " s)");

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "ringtrain/comm/bounded_wait.hpp"
 #include "ringtrain/comm/host_backend.hpp"
 #include "ringtrain/core/allocator.hpp"
 
@@ -71,36 +72,42 @@ NamedTensors unpack_named(const std::vector<char>& in) {
 constexpr int kTagNamedLength = 7100, kTagNamedBytes = 7101;
 static_assert(kTagNamedBytes <= kMaxMpiTag);
 
+// Every transfer completes through wait_bounded (comm/bounded_wait.hpp): a
+// one-file checkpoint whose sender or receiver stopped ends the job, named.
 void send_named(const NamedTensors& ts, int to, const Communicator& comm) {
-  MPI_Comm c = comm.handle("sending checkpoint state");
+  const char* what = "sending checkpoint state";
+  const WaitOn on(comm, what);
   const std::vector<char> bytes = pack_named(ts);
   std::int64_t n = static_cast<std::int64_t>(bytes.size());
-  MPI_Send(&n, 1, MPI_INT64_T, to, kTagNamedLength, c);
+  bounded::send(&n, 1, MPI_INT64_T, to, kTagNamedLength, on, what);
   for (std::size_t at = 0; at < bytes.size(); at += kChunk)
-    MPI_Send(bytes.data() + at, static_cast<int>(std::min(kChunk, bytes.size() - at)), MPI_BYTE, to, kTagNamedBytes, c);
+    bounded::send(bytes.data() + at, static_cast<int>(std::min(kChunk, bytes.size() - at)), MPI_BYTE, to,
+                  kTagNamedBytes, on, what);
 }
 
 NamedTensors recv_named(int from, const Communicator& comm) {
-  MPI_Comm c = comm.handle("receiving checkpoint state");
+  const char* what = "receiving checkpoint state";
+  const WaitOn on(comm, what);
   std::int64_t n = 0;
-  MPI_Recv(&n, 1, MPI_INT64_T, from, kTagNamedLength, c, MPI_STATUS_IGNORE);
+  bounded::recv(&n, 1, MPI_INT64_T, from, kTagNamedLength, on, what);
   std::vector<char> bytes(static_cast<std::size_t>(n));
   for (std::size_t at = 0; at < bytes.size(); at += kChunk)
-    MPI_Recv(bytes.data() + at, static_cast<int>(std::min(kChunk, bytes.size() - at)), MPI_BYTE, from, kTagNamedBytes, c,
-             MPI_STATUS_IGNORE);
+    bounded::recv(bytes.data() + at, static_cast<int>(std::min(kChunk, bytes.size() - at)), MPI_BYTE, from,
+                  kTagNamedBytes, on, what);
   return unpack_named(bytes);
 }
 
 void broadcast_named(NamedTensors& ts, int root, const Communicator& comm) {
   if (comm.size() == 1) return;
-  MPI_Comm c = comm.handle("broadcasting checkpoint state");
+  const char* what = "broadcasting checkpoint state";
+  const WaitOn on(comm, what);
   std::vector<char> bytes;
   if (comm.rank() == root) bytes = pack_named(ts);
   std::int64_t n = static_cast<std::int64_t>(bytes.size());
-  MPI_Bcast(&n, 1, MPI_INT64_T, root, c);
+  bounded::bcast(&n, 1, MPI_INT64_T, root, on, what);
   bytes.resize(static_cast<std::size_t>(n));
   for (std::size_t at = 0; at < bytes.size(); at += kChunk)
-    MPI_Bcast(bytes.data() + at, static_cast<int>(std::min(kChunk, bytes.size() - at)), MPI_BYTE, root, c);
+    bounded::bcast(bytes.data() + at, static_cast<int>(std::min(kChunk, bytes.size() - at)), MPI_BYTE, root, on, what);
   if (comm.rank() != root) ts = unpack_named(bytes);
 }
 

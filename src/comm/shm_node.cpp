@@ -18,6 +18,7 @@
 #include <memory>
 #include <thread>
 
+#include "ringtrain/comm/bounded_wait.hpp"
 #include "ringtrain/comm/collectives.hpp"
 #include "ringtrain/comm/liveness.hpp"
 #include "ringtrain/comm/stall_diagnosis.hpp"
@@ -64,9 +65,9 @@ int node_keyval() {
 
 // Every rank learns whether any rank failed; the failing ranks throw their own
 // message, the others one that names the first failing rank.
-void agree(MPI_Comm comm, int rank, const std::string& error, const char* what, const std::string& comm_name) {
+void agree(const WaitOn& on, int rank, const std::string& error, const char* what, const std::string& comm_name) {
   int first = error.empty() ? INT32_MAX : rank;
-  MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, comm);
+  bounded::allreduce(&first, 1, MPI_INT, MPI_MIN, on, what);
   if (!error.empty()) throw Error(error);
   RT_CHECK(first == INT32_MAX, what, ": rank ", first, " of communicator '", comm_name,
            "' could not set up its shared memory (its error says why)");
@@ -181,6 +182,10 @@ ShmNode& shm_node(const Communicator& comm, const char* what, const CollectiveOp
   n.small_bytes = small_bytes_of(opt);
   n.seg_bytes = kHeaderBytes + 2 * n.slot_bytes;
 
+  // MPI_Comm_split* have no non-blocking form: a bounded barrier first, so a
+  // rank that never comes ends the job here instead of hanging the split.
+  const WaitOn on(comm, what);
+  bounded::barrier(on, what);
   MPI_Comm local;
   MPI_Comm_split_type(h, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local);
   MPI_Comm_rank(local, &n.lrank);
@@ -215,7 +220,7 @@ ShmNode& shm_node(const Communicator& comm, const char* what, const CollectiveOp
   struct Id { int pid, serial, rank, ok; };
   Id mine{static_cast<int>(::getpid()), static_cast<int>(serial), rank, error.empty() ? 1 : 0};
   std::vector<Id> ids(n.lsize);
-  MPI_Allgather(&mine, sizeof(Id), MPI_BYTE, ids.data(), sizeof(Id), MPI_BYTE, local);
+  bounded::allgather(&mine, sizeof(Id), MPI_BYTE, ids.data(), WaitOn(local, on.timeout_s, on.name + " (node)"), what);
   MPI_Comm_free(&local);
   for (int j = 0; j < n.lsize; ++j) {
     n.pid.push_back(ids[j].pid);
@@ -233,7 +238,7 @@ ShmNode& shm_node(const Communicator& comm, const char* what, const CollectiveOp
   // 3. Once every rank has attached (or failed), the names go: from here no exit
   //    path can leave a segment behind.
   int dummy = 0;
-  MPI_Allreduce(MPI_IN_PLACE, &dummy, 1, MPI_INT, MPI_SUM, h);
+  bounded::allreduce(&dummy, 1, MPI_INT, MPI_SUM, on, what);
   if (n.base[n.lrank]) ::shm_unlink(name.c_str());
   // 4. Inter-node groups: slice s is owned on every node by local index s mod (node size).
   n.slice_comm.assign(n.slices, MPI_COMM_NULL);
@@ -241,7 +246,7 @@ ShmNode& shm_node(const Communicator& comm, const char* what, const CollectiveOp
     for (int s = 0; s < n.slices; ++s)
       MPI_Comm_split(h, n.lrank == s % n.lsize ? 0 : MPI_UNDEFINED, rank, &n.slice_comm[s]);
   n.block.resize(16 * 1024 + 64);
-  agree(h, rank, error, what, n.comm_name);
+  agree(on, rank, error, what, n.comm_name);
   MPI_Comm_set_attr(h, key, node.get());
   return *node.release();
 }

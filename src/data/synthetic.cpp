@@ -5,6 +5,7 @@
 #include <memory>
 #include <numbers>
 
+#include "ringtrain/comm/bounded_wait.hpp"
 #include "ringtrain/comm/agree.hpp"
 #include "ringtrain/data/prepare.hpp"
 #include "rng.hpp"
@@ -128,7 +129,8 @@ PreparedDataset generate_synthetic(const SyntheticOptions& o, const Communicator
   });
   // Exact train statistics: reduce the per-rank sums, then stamp them into every file before the rename.
   if (comm.valid() && p > 1)
-    MPI_Allreduce(MPI_IN_PLACE, sums.data(), int(sums.size()), MPI_DOUBLE, MPI_SUM, comm.handle("synthetic stats"));
+    bounded::allreduce(sums.data(), int(sums.size()), MPI_DOUBLE, MPI_SUM, WaitOn(comm, "synthetic stats"),
+                       "synthetic stats");
   run_agreed(comm, "synthetic", [&] {
     double n = double(o.train_samples) * double(o.height * o.width);
     std::vector<double> mean(o.channels), sd(o.channels);

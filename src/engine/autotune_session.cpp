@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "ringtrain/comm/bounded_wait.hpp"
 #include "ringtrain/core/log.hpp"
 
 namespace ringtrain::engine {
@@ -28,7 +29,7 @@ AutotuneSession::AutotuneSession(const Communicator& comm, EngineOptions& opts) 
                          "model_step_ms,predicted_step_ms,measured_step_ms,chosen\n");
   }
   int bad = err.empty() ? 0 : 1;
-  MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MAX, comm_.handle("Engine start-up"));
+  bounded::allreduce(&bad, 1, MPI_INT, MPI_MAX, WaitOn(comm_, "Engine start-up"), "Engine start-up");
   RT_CHECK(!bad, "Engine: rank 0 could not open the autotune log (comm.autotune_log = '", a.log, "')",
            err.empty() ? "" : ": ", err);
 }
@@ -101,14 +102,14 @@ void AutotuneSession::probe() {
   const std::vector<std::size_t> sizes{4096, 256 << 10, big};
   std::vector<float> buf(big / sizeof(float), 0.0f);
   std::vector<double> t;
-  MPI_Comm h = comm_.handle("comm.autotune probe");
+  const WaitOn h(comm_, "comm.autotune probe");
   for (Algorithm a : grid_.algos) {
     CollectiveOptions copt = opts_.collective;
     copt.algorithm = a;
     for (std::size_t bytes : sizes) {
       double best = 1e30;
       for (int rep = 0; rep < 3; ++rep) {
-        MPI_Barrier(h);
+        bounded::barrier(h, "comm.autotune probe");
         auto t0 = Clock::now();
         allreduce(buf.data(), buf.data(), bytes / sizeof(float), DType::f32, ReduceOp::sum, comm_, copt);
         if (rep) best = std::min(best, seconds(Clock::now() - t0));
@@ -116,7 +117,7 @@ void AutotuneSession::probe() {
       t.push_back(best);
     }
   }
-  MPI_Allreduce(MPI_IN_PLACE, t.data(), static_cast<int>(t.size()), MPI_DOUBLE, MPI_MAX, h);
+  bounded::allreduce(t.data(), static_cast<int>(t.size()), MPI_DOUBLE, MPI_MAX, h, "comm.autotune probe");
   fits_.clear();
   for (std::size_t i = 0; i < grid_.algos.size(); ++i)
     fits_.push_back(fit_alpha_beta(grid_.algos[i], sizes, {t.begin() + i * 3, t.begin() + i * 3 + 3}));
@@ -130,8 +131,8 @@ void AutotuneSession::probe() {
 }
 
 void AutotuneSession::end_sample() {
-  MPI_Comm h = comm_.handle("comm.autotune");
-  MPI_Allreduce(MPI_IN_PLACE, periods_.data(), static_cast<int>(periods_.size()), MPI_DOUBLE, MPI_MAX, h);
+  const WaitOn h(comm_, "comm.autotune");
+  bounded::allreduce(periods_.data(), static_cast<int>(periods_.size()), MPI_DOUBLE, MPI_MAX, h, "comm.autotune");
   const double cost = sample_cost(periods_);
   int next = 0;
   ++samples_;  // every rank counts the samples
@@ -153,7 +154,7 @@ void AutotuneSession::end_sample() {
     next = tuner_->next();
     if (next < 0) next = -1 - tuner_->best();
   }
-  MPI_Bcast(&next, 1, MPI_INT, 0, h);
+  bounded::bcast(&next, 1, MPI_INT, 0, h, "comm.autotune");
   periods_.clear();
   sample_steps_ = 0;
   if (next >= 0) {

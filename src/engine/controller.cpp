@@ -4,8 +4,7 @@
 #include <cstdlib>
 #include <thread>
 
-#include "ringtrain/comm/liveness.hpp"
-#include "ringtrain/comm/stall_diagnosis.hpp"
+#include "ringtrain/comm/bounded_wait.hpp"
 #include "ringtrain/core/error.hpp"
 
 namespace ringtrain::engine {
@@ -13,35 +12,15 @@ namespace {
 
 constexpr std::uint64_t kNoUncached = 1, kNoShutdown = 2, kNoForce = 4, kNoPending = 8;
 
-// Waits for a nonblocking MPI operation without spinning a core: yields a few
-// times, then sleeps briefly between tests (ranks are often oversubscribed).
 // The peers' engine threads cycle even while their users compute, so a control
 // collective only stays open when a peer process is gone or hung: after
-// `timeout_s` (> 0) that is an Error, which the engine turns into MPI_Abort.
+// `timeout_s` (> 0) that is a StallError naming it, which the engine turns into
+// MPI_Abort. Naps at once (nap_after_s 0): a peer that is not yet in this cycle
+// is usually a whole cycle away, and the engine must not take the compute
+// thread's core meanwhile.
 void wait_mpi(MPI_Request& req, const char* what, double timeout_s, const Communicator& comm) {
-  int flag = 0;
-  const auto t0 = Clock::now();
-  for (int spins = 0;; ++spins) {
-    int rc = MPI_Test(&req, &flag, MPI_STATUS_IGNORE);
-    RT_CHECK(rc == MPI_SUCCESS, "fusion engine: ", what, " failed (MPI error code ", rc, ")");
-    if (flag) return;
-    if (spins < 32) {
-      std::this_thread::yield();
-      continue;
-    }
-    // Back off: a peer that is not yet in this cycle is usually a whole cycle away.
-    liveness::serve();
-    std::this_thread::sleep_for(std::chrono::microseconds(spins < 128 ? 10 : spins < 1024 ? 50 : 100));
-    if (timeout_s > 0 && (spins & 255) == 0 &&
-        std::chrono::duration<double>(Clock::now() - t0).count() > timeout_s)
-    {
-      // Name the rank whose engine stopped (a SIGSTOPped or wedged process):
-      // every live engine times out here together and answers the diagnosis.
-      StallDiagnosis d = diagnose_stall(comm.handle(what), stall_grace_s(timeout_s));
-      RT_FAIL("fusion engine: ", what, " has not completed after ", timeout_s, " s: ", d.describe(),
-              "; its engine no longer runs (comm.collective_timeout_s = ", timeout_s, " s)");
-    }
-  }
+  const std::string w = cat("fusion engine: ", what);
+  wait_bounded(&req, 1, WaitOn(comm.handle(what), timeout_s, comm.name(), 0), w.c_str(), OnStall::throw_error);
 }
 
 void mpi_ok(int rc, const char* what) {

@@ -1,6 +1,7 @@
 // Engine: the public object, the background thread's loop and the execution
 // of ready tensors (pack -> all-reduce -> scale -> unpack). Negotiation lives
 // in controller.cpp, batching and buffers in fusion_buffer.cpp.
+#include "ringtrain/comm/bounded_wait.hpp"
 #include "ringtrain/engine/engine.hpp"
 
 #include <algorithm>
@@ -118,7 +119,7 @@ Engine::Impl::Impl(const Communicator& c, EngineOptions o) : opts(std::move(o)) 
   // Only some ranks open a timeline: agree on the outcome, so that a bad path
   // is an Error on every rank instead of a peer waiting for this engine forever.
   int bad = timeline_error.empty() ? size : rank;
-  MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MIN, comm.handle("Engine start-up"));
+  bounded::allreduce(&bad, 1, MPI_INT, MPI_MIN, WaitOn(comm, "Engine start-up"), "Engine start-up");
   RT_CHECK(bad == size, "Engine: rank ", bad, " could not open its timeline (EngineOptions::timeline = '", opts.timeline,
            "')", timeline_error.empty() ? "" : ": ", timeline_error);
   if (opts.autotune.enabled) autotune = std::make_unique<engine::AutotuneSession>(comm, opts);

@@ -2,6 +2,7 @@
 // identical batches and collectives.
 #include <string>
 
+#include "ringtrain/comm/bounded_wait.hpp"
 #include "ringtrain/core/error.hpp"
 #include "ringtrain/engine/engine.hpp"
 
@@ -28,9 +29,8 @@ void check_engine_settings_agree(const Communicator& comm, const EngineOptions& 
     mm[i] = v[i];
     mm[n + i] = -v[i];
   }
-  RT_CHECK(MPI_Allreduce(MPI_IN_PLACE, mm, 2 * n, MPI_LONG_LONG, MPI_MIN, comm.handle("Engine start-up")) ==
-               MPI_SUCCESS,
-           "Engine start-up: MPI_Allreduce of the settings failed");
+  bounded::allreduce(mm, 2 * n, MPI_LONG_LONG, MPI_MIN, WaitOn(comm, "Engine start-up"),
+                     "Engine start-up: the all-reduce of the settings");
   std::string bad;
   for (int i = 0; i < n; ++i)
     if (mm[i] != -mm[n + i]) bad += cat(bad.empty() ? "" : "; ", names[i], " ranges from ", mm[i], " to ", -mm[n + i]);

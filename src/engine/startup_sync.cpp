@@ -6,6 +6,7 @@
 #include <sstream>
 #include <vector>
 
+#include "ringtrain/comm/bounded_wait.hpp"
 #include "ringtrain/core/error.hpp"
 #include "ringtrain/engine/engine.hpp"
 
@@ -47,11 +48,10 @@ std::uint64_t layout_hash(const Tensor& t) {
 }
 
 // min and max of each value across ranks, as (min[i], max[i]).
-void minmax(std::vector<std::uint64_t>& v, std::vector<std::uint64_t>& mx, MPI_Comm c, const char* what) {
+void minmax(std::vector<std::uint64_t>& v, std::vector<std::uint64_t>& mx, const WaitOn& c, const char* what) {
   mx = v;
-  RT_CHECK(MPI_Allreduce(MPI_IN_PLACE, v.data(), (int)v.size(), MPI_UINT64_T, MPI_MIN, c) == MPI_SUCCESS &&
-               MPI_Allreduce(MPI_IN_PLACE, mx.data(), (int)mx.size(), MPI_UINT64_T, MPI_MAX, c) == MPI_SUCCESS,
-           what, ": MPI_Allreduce failed");
+  bounded::allreduce(v.data(), (int)v.size(), MPI_UINT64_T, MPI_MIN, c, what);
+  bounded::allreduce(mx.data(), (int)mx.size(), MPI_UINT64_T, MPI_MAX, c, what);
 }
 
 std::string label(std::size_t i, const std::vector<std::string>& names) {
@@ -59,9 +59,9 @@ std::string label(std::size_t i, const std::vector<std::string>& names) {
 }
 
 // Which ranks hold which value of `mine` (gathered), as "ranks 0,2: 1a2b; rank 1: 3c4d".
-std::string who_holds(std::uint64_t mine, MPI_Comm c, int size, bool hex) {
+std::string who_holds(std::uint64_t mine, const WaitOn& c, int size, bool hex) {
   std::vector<std::uint64_t> all(size);
-  MPI_Allgather(&mine, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, c);
+  bounded::allgather(&mine, 1, MPI_UINT64_T, all.data(), c, "gathering the ranks' tensor layouts");
   std::vector<std::pair<std::uint64_t, std::vector<int>>> groups;
   for (int r = 0; r < size; ++r) {
     auto it = groups.begin();
@@ -89,7 +89,7 @@ std::string who_holds(std::uint64_t mine, MPI_Comm c, int size, bool hex) {
 // dtypes and shapes; throws on every rank otherwise.
 void check_layout(const std::vector<Tensor>& ts, const Communicator& comm, const char* what,
                   const std::vector<std::string>& names) {
-  MPI_Comm c = comm.handle(what);
+  const WaitOn c(comm, what);
   std::vector<std::uint64_t> mn{ts.size()}, mx;
   minmax(mn, mx, c, what);
   if (mn[0] != mx[0])
@@ -129,12 +129,13 @@ void verify_identical(const std::vector<Tensor>& tensors, const Communicator& co
     h[i] = content_hash(host.raw(), host.nbytes());
   }
   std::vector<std::uint64_t> mine = h;
-  minmax(h, mx, comm.handle("verify_identical"), "verify_identical");
+  const WaitOn on(comm, "verify_identical");
+  minmax(h, mx, on, "verify_identical");
   for (std::size_t i = 0; i < tensors.size(); ++i)
     if (h[i] != mx[i])
       RT_FAIL("verify_identical: tensor ", label(i, names), " ", dtype_name(tensors[i].dtype()),
               shape_str(tensors[i].shape()), " differs across ranks (checksum by rank: ",
-              who_holds(mine[i], comm.handle("verify_identical"), comm.size(), true), ")");
+              who_holds(mine[i], on, comm.size(), true), ")");
 }
 
 }  // namespace ringtrain

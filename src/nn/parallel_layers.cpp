@@ -3,6 +3,7 @@
 // ordinary layer on the shard; this file adds the communication, the
 // operations after the reduction and the shard bookkeeping.
 #include <future>
+#include <memory>
 
 #include "init.hpp"
 #include "ringtrain/nn/tensor_parallel.hpp"
@@ -106,7 +107,8 @@ Tensor ColumnParallel::do_forward(const Tensor& x, Mode mode) {
 }
 
 // f's backward all-reduces dx (the input was replicated). As Megatron's async
-// dgrad all-reduce, it runs on a helper thread while this one computes the
+// dgrad all-reduce, it runs on the group's helper thread (TensorGroup::helper,
+// one persistent thread, not one per backward) while this one computes the
 // weight gradient, which does not depend on it: the same sums, the wait hidden
 // behind the GEMM. On a GPU the all-reduce runs inline: the device collectives
 // own the stream work of the calling thread (no second thread on the context).
@@ -125,7 +127,8 @@ Tensor ColumnParallel::do_backward(const Tensor& dy, bool need_dx, bool accumula
   // Sequence parallelism: g-bar's backward reduce-scatters dx to this rank's tokens instead.
   Tensor dxs;
   if (g_.sequence) dxs = g_.workspace(TpBuffer::dx_shard, in_shape_, dx.dtype(), dx.device());
-  std::future<void> reduce = std::async(std::launch::async, [&] {
+  if (!g_.helper) g_.helper = std::make_shared<TaskThread>();  // a group built by hand, not by TensorGroup::of
+  std::future<void> reduce = g_.helper->submit([&] {
     if (g_.sequence) seq_reduce_scatter(dx, dxs, g_);
     else tp_all_reduce(dx, g_);
   });

@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "cpu_loops.hpp"
+#include "ringtrain/comm/bounded_wait.hpp"
 #include "ringtrain/comm/shm.hpp"
 #include "ringtrain/core/page_ledger.hpp"
 #include "ringtrain/optim/grad_utils.hpp"
@@ -290,9 +291,13 @@ std::unique_ptr<Optimizer> ShardedOptimizer::gather(int root) const {
     const Tensor src = find(mine, name), dst = find(all, name);
     RT_CHECK(!whole || dst.defined(), "parallel.zero: the whole optimizer has no state '", name, "'");
     const std::vector<int> counts = as_int(s.counts, "a slice"), displs = as_int(s.offsets, "a slice offset");
-    MPI_Gatherv(src.defined() ? src.raw() : nullptr, counts[static_cast<std::size_t>(group_.rank())], et.t,
-                dst.defined() ? dst.raw() : nullptr, counts.data(), displs.data(), et.t, root,
-                group_.handle("gathering the sharded optimizer state"));
+    const char* what = "gathering the sharded optimizer state";
+    MPI_Request req;
+    check_mpi(MPI_Igatherv(src.defined() ? src.raw() : nullptr, counts[static_cast<std::size_t>(group_.rank())], et.t,
+                           dst.defined() ? dst.raw() : nullptr, counts.data(), displs.data(), et.t, root,
+                           group_.handle(what), &req),
+              what, "MPI_Igatherv");
+    wait_bounded(&req, 1, WaitOn(group_, what), what);
   }
   if (whole) find(all, "step").data<std::int64_t>()[0] = inner_->steps();
   return whole;
@@ -340,12 +345,17 @@ void ShardedOptimizer::scatter(const Optimizer* whole, int root) {
     ElemType et(dtype_size(optim_detail::state_dtype(dt)));
     const Tensor src = find(all, name), dst = find(mine, name);
     const std::vector<int> counts = as_int(s.counts, "a slice"), displs = as_int(s.offsets, "a slice offset");
-    MPI_Scatterv(src.defined() ? src.raw() : nullptr, counts.data(), displs.data(), et.t,
-                 dst.defined() ? dst.raw() : nullptr, counts[static_cast<std::size_t>(group_.rank())], et.t, root,
-                 group_.handle("scattering the sharded optimizer state"));
+    const char* what = "scattering the sharded optimizer state";
+    MPI_Request req;
+    check_mpi(MPI_Iscatterv(src.defined() ? src.raw() : nullptr, counts.data(), displs.data(), et.t,
+                            dst.defined() ? dst.raw() : nullptr, counts[static_cast<std::size_t>(group_.rank())], et.t,
+                            root, group_.handle(what), &req),
+              what, "MPI_Iscatterv");
+    wait_bounded(&req, 1, WaitOn(group_, what), what);
   }
   std::int64_t step = group_.rank() == root ? whole->steps() : 0;
-  MPI_Bcast(&step, 1, MPI_INT64_T, root, group_.handle("scattering the sharded optimizer state"));
+  bounded::bcast(&step, 1, MPI_INT64_T, root, WaitOn(group_, "scattering the sharded optimizer state"),
+                 "scattering the sharded optimizer state");
   find(mine, "step").data<std::int64_t>()[0] = step;
 }
 

@@ -1,3 +1,4 @@
+#include "ringtrain/comm/bounded_wait.hpp"
 #include "ringtrain/parallel/executor.hpp"
 
 #include <chrono>
@@ -49,9 +50,17 @@ ScheduleExecutor::ScheduleExecutor(const ProcessGrid& grid, ScheduleKind kind, M
   // Handshake: each stage tells the next what it sends; the next compares.
   std::string err;
   std::vector<std::int64_t> mine = pack_shape(out_mb), got(9, -1);
-  MPI_Sendrecv(mine.data(), 9, MPI_INT64_T, s + 1 < p ? s + 1 : MPI_PROC_NULL, kTagShapeHandshake, got.data(), 9,
-               MPI_INT64_T, s > 0 ? s - 1 : MPI_PROC_NULL, kTagShapeHandshake,
-               grid.pp().handle("pipeline shape handshake"), MPI_STATUS_IGNORE);
+  {
+    const char* what = "pipeline shape handshake";
+    const WaitOn on(grid.pp(), what);
+    MPI_Request q[2];
+    check_mpi(MPI_Isend(mine.data(), 9, MPI_INT64_T, s + 1 < p ? s + 1 : MPI_PROC_NULL, kTagShapeHandshake, on.comm,
+                        &q[0]),
+              what, "MPI_Isend");
+    check_mpi(MPI_Irecv(got.data(), 9, MPI_INT64_T, s > 0 ? s - 1 : MPI_PROC_NULL, kTagShapeHandshake, on.comm, &q[1]),
+              what, "MPI_Irecv");
+    wait_bounded(q, 2, on, what);
+  }
   if (s > 0 && unpack_shape(got) != in_mb)
     err = cat("pipeline stage ", s - 1, " sends activations of shape ", shape_str(unpack_shape(got)), " but stage ", s,
               " ", grid.tag(), " expects ", shape_str(in_mb));

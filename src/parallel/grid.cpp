@@ -1,3 +1,4 @@
+#include "ringtrain/comm/bounded_wait.hpp"
 #include "ringtrain/parallel/grid.hpp"
 
 #include "ringtrain/core/error.hpp"
@@ -36,8 +37,8 @@ ProcessGrid ProcessGrid::make(const Communicator& world_in, GridShape s, double 
   // Tensor groups all-reduce on the critical path of every layer pair: across
   // nodes that costs far more. The widest group decides (nodes may be uneven).
   int spans = g.tp_comm_.node_count();
-  RT_CHECK(MPI_Allreduce(MPI_IN_PLACE, &spans, 1, MPI_INT, MPI_MAX, world.handle("grid")) == MPI_SUCCESS,
-           "process grid: MPI_Allreduce of the tensor groups' node counts failed");
+  bounded::allreduce(&spans, 1, MPI_INT, MPI_MAX, WaitOn(world, "grid"),
+                     "process grid: the all-reduce of the tensor groups' node counts");
   const std::string w = tensor_span_warning(g.tp_size_, spans);
   if (!w.empty() && world.rank() == 0) log::warn(w);
   return g;

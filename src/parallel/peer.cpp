@@ -2,12 +2,9 @@
 
 #include <mpi.h>
 
-#include <chrono>
 #include <cstring>
-#include <thread>
 
-#include "ringtrain/comm/liveness.hpp"
-#include "ringtrain/comm/stall_diagnosis.hpp"
+#include "ringtrain/comm/bounded_wait.hpp"
 #include "ringtrain/core/error.hpp"
 #include "ringtrain/core/log.hpp"
 
@@ -53,37 +50,28 @@ PeerRequest PeerLink::irecv(void* buf, std::size_t bytes, int stage, int tag) co
   return r;
 }
 
-// Spins briefly (a neighbour's message usually lands within microseconds),
-// then sleeps between polls so a waiting stage leaves the cores to the others.
+// wait_bounded (comm/bounded_wait.hpp): polls back to back briefly (a
+// neighbour's message usually lands within microseconds), then naps between
+// polls so a waiting stage leaves the cores to the others.
 void PeerLink::wait(PeerRequest& r, const std::string& what) const {
   if (!r.active()) return;
-  using Clock = std::chrono::steady_clock;
-  const double timeout = grid_.pp().timeout_s();
-  const auto t0 = Clock::now();
-  for (long spin = 0;; ++spin) {
-    int done = 0;
-    MPI_Request q = get(r);
-    const int rc = MPI_Test(&q, &done, MPI_STATUS_IGNORE);
-    set(r, q);
-    RT_CHECK(rc == MPI_SUCCESS, grid_.tag(), " waiting for ", what, (r.send ? " to " : " from "), "pipeline stage ",
-             r.stage, " failed (MPI error ", rc, "; do the stages agree on its size?)");
-    if (done) {
-      r.stage = -1;
-      return;
-    }
-    if (spin > 200) {
-      liveness::serve();
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
-    }
-    if ((spin & 255) == 0 && timeout > 0 && std::chrono::duration<double>(Clock::now() - t0).count() > timeout) {
-      // The peer may itself wait for a stopped rank elsewhere: ask the job who answers.
-      const StallDiagnosis d = diagnose_stall(grid_.pp().handle("pipeline stall"), stall_grace_s(timeout));
-      log::error(grid_.tag(), " waited ", timeout, " s for ", what, r.send ? " to be received by" : " from",
-                 " pipeline stage ", r.stage, " (", grid_.pp().describe_rank(r.stage), "): ", d.describe(),
-                 "; ending the job (comm.collective_timeout_s = ", timeout, " s)");
-      MPI_Abort(MPI_COMM_WORLD, 1);
-    }
+  const Communicator& pp = grid_.pp();
+  const double timeout = pp.timeout_s();
+  MPI_Request q = get(r);
+  try {
+    const std::string w = cat(grid_.tag(), " waiting for ", what, r.send ? " to " : " from ", "pipeline stage ", r.stage);
+    wait_bounded(&q, 1, WaitOn(pp.handle("pipeline wait"), timeout, pp.name(), 0), w.c_str(), OnStall::throw_error);
+  } catch (const StallError& e) {
+    // The peer may itself wait for a stopped rank elsewhere: e names who answers no ping, job-wide.
+    log::error(grid_.tag(), " waited ", timeout, " s for ", what, r.send ? " to be received by" : " from",
+               " pipeline stage ", r.stage, " (", pp.describe_rank(r.stage), "): ", e.diagnosis,
+               "; ending the job (comm.collective_timeout_s = ", timeout, " s)");
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  } catch (const Error& e) {
+    RT_FAIL(e.what(), " (do the stages agree on its size?)");
   }
+  set(r, q);
+  r.stage = -1;
 }
 
 void PeerLink::cancel(PeerRequest& r) const {

@@ -4,8 +4,7 @@
 #include <chrono>
 #include <thread>
 
-#include "ringtrain/comm/liveness.hpp"
-#include "ringtrain/comm/stall_diagnosis.hpp"
+#include "ringtrain/comm/bounded_wait.hpp"
 #include "ringtrain/parallel/parts.hpp"
 #include "ringtrain/parallel/stage.hpp"
 
@@ -108,24 +107,14 @@ std::size_t BucketPages::chunk_bytes() const {
 
 void wait_group_ready(const Communicator& group, std::size_t b, const char* what, const std::atomic<bool>* hurry) {
   if (group.size() == 1) return;
-  MPI_Comm comm = group.handle("ZeRO's bucket agreement");
+  WaitOn on(group, "ZeRO's bucket agreement");
+  on.nap_after_s = 0;  // paced from the start: see zero_buckets.hpp
+  on.max_nap_s = 500e-6;
+  on.hurry = hurry;
   MPI_Request req;
-  MPI_Ibarrier(comm, &req);
-  const auto start = std::chrono::steady_clock::now();
-  auto nap = std::chrono::microseconds(20);
-  for (int done = 0;;) {
-    MPI_Test(&req, &done, MPI_STATUS_IGNORE);
-    if (done) return;
-    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (group.timeout_s() > 0 && waited >= group.timeout_s())  // who answers, job-wide (comm/liveness.hpp)
-      RT_FAIL(what, ": waited ", waited, " s for the other ranks of communicator '", group.name(),
-              "' to reach bucket ", b, ": ", diagnose_stall(comm, stall_grace_s(group.timeout_s())).describe(),
-              " (comm.collective_timeout_s)");
-    liveness::serve();
-    const bool urgent = hurry && hurry->load(std::memory_order_relaxed);
-    std::this_thread::sleep_for(urgent ? std::chrono::microseconds(20) : nap);
-    nap = std::min(nap * 2, std::chrono::microseconds(500));
-  }
+  check_mpi(MPI_Ibarrier(on.comm, &req), what, "MPI_Ibarrier");
+  const std::string w = cat(what, " (the other ranks reaching bucket ", b, ")");
+  wait_bounded(&req, 1, on, w.c_str(), OnStall::throw_error);  // past the timeout: an Error naming who answers
 }
 
 ZeroSyncBase::ZeroSyncBase(const ProcessGrid& grid, Stage& stage, ShardedOptimizer& zero, const GridConfig& cfg,

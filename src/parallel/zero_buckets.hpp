@@ -61,7 +61,7 @@ class BucketPages {
 // collective. Entered at once, the collective would wait for a slower peer in
 // its own loop, which wakes every few microseconds and takes the core from
 // this rank's backward (measured: 0.75x the engine's throughput at 2 ranks on
-// 2 cores). Naps grow to 500 us, or stay at 20 us while `hurry` is set: the
+// 2 cores). Naps grow to 500 us, or stay at 10 us while `hurry` is set: the
 // rank's main thread waits for this collective and computes nothing meanwhile.
 // Answers liveness pings; past the group's timeout it fails naming the ranks
 // that do not respond.

@@ -20,6 +20,7 @@
 #include "ringtrain/comm/collectives.hpp"
 #include "ringtrain/nn/loss.hpp"
 #include "ringtrain/nn/rng.hpp"
+#include "ringtrain/core/task_thread.hpp"
 #include "ringtrain/nn/tensor_parallel.hpp"
 #include "ringtrain/optim/optimizer.hpp"
 #include "ringtrain/parallel/grid.hpp"
@@ -132,7 +133,10 @@ void resync(ParamArena& mine, const ParamArena& whole) {
 // relative (cnn with dropout), parameters 6.0e-8 after one step; about 10x.
 constexpr double kLossTolerance = 2.5e-6, kParamTolerance = 6e-7;
 
-void check_follows_one_rank(const std::string& name, int tensor, double dropout = 0) {
+// Returns the helper threads started meanwhile (core/task_thread.hpp): the
+// tensor group's one, whatever the number of backward passes (50 steps here).
+std::uint64_t check_follows_one_rank(const std::string& name, int tensor, double dropout = 0) {
+  const std::uint64_t threads_before = TaskThread::threads_started();
   omp_set_num_threads(1);
   ProcessGrid grid = ProcessGrid::make(Communicator::world(), {1, tensor});
   ModelConfig whole_cfg = model_cfg(name, tensor), tp_cfg = whole_cfg;
@@ -143,7 +147,8 @@ void check_follows_one_rank(const std::string& name, int tensor, double dropout 
                                grid.tag());
   int sharded = 0;
   for (const auto& info : mine.arena().infos()) sharded += info.shard.sharded();
-  ASSERT_GT(sharded, 0) << what << ": the model under test must be split";
+  EXPECT_GT(sharded, 0) << what << ": the model under test must be split";
+  if (sharded == 0) return 0;
   expect_params_match(mine.arena(), whole.arena(), 0.0, what + " at start");  // bitwise: same init
   OptimizerConfig oc;
   oc.momentum = 0.0;  // see above
@@ -179,7 +184,8 @@ void check_follows_one_rank(const std::string& name, int tensor, double dropout 
     }
     opt_m->step(lr);
     worst_loss = std::max(worst_loss, std::abs(loss - ref) / std::abs(ref));
-    ASSERT_NEAR(loss, ref, kLossTolerance * std::abs(ref)) << what << " step " << t;
+    EXPECT_NEAR(loss, ref, kLossTolerance * std::abs(ref)) << what << " step " << t;
+    if (std::abs(loss - ref) > kLossTolerance * std::abs(ref)) return 0;
     worst_param = std::max(worst_param, test_support::param_difference(mine.arena(), whole.arena()));
     expect_params_match(mine.arena(), whole.arena(), kParamTolerance, cat(what, " after step ", t));
     resync(mine.arena(), whole.arena());
@@ -189,6 +195,9 @@ void check_follows_one_rank(const std::string& name, int tensor, double dropout 
   EXPECT_LT(last, 0.9 * first) << what << ": the reference should learn";
   if (Communicator::world().rank() == 0)
     std::printf("%s: worst relative loss difference %.3g, parameters %.3g\n", what.c_str(), worst_loss, worst_param);
+  const std::uint64_t threads = TaskThread::threads_started() - threads_before;
+  EXPECT_LE(threads, 1u) << what << ": one persistent helper thread per tensor group, not one per backward";
+  return threads;
 }
 
 // Why no layout of this world splits `name` (empty when tensor = the world does).
@@ -211,8 +220,10 @@ TEST(TensorParallelExactness, MlpFollowsTheOneRankLoss) {
 TEST(TensorParallelExactness, VitFollowsTheOneRankLoss) {
   const int w = Communicator::world().size();
   if (std::string why = no_split_layout("vit", w); !why.empty()) GTEST_SKIP() << why;
-  check_follows_one_rank("vit", w);
-  if (w == 4) check_follows_one_rank("vit", 2);  // tensor 2 x data 2
+  // vit's column layers need dx (qkv, fc1 after the first block): their all-reduce
+  // runs on the group's helper thread, started once for 50 steps x 2 blocks.
+  EXPECT_EQ(check_follows_one_rank("vit", w), 1u);
+  if (w == 4) EXPECT_EQ(check_follows_one_rank("vit", 2), 1u);  // tensor 2 x data 2
 }
 
 TEST(TensorParallelExactness, CnnFollowsTheOneRankLoss) {

@@ -15,8 +15,14 @@
 
 namespace ringtrain {
 
-// Starts MPI (MPI_THREAD_MULTIPLE: the fusion engine's thread communicates
-// while the main thread may run evaluation collectives) and finalises it.
+// Starts MPI (MPI_THREAD_MULTIPLE: the fusion engine's thread and the tensor
+// groups' helper threads communicate while the main thread does) and finalises
+// it. A library that provides less is refused: every rank logs
+// thread_level_error() and the process exits 1 (an Error when MPI was
+// initialised by someone else).
+// "" when `provided` (MPI_Init_thread's answer) is MPI_THREAD_MULTIPLE, else the refusal naming both levels.
+std::string thread_level_error(int provided);
+
 class MpiRuntime {
  public:
   MpiRuntime(int* argc, char*** argv);

@@ -5,10 +5,10 @@
 //  - MpiTransport sends raw bytes (MPI_BYTE) with one tag per algorithm in a
 //    range of tags reserved for ringtrain (kTagBase..), on the Communicator's own
 //    duplicated MPI communicator, so it never matches user traffic.
-//  - A wait polls MPI_Test against a deadline: it keeps the core for a while
-//    (5 ms; 20 us when the node has more ranks than cores), then yields between
-//    polls; past the communicator's timeout (Communicator::timeout_s) the job is
-//    aborted with a message naming the operation, the peer and the
+//  - A wait is wait_bounded (comm/bounded_wait.hpp): it keeps the core for a
+//    while (5 ms; 20 us when the node has more ranks than cores), then yields
+//    between polls; past the communicator's timeout (Communicator::timeout_s)
+//    the job is aborted with a message naming the operation, the peer and the
 //    communicator: a stalled collective never hangs.
 //  - CpuReducer's kernels are the RT_HD math of reduce_math.hpp in vectorisable
 //    loops (AVX2/F16C clones chosen at load time); every element goes through the
@@ -19,6 +19,7 @@
 #include <memory>
 #include <string>
 
+#include "ringtrain/comm/bounded_wait.hpp"
 #include "ringtrain/comm/primitives.hpp"
 
 namespace ringtrain {
@@ -54,13 +55,14 @@ class MpiTransport final : public Transport {
   bool test(Request& r) override;
 
  private:
-  [[noreturn]] void stalled(const Request& r, double waited_s) const;
+  [[noreturn]] void stalled(const Request& r, const StallError& e) const;
   MPI_Comm comm_;
   int tag_, rank_ = 0, size_ = 1;
   const char* what_;
   const char* comm_name_;
   double timeout_s_, spin_s_;
   bool yielding_ = false;  // once one wait has spun out, the rest of the call yields at once
+  WaitOn on_;
 };
 
 class CpuReducer final : public Reducer {

@@ -6,7 +6,8 @@
 // stopped rank, its data-parallel peers wait for the tensor group). So every
 // wait loop of ringtrain (collectives, agreement, pipeline transfers, the
 // fusion engine's cycle, shared-memory waits) calls serve(), which answers
-// pings on a private duplicate of MPI_COMM_WORLD. A rank whose wait timed out
+// pings on a private duplicate of MPI_COMM_WORLD (comm/bounded_wait.hpp does,
+// for every MPI wait). A rank whose wait timed out
 // pings every rank of the job: the ones that do not answer within the grace
 // period are stopped, dead, or stuck outside ringtrain's waits. Point-to-point
 // only (no collective), so it cannot stall itself.

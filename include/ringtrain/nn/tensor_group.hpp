@@ -7,6 +7,7 @@
 #include <mutex>
 
 #include "ringtrain/comm/communicator.hpp"
+#include "ringtrain/core/task_thread.hpp"
 #include "ringtrain/core/tensor.hpp"
 
 namespace ringtrain {
@@ -69,12 +70,18 @@ struct TensorGroup {
   // take / give token shards (all-gather before, reduce-scatter after)
   // instead of replicated tokens. Set by the block builder, not the grid.
   bool sequence = false;
+  // The group's one helper thread (shared by every copy of the group, started
+  // at its first task, joined when the last copy goes): ColumnParallel's
+  // backward runs its dx collective there while this thread computes the
+  // weight gradient. Null when size == 1.
+  std::shared_ptr<TaskThread> helper;
   static TensorGroup of(const Communicator& c, std::shared_ptr<TpStats> s = nullptr) {
     TensorGroup g;
     g.comm = c;
     g.size = c.size();
     g.rank = c.rank();
     g.stats = std::move(s);
+    if (g.size > 1) g.helper = std::make_shared<TaskThread>();
     return g;
   }
 };
