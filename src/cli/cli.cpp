@@ -225,19 +225,37 @@ int run_eval(const EvalArgs& a, const Communicator& world) {
 }
 
 struct ExportArgs {
-  std::string checkpoint, out, format = "safetensors", dtype = "f32";
+  std::string checkpoint, out, format = "safetensors", dtype = "f32", shard_size = "0";
 };
 
-// One rank reads the checkpoint (the sharded reader, every tensor whole) and writes the file.
+// "5GB", "500MB", "2GiB", "1000000" -> bytes (decimal units, as Hugging Face's max_shard_size).
+std::int64_t parse_bytes(const std::string& s) {
+  std::size_t end = 0;
+  double v = -1;
+  try {
+    v = std::stod(s, &end);
+  } catch (const std::exception&) {
+  }
+  const std::string unit = s.substr(std::min(end, s.size()));
+  const std::map<std::string, double> units = {{"", 1},      {"B", 1},         {"KB", 1e3},      {"MB", 1e6},
+                                               {"GB", 1e9},  {"KiB", 1024.0},  {"MiB", 1048576.0},
+                                               {"GiB", 1073741824.0}};
+  const auto u = units.find(unit);
+  RT_CHECK(v >= 0 && u != units.end(), "export --shard-size '", s, "': give bytes, e.g. 5GB, 500MB, 2GiB or 1000000");
+  return static_cast<std::int64_t>(v * u->second);
+}
+
+// Every rank verifies its share of the checkpoint and writes its share of the files.
 int run_export(const ExportArgs& a, const Communicator& world) {
-  run_on_root(world, "export", [&] {
-    ExportOptions o;
+  ExportOptions o;
+  run_agreed(world, "export", [&] {
     o.format = a.format;
     RT_CHECK(a.dtype == "f32" || a.dtype == "bf16", "export --dtype '", a.dtype, "': f32 or bf16");
     o.dtype = a.dtype == "bf16" ? DType::bf16 : DType::f32;
-    const std::string file = export_checkpoint(a.checkpoint, a.out, o);
-    std::printf("export %s -> %s\n", a.checkpoint.c_str(), file.c_str());
+    o.shard_bytes = parse_bytes(a.shard_size);
   });
+  const std::string file = export_checkpoint(a.checkpoint, a.out, o, world);
+  if (world.rank() == 0) std::printf("export %s -> %s\n", a.checkpoint.c_str(), file.c_str());
   return 0;
 }
 
@@ -401,6 +419,9 @@ int main(int argc, char** argv) {
   exp->add_option("--out", xa.out, "a .safetensors file, or a directory (model.safetensors + config.json)")
       ->required();
   exp->add_option("--dtype", xa.dtype, "f32 | bf16 (rounded to nearest even)")->capture_default_str();
+  exp->add_option("--shard-size", xa.shard_size, "above this many bytes (5GB, 500MB, 2GiB), files of at most this "
+                  "size and model.safetensors.index.json, each rank writing its own (0: one file)")
+      ->capture_default_str();
 
   PrepareArgs pa;
   auto* prep = app.add_subcommand("prepare", "convert a data set to ringtrain's HDF5 schema (data/SCHEMA.md)");

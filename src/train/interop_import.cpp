@@ -5,7 +5,9 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <memory>
 #include <set>
+#include <tuple>
 
 #include "checkpoint_detail.hpp"
 #include "ringtrain/core/error.hpp"
@@ -61,6 +63,70 @@ struct TensorRead {
       done += k;
     }
   }
+};
+
+// The tensors of one safetensors file, or of a directory's shards listed by
+// model.safetensors.index.json ("weight_map": tensor -> file); each file's
+// header is validated, and the map must agree with the files both ways.
+class WeightFiles {
+ public:
+  explicit WeightFiles(const std::string& path) {
+    const std::string index = sharded_index(path);
+    if (index.empty()) {
+      files_.push_back(std::make_unique<Reader>(safetensors_file(path)));
+      for (const TensorInfo& t : files_[0]->tensors()) where_[t.name] = 0;
+      name_ = files_[0]->path();
+      return;
+    }
+    name_ = index;
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(std::ifstream(index));
+    } catch (const nlohmann::json::exception& e) {
+      RT_FAIL("model.init_from: '", index, "' is not valid JSON: ", e.what());
+    }
+    RT_CHECK(j.contains("weight_map") && j["weight_map"].is_object(), "model.init_from: '", index,
+             "' has no weight_map object");
+    std::map<std::string, std::size_t> file_at;
+    for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+      RT_CHECK(it->is_string(), "model.init_from: '", index, "': weight_map entry '", it.key(), "' is not a file name");
+      const std::string f = it->get<std::string>();
+      RT_CHECK(f.find('/') == std::string::npos, "model.init_from: '", index, "': tensor '", it.key(), "' maps to '",
+               f, "', not a file beside the index");
+      auto [at, fresh] = file_at.emplace(f, files_.size());
+      if (fresh) files_.push_back(std::make_unique<Reader>((fs::path(index).parent_path() / f).string()));
+      RT_CHECK(files_[at->second]->find(it.key()), "model.init_from: '", index, "' maps tensor '", it.key(), "' to '",
+               f, "', which does not hold it");
+      where_[it.key()] = at->second;
+    }
+    for (const auto& r : files_)
+      for (const TensorInfo& t : r->tensors())
+        RT_CHECK(where_.count(t.name) && files_[where_[t.name]].get() == r.get(), "model.init_from: '", r->path(),
+                 "' holds tensor '", t.name, "', which '", index, "' maps elsewhere or not at all");
+  }
+
+  // The index file, or "" for one file.
+  static std::string sharded_index(const std::string& path) {
+    const fs::path i = fs::path(path) / "model.safetensors.index.json";
+    return fs::is_directory(path) && fs::exists(i) ? i.string() : "";
+  }
+  const std::string& name() const { return name_; }
+  // The tensor and its file, or {nullptr, nullptr}.
+  std::pair<const Reader*, const TensorInfo*> find(const std::string& tensor) const {
+    const auto it = where_.find(tensor);
+    if (it == where_.end()) return {nullptr, nullptr};
+    return {files_[it->second].get(), files_[it->second]->find(tensor)};
+  }
+  template <typename F>
+  void for_each(F&& f) const {
+    for (const auto& r : files_)
+      for (const TensorInfo& t : r->tensors()) f(t);
+  }
+
+ private:
+  std::string name_;
+  std::vector<std::unique_ptr<Reader>> files_;
+  std::map<std::string, std::size_t> where_;
 };
 
 // Rows of the embedding tables may differ between the file and the model (docs above).
@@ -123,15 +189,16 @@ std::string safetensors_file(const std::string& path) {
   RT_CHECK(fs::exists(path), "model.init_from = '", path, "': no such file or directory");
   if (!fs::is_directory(path)) return path;
   const fs::path f = fs::path(path) / "model.safetensors";
-  RT_CHECK(fs::exists(f), "model.init_from = '", path, "': the directory holds no model.safetensors");
+  RT_CHECK(fs::exists(f), "model.init_from = '", path, "': the directory holds neither model.safetensors nor model.safetensors.index.json");
   return f.string();
 }
 
 ImportedSettings imported_settings(const std::string& path) {
   ImportedSettings s;
-  const std::string file = safetensors_file(path);
-  const Reader r(file);
-  std::map<std::string, std::string> m = r.metadata();
+  const std::string index = WeightFiles::sharded_index(path);
+  const std::string file = index.empty() ? safetensors_file(path) : index;
+  std::map<std::string, std::string> m;
+  if (index.empty()) m = Reader(file).metadata();
   s.source = cat("the __metadata__ of '", file, "'");
   const fs::path cj = fs::path(file).parent_path() / "config.json";
   if (!m.count("activation_function") && !m.count("layer_norm_epsilon") && fs::exists(cj)) {
@@ -179,13 +246,14 @@ std::string apply_imported_settings(TrainConfig& cfg) {
 
 ImportStats import_safetensors(const std::string& path, const std::string& model, std::vector<ReadTarget>& targets,
                                bool check_unused) {
-  const std::string file = safetensors_file(path);
-  const Reader r(file);
+  const WeightFiles files(path);
+  const std::string& file = files.name();
   ImportStats st;
   std::set<std::string> used;
   // Every name and shape first: nothing is overwritten when the file does not fit the model.
   struct Plan {
     ReadTarget* t;
+    const Reader* reader;
     const TensorInfo* info;
     bool transposed;
   };
@@ -194,9 +262,9 @@ ImportStats import_safetensors(const std::string& path, const std::string& model
     if (t.name.rfind("param/", 0) != 0) continue;
     const std::string param = t.name.substr(6);
     const interop::ExternalName ext = interop::external_name(model, param);
-    const TensorInfo* info = r.find(ext.name);
+    auto [reader, info] = files.find(ext.name);
     for (const std::string& alias : interop::import_aliases(model, ext))
-      if (!info) info = r.find(alias);
+      if (!info) std::tie(reader, info) = files.find(alias);
     const std::string ours = cat(" (ringtrain's '", param, "' of model '", model, "')");
     RT_CHECK(info, "model.init_from: safetensors file '", file, "' has no tensor '", ext.name, "'", ours);
     const Shape& W = t.place.whole;
@@ -213,16 +281,17 @@ ImportStats import_safetensors(const std::string& path, const std::string& model
              ", not a float type (F32, BF16, F16)", ours);
     RT_CHECK(t.dst.dtype() == DType::f32 && t.dst.device().is_cpu() && t.dst.numel() > 0,
              "internal error: model.init_from reads into float32 host memory");
-    plans.push_back({&t, info, ext.transposed});
+    plans.push_back({&t, reader, info, ext.transposed});
     used.insert(info->name);
   }
   if (check_unused)
-    for (const TensorInfo& info : r.tensors())
+    files.for_each([&](const TensorInfo& info) {
       RT_CHECK(used.count(info.name) || interop::ignored_on_import(model, info.name), "model.init_from: safetensors "
                "file '", file, "' holds tensor '", info.name, "', which model '", model, "' has no parameter for "
                "(a file of another model, or of another depth?)");
+    });
   for (const Plan& p : plans) {
-    TensorRead rd{r, *p.info, st, {}};
+    TensorRead rd{*p.reader, *p.info, st, {}};
     float* dst = p.t->dst.data<float>();
     if (p.transposed) read_transposed(rd, *p.t, dst);
     else read_same_layout(rd, *p.t, dst);

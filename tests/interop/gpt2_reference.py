@@ -17,6 +17,7 @@ LayerNorm eps, tanh GELU, LM head tied to wte), computed in float64.
   gpt2_reference.py same A B
       exits 0 when safetensors files A and B hold the same names, dtypes,
       shapes and bytes (metadata aside).
+WEIGHTS, A and B may be directories of shards (model.safetensors.index.json).
 """
 import json
 import math
@@ -30,6 +31,22 @@ import torch
 
 torch.set_num_threads(1)
 DTYPES = {"F32": np.float32, "F64": np.float64}
+
+
+def read_weights(path):
+    """A safetensors file, or a directory of shards listed by model.safetensors.index.json."""
+    index = os.path.join(path, "model.safetensors.index.json")
+    if not os.path.isdir(path):
+        return read_safetensors(path)
+    with open(index) as f:
+        weight_map = json.load(f)["weight_map"]
+    out, meta = {}, {}
+    for name in sorted(set(weight_map.values())):
+        part, meta = read_safetensors(os.path.join(path, name))
+        assert all(weight_map[k] == name for k in part), f"{name} holds tensors the index maps elsewhere"
+        out.update(part)
+    assert set(out) == set(weight_map), "the index lists tensors no shard holds"
+    return out, meta
 
 
 def read_safetensors(path):
@@ -66,7 +83,7 @@ def write_safetensors(path, tensors, meta):
 def settings(path, meta):
     """(gelu, eps) from the file's metadata, else config.json beside it; GPT-2's defaults otherwise."""
     cfg = dict(meta)
-    cj = os.path.join(os.path.dirname(path), "config.json")
+    cj = os.path.join(path if os.path.isdir(path) else os.path.dirname(path), "config.json")
     if "activation_function" not in cfg and os.path.exists(cj):
         with open(cj) as f:
             cfg = json.load(f)
@@ -114,7 +131,7 @@ def gpt2_loss(w, tokens, seq_len, heads, gelu, eps):
 def main(argv):
     if argv[0] == "loss":
         path, test, seq_len, heads = argv[1], argv[2], int(argv[3]), int(argv[4])
-        w, meta = read_safetensors(path)
+        w, meta = read_weights(path)
         with h5py.File(test, "r") as f:
             tokens = np.asarray(f["tokens"][:], dtype=np.int64)
         gelu, eps = settings(path, meta)
@@ -144,8 +161,8 @@ def main(argv):
                        "n_embd": width, "n_layer": depth, "n_head": heads, "n_positions": positions,
                        "vocab_size": vocab}, f)
     elif argv[0] == "same":
-        a, _ = read_safetensors(argv[1])
-        b, _ = read_safetensors(argv[2])
+        a, _ = read_weights(argv[1])
+        b, _ = read_weights(argv[2])
         bad = [k for k in sorted(set(a) | set(b))
                if k not in a or k not in b or a[k][0] != b[k][0] or a[k][1].shape != b[k][1].shape or a[k][2] != b[k][2]]
         print(f"{len(a)} tensors, {len(bad)} differ" + (f": first {bad[0]}" if bad else ""))

@@ -2,7 +2,7 @@
 # CTest interop/gpt2_reference: ringtrain's gpt against GPT-2 written directly in PyTorch
 # (tests/interop/gpt2_reference.py, float64, its own safetensors reader and writer).
 #  1. ringtrain -> PyTorch: gpt trained 3 steps (tanh GELU) at tensor 2, its checkpoint exported
-#     (F32, and BF16); the reference's loss on the test split against ringtrain's on the imported
+#     (F32, BF16, and in shards written by 2 ranks); the reference's loss on the test split against ringtrain's on the imported
 #     export (1 rank; tensor 2 for BF16) and on the checkpoint itself.
 #  2. export -> import -> export is bitwise (imported at tensor 2, 1 step at optimizer.lr = 0).
 #  3. PyTorch -> ringtrain: random GPT-2 weights in GPT2Model's names with config.json (gelu_new,
@@ -68,6 +68,16 @@ fi
 rt 1 export --checkpoint "$WORK/run" --out "$WORK/bf16.safetensors" --dtype bf16
 check "bf16 export, ringtrain at tensor 2" "$(rt_loss 2 "$WORK/bf16.safetensors" --set parallel.tensor=2)" \
     "$WORK/bf16.safetensors"
+
+# Sharded export at 2 ranks (each writes its files): the same tensors, the same loss.
+rt 2 export --checkpoint "$WORK/run" --out "$WORK/shards" --shard-size 20KB
+n=$(ls "$WORK/shards"/model-*-of-*.safetensors | wc -l)
+if [ "$n" -ge 3 ] && out=$($REF same "$WORK/export/model.safetensors" "$WORK/shards"); then
+    echo "PASS: export in $n shards with model.safetensors.index.json at 2 ranks: $out"
+else
+    echo "FAIL: sharded export ($n files): ${out:-}"; fail=1
+fi
+check "sharded export, ringtrain at pipeline 2" "$(rt_loss 2 "$WORK/shards" --set parallel.pipeline=2)" "$WORK/shards"
 
 # 2. Round trip: imported at tensor 2, one step at lr = 0 (AdamW's decay is lr x wd = 0), exported again.
 rt 2 train "${MODEL[@]}" --set parallel.tensor=2 --set model.init_from="$WORK/export" --set optimizer.name=adamw \

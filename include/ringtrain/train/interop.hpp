@@ -13,10 +13,12 @@
 // the file lacks are zero (a model whose vocabulary is padded).
 //
 // Export (ringtrain export): a checkpoint's parameters, read through the
-// sharded checkpoint reader (checkpoint_read.hpp), written as one
-// safetensors file under the external names, with GPT-2's settings in its
-// __metadata__ (and, for a directory, a Hugging Face config.json beside it).
+// sharded checkpoint reader (checkpoint_read.hpp), written as safetensors
+// under the external names (one file, or shards above a size, each rank
+// writing its own), with GPT-2's settings in each file's __metadata__ (and,
+// for a directory, a Hugging Face config.json beside it).
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -56,12 +58,17 @@ ImportStats import_safetensors(const std::string& path, const std::string& model
 
 struct ExportOptions {
   std::string format = "safetensors";
-  DType dtype = DType::f32;  // f32 | bf16
+  DType dtype = DType::f32;      // f32 | bf16
+  std::int64_t shard_bytes = 0;  // > 0: files of at most this many bytes (a larger tensor alone) and
+                                 // model.safetensors.index.json; 0: one file
 };
-// Writes the parameters of the checkpoint at `checkpoint` (a file, or the
-// newest intact one in a directory) to `out`: a file if it ends in
-// .safetensors, else a directory with model.safetensors and config.json.
-// Returns the file written.
-std::string export_checkpoint(const std::string& checkpoint, const std::string& out, const ExportOptions& opt = {});
+// Collective: writes the parameters of the checkpoint at `checkpoint` (a
+// file, or the newest intact one in a directory; read and verified by the
+// sharded reader) to `out`: a file if it ends in .safetensors, else a
+// directory with model.safetensors (or model-0000k-of-0000N.safetensors and
+// model.safetensors.index.json, rank r writing files r, r + size, ...) and
+// config.json. Returns the file written (or the index).
+std::string export_checkpoint(const std::string& checkpoint, const std::string& out, const ExportOptions& opt,
+                              const Communicator& comm);
 
 }  // namespace ringtrain
