@@ -415,7 +415,8 @@ int main(int argc, char** argv) {
   ExportArgs xa;
   auto* exp = app.add_subcommand("export", "write a checkpoint's weights for other frameworks (docs/interop.md)");
   exp->add_option("--checkpoint", xa.checkpoint, "checkpoint file, or a directory (newest intact)")->required();
-  exp->add_option("--format", xa.format, "safetensors (Hugging Face names: GPT-2's for gpt)")->capture_default_str();
+  exp->add_option("--format", xa.format, "safetensors (Hugging Face names: GPT-2's for gpt) | llmc (llm.c's GPT-2 "
+                  "model file, --out FILE)")->capture_default_str();
   exp->add_option("--out", xa.out, "a .safetensors file, or a directory (model.safetensors + config.json)")
       ->required();
   exp->add_option("--dtype", xa.dtype, "f32 | bf16 (rounded to nearest even)")->capture_default_str();

@@ -40,7 +40,7 @@ const std::vector<Field>& fields() {
       RT_FIELD(model, patch, "vit: patch side in pixels (divides the image size)"),
       RT_FIELD(model, gelu, "vit, gpt: the MLP's GELU, erf (exact, PyTorch's default) | tanh (the tanh approximation of GPT-2 and llm.c); set from model.init_from's file where it says which"),
       RT_FIELD(model, layernorm_eps, "vit, gpt: every LayerNorm's epsilon; set from model.init_from's file where it says"),
-      RT_FIELD(model, init_from, "start from these weights instead of a random initialisation: a safetensors file, or a directory holding model.safetensors (Hugging Face names, docs/interop.md); each rank reads only the byte ranges of the parameters it holds, and every shape is checked against the model. A --resume checkpoint takes precedence"),
+      RT_FIELD(model, init_from, "start from these weights instead of a random initialisation: a safetensors file, a directory holding model.safetensors or shards listed by model.safetensors.index.json (Hugging Face names), or an llm.c GPT-2 model file (docs/interop.md); each rank reads only the byte ranges of the parameters it holds, and every shape is checked against the model. A --resume checkpoint takes precedence"),
       RT_FIELD(data, train, "training set: HDF5 file, or shard directory/pattern"),
       RT_FIELD(data, test, "test set: HDF5 file, or shard directory/pattern"),
       RT_FIELD(data, batch_size, "samples per rank per micro-batch"),

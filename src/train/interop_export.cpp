@@ -11,6 +11,7 @@
 #include "ringtrain/core/error.hpp"
 #include "ringtrain/core/log.hpp"
 #include "ringtrain/interop/hf_names.hpp"
+#include "ringtrain/interop/llmc.hpp"
 #include "ringtrain/interop/safetensors.hpp"
 #include "ringtrain/train/checkpoint.hpp"
 #include "ringtrain/train/interop.hpp"
@@ -60,12 +61,49 @@ Tensor as_dtype(const Tensor& x, DType dt) {
   return y;
 }
 
+// llm.c's model file: rank 0 reads every parameter whole and writes it.
+std::string export_llmc(const CheckpointIndex& ix, const std::string& found, const TrainConfig& cfg,
+                        const std::string& out, const ExportOptions& opt, const Communicator& comm) {
+  run_on_root(comm, "export", [&] {
+    const std::string why = cat("export --format llmc: checkpoint '", found, "'");
+    RT_CHECK(cfg.model.name == "gpt", why, " is of model '", cfg.model.name, "'; llm.c's file holds a gpt (GPT-2)");
+    RT_CHECK(cfg.model.gelu == "tanh" && cfg.model.layernorm_eps == 1e-5 && cfg.model.mlp_ratio == 4.0, why,
+             " has model.gelu = ", cfg.model.gelu, ", model.layernorm_eps = ", cfg.model.layernorm_eps,
+             ", model.mlp_ratio = ", cfg.model.mlp_ratio, "; llm.c computes GPT-2's tanh, 1e-5 and 4");
+    std::vector<ReadTarget> targets;
+    for (const StoredTensor& s : ix.tensors)
+      if (s.name.rfind("param/", 0) == 0) targets.push_back({s.name, Tensor::empty(s.whole, s.dtype), {s.whole, {}, 0}});
+    read_targets(ix, targets);
+    std::map<std::string, const ReadTarget*> by_name;
+    for (const ReadTarget& t : targets) by_name[t.name.substr(6)] = &t;
+    const ReadTarget* wte = by_name.count("wte.weight") ? by_name["wte.weight"] : nullptr;
+    const ReadTarget* wpe = by_name.count("wte.pos_embed") ? by_name["wte.pos_embed"] : nullptr;
+    RT_CHECK(wte && wpe, why, " has no wte.weight or wte.pos_embed");
+    llmc::ModelHeader h;
+    h.version = opt.dtype == DType::bf16 ? 5 : 3;
+    h.vocab = wte->place.whole[0];
+    h.padded_vocab = (h.vocab + 127) / 128 * 128;  // llm.c's padding
+    h.max_seq_len = wpe->place.whole[0];
+    h.layers = cfg.model.depth;
+    h.heads = cfg.model.heads;
+    h.channels = cfg.model.width;
+    if (!fs::path(out).parent_path().empty()) fs::create_directories(fs::path(out).parent_path());
+    llmc::write_model(out, h, [&](const std::string& name) -> const float* {
+      const auto it = by_name.find(name);
+      RT_CHECK(it != by_name.end(), why, " has no parameter '", name, "'");
+      return it->second->dst.data<float>();
+    });
+  });
+  return out;
+}
+
 }  // namespace
 
 std::string export_checkpoint(const std::string& checkpoint, const std::string& out, const ExportOptions& opt,
                               const Communicator& comm) {
   run_agreed(comm, "export", [&] {
-    RT_CHECK(opt.format == "safetensors", "export --format '", opt.format, "' is not supported (safetensors)");
+    RT_CHECK(opt.format == "safetensors" || opt.format == "llmc", "export --format '", opt.format,
+             "' is not supported (safetensors, llmc)");
     RT_CHECK(opt.dtype == DType::f32 || opt.dtype == DType::bf16, "export: dtype ", dtype_name(opt.dtype),
              " is not supported (float32, bfloat16)");
     RT_CHECK(opt.shard_bytes >= 0, "export --shard-size must be >= 0");
@@ -89,6 +127,7 @@ std::string export_checkpoint(const std::string& checkpoint, const std::string& 
   TrainConfig cfg;
   run_agreed(comm, "export", [&] { cfg = config_of(ix.head); });
   const std::string& model = cfg.model.name;
+  if (opt.format == "llmc") return export_llmc(ix, found, cfg, out, opt, comm);
 
   // Parameters in stored order, cut into files of at most shard_bytes (a larger tensor alone).
   std::vector<const StoredTensor*> params;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <memory>
@@ -12,6 +13,7 @@
 #include "checkpoint_detail.hpp"
 #include "ringtrain/core/error.hpp"
 #include "ringtrain/interop/hf_names.hpp"
+#include "ringtrain/interop/llmc.hpp"
 #include "ringtrain/interop/safetensors.hpp"
 #include "ringtrain/train/interop.hpp"
 
@@ -39,8 +41,11 @@ void to_f32(const char* src, DType dt, float* dst, std::int64_t n) {
 }
 
 // One target's reads from one file tensor.
+// Reads `bytes` bytes of a tensor from `offset` into its data.
+using ReadBytes = std::function<void(std::int64_t offset, void* dst, std::size_t bytes)>;
+
 struct TensorRead {
-  const Reader& file;
+  ReadBytes read;
   const TensorInfo& info;
   ImportStats& st;
   std::vector<char> buf;
@@ -52,10 +57,10 @@ struct TensorRead {
       const std::int64_t k = std::min(kChunk, n - done);
       const std::size_t bytes = static_cast<std::size_t>(k * esz);
       if (info.dtype == DType::f32) {
-        file.read(info, (first + done) * esz, dst + done, bytes);
+        read((first + done) * esz, dst + done, bytes);
       } else {
         buf.resize(bytes);
-        file.read(info, (first + done) * esz, buf.data(), bytes);
+        read((first + done) * esz, buf.data(), bytes);
         to_f32(buf.data(), info.dtype, dst + done, k);
       }
       st.bytes += bytes;
@@ -65,12 +70,18 @@ struct TensorRead {
   }
 };
 
-// The tensors of one safetensors file, or of a directory's shards listed by
-// model.safetensors.index.json ("weight_map": tensor -> file); each file's
-// header is validated, and the map must agree with the files both ways.
+// The tensors of one safetensors file, of a directory's shards listed by
+// model.safetensors.index.json ("weight_map": tensor -> file; each file's
+// header is validated, and the map must agree with the files both ways), or
+// of an llm.c model file (under ringtrain's own gpt names, not transposed).
 class WeightFiles {
  public:
   explicit WeightFiles(const std::string& path) {
+    if (!fs::is_directory(path) && llmc::is_model_file(path)) {
+      llmc_ = std::make_unique<llmc::ModelFile>(path);
+      name_ = path;
+      return;
+    }
     const std::string index = sharded_index(path);
     if (index.empty()) {
       files_.push_back(std::make_unique<Reader>(safetensors_file(path)));
@@ -111,20 +122,34 @@ class WeightFiles {
     return fs::is_directory(path) && fs::exists(i) ? i.string() : "";
   }
   const std::string& name() const { return name_; }
-  // The tensor and its file, or {nullptr, nullptr}.
-  std::pair<const Reader*, const TensorInfo*> find(const std::string& tensor) const {
+  const char* kind() const { return llmc_ ? "llm.c model file" : "safetensors file"; }
+  bool ringtrain_names() const { return llmc_ != nullptr; }
+  const llmc::ModelFile* llmc() const { return llmc_.get(); }
+  // The tensor and how to read it, or {nullptr, {}}.
+  std::pair<const TensorInfo*, ReadBytes> find(const std::string& tensor) const {
+    if (llmc_) {
+      const TensorInfo* t = llmc_->find(tensor);
+      if (!t) return {nullptr, {}};
+      const llmc::ModelFile* f = llmc_.get();
+      return {t, [f, t](std::int64_t o, void* d, std::size_t n) { f->read(*t, o, d, n); }};
+    }
     const auto it = where_.find(tensor);
-    if (it == where_.end()) return {nullptr, nullptr};
-    return {files_[it->second].get(), files_[it->second]->find(tensor)};
+    if (it == where_.end()) return {nullptr, {}};
+    const Reader* r = files_[it->second].get();
+    const TensorInfo* t = r->find(tensor);
+    return {t, [r, t](std::int64_t o, void* d, std::size_t n) { r->read(*t, o, d, n); }};
   }
   template <typename F>
   void for_each(F&& f) const {
+    if (llmc_)
+      for (const TensorInfo& t : llmc_->tensors()) f(t);
     for (const auto& r : files_)
       for (const TensorInfo& t : r->tensors()) f(t);
   }
 
  private:
   std::string name_;
+  std::unique_ptr<llmc::ModelFile> llmc_;
   std::vector<std::unique_ptr<Reader>> files_;
   std::map<std::string, std::size_t> where_;
 };
@@ -195,6 +220,14 @@ std::string safetensors_file(const std::string& path) {
 
 ImportedSettings imported_settings(const std::string& path) {
   ImportedSettings s;
+  if (!fs::is_directory(path) && llmc::is_model_file(path)) {  // llm.c computes GPT-2's function
+    const llmc::ModelFile f(path);
+    s.gelu = "tanh";
+    s.layernorm_eps = 1e-5;
+    s.heads = f.header().heads;
+    s.source = cat("llm.c model file '", path, "'");
+    return s;
+  }
   const std::string index = WeightFiles::sharded_index(path);
   const std::string file = index.empty() ? safetensors_file(path) : index;
   std::map<std::string, std::string> m;
@@ -232,6 +265,9 @@ ImportedSettings imported_settings(const std::string& path) {
 std::string apply_imported_settings(TrainConfig& cfg) {
   if (cfg.model.init_from.empty()) return "";
   const ImportedSettings s = imported_settings(cfg.model.init_from);
+  // Heads do not show in any shape: a file that says how many must agree.
+  RT_CHECK(s.heads == 0 || s.heads == cfg.model.heads, "model.heads = ", cfg.model.heads, ", but model.init_from's ",
+           s.source, " has ", s.heads, " heads");
   std::string said;
   if (!s.gelu.empty() && s.gelu != cfg.model.gelu) {
     cfg.model.gelu = s.gelu;
@@ -253,7 +289,7 @@ ImportStats import_safetensors(const std::string& path, const std::string& model
   // Every name and shape first: nothing is overwritten when the file does not fit the model.
   struct Plan {
     ReadTarget* t;
-    const Reader* reader;
+    ReadBytes read;
     const TensorInfo* info;
     bool transposed;
   };
@@ -261,37 +297,38 @@ ImportStats import_safetensors(const std::string& path, const std::string& model
   for (ReadTarget& t : targets) {
     if (t.name.rfind("param/", 0) != 0) continue;
     const std::string param = t.name.substr(6);
-    const interop::ExternalName ext = interop::external_name(model, param);
-    auto [reader, info] = files.find(ext.name);
+    const interop::ExternalName ext =
+        files.ringtrain_names() ? interop::ExternalName{param} : interop::external_name(model, param);
+    auto [info, read] = files.find(ext.name);
     for (const std::string& alias : interop::import_aliases(model, ext))
-      if (!info) std::tie(reader, info) = files.find(alias);
+      if (!info && !files.ringtrain_names()) std::tie(info, read) = files.find(alias);
     const std::string ours = cat(" (ringtrain's '", param, "' of model '", model, "')");
-    RT_CHECK(info, "model.init_from: safetensors file '", file, "' has no tensor '", ext.name, "'", ours);
+    RT_CHECK(info, "model.init_from: ", files.kind(), " '", file, "' has no tensor '", ext.name, "'", ours);
     const Shape& W = t.place.whole;
     RT_CHECK(!ext.transposed || W.size() == 2, "internal error: transposed import of a ", W.size(), "-d tensor");
     const Shape want = ext.transposed ? Shape{W[1], W[0]} : W;
     bool fits = info->shape == want;
     if (!fits && rows_may_differ(param))
       fits = info->shape.size() == 2 && want.size() == 2 && info->shape[1] == want[1];
-    RT_CHECK(fits, "model.init_from: safetensors file '", file, "': tensor '", info->name, "' is ",
+    RT_CHECK(fits, "model.init_from: ", files.kind(), " '", file, "': tensor '", info->name, "' is ",
              shape_str(info->shape), ", but the model needs ", shape_str(want), ours,
              ext.transposed ? ", stored transposed as a GPT-2 Conv1D weight" : "");
     RT_CHECK(info->dtype == DType::f32 || info->dtype == DType::bf16 || info->dtype == DType::f16,
-             "model.init_from: safetensors file '", file, "': tensor '", info->name, "' is ", dtype_name(info->dtype),
+             "model.init_from: ", files.kind(), " '", file, "': tensor '", info->name, "' is ", dtype_name(info->dtype),
              ", not a float type (F32, BF16, F16)", ours);
     RT_CHECK(t.dst.dtype() == DType::f32 && t.dst.device().is_cpu() && t.dst.numel() > 0,
              "internal error: model.init_from reads into float32 host memory");
-    plans.push_back({&t, reader, info, ext.transposed});
+    plans.push_back({&t, read, info, ext.transposed});
     used.insert(info->name);
   }
   if (check_unused)
     files.for_each([&](const TensorInfo& info) {
-      RT_CHECK(used.count(info.name) || interop::ignored_on_import(model, info.name), "model.init_from: safetensors "
-               "file '", file, "' holds tensor '", info.name, "', which model '", model, "' has no parameter for "
+      RT_CHECK(used.count(info.name) || interop::ignored_on_import(model, info.name), "model.init_from: ",
+               files.kind(), " '", file, "' holds tensor '", info.name, "', which model '", model, "' has no parameter for "
                "(a file of another model, or of another depth?)");
     });
   for (const Plan& p : plans) {
-    TensorRead rd{*p.reader, *p.info, st, {}};
+    TensorRead rd{p.read, *p.info, st, {}};
     float* dst = p.t->dst.data<float>();
     if (p.transposed) read_transposed(rd, *p.t, dst);
     else read_same_layout(rd, *p.t, dst);

@@ -14,10 +14,13 @@ LayerNorm eps, tanh GELU, LM head tied to wte), computed in float64.
       writes OUT_DIR/model.safetensors (GPT2Model's names: no "transformer."
       prefix, as the Hub's gpt2 file; lm_head and the attention masks absent)
       with random weights and biases, and OUT_DIR/config.json (gelu_new, 1e-5).
+  gpt2_reference.py write-llmc OUT.bin VOCAB WIDTH DEPTH HEADS POSITIONS SEED VP
+      the same weights as llm.c's float32 model file (wte padded to VP rows of 1e3:
+      rows a reader must not use).
   gpt2_reference.py same A B
       exits 0 when safetensors files A and B hold the same names, dtypes,
       shapes and bytes (metadata aside).
-WEIGHTS, A and B may be directories of shards (model.safetensors.index.json).
+WEIGHTS, A and B may be directories of shards (model.safetensors.index.json) or llm.c model files.
 """
 import json
 import math
@@ -33,10 +36,87 @@ torch.set_num_threads(1)
 DTYPES = {"F32": np.float32, "F64": np.float64}
 
 
+# llm.c's model file (train_gpt2.c): int32[256] header, then these tensors, each layer's stacked,
+# weights [out, in] (nn.Linear); name in GPT-2's Conv1D naming, whether transposed, shape.
+LLMC = [("wte.weight", False, "VpC"), ("wpe.weight", False, "TC"), ("ln_1.weight", False, "LC"),
+        ("ln_1.bias", False, "LC"), ("attn.c_attn.weight", True, "L3C"), ("attn.c_attn.bias", False, "L3"),
+        ("attn.c_proj.weight", True, "LCC"), ("attn.c_proj.bias", False, "LC"), ("ln_2.weight", False, "LC"),
+        ("ln_2.bias", False, "LC"), ("mlp.c_fc.weight", True, "L4C"), ("mlp.c_fc.bias", False, "L4"),
+        ("mlp.c_proj.weight", True, "LC4"), ("mlp.c_proj.bias", False, "LC"), ("ln_f.weight", False, "C"),
+        ("ln_f.bias", False, "C")]
+
+
+def llmc_shape(code, h):
+    dims = {"Vp": h["Vp"], "T": h["T"], "L": h["L"], "C": h["C"], "3": 3 * h["C"], "4": 4 * h["C"]}
+    out, i = [], 0
+    while i < len(code):
+        k = "Vp" if code.startswith("Vp", i) else code[i]
+        out.append(dims[k])
+        i += len(k)
+    if code in ("L3", "L4"):  # biases: [L, 3C], [L, 4C]
+        out = [h["L"], dims[code[1]]]
+    return out
+
+
+def read_llmc(path):
+    """llm.c's model file as GPT-2's tensors (Conv1D layout; wte cut to V rows)."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    head = np.frombuffer(raw[:1024], dtype="<i4")
+    assert head[0] == 20240326 and head[1] in (3, 5), f"{path}: not an llm.c model file"
+    h = {"T": int(head[2]), "V": int(head[3]), "L": int(head[4]), "NH": int(head[5]), "C": int(head[6]),
+         "Vp": int(head[7])}
+    at, out = 1024, {}
+    for name, conv1d, code in LLMC:
+        shape = llmc_shape(code, h)
+        n = int(np.prod(shape))
+        if head[1] == 5:
+            arr = (np.frombuffer(raw[at:at + 2 * n], dtype="<u2").astype("<u4") << 16).view("<f4")
+            at += 2 * n
+        else:
+            arr = np.frombuffer(raw[at:at + 4 * n], dtype="<f4")
+            at += 4 * n
+        arr = arr.reshape(shape)
+        layers = [(f"h.{i}.{name}", arr[i]) for i in range(h["L"])] if code.startswith("L") else [(name, arr)]
+        for n_, a in layers:
+            if conv1d:
+                a = a.T
+            if n_ == "wte.weight":
+                a = a[:h["V"]]
+            a = np.ascontiguousarray(a, dtype="<f4")
+            out[n_] = ("F32", a, a.tobytes())
+    assert at == len(raw), f"{path}: {len(raw)} bytes, the header says {at}"
+    return out, {"activation_function": "gelu_new", "layer_norm_epsilon": "1e-5"}
+
+
+def write_llmc(path, t, V, Vp, T, L, NH, C):
+    """GPT-2 tensors t (Conv1D layout, GPT2Model names) as llm.c's float32 model file; wte padded to Vp
+    rows with values that must not be read (llm.c writes zeros there)."""
+    head = np.zeros(256, dtype="<i4")
+    head[:8] = [20240326, 3, T, V, L, NH, C, Vp]
+    blobs = [head.tobytes()]
+    for name, conv1d, code in LLMC:
+        if code.startswith("L"):
+            arr = np.stack([t[f"h.{i}.{name}"].T if conv1d else t[f"h.{i}.{name}"] for i in range(L)])
+        elif name == "wte.weight":
+            arr = np.concatenate([t[name], np.full((Vp - V, C), 1e3)])
+        else:
+            arr = t[name]
+        assert list(arr.shape) == llmc_shape(code, {"T": T, "L": L, "C": C, "Vp": Vp}), name
+        blobs.append(np.ascontiguousarray(arr, dtype="<f4").tobytes())
+    with open(path, "wb") as f:
+        f.write(b"".join(blobs))
+
+
 def read_weights(path):
-    """A safetensors file, or a directory of shards listed by model.safetensors.index.json."""
+    """A safetensors file, a directory of shards listed by model.safetensors.index.json, or an llm.c
+    model file."""
     index = os.path.join(path, "model.safetensors.index.json")
     if not os.path.isdir(path):
+        with open(path, "rb") as f:
+            magic = f.read(4)
+        if np.frombuffer(magic, dtype="<i4")[0] == 20240326:
+            return read_llmc(path)
         return read_safetensors(path)
     with open(index) as f:
         weight_map = json.load(f)["weight_map"]
@@ -138,7 +218,7 @@ def main(argv):
         other = "erf" if gelu == "tanh" else "tanh"
         print(f"{gpt2_loss(w, tokens, seq_len, heads, gelu, eps):.12g} {gelu} "
               f"{gpt2_loss(w, tokens, seq_len, heads, other, eps):.12g} {other}")
-    elif argv[0] == "write":
+    elif argv[0] in ("write", "write-llmc"):
         out, vocab, width, depth, heads, positions, seed = argv[1], *map(int, argv[2:8])
         rng = np.random.default_rng(seed)
         t = {"wte.weight": rng.normal(0, 0.3, (vocab, width)), "wpe.weight": rng.normal(0, 0.1, (positions, width))}
@@ -154,6 +234,11 @@ def main(argv):
             t[f"h.{i}.attn.bias"] = np.tril(np.ones((positions, positions)))[None, None]  # the mask buffer
         t["ln_f.weight"] = 1 + rng.normal(0, 0.2, width)
         t["ln_f.bias"] = rng.normal(0, 0.2, width)
+        if argv[0] == "write-llmc":
+            for k in [k for k in t if k.endswith(".attn.bias") and ".c_" not in k]:
+                del t[k]  # the mask buffers: llm.c has none
+            write_llmc(out, t, vocab, int(argv[8]), positions, depth, heads, width)
+            return 0
         os.makedirs(out, exist_ok=True)
         write_safetensors(os.path.join(out, "model.safetensors"), t, {"format": "pt"})
         with open(os.path.join(out, "config.json"), "w") as f:
@@ -161,8 +246,11 @@ def main(argv):
                        "n_embd": width, "n_layer": depth, "n_head": heads, "n_positions": positions,
                        "vocab_size": vocab}, f)
     elif argv[0] == "same":
-        a, _ = read_weights(argv[1])
-        b, _ = read_weights(argv[2])
+        def named(path):  # GPT2Model's names: without "transformer."
+            w, _ = read_weights(path)
+            return {k[len("transformer."):] if k.startswith("transformer.") else k: v for k, v in w.items()}
+
+        a, b = named(argv[1]), named(argv[2])
         bad = [k for k in sorted(set(a) | set(b))
                if k not in a or k not in b or a[k][0] != b[k][0] or a[k][1].shape != b[k][1].shape or a[k][2] != b[k][2]]
         print(f"{len(a)} tensors, {len(bad)} differ" + (f": first {bad[0]}" if bad else ""))

@@ -8,6 +8,8 @@
 #  3. PyTorch -> ringtrain: random GPT-2 weights in GPT2Model's names with config.json (gelu_new,
 #     1e-5); ringtrain's loss at 1 rank, tensor 2, pipeline 2 and ZeRO-3 against the reference's.
 #  4. Files that do not fit the model are refused, naming the first tensor that differs.
+#  5. llm.c's model file (run before 4): the reference's at 1 rank and tensor 2, ringtrain's export
+#     read by the reference.
 # Each row prints the relative difference; the tolerance is about 10x the largest measured.
 # Usage: gpt2_reference.sh RINGTRAIN_BIN
 set -euo pipefail
@@ -98,7 +100,25 @@ for layout in "1 rank:1" "tensor 2:2 --set parallel.tensor=2" "pipeline 2:2 --se
         "$WORK/torch/model.safetensors"
 done
 
+# 5. llm.c's model file: written by the reference (the same weights, wte padded to 384 rows that
+#    must not be read) and loaded by ringtrain; ringtrain's llm.c export read back by the reference.
+$REF write-llmc "$WORK/torch.bin" 256 32 2 $H $T 7 384
+for layout in "1 rank:1" "tensor 2:2 --set parallel.tensor=2"; do
+    name=${layout%%:*}; read -r -a a <<< "${layout#*:}"
+    check "llm.c file written by the reference, ringtrain at $name" \
+        "$(rt_loss "${a[0]}" "$WORK/torch.bin" "${a[@]:1}")" "$WORK/torch/model.safetensors"
+done
+rt 1 export --checkpoint "$WORK/run" --format llmc --out "$WORK/run.bin"
+if out=$($REF same "$WORK/export/model.safetensors" "$WORK/run.bin"); then
+    echo "PASS: ringtrain's llm.c export holds the safetensors export's values: $out"
+else
+    echo "FAIL: ringtrain's llm.c export against its safetensors export: $out"; fail=1
+fi
+check "ringtrain's llm.c export, ringtrain at pipeline 2" "$(rt_loss 2 "$WORK/run.bin" --set parallel.pipeline=2)" \
+    "$WORK/run.bin"
+
 # 4. Files that do not fit the model: refused before anything is read, naming the tensor, at 2 ranks.
+head -c 100000 "$WORK/torch.bin" >"$WORK/cut.bin"
 refused() {  # refused WHAT EXPECTED ARGS...
     local what=$1 want=$2; shift 2
     if mpirun -np 2 --oversubscribe --bind-to none "$BIN" eval "${MODEL[@]}" "$@" >"$WORK/out" 2>&1; then
@@ -114,6 +134,9 @@ refused "width 64 against a width-32 file" "tensor 'wte.weight' is [256, 32], bu
 refused "depth 3 against a depth-2 file" "has no tensor 'transformer.h.2.ln_1.weight'" \
     --set model.init_from="$WORK/torch" --set model.depth=3
 refused "depth 1 against a depth-2 file" "holds tensor 'h.1." --set model.init_from="$WORK/torch" --set model.depth=1
+refused "an llm.c file of 4 heads at model.heads = 2" "model.heads = 2, but model.init_from's llm.c model file" \
+    --set model.init_from="$WORK/torch.bin" --set model.heads=2
+refused "a truncated llm.c file" "(truncated?)" --set model.init_from="$WORK/cut.bin"
 refused "MLP ratio 2 against a ratio-4 file" "tensor 'h.0.mlp.c_fc.weight' is [32, 128], but the model needs [32, 64]" \
     --set model.init_from="$WORK/torch" --set model.mlp_ratio=2
 exit $fail

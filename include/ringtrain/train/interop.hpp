@@ -3,7 +3,8 @@
 //
 // Import (model.init_from): each rank fills the parameters it holds — its
 // pipeline stage, tensor-parallel shards (blocks of a fused q|k|v included),
-// ZeRO-3 slices — from a safetensors file, reading with pread only the byte
+// ZeRO-3 slices — from a safetensors file (or a directory of shards, or an
+// llm.c model file: interop/llmc.hpp), reading with pread only the byte
 // ranges of those elements (a transposed GPT-2 Conv1D weight: the stretches
 // of each stored row that its elements occupy), converting BF16/F16 to the
 // float32 parameters. Names and layouts follow interop/hf_names.hpp. Every
@@ -33,11 +34,13 @@ std::string safetensors_file(const std::string& path);
 // What an imported file says about the model's function (Hugging Face's
 // config.json keys, in the file's __metadata__ or a config.json beside it):
 // activation_function (gelu_new | gelu_pytorch_tanh | gelu_fast -> "tanh",
-// gelu -> "erf") and layer_norm_epsilon. Empty / 0: the file does not say.
+// gelu -> "erf") and layer_norm_epsilon; an llm.c model file: tanh, 1e-5 and
+// its heads. Empty / 0: the file does not say.
 struct ImportedSettings {
   std::string gelu;
   double layernorm_eps = 0;
-  std::string source;  // where they were found, for the log
+  std::int64_t heads = 0;  // attention heads where the file says (llm.c's header)
+  std::string source;      // where they were found, for the log
 };
 ImportedSettings imported_settings(const std::string& path);
 // Sets cfg.model.gelu and cfg.model.layernorm_eps from cfg.model.init_from's
