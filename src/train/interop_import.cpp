@@ -27,7 +27,7 @@ using TensorInfo = safetensors::TensorInfo;
 
 constexpr std::int64_t kChunk = 1 << 18;  // elements per read: 1 MiB of float32
 
-void to_f32(const char* src, DType dt, float* dst, std::int64_t n) {
+void convert_to_f32(const char* src, DType dt, float* dst, std::int64_t n) {
   switch (dt) {
     case DType::f32: std::memcpy(dst, src, static_cast<std::size_t>(n) * 4); return;
     case DType::bf16:
@@ -36,7 +36,7 @@ void to_f32(const char* src, DType dt, float* dst, std::int64_t n) {
     case DType::f16:
       for (std::int64_t i = 0; i < n; ++i) dst[i] = ringtrain::to_f32(reinterpret_cast<const float16*>(src)[i]);
       return;
-    default: RT_FAIL("internal error: to_f32 of ", dtype_name(dt));
+    default: RT_FAIL("internal error: convert_to_f32 of ", dtype_name(dt));
   }
 }
 
@@ -61,7 +61,7 @@ struct TensorRead {
       } else {
         buf.resize(bytes);
         read((first + done) * esz, buf.data(), bytes);
-        to_f32(buf.data(), info.dtype, dst + done, k);
+        convert_to_f32(buf.data(), info.dtype, dst + done, k);
       }
       st.bytes += bytes;
       ++st.reads;
@@ -214,7 +214,8 @@ std::string safetensors_file(const std::string& path) {
   RT_CHECK(fs::exists(path), "model.init_from = '", path, "': no such file or directory");
   if (!fs::is_directory(path)) return path;
   const fs::path f = fs::path(path) / "model.safetensors";
-  RT_CHECK(fs::exists(f), "model.init_from = '", path, "': the directory holds neither model.safetensors nor model.safetensors.index.json");
+  RT_CHECK(fs::exists(f), "model.init_from = '", path,
+           "': the directory holds neither model.safetensors nor model.safetensors.index.json");
   return f.string();
 }
 
