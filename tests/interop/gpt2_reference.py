@@ -5,11 +5,12 @@ own model (Radford et al. 2019 / Hugging Face GPT2LMHeadModel semantics:
 learned positions, pre-norm blocks, Conv1D weights [in, out], biases,
 LayerNorm eps, tanh GELU, LM head tied to wte), computed in float64.
 
-  gpt2_reference.py loss WEIGHTS TEST_H5 SEQ_LEN HEADS
+  gpt2_reference.py loss WEIGHTS TEST_H5 SEQ_LEN HEADS [VOCAB]
       prints the mean next-token loss over every window of the test split
       (window i = tokens [i T, i T + T + 1), as ringtrain's loader cuts them)
       with the GELU and epsilon the file's metadata or config.json says, and
       the same with the other GELU (so a caller can see which one was used).
+      VOCAB > the file's wte rows: the model's vocabulary is padded with zero rows.
   gpt2_reference.py write OUT_DIR VOCAB WIDTH DEPTH HEADS POSITIONS SEED
       writes OUT_DIR/model.safetensors (GPT2Model's names: no "transformer."
       prefix, as the Hub's gpt2 file; lm_head and the attention masks absent)
@@ -212,6 +213,11 @@ def main(argv):
     if argv[0] == "loss":
         path, test, seq_len, heads = argv[1], argv[2], int(argv[3]), int(argv[4])
         w, meta = read_weights(path)
+        if len(argv) > 5:  # a padded vocabulary: zero rows after the file's
+            key = "transformer.wte.weight" if "transformer.wte.weight" in w else "wte.weight"
+            wte = w[key][1]
+            pad = np.zeros((int(argv[5]) - wte.shape[0], wte.shape[1]), dtype=wte.dtype)
+            w[key] = (w[key][0], np.concatenate([wte, pad]), None)
         with h5py.File(test, "r") as f:
             tokens = np.asarray(f["tokens"][:], dtype=np.int64)
         gelu, eps = settings(path, meta)

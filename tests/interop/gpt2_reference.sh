@@ -6,7 +6,8 @@
 #     export (1 rank; tensor 2 for BF16) and on the checkpoint itself.
 #  2. export -> import -> export is bitwise (imported at tensor 2, 1 step at optimizer.lr = 0).
 #  3. PyTorch -> ringtrain: random GPT-2 weights in GPT2Model's names with config.json (gelu_new,
-#     1e-5); ringtrain's loss at 1 rank, tensor 2, pipeline 2 and ZeRO-3 against the reference's.
+#     1e-5); ringtrain's loss at 1 rank, tensor 2, pipeline 2 and ZeRO-3 against the reference's,
+#     and in a model whose vocabulary (300) exceeds the file's wte rows (256: zero rows after).
 #  4. Files that do not fit the model are refused, naming the first tensor that differs.
 #  5. llm.c's model file (run before 4): the reference's at 1 rank and tensor 2, ringtrain's export
 #     read by the reference.
@@ -37,10 +38,10 @@ rt_loss() {  # rt_loss NP WEIGHTS ARGS...: ringtrain's loss on the test split wi
     sed -n 's/^eval model.init_from .*: loss \([^ ]*\) .*/\1/p' "$WORK/out"
 }
 fail=0
-check() {  # check WHAT RINGTRAIN_LOSS WEIGHTS
-    local what=$1 ours=$2 w=$3
+check() {  # check WHAT RINGTRAIN_LOSS WEIGHTS [TEST_H5 VOCAB]
+    local what=$1 ours=$2 w=$3 test=${4:-$(ls "$WORK/data/"*test*.h5)} vocab=${5:-}
     [[ $ours =~ ^[0-9.e+-]+$ ]] || { echo "FAIL: $what: ringtrain gave no loss: $ours"; cat "$WORK/out"; fail=1; return; }
-    read -r ref gelu other other_gelu < <($REF loss "$w" "$WORK/data/"*test*.h5 $T $H)
+    read -r ref gelu other other_gelu < <($REF loss "$w" "$test" $T $H $vocab)
     local rel; rel=$(/usr/bin/python3 -c "print(f'{abs($ours - $ref) / abs($ref):.2e}')")
     local sep; sep=$(/usr/bin/python3 -c "print(f'{abs($other - $ref) / abs($ref):.2e}')")
     if /usr/bin/python3 -c "import sys; sys.exit(0 if $rel <= $TOL < $sep else 1)"; then
@@ -99,6 +100,17 @@ for layout in "1 rank:1" "tensor 2:2 --set parallel.tensor=2" "pipeline 2:2 --se
     check "PyTorch-written GPT-2, ringtrain at $name" "$(rt_loss "${a[0]}" "$WORK/torch" "${a[@]:1}")" \
         "$WORK/torch/model.safetensors"
 done
+
+# A data set of 300 tokens (the same bytes, prepared as external tokens with --vocab 300): the
+# model's vocabulary exceeds the file's 256 wte rows, and rows 256..299 are zero.
+/usr/bin/python3 -c "
+import h5py, numpy as np, glob
+t = np.concatenate([h5py.File(f, 'r')['tokens'][:] for f in sorted(glob.glob('$WORK/data/*.h5'), reverse=True)])
+np.save('$WORK/tokens.npy', t.astype(np.uint16))"
+"$BIN" prepare --dataset tokens --input "$WORK/tokens.npy" --vocab 300 --out "$WORK/data300" >/dev/null
+check "PyTorch-written GPT-2 (256 rows) in a 300-token model, ringtrain at tensor 2" \
+    "$(rt_loss 2 "$WORK/torch" --set parallel.tensor=2 --set data.train="$WORK/data300" --set data.test="$WORK/data300")" \
+    "$WORK/torch/model.safetensors" "$(ls "$WORK/data300/"*test*.h5)" 300
 
 # 5. llm.c's model file: written by the reference (the same weights, wte padded to 384 rows that
 #    must not be read) and loaded by ringtrain; ringtrain's llm.c export read back by the reference.
