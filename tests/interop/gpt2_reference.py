@@ -11,6 +11,9 @@ LayerNorm eps, tanh GELU, LM head tied to wte), computed in float64.
       with the GELU and epsilon the file's metadata or config.json says, and
       the same with the other GELU (so a caller can see which one was used).
       VOCAB > the file's wte rows: the model's vocabulary is padded with zero rows.
+  gpt2_reference.py logits WEIGHTS TOKENS_I32 N T HEADS OUT
+      writes the logits [N, T, V] (float64, raw) for the int32 tokens [N, T] in
+      file TOKENS_I32 to OUT.tanh and OUT.erf (the two GELUs).
   gpt2_reference.py write OUT_DIR VOCAB WIDTH DEPTH HEADS POSITIONS SEED
       writes OUT_DIR/model.safetensors (GPT2Model's names: no "transformer."
       prefix, as the Hub's gpt2 file; lm_head and the attention masks absent)
@@ -119,6 +122,8 @@ def read_weights(path):
         if np.frombuffer(magic, dtype="<i4")[0] == 20240326:
             return read_llmc(path)
         return read_safetensors(path)
+    if not os.path.exists(index):
+        return read_safetensors(os.path.join(path, "model.safetensors"))
     with open(index) as f:
         weight_map = json.load(f)["weight_map"]
     out, meta = {}, {}
@@ -173,7 +178,8 @@ def settings(path, meta):
             float(cfg.get("layer_norm_epsilon", 1e-5)))
 
 
-def gpt2_loss(w, tokens, seq_len, heads, gelu, eps):
+def gpt2_logits(w, idx, heads, gelu, eps):
+    """GPT-2's logits [B, T, V] for token ids idx [B, T] (int64 tensor), in float64."""
     def p(name):  # GPT2LMHeadModel's or GPT2Model's name
         t = w.get("transformer." + name, w.get(name))
         return torch.from_numpy(np.array(t[1], dtype=np.float64))
@@ -187,11 +193,8 @@ def gpt2_loss(w, tokens, seq_len, heads, gelu, eps):
         return 0.5 * x * (1 + torch.erf(x / math.sqrt(2)))
 
     depth = len({k.split(".")[-4] for k in w if ".attn.c_attn.weight" in k})
-    n = (len(tokens) - 1) // seq_len
-    idx = torch.tensor(np.stack([tokens[i * seq_len:i * seq_len + seq_len] for i in range(n)]).astype(np.int64))
-    tgt = torch.tensor(np.stack([tokens[i * seq_len + 1:i * seq_len + seq_len + 1] for i in range(n)]).astype(np.int64))
     wte = p("wte.weight")
-    x = wte[idx] + p("wpe.weight")[:seq_len]
+    x = wte[idx] + p("wpe.weight")[:idx.shape[1]]
     B, T, C = x.shape
     hd = C // heads
     mask = torch.ones(T, T, dtype=torch.bool).tril()
@@ -205,7 +208,14 @@ def gpt2_loss(w, tokens, seq_len, heads, gelu, eps):
         x = x + y @ p(h + "attn.c_proj.weight") + p(h + "attn.c_proj.bias")
         m = act(ln(x, h + "ln_2") @ p(h + "mlp.c_fc.weight") + p(h + "mlp.c_fc.bias"))
         x = x + m @ p(h + "mlp.c_proj.weight") + p(h + "mlp.c_proj.bias")
-    logits = ln(x, "ln_f") @ wte.T  # the tied head
+    return ln(x, "ln_f") @ wte.T  # the tied head
+
+
+def gpt2_loss(w, tokens, seq_len, heads, gelu, eps):
+    n = (len(tokens) - 1) // seq_len
+    idx = torch.tensor(np.stack([tokens[i * seq_len:i * seq_len + seq_len] for i in range(n)]).astype(np.int64))
+    tgt = torch.tensor(np.stack([tokens[i * seq_len + 1:i * seq_len + seq_len + 1] for i in range(n)]).astype(np.int64))
+    logits = gpt2_logits(w, idx, heads, gelu, eps)
     return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1)).item()
 
 
@@ -224,6 +234,14 @@ def main(argv):
         other = "erf" if gelu == "tanh" else "tanh"
         print(f"{gpt2_loss(w, tokens, seq_len, heads, gelu, eps):.12g} {gelu} "
               f"{gpt2_loss(w, tokens, seq_len, heads, other, eps):.12g} {other}")
+    elif argv[0] == "logits":
+        path, tokens, n, t, heads, out = argv[1], argv[2], int(argv[3]), int(argv[4]), int(argv[5]), argv[6]
+        w, meta = read_weights(path)
+        idx = torch.tensor(np.fromfile(tokens, dtype="<i4").astype(np.int64).reshape(n, t))
+        gelu, eps = settings(path, meta)
+        for g in (gelu, "erf" if gelu == "tanh" else "tanh"):  # the file's GELU, then the other
+            with open(out + "." + g, "wb") as f:
+                f.write(gpt2_logits(w, idx, heads, g, eps).numpy().astype("<f8").tobytes())
     elif argv[0] in ("write", "write-llmc"):
         out, vocab, width, depth, heads, positions, seed = argv[1], *map(int, argv[2:8])
         rng = np.random.default_rng(seed)
