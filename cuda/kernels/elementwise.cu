@@ -33,14 +33,18 @@ __global__ void relu_bwd_kernel(T* dx, const T* dy, const T* y, std::size_t n) {
 }
 
 template <typename T>
-__global__ void gelu_fwd_kernel(T* y, const T* x, std::size_t n) {
-  RT_GRID_STRIDE(i, n) { y[i] = from_acc<T>(static_cast<acc_t<T>>(gelu(static_cast<float>(to_acc(x[i]))))); }
+__global__ void gelu_fwd_kernel(T* y, const T* x, std::size_t n, bool approx_tanh) {
+  RT_GRID_STRIDE(i, n) {
+    const float v = static_cast<float>(to_acc(x[i]));
+    y[i] = from_acc<T>(static_cast<acc_t<T>>(approx_tanh ? gelu_tanh(v) : gelu(v)));
+  }
 }
 
 template <typename T>
-__global__ void gelu_bwd_kernel(T* dx, const T* dy, const T* x, std::size_t n) {
+__global__ void gelu_bwd_kernel(T* dx, const T* dy, const T* x, std::size_t n, bool approx_tanh) {
   RT_GRID_STRIDE(i, n) {
-    float g = gelu_grad(static_cast<float>(to_acc(x[i])));
+    const float v = static_cast<float>(to_acc(x[i]));
+    float g = approx_tanh ? gelu_tanh_grad(v) : gelu_grad(v);
     dx[i] = from_acc<T>(static_cast<acc_t<T>>(g * static_cast<float>(to_acc(dy[i]))));
   }
 }
@@ -166,22 +170,22 @@ void relu_backward(void* dx, const void* dy, const void* y, std::size_t n, DType
   RT_CUDA_LAUNCHED("relu_backward");
 }
 
-void gelu_forward(void* y, const void* x, std::size_t n, DType dt, cudaStream_t s) {
+void gelu_forward(void* y, const void* x, std::size_t n, DType dt, bool approx_tanh, cudaStream_t s) {
   if (n == 0) return;
   detail::dispatch_float(dt, "cuda::gelu_forward", [&](auto tag) {
     using T = decltype(tag);
     gelu_fwd_kernel<T><<<detail::blocks_for(n), detail::kThreads, 0, s>>>(static_cast<T*>(y),
-                                                                          static_cast<const T*>(x), n);
+                                                                          static_cast<const T*>(x), n, approx_tanh);
   });
   RT_CUDA_LAUNCHED("gelu_forward");
 }
 
-void gelu_backward(void* dx, const void* dy, const void* x, std::size_t n, DType dt, cudaStream_t s) {
+void gelu_backward(void* dx, const void* dy, const void* x, std::size_t n, DType dt, bool approx_tanh, cudaStream_t s) {
   if (n == 0) return;
   detail::dispatch_float(dt, "cuda::gelu_backward", [&](auto tag) {
     using T = decltype(tag);
     gelu_bwd_kernel<T><<<detail::blocks_for(n), detail::kThreads, 0, s>>>(
-        static_cast<T*>(dx), static_cast<const T*>(dy), static_cast<const T*>(x), n);
+        static_cast<T*>(dx), static_cast<const T*>(dy), static_cast<const T*>(x), n, approx_tanh);
   });
   RT_CUDA_LAUNCHED("gelu_backward");
 }

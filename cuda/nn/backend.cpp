@@ -18,7 +18,7 @@ class CudaEltwise final : public EltwiseKernel {
     RT_CHECK(x.numel() == y.numel(), "eltwise forward: x has ", x.numel(), " elements, y ", y.numel());
     cudaStream_t s = sh_->ctx(x).compute();
     if (op_ == Eltwise::relu) relu_forward(y.raw(), x.raw(), x.numel(), t, s);
-    else gelu_forward(y.raw(), x.raw(), x.numel(), t, s);
+    else gelu_forward(y.raw(), x.raw(), x.numel(), t, op_ == Eltwise::gelu_tanh, s);
   }
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx) override {
     const DType t = act_type(dy, dt_, "eltwise backward", "dy");
@@ -26,7 +26,7 @@ class CudaEltwise final : public EltwiseKernel {
     expect_cuda(op_ == Eltwise::relu ? y : x, t, "eltwise backward", op_ == Eltwise::relu ? "y" : "x");
     cudaStream_t s = sh_->ctx(dy).compute();
     if (op_ == Eltwise::relu) relu_backward(dx.raw(), dy.raw(), y.raw(), dy.numel(), t, s);
-    else gelu_backward(dx.raw(), dy.raw(), x.raw(), dy.numel(), t, s);
+    else gelu_backward(dx.raw(), dy.raw(), x.raw(), dy.numel(), t, op_ == Eltwise::gelu_tanh, s);
   }
 
  private:

@@ -1,4 +1,4 @@
-// ringtrain::main, the command line (ringtrain/cli/main.hpp). Subcommands train,
+// ringtrain::main, the command line (ringtrain/cli/main.hpp). Subcommands train, export,
 // eval and prepare; each has --help. Runs under mpirun/srun (one rank per
 // device) or as a single process.
 #include "ringtrain/cli/main.hpp"
@@ -25,6 +25,7 @@
 #include "ringtrain/train/checkpoint.hpp"
 #include "ringtrain/train/exit_codes.hpp"
 #include "ringtrain/train/generate.hpp"
+#include "ringtrain/train/interop.hpp"
 #include "ringtrain/train/plan.hpp"
 #include "ringtrain/train/signals.hpp"
 #include "ringtrain/train/trainer.hpp"
@@ -68,6 +69,7 @@ void add_shortcuts(CLI::App* app, Overrides& o) {
       {"--precision", "train.precision", "fp32 | tf32 | bf16 | fp16 (fp16: dynamic loss scaling)"},
       {"--optimizer", "optimizer.name", "sgd | adam | adamw | lars | lamb"},
       {"--lr", "optimizer.lr", "base learning rate"},
+      {"--init-from", "model.init_from", "start from these weights: a safetensors file or directory (docs/interop.md)"},
       {"--algorithm", "comm.algorithm", "all-reduce: auto | ring | tree | mpi | shm | hierarchical"},
       {"--fusion-threshold", "comm.fusion_threshold", "fusion buffer bytes, 0 = off"},
       {"--cycle-time", "comm.cycle_time_ms", "fusion engine cycle in ms"},
@@ -199,7 +201,17 @@ int run_eval(const EvalArgs& a, const Communicator& world) {
   if (!a.data.empty()) cfg.data.test = a.data;
   TrainerHooks hooks;
   hooks.report = false;
+  RT_CHECK(!a.checkpoint.empty() || !cfg.model.init_from.empty(), "eval needs --checkpoint, or weights to import "
+           "(--set model.init_from=PATH)");
   Trainer trainer(cfg, world, hooks);
+  if (a.checkpoint.empty()) {  // the imported weights themselves; the loss in full precision to compare
+    EvalResult r = trainer.evaluate(cfg.data.test);
+    if (world.rank() == 0)
+      std::printf("eval model.init_from %s on %s: loss %.12g accuracy %.2f%% (%lld samples)\n",
+                  trainer.config().model.init_from.c_str(), cfg.data.test.c_str(), r.loss, 100 * r.accuracy,
+                  static_cast<long long>(r.samples));
+    return 0;
+  }
   const LoadedCheckpoint ck = trainer.load_weights(a.checkpoint);
   EvalResult r = trainer.evaluate(cfg.data.test);
   // The file, not just the directory asked for: "the newest" is resolved here.
@@ -209,6 +221,41 @@ int run_eval(const EvalArgs& a, const Communicator& world) {
                 ck.step_in_epoch ? cat("epoch ", ck.epochs_done + 1, " step ", ck.step_in_epoch).c_str()
                                  : cat(ck.epochs_done, " epoch(s) done").c_str(),
                 cfg.data.test.c_str(), r.loss, 100 * r.accuracy, static_cast<long long>(r.samples));
+  return 0;
+}
+
+struct ExportArgs {
+  std::string checkpoint, out, format = "safetensors", dtype = "f32", shard_size = "0";
+};
+
+// "5GB", "500MB", "2GiB", "1000000" -> bytes (decimal units, as Hugging Face's max_shard_size).
+std::int64_t parse_bytes(const std::string& s) {
+  std::size_t end = 0;
+  double v = -1;
+  try {
+    v = std::stod(s, &end);
+  } catch (const std::exception&) {
+  }
+  const std::string unit = s.substr(std::min(end, s.size()));
+  const std::map<std::string, double> units = {{"", 1},      {"B", 1},         {"KB", 1e3},      {"MB", 1e6},
+                                               {"GB", 1e9},  {"KiB", 1024.0},  {"MiB", 1048576.0},
+                                               {"GiB", 1073741824.0}};
+  const auto u = units.find(unit);
+  RT_CHECK(v >= 0 && u != units.end(), "export --shard-size '", s, "': give bytes, e.g. 5GB, 500MB, 2GiB or 1000000");
+  return static_cast<std::int64_t>(v * u->second);
+}
+
+// Every rank verifies its share of the checkpoint and writes its share of the files.
+int run_export(const ExportArgs& a, const Communicator& world) {
+  ExportOptions o;
+  run_agreed(world, "export", [&] {
+    o.format = a.format;
+    RT_CHECK(a.dtype == "f32" || a.dtype == "bf16", "export --dtype '", a.dtype, "': f32 or bf16");
+    o.dtype = a.dtype == "bf16" ? DType::bf16 : DType::f32;
+    o.shard_bytes = parse_bytes(a.shard_size);
+  });
+  const std::string file = export_checkpoint(a.checkpoint, a.out, o, world);
+  if (world.rank() == 0) std::printf("export %s -> %s\n", a.checkpoint.c_str(), file.c_str());
   return 0;
 }
 
@@ -345,7 +392,8 @@ int main(int argc, char** argv) {
 
   EvalArgs ea;
   auto* eval = app.add_subcommand("eval", "evaluate a checkpoint on a test split (spread across ranks)");
-  eval->add_option("--checkpoint", ea.checkpoint, "checkpoint file, or a directory (newest)")->required();
+  eval->add_option("--checkpoint", ea.checkpoint, "checkpoint file, or a directory (newest); without it, the "
+                   "weights of model.init_from");
   eval->add_option("-c,--config", ea.config, "TOML configuration (model and data); default: as in training")
       ->check(CLI::ExistingFile);
   eval->add_option("--data", ea.data, "test split: .h5 file or prepared directory (default data.test)");
@@ -363,6 +411,18 @@ int main(int argc, char** argv) {
   gen->add_option("-c,--config", ga.config, "TOML configuration; default: the checkpoint's")
       ->check(CLI::ExistingFile);
   gen->add_option("--set", ga.sets, "override a key: --set section.key=value");
+
+  ExportArgs xa;
+  auto* exp = app.add_subcommand("export", "write a checkpoint's weights for other frameworks (docs/interop.md)");
+  exp->add_option("--checkpoint", xa.checkpoint, "checkpoint file, or a directory (newest intact)")->required();
+  exp->add_option("--format", xa.format, "safetensors (Hugging Face names: GPT-2's for gpt) | llmc (llm.c's GPT-2 "
+                  "model file, --out FILE)")->capture_default_str();
+  exp->add_option("--out", xa.out, "a .safetensors file, or a directory (model.safetensors + config.json)")
+      ->required();
+  exp->add_option("--dtype", xa.dtype, "f32 | bf16 (rounded to nearest even)")->capture_default_str();
+  exp->add_option("--shard-size", xa.shard_size, "above this many bytes (5GB, 500MB, 2GiB), files of at most this "
+                  "size and model.safetensors.index.json, each rank writing its own (0: one file)")
+      ->capture_default_str();
 
   PrepareArgs pa;
   auto* prep = app.add_subcommand("prepare", "convert a data set to ringtrain's HDF5 schema (data/SCHEMA.md)");
@@ -403,6 +463,7 @@ int main(int argc, char** argv) {
     phase.code = exit_code::bad_input;
     if (*eval) return run_eval(ea, world);
     if (*gen) return run_generate(ga, world);
+    if (*exp) return run_export(xa, world);
     if (*prep) return run_prepare(pa, world);
   } catch (const CollectiveError& e) {
     // Raised on every rank together: one message, the same status everywhere.

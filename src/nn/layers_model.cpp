@@ -45,14 +45,14 @@ const std::vector<TypeSpec>& types() {
       {"batchnorm", {{"eps", 'f'}, {"momentum", 'f'}}},
       {"layernorm", {{"eps", 'f'}}},
       {"relu", {}},
-      {"gelu", {}},
+      {"gelu", {{"approximate", 's'}}},
       {"maxpool", {{"kernel", 'i'}, {"stride", 'i'}, {"padding", 'i'}}},
       {"avgpool", {{"kernel", 'i'}, {"stride", 'i'}, {"padding", 'i'}, {"global", 'b'}}},
       {"dropout", {{"p", 'f'}}},
       {"flatten", {}},
       {"residual", {{"relu", 'b'}}},
       {"attention", {{"heads", 'i'}, {"causal", 'b'}}},
-      {"transformer", {{"heads", 'i'}, {"mlp_ratio", 'f'}, {"dropout", 'f'}, {"causal", 'b'}}},
+      {"transformer", {{"heads", 'i'}, {"mlp_ratio", 'f'}, {"dropout", 'f'}, {"causal", 'b'}, {"gelu", 's'}, {"eps", 'f'}}},
       {"patch_embed", {{"patch", 'i'}, {"out", 'i'}}},
       {"token_mean", {}},
       {"embedding", {{"out", 'i'}}},
@@ -157,6 +157,10 @@ void check_entry(const LayerDesc& d, const std::string& where) {
     RT_CHECK(!e.has(k) || e.f(k, 1) > 0, w, ": key '", k, "' must be positive, got ", e.f(k, 1));
   RT_CHECK(!e.has("momentum") || (e.f("momentum", 0) >= 0 && e.f("momentum", 0) <= 1), w,
            ": key 'momentum' must be in [0, 1], got ", e.f("momentum", 0));
+  RT_CHECK(!e.has("gelu") || e.s("gelu", "") == "erf" || e.s("gelu", "") == "tanh", w,
+           ": key 'gelu' must be erf or tanh, got \"", e.s("gelu", ""), "\"");
+  RT_CHECK(!e.has("approximate") || e.s("approximate", "") == "none" || e.s("approximate", "") == "tanh", w,
+           ": key 'approximate' must be none or tanh (PyTorch's nn.GELU), got \"", e.s("approximate", ""), "\"");
   RT_CHECK(d.type != "conv" || e.has("out"), w, ": key 'out' (output channels) is required");
   RT_CHECK(d.type != "dropout" || e.has("p"), w, ": key 'p' (drop probability) is required");
   RT_CHECK((d.type != "attention" && d.type != "transformer") || e.has("heads"), w, ": key 'heads' is required");
@@ -308,7 +312,9 @@ class Builder {
                sample_str(shape_));
       L.push_back(std::make_unique<LayerNorm>(name, shape_.back(), e.f("eps", 1e-5)));
     } else if (t == "relu" || t == "gelu") {
-      L.push_back(std::make_unique<Activation>(name, t == "relu" ? Eltwise::relu : Eltwise::gelu));
+      L.push_back(std::make_unique<Activation>(name, t == "relu"                          ? Eltwise::relu
+                                                     : e.s("approximate", "none") == "tanh" ? Eltwise::gelu_tanh
+                                                                                            : Eltwise::gelu));
     } else if (t == "maxpool" || t == "avgpool") {
       need_rank(e, 4, "images [C, H, W]");
       Pool2dSpec s;
@@ -359,6 +365,8 @@ class Builder {
       s.mlp_ratio = e.f("mlp_ratio", 4.0);
       s.dropout = e.f("dropout", 0.0);
       s.causal = e.b("causal", false);
+      s.gelu = e.s("gelu", "erf") == "tanh" ? Eltwise::gelu_tanh : Eltwise::gelu;
+      s.eps = e.f("eps", s.eps);
       const auto hidden = static_cast<std::int64_t>(std::llround(double(dim) * s.mlp_ratio));
       RT_CHECK(hidden > 0 && hidden % g.size == 0, e.where(), ": key 'mlp_ratio' = ", s.mlp_ratio, " gives ", hidden,
                " hidden units for width ", dim, ", which must be positive and divisible by parallel.tensor = ", g.size);

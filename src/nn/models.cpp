@@ -151,8 +151,10 @@ std::vector<LayerDesc> vit(const ModelConfig& c) {
     L.push_back(Entry("transformer", cat("blocks.", i))
                     .i("heads", c.heads)
                     .f("mlp_ratio", c.mlp_ratio)
-                    .f("dropout", c.dropout));
-  L.push_back(Entry("layernorm", "norm"));
+                    .f("dropout", c.dropout)
+                    .s("gelu", c.gelu)
+                    .f("eps", c.layernorm_eps));
+  L.push_back(Entry("layernorm", "norm").f("eps", c.layernorm_eps));
   L.push_back(Entry("token_mean", "pool"));
   L.push_back(Entry("linear", "head").i("out", c.classes));
   return L;
@@ -187,8 +189,10 @@ std::vector<LayerDesc> gpt(const ModelConfig& c) {
                     .i("heads", c.heads)
                     .f("mlp_ratio", c.mlp_ratio)
                     .f("dropout", c.dropout)
-                    .b("causal", true));
-  L.push_back(Entry("layernorm", "norm"));
+                    .b("causal", true)
+                    .s("gelu", c.gelu)
+                    .f("eps", c.layernorm_eps));
+  L.push_back(Entry("layernorm", "norm").f("eps", c.layernorm_eps));
   L.push_back(Entry("lm_head", "lm_head").s("tie", "wte"));
   return L;
 }

@@ -281,7 +281,7 @@ LayerPtr transformer_block(const std::string& name, const TransformerBlockSpec& 
   TensorGroup gs = g;
   gs.sequence = s.sequence && g.size > 1;
   auto norm = [&](const char* n) {
-    auto l = std::make_unique<LayerNorm>(n, s.dim);
+    auto l = std::make_unique<LayerNorm>(n, s.dim, s.eps);
     if (gs.sequence) l->sum_grads_over(gs);
     return l;
   };
@@ -298,7 +298,7 @@ LayerPtr transformer_block(const std::string& name, const TransformerBlockSpec& 
   mlp.push_back(norm("norm2"));
   const LinearSpec fc1{s.dim, hidden, true, false}, fc2{hidden, s.dim, true, false};
   mlp.push_back(split_layer("fc1", fc1, Init::xavier_uniform, TensorSplit::column, gs));
-  mlp.push_back(std::make_unique<Activation>("gelu", Eltwise::gelu));
+  mlp.push_back(std::make_unique<Activation>("gelu", s.gelu));
   mlp.push_back(split_layer("fc2", fc2, Init::xavier_uniform, TensorSplit::row, gs));
   if (s.dropout > 0) mlp.push_back(dropout(".drop2"));
   std::vector<std::vector<LayerPtr>> branches;

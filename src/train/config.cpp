@@ -39,6 +39,9 @@ const std::vector<Field>& fields() {
       RT_FIELD(model, heads, "vit, gpt: attention heads (divides model.width)"),
       RT_FIELD(model, mlp_ratio, "vit, gpt: MLP hidden units per embedding unit"),
       RT_FIELD(model, patch, "vit: patch side in pixels (divides the image size)"),
+      RT_FIELD(model, gelu, "vit, gpt: the MLP's GELU, erf (exact, PyTorch's default) | tanh (the tanh approximation of GPT-2 and llm.c); set from model.init_from's file where it says which"),
+      RT_FIELD(model, layernorm_eps, "vit, gpt: every LayerNorm's epsilon; set from model.init_from's file where it says"),
+      RT_FIELD(model, init_from, "start from these weights instead of a random initialisation: a safetensors file, a directory holding model.safetensors or shards listed by model.safetensors.index.json (Hugging Face names), or an llm.c GPT-2 model file (docs/interop.md); each rank reads only the byte ranges of the parameters it holds, and every shape is checked against the model. A --resume checkpoint takes precedence"),
       RT_FIELD(data, train, "training set: HDF5 file, or shard directory/pattern"),
       RT_FIELD(data, test, "test set: HDF5 file, or shard directory/pattern"),
       RT_FIELD(data, batch_size, "samples per rank per micro-batch"),
@@ -326,6 +329,8 @@ void TrainConfig::validate() const {
              " heads do not divide model.width = ", model.width);
     range("model.mlp_ratio", model.mlp_ratio, 0, 1024, true);
     range("model.patch", model.patch, 1, 65536);
+    one_of("model.gelu", model.gelu, {"erf", "tanh"});
+    range("model.layernorm_eps", model.layernorm_eps, 0, 1, true);
   }
   range("data.batch_size", data.batch_size, 1, 1 << 24);
   range("data.global_batch", static_cast<double>(data.global_batch), 0, 1LL << 40);
@@ -341,7 +346,7 @@ void TrainConfig::validate() const {
   one_of("train.precision", train.precision, {"fp32", "tf32", "bf16", "fp16"});
   one_of("train.recompute", train.recompute, {"none", "attention", "block"});
   one_of("optimizer.name", optimizer.name, {"sgd", "adam", "adamw", "lars", "lamb"});
-  range("optimizer.lr", optimizer.lr, 0, kHuge, true);
+  range("optimizer.lr", optimizer.lr, 0, kHuge);  // 0: the weights stay (evaluate imported weights through train)
   range("optimizer.momentum", optimizer.momentum, 0, 1, false, true);
   range("optimizer.weight_decay", optimizer.weight_decay, 0, kHuge);
   range("optimizer.beta1", optimizer.beta1, 0, 1, false, true);

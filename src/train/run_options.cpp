@@ -53,6 +53,8 @@ ModelConfig model_config(const TrainConfig& cfg, const data::FileInfo& info) {
   mc.heads = cfg.model.heads;
   mc.mlp_ratio = cfg.model.mlp_ratio;
   mc.patch = cfg.model.patch;
+  mc.gelu = cfg.model.gelu;
+  mc.layernorm_eps = cfg.model.layernorm_eps;
   mc.layers = cfg.model.layers;
   mc.sequence = cfg.parallel.sequence;
   mc.seed = cfg.train.seed;

@@ -24,6 +24,7 @@
 #include "ringtrain/optim/schedule.hpp"
 #include "ringtrain/core/device_module.hpp"
 #include "ringtrain/train/checkpoint.hpp"
+#include "ringtrain/train/interop.hpp"
 #include "ringtrain/train/signals.hpp"
 #include "ringtrain/train/state.hpp"
 #include "run_options.hpp"
@@ -79,6 +80,10 @@ void sum_over_ranks(std::vector<double>& v, const Communicator& comm) {
 
 Trainer::Impl::Impl(TrainConfig c, Communicator w, TrainerHooks h)
     : cfg(std::move(c)), world(std::move(w)), hooks(std::move(h)) {
+  // What an imported file says about the model's function (GPT-2: tanh GELU) becomes configuration.
+  std::string imported;
+  run_agreed(world, "reading model.init_from", [&] { imported = apply_imported_settings(cfg); });
+  if (!imported.empty() && world.rank() == 0 && hooks.report) log::info("model.init_from sets ", imported);
   cfg.validate();
   // Every communicator of the run, the trainer's own included, waits at most comm.collective_timeout_s.
   grid = std::make_unique<ProcessGrid>(
@@ -98,9 +103,26 @@ Trainer::Impl::Impl(TrainConfig c, Communicator w, TrainerHooks h)
   run_agreed(world, "checking the data files",
              [&] { run_state::check_data_files(cfg, loader->info(), hooks.evaluate); });
   build_model();
+  if (!cfg.model.init_from.empty()) init_from_file();
   ckpt.describe_run(num_params, grid->pp_size(), grid->tp_size(), grid->dp_size(), steps_per_epoch());
   parts.state->broadcast();  // one source of truth: each replica starts from data-parallel rank 0's
   schedule = std::make_unique<LrSchedule>(schedule_config(cfg, global_batch()), steps_per_epoch(), total_steps());
+}
+
+void Trainer::Impl::init_from_file() {
+  ModelState::Restoration state = parts.state->restoration(false);
+  std::vector<ReadTarget> ts;
+  for (auto& p : state.pieces) ts.push_back({p.name, p.data, p.place});
+  ImportStats st;
+  const auto t0 = Clock::now();
+  run_agreed(world, "model.init_from", [&] {
+    // Unused file tensors are found where this rank sees every parameter: one stage, no ZeRO-3 slices.
+    st = import_safetensors(cfg.model.init_from, cfg.model.name, ts, grid->pp_size() == 1 && cfg.parallel.zero < 3);
+  });
+  state.finish();
+  if (world.rank() == 0 && hooks.report)
+    log::info("model.init_from '", cfg.model.init_from, "': rank 0 read ", st.bytes, " bytes in ", st.reads,
+              " reads (", since(t0), " s)");
 }
 
 // Every stage of a replica opens the loader over the data-parallel group, so

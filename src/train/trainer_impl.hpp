@@ -63,6 +63,7 @@ struct Trainer::Impl {
   const Communicator& dp() const { return grid->dp(); }  // ranks holding the same part of the model
   void open_loader();
   void build_model();
+  void init_from_file();  // model.init_from: each rank reads the parameters it holds
   std::int64_t global_batch() const;
   std::int64_t steps_per_epoch() const;
   std::int64_t total_steps() const;

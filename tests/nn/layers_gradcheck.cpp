@@ -116,6 +116,27 @@ TEST(GradCheck, GELU) {
   gc.run(h, random_tensor({2, 3, 4, 5}, 20, 0.05, 3.0));
 }
 
+// GPT-2's tanh approximation: the forward against the formula in double, the backward by finite differences;
+// it differs from the erf form by up to ~5e-4 (at |x| ~ 2), so the test would see the wrong one.
+TEST(GradCheck, GELUTanh) {
+  Harness h(std::make_unique<Activation>("gelu", Eltwise::gelu_tanh));
+  const Tensor x = random_tensor({2, 3, 4, 5}, 20, 0.05, 3.0);
+  const Tensor y = h.layer->forward(x, Mode::train);
+  double max_err = 0, max_gap = 0;
+  for (std::int64_t i = 0; i < x.numel(); ++i) {
+    const double v = x.data<float>()[i];
+    const double tanh_form = 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)));
+    const double erf_form = 0.5 * v * (1 + std::erf(v / std::sqrt(2.0)));
+    max_err = std::max(max_err, std::abs(y.data<float>()[i] - tanh_form));
+    max_gap = std::max(max_gap, std::abs(tanh_form - erf_form));
+  }
+  EXPECT_LT(max_err, 1e-6);
+  EXPECT_GT(max_gap, 1e-4);
+  GradCheck gc;
+  gc.eps = 1e-2;
+  gc.run(h, x);
+}
+
 TEST(GradCheck, MaxPool3x3Stride2Pad1) {
   Pool2dSpec s{PoolKind::max, 3, 3, 2, 2, 1, 1};
   Harness h(std::make_unique<Pool2d>("pool", s));

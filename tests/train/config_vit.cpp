@@ -39,3 +39,27 @@ TEST(ConfigVit, KeysValidateAndNameThemselves) {
   cnn.set("model.heads=5");
   cnn.validate();
 }
+
+// model.gelu, model.layernorm_eps (vit and gpt) and optimizer.lr = 0 (imported weights evaluated by training).
+TEST(ConfigVit, GeluEpsAndZeroLearningRate) {
+  TrainConfig c;
+  c.set("model.name=gpt");
+  c.set("model.gelu=tanh");
+  c.set("model.layernorm_eps=1e-6");
+  c.set("optimizer.lr=0");
+  c.validate();
+  EXPECT_NE(c.to_toml().find("gelu = 'tanh'"), std::string::npos) << c.to_toml();
+  auto bad = [](const char* kv) {
+    return error_of([&] {
+      TrainConfig t;
+      t.set("model.name=gpt");
+      t.set(kv);
+      t.validate();
+    });
+  };
+  const std::string g = bad("model.gelu=sigmoid");
+  EXPECT_NE(g.find("model.gelu"), std::string::npos) << g;
+  EXPECT_NE(g.find("erf, tanh"), std::string::npos) << g;
+  EXPECT_NE(bad("model.layernorm_eps=0").find("model.layernorm_eps"), std::string::npos);
+  EXPECT_NE(bad("optimizer.lr=-0.1").find("optimizer.lr"), std::string::npos);
+}

@@ -24,5 +24,17 @@ RT_HD float gelu_grad(float x) {
   float pdf = 0.39894228040143268f * expf(-0.5f * x * x);
   return cdf + x * pdf;
 }
+// GELU, tanh approximation (GPT-2, PyTorch's approximate="tanh"): 0.5 x (1 + tanh(u)),
+// u = sqrt(2/pi) (x + 0.044715 x^3).
+RT_HD float gelu_tanh(float x) {
+  const float u = 0.79788456080286536f * (x + 0.044715f * x * x * x);
+  return 0.5f * x * (1.0f + tanhf(u));
+}
+RT_HD float gelu_tanh_grad(float x) {
+  const float u = 0.79788456080286536f * (x + 0.044715f * x * x * x);
+  const float t = tanhf(u);
+  const float du = 0.79788456080286536f * (1.0f + 3.0f * 0.044715f * x * x);
+  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du;
+}
 
 }  // namespace ringtrain::cuda

@@ -34,8 +34,9 @@ void axpby(void* dst, const void* a, const void* b, float alpha, float beta, std
            cudaStream_t stream);
 void relu_forward(void* y, const void* x, std::size_t n, DType dt, cudaStream_t stream);
 void relu_backward(void* dx, const void* dy, const void* y, std::size_t n, DType dt, cudaStream_t stream);
-void gelu_forward(void* y, const void* x, std::size_t n, DType dt, cudaStream_t stream);
-void gelu_backward(void* dx, const void* dy, const void* x, std::size_t n, DType dt, cudaStream_t stream);
+// approx_tanh: the tanh approximation (GPT-2), else the exact erf form.
+void gelu_forward(void* y, const void* x, std::size_t n, DType dt, bool approx_tanh, cudaStream_t stream);
+void gelu_backward(void* dx, const void* dy, const void* x, std::size_t n, DType dt, bool approx_tanh, cudaStream_t stream);
 // Inverted dropout: mask[i] = dropout_keep(seed, offset, first + i, p) (nn/rng.hpp,
 // the CPU backend's rule, so masks match across devices), y = x * mask / (1-p).
 void dropout_forward(void* y, std::uint8_t* mask, const void* x, std::size_t n, DType dt, float p,

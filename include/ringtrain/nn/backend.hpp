@@ -124,7 +124,9 @@ struct AttentionSpec {
   bool causal = false;  // token i attends to tokens j <= i only (language models): scores j > i are -inf
 };
 
-enum class Eltwise { relu, gelu };  // gelu = exact erf form (PyTorch default)
+// gelu: the exact erf form (PyTorch's default); gelu_tanh: the tanh approximation
+// 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), GPT-2's and llm.c's (approximate="tanh").
+enum class Eltwise { relu, gelu, gelu_tanh };
 
 // ---- kernels ----------------------------------------------------------------
 // What every kernel has: its forward-to-backward state (see the rules above).

@@ -37,6 +37,8 @@ struct ModelConfig {
   TensorGroup tensor;              // parallel.tensor: every model splits its layers over it
   bool sequence = true;            // parallel.sequence: transformer blocks split their tokens over `tensor` too
   std::vector<LayerDesc> layers;   // name = layers: the [[model.layers]] entries (layers_model.hpp)
+  std::string gelu = "erf";        // vit, gpt: the MLP's GELU, erf | tanh (GPT-2's approximation)
+  double layernorm_eps = 1e-5;     // vit, gpt: every LayerNorm's epsilon
   // Token data (language models): the input is token ids [N, seq_len] and
   // `classes` is the vocabulary; 0: images [N, in_channels, height, width].
   std::int64_t seq_len = 0;

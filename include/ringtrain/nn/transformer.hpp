@@ -187,6 +187,8 @@ struct TransformerBlockSpec {
   // a run of such blocks (takes whole tokens in / gives them out).
   bool sequence = false, seq_first = true, seq_last = true;
   bool causal = false;     // causal attention (a language model's block)
+  Eltwise gelu = Eltwise::gelu;  // the MLP's activation: erf (default) or tanh (GPT-2)
+  double eps = 1e-5;             // both LayerNorms' epsilon
 };
 // Pre-norm block "<name>": norm1, attn (qkv, proj), norm2, fc1, GELU, fc2. Over g
 // the attention splits its heads and the MLP is fc1 column-parallel, fc2

@@ -21,6 +21,9 @@ struct TrainConfig {
     int heads = 4;                 // vit: attention heads (divides width)
     double mlp_ratio = 4.0;        // vit: MLP hidden units = width * mlp_ratio
     int patch = 4;                 // vit: patch side (divides the image height and width)
+    std::string gelu = "erf";      // vit, gpt: erf | tanh (GPT-2's approximation)
+    double layernorm_eps = 1e-5;   // vit, gpt
+    std::string init_from;         // weights to start from: safetensors file/directory or llm.c model file (docs/interop.md)
     std::vector<LayerDesc> layers; // name = layers: the [[model.layers]] list (TOML file only)
   } model;
   struct Data {

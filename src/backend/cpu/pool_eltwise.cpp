@@ -137,7 +137,9 @@ class CpuEltwise final : public EltwiseKernel {
     if (it != plans_.end()) return it->second;
     auto& eng = d_->eng;
     auto md = plain_md({n}, tag::x, t);
-    const algorithm alg = op_ == Eltwise::relu ? algorithm::eltwise_relu : algorithm::eltwise_gelu_erf;
+    const algorithm alg = op_ == Eltwise::relu   ? algorithm::eltwise_relu
+                          : op_ == Eltwise::gelu ? algorithm::eltwise_gelu_erf
+                                                 : algorithm::eltwise_gelu_tanh;
     eltwise_forward::primitive_desc fpd({prop_kind::forward_training, alg, md, 0.f, 0.f}, eng);
     eltwise_backward::primitive_desc bpd({alg, md, md, 0.f, 0.f}, eng, fpd);
     Plan p{eltwise_forward(fpd), eltwise_backward(bpd), memory(md, eng, DNNL_MEMORY_NONE),

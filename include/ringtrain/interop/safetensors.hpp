@@ -1,0 +1,85 @@
+#pragma once
+// safetensors (Hugging Face's weight format), read and written without Python:
+//
+//   [8 bytes: N, little-endian u64] [N bytes: JSON header] [data]
+//
+// The header maps each tensor name to {"dtype", "shape", "data_offsets":
+// [begin, end)} (offsets into the data section) and may hold a
+// "__metadata__" object of strings. The reader enforces the format's rules
+// before any tensor is used, naming the tensor that breaks one: N <= 100 MB
+// and within the file, a JSON object without duplicate names, known dtypes,
+// non-negative shapes, end - begin equal to the shape's bytes, and offsets
+// that tile the data section exactly (contiguous from 0 to the file's end:
+// no gap, no overlap, no trailing bytes). Tensors are read by byte range
+// (pread), so a rank reads only the elements it holds.
+//
+// The writer pads the header with spaces to a multiple of 8 (as the
+// reference implementation does, so that data is aligned) and writes the
+// file under a temporary name, renaming it into place once complete.
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "ringtrain/core/dtype.hpp"
+#include "ringtrain/core/tensor.hpp"
+
+namespace ringtrain::safetensors {
+
+constexpr std::uint64_t kMaxHeaderBytes = 100'000'000;  // the format's limit
+
+struct TensorInfo {
+  std::string name;
+  DType dtype = DType::f32;
+  Shape shape;
+  std::int64_t begin = 0, end = 0;  // byte offsets in the data section
+  std::int64_t numel() const { return shape_numel(shape); }
+};
+
+// "F32", "BF16", ... <-> DType (F32, F64, F16, BF16, I32, I64, U8).
+const char* dtype_code(DType dt);
+DType dtype_of_code(const std::string& code, const std::string& what);
+
+class Reader {
+ public:
+  // Opens and validates `path`; an Error names the file and the first tensor
+  // (or header field) that breaks a rule.
+  explicit Reader(const std::string& path);
+  ~Reader();
+  Reader(const Reader&) = delete;
+  Reader& operator=(const Reader&) = delete;
+
+  const std::string& path() const { return path_; }
+  const std::vector<TensorInfo>& tensors() const { return tensors_; }  // in header order
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  const TensorInfo* find(const std::string& name) const;  // nullptr if absent
+  const TensorInfo& at(const std::string& name) const;    // Error naming the tensor if absent
+
+  // `bytes` bytes of tensor t starting `offset` bytes into its data.
+  void read(const TensorInfo& t, std::int64_t offset, void* dst, std::size_t bytes) const;
+  // The whole tensor in its stored dtype and shape.
+  Tensor read(const TensorInfo& t) const;
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  std::int64_t data_start_ = 0;
+  std::vector<TensorInfo> tensors_;
+  std::map<std::string, std::size_t> by_name_;
+  std::map<std::string, std::string> metadata_;
+};
+
+// One tensor to write: `data` holds numel(shape) elements of `dtype`.
+struct Entry {
+  std::string name;
+  DType dtype = DType::f32;
+  Shape shape;
+  const void* data = nullptr;
+};
+
+// Writes `entries` (in this order; names must be unique) and `metadata` to
+// `path` atomically.
+void write(const std::string& path, const std::vector<Entry>& entries,
+           const std::map<std::string, std::string>& metadata = {});
+
+}  // namespace ringtrain::safetensors

@@ -1,0 +1,237 @@
+// safetensors reader and writer (interop/safetensors.hpp).
+#include "ringtrain/interop/safetensors.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "ringtrain/core/error.hpp"
+
+namespace ringtrain::safetensors {
+namespace {
+
+using json = nlohmann::json;
+
+const std::pair<const char*, DType> kCodes[] = {{"F32", DType::f32}, {"F64", DType::f64}, {"F16", DType::f16},
+                                                {"BF16", DType::bf16}, {"I32", DType::i32}, {"I64", DType::i64},
+                                                {"U8", DType::u8}};
+
+void pread_all(int fd, const std::string& path, std::int64_t offset, void* dst, std::size_t n,
+               const std::string& what) {
+  char* p = static_cast<char*>(dst);
+  while (n > 0) {
+    const ssize_t r = ::pread(fd, p, n, static_cast<off_t>(offset));
+    if (r < 0 && errno == EINTR) continue;
+    RT_CHECK(r > 0, "safetensors file '", path, "': ", what, ": ",
+             r < 0 ? cat("read failed: ", std::strerror(errno)) : std::string("the file ends early (truncated?)"));
+    p += r;
+    n -= static_cast<std::size_t>(r);
+    offset += r;
+  }
+}
+
+void write_all(int fd, const std::string& path, const void* src, std::size_t n) {
+  const char* p = static_cast<const char*>(src);
+  while (n > 0) {
+    const ssize_t r = ::write(fd, p, n);
+    if (r < 0 && errno == EINTR) continue;
+    RT_CHECK(r > 0, "safetensors file '", path, "': write failed: ", std::strerror(errno));
+    p += r;
+    n -= static_cast<std::size_t>(r);
+  }
+}
+
+std::int64_t nonneg_int(const json& v, const std::string& where) {
+  RT_CHECK(v.is_number_integer() && v.get<std::int64_t>() >= 0, where, " must be a non-negative integer, got ",
+           v.dump());
+  return v.get<std::int64_t>();
+}
+
+}  // namespace
+
+const char* dtype_code(DType dt) {
+  for (const auto& [code, d] : kCodes)
+    if (d == dt) return code;
+  RT_FAIL("safetensors: dtype ", dtype_name(dt), " has no code");
+}
+
+DType dtype_of_code(const std::string& code, const std::string& what) {
+  for (const auto& [c, d] : kCodes)
+    if (code == c) return d;
+  RT_FAIL(what, ": dtype \"", code, "\" is not supported (F32, BF16, F16, F64, I32, I64, U8)");
+}
+
+Reader::Reader(const std::string& path) : path_(path) {
+  const std::string file = cat("safetensors file '", path, "'");
+  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  RT_CHECK(fd_ >= 0, file, ": cannot open it: ", std::strerror(errno));
+  try {
+    struct stat st {};
+    RT_CHECK(::fstat(fd_, &st) == 0, file, ": cannot stat it: ", std::strerror(errno));
+    const auto size = static_cast<std::uint64_t>(st.st_size);
+    RT_CHECK(size >= 8, file, " is ", size, " bytes: too short for the 8-byte header length");
+    unsigned char len8[8];
+    pread_all(fd_, path, 0, len8, 8, "the header length");
+    std::uint64_t n = 0;
+    for (int i = 7; i >= 0; --i) n = (n << 8) | len8[i];  // little-endian whatever the host
+    RT_CHECK(n <= kMaxHeaderBytes, file, ": header of ", n, " bytes exceeds the format's limit of ", kMaxHeaderBytes,
+             " (not a safetensors file?)");
+    RT_CHECK(8 + n <= size, file, ": header of ", n, " bytes runs past the end of the ", size,
+             "-byte file (truncated?)");
+    std::string text(n, '\0');
+    pread_all(fd_, path, 8, text.data(), n, "the header");
+    data_start_ = static_cast<std::int64_t>(8 + n);
+    const std::int64_t data_bytes = static_cast<std::int64_t>(size - 8 - n);
+
+    // nlohmann keeps the last of duplicate keys silently: the parser callback sees each top-level key.
+    std::set<std::string> seen;
+    std::string duplicate;
+    json h;
+    try {
+      h = json::parse(text, [&](int depth, json::parse_event_t ev, json& v) {
+        if (ev == json::parse_event_t::key && depth == 1 && !seen.insert(v.get<std::string>()).second &&
+            duplicate.empty())
+          duplicate = v.get<std::string>();
+        return true;
+      });
+    } catch (const json::exception& e) {
+      RT_FAIL(file, ": the header is not valid JSON: ", e.what());
+    }
+    RT_CHECK(duplicate.empty(), file, ": tensor '", duplicate, "' appears twice in the header");
+    RT_CHECK(h.is_object(), file, ": the header must be a JSON object");
+    for (auto it = h.begin(); it != h.end(); ++it) {
+      const std::string& name = it.key();
+      if (name == "__metadata__") {
+        RT_CHECK(it->is_object(), file, ": __metadata__ must be an object of strings");
+        for (auto m = it->begin(); m != it->end(); ++m) {
+          RT_CHECK(m->is_string(), file, ": __metadata__ entry '", m.key(), "' must be a string");
+          metadata_[m.key()] = m->get<std::string>();
+        }
+        continue;
+      }
+      const std::string what = cat(file, ": tensor '", name, "'");
+      const json& e = *it;
+      RT_CHECK(e.is_object() && e.contains("dtype") && e.contains("shape") && e.contains("data_offsets"), what,
+               " must have dtype, shape and data_offsets");
+      RT_CHECK(e["dtype"].is_string(), what, ": dtype must be a string");
+      TensorInfo t;
+      t.name = name;
+      t.dtype = dtype_of_code(e["dtype"].get<std::string>(), what);
+      RT_CHECK(e["shape"].is_array(), what, ": shape must be a list");
+      for (const json& d : e["shape"]) t.shape.push_back(nonneg_int(d, what + ": a shape dimension"));
+      const json& off = e["data_offsets"];
+      RT_CHECK(off.is_array() && off.size() == 2, what, ": data_offsets must be [begin, end]");
+      t.begin = nonneg_int(off[0], what + ": data_offsets[0]");
+      t.end = nonneg_int(off[1], what + ": data_offsets[1]");
+      RT_CHECK(t.begin <= t.end, what, ": data_offsets [", t.begin, ", ", t.end, ") end before they begin");
+      const std::int64_t want = t.numel() * static_cast<std::int64_t>(dtype_size(t.dtype));
+      RT_CHECK(t.end - t.begin == want, what, ": data_offsets [", t.begin, ", ", t.end, ") hold ", t.end - t.begin,
+               " bytes, but ", e["dtype"].get<std::string>(), " ", shape_str(t.shape), " needs ", want);
+      tensors_.push_back(std::move(t));
+    }
+    // The data section is tiled exactly: sorted by begin, each starts where the previous ended.
+    std::vector<const TensorInfo*> order;
+    for (const auto& t : tensors_) order.push_back(&t);
+    std::sort(order.begin(), order.end(), [](auto* a, auto* b) {
+      return a->begin != b->begin ? a->begin < b->begin : a->end < b->end;
+    });
+    std::int64_t at = 0;
+    const TensorInfo* prev = nullptr;
+    for (const TensorInfo* t : order) {
+      RT_CHECK(t->begin >= at, file, ": tensor '", t->name, "' (bytes [", t->begin, ", ", t->end,
+               ")) overlaps tensor '", prev ? prev->name : "", "' (ending at ", at, ")");
+      RT_CHECK(t->begin == at, file, ": tensor '", t->name, "' begins at byte ", t->begin, " of the data, but ",
+               prev ? cat("tensor '", prev->name, "' ends at ", at) : std::string("the data begins at 0"),
+               ": the offsets must be contiguous");
+      at = t->end;
+      prev = t;
+    }
+    RT_CHECK(at <= data_bytes, file, ": tensor '", prev ? prev->name : "", "' ends at byte ", at,
+             " of the data, but the file holds ", data_bytes, " bytes of data (truncated?)");
+    RT_CHECK(at == data_bytes, file, ": ", data_bytes - at, " bytes after the last tensor",
+             prev ? cat(" ('", prev->name, "')") : std::string(), " belong to no tensor");
+    // Header order is JSON-object order (sorted by name): keep the data order instead.
+    std::sort(tensors_.begin(), tensors_.end(), [](const TensorInfo& a, const TensorInfo& b) {
+      return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+    });
+    for (std::size_t i = 0; i < tensors_.size(); ++i) by_name_[tensors_[i].name] = i;
+  } catch (...) {
+    ::close(fd_);
+    fd_ = -1;
+    throw;
+  }
+}
+
+Reader::~Reader() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+const TensorInfo* Reader::find(const std::string& name) const {
+  const auto it = by_name_.find(name);
+  return it == by_name_.end() ? nullptr : &tensors_[it->second];
+}
+
+const TensorInfo& Reader::at(const std::string& name) const {
+  const TensorInfo* t = find(name);
+  RT_CHECK(t, "safetensors file '", path_, "' has no tensor '", name, "'");
+  return *t;
+}
+
+void Reader::read(const TensorInfo& t, std::int64_t offset, void* dst, std::size_t bytes) const {
+  RT_CHECK(offset >= 0 && offset + static_cast<std::int64_t>(bytes) <= t.end - t.begin, "safetensors file '", path_,
+           "': tensor '", t.name, "': bytes [", offset, ", ", offset + static_cast<std::int64_t>(bytes),
+           ") are outside its ", t.end - t.begin);
+  pread_all(fd_, path_, data_start_ + t.begin + offset, dst, bytes, cat("tensor '", t.name, "'"));
+}
+
+Tensor Reader::read(const TensorInfo& t) const {
+  Tensor out = Tensor::empty(t.shape, t.dtype);
+  if (t.end > t.begin) read(t, 0, out.raw(), static_cast<std::size_t>(t.end - t.begin));
+  return out;
+}
+
+void write(const std::string& path, const std::vector<Entry>& entries,
+           const std::map<std::string, std::string>& metadata) {
+  json h = json::object();
+  if (!metadata.empty()) h["__metadata__"] = metadata;
+  std::int64_t at = 0;
+  for (const Entry& e : entries) {
+    RT_CHECK(e.name != "__metadata__" && !h.contains(e.name), "safetensors file '", path, "': tensor '", e.name,
+             "' is given twice (or is named __metadata__)");
+    const std::int64_t bytes = shape_numel(e.shape) * static_cast<std::int64_t>(dtype_size(e.dtype));
+    h[e.name] = {{"dtype", dtype_code(e.dtype)}, {"shape", e.shape}, {"data_offsets", {at, at + bytes}}};
+    at += bytes;
+  }
+  std::string text = h.dump();
+  text.append((8 - (8 + text.size()) % 8) % 8, ' ');
+  RT_CHECK(text.size() <= kMaxHeaderBytes, "safetensors file '", path, "': the header would be ", text.size(),
+           " bytes, over the format's limit of ", kMaxHeaderBytes);
+  unsigned char len8[8];
+  for (int i = 0; i < 8; ++i) len8[i] = static_cast<unsigned char>(std::uint64_t(text.size()) >> (8 * i));
+
+  const std::string tmp = path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  RT_CHECK(fd >= 0, "safetensors file '", path, "': cannot create '", tmp, "': ", std::strerror(errno));
+  try {
+    write_all(fd, path, len8, 8);
+    write_all(fd, path, text.data(), text.size());
+    for (const Entry& e : entries)
+      write_all(fd, path, e.data, static_cast<std::size_t>(shape_numel(e.shape)) * dtype_size(e.dtype));
+    RT_CHECK(::fsync(fd) == 0, "safetensors file '", path, "': fsync failed: ", std::strerror(errno));
+  } catch (...) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  ::close(fd);
+  RT_CHECK(::rename(tmp.c_str(), path.c_str()) == 0, "safetensors file '", path, "': cannot rename '", tmp,
+           "' into place: ", std::strerror(errno));
+}
+
+}  // namespace ringtrain::safetensors
