@@ -135,14 +135,14 @@ class CudaBackend final : public Backend {
     expect_cuda(mask, DType::u8, "dropout forward", "mask");
     expect_cuda(y, x.dtype(), "dropout forward", "y");
     RT_CHECK(mask.numel() == x.numel() && y.numel() == x.numel(), "dropout forward: x, mask, y sizes differ");
-    cuda::dropout_forward(y.raw(), mask.data<std::uint8_t>(), x.raw(), x.numel(), x.dtype(), static_cast<float>(p),
+    cuda::dropout_forward(y.raw(), mask.device_data<std::uint8_t>(), x.raw(), x.numel(), x.dtype(), static_cast<float>(p),
                           seed, stream, first, sh_->ctx(x).compute());
   }
   void dropout_backward(const Tensor& dy, const Tensor& mask, double p, Tensor& dx) override {
     expect_cuda(dy, dy.dtype(), "dropout backward", "dy");
     expect_cuda(mask, DType::u8, "dropout backward", "mask");
     expect_cuda(dx, dy.dtype(), "dropout backward", "dx");
-    cuda::dropout_backward(dx.raw(), dy.raw(), mask.data<std::uint8_t>(), dy.numel(), dy.dtype(),
+    cuda::dropout_backward(dx.raw(), dy.raw(), mask.device_data<std::uint8_t>(), dy.numel(), dy.dtype(),
                            static_cast<float>(p), sh_->ctx(dy).compute());
   }
   double softmax_xent(const Tensor& logits, const Tensor& labels, double smoothing, Tensor& dlogits) override {
