@@ -135,14 +135,14 @@ class CudaBackend final : public Backend {
     expect_cuda(mask, DType::u8, "dropout forward", "mask");
     expect_cuda(y, x.dtype(), "dropout forward", "y");
     RT_CHECK(mask.numel() == x.numel() && y.numel() == x.numel(), "dropout forward: x, mask, y sizes differ");
-    cuda::dropout_forward(y.raw(), mask.data<std::uint8_t>(), x.raw(), x.numel(), x.dtype(), static_cast<float>(p),
+    cuda::dropout_forward(y.raw(), mask.device_data<std::uint8_t>(), x.raw(), x.numel(), x.dtype(), static_cast<float>(p),
                           seed, stream, first, sh_->ctx(x).compute());
   }
   void dropout_backward(const Tensor& dy, const Tensor& mask, double p, Tensor& dx) override {
     expect_cuda(dy, dy.dtype(), "dropout backward", "dy");
     expect_cuda(mask, DType::u8, "dropout backward", "mask");
     expect_cuda(dx, dy.dtype(), "dropout backward", "dx");
-    cuda::dropout_backward(dx.raw(), dy.raw(), mask.data<std::uint8_t>(), dy.numel(), dy.dtype(),
+    cuda::dropout_backward(dx.raw(), dy.raw(), mask.device_data<std::uint8_t>(), dy.numel(), dy.dtype(),
                            static_cast<float>(p), sh_->ctx(dy).compute());
   }
   double softmax_xent(const Tensor& logits, const Tensor& labels, double smoothing, Tensor& dlogits) override {
@@ -150,6 +150,62 @@ class CudaBackend final : public Backend {
   }
   std::int64_t count_correct(const Tensor& logits, const Tensor& labels) override {
     return run_xent(logits, labels, 0.0, nullptr).correct;
+  }
+
+  void embedding_forward(const Tensor& ids, std::int64_t vocab, std::int64_t first, const Tensor& weight,
+                         const Tensor& pos, Tensor& rows, Tensor& y) override {
+    expect_cuda(ids, DType::f32, "embedding forward", "ids");
+    expect_cuda(weight, DType::f32, "embedding forward", "weight");
+    expect_cuda(rows, DType::i32, "embedding forward", "rows");
+    expect_cuda(y, y.dtype(), "embedding forward", "y");
+    RT_CHECK(ids.ndim() == 2 && weight.ndim() == 2 && rows.numel() == ids.numel() &&
+                 y.numel() == ids.numel() * weight.dim(1),
+             "embedding forward: ids ", shape_str(ids.shape()), ", weight ", shape_str(weight.shape()), ", rows ",
+             shape_str(rows.shape()), ", y ", shape_str(y.shape()), " do not fit");
+    const std::int64_t t = ids.dim(1), d = weight.dim(1);
+    const std::size_t n = static_cast<std::size_t>(ids.numel());
+    if (pos.defined()) {
+      expect_cuda(pos, DType::f32, "embedding forward", "pos");
+      RT_CHECK(pos.dim(0) >= t && pos.dim(1) == d, "embedding forward: pos ", shape_str(pos.shape()), " for ", t,
+               " tokens of width ", d);
+    }
+    CudaContext& ctx = sh_->ctx(ids);
+    cudaStream_t s = ctx.compute();
+    Tensor bad = Tensor::empty({1}, DType::i64, ids.device());
+    RT_CUDA(cudaMemsetAsync(bad.raw(), 0xff, sizeof(unsigned long long), s));
+    embedding_rows(ids.device_data<float>(), rows.device_data<std::int32_t>(),
+                   static_cast<unsigned long long*>(bad.raw()), n, vocab, first, weight.dim(0), s);
+    embedding_lookup(rows.device_data<std::int32_t>(), weight.device_data<float>(),
+                     pos.defined() ? pos.device_data<float>() : nullptr, y.raw(), n, t, d, y.dtype(), s);
+    // A bad token id is an error naming the input, as on the CPU: one read-back per batch.
+    unsigned long long first_bad = 0;
+    RT_CUDA(cudaMemcpyAsync(&first_bad, bad.raw(), sizeof first_bad, cudaMemcpyDeviceToHost, s));
+    ctx.sync_compute();
+    if (first_bad != ~0ull) {
+      float v = 0;
+      RT_CUDA(cudaMemcpy(&v, ids.device_data<float>() + first_bad, sizeof v, cudaMemcpyDeviceToHost));
+      RT_FAIL("input ", first_bad, " = ", v, " is not a token id in [0, ", vocab, ")");
+    }
+  }
+  void embedding_backward(const Tensor& dy, const Tensor& rows, Tensor& dweight, Tensor& dpos) override {
+    expect_cuda(dy, dy.dtype(), "embedding backward", "dy");
+    expect_cuda(rows, DType::i32, "embedding backward", "rows");
+    expect_cuda(dweight, DType::f32, "embedding backward", "dweight");
+    RT_CHECK(dy.ndim() == 3 && dy.dim(0) * dy.dim(1) == rows.numel() && dweight.ndim() == 2 &&
+                 dweight.dim(1) == dy.dim(2),
+             "embedding backward: dy ", shape_str(dy.shape()), ", rows ", shape_str(rows.shape()), ", dweight ",
+             shape_str(dweight.shape()), " do not fit");
+    const std::int64_t t = dy.dim(1), d = dy.dim(2);
+    if (dpos.defined()) {
+      expect_cuda(dpos, DType::f32, "embedding backward", "dpos");
+      RT_CHECK(dpos.dim(0) >= t && dpos.dim(1) == d, "embedding backward: dpos ", shape_str(dpos.shape()), " for ",
+               t, " tokens of width ", d);
+    }
+    const std::size_t n = static_cast<std::size_t>(rows.numel()), bytes = embedding_backward_scratch_bytes(n);
+    Tensor scratch = Tensor::empty({static_cast<std::int64_t>(bytes)}, DType::u8, dy.device());
+    cuda::embedding_backward(dy.raw(), dy.dtype(), rows.device_data<std::int32_t>(), dweight.device_data<float>(),
+                             dpos.defined() ? dpos.device_data<float>() : nullptr, n, t, d, scratch.raw(), bytes,
+                             sh_->ctx(dy).compute());
   }
 
   // bfloat16 activations (train.precision = bf16): every kernel above takes

@@ -51,7 +51,7 @@ class CudaRuntime final : public DeviceRuntime {
     for (DType dt : arena.dtypes()) {
       Tensor g = arena.grads_flat(dt);
       unscale_and_check(g.raw(), static_cast<std::size_t>(g.numel()), dt, static_cast<float>(inv_scale),
-                        sc.flag.data<int>(), ctx.compute());
+                        sc.flag.device_data<int>(), ctx.compute());
     }
     int bad = 0;
     RT_CUDA(cudaMemcpyAsync(&bad, sc.flag.raw(), sizeof bad, cudaMemcpyDeviceToHost, ctx.compute()));
@@ -69,7 +69,7 @@ class CudaRuntime final : public DeviceRuntime {
     // between them is zero): the whole flat buffer when everything is selected.
     auto span = [&](DType dt, std::size_t lo, std::size_t hi) {
       Tensor g = arena.grads_flat(dt);
-      sum_squares(static_cast<char*>(g.raw()) + lo * dtype_size(dt), hi - lo, dt, sc.norm.data<double>(), !first,
+      sum_squares(static_cast<char*>(g.raw()) + lo * dtype_size(dt), hi - lo, dt, sc.norm.device_data<double>(), !first,
                   sc.partial.raw(), ctx.compute());
       first = false;
     };

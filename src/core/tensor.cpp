@@ -84,6 +84,13 @@ void* Tensor::raw() const {
   return static_cast<char*>(storage_->data()) + offset_ * dtype_size(dtype_);
 }
 
+void Tensor::fail_access(DType asked) const {
+  RT_CHECK(asked == dtype_, "tensor ", shape_str(shape_), " of dtype ", dtype_name(dtype_), " accessed as ",
+           dtype_name(asked));
+  RT_FAIL("Tensor::data(): tensor ", shape_str(shape_), " (", dtype_name(dtype_), ") lives on ", device().str(),
+          ", and host code cannot dereference it (copy it with .to(Device::cpu()), or pass device_data() to a kernel)");
+}
+
 Tensor Tensor::reshape(const Shape& shape) const {
   RT_CHECK(shape_numel(shape) == numel_, "cannot reshape ", shape_str(shape_), " (", numel_,
            " elements) to ", shape_str(shape));

@@ -18,8 +18,6 @@ std::int64_t rows_of(const char* type, const std::string& name, std::int64_t voc
 
 float store_as(float, float v) { return v; }
 bfloat16 store_as(bfloat16, float v) { return to_bf16(v); }
-float as_float(float v) { return v; }
-float as_float(bfloat16 v) { return to_f32(v); }
 }  // namespace
 
 // ---- TokenEmbedding ---------------------------------------------------------
@@ -64,7 +62,10 @@ void TokenEmbedding::register_params(ParamArena& arena, int li, const std::strin
 }
 
 void TokenEmbedding::bind(const BindContext& ctx) {
-  RT_CHECK(ctx.device.is_cpu(), "TokenEmbedding '", name_, "': runs on the CPU only, not ", ctx.device.str());
+  // The lookup and its adjoint are Backend ops; a split vocabulary's sums still run in host memory.
+  RT_CHECK(ctx.device.is_cpu() || g_.size == 1, "TokenEmbedding '", name_, "': a vocabulary split over ", g_.size,
+           " tensor ranks runs on the CPU only, not ", ctx.device.str());
+  be_ = &ctx.backend;
   weight = ctx.arena.param(w_);
   pos = ctx.arena.param(p_);
   dweight = ctx.arena.grad(w_);
@@ -88,32 +89,23 @@ Shape TokenEmbedding::output_shape(const Shape& in) const {
   return scatter_ ? seq_shard_shape(whole, g_) : whole;
 }
 
+// The backend's lookup, its errors (a bad token id) naming this layer.
+void TokenEmbedding::lookup(const Tensor& ids, const Tensor& positions, Tensor& y) {
+  try {
+    be_->embedding_forward(ids, vocab_, first_, weight, positions, rows_, y);
+  } catch (const Error& e) {
+    RT_FAIL("TokenEmbedding '", name_, "': ", e.what());
+  }
+}
+
 Tensor TokenEmbedding::do_forward(const Tensor& x, Mode) {
   const std::int64_t n = x.dim(0), t = x.dim(1), d = dim_;
   RT_CHECK(x.dtype() == DType::f32, "TokenEmbedding '", name_, "': token ids must be float32, got ",
            dtype_name(x.dtype()));
-  ids_.resize(std::size_t(n * t));
-  const float* id = x.data<float>();
-  for (std::int64_t i = 0; i < n * t; ++i) {
-    const float v = id[i];
-    RT_CHECK(v >= 0 && v < float(vocab_) && v == std::floor(v), "TokenEmbedding '", name_, "': input ", i, " = ", v,
-             " is not a token id in [0, ", vocab_, ")");
-    const std::int64_t row = std::int64_t(v) - first_;
-    ids_[std::size_t(i)] = row >= 0 && row < local_ ? std::int32_t(row) : -1;
-  }
-  const float *w = weight.data<float>(), *p = pos.data<float>();
+  ensure(rows_, {n * t}, DType::i32, x.device());
   if (g_.size == 1) {  // the whole vocabulary: row + position, stored once (bf16 activations round here)
     ensure(y_, {n, t, d}, out_dt_, x.device());
-    auto rows = [&](auto* y) {
-      for (std::int64_t i = 0; i < n * t; ++i) {
-        const float* wr = w + std::int64_t(ids_[std::size_t(i)]) * d;
-        const float* pr = p + (i % t) * d;
-        auto* yr = y + i * d;
-        for (std::int64_t k = 0; k < d; ++k) yr[k] = store_as(yr[k], wr[k] + pr[k]);
-      }
-    };
-    if (out_dt_ == DType::bf16) rows(y_.data<bfloat16>());
-    else rows(y_.data<float>());
+    lookup(x, pos, y_);
     return y_;
   }
   // Split vocabulary: the partial lookups are float32 at either precision,
@@ -124,13 +116,7 @@ Tensor TokenEmbedding::do_forward(const Tensor& x, Mode) {
   const bool f32 = out_dt_ == DType::f32;
   Tensor part = scatter_ || !f32 ? g_.workspace(TpBuffer::gathered_grad, {n, t, d}, DType::f32, x.device())
                                  : ensure(y_, {n, t, d}, DType::f32, x.device());
-  float* pp = part.data<float>();
-  for (std::int64_t i = 0; i < n * t; ++i) {
-    const std::int32_t r = ids_[std::size_t(i)];
-    float* yr = pp + i * d;
-    if (r >= 0) std::copy(w + std::int64_t(r) * d, w + (std::int64_t(r) + 1) * d, yr);
-    else std::fill(yr, yr + d, 0.f);
-  }
+  lookup(x, Tensor{}, part);
   std::int64_t ts = t, t0 = 0;  // the output's tokens per sample and its first position
   Tensor sum = part;
   if (scatter_) {
@@ -144,6 +130,7 @@ Tensor TokenEmbedding::do_forward(const Tensor& x, Mode) {
   }
   if (!f32) ensure(y_, sum.shape(), DType::bf16, x.device());
   const float* s = sum.data<float>();  // float32: y_ itself
+  const float* p = pos.data<float>();
   auto add_positions = [&](auto* y) {
     for (std::int64_t i = 0; i < n * ts; ++i) {
       const float* pr = p + (t0 + i % ts) * d;
@@ -158,50 +145,20 @@ Tensor TokenEmbedding::do_forward(const Tensor& x, Mode) {
 // The incoming gradient is the same on every tensor rank (the next layer's
 // input gradient is reduced over the group): each adds its own rows' part.
 Tensor TokenEmbedding::do_backward(const Tensor& dy, bool, bool accumulate) {
-  const std::int64_t t = in_shape_[1], rows = in_shape_[0] * t, d = dim_;
-  float *dw = dweight.data<float>(), *dp = dpos.data<float>();
   if (!accumulate) {
-    std::fill(dp, dp + positions_ * d, 0.f);
-    if (!tied_) std::fill(dw, dw + local_ * d, 0.f);  // tied: the head has written its part already
-  }
-  if (g_.size == 1) {
-    auto scatter = [&](const auto* g) {
-      for (std::int64_t i = 0; i < rows; ++i) {  // in order: the sums are the same on every run
-        float* wr = dw + std::int64_t(ids_[std::size_t(i)]) * d;
-        float* pr = dp + (i % t) * d;
-        const auto* gr = g + i * d;
-        for (std::int64_t k = 0; k < d; ++k) {
-          const float v = as_float(gr[k]);
-          wr[k] += v, pr[k] += v;
-        }
-      }
-    };
-    if (dy.dtype() == DType::bf16) scatter(dy.data<bfloat16>());
-    else scatter(dy.data<float>());
-    return {};  // token ids have no gradient
+    dpos.zero_();
+    if (!tied_) dweight.zero_();  // tied: the head has written its part already
   }
   Tensor dyw = dy;  // scattered: every token's gradient, for the rows of this rank's vocabulary
   if (scatter_) {
     dyw = g_.workspace(TpBuffer::gathered_grad, seq_whole_shape(dy.shape(), g_), dy.dtype(), dy.device());
     seq_all_gather(dy, dyw, g_);
   }
-  auto add_rows = [&](const auto* g) {  // bf16 gradients widened as at tensor 1
-    for (std::int64_t i = 0; i < rows; ++i) {  // in order: the sums are the same on every run
-      const std::int32_t r = ids_[std::size_t(i)];
-      float* pr = dp + (i % t) * d;
-      const auto* gr = g + i * d;
-      for (std::int64_t k = 0; k < d; ++k) pr[k] += as_float(gr[k]);
-      if (r < 0) continue;
-      float* wr = dw + std::int64_t(r) * d;
-      for (std::int64_t k = 0; k < d; ++k) wr[k] += as_float(gr[k]);
-    }
-  };
-  if (dyw.dtype() == DType::bf16) add_rows(dyw.data<bfloat16>());
-  else add_rows(dyw.data<float>());
+  be_->embedding_backward(dyw, rows_, dweight, dpos);  // bf16 gradients widened to float32
   return {};  // token ids have no gradient
 }
 
-void TokenEmbedding::visit_state(MicroBatchState& s) { s(y_, ids_); }
+void TokenEmbedding::visit_state(MicroBatchState& s) { s(y_, rows_); }
 
 // ---- LmHead -----------------------------------------------------------------
 std::shared_ptr<const Loss> LmHead::output_loss() const {

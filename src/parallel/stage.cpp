@@ -110,7 +110,8 @@ Stage::Stage(const ModelConfig& mc, Device dev, int first, int end, int slots)
   }
   // 16-bit storage: bf16, or fp16 (loss-scaled) where the backend takes it; not fp16 with token ids (CPU only).
   const Backend& be = backend_for(dev);
-  const DType half = mc.math == MathMode::bf16 && be.bf16_activations()   ? DType::bf16
+  const DType half = !mc.storage16                                        ? DType::f32
+                     : mc.math == MathMode::bf16 && be.bf16_activations() ? DType::bf16
                      : mc.math == MathMode::fp16 && be.fp16_activations() ? DType::f16
                                                                           : DType::f32;
   bool all16 = half != DType::f32;

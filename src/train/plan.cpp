@@ -4,6 +4,7 @@
 
 #include "ringtrain/core/error.hpp"
 #include "ringtrain/parallel/grid.hpp"
+#include "ringtrain/train/gpu_gate.hpp"
 #include "run_options.hpp"
 
 namespace ringtrain {
@@ -37,6 +38,9 @@ RunPlan plan_run(TrainConfig cfg, int ranks) {
   p.micro_batches = cfg.pipeline_micro_batches();
   p.micro_batch_size = p.batch_per_rank / p.micro_batches;
   p.global_batch = std::int64_t{p.batch_per_rank} * p.data * p.accumulation;
+  if (cfg.train.device == "cuda") check_gpu_gate(cfg);
+  for (const GpuNeed& n : gpu_unverified(cfg)) p.gpu_refused.emplace_back(n.feature, n.setting);
+  if (!gpu_storage16_allowed(cfg)) p.gpu_storage_fallback = gpu_storage16_feature(cfg);
   return p;
 }
 
@@ -50,6 +54,16 @@ std::string RunPlan::json() const {
   j["micro_batches"] = micro_batches;
   j["micro_batch_size"] = micro_batch_size;
   j["global_batch"] = global_batch;
+  // The gate's whole list, then what it says about this job on CUDA.
+  nlohmann::ordered_json gate, verified = nlohmann::ordered_json::array(), refused = nlohmann::ordered_json::array();
+  for (const GpuVerified& v : gpu_verified())
+    verified.push_back({{"feature", v.feature}, {"date", v.date}, {"card", v.card}, {"evidence", v.evidence}});
+  for (const auto& [feature, setting] : gpu_refused) refused.push_back({{"feature", feature}, {"setting", setting}});
+  gate["verified"] = verified;
+  gate["on_cuda"] = gpu_refused.empty() ? "allowed" : "refused";
+  gate["refused"] = refused;
+  gate["storage_fallback"] = gpu_storage_fallback;
+  j["gpu_gate"] = gate;
   return j.dump(2);
 }
 

@@ -24,6 +24,7 @@
 #include "ringtrain/optim/schedule.hpp"
 #include "ringtrain/core/device_module.hpp"
 #include "ringtrain/train/checkpoint.hpp"
+#include "ringtrain/train/gpu_gate.hpp"
 #include "ringtrain/train/interop.hpp"
 #include "ringtrain/train/signals.hpp"
 #include "ringtrain/train/state.hpp"
@@ -38,12 +39,17 @@ using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 // One device kind for the whole job: "auto" takes CUDA only if every rank has
-// a GPU; "cuda" without one is an error on every rank. Each rank then binds to
+// a GPU and the GPU validation gate lets the job run there (train/gpu_gate.hpp);
+// "cuda" without one is an error on every rank. Each rank then binds to
 // its GPU by node-local rank before any other CUDA work. The CUDA module is
 // loaded only for "cuda", or for "auto" where an NVIDIA driver is present: a
 // CPU rank never maps the GPU libraries (core/device_module.hpp).
-Device choose_device(const TrainConfig& cfg, const Communicator& world) {
-  if (cfg.train.device == "cuda") {
+Device choose_device(const TrainConfig& cfg, const Communicator& world, const std::vector<std::string>& trial) {
+  // The gate reads only the configuration, so every rank decides alike without a message.
+  const std::string gated = cfg.train.device == "auto" ? gpu_gate_refusal(cfg, trial) : "";
+  if (!gated.empty() && device_driver_present(DeviceKind::cuda)) {
+    if (world.rank() == 0) log::warn("train.device = auto: training on the CPU: ", gated);
+  } else if (cfg.train.device == "cuda") {
     run_agreed(world, "loading the CUDA backend", [] {
       try {
         load_device_module(DeviceKind::cuda);
@@ -65,7 +71,7 @@ Device choose_device(const TrainConfig& cfg, const Communicator& world) {
              "train.device = cuda, but rank ", world.rank(), " has no CUDA device "
              "(was ringtrain built with CUDA, and does this node have a GPU?)");
   });
-  if (cfg.train.device == "cpu" || !have) return Device::cpu();
+  if (cfg.train.device == "cpu" || !have || !gated.empty()) return Device::cpu();
   Device d;
   run_agreed(world, "selecting this rank's GPU", [&] { d = device_runtime(DeviceKind::cuda).select(world); });
   return d;
@@ -85,6 +91,9 @@ Trainer::Impl::Impl(TrainConfig c, Communicator w, TrainerHooks h)
   run_agreed(world, "reading model.init_from", [&] { imported = apply_imported_settings(cfg); });
   if (!imported.empty() && world.rank() == 0 && hooks.report) log::info("model.init_from sets ", imported);
   cfg.validate();
+  if (cfg.train.device == "cuda") check_gpu_gate(cfg, hooks.gpu_trial);  // before any rank waits: alike on every rank
+  if (!hooks.gpu_trial.empty() && world.rank() == 0)
+    log::warn("GPU trial (tests only): running features the GPU validation gate does not list yet");
   // Every communicator of the run, the trainer's own included, waits at most comm.collective_timeout_s.
   grid = std::make_unique<ProcessGrid>(
       ProcessGrid::make(world, {cfg.parallel.pipeline, cfg.parallel.tensor}, cfg.comm.collective_timeout_s));
@@ -94,7 +103,7 @@ Trainer::Impl::Impl(TrainConfig c, Communicator w, TrainerHooks h)
   if (cfg.parallel.pipeline > 1) layout = cat("parallel.pipeline = ", cfg.parallel.pipeline);
   if (cfg.parallel.tensor > 1) layout += cat(layout.empty() ? "" : " with ", "parallel.tensor = ", cfg.parallel.tensor);
   if (!layout.empty()) log::set_prefix(cat("[rank ", world.rank(), " ", grid->tag().substr(1), " "));
-  device = choose_device(cfg, world);
+  device = choose_device(cfg, world, hooks.gpu_trial);
   rt = &device_runtime(device.kind);
   omp_set_num_threads(compute_threads(cfg));
   flush_denormals();
@@ -144,11 +153,14 @@ void Trainer::Impl::build_model() {
     sum_over_ranks(peak, world);
     matmul_peak = peak[0];
   }
-  run_agreed(world, "choosing the layout", [&] {
-    RT_CHECK(cfg.parallel.tensor == 1 || device.is_cpu(), "parallel.tensor = ", cfg.parallel.tensor,
-             " with train.device = cuda is not supported yet: tensor-parallel layers have not run on a GPU "
-             "(use parallel.tensor = 1, or train.device = cpu)");
-  });
+  if (!device.is_cpu() && !gpu_storage16_allowed(cfg, hooks.gpu_trial)) {
+    // A default never refuses a common job: 16-bit arithmetic on float32 activations has run on a GPU.
+    mc.storage16 = false;
+    if (world.rank() == 0)
+      log::info("train.precision = ", cfg.train.precision, " on CUDA: activations stay float32 (", cfg.train.precision,
+                " arithmetic); ", gpu_storage16_feature(cfg),
+                " has not run on a GPU yet (the GPU validation gate, docs/gpu.md)");
+  }
   GridConfig pc;
   pc.micro_batches = cfg.pipeline_micro_batches();
   pc.accumulation = cfg.train.accumulation;

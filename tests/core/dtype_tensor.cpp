@@ -78,3 +78,27 @@ TEST(Tensor, ViewsShareStorage) {
   EXPECT_THROW(t.data<double>(), Error);
   EXPECT_THROW(t.slice_rows(2, 5), Error);
 }
+
+// data<T>() is the host accessor: a tensor on a device is refused naming its
+// shape and device (the guard against host loops over device memory), while
+// device_data<T>() hands the pointer to kernels. A host buffer labelled cuda:1
+// stands in for device memory, so this runs without a GPU (nothing dereferences it).
+TEST(Tensor, DataRefusesADeviceTensorAndDeviceDataDoesNot) {
+  float buf[6] = {};
+  Tensor d = Tensor::wrap(buf, {2, 3}, DType::f32, Device::cuda(1));
+  try {
+    (void)d.data<float>();
+    ADD_FAILURE() << "data<float>() of a cuda:1 tensor did not throw";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("cuda:1"), std::string::npos) << m;
+    EXPECT_NE(m.find("[2, 3]"), std::string::npos) << m;
+  }
+  EXPECT_EQ(d.device_data<float>(), buf);
+  EXPECT_THROW((void)d.device_data<double>(), Error) << "device_data still checks the dtype";
+  EXPECT_THROW((void)d.flat_view(2, 2).data<float>(), Error) << "a view of device memory is on the device too";
+  Tensor h = Tensor::wrap(buf, {6}, DType::f32);
+  EXPECT_EQ(h.data<float>(), buf);
+  EXPECT_EQ(h.device_data<float>(), buf);
+  EXPECT_THROW((void)h.data<std::int32_t>(), Error);
+}

@@ -179,10 +179,10 @@ TEST(CudaKernels, SoftmaxXentMatchesDoubleReference) {
     a.classes = C;
     a.smoothing = eps;
     a.dlogits = dgrad.raw();
-    a.grad_scale = gs.data<float>();
-    a.loss = out.data<float>();
-    a.correct = reinterpret_cast<int*>(out.data<float>() + 1);
-    a.bad_label = reinterpret_cast<int*>(out.data<float>() + 2);
+    a.grad_scale = gs.device_data<float>();
+    a.loss = out.device_data<float>();
+    a.correct = reinterpret_cast<int*>(out.device_data<float>() + 1);
+    a.bad_label = reinterpret_cast<int*>(out.device_data<float>() + 2);
     cuda::softmax_xent(a, scratch.raw(), nullptr);
     auto o = download<float>(out);
     int got_correct, bad;
@@ -206,8 +206,8 @@ TEST(CudaKernels, XentFlagsBadLabels) {
   a.labels = dlab.raw();
   a.rows = 2;
   a.classes = 3;
-  a.loss = out.data<float>();
-  a.bad_label = reinterpret_cast<int*>(out.data<float>() + 2);
+  a.loss = out.device_data<float>();
+  a.bad_label = reinterpret_cast<int*>(out.device_data<float>() + 2);
   cuda::softmax_xent(a, scratch.raw(), nullptr);
   auto o = download<float>(out);
   int bad;
@@ -223,7 +223,7 @@ TEST(CudaKernels, DropoutMaskFollowsTheSharedRule) {
   Tensor x = randu({static_cast<std::int64_t>(n)}, 5);
   Tensor dx = x.to(gpu()), dy = Tensor::empty(x.shape(), DType::f32, gpu());
   Tensor mask = Tensor::empty(x.shape(), DType::u8, gpu());
-  cuda::dropout_forward(dy.raw(), mask.data<std::uint8_t>(), dx.raw(), n, DType::f32, p, 1234, 9, 0, nullptr);
+  cuda::dropout_forward(dy.raw(), mask.device_data<std::uint8_t>(), dx.raw(), n, DType::f32, p, 1234, 9, 0, nullptr);
   auto m = download<std::uint8_t>(mask);
   auto y = host_f32(dy);
   const float* xv = x.data<float>();
@@ -235,7 +235,7 @@ TEST(CudaKernels, DropoutMaskFollowsTheSharedRule) {
     kept += keep;
   }
   EXPECT_NEAR(static_cast<double>(kept) / n, 1.0 - p, 0.01);
-  EXPECT_THROW(cuda::dropout_forward(dy.raw(), mask.data<std::uint8_t>(), dx.raw(), n, DType::f32, 1.0f, 1, 0, 0, nullptr),
+  EXPECT_THROW(cuda::dropout_forward(dy.raw(), mask.device_data<std::uint8_t>(), dx.raw(), n, DType::f32, 1.0f, 1, 0, 0, nullptr),
                Error);
 }
 
@@ -243,11 +243,11 @@ TEST(CudaKernels, CheckFiniteFindsInfAndNaN) {
   Tensor flag = Tensor::zeros({1}, DType::i32, gpu());
   std::vector<float> v(4097, 1.0f);
   Tensor dv = upload(v);
-  cuda::check_finite(dv.raw(), v.size(), DType::f32, flag.data<std::int32_t>(), nullptr);
+  cuda::check_finite(dv.raw(), v.size(), DType::f32, flag.device_data<std::int32_t>(), nullptr);
   EXPECT_EQ(download<std::int32_t>(flag)[0], 0);
   v[4096] = std::numeric_limits<float>::quiet_NaN();
   dv = upload(v);
-  cuda::check_finite(dv.raw(), v.size(), DType::f32, flag.data<std::int32_t>(), nullptr);
+  cuda::check_finite(dv.raw(), v.size(), DType::f32, flag.device_data<std::int32_t>(), nullptr);
   EXPECT_EQ(download<std::int32_t>(flag)[0], 1);
 }
 
@@ -285,19 +285,19 @@ TEST(CudaKernels, UnscaleIsExactForPowersOfTwoAndFlagsOverflow) {
   bad[77777] = std::numeric_limits<float>::infinity();
   Tensor flag = Tensor::zeros({1}, DType::i32, gpu());
   Tensor g = upload(good);
-  cuda::unscale_and_check(g.raw(), good.size(), DType::f32, 1.0f / 1024, flag.data<int>(), s);
+  cuda::unscale_and_check(g.raw(), good.size(), DType::f32, 1.0f / 1024, flag.device_data<int>(), s);
   auto got = download<float>(g);
   for (std::size_t i = 0; i < good.size(); i += 997) ASSERT_EQ(got[i], good[i] / 1024) << i;
   EXPECT_EQ(download<std::int32_t>(flag)[0], 0);
   Tensor b = upload(bad);
-  cuda::unscale_and_check(b.raw(), bad.size(), DType::f32, 0.5f, flag.data<int>(), s);
+  cuda::unscale_and_check(b.raw(), bad.size(), DType::f32, 0.5f, flag.device_data<int>(), s);
   EXPECT_EQ(download<std::int32_t>(flag)[0], 1);
   // bf16: the same exact power-of-two scaling in the narrow type.
   std::vector<bfloat16> hb(4096);
   for (std::size_t i = 0; i < hb.size(); ++i) hb[i] = to_bf16(static_cast<float>(i % 200) - 100.0f);
   Tensor db = upload(hb);
   Tensor f2 = Tensor::zeros({1}, DType::i32, gpu());
-  cuda::unscale_and_check(db.raw(), hb.size(), DType::bf16, 0.25f, f2.data<int>(), s);
+  cuda::unscale_and_check(db.raw(), hb.size(), DType::bf16, 0.25f, f2.device_data<int>(), s);
   auto gb = download<bfloat16>(db);
   for (std::size_t i = 0; i < hb.size(); ++i) ASSERT_EQ(to_f32(gb[i]), to_f32(hb[i]) * 0.25f) << i;
   EXPECT_EQ(download<std::int32_t>(f2)[0], 0);
@@ -315,12 +315,12 @@ TEST(CudaKernels, SumSquaresMatchesHostAndIsBitwiseRepeatable) {
   Tensor dx = upload(x);
   Tensor out = Tensor::zeros({1}, DType::f64, gpu());
   Tensor scratch = Tensor::empty({static_cast<std::int64_t>(cuda::sum_squares_scratch_bytes())}, DType::u8, gpu());
-  cuda::sum_squares(dx.raw(), x.size(), DType::f32, out.data<double>(), false, scratch.raw(), nullptr);
+  cuda::sum_squares(dx.raw(), x.size(), DType::f32, out.device_data<double>(), false, scratch.raw(), nullptr);
   double a = download<double>(out)[0];
   EXPECT_NEAR(a, ref, 1e-10 * ref);
-  cuda::sum_squares(dx.raw(), x.size(), DType::f32, out.data<double>(), false, scratch.raw(), nullptr);
+  cuda::sum_squares(dx.raw(), x.size(), DType::f32, out.device_data<double>(), false, scratch.raw(), nullptr);
   EXPECT_EQ(download<double>(out)[0], a) << "the fixed-order sum changed between runs";
-  cuda::sum_squares(dx.raw(), x.size(), DType::f32, out.data<double>(), true, scratch.raw(), nullptr);
+  cuda::sum_squares(dx.raw(), x.size(), DType::f32, out.device_data<double>(), true, scratch.raw(), nullptr);
   EXPECT_EQ(download<double>(out)[0], a + a) << "accumulate adds to *out";
 }
 

@@ -6,7 +6,8 @@
 // 4u over 50 steps; the CPU measured 0.0013-0.0020) and is NOT bitwise that
 // run (before this, GPU bf16 kept fp32 storage and its losses equalled
 // tf32's bitwise on the H100). Written and compiled without a GPU; not yet
-// run on one (docs/gpu.md).
+// run on one, so a trial of "bf16 activation storage" past the GPU validation
+// gate (docs/gpu.md); the gated job (float32 storage) must differ from it.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -15,6 +16,7 @@
 
 using namespace ringtrain;
 using rt_gpu::vit_config;
+using rt_gpu::trial_losses;
 using test_fixtures::train_losses;
 
 namespace {
@@ -32,7 +34,11 @@ TEST_F(GpuBf16Vit, FollowsFp32AndIsNotFp32) {
   TrainConfig a = vit_config(data_, "fp32", kSteps), b = vit_config(data_, "bf16", kSteps);
   a.checkpoint.dir = data_ + "/ck32";
   b.checkpoint.dir = data_ + "/ck16";
-  const std::vector<double> f32 = train_losses(a, world_), f16 = train_losses(b, world_);
+  const std::vector<double> f32 = train_losses(a, world_), f16 = trial_losses(b, world_, {"bf16 activation storage"});
+  // Without the trial the gate keeps float32 storage (bf16 arithmetic): not the run above.
+  TrainConfig gated = b;
+  gated.checkpoint.dir = data_ + "/ck16-gated";
+  EXPECT_NE(train_losses(gated, world_), f16) << "the gate did not keep float32 storage, or the trial stored no bf16";
   ASSERT_EQ(f32.size(), static_cast<std::size_t>(kSteps));
   ASSERT_EQ(f16.size(), static_cast<std::size_t>(kSteps));
   EXPECT_NE(f16, f32) << "the bf16 GPU run is bitwise the fp32 one: no bfloat16 storage ran";

@@ -34,6 +34,18 @@
 #   tests/gpu/run_on_gpu_host.sh mpi-smoke
 #       runs 2 ranks of test_comm_* from the bundle's own mpirun (OPAL_PREFIX),
 #       to check the relocated Open MPI without a GPU.
+#
+# The 8-minute GPU check (docs/gpu.md, "The GPU check"): two commands.
+#   tests/gpu/run_on_gpu_host.sh carry [--build DIR]
+#       (here) builds ringtrain, every test_gpu_* and bench_gpu_train_step in DIR
+#       (default build) at -j 2, bundles them and writes .gpu-carry/bundle.tar.xz
+#       (git-ignored, under the device tool's 64 MiB), then prints the call.
+#   tests/gpu/run_on_gpu_host.sh gpu-check [--budget 480] [--out DIR]
+#       (on the GPU host) unpacks .gpu-carry/bundle.tar.xz and runs every GPU
+#       test (mpi_* at 1 and 2 ranks), then bench_gpu_train_step, within
+#       --budget seconds of wall time in all; raw logs, JSON, gpu.csv and
+#       summary.txt (status and seconds per run) go to DIR (default $OUT, else
+#       .gpu-bundle/results) for docs/data/gpu/. Exit status: failed tests.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -87,7 +99,7 @@ cmd_bundle() {
   local bins=()
   [[ -x "$build/ringtrain" ]] && bins+=("$build/ringtrain")
   # test_comm_mpi_allreduce: the relocated Open MPI's smoke test (mpi-smoke).
-  while IFS= read -r f; do bins+=("$f"); done < <(find "$build/tests" "$build/bench" -maxdepth 1 -type f -perm -u+x \
+  while IFS= read -r f; do bins+=("$f"); done < <(find -L "$build/tests" "$build/bench" -maxdepth 1 -type f -perm -u+x \
       \( -name 'test_gpu_*' -o -name 'bench_gpu_*' -o -name 'test_comm_mpi_allreduce' \) 2>/dev/null | sort)
   [[ ${#bins[@]} -gt 0 ]] || { echo "bundle: no binaries in $build (build the test_gpu_* targets)" >&2; exit 1; }
   cp "${bins[@]}" "$B/bin/"
@@ -291,6 +303,111 @@ cmd_job() {
   done
 }
 
+# The targets the GPU check needs: the binary, every GPU test and the step benchmark.
+gpu_targets() {
+  local f
+  echo ringtrain bench_gpu_train_step
+  for f in "$ROOT"/tests/gpu/*.cpp; do echo "test_gpu_$(basename "$f" .cpp)"; done
+}
+
+cmd_carry() {
+  local build="$ROOT/build"
+  while [[ $# -gt 0 ]]; do
+    case "$1" in
+      --build) build="$2"; shift 2 ;;
+      *) echo "carry: unknown option $1" >&2; exit 2 ;;
+    esac
+  done
+  [[ -f "$build/CMakeCache.txt" ]] || { echo "carry: configure $build first (cmake -S . -B $build)" >&2; exit 1; }
+  grep -q "RINGTRAIN_HAVE_CUDA:INTERNAL=ON\|RINGTRAIN_HAVE_CUDA:BOOL=ON" "$build/CMakeCache.txt" ||
+    [[ -n "$(find "$build" -maxdepth 1 -name 'libringtrain_cuda.so*' -print -quit)" ]] ||
+    echo "carry: warning: $build may lack the CUDA module (nvcc found at configure time?)" >&2
+  # shellcheck disable=SC2046
+  cmake --build "$build" -j "${JOBS:-2}" --target $(gpu_targets)
+  # Only what the check runs travels: older test_gpu_* or bench binaries in the
+  # build folder are left out by bundling from a folder of links.
+  local pick="$ROOT/.gpu-carry/pick" t
+  rm -rf "$ROOT/.gpu-carry" && mkdir -p "$pick/tests" "$pick/bench"
+  ln -s "$build/ringtrain" "$pick/ringtrain"
+  ln -s "$build"/libringtrain_cuda.so "$pick/libringtrain_cuda.so"
+  for t in $(gpu_targets); do
+    [[ "$t" == test_gpu_* ]] && ln -s "$build/tests/$t" "$pick/tests/$t"
+    [[ "$t" == bench_gpu_* ]] && ln -s "$build/bench/$t" "$pick/bench/$t"
+  done
+  cmd_bundle --build "$pick" --archive
+  mv "$B/bundle.tar.xz" "$ROOT/.gpu-carry/bundle.tar.xz"
+  rm -rf "$pick"
+  { git -C "$ROOT" rev-parse --short HEAD; git -C "$ROOT" status --porcelain | wc -l | sed 's/$/ uncommitted changes/'; } \
+    > "$ROOT/.gpu-carry/built-from.txt" 2>/dev/null || true
+  local mib=$(( $(stat -c %s "$ROOT/.gpu-carry/bundle.tar.xz") / 1048576 ))
+  echo "carry: .gpu-carry/bundle.tar.xz, $mib MiB (the device tool carries at most 64 MiB)"
+  [[ "$mib" -lt 64 ]] || { echo "carry: too large to carry" >&2; exit 1; }
+  echo "carry: now run, with the device tool: carry [\".gpu-carry\"], timeout_s 600,"
+  echo "       command: tests/gpu/run_on_gpu_host.sh gpu-check --budget 480"
+}
+
+cmd_gpu_check() {
+  local budget=480 out="${OUT:-}"
+  while [[ $# -gt 0 ]]; do
+    case "$1" in
+      --budget) budget="$2"; shift 2 ;;
+      --out) out="$2"; shift 2 ;;
+      *) echo "gpu-check: unknown option $1" >&2; exit 2 ;;
+    esac
+  done
+  local t0=$SECONDS
+  if [[ -f "$ROOT/.gpu-carry/bundle.tar.xz" ]]; then
+    rm -rf "$B" && mkdir -p "$B" && tar -C "$B" -xJf "$ROOT/.gpu-carry/bundle.tar.xz"
+  fi
+  bundle_env
+  local R="${out:-$B/results}" S name n rc left t1 failed=0 passed=0 skipped=0 t
+  mkdir -p "$R"
+  S="$R/summary.txt"
+  : > "$S"
+  echo "gpu-check: bundle built from $(tr '\n' ' ' < "$ROOT/.gpu-carry/built-from.txt" 2>/dev/null || echo '?')," \
+       "budget ${budget} s, unpacked in $((SECONDS - t0)) s" | tee -a "$S"
+  command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$R/gpu.csv"
+  # runs NAME LOG CMD...: one timed run within what is left of the budget.
+  one() {
+    local name="$1" log="$2"; shift 2
+    left=$((budget - (SECONDS - t0)))
+    if [[ "$left" -lt 15 ]]; then
+      echo "$name: NOT RUN (budget spent)" | tee -a "$S"; failed=$((failed + 1)); return
+    fi
+    t1=$SECONDS
+    set +e
+    timeout -k 5 "$((left < ${RT_GPU_TIMEOUT:-240} ? left : ${RT_GPU_TIMEOUT:-240}))" "$@" > "$log" 2>&1; rc=$?
+    set -e
+    case "$rc" in
+      0) passed=$((passed + 1)); echo "$name: passed ($((SECONDS - t1)) s)" | tee -a "$S" ;;
+      77) skipped=$((skipped + 1)); echo "$name: SKIPPED ($(grep -m1 SKIPPED "$log"))" | tee -a "$S" ;;
+      124|137) failed=$((failed + 1)); echo "$name: TIMED OUT after $((SECONDS - t1)) s" | tee -a "$S" ;;
+      *) failed=$((failed + 1)); echo "$name: FAILED rc $rc ($((SECONDS - t1)) s)" | tee -a "$S"; tail -15 "$log" ;;
+    esac
+  }
+  for t in "$B"/bin/test_gpu_*; do
+    name=$(basename "$t")
+    if [[ "$name" == test_gpu_mpi_* ]]; then
+      for n in 1 2; do one "$name np$n" "$R/$name.np$n.log" mpirun -np "$n" --oversubscribe "$t" --rt-gpu; done
+    else
+      one "$name" "$R/$name.log" "$t" --rt-gpu
+    fi
+  done
+  echo "tests: $passed passed, $failed failed, $skipped skipped" | tee -a "$S"
+  # The step benchmark gets what is left, one model per process so that one
+  # failure keeps the others' figures (PyTorch beside it where the host has it).
+  t="$B/bin/bench_gpu_train_step"
+  local m share
+  for m in cnn resnet vit; do
+    share=2; [[ "$m" == vit ]] && share=1
+    RT_GPU_TIMEOUT=$(( (budget - (SECONDS - t0)) / share )) one "bench_gpu_train_step $m" \
+      "$R/bench_gpu_train_step.$m.log" "$t" --models "$m" --reference "$B/reference" --iters 20 \
+      --out "$R/bench_gpu_train_step.$m.json"
+  done
+  echo "gpu-check: $((SECONDS - t0)) s of ${budget}; raw outputs in $R (copy them to docs/data/gpu/)" | tee -a "$S"
+  return "$failed"
+}
+
 report() {  # report NAME RC LOG
   case "$2" in
     0) passed=$((passed + 1)); echo "   passed" ;;
@@ -314,5 +431,7 @@ case "${1:-}" in
     fi
     exit "$failed" ;;
   mpi-smoke) shift; cmd_mpi_smoke ;;
-  *) sed -n '2,30p' "$0"; exit 2 ;;
+  carry) shift; cmd_carry "$@" ;;
+  gpu-check) shift; cmd_gpu_check "$@" ;;
+  *) sed -n '2,46p' "$0"; exit 2 ;;
 esac

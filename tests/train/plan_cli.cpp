@@ -119,7 +119,8 @@ TEST(Plan, JsonHasEveryFieldOnce) {
   EXPECT_EQ(j.at("micro_batches"), 2);
   EXPECT_EQ(j.at("micro_batch_size"), 16);
   EXPECT_EQ(j.at("global_batch"), 64);
-  EXPECT_EQ(j.size(), 7u) << j.dump();
+  EXPECT_EQ(j.at("gpu_gate").at("on_cuda"), "refused");  // pipeline 2 (train/mpi_gpu_gate tests the gate)
+  EXPECT_EQ(j.size(), 8u) << j.dump();
 }
 
 class PlanCli : public ::testing::Test {
@@ -161,6 +162,25 @@ TEST_F(PlanCli, ALayoutThatCannotRunExitsTwoNamingTheKey) {
   EXPECT_NE(r.out.find("parallel.pipeline = 2"), std::string::npos) << r.out;
   r = run_job(train() + "--ranks 4");
   EXPECT_EQ(r.status, exit_code::bad_input) << "--ranks needs --print-plan\n" << r.out;
+}
+
+// The GPU validation gate (train/gpu_gate.hpp) in the printed plan: the job's
+// pipeline 2 is refused on CUDA by name; with --device cuda the plan itself is.
+TEST_F(PlanCli, PrintsTheGpuGateAndRefusesWhatItDoesNotList) {
+  JobResult r = run_job(train() + "--print-plan --ranks 10");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const auto gate = nlohmann::json::parse(r.out).at("gpu_gate");
+  EXPECT_GE(gate.at("verified").size(), 1u) << r.out;
+  EXPECT_EQ(gate.at("verified")[0].at("card"), "NVIDIA H100 80GB HBM3") << r.out;
+  EXPECT_EQ(gate.at("on_cuda"), "refused") << r.out;
+  EXPECT_EQ(gate.at("refused")[0].at("feature"), "pipeline parallelism") << r.out;
+  r = run_job(train() + "--device cuda --print-plan --ranks 10");
+  EXPECT_EQ(r.status, exit_code::bad_input) << r.out;
+  EXPECT_NE(r.out.find("GPU validation gate refuses pipeline parallelism (parallel.pipeline = 2)"), std::string::npos)
+      << r.out;
+  r = run_job(train() + "--device cuda --set parallel.pipeline=1 --print-plan --ranks 10");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(nlohmann::json::parse(r.out).at("gpu_gate").at("on_cuda"), "allowed") << r.out;
 }
 
 TEST_F(PlanCli, UnderMpirunEveryRankPlansAndOnePrints) {

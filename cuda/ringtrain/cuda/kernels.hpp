@@ -91,6 +91,24 @@ void token_mean(const void* x, void* y, std::int64_t n, std::int64_t t, std::int
 void token_mean_backward(const void* dy, void* dx, std::int64_t n, std::int64_t t, std::int64_t d, DType dt,
                          cudaStream_t stream);
 
+// ---- token embedding (kernels/embedding.cu) -------------------------------------
+// rows[i] = ids[i] - first where that is in [0, local), else -1; *bad = the
+// smallest i whose id is no integer in [0, vocab) (untouched when none: set it
+// to ULLONG_MAX first).
+void embedding_rows(const float* ids, std::int32_t* rows, unsigned long long* bad, std::size_t n, std::int64_t vocab,
+                    std::int64_t first, std::int64_t local, cudaStream_t stream);
+// y[i, :] (dtype dt) = w[rows[i], :] (zeros for -1) + pos[i % t, :] when pos
+// is not null: float32 sum, rounded once.
+void embedding_lookup(const std::int32_t* rows, const float* w, const float* pos, void* y, std::size_t tokens,
+                      std::int64_t t, std::int64_t d, DType dt, cudaStream_t stream);
+// dpos[p, :] += dy[s * t + p, :] over samples s in order (dpos may be null);
+// dweight[r, :] += dy[i, :] over tokens i with rows[i] = r, in token order (a
+// stable radix sort by row; no atomics): the CPU's sums, bitwise.
+std::size_t embedding_backward_scratch_bytes(std::size_t tokens);
+void embedding_backward(const void* dy, DType dt, const std::int32_t* rows, float* dweight, float* dpos,
+                        std::size_t tokens, std::int64_t t, std::int64_t d, void* scratch, std::size_t scratch_bytes,
+                        cudaStream_t stream);
+
 // ---- non-finite detection ----------------------------------------------------
 // Sets *flag = 1 if any element of x is inf or NaN (never clears it).
 void check_finite(const void* x, std::size_t n, DType dt, int* flag, cudaStream_t stream);

@@ -66,10 +66,18 @@ class Tensor {
   std::size_t bytes_to_storage_end() const;
 
   void* raw() const;
+  // Typed host pointer: host code dereferences it, so a tensor on a device is
+  // an error here (naming the shape and device), not a crash in a host loop.
   template <typename T>
   T* data() const {
-    RT_CHECK(dtype_of<T>::value == dtype_, "tensor of dtype ", dtype_name(dtype_),
-             " accessed as ", dtype_name(dtype_of<T>::value));
+    if (dtype_of<T>::value != dtype_ || (storage_ && !storage_->device().is_cpu()))
+      fail_access(dtype_of<T>::value);
+    return static_cast<T*>(raw());
+  }
+  // Typed pointer on any device, for kernels and copies that take device memory.
+  template <typename T>
+  T* device_data() const {
+    if (dtype_of<T>::value != dtype_) fail_access(dtype_of<T>::value);
     return static_cast<T*>(raw());
   }
 
@@ -90,6 +98,8 @@ class Tensor {
   void fill_(double value);          // CPU only for now
 
  private:
+  [[noreturn]] void fail_access(DType asked) const;
+
   std::shared_ptr<Storage> storage_;
   std::size_t offset_ = 0;  // in elements
   Shape shape_;

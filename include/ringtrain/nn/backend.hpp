@@ -260,6 +260,24 @@ class Backend {
   virtual void token_mean(const Tensor& x, Tensor& y) = 0;
   virtual void token_mean_backward(const Tensor& dy, Tensor& dx) = 0;
 
+  // ---- token embedding (language models; TokenEmbedding) ----
+  // ids [N, T]: float32 token ids in [0, vocab), checked: the first bad one is
+  // an Error "input i = v is not a token id in [0, vocab)" (TokenEmbedding adds
+  // its name). rows (i32, N*T) receives id - first where that is a row of
+  // weight [R, D] (this rank's vocabulary shard), else -1; y [N, T, D]
+  // (float32 or the 16-bit activation type) = weight[row] (zeros for -1), plus
+  // pos[t] when pos [>= T, D] is defined, summed in float32 and rounded once.
+  virtual void embedding_forward(const Tensor& ids, std::int64_t vocab, std::int64_t first, const Tensor& weight,
+                                 const Tensor& pos, Tensor& rows, Tensor& y) {
+    RT_FAIL("the ", name(), " backend has no token embedding");
+  }
+  // Its adjoint, accumulating in float32: dweight[row] += dy[i] for rows >= 0,
+  // and dpos[t] += dy[i] for every token when dpos is defined; each sum in token
+  // order (deterministic, the same on every device).
+  virtual void embedding_backward(const Tensor& dy, const Tensor& rows, Tensor& dweight, Tensor& dpos) {
+    RT_FAIL("the ", name(), " backend has no token embedding");
+  }
+
   // out = a + b (same shape; out may alias a or b).
   virtual void add(const Tensor& a, const Tensor& b, Tensor& out) = 0;
   // y += alpha * x (same numel): plain SGD steps, gradient accumulation.

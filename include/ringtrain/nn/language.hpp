@@ -86,7 +86,9 @@ class TokenEmbedding : public Layer {
   bool tied_ = false, scatter_ = false, copied_ = false;
   DType out_dt_ = DType::f32;
   Tensor weight, pos, dweight, dpos, y_;
-  std::vector<std::int32_t> ids_;  // per token: its row here, or -1 (another rank's)
+  Tensor rows_;  // i32 per token: its row here, or -1 (another rank's); on the layer's device
+  Backend* be_ = nullptr;
+  void lookup(const Tensor& ids, const Tensor& positions, Tensor& y);
 };
 
 // x [N, T, dim] -> logits [N, T, vocab] = x W^T, W the tied embedding's weight

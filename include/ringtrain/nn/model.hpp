@@ -34,6 +34,9 @@ struct ModelConfig {
   std::int64_t patch = 4;       // vit: square patch side; must divide height and width
   std::uint64_t seed = 42;      // initialisation and dropout
   MathMode math = MathMode::fp32;  // down-conversion allowed inside Conv2d/Linear (backend.hpp)
+  // bf16/fp16 activation storage where the backend offers it; the trainer turns it
+  // off on a GPU until the validation gate lists it (train/gpu_gate.hpp).
+  bool storage16 = true;
   TensorGroup tensor;              // parallel.tensor: every model splits its layers over it
   bool sequence = true;            // parallel.sequence: transformer blocks split their tokens over `tensor` too
   std::vector<LayerDesc> layers;   // name = layers: the [[model.layers]] entries (layers_model.hpp)

@@ -7,6 +7,8 @@
 // model, its length for train.accumulation) are the trainer's alone.
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "ringtrain/train/config.hpp"
 
@@ -23,13 +25,19 @@ struct RunPlan {
   int micro_batches = 1;                   // pipeline micro-batches per batch
   int micro_batch_size = 0;                // batch_per_rank / micro_batches
   std::int64_t global_batch = 0;           // batch_per_rank x data x accumulation: samples per optimizer step
+  // The GPU validation gate (train/gpu_gate.hpp): what this job would need on
+  // CUDA that has not run on a GPU (refused there), and the 16-bit storage it
+  // would leave for float32 ("" when none).
+  std::vector<std::pair<std::string, std::string>> gpu_refused;  // feature, setting
+  std::string gpu_storage_fallback;
 
   // Pretty-printed JSON, one key per line (docs/parallel_layouts.md, "Print the plan").
   std::string json() const;
 };
 
 // The plan of `cfg` (validated here too) at `ranks` ranks; an Error naming the
-// key when the configuration cannot run there (the trainer raises the same one).
+// key when the configuration cannot run there (the trainer raises the same one),
+// the GPU validation gate's refusal included for train.device = cuda.
 RunPlan plan_run(TrainConfig cfg, int ranks);
 
 }  // namespace ringtrain

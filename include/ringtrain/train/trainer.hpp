@@ -66,6 +66,9 @@ struct TrainerHooks {
   std::function<void(std::int64_t step)> in_step;
   // Tests only: called after each tensor written to a checkpoint (throw to inject a write error).
   std::function<void(const std::string&)> checkpoint_write_hook;
+  // GPU tests only: features off the GPU validation gate's list (train/gpu_gate.hpp)
+  // that this trainer runs on CUDA anyway, so that a GPU session can verify them.
+  std::vector<std::string> gpu_trial;
 };
 
 // Bytes one rank holds (Trainer::memory).

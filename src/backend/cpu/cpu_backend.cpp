@@ -229,6 +229,13 @@ class CpuBackend final : public Backend {
   void sum_broadcast(const Tensor& dy, std::int64_t inner, Tensor& db, bool accumulate) override {
     cpu::sum_broadcast(dy, inner, db, accumulate);
   }
+  void embedding_forward(const Tensor& ids, std::int64_t vocab, std::int64_t first, const Tensor& weight,
+                         const Tensor& pos, Tensor& rows, Tensor& y) override {
+    cpu::embedding_forward(ids, vocab, first, weight, pos, rows, y);
+  }
+  void embedding_backward(const Tensor& dy, const Tensor& rows, Tensor& dweight, Tensor& dpos) override {
+    cpu::embedding_backward(dy, rows, dweight, dpos);
+  }
   void token_mean(const Tensor& x, Tensor& y) override { cpu::token_mean(x, y); }
   void token_mean_backward(const Tensor& dy, Tensor& dx) override { cpu::token_mean_backward(dy, dx); }
 

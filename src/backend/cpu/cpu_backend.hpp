@@ -134,6 +134,10 @@ void add_broadcast(const Tensor& x, const Tensor& b, std::int64_t inner, Tensor&
 void sum_broadcast(const Tensor& dy, std::int64_t inner, Tensor& db, bool accumulate);
 void token_mean(const Tensor& x, Tensor& y);
 void token_mean_backward(const Tensor& dy, Tensor& dx);
+// embedding.cpp
+void embedding_forward(const Tensor& ids, std::int64_t vocab, std::int64_t first, const Tensor& weight,
+                       const Tensor& pos, Tensor& rows, Tensor& y);
+void embedding_backward(const Tensor& dy, const Tensor& rows, Tensor& dweight, Tensor& dpos);
 
 }  // namespace cpu
 }  // namespace ringtrain

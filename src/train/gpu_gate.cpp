@@ -1,0 +1,107 @@
+#include "ringtrain/train/gpu_gate.hpp"
+
+#include "ringtrain/core/error.hpp"
+
+namespace ringtrain {
+namespace {
+
+// The first GPU session (docs/gpu.md, docs/data/gpu/): one H100, tests and jobs at 1-4 ranks.
+constexpr const char* kH100Date = "2026-11-24";
+constexpr const char* kH100 = "NVIDIA H100 80GB HBM3";
+
+bool on_list(const std::string& feature, const std::vector<std::string>& trial = {}) {
+  for (const GpuVerified& v : gpu_verified())
+    if (v.feature == feature) return true;
+  for (const std::string& t : trial)
+    if (t == feature) return true;
+  return false;
+}
+
+}  // namespace
+
+const std::vector<GpuVerified>& gpu_verified() {
+  static const std::vector<GpuVerified> list = {
+      {"data parallelism", kH100Date, kH100,
+       "test_gpu_mpi_trainer, test_gpu_mpi_engine np1-np4; jobs/fashion_cnn.toml at 1 and 2 ranks"},
+      {"device all-reduce (comm.algorithm auto, ring, tree, mpi)", kH100Date, kH100,
+       "test_gpu_mpi_collectives np1-np4, bench_gpu_allreduce"},
+      {"model mlp", kH100Date, kH100, "test_gpu_transformer, test_gpu_backend"},
+      {"model cnn", kH100Date, kH100, "test_gpu_train_cnn, test_gpu_mpi_trainer, bench_gpu_train_step"},
+      {"model resnet", kH100Date, kH100, "test_gpu_backend, bench_gpu_train_step"},
+      {"model vit", kH100Date, kH100, "test_gpu_transformer (a whole vit step), bench_gpu_train_step"},
+      {"fp32 arithmetic", kH100Date, kH100, "test_gpu_mpi_trainer, bench_gpu_train_step"},
+      {"tf32 arithmetic", kH100Date, kH100, "bench_gpu_train_step (cnn, resnet, vit)"},
+      {"bf16 arithmetic (float32 storage)", kH100Date, kH100,
+       "test_gpu_mpi_trainer (cnn), GpuTrainer.RepeatedRunsAreBitwiseIdentical, bench_gpu_train_step"},
+      {"fp16 arithmetic with loss scaling (float32 storage)", kH100Date, kH100,
+       "test_gpu_mpi_trainer (cnn), bench_gpu_train_step"},
+      {"optimizers sgd, adam, adamw, lamb", kH100Date, kH100, "test_gpu_optim"},
+  };
+  return list;
+}
+
+bool gpu_is_verified(const std::string& feature) { return on_list(feature); }
+
+std::vector<GpuNeed> gpu_needs(const TrainConfig& cfg) {
+  std::vector<GpuNeed> n;
+  n.push_back({"data parallelism", "train.device = cuda"});
+  const std::string& algo = cfg.comm.algorithm;
+  const bool tested_algo = algo == "auto" || algo == "automatic" || algo == "ring" || algo == "tree" || algo == "mpi";
+  n.push_back({tested_algo ? "device all-reduce (comm.algorithm auto, ring, tree, mpi)" : "device all-reduce " + algo,
+               "comm.algorithm = " + algo});
+  n.push_back({"model " + cfg.model.name, "model.name = " + cfg.model.name});
+  const std::string& p = cfg.train.precision;
+  n.push_back({p == "bf16"   ? "bf16 arithmetic (float32 storage)"
+               : p == "fp16" ? "fp16 arithmetic with loss scaling (float32 storage)"
+                             : p + " arithmetic",
+               "train.precision = " + p});
+  const std::string& o = cfg.optimizer.name;
+  const bool tested_opt = o == "sgd" || o == "adam" || o == "adamw" || o == "lamb";
+  n.push_back({tested_opt ? "optimizers sgd, adam, adamw, lamb" : "optimizer " + o, "optimizer.name = " + o});
+  if (cfg.parallel.pipeline > 1)
+    n.push_back({"pipeline parallelism", cat("parallel.pipeline = ", cfg.parallel.pipeline)});
+  if (cfg.parallel.tensor > 1) {
+    n.push_back({"tensor parallelism", cat("parallel.tensor = ", cfg.parallel.tensor)});
+    if (cfg.parallel.sequence && cfg.model.name != "mlp" && cfg.model.name != "cnn" && cfg.model.name != "resnet")
+      n.push_back({"sequence parallelism", cat("parallel.sequence = true with parallel.tensor = ", cfg.parallel.tensor)});
+  }
+  if (cfg.parallel.zero > 0) n.push_back({cat("ZeRO-", cfg.parallel.zero), cat("parallel.zero = ", cfg.parallel.zero)});
+  if (cfg.train.recompute != "none")
+    n.push_back({"activation recomputation (" + cfg.train.recompute + ")", "train.recompute = " + cfg.train.recompute});
+  return n;
+}
+
+std::vector<GpuNeed> gpu_unverified(const TrainConfig& cfg, const std::vector<std::string>& trial) {
+  std::vector<GpuNeed> out;
+  for (GpuNeed& n : gpu_needs(cfg))
+    if (!on_list(n.feature, trial)) out.push_back(std::move(n));
+  return out;
+}
+
+std::string gpu_gate_refusal(const TrainConfig& cfg, const std::vector<std::string>& trial) {
+  const std::vector<GpuNeed> missing = gpu_unverified(cfg, trial);
+  if (missing.empty()) return "";
+  std::string what;
+  for (const GpuNeed& n : missing) what += cat(what.empty() ? "" : ", ", n.feature, " (", n.setting, ")");
+  return cat("the GPU validation gate refuses ", what,
+             " on CUDA: not yet run on a GPU (docs/gpu.md lists what has; `ringtrain train --print-plan` "
+             "prints it). Use train.device = cpu, or a layout on the list");
+}
+
+void check_gpu_gate(const TrainConfig& cfg, const std::vector<std::string>& trial) {
+  const std::string why = gpu_gate_refusal(cfg, trial);
+  RT_CHECK(why.empty(), "train.device = cuda: ", why);
+}
+
+std::string gpu_storage16_feature(const TrainConfig& cfg) {
+  if (cfg.train.precision == "bf16") return "bf16 activation storage";
+  if (cfg.train.precision == "fp16") return "fp16 activation storage";
+  return "";
+}
+
+bool gpu_storage16_allowed(const TrainConfig& cfg, const std::vector<std::string>& trial) {
+  const std::string f = gpu_storage16_feature(cfg);
+  return f.empty() || on_list(f, trial);
+}
+
+}  // namespace ringtrain

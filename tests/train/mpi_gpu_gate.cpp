@@ -1,0 +1,183 @@
+// The GPU validation gate (train/gpu_gate.hpp), checked without a GPU: the
+// list's entries are dated and carded; a CUDA job that needs a feature not on
+// it is refused naming the feature and its key, on every rank, before any rank
+// waits (a rank that waited would hang this test, not fail it quietly); the
+// verified data-parallel jobs pass; 16-bit storage falls back to float32
+// instead of refusing; --print-plan carries the list and its verdict.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <sstream>
+#include <string>
+
+#include "ringtrain/comm/collectives.hpp"
+#include "ringtrain/core/error.hpp"
+#include "ringtrain/nn/model.hpp"
+#include "ringtrain/parallel/stage.hpp"
+#include "ringtrain/train/gpu_gate.hpp"
+#include "ringtrain/train/plan.hpp"
+#include "ringtrain/train/trainer.hpp"
+
+using namespace ringtrain;
+
+namespace {
+
+TrainConfig cuda_job(std::initializer_list<const char*> sets) {
+  TrainConfig c;
+  c.train.device = "cuda";
+  c.data.train = "/nonexistent/gate";  // the gate must refuse before the trainer opens anything
+  c.data.test = c.data.train;
+  for (const char* s : sets) c.set(s);
+  return c;
+}
+
+// The trainer's error on this rank ("" if it constructed).
+std::string trainer_error(const TrainConfig& c, const Communicator& world) {
+  TrainerHooks hooks;
+  hooks.evaluate = false;
+  hooks.report = false;
+  try {
+    Trainer t(c, world, hooks);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// Ranks whose message contains `part`, summed over the world.
+int ranks_saying(const std::string& msg, const std::string& part, const Communicator& world) {
+  int n = msg.find(part) != std::string::npos ? 1 : 0;
+  allreduce(&n, &n, 1, DType::i32, ReduceOp::sum, world);
+  return n;
+}
+
+}  // namespace
+
+TEST(GpuGate, EveryEntryNamesItsDateCardAndEvidence) {
+  const std::regex date(R"(20[0-9]{2}-[01][0-9]-[0-3][0-9])");
+  ASSERT_FALSE(gpu_verified().empty());
+  for (const GpuVerified& v : gpu_verified()) {
+    EXPECT_FALSE(v.feature.empty());
+    EXPECT_TRUE(std::regex_match(v.date, date)) << v.feature << ": date '" << v.date << "'";
+    EXPECT_NE(v.card.find("NVIDIA"), std::string::npos) << v.feature << ": card '" << v.card << "'";
+    EXPECT_FALSE(v.evidence.empty()) << v.feature;
+  }
+  // What ran on the H100 on 2026-11-24 (docs/data/gpu/), and what did not.
+  for (const char* f : {"data parallelism", "model cnn", "model resnet", "model vit", "model mlp", "fp32 arithmetic",
+                        "bf16 arithmetic (float32 storage)"})
+    EXPECT_TRUE(gpu_is_verified(f)) << f;
+  for (const char* f : {"pipeline parallelism", "tensor parallelism", "ZeRO-1", "model gpt", "bf16 activation storage",
+                        "fp16 activation storage"})
+    EXPECT_FALSE(gpu_is_verified(f)) << f;
+}
+
+// docs/gpu.md shows the same list, row for row.
+TEST(GpuGate, DocsListEveryEntry) {
+  const char* root = std::getenv("RINGTRAIN_SOURCE_DIR");
+  if (!root) GTEST_SKIP() << "RINGTRAIN_SOURCE_DIR not set";
+  std::ifstream f(std::string(root) + "/docs/gpu.md");
+  ASSERT_TRUE(f) << "docs/gpu.md";
+  std::stringstream ss;
+  ss << f.rdbuf();
+  const std::string doc = ss.str();
+  for (const GpuVerified& v : gpu_verified()) {
+    const std::string row = "| " + v.feature + " | " + v.date + " | " + v.card + " | " + v.evidence + " |";
+    EXPECT_NE(doc.find(row), std::string::npos) << "docs/gpu.md lacks the row\n" << row;
+  }
+  // The table's rows: from its header to the first blank line, less the separator.
+  const std::size_t head = doc.find("| feature | date | card | evidence |");
+  ASSERT_NE(head, std::string::npos) << "docs/gpu.md has no gate table";
+  const std::string table = doc.substr(head, doc.find("\n\n", head) - head);
+  const std::size_t rows = static_cast<std::size_t>(std::count(table.begin(), table.end(), '\n')) - 1;
+  EXPECT_EQ(rows, gpu_verified().size()) << "docs/gpu.md lists dated features the code does not";
+}
+
+TEST(GpuGate, RefusesUnverifiedFeaturesByNameOnEveryRank) {
+  Communicator world = Communicator::world();
+  const int all = world.size();
+  struct Case {
+    TrainConfig cfg;
+    std::string names;
+  };
+  const Case cases[] = {
+      {cuda_job({"parallel.pipeline=2"}), "pipeline parallelism (parallel.pipeline = 2)"},
+      {cuda_job({"parallel.tensor=2", "model.name=mlp"}), "tensor parallelism (parallel.tensor = 2)"},
+      {cuda_job({"parallel.tensor=2", "model.name=vit"}),
+       "sequence parallelism (parallel.sequence = true with parallel.tensor = 2)"},
+      {cuda_job({"parallel.zero=3"}), "ZeRO-3 (parallel.zero = 3)"},
+      {cuda_job({"model.name=gpt"}), "model gpt (model.name = gpt)"},
+      {cuda_job({"train.recompute=block", "model.name=vit"}), "activation recomputation (block) (train.recompute = block)"},
+      {cuda_job({"optimizer.name=lars"}), "optimizer lars (optimizer.name = lars)"},
+      {cuda_job({"comm.algorithm=shm"}), "device all-reduce shm (comm.algorithm = shm)"},
+  };
+  for (const Case& k : cases) {
+    const std::string msg = trainer_error(k.cfg, world);
+    EXPECT_EQ(ranks_saying(msg, "GPU validation gate", world), all) << "rank " << world.rank() << ": " << msg;
+    EXPECT_EQ(ranks_saying(msg, k.names, world), all) << "rank " << world.rank() << ": " << msg;
+    EXPECT_NE(msg.find("train.device = cuda"), std::string::npos) << msg;
+  }
+  // Two unverified features are both named in one refusal.
+  const std::string both = trainer_error(cuda_job({"parallel.pipeline=2", "parallel.zero=1"}), world);
+  EXPECT_NE(both.find("pipeline parallelism"), std::string::npos) << both;
+  EXPECT_NE(both.find("ZeRO-1"), std::string::npos) << both;
+}
+
+TEST(GpuGate, VerifiedJobsPassAndSixteenBitStorageFallsBack) {
+  EXPECT_EQ(gpu_gate_refusal(cuda_job({})), "");
+  for (const char* p : {"train.precision=fp32", "train.precision=tf32", "train.precision=bf16", "train.precision=fp16"})
+    for (const char* m : {"model.name=mlp", "model.name=cnn", "model.name=resnet", "model.name=vit"})
+      EXPECT_EQ(gpu_gate_refusal(cuda_job({p, m, "optimizer.name=adamw", "comm.deterministic=true"})), "") << p << " " << m;
+  // A vit bf16/fp16 job is allowed; its 16-bit storage is what falls back.
+  EXPECT_FALSE(gpu_storage16_allowed(cuda_job({"model.name=vit", "train.precision=bf16"})));
+  EXPECT_EQ(gpu_storage16_feature(cuda_job({"train.precision=fp16"})), "fp16 activation storage");
+  EXPECT_TRUE(gpu_storage16_allowed(cuda_job({"train.precision=tf32"})));
+  // A GPU test's trial lets exactly the named features through.
+  const TrainConfig pp = cuda_job({"parallel.pipeline=2", "model.name=vit", "train.precision=bf16"});
+  EXPECT_EQ(gpu_gate_refusal(pp, {"pipeline parallelism"}), "");
+  EXPECT_NE(gpu_gate_refusal(pp, {"tensor parallelism"}).find("pipeline parallelism"), std::string::npos);
+  EXPECT_TRUE(gpu_storage16_allowed(pp, {"bf16 activation storage"}));
+  EXPECT_FALSE(gpu_storage16_allowed(pp, {"fp16 activation storage"}));
+}
+
+// ModelConfig::storage16 = false (what the trainer sets on CUDA) keeps float32
+// activations where the backend would store bf16: checked on the CPU backend,
+// which stores bf16 activations for mlp.
+TEST(GpuGate, StorageFallbackKeepsFloat32Activations) {
+  ModelConfig mc;
+  mc.name = "mlp";
+  mc.math = MathMode::bf16;
+  EXPECT_EQ(Stage(mc, Device::cpu()).activation_dtype(), DType::bf16) << "the CPU stores mlp's bf16 activations";
+  mc.storage16 = false;
+  EXPECT_EQ(Stage(mc, Device::cpu()).activation_dtype(), DType::f32);
+}
+
+TEST(GpuGate, PlanPrintsTheListAndItsVerdict) {
+  TrainConfig c = cuda_job({"parallel.pipeline=2", "model.name=vit", "train.precision=bf16"});
+  c.train.device = "auto";
+  const auto j = nlohmann::json::parse(plan_run(c, 4).json());
+  const auto& gate = j.at("gpu_gate");
+  ASSERT_EQ(gate.at("verified").size(), gpu_verified().size());
+  EXPECT_EQ(gate.at("verified")[0].at("feature"), gpu_verified()[0].feature);
+  EXPECT_EQ(gate.at("verified")[0].at("date"), "2026-11-24");
+  EXPECT_EQ(gate.at("on_cuda"), "refused");
+  ASSERT_EQ(gate.at("refused").size(), 1u);
+  EXPECT_EQ(gate.at("refused")[0].at("feature"), "pipeline parallelism");
+  EXPECT_EQ(gate.at("refused")[0].at("setting"), "parallel.pipeline = 2");
+  EXPECT_EQ(gate.at("storage_fallback"), "bf16 activation storage");
+  // With train.device = cuda the plan is refused as the trainer refuses it.
+  c.train.device = "cuda";
+  try {
+    plan_run(c, 4);
+    ADD_FAILURE() << "plan_run accepted pipeline 2 on cuda";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("pipeline parallelism (parallel.pipeline = 2)"), std::string::npos) << e.what();
+  }
+  c.parallel.pipeline = 1;
+  const auto ok = nlohmann::json::parse(plan_run(c, 4).json());
+  EXPECT_EQ(ok.at("gpu_gate").at("on_cuda"), "allowed");
+  EXPECT_TRUE(ok.at("gpu_gate").at("refused").empty());
+}
