@@ -14,8 +14,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-int tag_of(int mb, bool act) { return 2 * mb + (act ? 0 : 1); }
-
 // Shapes as fixed-size integer records for the neighbour handshake.
 std::vector<std::int64_t> pack_shape(const Shape& s) {
   std::vector<std::int64_t> v(9, -1);
@@ -35,39 +33,87 @@ Tensor on(const Tensor& t, Device dev) { return t.device() == dev ? t : t.to(dev
 
 ScheduleExecutor::ScheduleExecutor(const ProcessGrid& grid, ScheduleKind kind, MicroBatching mb, Shape in_mb,
                                    Shape out_mb, Device dev, DeviceRuntime& rt)
+    : ScheduleExecutor(grid, make_schedule(kind, grid.pp_size(), std::max(mb.per_step(), 1)), mb,
+                       {{std::move(in_mb), std::move(out_mb)}}, dev, rt) {}
+
+ScheduleExecutor::ScheduleExecutor(const ProcessGrid& grid, const Schedule& table, MicroBatching mb,
+                                   std::vector<std::pair<Shape, Shape>> chunk_shapes, Device dev, DeviceRuntime& rt)
     : grid_(grid), mb_(mb), dev_(dev), rt_(rt) {
-  const int s = grid.pp_rank(), p = grid.pp_size(), m = mb.per_step();
+  const PipelineLayout& L = grid.pipeline_layout();
+  const int r = grid.pp_rank(), m = mb.per_step(), S = L.stages(), v = L.chunks;
   run_agreed(grid.world(), "setting up the pipeline schedule", [&] {
     RT_CHECK(mb.micro_batches >= 1, "configuration key 'parallel.micro_batches' must be >= 1, got ", mb.micro_batches);
     RT_CHECK(mb.accumulation >= 1, "configuration key 'train.accumulation' must be >= 1, got ", mb.accumulation);
     RT_CHECK(mb.batch > 0 && mb.batch % mb.micro_batches == 0, "data.batch_size = ", mb.batch,
              " is not divisible by parallel.micro_batches = ", mb.micro_batches);
-    RT_CHECK(tag_of(m - 1, false) <= kMaxTransferTag, "train.accumulation x parallel.micro_batches = ", m,
-             " micro-batches per step: at most ", kMaxTransferTag / 2, " (MPI tags)");
+    RT_CHECK(2 * S * m <= kMaxTransferTag, "train.accumulation x parallel.micro_batches = ", m,
+             " micro-batches per step over ", S, " pipeline stages: at most ", kMaxTransferTag / 2,
+             " stage micro-batches per step (MPI tags)");
+    RT_CHECK(table.layout == L && table.micro_batches == m, "pipeline schedule: a table for ", table.layout.ranks,
+             " ranks x ", table.layout.chunks, " chunks and ", table.micro_batches, " micro-batches, the job has ",
+             L.ranks, " x ", L.chunks, " and ", m);
+    RT_CHECK(static_cast<int>(chunk_shapes.size()) == v, "pipeline schedule: shapes for ", chunk_shapes.size(),
+             " chunks, the rank holds ", v);
+    validate(table);
   });
-  sched_ = make_schedule(kind, p, m, s);
-  slots_ = peak_in_flight(sched_);
-  // Handshake: each stage tells the next what it sends; the next compares.
+  table_ = lower(table);
+  mine_ = table_.ranks[static_cast<std::size_t>(r)];
+  slots_ = 1;
+  const std::vector<std::vector<int>> peaks = peak_in_flight_per_chunk(table_);
+  for (int c : peaks[static_cast<std::size_t>(r)]) slots_ = std::max(slots_, c);
+  // Handshake: each chunk tells the next stage's rank what it sends; that rank
+  // compares. Both sides walk their chunks in stage order, so messages
+  // between one pair of ranks match in order.
   std::string err;
-  std::vector<std::int64_t> mine = pack_shape(out_mb), got(9, -1);
   {
     const char* what = "pipeline shape handshake";
     const WaitOn on(grid.pp(), what);
-    MPI_Request q[2];
-    check_mpi(MPI_Isend(mine.data(), 9, MPI_INT64_T, s + 1 < p ? s + 1 : MPI_PROC_NULL, kTagShapeHandshake, on.comm,
-                        &q[0]),
-              what, "MPI_Isend");
-    check_mpi(MPI_Irecv(got.data(), 9, MPI_INT64_T, s > 0 ? s - 1 : MPI_PROC_NULL, kTagShapeHandshake, on.comm, &q[1]),
-              what, "MPI_Irecv");
-    wait_bounded(q, 2, on, what);
+    std::vector<std::vector<std::int64_t>> mine, got;
+    std::vector<MPI_Request> q;
+    std::vector<int> from;
+    mine.reserve(static_cast<std::size_t>(v));
+    got.reserve(static_cast<std::size_t>(v));
+    for (int k = 0; k < v; ++k) {
+      const int g = L.stage_of(r, k);
+      if (g + 1 < S && L.rank_of(g + 1) != r) {
+        mine.push_back(pack_shape(chunk_shapes[static_cast<std::size_t>(k)].second));
+        q.emplace_back();
+        check_mpi(MPI_Isend(mine.back().data(), 9, MPI_INT64_T, L.rank_of(g + 1), kTagShapeHandshake, on.comm,
+                            &q.back()),
+                  what, "MPI_Isend");
+      }
+      if (g > 0 && L.rank_of(g - 1) != r) {
+        got.emplace_back(9, -1);
+        from.push_back(k);
+        q.emplace_back();
+        check_mpi(MPI_Irecv(got.back().data(), 9, MPI_INT64_T, L.rank_of(g - 1), kTagShapeHandshake, on.comm,
+                            &q.back()),
+                  what, "MPI_Irecv");
+      }
+    }
+    if (!q.empty()) wait_bounded(q.data(), static_cast<int>(q.size()), on, what);
+    for (std::size_t j = 0; j < from.size() && err.empty(); ++j) {
+      const int k = from[j], g = L.stage_of(r, k);
+      const Shape& want = chunk_shapes[static_cast<std::size_t>(k)].first;
+      if (unpack_shape(got[j]) != want)
+        err = cat("pipeline stage ", g - 1, " sends activations of shape ", shape_str(unpack_shape(got[j])),
+                  " but stage ", g, " ", grid.tag(), " expects ", shape_str(want));
+    }
   }
-  if (s > 0 && unpack_shape(got) != in_mb)
-    err = cat("pipeline stage ", s - 1, " sends activations of shape ", shape_str(unpack_shape(got)), " but stage ", s,
-              " ", grid.tag(), " expects ", shape_str(in_mb));
   agree_or_throw(grid.world(), err, "checking the pipeline stages' shapes");
-  for (int i = 0; i < m; ++i) {
-    if (s > 0) act_in_.push_back(Tensor::empty(in_mb, DType::f32));
-    if (s + 1 < p) grad_in_.push_back(Tensor::empty(out_mb, DType::f32));
+  act_in_.resize(static_cast<std::size_t>(v));
+  grad_in_.resize(static_cast<std::size_t>(v));
+  // Remote neighbours: host receive buffers. Local ones (the V's turn): a copy
+  // on the device, made at the turn, since the neighbour chunk reuses its
+  // slot's buffers after its W while this chunk's W may still read them.
+  for (int k = 0; k < v; ++k) {
+    const int g = L.stage_of(r, k);
+    act_in_[k].resize(static_cast<std::size_t>(m));
+    grad_in_[k].resize(static_cast<std::size_t>(m));
+    for (int i = 0; i < m; ++i) {
+      if (g > 0 && L.rank_of(g - 1) != r) act_in_[k][i] = Tensor::empty(chunk_shapes[k].first, DType::f32);
+      if (g + 1 < S && L.rank_of(g + 1) != r) grad_in_[k][i] = Tensor::empty(chunk_shapes[k].second, DType::f32);
+    }
   }
   dlogits_.resize(static_cast<std::size_t>(slots_));
 }
@@ -78,43 +124,51 @@ ScheduleExecutor::~ScheduleExecutor() = default;
 // the host copies they read) completed before the slot is reused.
 struct ScheduleExecutor::Transfers {
   PeerLink link;
-  std::vector<PeerRequest> act, grad;
-  std::vector<std::vector<PeerRequest>> sends;  // per slot
-  std::vector<std::vector<Tensor>> staged;      // per slot: host copies being sent
+  std::vector<std::vector<PeerRequest>> act, grad;  // per chunk and micro-batch
+  std::vector<std::vector<PeerRequest>> sends;      // per chunk x slot
+  std::vector<std::vector<Tensor>> staged;          // per chunk x slot: host copies being sent
+  int slots;
 
-  Transfers(const ProcessGrid& g, int m, int slots) : link(g), act(m), grad(m), sends(slots), staged(slots) {}
+  Transfers(const ProcessGrid& g, int chunks, int m, int slots)
+      : link(g), act(chunks, std::vector<PeerRequest>(m)), grad(chunks, std::vector<PeerRequest>(m)),
+        sends(chunks * slots), staged(chunks * slots), slots(slots) {}
   ~Transfers() {  // an exception mid-step: nothing may stay posted on our buffers
-    for (auto& r : act) link.cancel(r);
-    for (auto& r : grad) link.cancel(r);
+    for (auto& c : act)
+      for (auto& r : c) link.cancel(r);
+    for (auto& c : grad)
+      for (auto& r : c) link.cancel(r);
   }
-  void finish_sends(int slot) {
-    for (auto& r : sends[slot]) link.wait(r, "an activation or gradient");
-    sends[slot].clear();
-    staged[slot].clear();
+  void finish_sends(int chunk, int slot) {
+    const std::size_t k = static_cast<std::size_t>(chunk * slots + slot);
+    for (auto& r : sends[k]) link.wait(r, "an activation or gradient");
+    sends[k].clear();
+    staged[k].clear();
   }
-  void send(int slot, int mb, const Tensor& t, int to, bool act) {
+  void send(int chunk, int slot, int mb, const Tensor& t, int to, int tag) {
     RT_CHECK(t.defined(), "pipeline: nothing to send for micro-batch ", mb);
+    const std::size_t k = static_cast<std::size_t>(chunk * slots + slot);
     Tensor host = t.device().is_cpu() ? t : t.to(Device::cpu());
-    staged[slot].push_back(host);
-    sends[slot].push_back(link.isend(host.raw(), host.nbytes(), to, tag_of(mb, act)));
+    staged[k].push_back(host);
+    sends[k].push_back(link.isend(host.raw(), host.nbytes(), to, tag));
   }
 };
 
 StepOutput ScheduleExecutor::run(Stage& stage, const Loss& loss_fn, const StepInput& in, GradSync& sync) {
-  const int s = grid_.pp_rank(), p = grid_.pp_size(), m = mb_.per_step();
+  const PipelineLayout& L = grid_.pipeline_layout();
+  const int r = grid_.pp_rank(), m = mb_.per_step(), S = L.stages(), v = L.chunks;
   const std::int64_t rows = mb_.size();
-  auto check = [&](const std::vector<Tensor>& v, const char* what) {
-    RT_CHECK(static_cast<int>(v.size()) == mb_.accumulation, grid_.tag(), " step: expected ", mb_.accumulation,
-             " batches of ", what, ", got ", v.size());
-    for (const Tensor& t : v)
-      RT_CHECK(t.defined() && t.dim(0) == mb_.batch, grid_.tag(), " step: expected ", mb_.batch, " ", what);
+  auto check = [&](const std::vector<Tensor>& t, const char* what) {
+    RT_CHECK(static_cast<int>(t.size()) == mb_.accumulation, grid_.tag(), " step: expected ", mb_.accumulation,
+             " batches of ", what, ", got ", t.size());
+    for (const Tensor& x : t)
+      RT_CHECK(x.defined() && x.dim(0) == mb_.batch, grid_.tag(), " step: expected ", mb_.batch, " ", what);
   };
   if (grid_.first_stage()) check(in.images, "images");
   if (grid_.last_stage()) check(in.labels, "labels");
   // Micro-batch i is loader batch i / m's (i % m)-th slice.
-  auto slice = [&](const std::vector<Tensor>& v, int i) {
-    const Tensor& t = v[static_cast<std::size_t>(i / mb_.micro_batches)];
-    return on(t.slice_rows((i % mb_.micro_batches) * rows, (i % mb_.micro_batches + 1) * rows), dev_);
+  auto slice = [&](const std::vector<Tensor>& t, int i) {
+    const Tensor& x = t[static_cast<std::size_t>(i / mb_.micro_batches)];
+    return on(x.slice_rows((i % mb_.micro_batches) * rows, (i % mb_.micro_batches + 1) * rows), dev_);
   };
   // Its first sample in the step's global batch: loader batch a's samples sit
   // at a·G + dp_rank·B there, G = dp·B (data/sampler.hpp).
@@ -131,53 +185,75 @@ StepOutput ScheduleExecutor::run(Stage& stage, const Loss& loss_fn, const StepIn
   const auto t_step = Clock::now();
   stage.zero_grads();
   sync.begin_step();
-  Transfers tr(grid_, m, slots_);
-  for (int i = 0; i < m; ++i) {
-    if (s > 0) tr.act[i] = tr.link.irecv(act_in_[i].raw(), act_in_[i].nbytes(), s - 1, tag_of(i, true));
-    if (s + 1 < p) tr.grad[i] = tr.link.irecv(grad_in_[i].raw(), grad_in_[i].nbytes(), s + 1, tag_of(i, false));
+  Transfers tr(grid_, v, m, slots_);
+  for (int k = 0; k < v; ++k) {
+    const int g = L.stage_of(r, k);
+    for (int i = 0; i < m; ++i) {
+      if (g > 0 && L.rank_of(g - 1) != r)
+        tr.act[k][i] = tr.link.irecv(act_in_[k][i].raw(), act_in_[k][i].nbytes(), L.rank_of(g - 1), tag_of(g, i, true));
+      if (g + 1 < S && L.rank_of(g + 1) != r)
+        tr.grad[k][i] =
+            tr.link.irecv(grad_in_[k][i].raw(), grad_in_[k][i].nbytes(), L.rank_of(g + 1), tag_of(g, i, false));
+    }
   }
-  std::vector<int> slot_of(m, -1), free_slots;
-  for (int k = slots_; k-- > 0;) free_slots.push_back(k);
-  std::vector<Tensor> input(m), output(m), dinput(m);
-  int b_done = 0, w_done = 0;
+  // Per chunk and micro-batch: the slot, the chunk's input and output, the
+  // gradient of its input (to send, or the previous local chunk's dy).
+  using PerMb = std::vector<std::vector<Tensor>>;
+  std::vector<std::vector<int>> slot_of(v, std::vector<int>(m, -1)), free_slots(v);
+  for (int k = 0; k < v; ++k)
+    for (int j = slots_; j-- > 0;) free_slots[k].push_back(j);
+  PerMb input(v, std::vector<Tensor>(m)), output = input, dinput = input;
+  std::vector<int> b_done(v, 0), w_done(v, 0);
   auto timed = [&](auto&& f) {
     const auto t0 = Clock::now();
     f();
     out.timing.busy_s += since(t0);
   };
   const Stage::GradReady ready = [&sync](int l) { sync.layer_ready(l); };
-  for (const Instr& ins : sched_) {
-    const int i = ins.mb;
-    switch (ins.op) {
-      case Op::load_micro_batch: timed([&] { input[i] = slice(in.images, i); }); break;
+  auto turn = [](Tensor& keep, const Tensor& src) -> const Tensor& {
+    if (!keep.defined() || keep.shape() != src.shape() || keep.dtype() != src.dtype() || keep.device() != src.device())
+      keep = Tensor::empty(src.shape(), src.dtype(), src.device());
+    keep.copy_from(src);
+    return keep;
+  };
+  for (const Action& a : mine_) {
+    const int i = a.mb, g = a.stage, k = L.chunk_of(g);
+    switch (a.op) {
+      case Op::load_micro_batch: timed([&] { input[k][i] = slice(in.images, i); }); break;
       case Op::recv_act:
-        tr.link.wait(tr.act[i], cat("the activation of micro-batch ", i));
-        input[i] = on(act_in_[i], dev_);
+        tr.link.wait(tr.act[k][i], cat("the activation of micro-batch ", i, " for stage ", g));
+        input[k][i] = on(act_in_[k][i], dev_);
         break;
       case Op::forward: {
-        RT_ASSERT(!free_slots.empty());
-        slot_of[i] = free_slots.back();
-        free_slots.pop_back();
-        tr.finish_sends(slot_of[i]);  // the slot's outputs may be rewritten now
+        if (g > 0 && L.rank_of(g - 1) == r) input[k][i] = turn(act_in_[k][i], output[L.chunk_of(g - 1)][i]);
+        RT_ASSERT(!free_slots[k].empty() && input[k][i].defined());
+        slot_of[k][i] = free_slots[k].back();
+        free_slots[k].pop_back();
+        tr.finish_sends(k, slot_of[k][i]);  // the slot's outputs may be rewritten now
         timed([&] {
-          stage.set_position(static_cast<std::uint64_t>(in.step), first_sample(i));
-          output[i] = stage.forward(slot_of[i], input[i], Mode::train);
+          const SamplePosition pos{static_cast<std::uint64_t>(in.step), first_sample(i)};
+          output[k][i] = stage.forward(k, slot_of[k][i], input[k][i], Mode::train, pos);
         });
         break;
       }
-      case Op::send_act: tr.send(slot_of[i], i, output[i], s + 1, true); break;
-      case Op::recv_grad: tr.link.wait(tr.grad[i], cat("the gradient of micro-batch ", i)); break;
+      case Op::send_act: tr.send(k, slot_of[k][i], i, output[k][i], L.rank_of(g + 1), tag_of(g + 1, i, true)); break;
+      case Op::recv_grad:
+        tr.link.wait(tr.grad[k][i], cat("the gradient of micro-batch ", i, " for stage ", g));
+        break;
+      case Op::backward:
       case Op::backward_input: {
-        const bool last = ++b_done == m;
+        const bool last = ++b_done[k] == m;
+        const bool whole = a.op == Op::backward;
         timed([&] {
           Tensor dy;
-          if (s + 1 == p) {  // the loss: mean over the micro-batch, scaled to the step's mean
+          const int slot = slot_of[k][i];
+          if (g + 1 == S) {  // the loss: mean over the micro-batch, scaled to the step's mean
             const Tensor y = slice(in.labels, i);
-            Tensor& d = dlogits_[static_cast<std::size_t>(slot_of[i])];
-            if (!d.defined() || d.shape() != output[i].shape())
-              d = Tensor::empty(output[i].shape(), DType::f32, output[i].device());
-            const double loss = loss_fn.value_and_grad(output[i], y, d);
-            const std::int64_t correct = collective || counts ? loss_fn.correct(output[i], y) : 0;
+            Tensor& d = dlogits_[static_cast<std::size_t>(slot)];
+            if (!d.defined() || d.shape() != output[k][i].shape())
+              d = Tensor::empty(output[k][i].shape(), DType::f32, output[k][i].device());
+            const double loss = loss_fn.value_and_grad(output[k][i], y, d);
+            const std::int64_t correct = collective || counts ? loss_fn.correct(output[k][i], y) : 0;
             if (counts) {  // in targets: samples, or tokens of a language model's [rows, T] labels
               out.stats.loss_sum += loss * static_cast<double>(y.numel());
               out.stats.samples += y.numel();
@@ -185,51 +261,68 @@ StepOutput ScheduleExecutor::run(Stage& stage, const Loss& loss_fn, const StepIn
             }
             if (dloss_scale != 1.0) rt_.scale(d, dloss_scale);
             dy = d;
+          } else if (L.rank_of(g + 1) == r) {
+            dy = turn(grad_in_[k][i], dinput[L.chunk_of(g + 1)][i]);  // the V's turn
           } else {
-            dy = on(grad_in_[i], dev_);
+            dy = on(grad_in_[k][i], dev_);
           }
-          dinput[i] = stage.backward_input(slot_of[i], dy, s > 0, last ? ready : Stage::GradReady{});
+          dinput[k][i] = stage.backward_input(k, slot, dy, g > 0, last ? ready : Stage::GradReady{});
+          if (whole) stage.backward_weight(k, slot, last ? ready : Stage::GradReady{});
         });
+        if (whole) {
+          ++w_done[k];
+          free_slots[k].push_back(slot_of[k][i]);
+        }
         break;
       }
-      case Op::send_grad: tr.send(slot_of[i], i, dinput[i], s - 1, false); break;
+      case Op::send_grad:
+        tr.send(k, slot_of[k][i], i, dinput[k][i], L.rank_of(g - 1), tag_of(g - 1, i, false));
+        break;
       case Op::backward_weight: {
-        const bool last = ++w_done == m;
-        timed([&] { stage.backward_weight(slot_of[i], last ? ready : Stage::GradReady{}); });
-        free_slots.push_back(slot_of[i]);
+        const bool last = ++w_done[k] == m;
+        timed([&] { stage.backward_weight(k, slot_of[k][i], last ? ready : Stage::GradReady{}); });
+        free_slots[k].push_back(slot_of[k][i]);
         break;
       }
     }
   }
-  for (int k = 0; k < slots_; ++k) tr.finish_sends(k);
+  for (int k = 0; k < v; ++k)
+    for (int j = 0; j < slots_; ++j) tr.finish_sends(k, j);
   stage.commit_batch_stats();  // every forward of the step has run
   out.timing.wall_s = since(t_step);
   return out;
 }
 
-// Forward along the chain, the batch size (a last batch may be short) ahead of the activation.
+// Forward along the chain of stages, each rank its chunks in stage order, the
+// batch size (a last batch may be short) ahead of each activation.
 std::pair<double, std::int64_t> ScheduleExecutor::evaluate(Stage& stage, const Loss& loss_fn, const Tensor& images,
                                                            const Tensor& labels, std::int64_t valid) {
-  const int s = grid_.pp_rank(), p = grid_.pp_size();
+  const PipelineLayout& L = grid_.pipeline_layout();
+  const int r = grid_.pp_rank(), S = L.stages();
   PeerLink link(grid_);
   std::int64_t bn = grid_.first_stage() ? images.dim(0) : 0;
-  Tensor x = images;
-  if (s > 0) {
-    PeerRequest r = link.irecv(&bn, sizeof bn, s - 1, kTagEvalSize);
-    link.wait(r, "the evaluation batch size");
-    x = Tensor::empty(stage.input_shape(bn), DType::f32);
-    r = link.irecv(x.raw(), x.nbytes(), s - 1, kTagEvalActivation);
-    link.wait(r, "an evaluation activation");
+  Tensor x = images, y_out;
+  for (int k = 0; k < L.chunks; ++k) {
+    const int g = L.stage_of(r, k);
+    if (g > 0 && L.rank_of(g - 1) != r) {
+      PeerRequest q = link.irecv(&bn, sizeof bn, L.rank_of(g - 1), kTagEvalSize);
+      link.wait(q, "the evaluation batch size");
+      x = Tensor::empty(stage.input_shape(k, bn), DType::f32);
+      q = link.irecv(x.raw(), x.nbytes(), L.rank_of(g - 1), kTagEvalActivation);
+      link.wait(q, "an evaluation activation");
+    } else if (g > 0) {
+      x = y_out;  // the V's turn
+    }
+    y_out = stage.forward(k, 0, on(x, dev_), Mode::eval, SamplePosition{});
+    if (g + 1 < S && L.rank_of(g + 1) != r) {
+      Tensor host = on(y_out, Device::cpu());
+      PeerRequest q = link.isend(&bn, sizeof bn, L.rank_of(g + 1), kTagEvalSize);
+      link.wait(q, "the evaluation batch size");
+      q = link.isend(host.raw(), host.nbytes(), L.rank_of(g + 1), kTagEvalActivation);
+      link.wait(q, "an evaluation activation");
+    }
   }
-  Tensor y_out = stage.forward(0, on(x, dev_), Mode::eval);
-  if (s + 1 < p) {
-    Tensor host = on(y_out, Device::cpu());
-    PeerRequest r = link.isend(&bn, sizeof bn, s + 1, kTagEvalSize);
-    link.wait(r, "the evaluation batch size");
-    r = link.isend(host.raw(), host.nbytes(), s + 1, kTagEvalActivation);
-    link.wait(r, "an evaluation activation");
-    return {0.0, 0};
-  }
+  if (!grid_.last_stage()) return {0.0, 0};
   // Tensor ranks hold the same output, or (a collective loss) compute the loss together: counted once.
   const bool collective = loss_fn.collective();
   if (valid <= 0 || (grid_.tp_rank() != 0 && !collective)) return {0.0, 0};

@@ -21,6 +21,8 @@ ProcessGrid ProcessGrid::make(const Communicator& world_in, GridShape s, double 
   g.tp_ = m.coord(Dim::tensor);
   g.dp_ = m.coord(Dim::data);
   g.pp_ = m.coord(Dim::pipeline);
+  RT_CHECK(s.chunks >= 1, "process grid: model chunks per pipeline rank must be >= 1, got ", s.chunks);
+  g.layout_ = {g.pp_size_, s.chunks, s.placement};
   g.world_ = m.world();
   const Communicator& world = g.world_;
   const int r = world.rank();
@@ -29,8 +31,8 @@ ProcessGrid ProcessGrid::make(const Communicator& world_in, GridShape s, double 
   g.tp_comm_ = m.group({Dim::tensor});
   g.replica_comm_ = m.group({Dim::pipeline, Dim::tensor});
   g.zero_comm_ = m.group(kDenseReduce).dup("zero");
-  // The first and last stage of each (dp, cp, tp) coordinate; every other stage alone.
-  const bool end = g.pp_ == 0 || g.pp_ == g.pp_size_ - 1;
+  // The first and last stage's ranks of each (dp, cp, tp) coordinate; every other rank alone.
+  const bool end = g.first_stage() != g.last_stage();
   std::array<int, kMeshDims> first = m.coords();
   first[dim_index(Dim::pipeline)] = 0;
   g.ends_comm_ = world.split(end ? m.rank_of(first) : world.size() + r, g.pp_, "pp_ends");

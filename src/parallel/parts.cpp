@@ -23,8 +23,18 @@ ModelParts build_parts(const ProcessGrid& grid, const ModelConfig& mc, const Gri
   // Nothing of the whole model is allocated: the partition works from what each
   // layer registers (or times layers one by one), the stage builds its own layers.
   const std::vector<LayerPlan> plan = plan_model_layers(mc_tp, dev);
+  const PipelineLayout& L = grid.pipeline_layout();
+  Schedule table;
+  run_agreed(grid.world(), "making the pipeline schedule", [&] {
+    table = step_schedule(gc.schedule, gc.schedule_file, grid.pp_size(), mb.per_step(), gc.virtual_stages);
+    RT_CHECK(table.layout == L, "parallel.schedule = ", gc.schedule == ScheduleKind::file ? gc.schedule_file
+             : schedule_name(gc.schedule), " runs ", table.layout.chunks, " model chunks per rank, the process grid "
+             "was made for ", L.chunks);
+  });
   run_agreed(grid.world(), "partitioning the model into stages", [&] {
-    const int n = static_cast<int>(plan.size()), p = grid.pp_size();
+    const int n = static_cast<int>(plan.size()), p = L.stages();
+    RT_CHECK(n >= p, "the model has ", n, " top-level layers, fewer than the ", p, " pipeline stages (",
+             grid.pp_size(), " ranks x ", L.chunks, " chunks)");
     switch (gc.partition) {
       case PartitionKind::uniform: parts.balance = balance_uniform(n, p); break;
       case PartitionKind::params: parts.balance = balance_by_cost(layer_param_costs(plan), p); break;
@@ -34,15 +44,22 @@ ModelParts build_parts(const ProcessGrid& grid, const ModelConfig& mc, const Gri
   });
   // Timings differ per rank: every rank takes world rank 0's cut.
   broadcast(parts.balance.data(), parts.balance.size(), DType::i32, 0, grid.world());
-  int first = 0;
-  for (int s = 0; s < grid.pp_rank(); ++s) first += parts.balance[static_cast<std::size_t>(s)];
-  const int end = first + parts.balance[static_cast<std::size_t>(grid.pp_rank())];
+  // This rank's chunks, in stage order, and their boundary shapes.
+  std::vector<LayerRange> chunks;
+  std::vector<std::pair<Shape, Shape>> shapes;
+  for (int k = 0; k < L.chunks; ++k) {
+    const int g = L.stage_of(grid.pp_rank(), k);
+    LayerRange c;
+    for (int s = 0; s < g; ++s) c.first += parts.balance[static_cast<std::size_t>(s)];
+    c.end = c.first + parts.balance[static_cast<std::size_t>(g)];
+    chunks.push_back(c);
+    shapes.push_back(Stage::boundary_shapes(mc_tp, dev, c.first, c.end, mb.size()));
+  }
   // The executor knows the slots the schedule needs: the stage is built after it.
-  const auto [in_mb, out_mb] = Stage::boundary_shapes(mc_tp, dev, first, end, mb.size());
-  parts.executor = std::make_unique<ScheduleExecutor>(grid, gc.schedule, mb, in_mb, out_mb, dev, rt);
+  parts.executor = std::make_unique<ScheduleExecutor>(grid, table, mb, shapes, dev, rt);
   // Agreed: a stage's layers can refuse their range (a tied LM head on a middle stage).
   run_agreed(grid.world(), "building the pipeline stages", [&] {
-    parts.stage = std::make_unique<Stage>(mc_tp, dev, first, end, parts.executor->slots());
+    parts.stage = std::make_unique<Stage>(mc_tp, dev, chunks, parts.executor->slots());
     check_tied_stages(grid, *parts.stage);
     // The last stage's last layer may ask for its own loss (split logits); a registered model may bring one.
     Stage& st = *parts.stage;
@@ -52,7 +69,7 @@ ModelParts build_parts(const ProcessGrid& grid, const ModelConfig& mc, const Gri
   if (mb.per_step() > 1) parts.stage->set_deferred_batch_stats(true);
   // Only zero-bubble schedules defer the weight gradients; the others run each
   // layer's backward whole (its gradients go to the synchronisation at once).
-  parts.stage->set_fused_backward(gc.schedule != ScheduleKind::zb_h1);
+  parts.stage->set_fused_backward(!table.split_backward());
   parts.stage->set_recompute(gc.recompute);
   parts.updater = std::make_unique<Updater>(grid, *parts.stage, gc.update, oc, rt);
   // Agreed: only the pipeline's ends hold a tied weight, so a refusal here must reach every stage.

@@ -1,7 +1,7 @@
+// The built-in schedules' compute tables (schedule.hpp).
 #include "ringtrain/parallel/schedule.hpp"
 
 #include <algorithm>
-#include <deque>
 #include <optional>
 
 #include "ringtrain/core/error.hpp"
@@ -9,71 +9,108 @@
 namespace ringtrain {
 namespace {
 
-enum class Compute { F, B, W, BW };  // BW: the unsplit backward (B then W, then send)
-struct Step {
-  Compute c;
-  int mb;
-};
+using Order = std::vector<Action>;
 
-std::vector<Step> afab(int m) {
-  std::vector<Step> s;
-  for (int i = 0; i < m; ++i) s.push_back({Compute::F, i});
-  for (int i = 0; i < m; ++i) s.push_back({Compute::BW, i});
+Order afab(int m) {
+  Order s;
+  for (int i = 0; i < m; ++i) s.push_back({Op::forward, 0, i});
+  for (int i = 0; i < m; ++i) s.push_back({Op::backward, 0, i});
   return s;
 }
 
-std::vector<Step> one_f_one_b(int p, int m, int stage) {
-  std::vector<Step> s;
-  const int warm = std::min(p - stage - 1, m);
-  auto b = [&](int i) { s.push_back({Compute::BW, i}); };
-  for (int i = 0; i < warm; ++i) s.push_back({Compute::F, i});
+Order one_f_one_b(int p, int m, int r) {
+  Order s;
+  const int warm = std::min(p - r - 1, m);
+  for (int i = 0; i < warm; ++i) s.push_back({Op::forward, r, i});
   for (int i = 0; i < m - warm; ++i) {
-    s.push_back({Compute::F, warm + i});
-    b(i);
+    s.push_back({Op::forward, r, warm + i});
+    s.push_back({Op::backward, r, i});
   }
-  for (int i = m - warm; i < m; ++i) b(i);
+  for (int i = m - warm; i < m; ++i) s.push_back({Op::backward, r, i});
+  for (Action& a : s) a.stage = r;
   return s;
 }
 
-// The greedy of Qi et al. over unit-time F, B, W with free communication: all
-// stages advance in lock-step time slots; a message sent in slot t is usable
-// from slot t+1. Each stage records the order it ran things in.
-std::vector<Step> zb_h1(int p, int m, int stage) {
-  std::vector<std::vector<Step>> order(static_cast<std::size_t>(p));
-  std::vector<int> nf(p, 0), nb(p, 0), nw(p, 0);
-  // act_at[s][mb] / grad_at[s][mb]: first slot stage s may use the input / output gradient.
+// Megatron-Core's interleaved 1F1B: the k-th forward of a rank runs chunk
+// (k / p) mod v on micro-batch (k / (p·v))·p + k mod p; backwards walk the
+// chunks in reverse.
+Order interleaved(const PipelineLayout& L, int m, int r) {
+  const int p = L.ranks, v = L.chunks, total = m * v;
+  auto item = [&](int k, bool fwd) {
+    const int c = (k / p) % v;
+    const int mb = (k / (p * v)) * p + k % p;
+    return Action{fwd ? Op::forward : Op::backward, L.stage_of(r, fwd ? c : v - 1 - c), mb};
+  };
+  const int warm = std::min((p - r - 1) * 2 + (v - 1) * p, total);
+  Order s;
+  int f = 0, b = 0;
+  for (; f < warm; ++f) s.push_back(item(f, true));
+  while (f < total) {
+    s.push_back(item(f++, true));
+    s.push_back(item(b++, false));
+  }
+  while (b < total) s.push_back(item(b++, false));
+  return s;
+}
+
+// The zero-bubble greedy over unit-time F, I, W with free communication: all
+// ranks advance in lock-step slots; a result made in slot t is usable by
+// another rank from slot t+1 and by the same rank in its next slot. Each rank
+// runs, in this order of preference:
+//  - a ready F, while the rank holds fewer than `mem` chunk activations (F
+//    done, W not) and, on one chunk per rank, fewer than p-r micro-batches
+//    between F and I (1F1B's pacing, which keeps the I critical path short);
+//  - else a ready I (the oldest micro-batch, the later stage first);
+//  - else the oldest pending W.
+std::vector<Order> zero_bubble(const PipelineLayout& L, int m) {
+  const int p = L.ranks, S = L.stages(), v = L.chunks;
+  const int mem = p * v;
   const int never = 1 << 30;
-  std::vector<std::vector<int>> act_at(p, std::vector<int>(m, never)), grad_at(p, std::vector<int>(m, never));
+  std::vector<Order> order(static_cast<std::size_t>(p));
+  std::vector<int> nf(S, 0), ni(S, 0), nw(S, 0);
+  std::vector<std::vector<int>> act_at(S, std::vector<int>(m, never)), grad_at(S, std::vector<int>(m, never));
   for (int i = 0; i < m; ++i) act_at[0][i] = 0;
+  std::vector<int> live(p, 0);
   int done = 0;
-  for (int t = 0; done < p; ++t) {
-    RT_ASSERT(t < 16 * (m + p) + 64);  // the greedy always progresses
-    std::vector<std::pair<int, Step>> ran;
-    for (int s = 0; s < p; ++s) {
-      if (nw[s] == m) continue;
-      const bool last = s == p - 1;
-      std::optional<Step> run;
-      if (nf[s] < m && act_at[s][nf[s]] <= t && nf[s] - nb[s] < p - s && nf[s] - nw[s] < p)
-        run = Step{Compute::F, nf[s]};
-      else if (nb[s] < nf[s] && (last || grad_at[s][nb[s]] <= t)) run = Step{Compute::B, nb[s]};
-      else if (nw[s] < nb[s]) run = Step{Compute::W, nw[s]};
-      if (!run) continue;
-      ran.push_back({s, *run});
+  for (int t = 0; done < S; ++t) {
+    RT_ASSERT(t < 16 * (m + S) * v + 64);  // the greedy always progresses
+    std::vector<std::pair<int, Action>> ran;
+    for (int r = 0; r < p; ++r) {
+      std::optional<Action> run;
+      // F: the oldest ready micro-batch over the rank's chunks (the later stage on a tie).
+      for (int k = v; k-- > 0 && live[r] < mem;) {
+        const int g = L.stage_of(r, k);
+        if (nf[g] >= m || act_at[g][nf[g]] > t) continue;
+        if (v == 1 && nf[g] - ni[g] >= p - r) continue;
+        if (!run || nf[g] < run->mb) run = Action{Op::forward, g, nf[g]};
+      }
+      for (int k = v; k-- > 0 && !run;) {
+        const int g = L.stage_of(r, k);
+        if (ni[g] < nf[g] && (g == S - 1 || grad_at[g][ni[g]] <= t)) run = Action{Op::backward_input, g, ni[g]};
+      }
+      for (int k = v; k-- > 0 && !run;) {
+        const int g = L.stage_of(r, k);
+        if (nw[g] < ni[g]) run = Action{Op::backward_weight, g, nw[g]};
+      }
+      if (run) ran.push_back({r, *run});
     }
-    for (auto& [s, st] : ran) {
-      order[s].push_back(st);
-      if (st.c == Compute::F) {
-        ++nf[s];
-        if (s + 1 < p) act_at[s + 1][st.mb] = t + 1;
-      } else if (st.c == Compute::B) {
-        ++nb[s];
-        if (s > 0) grad_at[s - 1][st.mb] = t + 1;
+    for (auto& [r, a] : ran) {
+      order[static_cast<std::size_t>(r)].push_back(a);
+      const int g = a.stage;
+      if (a.op == Op::forward) {
+        ++nf[g];
+        ++live[r];
+        if (g + 1 < S) act_at[g + 1][a.mb] = t + 1;
+      } else if (a.op == Op::backward_input) {
+        ++ni[g];
+        if (g > 0) grad_at[g - 1][a.mb] = t + 1;
       } else {
-        if (++nw[s] == m) ++done;
+        --live[r];
+        if (++nw[g] == m) ++done;
       }
     }
   }
-  return order[static_cast<std::size_t>(stage)];
+  return order;
 }
 
 }  // namespace
@@ -82,7 +119,11 @@ ScheduleKind parse_schedule(const std::string& s) {
   if (s == "afab" || s == "gpipe") return ScheduleKind::afab;
   if (s == "1f1b") return ScheduleKind::one_f_one_b;
   if (s == "zb-h1" || s == "zbh1") return ScheduleKind::zb_h1;
-  RT_FAIL("configuration key 'parallel.schedule': '", s, "' is not one of afab, 1f1b, zb-h1");
+  if (s == "interleaved" || s == "interleaved-1f1b") return ScheduleKind::interleaved;
+  if (s == "zb-v" || s == "zbv") return ScheduleKind::zb_v;
+  if (s.size() > 4 && s.compare(s.size() - 4, 4, ".csv") == 0) return ScheduleKind::file;
+  RT_FAIL("configuration key 'parallel.schedule': '", s,
+          "' is not one of afab, 1f1b, zb-h1, interleaved, zb-v or a table FILE.csv");
 }
 
 const char* schedule_name(ScheduleKind k) {
@@ -90,70 +131,76 @@ const char* schedule_name(ScheduleKind k) {
     case ScheduleKind::afab: return "afab";
     case ScheduleKind::one_f_one_b: return "1f1b";
     case ScheduleKind::zb_h1: return "zb-h1";
+    case ScheduleKind::interleaved: return "interleaved";
+    case ScheduleKind::zb_v: return "zb-v";
+    case ScheduleKind::file: return "file";
   }
   return "?";
 }
 
-const char* op_name(Op op) {
-  static const char* n[] = {"LoadMicroBatch", "Forward", "BackwardInput", "BackwardWeight",
-                            "SendAct",        "RecvAct", "SendGrad",      "RecvGrad"};
-  return n[static_cast<int>(op)];
+int PipelineLayout::rank_of(int stage) const {
+  const int k = stage / ranks, i = stage % ranks;
+  return placement == ChunkPlacement::v && k % 2 == 1 ? ranks - 1 - i : i;
 }
 
-std::vector<Instr> make_schedule(ScheduleKind kind, int p, int m, int stage) {
+int PipelineLayout::stage_of(int rank, int chunk) const {
+  return chunk * ranks + (placement == ChunkPlacement::v && chunk % 2 == 1 ? ranks - 1 - rank : rank);
+}
+
+PipelineLayout layout_for(ScheduleKind kind, int ranks, int virtual_stages) {
+  RT_CHECK(ranks >= 1, "pipeline schedule: ranks must be >= 1, got ", ranks);
+  if (kind == ScheduleKind::zb_v) return {ranks, 2, ChunkPlacement::v};
+  if (kind == ScheduleKind::interleaved) return {ranks, virtual_stages, ChunkPlacement::loop};
+  return {ranks, 1, ChunkPlacement::loop};
+}
+
+Schedule make_schedule(ScheduleKind kind, int p, int m, int virtual_stages) {
   RT_CHECK(p >= 1, "pipeline schedule: stages must be >= 1, got ", p);
   RT_CHECK(m >= 1, "pipeline schedule: micro-batches must be >= 1, got ", m);
-  RT_CHECK(stage >= 0 && stage < p, "pipeline schedule: stage ", stage, " is not in [0, ", p, ")");
-  std::vector<Step> steps = kind == ScheduleKind::afab          ? afab(m)
-                            : kind == ScheduleKind::one_f_one_b ? one_f_one_b(p, m, stage)
-                                                                : zb_h1(p, m, stage);
-  const bool first = stage == 0, last = stage == p - 1;
-  std::vector<Instr> out;
-  for (const Step& s : steps) {
-    switch (s.c) {
-      case Compute::F:
-        out.push_back({first ? Op::load_micro_batch : Op::recv_act, s.mb});
-        out.push_back({Op::forward, s.mb});
-        if (!last) out.push_back({Op::send_act, s.mb});
-        break;
-      case Compute::B:
-      case Compute::BW:
-        if (!last) out.push_back({Op::recv_grad, s.mb});
-        out.push_back({Op::backward_input, s.mb});
-        if (s.c == Compute::BW) out.push_back({Op::backward_weight, s.mb});
-        if (!first) out.push_back({Op::send_grad, s.mb});
-        break;
-      case Compute::W: out.push_back({Op::backward_weight, s.mb}); break;
-    }
+  RT_CHECK(kind != ScheduleKind::file, "pipeline schedule: a table from a file is read, not made");
+  if (kind == ScheduleKind::interleaved) {
+    RT_CHECK(virtual_stages >= 2, "parallel.schedule = interleaved needs parallel.virtual_stages >= 2, got ",
+             virtual_stages);
+    RT_CHECK(m % p == 0, "parallel.schedule = interleaved runs micro-batches in rounds of parallel.pipeline = ", p,
+             ": the micro-batches per step (parallel.micro_batches x train.accumulation = ", m,
+             ") must be a multiple of ", p);
   }
-  return out;
+  Schedule s;
+  s.layout = layout_for(kind, p, virtual_stages);
+  s.micro_batches = m;
+  s.ranks.resize(static_cast<std::size_t>(p));
+  if (kind == ScheduleKind::zb_h1 || kind == ScheduleKind::zb_v) {
+    s.ranks = zero_bubble(s.layout, m);
+    return s;
+  }
+  for (int r = 0; r < p; ++r) {
+    Order o = kind == ScheduleKind::afab          ? afab(m)
+              : kind == ScheduleKind::one_f_one_b ? one_f_one_b(p, m, r)
+                                                  : interleaved(s.layout, m, r);
+    if (kind == ScheduleKind::afab)
+      for (Action& a : o) a.stage = r;
+    s.ranks[static_cast<std::size_t>(r)] = std::move(o);
+  }
+  return s;
 }
 
-std::string schedule_str(const std::vector<Instr>& s) {
-  std::string out;
-  for (const Instr& i : s) {
-    const char* c = i.op == Op::forward ? "F" : i.op == Op::backward_input ? "B" : i.op == Op::backward_weight ? "W" : nullptr;
-    if (!c) continue;
-    out += cat(out.empty() ? "" : " ", c, i.mb);
-  }
-  return out;
+Schedule step_schedule(ScheduleKind kind, const std::string& file, int p, int m, int virtual_stages) {
+  if (kind != ScheduleKind::file) return make_schedule(kind, p, m, virtual_stages);
+  Schedule s = read_schedule_csv(file, p);
+  RT_CHECK(s.micro_batches == m, "parallel.schedule = ", file, ": the table runs ", s.micro_batches,
+           " micro-batches per step, the job ", m, " (parallel.micro_batches x train.accumulation)");
+  return s;
 }
 
-int peak_in_flight(const std::vector<Instr>& s) {
-  int live = 0, peak = 0;
-  for (const Instr& i : s) {
-    if (i.op == Op::forward) peak = std::max(peak, ++live);
-    if (i.op == Op::backward_weight) --live;
-  }
-  return peak;
+PipelineLayout schedule_layout(ScheduleKind kind, const std::string& file, int p, int virtual_stages) {
+  return kind == ScheduleKind::file ? read_schedule_csv(file, p).layout : layout_for(kind, p, virtual_stages);
 }
 
-double analytic_bubble(ScheduleKind kind, int p, int m, double tf, double tb, double tw) {
-  if (kind == ScheduleKind::zb_h1) {
-    const double idle = (p - 1) * std::max(0.0, tf + tb - tw);
-    return idle / (m * (tf + tb + tw) + idle);
-  }
-  return double(p - 1) / double(m + p - 1);
+bool Schedule::split_backward() const {
+  for (const auto& r : ranks)
+    for (const Action& a : r)
+      if (a.op == Op::backward_input || a.op == Op::backward_weight) return true;
+  return false;
 }
 
 }  // namespace ringtrain

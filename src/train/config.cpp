@@ -13,6 +13,7 @@
 #include "config_layers.hpp"
 #include "ringtrain/core/error.hpp"
 #include "ringtrain/nn/model_registry.hpp"
+#include "ringtrain/parallel/schedule.hpp"
 
 namespace ringtrain {
 namespace {
@@ -99,7 +100,8 @@ const std::vector<Field>& fields() {
       RT_FIELD(parallel, pipeline, "pipeline stages (data-parallel size = ranks / (pipeline x tensor))"),
       RT_FIELD(parallel, tensor, "tensor-parallel size: the model splits its layers over this many neighbouring ranks"),
       RT_FIELD(parallel, micro_batches, "micro-batches per step and replica (0 = pipeline); divides data.batch_size"),
-      RT_FIELD(parallel, schedule, "afab | 1f1b | zb-h1"),
+      RT_FIELD(parallel, schedule, "afab | 1f1b | zb-h1 | interleaved | zb-v | FILE.csv: the pipeline schedule (docs/parallelism.md); interleaved cuts the model into parallel.pipeline x parallel.virtual_stages chunks, chunk c on rank c mod pipeline (Megatron's virtual stages); zb-v into 2 x pipeline chunks in a V (rank 0 holds the first and the last); FILE.csv runs a table of actions per rank (`ringtrain train --print-schedule` writes one) after validating it"),
+      RT_FIELD(parallel, virtual_stages, "parallel.schedule = interleaved: model chunks per pipeline rank (>= 2)"),
       RT_FIELD(parallel, partition, "uniform | params | time | list: how layers are cut into stages"),
       RT_FIELD(parallel, balance, "partition = list: layers per stage, e.g. [3, 2, 2]"),
       RT_FIELD(parallel, zero, "ZeRO stage over the data-parallel ranks: 0 = off, 1 = optimizer state sharded (reduce-scatter after the backward, slice update, all-gather), 2 = gradients sharded too (bucket reduce-scatters overlap the backward; the full gradient is released as they finish), 3 = parameters sharded too (each bucket of layers is all-gathered before its forward and again before its backward, the next one prefetched, and released after use)"),
@@ -388,7 +390,8 @@ void TrainConfig::validate() const {
   // With data.global_batch the batch is derived later, divisible by m (derive_batch).
   RT_CHECK(data.global_batch > 0 || data.batch_size % m == 0, "data.batch_size = ", data.batch_size, " is not divisible by ",
            "parallel.micro_batches = ", m);
-  one_of("parallel.schedule", parallel.schedule, {"afab", "1f1b", "zb-h1"});
+  parse_schedule(parallel.schedule);  // names the key and the choices
+  range("parallel.virtual_stages", parallel.virtual_stages, 2, 64);
   one_of("parallel.partition", parallel.partition, {"uniform", "params", "time", "list"});
   RT_CHECK(parallel.partition != "list" || !parallel.balance.empty(),
            "configuration key 'parallel.partition' = list needs parallel.balance (layers per stage, e.g. [3, 2, 2])");

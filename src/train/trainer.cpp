@@ -95,8 +95,14 @@ Trainer::Impl::Impl(TrainConfig c, Communicator w, TrainerHooks h)
   if (!hooks.gpu_trial.empty() && world.rank() == 0)
     log::warn("GPU trial (tests only): running features the GPU validation gate does not list yet");
   // Every communicator of the run, the trainer's own included, waits at most comm.collective_timeout_s.
-  grid = std::make_unique<ProcessGrid>(
-      ProcessGrid::make(world, {cfg.parallel.pipeline, cfg.parallel.tensor}, cfg.comm.collective_timeout_s));
+  GridShape shape{cfg.parallel.pipeline, cfg.parallel.tensor};
+  run_agreed(world, "reading parallel.schedule", [&] {  // how many model chunks a pipeline rank holds, and where
+    const PipelineLayout pl = schedule_layout(parse_schedule(cfg.parallel.schedule), cfg.parallel.schedule,
+                                              cfg.parallel.pipeline, cfg.parallel.virtual_stages);
+    shape.chunks = pl.chunks;
+    shape.placement = pl.placement;
+  });
+  grid = std::make_unique<ProcessGrid>(ProcessGrid::make(world, shape, cfg.comm.collective_timeout_s));
   world = grid->world();
   ckpt.create_dir();
   derive_batch(cfg, grid->dp_size());  // data.global_batch: this layout's batch and accumulation
@@ -165,6 +171,8 @@ void Trainer::Impl::build_model() {
   pc.micro_batches = cfg.pipeline_micro_batches();
   pc.accumulation = cfg.train.accumulation;
   pc.schedule = parse_schedule(cfg.parallel.schedule);
+  if (pc.schedule == ScheduleKind::file) pc.schedule_file = cfg.parallel.schedule;
+  pc.virtual_stages = cfg.parallel.virtual_stages;
   pc.partition = parse_partition(cfg.parallel.partition);
   if (pc.partition == PartitionKind::list) pc.balance = parse_balance(cfg.parallel.balance);
   pc.batch = cfg.data.batch_size;

@@ -1,108 +1,108 @@
-// Every generated schedule, checked offline against an independent model of
-// the executor: receives block until the matching send ran, sends never block
-// (the executor posts all receives of a step at its start).
+// Every generated schedule table, checked offline against an independent
+// model of the executor (receives block until the matching send ran, sends
+// never block: the executor posts all receives of a step at its start), and
+// the library's validator, simulator and file format against hand-made cases.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <fstream>
 #include <map>
-#include <set>
 
 #include "ringtrain/core/error.hpp"
 #include "ringtrain/parallel/schedule.hpp"
+#include "ringtrain/parallel/simulator.hpp"
 
 namespace ringtrain {
 namespace {
 
-const ScheduleKind kKinds[] = {ScheduleKind::afab, ScheduleKind::one_f_one_b, ScheduleKind::zb_h1};
-
-// Each stage's list on its own: counts, order and framing of every micro-batch.
-void check_stage(const std::vector<Instr>& s, int p, int m, int stage, const std::string& what) {
-  const bool first = stage == 0, last = stage == p - 1;
-  std::map<Op, std::vector<int>> seen;
-  std::vector<int> pos_f(m, -1), pos_b(m, -1), pos_w(m, -1);
-  ASSERT_GE(s.size(), 2u) << what;
+// Each rank's lowered list on its own: counts, order and framing of every (stage, micro-batch).
+void check_rank(const Schedule& low, int r, const std::string& what) {
+  const PipelineLayout& L = low.layout;
+  const int S = L.stages(), m = low.micro_batches;
+  const auto& s = low.ranks[static_cast<std::size_t>(r)];
+  std::map<std::tuple<Op, int, int>, int> pos;
   for (std::size_t k = 0; k < s.size(); ++k) {
-    const Instr& i = s[k];
-    seen[i.op].push_back(i.mb);
-    ASSERT_TRUE(i.mb >= 0 && i.mb < m) << what;
-    if (i.op == Op::forward) {
-      pos_f[i.mb] = static_cast<int>(k);
-      ASSERT_GT(k, 0u);
-      EXPECT_EQ(s[k - 1], (Instr{first ? Op::load_micro_batch : Op::recv_act, i.mb})) << what << " F" << i.mb;
-      if (!last) { EXPECT_EQ(s[k + 1], (Instr{Op::send_act, i.mb})) << what << " F" << i.mb; }
+    const Action& a = s[k];
+    ASSERT_EQ(L.rank_of(a.stage), r) << what << " " << action_str(a);
+    ASSERT_TRUE(pos.emplace(std::tuple{a.op, a.stage, a.mb}, static_cast<int>(k)).second) << what << " twice";
+    const bool remote_prev = a.stage > 0 && L.rank_of(a.stage - 1) != r;
+    const bool remote_next = a.stage + 1 < S && L.rank_of(a.stage + 1) != r;
+    if (a.op == Op::forward) {
+      ASSERT_GT(k, 0u) << what;
+      if (a.stage == 0) EXPECT_EQ(s[k - 1], (Action{Op::load_micro_batch, 0, a.mb})) << what;
+      if (remote_prev) EXPECT_EQ(s[k - 1], (Action{Op::recv_act, a.stage, a.mb})) << what;
+      if (remote_next) EXPECT_EQ(s[k + 1], (Action{Op::send_act, a.stage, a.mb})) << what;
     }
-    if (i.op == Op::backward_input) {
-      pos_b[i.mb] = static_cast<int>(k);
-      if (!last) { EXPECT_EQ(s[k - 1], (Instr{Op::recv_grad, i.mb})) << what << " B" << i.mb; }
-      const std::size_t after = s[k + 1].op == Op::backward_weight ? k + 2 : k + 1;
-      if (!first) { EXPECT_EQ(s[after], (Instr{Op::send_grad, i.mb})) << what << " B" << i.mb; }
+    if (a.op == Op::backward || a.op == Op::backward_input) {
+      if (remote_next) EXPECT_EQ(s[k - 1], (Action{Op::recv_grad, a.stage, a.mb})) << what;
+      if (remote_prev) EXPECT_EQ(s[k + 1], (Action{Op::send_grad, a.stage, a.mb})) << what;
     }
-    if (i.op == Op::backward_weight) pos_w[i.mb] = static_cast<int>(k);
   }
-  for (Op op : {Op::forward, Op::backward_input, Op::backward_weight}) {
-    auto v = seen[op];
-    std::sort(v.begin(), v.end());
-    ASSERT_EQ(static_cast<int>(v.size()), m) << what << " " << op_name(op);
-    for (int i = 0; i < m; ++i) EXPECT_EQ(v[i], i) << what << " " << op_name(op) << " not exactly once";
-  }
-  EXPECT_EQ(seen[Op::load_micro_batch].size(), first ? std::size_t(m) : 0u) << what;
-  EXPECT_EQ(seen[Op::recv_act].size(), first ? 0u : std::size_t(m)) << what;
-  EXPECT_EQ(seen[Op::send_act].size(), last ? 0u : std::size_t(m)) << what;
-  EXPECT_EQ(seen[Op::recv_grad].size(), last ? 0u : std::size_t(m)) << what;
-  EXPECT_EQ(seen[Op::send_grad].size(), first ? 0u : std::size_t(m)) << what;
-  for (int i = 0; i < m; ++i) {
-    EXPECT_LT(pos_f[i], pos_b[i]) << what << " mb " << i;
-    EXPECT_LT(pos_b[i], pos_w[i]) << what << " mb " << i;
+  for (int g = 0; g < S; ++g) {
+    if (L.rank_of(g) != r) continue;
+    for (int i = 0; i < m; ++i) {
+      auto at = [&](Op op) {
+        auto it = pos.find({op, g, i});
+        return it == pos.end() ? -1 : it->second;
+      };
+      const int f = at(Op::forward), b = at(Op::backward), in = at(Op::backward_input), w = at(Op::backward_weight);
+      ASSERT_GE(f, 0) << what << " stage " << g << " mb " << i << " never forwarded";
+      ASSERT_TRUE((b >= 0) != (in >= 0)) << what << " stage " << g << " mb " << i << ": one backward";
+      if (b >= 0) EXPECT_LT(f, b) << what;
+      if (in >= 0) {
+        EXPECT_LT(f, in) << what;
+        EXPECT_LT(in, w) << what << " stage " << g << " mb " << i;
+      }
+    }
   }
 }
 
-struct SimResult {
+struct Play {
   bool deadlock = false;
-  std::string where;
   double makespan = 0;
   std::vector<double> busy;
 };
 
-// Runs the p lists against each other. Each stage executes its next
-// instruction as soon as it can; compute ops take tf/tb/tw, communication is
-// free; a receive waits until the message's send has run.
-SimResult simulate(const std::vector<std::vector<Instr>>& lists, double tf, double tb, double tw) {
-  const int p = static_cast<int>(lists.size());
-  SimResult r;
+// The executor's model, written apart from the library's simulate(): F = 1,
+// I = W = 1, B = 2 per chunk; messages free.
+Play play(const Schedule& low) {
+  const int p = low.layout.ranks;
+  Play r;
   r.busy.assign(p, 0);
   std::vector<std::size_t> pc(p, 0);
   std::vector<double> clock(p, 0);
-  std::map<std::tuple<int, int, int>, double> sent;  // (to stage, kind, mb) -> time sent
+  std::map<std::tuple<int, int, int>, double> sent;  // (to stage, kind, mb) -> time
   for (;;) {
     bool moved = false, all = true;
-    for (int s = 0; s < p; ++s) {
-      while (pc[s] < lists[s].size()) {
-        const Instr& i = lists[s][pc[s]];
+    for (int k = 0; k < p; ++k) {
+      const auto& list = low.ranks[k];
+      while (pc[k] < list.size()) {
+        const Action& a = list[pc[k]];
         double dur = 0;
-        if (i.op == Op::recv_act || i.op == Op::recv_grad) {
-          auto it = sent.find({s, i.op == Op::recv_act ? 0 : 1, i.mb});
-          if (it == sent.end()) break;  // blocked
-          clock[s] = std::max(clock[s], it->second);
-        } else if (i.op == Op::send_act) {
-          sent[{s + 1, 0, i.mb}] = clock[s];
-        } else if (i.op == Op::send_grad) {
-          sent[{s - 1, 1, i.mb}] = clock[s];
-        } else if (i.op == Op::forward) dur = tf;
-        else if (i.op == Op::backward_input) dur = tb;
-        else if (i.op == Op::backward_weight) dur = tw;
-        clock[s] += dur;
-        r.busy[s] += dur;
-        ++pc[s];
+        if (a.op == Op::recv_act || a.op == Op::recv_grad) {
+          auto it = sent.find({a.stage, a.op == Op::recv_act ? 0 : 1, a.mb});
+          if (it == sent.end()) break;
+          clock[k] = std::max(clock[k], it->second);
+        } else if (a.op == Op::send_act) {
+          sent[{a.stage + 1, 0, a.mb}] = clock[k];
+        } else if (a.op == Op::send_grad) {
+          sent[{a.stage - 1, 1, a.mb}] = clock[k];
+        } else if (a.op == Op::backward) {
+          dur = 2;
+        } else if (is_compute(a.op)) {
+          dur = 1;
+        }
+        clock[k] += dur;
+        r.busy[k] += dur;
+        ++pc[k];
         moved = true;
       }
-      all &= pc[s] == lists[s].size();
+      all &= pc[k] == list.size();
     }
     if (all) break;
     if (!moved) {
       r.deadlock = true;
-      for (int s = 0; s < p; ++s)
-        if (pc[s] < lists[s].size())
-          r.where += cat(" stage ", s, " waits in ", op_name(lists[s][pc[s]].op), " ", lists[s][pc[s]].mb, ";");
       return r;
     }
   }
@@ -110,75 +110,196 @@ SimResult simulate(const std::vector<std::vector<Instr>>& lists, double tf, doub
   return r;
 }
 
-TEST(Schedule, EveryScheduleIsCompleteOrderedPairedAndDeadlockFree) {
-  for (ScheduleKind kind : kKinds)
+struct Case {
+  ScheduleKind kind;
+  int v;
+};
+const Case kCases[] = {{ScheduleKind::afab, 1},        {ScheduleKind::one_f_one_b, 1}, {ScheduleKind::zb_h1, 1},
+                       {ScheduleKind::interleaved, 2}, {ScheduleKind::interleaved, 3}, {ScheduleKind::zb_v, 2}};
+
+bool runs(const Case& c, int p, int m) { return c.kind != ScheduleKind::interleaved || m % p == 0; }
+
+TEST(Schedule, EveryTableIsCompleteOrderedFramedAndDeadlockFree) {
+  for (const Case& c : kCases)
     for (int p = 1; p <= 8; ++p)
       for (int m = 1; m <= 32; ++m) {
-        std::vector<std::vector<Instr>> lists;
-        for (int s = 0; s < p; ++s) {
-          lists.push_back(make_schedule(kind, p, m, s));
-          std::string what = cat(schedule_name(kind), " p=", p, " m=", m, " stage ", s);
-          check_stage(lists.back(), p, m, s, what);
-          if (testing::Test::HasFailure()) return;
-          const int peak = peak_in_flight(lists.back());
-          if (kind == ScheduleKind::afab) {
-            EXPECT_EQ(peak, m) << what;
-          } else if (kind == ScheduleKind::one_f_one_b) {
-            EXPECT_LE(peak, std::min(p - s, m)) << what << ": " << schedule_str(lists.back());
-          } else {
-            EXPECT_LE(peak, std::min(p, m)) << what << ": " << schedule_str(lists.back());
-          }
+        if (!runs(c, p, m)) continue;
+        const std::string what = cat(schedule_name(c.kind), " v=", c.v, " p=", p, " m=", m);
+        const Schedule s = make_schedule(c.kind, p, m, c.v);
+        ASSERT_NO_THROW(validate(s)) << what;
+        const Schedule low = lower(s);
+        EXPECT_EQ(lower(low).ranks, low.ranks) << what << ": lowering twice changes it";
+        for (int r = 0; r < p; ++r) check_rank(low, r, cat(what, " rank ", r));
+        if (testing::Test::HasFailure()) return;
+        const Play pl = play(low);
+        ASSERT_FALSE(pl.deadlock) << what;
+        const SimResult sim = simulate(s);
+        ASSERT_FALSE(sim.deadlock) << what;
+        EXPECT_DOUBLE_EQ(sim.makespan, pl.makespan) << what << ": the library's simulator disagrees";
+        const std::vector<int> peak = peak_in_flight(s);
+        for (int r = 0; r < p; ++r) {
+          EXPECT_EQ(sim.peak[r], peak[r]) << what;
+          if (c.kind == ScheduleKind::afab) EXPECT_EQ(peak[r], m) << what;
+          if (c.kind == ScheduleKind::one_f_one_b) EXPECT_LE(peak[r], std::min(p - r, m)) << what;
+          if (c.kind == ScheduleKind::zb_h1) EXPECT_LE(peak[r], std::min(p, m)) << what;
+          // ZB-V holds at most what 1F1B holds on its first stage: p micro-batches of 2 chunks.
+          if (c.kind == ScheduleKind::zb_v) EXPECT_LE(peak[r], 2 * std::min(p, m)) << what;
         }
-        SimResult r = simulate(lists, 1, 1, 1);
-        ASSERT_FALSE(r.deadlock) << schedule_name(kind) << " p=" << p << " m=" << m << " deadlocks:" << r.where;
       }
 }
 
-// With unit F and B+W = 2 the AFAB and 1F1B makespan is the textbook
-// 3(m + p - 1), i.e. bubble (p-1)/(m+p-1) on every stage.
-TEST(Schedule, AfabAnd1f1bBubbleMatchesTheFormula) {
-  for (ScheduleKind kind : {ScheduleKind::afab, ScheduleKind::one_f_one_b})
-    for (int p = 1; p <= 8; ++p)
-      for (int m = 1; m <= 32; ++m) {
-        std::vector<std::vector<Instr>> lists;
-        for (int s = 0; s < p; ++s) lists.push_back(make_schedule(kind, p, m, s));
-        SimResult r = simulate(lists, 1, 1, 1);
+// Unit F = I = W per chunk (B = 2): AFAB and 1F1B take 3(m + p - 1), i.e.
+// bubble (p-1)/(m+p-1); interleaved 3vm + 3(p-1), bubble (p-1)/(vm+p-1)
+// (Narayanan et al. 2021: the bubble divided by v).
+TEST(Schedule, BubblesMatchTheFormulas) {
+  for (int p = 1; p <= 8; ++p)
+    for (int m = 1; m <= 32; ++m) {
+      for (ScheduleKind kind : {ScheduleKind::afab, ScheduleKind::one_f_one_b}) {
+        const Play r = play(lower(make_schedule(kind, p, m)));
         EXPECT_DOUBLE_EQ(r.makespan, 3.0 * (m + p - 1)) << schedule_name(kind) << " p=" << p << " m=" << m;
         EXPECT_NEAR(1 - r.busy[0] / r.makespan, analytic_bubble(kind, p, m), 1e-12);
       }
-}
-
-// ZB-H1 (Qi et al.): with T_F = T_B = T_W the bubble is (p-1)(T_F+T_B-T_W)
-// = p - 1 time units, a third of 1F1B's 3(p-1); our greedy reaches it
-// exactly for every m >= p.
-TEST(Schedule, ZeroBubbleH1MeetsThePapersBubble) {
-  for (int p = 2; p <= 8; ++p)
-    for (int m = 1; m <= 32; ++m) {
-      std::vector<std::vector<Instr>> lists;
-      for (int s = 0; s < p; ++s) lists.push_back(make_schedule(ScheduleKind::zb_h1, p, m, s));
-      SimResult r = simulate(lists, 1, 1, 1);
-      const double paper = 3.0 * m + (p - 1);
-      if (m >= p) { EXPECT_DOUBLE_EQ(r.makespan, paper) << "p=" << p << " m=" << m << ": " << schedule_str(lists[0]); }
-      EXPECT_LT(r.makespan, 3.0 * (m + p - 1)) << "p=" << p << " m=" << m << " not better than 1F1B";
+      for (int v : {2, 3}) {
+        if (m % p != 0) continue;
+        const Play r = play(lower(make_schedule(ScheduleKind::interleaved, p, m, v)));
+        EXPECT_DOUBLE_EQ(r.makespan, 3.0 * v * m + 3.0 * (p - 1)) << "interleaved v=" << v << " p=" << p << " m=" << m;
+        EXPECT_NEAR(1 - r.busy[0] / r.makespan, analytic_bubble(ScheduleKind::interleaved, p, m, 1, 1, 1, v), 1e-12);
+      }
     }
 }
 
-TEST(Schedule, ListsLookLikeThePapers) {
-  EXPECT_EQ(schedule_str(make_schedule(ScheduleKind::one_f_one_b, 4, 6, 0)),
-            "F0 F1 F2 F3 B0 W0 F4 B1 W1 F5 B2 W2 B3 W3 B4 W4 B5 W5");
-  // The last stage runs B ahead of W while upstream stages wait for it.
-  EXPECT_EQ(schedule_str(make_schedule(ScheduleKind::zb_h1, 2, 3, 1)), "F0 B0 F1 B1 W0 F2 B2 W1 W2");
-  EXPECT_EQ(schedule_str(make_schedule(ScheduleKind::one_f_one_b, 4, 6, 3)),
-            "F0 B0 W0 F1 B1 W1 F2 B2 W2 F3 B3 W3 F4 B4 W4 F5 B5 W5");
-  EXPECT_EQ(schedule_str(make_schedule(ScheduleKind::afab, 2, 2, 1)), "F0 F1 B0 W0 B1 W1");
+// ZB-H1 (Qi et al.): with T_F = T_B = T_W the bubble is p - 1 units, a third
+// of 1F1B's 3(p-1); the greedy reaches it for every m >= p. ZB-V, in the
+// same units (a chunk half a stage), does at least as well at the same memory.
+TEST(Schedule, ZeroBubbleSchedulesMeetThePapers) {
+  for (int p = 2; p <= 8; ++p)
+    for (int m = 1; m <= 32; ++m) {
+      const Schedule h1 = make_schedule(ScheduleKind::zb_h1, p, m);
+      const Play r = play(lower(h1));
+      if (m >= p) EXPECT_DOUBLE_EQ(r.makespan, 3.0 * m + (p - 1)) << "p=" << p << " m=" << m;
+      EXPECT_LT(r.makespan, 3.0 * (m + p - 1)) << "p=" << p << " m=" << m << " not better than 1F1B";
+      SimCosts half;
+      half.stage.assign(static_cast<std::size_t>(2 * p), StageCost{0.5, 0.5, 0.5});
+      const SimResult v = simulate(make_schedule(ScheduleKind::zb_v, p, m), half);
+      if (m >= p) EXPECT_LE(v.makespan, r.makespan) << "p=" << p << " m=" << m;
+      if (m >= 2 * p) EXPECT_LT(v.mean_bubble(), 1 - (3.0 * m) / r.makespan) << "p=" << p << " m=" << m;
+    }
+}
+
+TEST(Schedule, TablesLookLikeThePapers) {
+  auto row = [](const Schedule& s, int r) {
+    std::string out;
+    for (const Action& a : s.ranks[r]) out += (out.empty() ? "" : " ") + action_str(a);
+    return out;
+  };
+  EXPECT_EQ(row(make_schedule(ScheduleKind::one_f_one_b, 4, 6), 0),
+            "0F0 0F1 0F2 0F3 0B0 0F4 0B1 0F5 0B2 0B3 0B4 0B5");
+  // The last stage runs I ahead of W while upstream stages wait for it.
+  EXPECT_EQ(row(make_schedule(ScheduleKind::zb_h1, 2, 3), 1), "1F0 1I0 1F1 1I1 1W0 1F2 1I2 1W1 1W2");
+  EXPECT_EQ(row(make_schedule(ScheduleKind::afab, 2, 2), 1), "1F0 1F1 1B0 1B1");
+  // Megatron's interleaved order at p = 2, v = 2, m = 4: rounds of p micro-batches per chunk.
+  EXPECT_EQ(row(make_schedule(ScheduleKind::interleaved, 2, 4, 2), 0),
+            "0F0 0F1 2F0 2F1 0F2 2B0 0F3 2B1 2F2 0B0 2F3 0B1 2B2 2B3 0B2 0B3");
+  // The V: rank 0 holds the first and the last stage.
+  const Schedule v = make_schedule(ScheduleKind::zb_v, 2, 2);
+  EXPECT_EQ(v.layout.rank_of(0), 0);
+  EXPECT_EQ(v.layout.rank_of(3), 0);
+  EXPECT_EQ(v.layout.rank_of(1), 1);
+  EXPECT_EQ(v.layout.rank_of(2), 1);
+  // Stage 1 to 2 hands over in memory; 2 to 3 goes back to rank 0.
+  EXPECT_EQ(row(lower(v), 1), "RecvAct(1,0) 1F0 2F0 SendAct(2,0) RecvAct(1,1) 1F1 2F1 SendAct(2,1) RecvGrad(2,0) 2I0 "
+                              "1I0 SendGrad(1,0) RecvGrad(2,1) 2I1 1I1 SendGrad(1,1) 2W0 2W1 1W0 1W1");
+  // One column per time unit (a B spans two); 3(m + p - 1) = 9 units.
+  EXPECT_EQ(schedule_table(make_schedule(ScheduleKind::one_f_one_b, 2, 2)),
+            "rank 0 | 0F0 0F1 .   .   0B0     .   0B1    \n"
+            "rank 1 | .   1F0 1B0     1F1 1B1     .   .  \n");
+}
+
+Schedule two_rank(std::vector<Action> r0, std::vector<Action> r1, int m) {
+  Schedule s;
+  s.layout = {2, 1, ChunkPlacement::loop};
+  s.micro_batches = m;
+  s.ranks = {std::move(r0), std::move(r1)};
+  return s;
+}
+
+void expect_error(const Schedule& s, const std::string& part) {
+  try {
+    validate(s);
+    ADD_FAILURE() << "accepted; expected an error naming '" << part << "'";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+  }
+}
+
+TEST(Schedule, TheValidatorNamesWhatIsWrong) {
+  using A = Action;
+  const Op F = Op::forward, B = Op::backward, I = Op::backward_input, W = Op::backward_weight;
+  // Each rank alone is fine, together they wait for each other.
+  expect_error(two_rank({A{F, 0, 0}, A{B, 0, 0}, A{F, 0, 1}, A{B, 0, 1}},
+                        {A{F, 1, 1}, A{B, 1, 1}, A{F, 1, 0}, A{B, 1, 0}}, 2),
+               "deadlock: rank 0 waits in RecvGrad(0,0); rank 1 waits in RecvAct(1,1)");
+  expect_error(two_rank({A{F, 0, 0}, A{B, 0, 0}}, {A{F, 1, 0}}, 1), "rank 1 never runs a backward of stage 1");
+  expect_error(two_rank({A{B, 0, 0}, A{F, 0, 0}}, {A{F, 1, 0}, A{B, 1, 0}}, 1), "0B0: comes before its forward");
+  expect_error(two_rank({A{F, 0, 0}, A{B, 0, 0}}, {A{F, 1, 0}, A{W, 1, 0}, A{I, 1, 0}}, 1),
+               "1W0: comes before its input gradient");
+  expect_error(two_rank({A{F, 0, 0}, A{B, 0, 0}, A{F, 1, 0}}, {A{F, 1, 0}, A{B, 1, 0}}, 1),
+               "rank 0, action 1F0: stage 1 is held by rank 1");
+  expect_error(two_rank({A{F, 0, 0}, A{B, 0, 0}}, {A{F, 1, 0}, A{B, 1, 0}, A{F, 1, 2}}, 2), "micro-batch 2 is not in");
+  EXPECT_NO_THROW(validate(two_rank({A{F, 0, 0}, A{B, 0, 0}}, {A{F, 1, 0}, A{I, 1, 0}, A{W, 1, 0}}, 1)));
+  // A V layout whose rank runs its second stage before its first.
+  Schedule v = make_schedule(ScheduleKind::zb_v, 2, 1);
+  auto& r1 = v.ranks[1];
+  std::swap(r1[0], r1[1]);  // 2F0 before 1F0
+  expect_error(v, "runs before 1F0 on the same rank");
+}
+
+TEST(Schedule, TablesRoundTripThroughTheFileFormat) {
+  const std::string path = testing::TempDir() + "schedule_roundtrip.csv";
+  for (const Case& c : kCases) {
+    const Schedule s = make_schedule(c.kind, 4, 8, c.v);
+    {
+      std::ofstream(path) << schedule_csv(s);
+    }
+    const Schedule back = read_schedule_csv(path, 4);
+    EXPECT_EQ(back.layout, s.layout) << schedule_name(c.kind);
+    EXPECT_EQ(back.micro_batches, 8);
+    EXPECT_EQ(back.ranks, s.ranks) << schedule_name(c.kind);
+  }
+  auto fails = [&](const std::string& text, int p, const std::string& part) {
+    {
+      std::ofstream(path) << text;
+    }
+    try {
+      read_schedule_csv(path, p);
+      ADD_FAILURE() << "accepted: " << text;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+    }
+  };
+  fails("0F0,0B0\n1F0,1X0\n", 2, ":2: cell 2 '1X0' is not an action");
+  fails("0F0,0B0\n", 2, "1 rank lines, the pipeline has parallel.pipeline = 2");
+  fails("# comment\n0F0, 0B0\n1F0 1B0 2F0\n", 2, "stages 0..2 are not a multiple of 2 ranks");
+  fails("0F0,0B0\n1B0,1F0\n", 2, "1B0: comes before its forward");
+  EXPECT_THROW(read_schedule_csv(path + ".missing", 2), Error);
+  std::remove(path.c_str());
 }
 
 TEST(Schedule, BadArgumentsAreErrors) {
-  EXPECT_THROW(make_schedule(ScheduleKind::afab, 0, 4, 0), Error);
-  EXPECT_THROW(make_schedule(ScheduleKind::afab, 2, 0, 0), Error);
-  EXPECT_THROW(make_schedule(ScheduleKind::afab, 2, 4, 2), Error);
-  EXPECT_THROW(parse_schedule("interleaved"), Error);
+  EXPECT_THROW(make_schedule(ScheduleKind::afab, 0, 4), Error);
+  EXPECT_THROW(make_schedule(ScheduleKind::afab, 2, 0), Error);
+  EXPECT_THROW(make_schedule(ScheduleKind::interleaved, 2, 4, 1), Error);
+  try {
+    make_schedule(ScheduleKind::interleaved, 4, 6, 2);
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("must be a multiple of 4"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(parse_schedule("interleaved-2"), Error);
   EXPECT_EQ(parse_schedule("zb-h1"), ScheduleKind::zb_h1);
+  EXPECT_EQ(parse_schedule("interleaved"), ScheduleKind::interleaved);
+  EXPECT_EQ(parse_schedule("zb-v"), ScheduleKind::zb_v);
+  EXPECT_EQ(parse_schedule("my/table.csv"), ScheduleKind::file);
 }
 
 }  // namespace

@@ -1,9 +1,10 @@
 #pragma once
-// ScheduleExecutor: runs one stage's schedule (schedule.hpp) for one
-// optimizer step over the grid's pipeline communicator. Every layout runs it:
-// a single stage (data or tensor parallelism) is the schedule F, B, W per
-// micro-batch. It takes the step's inputs as a value and returns its counts
-// and timing; nothing of a step outlives run().
+// ScheduleExecutor: interprets this rank's list of a lowered schedule table
+// (schedule.hpp) for one optimizer step over the grid's pipeline
+// communicator, on the rank's model chunks. Every layout runs it: a single
+// stage (data or tensor parallelism) is the table F, B per micro-batch. It
+// takes the step's inputs as a value and returns its counts and timing;
+// nothing of a step outlives run().
 //
 //   StepOutput out = executor.run(stage, loss, StepInput{images, labels, step, lr, scale}, grad_sync);
 //
@@ -23,18 +24,20 @@
 //  - BatchNorm (more than one micro-batch): each micro-batch is normalised
 //    with its own statistics, the running statistics are updated once at the
 //    step's end with all of its micro-batches' (stage.hpp).
-//  - Gradients: the last micro-batch's backward tells grad_sync each layer
-//    whose step gradient is complete (layer_ready), so synchronisation
+//  - Gradients: each chunk's last backward of the step tells grad_sync each
+//    layer whose step gradient is complete (layer_ready), so synchronisation
 //    overlaps the rest of the backward.
 //  - Transfers: activation/gradient shapes are known ahead (from the model),
-//    so receive buffers (one per micro-batch and direction) are allocated once
-//    and every receive of a step is posted when the step starts; sends are
+//    so receive buffers (one per chunk, micro-batch and direction, where the
+//    neighbouring chunk is on another rank) are allocated once and every
+//    receive of a step is posted when the step starts; sends are
 //    non-blocking from the slot's own output, completed before that slot is
 //    reused and at the end of the step. A list can therefore only wait in
-//    RecvAct/RecvGrad, which the schedule tests prove cannot deadlock.
-//  - Construction is collective over the pipeline group: neighbours exchange
-//    the shape they will send / expect; a mismatch is an Error on every rank
-//    of the world naming both stages and shapes.
+//    RecvAct/RecvGrad, and validate() proved at construction that it cannot
+//    deadlock. Consecutive chunks on one rank (the V layout) hand over in memory.
+//  - Construction is collective over the world: the table is validated (the
+//    same on every rank), and neighbours exchange the shape they will send /
+//    expect; a mismatch is an Error on every rank naming both stages and shapes.
 //  - Every wait (receive, send, evaluation) is bounded by the pipeline
 //    communicator's timeout; past it the job ends naming the stage and world
 //    rank that never answered (peer.hpp).
@@ -68,15 +71,22 @@ struct MicroBatching {
 
 class ScheduleExecutor {
  public:
-  // in_mb / out_mb: this stage's input and output shapes for one micro-batch.
+  // Shapes of one micro-batch at the input and output of each of the rank's
+  // chunks (chunk order); `table` is the step's compute table for
+  // grid.pipeline_layout() and mb.per_step() micro-batches.
+  ScheduleExecutor(const ProcessGrid& grid, const Schedule& table, MicroBatching mb,
+                   std::vector<std::pair<Shape, Shape>> chunk_shapes, Device dev, DeviceRuntime& rt);
+  // One chunk per rank, the table of a built-in kind (tests and benchmarks).
   ScheduleExecutor(const ProcessGrid& grid, ScheduleKind kind, MicroBatching mb, Shape in_mb, Shape out_mb,
                    Device dev, DeviceRuntime& rt);
   ~ScheduleExecutor();
   ScheduleExecutor(const ScheduleExecutor&) = delete;
   ScheduleExecutor& operator=(const ScheduleExecutor&) = delete;
 
+  // Activation slots a chunk needs (the most micro-batches it holds at once).
   int slots() const { return slots_; }
-  const std::vector<Instr>& schedule() const { return sched_; }
+  const Schedule& table() const { return table_; }           // lowered, every rank's
+  const std::vector<Action>& actions() const { return mine_; }  // this rank's
   const MicroBatching& batching() const { return mb_; }
 
   StepOutput run(Stage& stage, const Loss& loss, const StepInput& in, GradSync& sync);
@@ -89,15 +99,18 @@ class ScheduleExecutor {
 
  private:
   struct Transfers;
+  int tag_of(int stage, int mb, bool act) const { return 2 * (stage * mb_.per_step() + mb) + (act ? 0 : 1); }
   const ProcessGrid& grid_;
   MicroBatching mb_;
-  std::vector<Instr> sched_;
+  Schedule table_;
+  std::vector<Action> mine_;
   int slots_ = 1;
   Device dev_;
   DeviceRuntime& rt_;
-  // Buffers reused by every step (workspace, not step state).
-  std::vector<Tensor> act_in_, grad_in_;  // per micro-batch receive buffers
-  std::vector<Tensor> dlogits_;           // per slot (the last layer keeps it for its W)
+  // Buffers reused by every step (workspace, not step state), per chunk and
+  // micro-batch: receive buffers where the neighbour chunk is remote.
+  std::vector<std::vector<Tensor>> act_in_, grad_in_;
+  std::vector<Tensor> dlogits_;  // per slot of the last chunk (the last layer keeps it for its W)
 };
 
 }  // namespace ringtrain

@@ -23,6 +23,7 @@
 
 #include "ringtrain/comm/communicator.hpp"
 #include "ringtrain/parallel/mesh.hpp"
+#include "ringtrain/parallel/pipeline_layout.hpp"
 
 namespace ringtrain {
 
@@ -30,6 +31,10 @@ struct GridShape {
   int pipeline = 1;  // stages
   int tensor = 1;    // ranks per tensor-parallel group (innermost)
   int context = 1;   // ranks per context-parallel group (between data and tensor; mesh.hpp)
+  // Model chunks per pipeline rank and where they sit (pipeline_layout.hpp):
+  // the schedule's (schedule.hpp layout_for); 1 chunk unless it interleaves.
+  int chunks = 1;
+  ChunkPlacement placement = ChunkPlacement::loop;
 };
 
 class ProcessGrid {
@@ -51,8 +56,11 @@ class ProcessGrid {
   int tp_rank() const { return tp_; }
   int dp_rank() const { return dp_; }
   int pp_rank() const { return pp_; }
-  bool first_stage() const { return pp_ == 0; }
-  bool last_stage() const { return pp_ == pp_size_ - 1; }
+  // Whether this rank holds the model's first (last) chunk: it reads the
+  // inputs (applies the loss). Under the V layout rank 0 holds both.
+  bool first_stage() const { return layout_.rank_of(0) == pp_; }
+  bool last_stage() const { return layout_.rank_of(layout_.stages() - 1) == pp_; }
+  const PipelineLayout& pipeline_layout() const { return layout_; }
   // World rank of grid coordinates (tp, dp, pp) at context rank 0.
   int world_rank_of(int tp, int dp, int pp) const { return mesh_.rank_of({pp, dp, 0, tp}); }
 
@@ -63,8 +71,9 @@ class ProcessGrid {
   const Communicator& cp() const { return mesh_.group({Dim::context}); }
   const Communicator& replica() const { return replica_comm_; }  // same dp: pp x tp ranks
   const Communicator& zero() const { return zero_comm_; }        // a duplicate of dp() for ZeRO's collectives
-  // The first and the last stage of this rank's dp and tp coordinates, ranked
-  // by stage (2 ranks; this rank alone at pipeline 1 and on the stages between).
+  // The ranks holding the first and the last chunk of this rank's dp and tp
+  // coordinates, ranked by stage (2 ranks; this rank alone at pipeline 1, on
+  // the stages between, and where one rank holds both: the V layout).
   const Communicator& ends() const { return ends_comm_; }
   double timeout_s() const { return world_.timeout_s(); }
   const Mesh& mesh() const { return mesh_; }
@@ -74,6 +83,7 @@ class ProcessGrid {
 
  private:
   Mesh mesh_;
+  PipelineLayout layout_;
   Communicator world_, dp_comm_, pp_comm_, tp_comm_, replica_comm_, zero_comm_, ends_comm_;
   int tp_size_ = 1, dp_size_ = 1, pp_size_ = 1;
   int tp_ = 0, dp_ = 0, pp_ = 0;

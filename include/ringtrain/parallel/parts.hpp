@@ -3,7 +3,7 @@
 // (data parallelism is the grid with one stage holding every layer and one
 // tensor shard), and the training step that composes them:
 //
-//   Stage             the rank's top-level layers, split over its tensor group
+//   Stage             the rank's model chunks (top-level layer ranges), split over its tensor group
 //   Loss              what the last stage's output is trained on (the model's: nn/model_registry.hpp)
 //   ScheduleExecutor  the pipeline schedule over the stage's micro-batches
 //   GradSync          none | fusion-engine all-reduce | ZeRO-1/2 reduce-scatter |
@@ -39,6 +39,8 @@ struct GridConfig {
   int micro_batches = 1;        // per loader batch (parallel.micro_batches); m must divide `batch`
   int accumulation = 1;         // loader batches per optimizer step (train.accumulation)
   ScheduleKind schedule = ScheduleKind::one_f_one_b;
+  std::string schedule_file;    // schedule = file: the table (parallel.schedule = FILE.csv)
+  int virtual_stages = 2;       // schedule = interleaved: chunks per rank (parallel.virtual_stages)
   PartitionKind partition = PartitionKind::uniform;
   std::vector<int> balance;     // partition = list
   std::int64_t batch = 0;       // samples per loader batch on this replica (data.batch_size)
@@ -54,7 +56,7 @@ struct GridConfig {
 };
 
 struct ModelParts {
-  std::vector<int> balance;  // layers per stage
+  std::vector<int> balance;  // layers per stage (every model chunk of the pipeline, in model order)
   std::unique_ptr<Stage> stage;
   LossPtr loss;
   std::unique_ptr<ScheduleExecutor> executor;

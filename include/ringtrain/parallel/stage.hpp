@@ -86,6 +86,11 @@ class ParamAccess {
   virtual void end_pass() = 0;
 };
 
+// A contiguous range of top-level layers [first, end): one model chunk.
+struct LayerRange {
+  int first = 0, end = 0;
+};
+
 class Stage {
  public:
   using GradReady = std::function<void(int local_layer)>;
@@ -110,6 +115,21 @@ class Stage {
   Shape input_shape(std::int64_t n) const;
   Shape output_shape(std::int64_t n) const;
   std::vector<NamedBuffer> buffers() const;  // the layers' (the running statistics)
+
+  // One chunk per stage for now: chunk must be 0 (the executor speaks in chunks).
+  Stage(const ModelConfig& mc, Device dev, std::vector<LayerRange> chunks, int slots)
+      : Stage(mc, dev, one(chunks).first, one(chunks).end, slots) {}
+  int num_chunks() const { return 1; }
+  LayerRange chunk(int c) const { return {first_, end_}; }
+  Shape input_shape(int chunk, std::int64_t n) const { return input_shape(n); }
+  Tensor forward(int chunk, int slot, const Tensor& x, Mode mode, const SamplePosition& pos) {
+    position_ = {pos.step, pos.first_sample};
+    return forward(slot, x, mode);
+  }
+  Tensor backward_input(int chunk, int slot, const Tensor& dy, bool need_dx, const GradReady& ready) {
+    return backward_input(slot, dy, need_dx, ready);
+  }
+  void backward_weight(int chunk, int slot, const GradReady& ready) { backward_weight(slot, ready); }
 
   Tensor forward(int slot, const Tensor& x, Mode mode);
   // need_dx: whether the stage's input gradient is wanted (false on the first stage).
@@ -141,6 +161,10 @@ class Stage {
   DType activation_dtype() const { return act_; }
 
  private:
+  static const LayerRange& one(const std::vector<LayerRange>& c) {
+    RT_CHECK(c.size() == 1, "pipeline stage: several model chunks per rank are not built yet");
+    return c.front();
+  }
   Device device_;
   int first_, end_;
   Shape sample_in_;  // stage input without the batch

@@ -100,7 +100,8 @@ struct TrainConfig {
     int pipeline = 1;              // pipeline stages
     int tensor = 1;                // tensor-parallel ranks per group (mlp, vit)
     int micro_batches = 0;         // per step and replica (0 = pipeline); must divide data.batch_size
-    std::string schedule = "1f1b"; // afab | 1f1b | zb-h1
+    std::string schedule = "1f1b"; // afab | 1f1b | zb-h1 | interleaved | zb-v | FILE.csv
+    int virtual_stages = 2;        // interleaved: model chunks per pipeline rank
     std::string partition = "uniform";  // uniform | params | time | list
     std::string balance;           // partition = list: layers per stage, "[3, 2, 2]"
     int zero = 0;                  // ZeRO stage over the data-parallel group: 0 off, 1 optimizer state, 2 + gradients

@@ -1,0 +1,87 @@
+#include "ringtrain/parallel/simulator.hpp"
+
+#include <algorithm>
+#include <map>
+#include <tuple>
+
+#include "ringtrain/core/error.hpp"
+
+namespace ringtrain {
+
+const StageCost& SimCosts::of(int g) const {
+  static const StageCost unit;
+  return stage.empty() ? unit : stage.at(static_cast<std::size_t>(g));
+}
+
+double SimResult::mean_bubble() const {
+  if (busy.empty()) return 0;
+  double s = 0;
+  for (std::size_t r = 0; r < busy.size(); ++r) s += bubble(static_cast<int>(r));
+  return s / static_cast<double>(busy.size());
+}
+
+SimResult simulate(const Schedule& in, const SimCosts& costs) {
+  const Schedule s = lower(in);
+  const int p = s.layout.ranks;
+  SimResult r;
+  r.busy.assign(static_cast<std::size_t>(p), 0);
+  r.peak.assign(static_cast<std::size_t>(p), 0);
+  r.started.resize(static_cast<std::size_t>(p));
+  std::vector<std::size_t> pc(static_cast<std::size_t>(p), 0);
+  std::vector<double> clock(static_cast<std::size_t>(p), 0);
+  std::vector<int> live(static_cast<std::size_t>(p), 0);
+  // (receiving stage, 0 = activation | 1 = gradient, micro-batch) -> arrival time
+  std::map<std::tuple<int, int, int>, double> arrives;
+  for (;;) {
+    bool moved = false, all = true;
+    for (int k = 0; k < p; ++k) {
+      const auto& list = s.ranks[static_cast<std::size_t>(k)];
+      auto& c = clock[static_cast<std::size_t>(k)];
+      while (pc[static_cast<std::size_t>(k)] < list.size()) {
+        const Action& a = list[pc[static_cast<std::size_t>(k)]];
+        double dur = 0;
+        switch (a.op) {
+          case Op::recv_act:
+          case Op::recv_grad: {
+            auto it = arrives.find({a.stage, a.op == Op::recv_act ? 0 : 1, a.mb});
+            if (it == arrives.end()) goto blocked;
+            c = std::max(c, it->second);
+            break;
+          }
+          case Op::send_act: arrives[{a.stage + 1, 0, a.mb}] = c + costs.p2p; break;
+          case Op::send_grad: arrives[{a.stage - 1, 1, a.mb}] = c + costs.p2p; break;
+          case Op::forward: dur = costs.of(a.stage).f; break;
+          case Op::backward: dur = costs.of(a.stage).b(); break;
+          case Op::backward_input: dur = costs.of(a.stage).i; break;
+          case Op::backward_weight: dur = costs.of(a.stage).w; break;
+          case Op::load_micro_batch: break;
+        }
+        if (is_compute(a.op)) {
+          r.started[static_cast<std::size_t>(k)].push_back({c, a});
+          auto& l = live[static_cast<std::size_t>(k)];
+          if (a.op == Op::forward) r.peak[static_cast<std::size_t>(k)] = std::max(r.peak[static_cast<std::size_t>(k)], ++l);
+          if (a.op == Op::backward || a.op == Op::backward_weight) --l;
+        }
+        c += dur;
+        r.busy[static_cast<std::size_t>(k)] += dur;
+        ++pc[static_cast<std::size_t>(k)];
+        moved = true;
+      }
+    blocked:
+      all &= pc[static_cast<std::size_t>(k)] == list.size();
+    }
+    if (all) break;
+    if (!moved) {
+      r.deadlock = true;
+      for (int k = 0; k < p; ++k)
+        if (pc[static_cast<std::size_t>(k)] < s.ranks[static_cast<std::size_t>(k)].size())
+          r.where += cat(r.where.empty() ? "" : "; ", "rank ", k, " waits in ",
+                         action_str(s.ranks[static_cast<std::size_t>(k)][pc[static_cast<std::size_t>(k)]]));
+      return r;
+    }
+  }
+  r.makespan = clock.empty() ? 0 : *std::max_element(clock.begin(), clock.end());
+  return r;
+}
+
+}  // namespace ringtrain
