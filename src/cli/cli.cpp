@@ -21,6 +21,8 @@
 #include "ringtrain/core/log.hpp"
 #include "ringtrain/data/prepare.hpp"
 #include "ringtrain/nn/model_registry.hpp"
+#include "ringtrain/parallel/schedule.hpp"
+#include "ringtrain/parallel/simulator.hpp"
 #include "ringtrain/train/config.hpp"
 #include "ringtrain/train/checkpoint.hpp"
 #include "ringtrain/train/exit_codes.hpp"
@@ -37,7 +39,7 @@ struct TrainArgs {
   std::string config;
   std::vector<std::string> sets;  // filled after parsing, in command-line order
   std::string resume;
-  bool no_eval = false, print_config = false, list_keys = false, print_plan = false;
+  bool no_eval = false, print_config = false, list_keys = false, print_plan = false, print_schedule = false;
   int ranks = 0;  // --print-plan at this many ranks (0 = this job's)
 };
 
@@ -124,6 +126,23 @@ int run_train(const TrainArgs& a, const Communicator& world, Phase& phase) {
   TrainConfig cfg = load_config(a.config, a.sets, world);
   if (a.print_config) {
     if (world.rank() == 0) std::printf("%s", cfg.to_toml().c_str());
+    return 0;
+  }
+  if (a.print_schedule) {
+    std::string text;
+    run_agreed(world, "printing the pipeline schedule", [&] {
+      const RunPlan plan = plan_run(cfg, a.ranks > 0 ? a.ranks : world.size());
+      const int m = plan.micro_batches * plan.accumulation;
+      const Schedule s = step_schedule(parse_schedule(cfg.parallel.schedule), cfg.parallel.schedule, plan.pipeline,
+                                       m, cfg.parallel.virtual_stages);
+      const SimResult r = simulate(s);
+      text = cat("# parallel.schedule = ", cfg.parallel.schedule, ": ", plan.pipeline, " pipeline ranks x ",
+                 s.layout.chunks, " chunks, ", m, " micro-batches per step; cells STAGE{F|B|I|W}MICROBATCH, one "
+                 "column per time unit (F = I = W = 1 per chunk, B = 2)\n",
+                 schedule_table(s), "# unit-time play: step ", r.makespan, " units, mean bubble ", r.mean_bubble(),
+                 "\n# as a table file for parallel.schedule = FILE.csv:\n", schedule_csv(s));
+    });
+    if (world.rank() == 0) std::printf("%s", text.c_str());
     return 0;
   }
   if (a.print_plan) {
@@ -385,9 +404,12 @@ int main(int argc, char** argv) {
   train->add_flag("--print-plan", ta.print_plan,
                   "print the resolved layout and batch split as JSON and exit; exit status 2 (naming the key) when "
                   "the configuration cannot run at that rank count");
-  train->add_option("--ranks", ta.ranks, "with --print-plan: plan for this many ranks (default: this job's)")
-      ->check(CLI::PositiveNumber)
-      ->needs("--print-plan");
+  train->add_flag("--print-schedule", ta.print_schedule,
+                  "print the pipeline schedule's table (rank x time unit, as the simulator plays it) and the same "
+                  "as a table file for parallel.schedule = FILE.csv, and exit");
+  train->add_option("--ranks", ta.ranks,
+                    "with --print-plan or --print-schedule: plan for this many ranks (default: this job's)")
+      ->check(CLI::PositiveNumber);
   add_shortcuts(train, overrides);
 
   EvalArgs ea;

@@ -92,6 +92,28 @@ TEST(Plan, LayoutsThatCannotRunNameTheKey) {
   EXPECT_NE(m.find("--ranks"), std::string::npos) << m;
 }
 
+// Pipeline schedules: a count the chosen schedule cannot run is refused naming
+// the keys; every schedule that can is predicted (unit-time play; the formulas
+// are tests/parallel/schedule_test.cpp's).
+TEST(Plan, PipelineSchedulesArePredictedOrRefusedByName) {
+  std::string m = error_of([] {
+    plan_run(config({"parallel.pipeline=2", "parallel.schedule=interleaved", "parallel.micro_batches=3",
+                     "data.batch_size=30"}), 2);
+  });
+  EXPECT_NE(m.find("parallel.schedule = interleaved"), std::string::npos) << m;
+  EXPECT_NE(m.find("must be a multiple of 2"), std::string::npos) << m;
+  const RunPlan p = plan_run(config({"parallel.pipeline=2", "parallel.micro_batches=4", "parallel.schedule=zb-v"}), 2);
+  std::map<std::string, RunPlan::SchedulePrediction> by;
+  for (const auto& s : p.schedules) by[s.name] = s;
+  ASSERT_EQ(by.size(), 5u);
+  EXPECT_DOUBLE_EQ(by["1f1b"].bubble, 1.0 / 5);  // (p-1)/(m+p-1)
+  EXPECT_DOUBLE_EQ(by["interleaved"].step_vs_1f1b, 27.0 / 30);  // 3vm + 3(p-1) over 3(m+p-1), in chunk units
+  EXPECT_LT(by["zb-v"].step_vs_1f1b, by["zb-h1"].step_vs_1f1b);
+  EXPECT_LE(by["zb-v"].peak_activations, by["1f1b"].peak_activations);
+  EXPECT_EQ(by["zb-v"].chunks, 2);
+  EXPECT_NE(p.json().find("schedules_unit_time"), std::string::npos);
+}
+
 // Sequence parallelism: on for transformer blocks at tensor > 1 unless parallel.sequence = false.
 TEST(Plan, SaysWhetherSequenceParallelismIsOn) {
   auto on = [](std::initializer_list<const char*> sets, int ranks) {
@@ -120,7 +142,8 @@ TEST(Plan, JsonHasEveryFieldOnce) {
   EXPECT_EQ(j.at("micro_batch_size"), 16);
   EXPECT_EQ(j.at("global_batch"), 64);
   EXPECT_EQ(j.at("gpu_gate").at("on_cuda"), "refused");  // pipeline 2 (train/mpi_gpu_gate tests the gate)
-  EXPECT_EQ(j.size(), 8u) << j.dump();
+  EXPECT_EQ(j.at("schedules_unit_time").size(), 5u);  // pipeline 2, m = 2: every schedule runs
+  EXPECT_EQ(j.size(), 9u) << j.dump();
 }
 
 class PlanCli : public ::testing::Test {

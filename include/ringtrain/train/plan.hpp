@@ -29,6 +29,16 @@ struct RunPlan {
   // CUDA that has not run on a GPU (refused there), and the 16-bit storage it
   // would leave for float32 ("" when none).
   std::vector<std::pair<std::string, std::string>> gpu_refused;  // feature, setting
+  // Pipeline > 1: every schedule that can run this p and m, played by the
+  // simulator with unit costs (a stage's F = I = W = 1, a chunk's 1/v; free
+  // messages): step time relative to 1F1B's, bubble, and the most activations
+  // a rank holds, in micro-batches of a whole stage.
+  struct SchedulePrediction {
+    std::string name;
+    int chunks = 1;
+    double step_vs_1f1b = 1, bubble = 0, peak_activations = 0;
+  };
+  std::vector<SchedulePrediction> schedules;
   std::string gpu_storage_fallback;
 
   // Pretty-printed JSON, one key per line (docs/parallel_layouts.md, "Print the plan").
