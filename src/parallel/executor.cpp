@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "ringtrain/comm/agree.hpp"
+#include "ringtrain/comm/collectives.hpp"
 #include "ringtrain/nn/loss.hpp"
 #include "ringtrain/parallel/stage.hpp"
 #include "peer.hpp"
@@ -204,11 +205,15 @@ StepOutput ScheduleExecutor::run(Stage& stage, const Loss& loss_fn, const StepIn
     for (int j = slots_; j-- > 0;) free_slots[k].push_back(j);
   PerMb input(v, std::vector<Tensor>(m)), output = input, dinput = input;
   std::vector<int> b_done(v, 0), w_done(v, 0);
-  auto timed = [&](auto&& f) {
+  auto timed = [&](auto&& f, double* per_chunk = nullptr) {
     const auto t0 = Clock::now();
     f();
-    out.timing.busy_s += since(t0);
+    const double dt = since(t0);
+    out.timing.busy_s += dt;
+    if (per_chunk) *per_chunk += dt / m;
   };
+  out.timing.chunks.assign(static_cast<std::size_t>(v), ChunkTime{});
+  auto& ct = out.timing.chunks;
   const Stage::GradReady ready = [&sync](int l) { sync.layer_ready(l); };
   auto turn = [](Tensor& keep, const Tensor& src) -> const Tensor& {
     if (!keep.defined() || keep.shape() != src.shape() || keep.dtype() != src.dtype() || keep.device() != src.device())
@@ -233,7 +238,7 @@ StepOutput ScheduleExecutor::run(Stage& stage, const Loss& loss_fn, const StepIn
         timed([&] {
           const SamplePosition pos{static_cast<std::uint64_t>(in.step), first_sample(i)};
           output[k][i] = stage.forward(k, slot_of[k][i], input[k][i], Mode::train, pos);
-        });
+        }, &ct[k].f);
         break;
       }
       case Op::send_act: tr.send(k, slot_of[k][i], i, output[k][i], L.rank_of(g + 1), tag_of(g + 1, i, true)); break;
@@ -268,7 +273,7 @@ StepOutput ScheduleExecutor::run(Stage& stage, const Loss& loss_fn, const StepIn
           }
           dinput[k][i] = stage.backward_input(k, slot, dy, g > 0, last ? ready : Stage::GradReady{});
           if (whole) stage.backward_weight(k, slot, last ? ready : Stage::GradReady{});
-        });
+        }, &ct[k].i);
         if (whole) {
           ++w_done[k];
           free_slots[k].push_back(slot_of[k][i]);
@@ -280,7 +285,7 @@ StepOutput ScheduleExecutor::run(Stage& stage, const Loss& loss_fn, const StepIn
         break;
       case Op::backward_weight: {
         const bool last = ++w_done[k] == m;
-        timed([&] { stage.backward_weight(k, slot_of[k][i], last ? ready : Stage::GradReady{}); });
+        timed([&] { stage.backward_weight(k, slot_of[k][i], last ? ready : Stage::GradReady{}); }, &ct[k].w);
         free_slots[k].push_back(slot_of[k][i]);
         break;
       }
@@ -289,8 +294,30 @@ StepOutput ScheduleExecutor::run(Stage& stage, const Loss& loss_fn, const StepIn
   for (int k = 0; k < v; ++k)
     for (int j = 0; j < slots_; ++j) tr.finish_sends(k, j);
   stage.commit_batch_stats();  // every forward of the step has run
-  out.timing.wall_s = since(t_step);
+  out.timing.wall_s = out.timing.schedule_s = since(t_step);
   return out;
+}
+
+SimCosts ScheduleExecutor::gather_costs(const std::vector<ChunkTime>& mine, double p2p) const {
+  const PipelineLayout& L = grid_.pipeline_layout();
+  const int v = L.chunks, p = L.ranks;
+  RT_CHECK(static_cast<int>(mine.size()) == v, "pipeline costs: ", mine.size(), " chunks measured, the rank holds ", v);
+  std::vector<double> send(static_cast<std::size_t>(3 * v)), all(static_cast<std::size_t>(3 * v * p));
+  for (int k = 0; k < v; ++k) {
+    send[3 * k] = mine[k].f;
+    send[3 * k + 1] = mine[k].i;
+    send[3 * k + 2] = mine[k].w;
+  }
+  allgather(send.data(), send.size(), all.data(), DType::f64, grid_.pp());
+  SimCosts c;
+  c.p2p = p2p;
+  c.stage.resize(static_cast<std::size_t>(L.stages()));
+  for (int r = 0; r < p; ++r)
+    for (int k = 0; k < v; ++k) {
+      const double* x = &all[static_cast<std::size_t>(3 * (r * v + k))];
+      c.stage[static_cast<std::size_t>(L.stage_of(r, k))] = StageCost{x[0], x[1], x[2]};
+    }
+  return c;
 }
 
 // Forward along the chain of stages, each rank its chunks in stage order, the

@@ -90,6 +90,9 @@ void Reporter::epoch_end(const EpochMetrics& m) {
     rate += cat(", model ", fixed(m.model_flops_per_s / 1e9, 2), " GFLOP/s = MFU ",
                 fixed(100 * m.model_flops_per_s / m.matmul_peak_flops, 1), "% of the measured matmul peak ",
                 fixed(m.matmul_peak_flops / 1e9, 1), " GFLOP/s");
+  if (m.schedule_s > 0)
+    rate += cat(" | pipeline schedule ", fixed(1e3 * m.schedule_s, 1), " ms/step, simulator ",
+                fixed(1e3 * m.schedule_predicted_s, 1), " ms (bubble ", fixed(100 * m.schedule_bubble_predicted, 0), "%)");
   std::string amp = m.loss_scale > 0 ? cat(" | loss scale ", m.loss_scale, ", ", m.skipped_steps, " skipped") : "";
   std::string slow = m.slowest_rank < 0 ? ""
                      : cat(" | ", m.straggler ? "straggler" : "slowest", " rank ", m.slowest_rank, ": compute ",
@@ -132,6 +135,11 @@ void Reporter::epoch_end(const EpochMetrics& m) {
     j["slowest_slowdown"] = slowest ? nlohmann::json(m.slowest_slowdown) : nlohmann::json();
     j["slowest_wait_fraction"] = slowest ? nlohmann::json(m.slowest_wait_fraction) : nlohmann::json();
     j["straggler"] = m.straggler ? nlohmann::json(m.slowest_rank) : nlohmann::json();
+    if (m.schedule_s > 0) {
+      j["schedule_s"] = m.schedule_s;
+      j["schedule_predicted_s"] = m.schedule_predicted_s;
+      j["schedule_bubble_predicted"] = m.schedule_bubble_predicted;
+    }
     if (m.loss_scale > 0) {
       j["loss_scale"] = m.loss_scale;
       j["skipped_steps"] = m.skipped_steps;

@@ -22,6 +22,7 @@
 #include "ringtrain/optim/loss_scale.hpp"
 #include "ringtrain/optim/optimizer.hpp"
 #include "ringtrain/optim/schedule.hpp"
+#include "ringtrain/parallel/simulator.hpp"
 #include "ringtrain/core/device_module.hpp"
 #include "ringtrain/train/checkpoint.hpp"
 #include "ringtrain/train/gpu_gate.hpp"
@@ -206,6 +207,21 @@ std::int64_t Trainer::Impl::steps_per_epoch() const { return loader->steps_per_e
 // (so a run cut short follows the same learning rates as the full one).
 std::int64_t Trainer::Impl::total_steps() const { return steps_per_epoch() * cfg.train.epochs; }
 
+void Trainer::Impl::predict_schedule(const EpochStats& st, EpochMetrics& m) {
+  if (grid->pp_size() == 1) return;
+  double n = static_cast<double>(st.timed), mine[2] = {st.schedule_s, n};
+  allreduce(mine, mine, 2, DType::f64, ReduceOp::min, grid->pp());  // every stage timed the same steps
+  if (mine[1] < 1) return;
+  std::vector<ChunkTime> mean = st.chunks;
+  for (ChunkTime& c : mean) c = {c.f / n, c.i / n, c.w / n};
+  double step = st.schedule_s / n;
+  allreduce(&step, &step, 1, DType::f64, ReduceOp::max, grid->pp());  // the step ends with its slowest stage
+  const SimResult sim = simulate(parts.executor->table(), parts.executor->gather_costs(mean, 0));
+  m.schedule_s = step;
+  m.schedule_predicted_s = sim.makespan;
+  m.schedule_bubble_predicted = sim.mean_bubble();
+}
+
 // One optimizer step on every layout: read train.accumulation batches, then
 // the step of parallel/parts.hpp (schedule, gradient synchronisation, update,
 // statistics). The stop flag, a due checkpoint and the durability of a
@@ -229,6 +245,16 @@ double Trainer::Impl::train_step(EpochStats& st) {
   st.compute_s += since(t0) - r.timing.reduce_s - r.timing.wait_s();
   st.comm_s += r.timing.reduce_s;
   st.pipeline_wait_s += r.timing.wait_s();
+  if (pos.step > 0 && grid->pp_size() > 1) {
+    st.chunks.resize(r.timing.chunks.size());
+    for (std::size_t k = 0; k < st.chunks.size(); ++k) {
+      st.chunks[k].f += r.timing.chunks[k].f;
+      st.chunks[k].i += r.timing.chunks[k].i;
+      st.chunks[k].w += r.timing.chunks[k].w;
+    }
+    st.schedule_s += r.timing.schedule_s;
+    ++st.timed;
+  }
   st.correct += r.stats.correct;
   st.seen += r.stats.samples;
   st.skipped += r.stats.skipped ? 1 : 0;
@@ -429,6 +455,7 @@ EpochMetrics Trainer::Impl::train_epoch(int epoch, bool& finished) {
   m.compute_s = st.compute_s;
   m.comm_exposed_s = st.comm_s;
   m.pipeline_wait_s = st.pipeline_wait_s;
+  predict_schedule(st, m);
   m.data_wait_s = loader->wait_seconds() - wait0;
   m.skipped_steps = st.skipped;
   m.loss_scale = parts.updater->scaler() ? parts.updater->loss_scale() : 0.0;

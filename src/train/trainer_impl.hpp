@@ -55,6 +55,11 @@ struct Trainer::Impl {
   struct EpochStats {
     double loss_sum = 0, compute_s = 0, comm_s = 0, pipeline_wait_s = 0;
     std::int64_t steps = 0, correct = 0, seen = 0, skipped = 0;
+    // Pipeline: the schedule's time and each chunk's per-micro-batch costs,
+    // summed over the steps timed (not the run's first: it allocates).
+    double schedule_s = 0;
+    std::int64_t timed = 0;
+    std::vector<ChunkTime> chunks;
   };
 
   Impl(TrainConfig c, Communicator w, TrainerHooks h);
@@ -68,6 +73,9 @@ struct Trainer::Impl {
   std::int64_t steps_per_epoch() const;
   std::int64_t total_steps() const;
   double train_step(EpochStats& st);
+  // Pipeline: the schedule's mean measured time and the simulator's prediction
+  // from the same steps' per-chunk costs (collective).
+  void predict_schedule(const EpochStats& st, EpochMetrics& m);
   EvalResult evaluate(const std::string& path);
   TrainResult fit();
   EpochMetrics train_epoch(int epoch, bool& finished);

@@ -53,6 +53,7 @@
 #include "ringtrain/parallel/grad_sync.hpp"
 #include "ringtrain/parallel/grid.hpp"
 #include "ringtrain/parallel/schedule.hpp"
+#include "ringtrain/parallel/simulator.hpp"
 #include "ringtrain/parallel/step.hpp"
 
 namespace ringtrain {
@@ -90,6 +91,11 @@ class ScheduleExecutor {
   const MicroBatching& batching() const { return mb_; }
 
   StepOutput run(Stage& stage, const Loss& loss, const StepInput& in, GradSync& sync);
+
+  // Every stage's measured per-micro-batch costs (each rank's StepTiming::chunks)
+  // as the simulator takes them, with `p2p` seconds per message. Collective
+  // over the pipeline group.
+  SimCosts gather_costs(const std::vector<ChunkTime>& mine, double p2p) const;
 
   // Forward only, in eval mode, along the pipeline; returns {loss sum,
   // correct} over the first `valid` samples on the last stage's tensor rank 0,

@@ -47,8 +47,17 @@ struct StepStats {
 // Sums every count over `comm` (one float64 all-reduce); `skipped` is kept.
 StepStats reduce(const StepStats& mine, const Communicator& comm);
 
+// Per micro-batch: mean seconds of a chunk's forward, input gradient and
+// weight gradient in one step (a whole backward counts as input gradient):
+// what the schedule simulator (parallel/simulator.hpp) plays.
+struct ChunkTime {
+  double f = 0, i = 0, w = 0;
+};
+
 // Where this rank's step time went.
 struct StepTiming {
+  std::vector<ChunkTime> chunks;  // this rank's chunks, in chunk order
+  double schedule_s = 0;          // the pipeline schedule alone (the executor), start to end
   double wall_s = 0;    // the step, start to end
   double busy_s = 0;    // in load/forward/loss/backward ops
   double reduce_s = 0;  // waiting for the data-parallel gradient synchronisation (exposed communication)
