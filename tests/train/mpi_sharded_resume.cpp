@@ -1,7 +1,8 @@
-// The sharded read of a checkpoint (checkpoint_read.hpp): each rank reads only
-// what it restores. Checked against read_checkpoint, which reads every tensor
-// whole (H5Dread, and the parts assembled with nn's place_shard), sliced with
-// shard_of: the independent reference.
+// The sharded read of a checkpoint (checkpoint/read.hpp): each rank reads only
+// what it restores. Checked against tests/support/checkpoint_reference.hpp,
+// which reads every tensor whole (H5Dread, and the parts assembled with nn's
+// place_shard), sliced with shard_of: the independent reference. ringtrain's
+// own whole-tensor read_checkpoint (the same reader) equals it bitwise.
 //  - Checkpoints of a tiny vit + AdamW written at data W (parts, and one
 //    file), tensor 2, pipeline 2 x tensor 2 with ZeRO-1 and data 3 with ZeRO-1
 //    are read into the targets of other layouts — tensor 1..4 split along the
@@ -28,9 +29,10 @@
 #include "fixtures.hpp"
 #include "ringtrain/comm/collectives.hpp"
 #include "ringtrain/nn/tensor_parallel.hpp"
-#include "ringtrain/train/checkpoint.hpp"
-#include "ringtrain/train/checkpoint_read.hpp"
+#include "ringtrain/checkpoint/checkpoint.hpp"
+#include "ringtrain/checkpoint/read.hpp"
 #include "ringtrain/train/trainer.hpp"
+#include "support/checkpoint_reference.hpp"
 #include "support/error_of.hpp"
 
 using namespace ringtrain;
@@ -102,6 +104,13 @@ std::vector<ReadTarget> virtual_targets(const CheckpointData& whole, int tensor,
   return out;
 }
 
+// The independent reference's whole tensors.
+CheckpointData reference_whole(const std::string& path) {
+  CheckpointData d;
+  for (auto& [n, t] : test_support::reference_tensors(path)) d.tensors.emplace_back(n, t);
+  return d;
+}
+
 std::size_t sum_over(std::size_t v, const Communicator& w) {
   std::uint64_t x = v;
   allreduce(&x, &x, 1, DType::i64, ReduceOp::sum, w);
@@ -150,7 +159,7 @@ TEST_F(ShardedResume, ReadsAtAnyLayoutAreTheWholeTensorsSliced) {
   for (const Written& l : writers()) {
     SCOPED_TRACE(l.name);
     const std::string path = write(l);
-    const CheckpointData whole = read_checkpoint(path);
+    const CheckpointData whole = reference_whole(path);
     const CheckpointIndex ix = read_checkpoint_index(path, world_);
     EXPECT_EQ(ix.files.size(), l.parallel && world_.size() > 1 ? static_cast<std::size_t>(world_.size()) : 1u);
     std::size_t whole_bytes = 0;
@@ -164,6 +173,14 @@ TEST_F(ShardedResume, ReadsAtAnyLayoutAreTheWholeTensorsSliced) {
     EXPECT_LE(v.verified_bytes, whole_bytes / world_.size() + largest);
 
     std::map<std::string, Tensor> by_name(whole.tensors.begin(), whole.tensors.end());
+    const CheckpointData own = read_checkpoint(path);  // ringtrain's whole-tensor read: the reference, bitwise
+    ASSERT_EQ(own.tensors.size(), by_name.size());
+    for (const auto& [n, t] : own.tensors) {
+      ASSERT_EQ(by_name.count(n), 1u) << n;
+      const Tensor& ref = by_name.at(n);
+      ASSERT_EQ(t.shape(), ref.shape()) << n;
+      EXPECT_EQ(std::memcmp(t.raw(), ref.raw(), t.nbytes()), 0) << n;
+    }
     for (int tensor : {1, 2, 3, 4})
       for (bool first_dim : {true, false}) {
         SCOPED_TRACE(cat("read at tensor ", tensor, first_dim ? ", first dimension" : ", last dimension"));
@@ -201,7 +218,7 @@ TEST_F(ShardedResume, AResumedRankReadsItsShareAndHoldsTheSlicedTensors) {
   const int w = world_.size();
   if (w == 1) GTEST_SKIP() << "one rank holds the whole state: it has no smaller share to read";
   const std::string path = write({"data", 1, 1, false, true});
-  const CheckpointData whole = read_checkpoint(path);
+  const CheckpointData whole = reference_whole(path);
   std::map<std::string, Tensor> by_name(whole.tensors.begin(), whole.tensors.end());
   std::size_t whole_bytes = 0, whole_params = 0, largest_piece = 0;
   int slots = 0;  // optimizer state tensors per parameter (AdamW: 2)
@@ -333,7 +350,7 @@ TEST_F(ShardedResume, ACorruptPieceIsNamedOnEveryRankBeforeAnythingIsRestored) {
 TEST_F(ShardedResume, FilesRewrittenChunkedReadThroughHdf5) {
   if (std::system("command -v h5repack > /dev/null 2>&1") != 0) GTEST_SKIP() << "h5repack (hdf5-tools) is missing";
   const std::string path = write({"repacked", 1, 1, false, true});
-  const CheckpointData whole = read_checkpoint(path);
+  const CheckpointData whole = reference_whole(path);
   world_.barrier();
   if (world_.rank() == 0)
     for (const std::string& f : read_checkpoint_index(path).files) {

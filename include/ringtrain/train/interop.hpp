@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "ringtrain/train/checkpoint_read.hpp"
+#include "ringtrain/checkpoint/read.hpp"
 #include "ringtrain/train/config.hpp"
 
 namespace ringtrain {

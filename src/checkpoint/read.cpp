@@ -1,7 +1,7 @@
 // The sharded read (checkpoint_read.hpp, steps 2 and 3): every stored piece
 // verified whole by one rank; each rank's targets filled with pread from the
 // byte ranges of the pieces that overlap them.
-#include "ringtrain/train/checkpoint_read.hpp"
+#include "ringtrain/checkpoint/read.hpp"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -15,8 +15,8 @@
 #include "ringtrain/comm/agree.hpp"
 #include "ringtrain/core/error.hpp"
 #include "ringtrain/data/schema.hpp"
-#include "checkpoint_detail.hpp"
-#include "checkpoint_h5.hpp"
+#include "geometry.hpp"
+#include "h5.hpp"
 
 namespace ringtrain {
 namespace {
@@ -74,17 +74,24 @@ Tensor read_through_hdf5(const CheckpointIndex& ix, const StoredPiece& p, const 
   return t;
 }
 
+bool starts(const std::string& name, const char* prefix) { return name.rfind(prefix, 0) == 0; }
+
 bool checked_for_finite(const StoredPiece& p) {
   return ckpt_detail::is_float(p.dtype) &&
-         (p.name.rfind("param/", 0) == 0 || p.name.rfind("buffer/", 0) == 0 || p.name.rfind("optim/", 0) == 0);
+         (starts(p.name, "param/") || starts(p.name, "buffer/") || starts(p.name, "optim/"));
+}
+
+// A weights-only load (eval, generate) reads only the model's tensors.
+bool in_scope(const StoredPiece& p, const VerifyScope& scope) {
+  return scope.optimizer || starts(p.name, "param/") || starts(p.name, "buffer/");
 }
 
 // Reads piece p whole, in chunks of `buf`: its CRC-32, then no NaN or Inf in float state.
 void verify_piece(const CheckpointIndex& ix, const StoredPiece& p, Files& files, std::vector<char>& buf,
-                  CheckpointReadStats& st) {
+                  CheckpointReadStats& st, bool check_finite) {
   const std::string what = piece_where(ix, p);
   const std::size_t esz = dtype_size(p.dtype), bytes = static_cast<std::size_t>(p.numel) * esz;
-  const bool finite = checked_for_finite(p);
+  const bool finite = check_finite && checked_for_finite(p);
   std::uint32_t crc = 0;
   std::int64_t bad = -1;  // the first non-finite element of the piece
   auto check = [&](const char* data, std::size_t n, std::int64_t first) {
@@ -113,23 +120,28 @@ void verify_piece(const CheckpointIndex& ix, const StoredPiece& p, Files& files,
            "): the run had diverged when it was written; resume from an earlier checkpoint");
 }
 
-// Rank `rank` of `size` verifies the pieces whose middle byte falls in its
-// equal share of all pieces' bytes, in file order.
-CheckpointReadStats verify_share(const CheckpointIndex& ix, int rank, int size) {
+// Rank `rank` of `size` verifies the pieces in scope whose middle byte falls
+// in its equal share of their bytes, in file order.
+CheckpointReadStats verify_share(const CheckpointIndex& ix, int rank, int size, const VerifyScope& scope) {
   CheckpointReadStats st;
-  const unsigned long long total = ix.bytes();
+  unsigned long long total = 0;
   std::size_t largest = 0;
-  for (const auto& p : ix.pieces) largest = std::max(largest, static_cast<std::size_t>(p.numel) * dtype_size(p.dtype));
+  for (const auto& p : ix.pieces) {
+    if (!in_scope(p, scope)) continue;
+    total += static_cast<unsigned long long>(p.numel) * dtype_size(p.dtype);
+    largest = std::max(largest, static_cast<std::size_t>(p.numel) * dtype_size(p.dtype));
+  }
   // 1 MiB: large reads, few fresh pages (a page fault costs ~20 us on some VMs).
   std::vector<char> buf(std::max<std::size_t>(8, std::min<std::size_t>(largest, std::size_t{1} << 20)));
   Files files(ix);
   unsigned long long at = 0;
   for (const auto& p : ix.pieces) {
+    if (!in_scope(p, scope)) continue;
     const unsigned long long b = static_cast<unsigned long long>(p.numel) * dtype_size(p.dtype);
     const unsigned long long mid = at + b / 2;
     at += b;
     const int owner = total ? static_cast<int>(std::min<unsigned long long>(size - 1, mid * size / total)) : 0;
-    if (owner == rank) verify_piece(ix, p, files, buf, st);
+    if (owner == rank) verify_piece(ix, p, files, buf, st, scope.finite);
   }
   return st;
 }
@@ -141,13 +153,15 @@ bool same_layout(const Shape& stored, const Shape& want) {
 
 }  // namespace
 
-CheckpointReadStats verify_checkpoint(const CheckpointIndex& ix, const Communicator& comm) {
+CheckpointReadStats verify_checkpoint(const CheckpointIndex& ix, const Communicator& comm, const VerifyScope& scope) {
   CheckpointReadStats st;
-  run_agreed(comm, "verifying the checkpoint", [&] { st = verify_share(ix, comm.rank(), comm.size()); });
+  run_agreed(comm, "verifying the checkpoint", [&] { st = verify_share(ix, comm.rank(), comm.size(), scope); });
   return st;
 }
 
-CheckpointReadStats verify_checkpoint(const CheckpointIndex& ix) { return verify_share(ix, 0, 1); }
+CheckpointReadStats verify_checkpoint(const CheckpointIndex& ix, const VerifyScope& scope) {
+  return verify_share(ix, 0, 1, scope);
+}
 
 CheckpointReadStats read_targets(const CheckpointIndex& ix, std::vector<ReadTarget>& targets) {
   std::unordered_map<std::string, std::size_t> tensor_at;

@@ -14,9 +14,9 @@
 #include "ringtrain/comm/collectives.hpp"
 #include "ringtrain/core/error.hpp"
 #include "ringtrain/data/schema.hpp"
-#include "ringtrain/train/checkpoint_read.hpp"
-#include "checkpoint_detail.hpp"
-#include "checkpoint_h5.hpp"
+#include "ringtrain/checkpoint/read.hpp"
+#include "geometry.hpp"
+#include "h5.hpp"
 
 namespace fs = std::filesystem;
 
@@ -44,19 +44,19 @@ CheckpointIndex index_head(const std::string& path) {
   return ix;
 }
 
-// The pieces of file k, in the file's (name) order.
-void index_file(const CheckpointIndex& ix, int k, std::vector<StoredPiece>& out) {
+// The pieces of file k, in the file's (name) order. `part`: its tensors are
+// pieces with places (a manifest's part, or a part file read alone).
+void index_file(const CheckpointIndex& ix, int k, std::vector<StoredPiece>& out, bool part) {
   const std::string& path = ix.files[static_cast<std::size_t>(k)];
-  const bool part = !ix.head.parts.empty();
   const std::string where = "checkpoint '" + ix.path + "'";
-  if (part) {
+  if (!ix.head.parts.empty()) {
     std::error_code ec;
     RT_CHECK(fs::exists(path, ec), where, ": its part file '", ix.head.parts[static_cast<std::size_t>(k)], "' (",
              k + 1, " of ", ix.files.size(), ") is missing");
   }
   std::lock_guard lock(data::hdf5_mutex());
   H5 file = open_checkpoint(path);
-  if (part) {
+  if (!ix.head.parts.empty()) {
     const CheckpointData head = read_head(file, path);
     const std::string self = fs::path(ix.path).filename().string(), name = ix.head.parts[static_cast<std::size_t>(k)];
     RT_CHECK(!head.part_of.empty(), where, ": its part file '", name, "' is not a part file");
@@ -149,9 +149,10 @@ bool same_split(const PiecePlace& a, const PiecePlace& b) {
          a.shard.blocks == b.shard.blocks;
 }
 
-// The tensor table, and every tensor tiled exactly by its pieces: each
-// tensor-parallel part of it covered once, without gaps or overlaps.
-void finish_index(CheckpointIndex& ix) {
+// The tensor table, and (`tiled`: a whole checkpoint, not one part file) every
+// tensor tiled exactly by its pieces: each tensor-parallel part of it covered
+// once, without gaps or overlaps.
+void finish_index(CheckpointIndex& ix, bool tiled = true) {
   std::unordered_map<std::string, std::size_t> at;
   struct Span {
     std::int64_t begin, end;
@@ -180,9 +181,9 @@ void finish_index(CheckpointIndex& ix) {
     const std::int64_t per = PartGeometry::of(pl).numel;
     RT_CHECK(pl.begin >= 0 && p.numel >= 0 && pl.begin + p.numel <= per, tw, " covers elements ", pl.begin, "..",
              pl.begin + p.numel, " of a part of ", per);
-    if (p.numel) spans[t][s.sharded() ? static_cast<std::size_t>(s.index) : 0].push_back({pl.begin, pl.begin + p.numel, i});
+    if (p.numel && tiled) spans[t][s.sharded() ? static_cast<std::size_t>(s.index) : 0].push_back({pl.begin, pl.begin + p.numel, i});
   }
-  for (std::size_t t = 0; t < ix.tensors.size(); ++t) {
+  for (std::size_t t = 0; tiled && t < ix.tensors.size(); ++t) {
     const std::int64_t per = PartGeometry::of(split[t]).numel;
     for (std::size_t idx = 0; idx < spans[t].size(); ++idx) {
       auto& v = spans[t][idx];
@@ -212,10 +213,30 @@ std::size_t CheckpointIndex::bytes() const {
 
 CheckpointIndex read_checkpoint_index(const std::string& path) {
   CheckpointIndex ix = index_head(path);
-  for (std::size_t k = 0; k < ix.files.size(); ++k) index_file(ix, static_cast<int>(k), ix.pieces);
+  for (std::size_t k = 0; k < ix.files.size(); ++k) index_file(ix, static_cast<int>(k), ix.pieces, !ix.head.parts.empty());
   finish_index(ix);
   return ix;
 }
+
+namespace ckpt_detail {
+CheckpointIndex index_file_as_stored(const std::string& path) {
+  CheckpointIndex ix;
+  ix.path = path;
+  ix.files = {path};
+  {
+    std::lock_guard lock(data::hdf5_mutex());
+    H5 file = open_checkpoint(path);
+    ix.head = read_head(file, path);
+  }
+  // A manifest's pieces are in other files: as stored, it has none (its part names come back after).
+  std::vector<std::string> parts = std::move(ix.head.parts);
+  ix.head.parts.clear();
+  index_file(ix, 0, ix.pieces, !ix.head.part_of.empty());
+  finish_index(ix, false);
+  ix.head.parts = std::move(parts);
+  return ix;
+}
+}  // namespace ckpt_detail
 
 CheckpointIndex read_checkpoint_index(const std::string& path, const Communicator& comm) {
   if (comm.size() == 1) return read_checkpoint_index(path);
@@ -233,7 +254,7 @@ CheckpointIndex read_checkpoint_index(const std::string& path, const Communicato
   std::vector<StoredPiece> mine;
   run_agreed(comm, "indexing the checkpoint's files", [&] {
     for (std::size_t k = static_cast<std::size_t>(comm.rank()); k < ix.files.size(); k += static_cast<std::size_t>(comm.size()))
-      index_file(ix, static_cast<int>(k), mine);
+      index_file(ix, static_cast<int>(k), mine, !ix.head.parts.empty());
   });
   Writer w;
   for (const auto& p : mine) pack(p, w);

@@ -1,4 +1,4 @@
-#include "checkpoint_detail.hpp"
+#include "geometry.hpp"
 
 #include <cmath>
 #include <cstddef>

@@ -1,4 +1,4 @@
-#include "checkpoint_h5.hpp"
+#include "h5.hpp"
 
 #include <algorithm>
 #include <cstring>

@@ -32,7 +32,7 @@
 
 #include "ringtrain/comm/communicator.hpp"
 #include "ringtrain/nn/parameters.hpp"
-#include "ringtrain/train/checkpoint.hpp"
+#include "ringtrain/checkpoint/checkpoint.hpp"
 
 namespace ringtrain {
 
@@ -77,11 +77,18 @@ struct CheckpointReadStats {
   std::size_t reads = 0;           // pread calls (or whole-piece HDF5 reads)
 };
 
-// Collective: every piece verified once (step 2); an Error on every rank
-// names the file and tensor of the first bad piece. Returns this rank's reads.
-CheckpointReadStats verify_checkpoint(const CheckpointIndex& ix, const Communicator& comm);
-// One process: verifies every piece.
-CheckpointReadStats verify_checkpoint(const CheckpointIndex& ix);
+// What verify_checkpoint reads and checks.
+struct VerifyScope {
+  bool optimizer = true;  // false: only param/ and buffer/ pieces (a weights-only load reads no optimizer byte)
+  bool finite = true;     // float state (param/, buffer/, optim/) must hold no NaN or Inf
+};
+
+// Collective: every piece in scope verified once (step 2); an Error on every
+// rank names the file and tensor of the first bad piece. Returns this rank's reads.
+CheckpointReadStats verify_checkpoint(const CheckpointIndex& ix, const Communicator& comm,
+                                      const VerifyScope& scope = {});
+// One process: verifies every piece in scope.
+CheckpointReadStats verify_checkpoint(const CheckpointIndex& ix, const VerifyScope& scope = {});
 
 // What a rank restores: elements [place.begin, place.begin + dst.numel()) in
 // row-major order of part place.shard of tensor `name` (replicated: of the
