@@ -153,7 +153,8 @@ bool same_split(const PiecePlace& a, const PiecePlace& b) {
 // tensor tiled exactly by its pieces: each tensor-parallel part of it covered
 // once, without gaps or overlaps.
 void finish_index(CheckpointIndex& ix, bool tiled = true) {
-  std::unordered_map<std::string, std::size_t> at;
+  std::unordered_map<std::string, std::size_t>& at = ix.tensor_at;
+  at.clear();
   struct Span {
     std::int64_t begin, end;
     std::size_t piece;

@@ -146,11 +146,6 @@ CheckpointReadStats verify_share(const CheckpointIndex& ix, int rank, int size, 
   return st;
 }
 
-// A [1] tensor may be stored and wanted as a scalar.
-bool same_layout(const Shape& stored, const Shape& want) {
-  return stored == want || (shape_numel(stored) == shape_numel(want) && stored.size() == 1 && want.size() <= 1);
-}
-
 }  // namespace
 
 CheckpointReadStats verify_checkpoint(const CheckpointIndex& ix, const Communicator& comm, const VerifyScope& scope) {
@@ -163,11 +158,26 @@ CheckpointReadStats verify_checkpoint(const CheckpointIndex& ix, const VerifySco
   return verify_share(ix, 0, 1, scope);
 }
 
+std::ptrdiff_t find_target(const CheckpointIndex& ix, const ReadTarget& t) {
+  const auto it = ix.tensor_at.find(t.name);
+  if (it == ix.tensor_at.end()) {
+    RT_CHECK(t.optional, "checkpoint '", ix.path, "' has no tensor '", t.name,
+             "' (was it written for another model or optimizer?)");
+    return -1;
+  }
+  const StoredTensor& s = ix.tensors[it->second];
+  const Shape& want = t.place.whole;
+  const bool same = s.whole == want || (shape_numel(s.whole) == shape_numel(want) && s.whole.size() == 1 &&
+                                        want.size() <= 1);  // a [1] tensor wanted as a scalar
+  RT_CHECK(s.dtype == t.dst.dtype() && same, "checkpoint '", ix.path, "': tensor '", t.name, "' is ",
+           dtype_name(s.dtype), " ", shape_str(s.whole), ", but this model has ", dtype_name(t.dst.dtype()), " ",
+           shape_str(want), " (was it written for another model?)");
+  return static_cast<std::ptrdiff_t>(it->second);
+}
+
 CheckpointReadStats read_targets(const CheckpointIndex& ix, std::vector<ReadTarget>& targets) {
-  std::unordered_map<std::string, std::size_t> tensor_at;
-  for (std::size_t t = 0; t < ix.tensors.size(); ++t) tensor_at.emplace(ix.tensors[t].name, t);
   std::vector<std::vector<std::size_t>> pieces_of(ix.tensors.size());
-  for (std::size_t i = 0; i < ix.pieces.size(); ++i) pieces_of[tensor_at.at(ix.pieces[i].name)].push_back(i);
+  for (std::size_t i = 0; i < ix.pieces.size(); ++i) pieces_of[ix.tensor_at.at(ix.pieces[i].name)].push_back(i);
 
   // What to read of each piece: byte ranges (from its start) into target memory.
   struct Copy {
@@ -178,16 +188,9 @@ CheckpointReadStats read_targets(const CheckpointIndex& ix, std::vector<ReadTarg
   std::vector<std::vector<Copy>> copies(ix.pieces.size());
   for (ReadTarget& t : targets) {
     t.found = false;
-    const auto it = tensor_at.find(t.name);
-    if (it == tensor_at.end()) {
-      RT_CHECK(t.optional, "checkpoint '", ix.path, "' has no tensor '", t.name,
-               "' (was it written for another model or optimizer?)");
-      continue;
-    }
-    const StoredTensor& s = ix.tensors[it->second];
-    RT_CHECK(s.dtype == t.dst.dtype() && same_layout(s.whole, t.place.whole), "checkpoint '", ix.path, "': tensor '",
-             t.name, "' is ", dtype_name(s.dtype), " ", shape_str(s.whole), ", but this model has ",
-             dtype_name(t.dst.dtype()), " ", shape_str(t.place.whole), " (was it written for another model?)");
+    const std::ptrdiff_t k = find_target(ix, t);
+    if (k < 0) continue;
+    const StoredTensor& s = ix.tensors[static_cast<std::size_t>(k)];
     RT_CHECK(t.dst.device().is_cpu(), "checkpoint '", ix.path, "': tensor '", t.name,
              "' must be read into host memory");
     const std::int64_t n = t.dst.numel(), t0 = t.place.begin;
@@ -197,7 +200,7 @@ CheckpointReadStats read_targets(const CheckpointIndex& ix, std::vector<ReadTarg
     const std::int64_t esz = static_cast<std::int64_t>(dtype_size(s.dtype));
     char* dst = static_cast<char*>(t.dst.raw());
     std::int64_t covered = 0;
-    for (std::size_t i : pieces_of[it->second]) {
+    for (std::size_t i : pieces_of[static_cast<std::size_t>(k)]) {
       const StoredPiece& p = ix.pieces[i];
       auto add = [&](std::int64_t from, std::int64_t to, std::int64_t len) {
         copies[i].push_back({from * esz, dst + to * esz, len * esz});

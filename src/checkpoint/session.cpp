@@ -19,13 +19,6 @@ namespace fs = std::filesystem;
 namespace ringtrain {
 namespace {
 
-// A 1-element tensor may be stored as [1] and wanted as a scalar (as restore_tensor allows).
-bool same_layout(const StoredTensor& stored, const ReadTarget& want) {
-  if (stored.dtype != want.dst.dtype()) return false;
-  return stored.whole == want.place.whole || (shape_numel(stored.whole) == shape_numel(want.place.whole) &&
-                                              stored.whole.size() == 1 && want.place.whole.size() <= 1);
-}
-
 // Rank 0's list of strings on every rank.
 void share(std::vector<std::string>& v, const Communicator& world) {
   std::string joined;
@@ -193,22 +186,11 @@ void CheckpointSession::finish() { settle(); }
 // checkpoint is restored by some rank.
 void CheckpointSession::check_names(const CheckpointIndex& ix, const std::vector<ReadTarget>& targets,
                                     bool with_optimizer) const {
-  std::unordered_map<std::string, std::size_t> index;
-  for (std::size_t i = 0; i < ix.tensors.size(); ++i) index.emplace(ix.tensors[i].name, i);
   std::vector<int> claimed(ix.tensors.size(), 0);
   const std::string& file = ix.path;
   run_agreed(world_, "checking the checkpoint against this model", [&] {
-    for (const ReadTarget& t : targets) {
-      auto it = index.find(t.name);
-      if (it == index.end() && t.optional) continue;
-      RT_CHECK(it != index.end(), "checkpoint '", file, "' has no tensor '", t.name,
-               "' (was it written for another model or optimizer?)");
-      const StoredTensor& have = ix.tensors[it->second];
-      RT_CHECK(same_layout(have, t), "checkpoint '", file, "': tensor '", t.name, "' is ", dtype_name(have.dtype),
-               " ", shape_str(have.whole), ", but this model has ", dtype_name(t.dst.dtype()), " ",
-               shape_str(t.place.whole), " (was it written for another model?)");
-      claimed[it->second] = 1;
-    }
+    for (const ReadTarget& t : targets)
+      if (const std::ptrdiff_t k = find_target(ix, t); k >= 0) claimed[static_cast<std::size_t>(k)] = 1;
   });
   if (!claimed.empty()) allreduce(claimed.data(), claimed.data(), claimed.size(), DType::i32, ReduceOp::max, world_);
   run_agreed(world_, "checking the checkpoint against this model", [&] {

@@ -14,6 +14,9 @@
 //    checkpoint holds the reference's shards of every parameter; it read
 //    exactly the state it holds (its share), and verified about 1/W of the
 //    checkpoint.
+//  - A weights-only load (eval, generate) reads no optimizer byte: it loads a
+//    checkpoint whose optimizer state is corrupt throughout; `generate`'s
+//    configuration comes from the head alone.
 //  - A corrupt piece (a flipped byte, a NaN) is an error on every rank naming
 //    the part file and the tensor, before anything is restored; a file that
 //    another tool rewrote chunked and compressed reads through HDF5 alike.
@@ -343,6 +346,60 @@ TEST_F(ShardedResume, ACorruptPieceIsNamedOnEveryRankBeforeAnythingIsRestored) {
     EXPECT_NE(m.find("holds NaN or Inf (element "), std::string::npos) << m;
     EXPECT_NE(m.find("tensor 'optim/exp_avg_sq/"), std::string::npos) << m;
   }
+}
+
+// eval and generate load weights only: they read (to verify and to restore)
+// the parameters and buffers and no byte of the optimizer state, which here is
+// corrupt in every piece; a resume, which needs it, names the corruption. The
+// configuration `generate` builds its model from is read from the head alone,
+// with every tensor of the checkpoint corrupt.
+TEST_F(ShardedResume, WeightsOnlyLoadsReadNoOptimizerByte) {
+  const int w = world_.size();
+  const std::string path = write({"weights-only", 1, 1, false, true});
+  const CheckpointData whole = reference_whole(path);
+  const std::string config = read_checkpoint(path).config_toml;
+  std::map<std::string, Tensor> by_name(whole.tensors.begin(), whole.tensors.end());
+  const CheckpointIndex ix = read_checkpoint_index(path);
+  std::size_t weights = 0, optim = 0;
+  for (const StoredPiece& p : ix.pieces) {
+    const std::size_t b = static_cast<std::size_t>(p.numel) * dtype_size(p.dtype);
+    if (p.name.rfind("optim/", 0) == 0) optim += b;
+    else if (p.name.rfind("param/", 0) == 0 || p.name.rfind("buffer/", 0) == 0) weights += b;
+  }
+  ASSERT_GT(optim, weights) << "AdamW holds two moments per parameter";
+  world_.barrier();
+  if (world_.rank() == 0)
+    for (const StoredPiece& p : ix.pieces)
+      if (p.name.rfind("optim/", 0) == 0 && p.numel > 0) corrupt(ix, p);
+  world_.barrier();
+  {
+    Trainer t(vit_config(data_, data_ + "/weights-only-eval"), world_, test_fixtures::quiet_hooks());
+    const LoadedCheckpoint got = t.load_weights(path);
+    // Every parameter byte verified once over the ranks, every rank restoring its replica: no optimizer byte read.
+    EXPECT_EQ(sum_over(got.verified_bytes, world_), weights);
+    EXPECT_EQ(got.restored_bytes, weights);
+    const ParamArena& a = t.parameters();
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      const Tensor& ref = by_name.at("param/" + a.info(i).name);
+      ASSERT_EQ(a.param(i).numel(), ref.numel());
+      EXPECT_EQ(std::memcmp(a.param(i).raw(), ref.raw(), ref.nbytes()), 0) << a.info(i).name;
+    }
+  }
+  Trainer r(vit_config(data_, data_ + "/weights-only-resume"), world_, test_fixtures::quiet_hooks());
+  const std::string m = error_of([&] { r.resume(path); });
+  EXPECT_NE(m.find("fails its checksum"), std::string::npos) << m;
+  EXPECT_NE(m.find("tensor 'optim/"), std::string::npos) << m;
+  world_.barrier();
+  if (world_.rank() == 0)
+    for (const StoredPiece& p : ix.pieces)
+      if (p.name.rfind("optim/", 0) != 0 && p.numel > 0) corrupt(ix, p);
+  world_.barrier();
+  const FoundCheckpoint head = find_checkpoint_head(path);
+  EXPECT_EQ(head.path, path);
+  EXPECT_EQ(head.data.config_toml, config);
+  EXPECT_TRUE(head.data.tensors.empty());
+  EXPECT_EQ(head.data.parts.size(), w > 1 ? static_cast<std::size_t>(w) : 0u);
+  EXPECT_NE(error_of([&] { find_intact_checkpoint(path); }).find("fails its checksum"), std::string::npos);
 }
 
 // h5repack rewrites every dataset chunked and compressed: no byte offsets, so

@@ -28,6 +28,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "ringtrain/comm/communicator.hpp"
@@ -61,6 +62,7 @@ struct CheckpointIndex {
   std::vector<std::string> files;    // the files holding the pieces: the parts, or the one file
   std::vector<StoredPiece> pieces;   // in file order
   std::vector<StoredTensor> tensors; // in order of first appearance
+  std::unordered_map<std::string, std::size_t> tensor_at;  // name -> index in `tensors`
   std::size_t bytes() const;         // of every piece
 };
 
@@ -101,10 +103,14 @@ struct ReadTarget {
   bool found = false;     // set by read_targets
 };
 
-// Local: fills every target from the pieces that hold its elements. A target
-// whose name the checkpoint lacks is an error unless optional; its dtype and
-// whole shape must be the stored one's (a [1] tensor may be wanted as a
-// scalar). Does not verify checksums (verify_checkpoint did).
+// The stored tensor target `t` reads, as an index into ix.tensors, checked:
+// its dtype and whole shape are the stored one's (a [1] tensor may be wanted
+// as a scalar). -1 when the checkpoint lacks it and it is optional; an Error
+// naming the checkpoint and the tensor when it lacks it otherwise or differs.
+std::ptrdiff_t find_target(const CheckpointIndex& ix, const ReadTarget& t);
+
+// Local: fills every target from the pieces that hold its elements (each
+// target checked by find_target). Does not verify checksums (verify_checkpoint did).
 CheckpointReadStats read_targets(const CheckpointIndex& ix, std::vector<ReadTarget>& targets);
 
 }  // namespace ringtrain
