@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <unordered_map>
 
 #include "ringtrain/comm/agree.hpp"
@@ -27,15 +28,19 @@ using namespace ckpt_h5;
 using ckpt_detail::PartGeometry;
 using ckpt_detail::piece_where;
 
-// The head of the manifest (or one file), and the files that hold its pieces.
-CheckpointIndex index_head(const std::string& path) {
+// One file's head, and nothing else: no tensor data.
+CheckpointIndex head_of(const std::string& path) {
   CheckpointIndex ix;
   ix.path = path;
-  {
-    std::lock_guard lock(data::hdf5_mutex());
-    H5 file = open_checkpoint(path);
-    ix.head = read_head(file, path);
-  }
+  std::lock_guard lock(data::hdf5_mutex());
+  H5 file = open_checkpoint(path);
+  ix.head = read_head(file, path);
+  return ix;
+}
+
+// The head of the manifest (or one file), and the files that hold its pieces.
+CheckpointIndex index_head(const std::string& path) {
+  CheckpointIndex ix = head_of(path);
   RT_CHECK(ix.head.part_of.empty(), "checkpoint '", path, "' is one rank's part of the parallel checkpoint '",
            ix.head.part_of, "' (in the same directory): resume from that file or from the directory");
   const fs::path dir = fs::path(path).parent_path();
@@ -74,67 +79,26 @@ void index_file(const CheckpointIndex& ix, int k, std::vector<StoredPiece>& out,
   }
 }
 
-// ---- the pieces as bytes, for the all-gather ----
-struct Writer {
-  std::vector<char> b;
-  template <typename T> void put(T v) {
-    const char* p = reinterpret_cast<const char*>(&v);
-    b.insert(b.end(), p, p + sizeof v);
-  }
-  void str(const std::string& s) {
-    put<std::uint32_t>(static_cast<std::uint32_t>(s.size()));
-    b.insert(b.end(), s.begin(), s.end());
-  }
-};
-
-struct Reader {
-  const char* p;
-  const char* end;
-  template <typename T> T get() {
-    RT_CHECK(p + sizeof(T) <= end, "checkpoint index: a shared piece list is cut short");
-    T v;
-    std::memcpy(&v, p, sizeof v);
-    p += sizeof v;
-    return v;
-  }
-  std::string str() {
-    const auto n = get<std::uint32_t>();
-    RT_CHECK(p + n <= end, "checkpoint index: a shared piece list is cut short");
-    std::string s(p, n);
-    p += n;
-    return s;
-  }
-};
-
-void pack(const StoredPiece& s, Writer& w) {
-  w.str(s.name);
-  w.put<std::uint8_t>(static_cast<std::uint8_t>(s.dtype));
-  w.put(s.numel);
-  w.put<std::uint8_t>(static_cast<std::uint8_t>(s.place.whole.size()));
-  for (auto d : s.place.whole) w.put(d);
-  for (int v : {s.place.shard.dim, s.place.shard.parts, s.place.shard.index, s.place.shard.blocks}) w.put(v);
-  w.put(s.place.begin);
-  w.put(s.crc);
-  w.put(s.file);
-  w.put(s.offset);
+// A piece as JSON (MessagePack on the wire), for the all-gather.
+nlohmann::json pack(const StoredPiece& s) {
+  const ShardSpec& sh = s.place.shard;
+  return {s.name, static_cast<int>(s.dtype), s.numel, s.place.whole, {sh.dim, sh.parts, sh.index, sh.blocks},
+          s.place.begin, s.crc, s.file, s.offset};
 }
 
-StoredPiece unpack(Reader& r) {
-  StoredPiece s;
-  s.name = r.str();
-  s.dtype = static_cast<DType>(r.get<std::uint8_t>());
-  s.numel = r.get<std::int64_t>();
-  s.place.whole.resize(r.get<std::uint8_t>());
-  for (auto& d : s.place.whole) d = r.get<std::int64_t>();
-  s.place.shard.dim = r.get<int>();
-  s.place.shard.parts = r.get<int>();
-  s.place.shard.index = r.get<int>();
-  s.place.shard.blocks = r.get<int>();
+StoredPiece unpack(const nlohmann::json& j) {
+  StoredPiece s{j.at(0).get<std::string>(), static_cast<DType>(j.at(1).get<int>()), j.at(2).get<std::int64_t>()};
+  s.place.whole = j.at(3).get<Shape>();
+  const auto sh = j.at(4).get<std::vector<int>>();
+  s.place.shard.dim = sh.at(0);
+  s.place.shard.parts = sh.at(1);
+  s.place.shard.index = sh.at(2);
+  s.place.shard.blocks = sh.at(3);
   if (s.place.shard.sharded()) s.place.shard.global = s.place.whole;
-  s.place.begin = r.get<std::int64_t>();
-  s.crc = r.get<std::uint32_t>();
-  s.file = r.get<int>();
-  s.offset = r.get<std::int64_t>();
+  s.place.begin = j.at(5).get<std::int64_t>();
+  s.crc = j.at(6).get<std::uint32_t>();
+  s.file = j.at(7).get<int>();
+  s.offset = j.at(8).get<std::int64_t>();
   return s;
 }
 
@@ -221,14 +185,8 @@ CheckpointIndex read_checkpoint_index(const std::string& path) {
 
 namespace ckpt_detail {
 CheckpointIndex index_file_as_stored(const std::string& path) {
-  CheckpointIndex ix;
-  ix.path = path;
+  CheckpointIndex ix = head_of(path);
   ix.files = {path};
-  {
-    std::lock_guard lock(data::hdf5_mutex());
-    H5 file = open_checkpoint(path);
-    ix.head = read_head(file, path);
-  }
   // A manifest's pieces are in other files: as stored, it has none (its part names come back after).
   std::vector<std::string> parts = std::move(ix.head.parts);
   ix.head.parts.clear();
@@ -257,18 +215,24 @@ CheckpointIndex read_checkpoint_index(const std::string& path, const Communicato
     for (std::size_t k = static_cast<std::size_t>(comm.rank()); k < ix.files.size(); k += static_cast<std::size_t>(comm.size()))
       index_file(ix, static_cast<int>(k), mine, !ix.head.parts.empty());
   });
-  Writer w;
-  for (const auto& p : mine) pack(p, w);
+  nlohmann::json list = nlohmann::json::array();
+  for (const auto& p : mine) list.push_back(pack(p));
+  const std::vector<std::uint8_t> bytes = nlohmann::json::to_msgpack(list);
   std::vector<std::size_t> counts(static_cast<std::size_t>(comm.size()));
-  std::uint64_t n = w.b.size();
+  std::uint64_t n = bytes.size();
   allgather(&n, 1, counts.data(), DType::i64, comm);
   std::size_t total = 0;
   for (auto c : counts) total += c;
-  std::vector<char> all(total);
-  allgatherv(w.b.data(), all.data(), counts, DType::u8, comm);
+  std::vector<std::uint8_t> all(total);
+  allgatherv(bytes.data(), all.data(), counts, DType::u8, comm);
   run_agreed(comm, "checking the checkpoint's pieces", [&] {
-    Reader r{all.data(), all.data() + all.size()};
-    while (r.p < r.end) ix.pieces.push_back(unpack(r));
+    std::size_t at = 0;
+    for (std::size_t c : counts) {  // one MessagePack array per rank
+      for (const auto& j : nlohmann::json::from_msgpack(all.begin() + static_cast<std::ptrdiff_t>(at),
+                                                        all.begin() + static_cast<std::ptrdiff_t>(at + c)))
+        ix.pieces.push_back(unpack(j));
+      at += c;
+    }
     // Ranks sent their files in turn: back to file order (stable within a file).
     std::stable_sort(ix.pieces.begin(), ix.pieces.end(),
                      [](const StoredPiece& a, const StoredPiece& b) { return a.file < b.file; });
