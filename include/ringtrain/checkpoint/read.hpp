@@ -1,8 +1,8 @@
 #pragma once
-// The sharded read of a checkpoint (resume, eval): each rank reads only the
-// element ranges it restores, straight from the files, and no rank assembles
-// or receives the whole state. read_checkpoint (checkpoint.hpp) stays the
-// whole-tensor reader for tools and tests.
+// The one reader of checkpoints (resume, eval, generate, export): each rank
+// reads only the element ranges it restores, straight from the files, and no
+// rank assembles or receives the whole state. read_checkpoint (checkpoint.hpp)
+// is this reader with one whole-tensor target per tensor, for tools and tests.
 //
 //  1. Index: the metadata of a checkpoint — the manifest's head (position,
 //     configuration, part names) and, per part file, its pieces with their
