@@ -87,7 +87,10 @@ nlohmann::json pack(const StoredPiece& s) {
 }
 
 StoredPiece unpack(const nlohmann::json& j) {
-  StoredPiece s{j.at(0).get<std::string>(), static_cast<DType>(j.at(1).get<int>()), j.at(2).get<std::int64_t>()};
+  StoredPiece s;
+  s.name = j.at(0).get<std::string>();
+  s.dtype = static_cast<DType>(j.at(1).get<int>());
+  s.numel = j.at(2).get<std::int64_t>();
   s.place.whole = j.at(3).get<Shape>();
   const auto sh = j.at(4).get<std::vector<int>>();
   s.place.shard.dim = sh.at(0);
