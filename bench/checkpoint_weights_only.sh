@@ -1,6 +1,7 @@
 #!/bin/sh
 # generate and eval read no optimizer byte: they work on a checkpoint whose every optimizer
-# dataset is corrupt (a resume names it). Run from an empty directory: cli_demo.sh BUILD/ringtrain
+# dataset is corrupt (a resume names it), docs/checkpoints.md. Run from a scratch directory
+# holding a link `jobs` to the repository's jobs/: checkpoint_weights_only.sh BUILD/ringtrain
 set -u
 B=$1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
