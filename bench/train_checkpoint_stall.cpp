@@ -30,7 +30,7 @@
 #include "ringtrain/comm/communicator.hpp"
 #include "ringtrain/core/log.hpp"
 #include "ringtrain/data/prepare.hpp"
-#include "ringtrain/train/checkpoint.hpp"
+#include "ringtrain/checkpoint/checkpoint.hpp"
 #include "ringtrain/train/trainer.hpp"
 
 using namespace ringtrain;

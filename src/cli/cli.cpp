@@ -24,7 +24,7 @@
 #include "ringtrain/parallel/schedule.hpp"
 #include "ringtrain/parallel/simulator.hpp"
 #include "ringtrain/train/config.hpp"
-#include "ringtrain/train/checkpoint.hpp"
+#include "ringtrain/checkpoint/checkpoint.hpp"
 #include "ringtrain/train/exit_codes.hpp"
 #include "ringtrain/train/generate.hpp"
 #include "ringtrain/train/interop.hpp"
@@ -191,7 +191,7 @@ int run_generate(const GenerateArgs& a, const Communicator& world) {
       cfg.load_toml(a.config);
     } else {
       const auto path = std::filesystem::temp_directory_path() / cat("rt-generate-", ::getpid(), ".toml");
-      std::ofstream(path) << find_intact_checkpoint(a.checkpoint).data.config_toml;
+      std::ofstream(path) << find_checkpoint_head(a.checkpoint).data.config_toml;  // no tensor data read
       try {
         cfg.load_toml(path.string());
       } catch (...) {

@@ -13,7 +13,7 @@
 #include "ringtrain/interop/hf_names.hpp"
 #include "ringtrain/interop/llmc.hpp"
 #include "ringtrain/interop/safetensors.hpp"
-#include "ringtrain/train/checkpoint.hpp"
+#include "ringtrain/checkpoint/checkpoint.hpp"
 #include "ringtrain/train/interop.hpp"
 
 namespace ringtrain {
@@ -116,7 +116,7 @@ std::string export_checkpoint(const std::string& checkpoint, const std::string& 
   for (const std::string& c : candidates) {
     try {
       ix = read_checkpoint_index(c, comm);
-      verify_checkpoint(ix, comm);
+      verify_checkpoint(ix, comm, {/*optimizer=*/false, true});  // parameters only: no optimizer byte read
       found = c;
       break;
     } catch (const Error& e) {  // raised on every rank alike

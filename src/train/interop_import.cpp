@@ -10,7 +10,7 @@
 #include <set>
 #include <tuple>
 
-#include "checkpoint_detail.hpp"
+#include "checkpoint/geometry.hpp"
 #include "ringtrain/core/error.hpp"
 #include "ringtrain/interop/hf_names.hpp"
 #include "ringtrain/interop/llmc.hpp"

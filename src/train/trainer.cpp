@@ -24,7 +24,7 @@
 #include "ringtrain/optim/schedule.hpp"
 #include "ringtrain/parallel/simulator.hpp"
 #include "ringtrain/core/device_module.hpp"
-#include "ringtrain/train/checkpoint.hpp"
+#include "ringtrain/checkpoint/checkpoint.hpp"
 #include "ringtrain/train/gpu_gate.hpp"
 #include "ringtrain/train/interop.hpp"
 #include "ringtrain/train/signals.hpp"

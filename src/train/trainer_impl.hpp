@@ -17,8 +17,8 @@
 #include "ringtrain/train/state.hpp"
 #include "ringtrain/train/straggler.hpp"
 #include "ringtrain/train/trainer.hpp"
-#include "checkpoint_session.hpp"
-#include "snapshot.hpp"
+#include "checkpoint/session.hpp"
+#include "checkpoint/snapshot.hpp"
 
 namespace ringtrain {
 

@@ -16,7 +16,7 @@
 #include "ringtrain/comm/collectives.hpp"
 #include "ringtrain/core/error.hpp"
 #include "ringtrain/nn/model.hpp"
-#include "ringtrain/train/checkpoint.hpp"
+#include "ringtrain/checkpoint/checkpoint.hpp"
 #include "ringtrain/train/trainer.hpp"
 #include "train/fixtures.hpp"
 

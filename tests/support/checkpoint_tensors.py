@@ -1,5 +1,5 @@
 """A ringtrain checkpoint's whole tensors with h5py and numpy alone: an
-independent reader of the format (include/ringtrain/train/checkpoint.hpp),
+independent reader of the format (include/ringtrain/checkpoint/checkpoint.hpp),
 one file or a parallel checkpoint's manifest and part files.
 
     /usr/bin/python3 tests/support/checkpoint_tensors.py CKPT [CKPT2]

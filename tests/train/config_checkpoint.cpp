@@ -16,8 +16,8 @@
 #include <cmath>
 #include <limits>
 
-#include "ringtrain/train/checkpoint.hpp"
-#include "ringtrain/train/checkpoint_read.hpp"
+#include "ringtrain/checkpoint/checkpoint.hpp"
+#include "ringtrain/checkpoint/read.hpp"
 #include "ringtrain/train/config.hpp"
 #include "support/error_of.hpp"
 #include "../../src/train/run_state.hpp"

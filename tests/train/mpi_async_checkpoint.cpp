@@ -18,7 +18,7 @@
 
 #include "fixtures.hpp"
 #include "ringtrain/core/error.hpp"
-#include "ringtrain/train/checkpoint.hpp"
+#include "ringtrain/checkpoint/checkpoint.hpp"
 #include "ringtrain/train/trainer.hpp"
 
 using namespace ringtrain;

@@ -13,7 +13,7 @@
 
 #include "fixtures.hpp"
 #include "ringtrain/nn/backend.hpp"
-#include "ringtrain/train/checkpoint.hpp"
+#include "ringtrain/checkpoint/checkpoint.hpp"
 #include "ringtrain/train/trainer.hpp"
 
 using namespace ringtrain;

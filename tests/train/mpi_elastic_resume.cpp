@@ -15,7 +15,7 @@
 #include "fixtures.hpp"
 #include "support/error_of.hpp"
 #include "ringtrain/core/error.hpp"
-#include "ringtrain/train/checkpoint.hpp"
+#include "ringtrain/checkpoint/checkpoint.hpp"
 #include "ringtrain/train/trainer.hpp"
 
 using namespace ringtrain;

@@ -28,7 +28,7 @@
 #include "ringtrain/core/error.hpp"
 #include "ringtrain/data/prepare.hpp"
 #include "ringtrain/nn/layers_model.hpp"
-#include "ringtrain/train/checkpoint.hpp"
+#include "ringtrain/checkpoint/checkpoint.hpp"
 #include "ringtrain/train/generate.hpp"
 #include "ringtrain/train/trainer.hpp"
 

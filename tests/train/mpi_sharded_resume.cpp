@@ -1,7 +1,8 @@
-// The sharded read of a checkpoint (checkpoint_read.hpp): each rank reads only
-// what it restores. Checked against read_checkpoint, which reads every tensor
-// whole (H5Dread, and the parts assembled with nn's place_shard), sliced with
-// shard_of: the independent reference.
+// The sharded read of a checkpoint (checkpoint/read.hpp): each rank reads only
+// what it restores. Checked against tests/support/checkpoint_reference.hpp,
+// which reads every tensor whole (H5Dread, and the parts assembled with nn's
+// place_shard), sliced with shard_of: the independent reference. ringtrain's
+// own whole-tensor read_checkpoint (the same reader) equals it bitwise.
 //  - Checkpoints of a tiny vit + AdamW written at data W (parts, and one
 //    file), tensor 2, pipeline 2 x tensor 2 with ZeRO-1 and data 3 with ZeRO-1
 //    are read into the targets of other layouts — tensor 1..4 split along the
@@ -13,6 +14,9 @@
 //    checkpoint holds the reference's shards of every parameter; it read
 //    exactly the state it holds (its share), and verified about 1/W of the
 //    checkpoint.
+//  - A weights-only load (eval, generate) reads no optimizer byte: it loads a
+//    checkpoint whose optimizer state is corrupt throughout; `generate`'s
+//    configuration comes from the head alone.
 //  - A corrupt piece (a flipped byte, a NaN) is an error on every rank naming
 //    the part file and the tensor, before anything is restored; a file that
 //    another tool rewrote chunked and compressed reads through HDF5 alike.
@@ -28,9 +32,10 @@
 #include "fixtures.hpp"
 #include "ringtrain/comm/collectives.hpp"
 #include "ringtrain/nn/tensor_parallel.hpp"
-#include "ringtrain/train/checkpoint.hpp"
-#include "ringtrain/train/checkpoint_read.hpp"
+#include "ringtrain/checkpoint/checkpoint.hpp"
+#include "ringtrain/checkpoint/read.hpp"
 #include "ringtrain/train/trainer.hpp"
+#include "support/checkpoint_reference.hpp"
 #include "support/error_of.hpp"
 
 using namespace ringtrain;
@@ -102,6 +107,13 @@ std::vector<ReadTarget> virtual_targets(const CheckpointData& whole, int tensor,
   return out;
 }
 
+// The independent reference's whole tensors.
+CheckpointData reference_whole(const std::string& path) {
+  CheckpointData d;
+  for (auto& [n, t] : test_support::reference_tensors(path)) d.tensors.emplace_back(n, t);
+  return d;
+}
+
 std::size_t sum_over(std::size_t v, const Communicator& w) {
   std::uint64_t x = v;
   allreduce(&x, &x, 1, DType::i64, ReduceOp::sum, w);
@@ -150,7 +162,7 @@ TEST_F(ShardedResume, ReadsAtAnyLayoutAreTheWholeTensorsSliced) {
   for (const Written& l : writers()) {
     SCOPED_TRACE(l.name);
     const std::string path = write(l);
-    const CheckpointData whole = read_checkpoint(path);
+    const CheckpointData whole = reference_whole(path);
     const CheckpointIndex ix = read_checkpoint_index(path, world_);
     EXPECT_EQ(ix.files.size(), l.parallel && world_.size() > 1 ? static_cast<std::size_t>(world_.size()) : 1u);
     std::size_t whole_bytes = 0;
@@ -164,6 +176,14 @@ TEST_F(ShardedResume, ReadsAtAnyLayoutAreTheWholeTensorsSliced) {
     EXPECT_LE(v.verified_bytes, whole_bytes / world_.size() + largest);
 
     std::map<std::string, Tensor> by_name(whole.tensors.begin(), whole.tensors.end());
+    const CheckpointData own = read_checkpoint(path);  // ringtrain's whole-tensor read: the reference, bitwise
+    ASSERT_EQ(own.tensors.size(), by_name.size());
+    for (const auto& [n, t] : own.tensors) {
+      ASSERT_EQ(by_name.count(n), 1u) << n;
+      const Tensor& ref = by_name.at(n);
+      ASSERT_EQ(t.shape(), ref.shape()) << n;
+      EXPECT_EQ(std::memcmp(t.raw(), ref.raw(), t.nbytes()), 0) << n;
+    }
     for (int tensor : {1, 2, 3, 4})
       for (bool first_dim : {true, false}) {
         SCOPED_TRACE(cat("read at tensor ", tensor, first_dim ? ", first dimension" : ", last dimension"));
@@ -201,7 +221,7 @@ TEST_F(ShardedResume, AResumedRankReadsItsShareAndHoldsTheSlicedTensors) {
   const int w = world_.size();
   if (w == 1) GTEST_SKIP() << "one rank holds the whole state: it has no smaller share to read";
   const std::string path = write({"data", 1, 1, false, true});
-  const CheckpointData whole = read_checkpoint(path);
+  const CheckpointData whole = reference_whole(path);
   std::map<std::string, Tensor> by_name(whole.tensors.begin(), whole.tensors.end());
   std::size_t whole_bytes = 0, whole_params = 0, largest_piece = 0;
   int slots = 0;  // optimizer state tensors per parameter (AdamW: 2)
@@ -328,12 +348,66 @@ TEST_F(ShardedResume, ACorruptPieceIsNamedOnEveryRankBeforeAnythingIsRestored) {
   }
 }
 
+// eval and generate load weights only: they read (to verify and to restore)
+// the parameters and buffers and no byte of the optimizer state, which here is
+// corrupt in every piece; a resume, which needs it, names the corruption. The
+// configuration `generate` builds its model from is read from the head alone,
+// with every tensor of the checkpoint corrupt.
+TEST_F(ShardedResume, WeightsOnlyLoadsReadNoOptimizerByte) {
+  const int w = world_.size();
+  const std::string path = write({"weights-only", 1, 1, false, true});
+  const CheckpointData whole = reference_whole(path);
+  const std::string config = read_checkpoint(path).config_toml;
+  std::map<std::string, Tensor> by_name(whole.tensors.begin(), whole.tensors.end());
+  const CheckpointIndex ix = read_checkpoint_index(path);
+  std::size_t weights = 0, optim = 0;
+  for (const StoredPiece& p : ix.pieces) {
+    const std::size_t b = static_cast<std::size_t>(p.numel) * dtype_size(p.dtype);
+    if (p.name.rfind("optim/", 0) == 0) optim += b;
+    else if (p.name.rfind("param/", 0) == 0 || p.name.rfind("buffer/", 0) == 0) weights += b;
+  }
+  ASSERT_GT(optim, weights) << "AdamW holds two moments per parameter";
+  world_.barrier();
+  if (world_.rank() == 0)
+    for (const StoredPiece& p : ix.pieces)
+      if (p.name.rfind("optim/", 0) == 0 && p.numel > 0) corrupt(ix, p);
+  world_.barrier();
+  {
+    Trainer t(vit_config(data_, data_ + "/weights-only-eval"), world_, test_fixtures::quiet_hooks());
+    const LoadedCheckpoint got = t.load_weights(path);
+    // Every parameter byte verified once over the ranks, every rank restoring its replica: no optimizer byte read.
+    EXPECT_EQ(sum_over(got.verified_bytes, world_), weights);
+    EXPECT_EQ(got.restored_bytes, weights);
+    const ParamArena& a = t.parameters();
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      const Tensor& ref = by_name.at("param/" + a.info(i).name);
+      ASSERT_EQ(a.param(i).numel(), ref.numel());
+      EXPECT_EQ(std::memcmp(a.param(i).raw(), ref.raw(), ref.nbytes()), 0) << a.info(i).name;
+    }
+  }
+  Trainer r(vit_config(data_, data_ + "/weights-only-resume"), world_, test_fixtures::quiet_hooks());
+  const std::string m = error_of([&] { r.resume(path); });
+  EXPECT_NE(m.find("fails its checksum"), std::string::npos) << m;
+  EXPECT_NE(m.find("tensor 'optim/"), std::string::npos) << m;
+  world_.barrier();
+  if (world_.rank() == 0)
+    for (const StoredPiece& p : ix.pieces)
+      if (p.name.rfind("optim/", 0) != 0 && p.numel > 0) corrupt(ix, p);
+  world_.barrier();
+  const FoundCheckpoint head = find_checkpoint_head(path);
+  EXPECT_EQ(head.path, path);
+  EXPECT_EQ(head.data.config_toml, config);
+  EXPECT_TRUE(head.data.tensors.empty());
+  EXPECT_EQ(head.data.parts.size(), w > 1 ? static_cast<std::size_t>(w) : 0u);
+  EXPECT_NE(error_of([&] { find_intact_checkpoint(path); }).find("fails its checksum"), std::string::npos);
+}
+
 // h5repack rewrites every dataset chunked and compressed: no byte offsets, so
 // each piece is read whole through HDF5, with the same result.
 TEST_F(ShardedResume, FilesRewrittenChunkedReadThroughHdf5) {
   if (std::system("command -v h5repack > /dev/null 2>&1") != 0) GTEST_SKIP() << "h5repack (hdf5-tools) is missing";
   const std::string path = write({"repacked", 1, 1, false, true});
-  const CheckpointData whole = read_checkpoint(path);
+  const CheckpointData whole = reference_whole(path);
   world_.barrier();
   if (world_.rank() == 0)
     for (const std::string& f : read_checkpoint_index(path).files) {

@@ -31,7 +31,7 @@
 #include "ringtrain/optim/optimizer.hpp"
 #include "ringtrain/optim/sharded_optimizer.hpp"
 #include "ringtrain/parallel/stage.hpp"
-#include "ringtrain/train/checkpoint.hpp"
+#include "ringtrain/checkpoint/checkpoint.hpp"
 #include "ringtrain/train/trainer.hpp"
 #include "support/error_of.hpp"
 

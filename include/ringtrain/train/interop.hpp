@@ -14,7 +14,7 @@
 // the file lacks are zero (a model whose vocabulary is padded).
 //
 // Export (ringtrain export): a checkpoint's parameters, read through the
-// sharded checkpoint reader (checkpoint_read.hpp), written as safetensors
+// sharded checkpoint reader (checkpoint/read.hpp), written as safetensors
 // under the external names (one file, or shards above a size, each rank
 // writing its own), with GPT-2's settings in each file's __metadata__ (and,
 // for a directory, a Hugging Face config.json beside it).
@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "ringtrain/train/checkpoint_read.hpp"
+#include "ringtrain/checkpoint/read.hpp"
 #include "ringtrain/train/config.hpp"
 
 namespace ringtrain {

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "ringtrain/core/tensor.hpp"
-#include "ringtrain/train/checkpoint.hpp"
+#include "ringtrain/checkpoint/checkpoint.hpp"
 #include "ringtrain/train/config.hpp"
 
 namespace ringtrain {

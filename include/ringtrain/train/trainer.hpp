@@ -81,7 +81,7 @@ struct TrainerMemory {
 };
 
 // A checkpoint that was loaded: its file, run and position, and what this
-// rank read of it (its own share: checkpoint_read.hpp).
+// rank read of it (its own share: checkpoint/read.hpp).
 struct LoadedCheckpoint {
   std::string file, run_id;
   std::int64_t step = 0, epochs_done = 0, step_in_epoch = 0;

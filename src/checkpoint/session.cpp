@@ -1,4 +1,4 @@
-#include "checkpoint_session.hpp"
+#include "session.hpp"
 
 #include <algorithm>
 #include <exception>
@@ -9,22 +9,15 @@
 #include "ringtrain/comm/agree.hpp"
 #include "ringtrain/comm/collectives.hpp"
 #include "ringtrain/core/log.hpp"
-#include "ringtrain/train/checkpoint.hpp"
-#include "ringtrain/train/checkpoint_read.hpp"
+#include "ringtrain/checkpoint/checkpoint.hpp"
+#include "ringtrain/checkpoint/read.hpp"
 #include "ringtrain/train/signals.hpp"
-#include "run_state.hpp"
+#include "train/run_state.hpp"
 
 namespace fs = std::filesystem;
 
 namespace ringtrain {
 namespace {
-
-// A 1-element tensor may be stored as [1] and wanted as a scalar (as restore_tensor allows).
-bool same_layout(const StoredTensor& stored, const ReadTarget& want) {
-  if (stored.dtype != want.dst.dtype()) return false;
-  return stored.whole == want.place.whole || (shape_numel(stored.whole) == shape_numel(want.place.whole) &&
-                                              stored.whole.size() == 1 && want.place.whole.size() <= 1);
-}
 
 // Rank 0's list of strings on every rank.
 void share(std::vector<std::string>& v, const Communicator& world) {
@@ -105,66 +98,59 @@ void CheckpointSession::truncate_metrics(const std::string& metrics) const {
               " from ", metrics, " (the resumed run writes them again)");
 }
 
+// One path for every checkpoint: each rank that writes builds its file's data
+// and writes it (in the background with checkpoint.async); once every rank's
+// file is durable, commit() makes the checkpoint current — rank 0 writes the
+// manifest naming the parts (parallel), then rotates. A one-file checkpoint is
+// the case where rank 0 alone writes, and the file itself is the checkpoint.
 std::string CheckpointSession::save(bool force, const StateSource& state) {
   if (cfg_.checkpoint.dir.empty()) return "";
   if (!force && pos_.epochs_done % cfg_.checkpoint.every_epochs != 0) return "";
   // The previous write ends first (one snapshot at a time, and its memory is
   // free to take the next); its error ends the run here, on every rank.
   settle();
-  std::string path;
-  if (parallel()) {
-    path = save_parts(state.pieces());
-  } else {
-    // Gather the whole named state on world rank 0 — collective on every rank.
-    NamedTensorList whole = state.whole();
-    run_on_root(world_, "writing a checkpoint", [&] {
-      CheckpointDir dir(cfg_.checkpoint.dir, cfg_.checkpoint.keep);
-      path = dir.path_for(pos_.run_id, pos_.step);
-      auto write = [dir, run_id = pos_.run_id, step = pos_.step, hook = hooks_.checkpoint_write_hook,
-                    report = hooks_.report, data = checkpoint_data(std::move(whole), config_toml_, pos_)] {
-        const auto t0 = std::chrono::steady_clock::now();
-        std::string written = CheckpointDir(dir).save(run_id, step, data, hook);
-        if (report)
-          log::info("checkpoint written: ", written, " (",
-                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), " s)");
-      };
-      if (cfg_.checkpoint.async) writer_.submit(std::move(write));
-      else write();
-    });
-  }
-  last_save_ = std::chrono::steady_clock::now();
-  return path;
-}
-
-// Every rank writes its pieces to its own part file; the manifest that commits
-// them is written by rank 0 once every part is durable: at once when writing
-// synchronously, after the step that agrees on it with checkpoint.async.
-std::string CheckpointSession::save_parts(const std::vector<StatePiece>& pieces) {
   const CheckpointDir dir(cfg_.checkpoint.dir, cfg_.checkpoint.keep);
-  const std::string manifest = dir.path_for(pos_.run_id, pos_.step);
+  const std::string path = dir.path_for(pos_.run_id, pos_.step);
+  std::string file;  // what this rank writes ("" nothing), and its data
+  CheckpointData mine;
   Pending p;
   p.step = pos_.step;
-  if (world_.rank() == 0) {
-    p.manifest = checkpoint_data({}, config_toml_, pos_);
-    for (int r = 0; r < world_.size(); ++r)
-      p.manifest.parts.push_back(fs::path(dir.part_path_for(pos_.run_id, pos_.step, r, world_.size())).filename());
+  if (parallel()) {  // this rank's pieces, no communication; rank 0 names every part in the manifest
+    file = dir.part_path_for(pos_.run_id, pos_.step, world_.rank(), world_.size());
+    mine.part_of = fs::path(path).filename().string();
+    for (const StatePiece& sp : state.pieces()) {
+      mine.tensors.emplace_back(sp.name, sp.data);
+      mine.places.push_back(sp.place);
+    }
+    if (world_.rank() == 0) {
+      p.manifest = checkpoint_data({}, config_toml_, pos_);
+      for (int r = 0; r < world_.size(); ++r)
+        p.manifest.parts.push_back(fs::path(dir.part_path_for(pos_.run_id, pos_.step, r, world_.size())).filename());
+    }
+  } else {  // the whole named state gathered on rank 0 (collective), written there as the checkpoint itself
+    NamedTensorList whole = state.whole();
+    if (world_.rank() == 0) {
+      file = path;
+      mine = checkpoint_data(std::move(whole), config_toml_, pos_);
+    }
   }
-  CheckpointData part;
-  part.part_of = fs::path(manifest).filename().string();
-  for (const StatePiece& sp : pieces) {
-    part.tensors.emplace_back(sp.name, sp.data);
-    part.places.push_back(sp.place);
-  }
-  auto write = [file = dir.part_path_for(pos_.run_id, pos_.step, world_.rank(), world_.size()),
-                hook = hooks_.checkpoint_write_hook, data = std::move(part)] { write_checkpoint(file, data, hook); };
   pending_ = std::move(p);
+  auto write = [file, hook = hooks_.checkpoint_write_hook, report = hooks_.report, data = std::move(mine)] {
+    if (file.empty()) return;
+    const auto t0 = std::chrono::steady_clock::now();
+    write_checkpoint(file, data, hook);
+    if (report && data.part_of.empty())
+      log::info("checkpoint written: ", file, " (",
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), " s)");
+  };
   if (cfg_.checkpoint.async) {
-    writer_.submit(std::move(write));
+    if (!file.empty()) writer_.submit(std::move(write));
   } else {
-    run_agreed(world_, "writing this rank's part of a checkpoint", write);
-    run_agreed(world_, "writing a checkpoint's manifest", [&] { commit(false); });
+    run_agreed(world_, "writing a checkpoint", write);
+    run_agreed(world_, "committing a checkpoint", [&] { commit(false); });
   }
-  return world_.rank() == 0 ? manifest : std::string();
+  last_save_ = std::chrono::steady_clock::now();
+  return world_.rank() == 0 ? path : std::string();
 }
 
 void CheckpointSession::commit(bool background) {
@@ -172,6 +158,7 @@ void CheckpointSession::commit(bool background) {
   if (world_.rank() == 0) {
     auto write = [dir = CheckpointDir(cfg_.checkpoint.dir, cfg_.checkpoint.keep), run_id = pos_.run_id,
                   step = pending_->step, data = std::move(pending_->manifest), report = hooks_.report] {
+      if (data.parts.empty()) return dir.rotate(run_id);  // one file: its rename committed it
       std::string written = dir.save(run_id, step, data);
       if (report) log::info("checkpoint written: ", written, " (", data.parts.size(), " parts)");
     };
@@ -199,22 +186,11 @@ void CheckpointSession::finish() { settle(); }
 // checkpoint is restored by some rank.
 void CheckpointSession::check_names(const CheckpointIndex& ix, const std::vector<ReadTarget>& targets,
                                     bool with_optimizer) const {
-  std::unordered_map<std::string, std::size_t> index;
-  for (std::size_t i = 0; i < ix.tensors.size(); ++i) index.emplace(ix.tensors[i].name, i);
   std::vector<int> claimed(ix.tensors.size(), 0);
   const std::string& file = ix.path;
   run_agreed(world_, "checking the checkpoint against this model", [&] {
-    for (const ReadTarget& t : targets) {
-      auto it = index.find(t.name);
-      if (it == index.end() && t.optional) continue;
-      RT_CHECK(it != index.end(), "checkpoint '", file, "' has no tensor '", t.name,
-               "' (was it written for another model or optimizer?)");
-      const StoredTensor& have = ix.tensors[it->second];
-      RT_CHECK(same_layout(have, t), "checkpoint '", file, "': tensor '", t.name, "' is ", dtype_name(have.dtype),
-               " ", shape_str(have.whole), ", but this model has ", dtype_name(t.dst.dtype()), " ",
-               shape_str(t.place.whole), " (was it written for another model?)");
-      claimed[it->second] = 1;
-    }
+    for (const ReadTarget& t : targets)
+      if (const std::ptrdiff_t k = find_target(ix, t); k >= 0) claimed[static_cast<std::size_t>(k)] = 1;
   });
   if (!claimed.empty()) allreduce(claimed.data(), claimed.data(), claimed.size(), DType::i32, ReduceOp::max, world_);
   run_agreed(world_, "checking the checkpoint against this model", [&] {
@@ -280,7 +256,8 @@ bool CheckpointSession::load(const std::string& path, bool with_optimizer, const
           RT_CHECK(id != ix.head.strings.end() && id->second == pos_.identity, "written by another run (another "
                    "model, data, optimizer, seed or global batch; the layout may differ)");
         });
-      verified = verify_checkpoint(ix, world_);
+      // A weights-only load (eval, generate) reads no byte of the optimizer state, not even to verify it.
+      verified = verify_checkpoint(ix, world_, {with_optimizer, true});
       chosen = true;
       break;
     } catch (const Error& e) {  // the same on every rank: every step above agrees on its errors

@@ -1,4 +1,4 @@
-#include "checkpoint_detail.hpp"
+#include "geometry.hpp"
 
 #include <cmath>
 #include <cstddef>
@@ -44,23 +44,22 @@ std::string piece_where(const CheckpointIndex& ix, const StoredPiece& p) {
 
 bool is_float(DType dt) { return dt == DType::f32 || dt == DType::f64 || dt == DType::f16 || dt == DType::bf16; }
 
+namespace {
+template <typename T>
+std::int64_t first_non_finite_of(const T* p, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i)
+    if (!std::isfinite(p[i])) return i;
+  return -1;
+}
+}  // namespace
+
 std::int64_t first_non_finite(const void* data, std::int64_t n, DType dt) {
   switch (dt) {
-    case DType::f32: {
-      const float* p = static_cast<const float*>(data);
-      for (std::int64_t i = 0; i < n; ++i)
-        if (!std::isfinite(p[i])) return i;
-      return -1;
-    }
-    case DType::f64: {
-      const double* p = static_cast<const double*>(data);
-      for (std::int64_t i = 0; i < n; ++i)
-        if (!std::isfinite(p[i])) return i;
-      return -1;
-    }
+    case DType::f32: return first_non_finite_of(static_cast<const float*>(data), n);
+    case DType::f64: return first_non_finite_of(static_cast<const double*>(data), n);
     case DType::f16:
     case DType::bf16: {
-      const std::uint16_t mask = dt == DType::f16 ? 0x7c00 : 0x7f80;
+      const std::uint16_t mask = dt == DType::f16 ? 0x7c00 : 0x7f80;  // exponent all ones: Inf or NaN
       const std::uint16_t* p = static_cast<const std::uint16_t*>(data);
       for (std::int64_t i = 0; i < n; ++i)
         if ((p[i] & mask) == mask) return i;

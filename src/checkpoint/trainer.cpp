@@ -3,9 +3,9 @@
 // and how it is restored. ModelState names the state per parameter at every
 // layout: whole on rank 0 for one file, each rank's pieces for parallel parts,
 // each rank's own targets on load; checkpoint.async copies it with a Snapshot.
-#include "ringtrain/train/checkpoint.hpp"
-#include "ringtrain/train/checkpoint_read.hpp"
-#include "trainer_impl.hpp"
+#include "ringtrain/checkpoint/checkpoint.hpp"
+#include "ringtrain/checkpoint/read.hpp"
+#include "train/trainer_impl.hpp"
 
 namespace ringtrain {
 

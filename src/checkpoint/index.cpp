@@ -8,15 +8,16 @@
 #include <cstring>
 #include <filesystem>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <unordered_map>
 
 #include "ringtrain/comm/agree.hpp"
 #include "ringtrain/comm/collectives.hpp"
 #include "ringtrain/core/error.hpp"
 #include "ringtrain/data/schema.hpp"
-#include "ringtrain/train/checkpoint_read.hpp"
-#include "checkpoint_detail.hpp"
-#include "checkpoint_h5.hpp"
+#include "ringtrain/checkpoint/read.hpp"
+#include "geometry.hpp"
+#include "h5.hpp"
 
 namespace fs = std::filesystem;
 
@@ -27,15 +28,19 @@ using namespace ckpt_h5;
 using ckpt_detail::PartGeometry;
 using ckpt_detail::piece_where;
 
-// The head of the manifest (or one file), and the files that hold its pieces.
-CheckpointIndex index_head(const std::string& path) {
+// One file's head, and nothing else: no tensor data.
+CheckpointIndex head_of(const std::string& path) {
   CheckpointIndex ix;
   ix.path = path;
-  {
-    std::lock_guard lock(data::hdf5_mutex());
-    H5 file = open_checkpoint(path);
-    ix.head = read_head(file, path);
-  }
+  std::lock_guard lock(data::hdf5_mutex());
+  H5 file = open_checkpoint(path);
+  ix.head = read_head(file, path);
+  return ix;
+}
+
+// The head of the manifest (or one file), and the files that hold its pieces.
+CheckpointIndex index_head(const std::string& path) {
+  CheckpointIndex ix = head_of(path);
   RT_CHECK(ix.head.part_of.empty(), "checkpoint '", path, "' is one rank's part of the parallel checkpoint '",
            ix.head.part_of, "' (in the same directory): resume from that file or from the directory");
   const fs::path dir = fs::path(path).parent_path();
@@ -44,19 +49,19 @@ CheckpointIndex index_head(const std::string& path) {
   return ix;
 }
 
-// The pieces of file k, in the file's (name) order.
-void index_file(const CheckpointIndex& ix, int k, std::vector<StoredPiece>& out) {
+// The pieces of file k, in the file's (name) order. `part`: its tensors are
+// pieces with places (a manifest's part, or a part file read alone).
+void index_file(const CheckpointIndex& ix, int k, std::vector<StoredPiece>& out, bool part) {
   const std::string& path = ix.files[static_cast<std::size_t>(k)];
-  const bool part = !ix.head.parts.empty();
   const std::string where = "checkpoint '" + ix.path + "'";
-  if (part) {
+  if (!ix.head.parts.empty()) {
     std::error_code ec;
     RT_CHECK(fs::exists(path, ec), where, ": its part file '", ix.head.parts[static_cast<std::size_t>(k)], "' (",
              k + 1, " of ", ix.files.size(), ") is missing");
   }
   std::lock_guard lock(data::hdf5_mutex());
   H5 file = open_checkpoint(path);
-  if (part) {
+  if (!ix.head.parts.empty()) {
     const CheckpointData head = read_head(file, path);
     const std::string self = fs::path(ix.path).filename().string(), name = ix.head.parts[static_cast<std::size_t>(k)];
     RT_CHECK(!head.part_of.empty(), where, ": its part file '", name, "' is not a part file");
@@ -74,67 +79,29 @@ void index_file(const CheckpointIndex& ix, int k, std::vector<StoredPiece>& out)
   }
 }
 
-// ---- the pieces as bytes, for the all-gather ----
-struct Writer {
-  std::vector<char> b;
-  template <typename T> void put(T v) {
-    const char* p = reinterpret_cast<const char*>(&v);
-    b.insert(b.end(), p, p + sizeof v);
-  }
-  void str(const std::string& s) {
-    put<std::uint32_t>(static_cast<std::uint32_t>(s.size()));
-    b.insert(b.end(), s.begin(), s.end());
-  }
-};
-
-struct Reader {
-  const char* p;
-  const char* end;
-  template <typename T> T get() {
-    RT_CHECK(p + sizeof(T) <= end, "checkpoint index: a shared piece list is cut short");
-    T v;
-    std::memcpy(&v, p, sizeof v);
-    p += sizeof v;
-    return v;
-  }
-  std::string str() {
-    const auto n = get<std::uint32_t>();
-    RT_CHECK(p + n <= end, "checkpoint index: a shared piece list is cut short");
-    std::string s(p, n);
-    p += n;
-    return s;
-  }
-};
-
-void pack(const StoredPiece& s, Writer& w) {
-  w.str(s.name);
-  w.put<std::uint8_t>(static_cast<std::uint8_t>(s.dtype));
-  w.put(s.numel);
-  w.put<std::uint8_t>(static_cast<std::uint8_t>(s.place.whole.size()));
-  for (auto d : s.place.whole) w.put(d);
-  for (int v : {s.place.shard.dim, s.place.shard.parts, s.place.shard.index, s.place.shard.blocks}) w.put(v);
-  w.put(s.place.begin);
-  w.put(s.crc);
-  w.put(s.file);
-  w.put(s.offset);
+// A piece as JSON (MessagePack on the wire), for the all-gather.
+nlohmann::json pack(const StoredPiece& s) {
+  const ShardSpec& sh = s.place.shard;
+  return {s.name, static_cast<int>(s.dtype), s.numel, s.place.whole, {sh.dim, sh.parts, sh.index, sh.blocks},
+          s.place.begin, s.crc, s.file, s.offset};
 }
 
-StoredPiece unpack(Reader& r) {
+StoredPiece unpack(const nlohmann::json& j) {
   StoredPiece s;
-  s.name = r.str();
-  s.dtype = static_cast<DType>(r.get<std::uint8_t>());
-  s.numel = r.get<std::int64_t>();
-  s.place.whole.resize(r.get<std::uint8_t>());
-  for (auto& d : s.place.whole) d = r.get<std::int64_t>();
-  s.place.shard.dim = r.get<int>();
-  s.place.shard.parts = r.get<int>();
-  s.place.shard.index = r.get<int>();
-  s.place.shard.blocks = r.get<int>();
+  s.name = j.at(0).get<std::string>();
+  s.dtype = static_cast<DType>(j.at(1).get<int>());
+  s.numel = j.at(2).get<std::int64_t>();
+  s.place.whole = j.at(3).get<Shape>();
+  const auto sh = j.at(4).get<std::vector<int>>();
+  s.place.shard.dim = sh.at(0);
+  s.place.shard.parts = sh.at(1);
+  s.place.shard.index = sh.at(2);
+  s.place.shard.blocks = sh.at(3);
   if (s.place.shard.sharded()) s.place.shard.global = s.place.whole;
-  s.place.begin = r.get<std::int64_t>();
-  s.crc = r.get<std::uint32_t>();
-  s.file = r.get<int>();
-  s.offset = r.get<std::int64_t>();
+  s.place.begin = j.at(5).get<std::int64_t>();
+  s.crc = j.at(6).get<std::uint32_t>();
+  s.file = j.at(7).get<int>();
+  s.offset = j.at(8).get<std::int64_t>();
   return s;
 }
 
@@ -149,10 +116,12 @@ bool same_split(const PiecePlace& a, const PiecePlace& b) {
          a.shard.blocks == b.shard.blocks;
 }
 
-// The tensor table, and every tensor tiled exactly by its pieces: each
-// tensor-parallel part of it covered once, without gaps or overlaps.
-void finish_index(CheckpointIndex& ix) {
-  std::unordered_map<std::string, std::size_t> at;
+// The tensor table, and (`tiled`: a whole checkpoint, not one part file) every
+// tensor tiled exactly by its pieces: each tensor-parallel part of it covered
+// once, without gaps or overlaps.
+void finish_index(CheckpointIndex& ix, bool tiled = true) {
+  std::unordered_map<std::string, std::size_t>& at = ix.tensor_at;
+  at.clear();
   struct Span {
     std::int64_t begin, end;
     std::size_t piece;
@@ -180,9 +149,9 @@ void finish_index(CheckpointIndex& ix) {
     const std::int64_t per = PartGeometry::of(pl).numel;
     RT_CHECK(pl.begin >= 0 && p.numel >= 0 && pl.begin + p.numel <= per, tw, " covers elements ", pl.begin, "..",
              pl.begin + p.numel, " of a part of ", per);
-    if (p.numel) spans[t][s.sharded() ? static_cast<std::size_t>(s.index) : 0].push_back({pl.begin, pl.begin + p.numel, i});
+    if (p.numel && tiled) spans[t][s.sharded() ? static_cast<std::size_t>(s.index) : 0].push_back({pl.begin, pl.begin + p.numel, i});
   }
-  for (std::size_t t = 0; t < ix.tensors.size(); ++t) {
+  for (std::size_t t = 0; tiled && t < ix.tensors.size(); ++t) {
     const std::int64_t per = PartGeometry::of(split[t]).numel;
     for (std::size_t idx = 0; idx < spans[t].size(); ++idx) {
       auto& v = spans[t][idx];
@@ -212,10 +181,24 @@ std::size_t CheckpointIndex::bytes() const {
 
 CheckpointIndex read_checkpoint_index(const std::string& path) {
   CheckpointIndex ix = index_head(path);
-  for (std::size_t k = 0; k < ix.files.size(); ++k) index_file(ix, static_cast<int>(k), ix.pieces);
+  for (std::size_t k = 0; k < ix.files.size(); ++k) index_file(ix, static_cast<int>(k), ix.pieces, !ix.head.parts.empty());
   finish_index(ix);
   return ix;
 }
+
+namespace ckpt_detail {
+CheckpointIndex index_file_as_stored(const std::string& path) {
+  CheckpointIndex ix = head_of(path);
+  ix.files = {path};
+  // A manifest's pieces are in other files: as stored, it has none (its part names come back after).
+  std::vector<std::string> parts = std::move(ix.head.parts);
+  ix.head.parts.clear();
+  index_file(ix, 0, ix.pieces, !ix.head.part_of.empty());
+  finish_index(ix, false);
+  ix.head.parts = std::move(parts);
+  return ix;
+}
+}  // namespace ckpt_detail
 
 CheckpointIndex read_checkpoint_index(const std::string& path, const Communicator& comm) {
   if (comm.size() == 1) return read_checkpoint_index(path);
@@ -233,20 +216,26 @@ CheckpointIndex read_checkpoint_index(const std::string& path, const Communicato
   std::vector<StoredPiece> mine;
   run_agreed(comm, "indexing the checkpoint's files", [&] {
     for (std::size_t k = static_cast<std::size_t>(comm.rank()); k < ix.files.size(); k += static_cast<std::size_t>(comm.size()))
-      index_file(ix, static_cast<int>(k), mine);
+      index_file(ix, static_cast<int>(k), mine, !ix.head.parts.empty());
   });
-  Writer w;
-  for (const auto& p : mine) pack(p, w);
+  nlohmann::json list = nlohmann::json::array();
+  for (const auto& p : mine) list.push_back(pack(p));
+  const std::vector<std::uint8_t> bytes = nlohmann::json::to_msgpack(list);
   std::vector<std::size_t> counts(static_cast<std::size_t>(comm.size()));
-  std::uint64_t n = w.b.size();
+  std::uint64_t n = bytes.size();
   allgather(&n, 1, counts.data(), DType::i64, comm);
   std::size_t total = 0;
   for (auto c : counts) total += c;
-  std::vector<char> all(total);
-  allgatherv(w.b.data(), all.data(), counts, DType::u8, comm);
+  std::vector<std::uint8_t> all(total);
+  allgatherv(bytes.data(), all.data(), counts, DType::u8, comm);
   run_agreed(comm, "checking the checkpoint's pieces", [&] {
-    Reader r{all.data(), all.data() + all.size()};
-    while (r.p < r.end) ix.pieces.push_back(unpack(r));
+    std::size_t at = 0;
+    for (std::size_t c : counts) {  // one MessagePack array per rank
+      for (const auto& j : nlohmann::json::from_msgpack(all.begin() + static_cast<std::ptrdiff_t>(at),
+                                                        all.begin() + static_cast<std::ptrdiff_t>(at + c)))
+        ix.pieces.push_back(unpack(j));
+      at += c;
+    }
     // Ranks sent their files in turn: back to file order (stable within a file).
     std::stable_sort(ix.pieces.begin(), ix.pieces.end(),
                      [](const StoredPiece& a, const StoredPiece& b) { return a.file < b.file; });

@@ -32,8 +32,8 @@
 #include <string>
 
 #include "ringtrain/comm/communicator.hpp"
-#include "ringtrain/train/checkpoint.hpp"
-#include "ringtrain/train/checkpoint_read.hpp"
+#include "ringtrain/checkpoint/checkpoint.hpp"
+#include "ringtrain/checkpoint/read.hpp"
 #include "ringtrain/train/state.hpp"
 #include "ringtrain/train/trainer.hpp"
 #include "async_writer.hpp"
@@ -69,7 +69,8 @@ class CheckpointSession {
   };
   // checkpoint.parallel at more than one rank: every rank writes its share to
   // a part file and rank 0 commits a manifest once all are durable
-  // (checkpoint.hpp); otherwise rank 0 writes one file.
+  // (checkpoint.hpp); otherwise rank 0 writes one file. Either way through
+  // one path: write, then commit once every rank's write is durable.
   bool parallel() const { return cfg_.checkpoint.parallel && world_.size() > 1; }
   // Writes the position as it stands every checkpoint.every_epochs epochs, or
   // always with `force`. Collective. Returns the path on rank 0, "" elsewhere
@@ -81,18 +82,18 @@ class CheckpointSession {
   std::string save(bool force, const StateSource& state);
   // Collective: waits until the last checkpoint is durable (the run's end, a stop).
   void finish();
-  // Collective: a parallel checkpoint still waiting for its manifest is
-  // committed now (before an evaluation that could end the run: a one-file
-  // checkpoint is durable then anyway, as its writer finishes on the way out).
+  // Collective: a checkpoint still waiting for its commit (a parallel one's
+  // manifest, a one-file one's rotation) is committed now (before an
+  // evaluation that could end the run).
   void commit_parts() {
     if (pending_) settle();
   }
-  // checkpoint.async with parallel parts: this rank has no part of an
-  // uncommitted checkpoint in flight (it is durable, or there is none). The
-  // trainers carry it in the step's all-reduce; after_step() gets the verdict.
+  // checkpoint.async: this rank has no file of an uncommitted checkpoint in
+  // flight (it is durable, or there is none). The trainers carry it in the
+  // step's all-reduce; after_step() gets the verdict.
   bool part_ready() const { return !pending_ || writer_.succeeded(); }
-  // After a step: `all_ready` — part_ready() on every rank. Rank 0 then writes
-  // the pending manifest in the background: the checkpoint is committed.
+  // After a step: `all_ready` — part_ready() on every rank. Rank 0 then
+  // commits the pending checkpoint in the background (manifest, rotation).
   void after_step(bool all_ready);
 
   struct Restore {
@@ -139,8 +140,7 @@ class CheckpointSession {
   void check_names(const CheckpointIndex& ix, const std::vector<ReadTarget>& targets, bool with_optimizer) const;
   void log_layout_change(const RunPosition& ck) const;
   void settle();                  // collective: the last write durable (or its error everywhere), committed
-  void commit(bool background);   // every rank: rank 0 writes the pending manifest, every rank forgets it
-  std::string save_parts(const std::vector<StatePiece>& pieces);
+  void commit(bool background);   // every rank: rank 0 commits the pending checkpoint, every rank forgets it
 
   const TrainConfig& cfg_;
   const Communicator& world_;
@@ -150,7 +150,7 @@ class CheckpointSession {
   std::string config_toml_;       // stored in every checkpoint
   LoadedCheckpoint loaded_;
   std::chrono::steady_clock::time_point last_save_ = std::chrono::steady_clock::now();
-  // A parallel checkpoint whose parts are being written: its manifest (rank 0's copy holds the data).
+  // A checkpoint whose files are being written: its manifest (rank 0's copy, parallel only).
   struct Pending {
     std::int64_t step = 0;
     CheckpointData manifest;

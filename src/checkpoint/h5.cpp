@@ -1,4 +1,4 @@
-#include "checkpoint_h5.hpp"
+#include "h5.hpp"
 
 #include <algorithm>
 #include <cstring>
@@ -71,11 +71,7 @@ std::string read_string_attr(hid_t obj, const char* name, const std::string& whe
 }
 
 std::int64_t read_int_attr(hid_t obj, const char* name, const std::string& where) {
-  RT_CHECK(H5Aexists(obj, name) > 0, where, ": attribute '", name, "' is missing");
-  H5 attr(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
-  std::int64_t v = 0;
-  RT_CHECK(H5Aread(attr, H5T_NATIVE_INT64, &v) >= 0, where, ": cannot read attribute '", name, "'");
-  return v;
+  return read_ints_attr(obj, name, where).front();  // a scalar attribute holds one value
 }
 
 H5 open_checkpoint(const std::string& path) {

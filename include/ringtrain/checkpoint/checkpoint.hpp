@@ -23,9 +23,14 @@
 // ckpt-<run>-s<step>.h5: the usual file without tensors, with root attribute
 // "parts" (the part file names, one per line). The manifest is the commit
 // point: a crash before it leaves the previous checkpoint the newest intact
-// one. read_checkpoint assembles the whole tensors from the parts, so a
-// parallel checkpoint loads at any layout like a single file; resume reads
-// neither whole: each rank reads its own ranges (checkpoint_read.hpp).
+// one.
+//
+// One writer, one reader: every file is written by write_checkpoint (the
+// trainer's CheckpointSession decides who writes what: rank 0 the whole state
+// to one file, or every rank its part, then rank 0 the manifest), and every
+// read goes through the sharded reader (read.hpp): resume, eval, generate and
+// export read only their own ranges; read_checkpoint below is that reader
+// with one whole-tensor target per tensor, for tools and tests.
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -61,9 +66,9 @@ struct CheckpointData {
 using CheckpointWriteHook = std::function<void(const std::string& tensor)>;
 
 void write_checkpoint(const std::string& path, const CheckpointData& data, const CheckpointWriteHook& hook = {});
-// Reads every tensor into new host tensors, verifying each one's checksum; a
-// manifest's whole tensors are assembled from its part files (an error names
-// a missing, foreign or incomplete part). A part file alone is refused.
+// Reads every tensor whole into new host tensors, verifying each piece's
+// checksum; a manifest's whole tensors come from its part files (an error
+// names a missing, foreign or incomplete part). A part file alone is refused.
 CheckpointData read_checkpoint(const std::string& path);
 // One file as stored: a part file's pieces with their places, a manifest's
 // part names without its tensors.
@@ -73,9 +78,6 @@ void restore_tensor(const CheckpointData& ckpt, const std::string& name, Tensor 
 // The files that make up the checkpoint at `path`: the file itself and, for a
 // parallel checkpoint, its part files beside it (to copy or move one whole).
 std::vector<std::string> checkpoint_files(const std::string& path);
-// Throws an Error naming the first float tensor whose name starts with one of
-// `prefixes` and that holds NaN or Inf.
-void check_finite(const CheckpointData& ckpt, const std::string& path, const std::vector<std::string>& prefixes);
 // CRC-32 (IEEE, as zlib's crc32) of a byte range.
 std::uint32_t crc32(const void* data, std::size_t bytes, std::uint32_t crc = 0);
 
@@ -92,6 +94,8 @@ class CheckpointDir {
   std::string save(const std::string& run_id, std::int64_t step, const CheckpointData& data,
                    const CheckpointWriteHook& hook = {}) const;  // returns the path
   std::string path_for(const std::string& run_id, std::int64_t step) const;  // the file save() writes
+  // Removes run `run_id`'s checkpoints beyond the newest `keep` (by step), each with its part files.
+  void rotate(const std::string& run_id) const;
   // Rank `rank`'s part of the parallel checkpoint whose manifest is path_for(run_id, step).
   std::string part_path_for(const std::string& run_id, std::int64_t step, int rank, int ranks) const;
   std::vector<Entry> list() const;   // newest first (write time, then step)
@@ -121,5 +125,9 @@ struct FoundCheckpoint {
 };
 FoundCheckpoint find_intact_checkpoint(const std::string& path,
                                        const std::function<void(const CheckpointData&)>& accept = {});
+// The newest checkpoint under `path` whose head and index read — its
+// configuration, position and part names (`data` without tensors) — reading
+// no tensor data: what `generate` needs to build its model.
+FoundCheckpoint find_checkpoint_head(const std::string& path);
 
 }  // namespace ringtrain

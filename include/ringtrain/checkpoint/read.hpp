@@ -1,8 +1,8 @@
 #pragma once
-// The sharded read of a checkpoint (resume, eval): each rank reads only the
-// element ranges it restores, straight from the files, and no rank assembles
-// or receives the whole state. read_checkpoint (checkpoint.hpp) stays the
-// whole-tensor reader for tools and tests.
+// The one reader of checkpoints (resume, eval, generate, export): each rank
+// reads only the element ranges it restores, straight from the files, and no
+// rank assembles or receives the whole state. read_checkpoint (checkpoint.hpp)
+// is this reader with one whole-tensor target per tensor, for tools and tests.
 //
 //  1. Index: the metadata of a checkpoint — the manifest's head (position,
 //     configuration, part names) and, per part file, its pieces with their
@@ -28,11 +28,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "ringtrain/comm/communicator.hpp"
 #include "ringtrain/nn/parameters.hpp"
-#include "ringtrain/train/checkpoint.hpp"
+#include "ringtrain/checkpoint/checkpoint.hpp"
 
 namespace ringtrain {
 
@@ -61,6 +62,7 @@ struct CheckpointIndex {
   std::vector<std::string> files;    // the files holding the pieces: the parts, or the one file
   std::vector<StoredPiece> pieces;   // in file order
   std::vector<StoredTensor> tensors; // in order of first appearance
+  std::unordered_map<std::string, std::size_t> tensor_at;  // name -> index in `tensors`
   std::size_t bytes() const;         // of every piece
 };
 
@@ -77,11 +79,18 @@ struct CheckpointReadStats {
   std::size_t reads = 0;           // pread calls (or whole-piece HDF5 reads)
 };
 
-// Collective: every piece verified once (step 2); an Error on every rank
-// names the file and tensor of the first bad piece. Returns this rank's reads.
-CheckpointReadStats verify_checkpoint(const CheckpointIndex& ix, const Communicator& comm);
-// One process: verifies every piece.
-CheckpointReadStats verify_checkpoint(const CheckpointIndex& ix);
+// What verify_checkpoint reads and checks.
+struct VerifyScope {
+  bool optimizer = true;  // false: only param/ and buffer/ pieces (a weights-only load reads no optimizer byte)
+  bool finite = true;     // float state (param/, buffer/, optim/) must hold no NaN or Inf
+};
+
+// Collective: every piece in scope verified once (step 2); an Error on every
+// rank names the file and tensor of the first bad piece. Returns this rank's reads.
+CheckpointReadStats verify_checkpoint(const CheckpointIndex& ix, const Communicator& comm,
+                                      const VerifyScope& scope = {});
+// One process: verifies every piece in scope.
+CheckpointReadStats verify_checkpoint(const CheckpointIndex& ix, const VerifyScope& scope = {});
 
 // What a rank restores: elements [place.begin, place.begin + dst.numel()) in
 // row-major order of part place.shard of tensor `name` (replicated: of the
@@ -94,10 +103,14 @@ struct ReadTarget {
   bool found = false;     // set by read_targets
 };
 
-// Local: fills every target from the pieces that hold its elements. A target
-// whose name the checkpoint lacks is an error unless optional; its dtype and
-// whole shape must be the stored one's (a [1] tensor may be wanted as a
-// scalar). Does not verify checksums (verify_checkpoint did).
+// The stored tensor target `t` reads, as an index into ix.tensors, checked:
+// its dtype and whole shape are the stored one's (a [1] tensor may be wanted
+// as a scalar). -1 when the checkpoint lacks it and it is optional; an Error
+// naming the checkpoint and the tensor when it lacks it otherwise or differs.
+std::ptrdiff_t find_target(const CheckpointIndex& ix, const ReadTarget& t);
+
+// Local: fills every target from the pieces that hold its elements (each
+// target checked by find_target). Does not verify checksums (verify_checkpoint did).
 CheckpointReadStats read_targets(const CheckpointIndex& ix, std::vector<ReadTarget>& targets);
 
 }  // namespace ringtrain

@@ -16,7 +16,7 @@
 
 #include "ringtrain/core/dtype.hpp"
 #include "ringtrain/nn/parameters.hpp"
-#include "ringtrain/train/checkpoint_read.hpp"
+#include "ringtrain/checkpoint/read.hpp"
 
 namespace ringtrain::ckpt_detail {
 
@@ -60,6 +60,10 @@ void for_each_overlap(const PartGeometry& A, std::int64_t a0, std::int64_t an, c
 
 // "checkpoint 'X': tensor 'T' in part file 'P'" (one file: "checkpoint 'X' tensor 'T'").
 std::string piece_where(const CheckpointIndex& ix, const StoredPiece& p);
+
+// One file's index as stored (a part file alone, or a manifest without its
+// parts' pieces), its pieces unchecked for tiling: read_checkpoint_file.
+CheckpointIndex index_file_as_stored(const std::string& path);
 
 bool is_float(DType dt);
 // Index of the first NaN or Inf among n elements of dtype dt, or -1.

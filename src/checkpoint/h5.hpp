@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include "ringtrain/train/checkpoint.hpp"
+#include "ringtrain/checkpoint/checkpoint.hpp"
 
 namespace ringtrain::ckpt_h5 {
 

@@ -1,7 +1,7 @@
 // The sharded read (checkpoint_read.hpp, steps 2 and 3): every stored piece
 // verified whole by one rank; each rank's targets filled with pread from the
 // byte ranges of the pieces that overlap them.
-#include "ringtrain/train/checkpoint_read.hpp"
+#include "ringtrain/checkpoint/read.hpp"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -15,8 +15,8 @@
 #include "ringtrain/comm/agree.hpp"
 #include "ringtrain/core/error.hpp"
 #include "ringtrain/data/schema.hpp"
-#include "checkpoint_detail.hpp"
-#include "checkpoint_h5.hpp"
+#include "geometry.hpp"
+#include "h5.hpp"
 
 namespace ringtrain {
 namespace {
@@ -74,17 +74,24 @@ Tensor read_through_hdf5(const CheckpointIndex& ix, const StoredPiece& p, const 
   return t;
 }
 
+bool starts(const std::string& name, const char* prefix) { return name.rfind(prefix, 0) == 0; }
+
 bool checked_for_finite(const StoredPiece& p) {
   return ckpt_detail::is_float(p.dtype) &&
-         (p.name.rfind("param/", 0) == 0 || p.name.rfind("buffer/", 0) == 0 || p.name.rfind("optim/", 0) == 0);
+         (starts(p.name, "param/") || starts(p.name, "buffer/") || starts(p.name, "optim/"));
+}
+
+// A weights-only load (eval, generate) reads only the model's tensors.
+bool in_scope(const StoredPiece& p, const VerifyScope& scope) {
+  return scope.optimizer || starts(p.name, "param/") || starts(p.name, "buffer/");
 }
 
 // Reads piece p whole, in chunks of `buf`: its CRC-32, then no NaN or Inf in float state.
 void verify_piece(const CheckpointIndex& ix, const StoredPiece& p, Files& files, std::vector<char>& buf,
-                  CheckpointReadStats& st) {
+                  CheckpointReadStats& st, bool check_finite) {
   const std::string what = piece_where(ix, p);
   const std::size_t esz = dtype_size(p.dtype), bytes = static_cast<std::size_t>(p.numel) * esz;
-  const bool finite = checked_for_finite(p);
+  const bool finite = check_finite && checked_for_finite(p);
   std::uint32_t crc = 0;
   std::int64_t bad = -1;  // the first non-finite element of the piece
   auto check = [&](const char* data, std::size_t n, std::int64_t first) {
@@ -113,47 +120,64 @@ void verify_piece(const CheckpointIndex& ix, const StoredPiece& p, Files& files,
            "): the run had diverged when it was written; resume from an earlier checkpoint");
 }
 
-// Rank `rank` of `size` verifies the pieces whose middle byte falls in its
-// equal share of all pieces' bytes, in file order.
-CheckpointReadStats verify_share(const CheckpointIndex& ix, int rank, int size) {
+// Rank `rank` of `size` verifies the pieces in scope whose middle byte falls
+// in its equal share of their bytes, in file order.
+CheckpointReadStats verify_share(const CheckpointIndex& ix, int rank, int size, const VerifyScope& scope) {
   CheckpointReadStats st;
-  const unsigned long long total = ix.bytes();
+  unsigned long long total = 0;
   std::size_t largest = 0;
-  for (const auto& p : ix.pieces) largest = std::max(largest, static_cast<std::size_t>(p.numel) * dtype_size(p.dtype));
+  for (const auto& p : ix.pieces) {
+    if (!in_scope(p, scope)) continue;
+    total += static_cast<unsigned long long>(p.numel) * dtype_size(p.dtype);
+    largest = std::max(largest, static_cast<std::size_t>(p.numel) * dtype_size(p.dtype));
+  }
   // 1 MiB: large reads, few fresh pages (a page fault costs ~20 us on some VMs).
   std::vector<char> buf(std::max<std::size_t>(8, std::min<std::size_t>(largest, std::size_t{1} << 20)));
   Files files(ix);
   unsigned long long at = 0;
   for (const auto& p : ix.pieces) {
+    if (!in_scope(p, scope)) continue;
     const unsigned long long b = static_cast<unsigned long long>(p.numel) * dtype_size(p.dtype);
     const unsigned long long mid = at + b / 2;
     at += b;
     const int owner = total ? static_cast<int>(std::min<unsigned long long>(size - 1, mid * size / total)) : 0;
-    if (owner == rank) verify_piece(ix, p, files, buf, st);
+    if (owner == rank) verify_piece(ix, p, files, buf, st, scope.finite);
   }
   return st;
 }
 
-// A [1] tensor may be stored and wanted as a scalar.
-bool same_layout(const Shape& stored, const Shape& want) {
-  return stored == want || (shape_numel(stored) == shape_numel(want) && stored.size() == 1 && want.size() <= 1);
-}
-
 }  // namespace
 
-CheckpointReadStats verify_checkpoint(const CheckpointIndex& ix, const Communicator& comm) {
+CheckpointReadStats verify_checkpoint(const CheckpointIndex& ix, const Communicator& comm, const VerifyScope& scope) {
   CheckpointReadStats st;
-  run_agreed(comm, "verifying the checkpoint", [&] { st = verify_share(ix, comm.rank(), comm.size()); });
+  run_agreed(comm, "verifying the checkpoint", [&] { st = verify_share(ix, comm.rank(), comm.size(), scope); });
   return st;
 }
 
-CheckpointReadStats verify_checkpoint(const CheckpointIndex& ix) { return verify_share(ix, 0, 1); }
+CheckpointReadStats verify_checkpoint(const CheckpointIndex& ix, const VerifyScope& scope) {
+  return verify_share(ix, 0, 1, scope);
+}
+
+std::ptrdiff_t find_target(const CheckpointIndex& ix, const ReadTarget& t) {
+  const auto it = ix.tensor_at.find(t.name);
+  if (it == ix.tensor_at.end()) {
+    RT_CHECK(t.optional, "checkpoint '", ix.path, "' has no tensor '", t.name,
+             "' (was it written for another model or optimizer?)");
+    return -1;
+  }
+  const StoredTensor& s = ix.tensors[it->second];
+  const Shape& want = t.place.whole;
+  const bool same = s.whole == want || (shape_numel(s.whole) == shape_numel(want) && s.whole.size() == 1 &&
+                                        want.size() <= 1);  // a [1] tensor wanted as a scalar
+  RT_CHECK(s.dtype == t.dst.dtype() && same, "checkpoint '", ix.path, "': tensor '", t.name, "' is ",
+           dtype_name(s.dtype), " ", shape_str(s.whole), ", but this model has ", dtype_name(t.dst.dtype()), " ",
+           shape_str(want), " (was it written for another model?)");
+  return static_cast<std::ptrdiff_t>(it->second);
+}
 
 CheckpointReadStats read_targets(const CheckpointIndex& ix, std::vector<ReadTarget>& targets) {
-  std::unordered_map<std::string, std::size_t> tensor_at;
-  for (std::size_t t = 0; t < ix.tensors.size(); ++t) tensor_at.emplace(ix.tensors[t].name, t);
   std::vector<std::vector<std::size_t>> pieces_of(ix.tensors.size());
-  for (std::size_t i = 0; i < ix.pieces.size(); ++i) pieces_of[tensor_at.at(ix.pieces[i].name)].push_back(i);
+  for (std::size_t i = 0; i < ix.pieces.size(); ++i) pieces_of[ix.tensor_at.at(ix.pieces[i].name)].push_back(i);
 
   // What to read of each piece: byte ranges (from its start) into target memory.
   struct Copy {
@@ -164,16 +188,9 @@ CheckpointReadStats read_targets(const CheckpointIndex& ix, std::vector<ReadTarg
   std::vector<std::vector<Copy>> copies(ix.pieces.size());
   for (ReadTarget& t : targets) {
     t.found = false;
-    const auto it = tensor_at.find(t.name);
-    if (it == tensor_at.end()) {
-      RT_CHECK(t.optional, "checkpoint '", ix.path, "' has no tensor '", t.name,
-               "' (was it written for another model or optimizer?)");
-      continue;
-    }
-    const StoredTensor& s = ix.tensors[it->second];
-    RT_CHECK(s.dtype == t.dst.dtype() && same_layout(s.whole, t.place.whole), "checkpoint '", ix.path, "': tensor '",
-             t.name, "' is ", dtype_name(s.dtype), " ", shape_str(s.whole), ", but this model has ",
-             dtype_name(t.dst.dtype()), " ", shape_str(t.place.whole), " (was it written for another model?)");
+    const std::ptrdiff_t k = find_target(ix, t);
+    if (k < 0) continue;
+    const StoredTensor& s = ix.tensors[static_cast<std::size_t>(k)];
     RT_CHECK(t.dst.device().is_cpu(), "checkpoint '", ix.path, "': tensor '", t.name,
              "' must be read into host memory");
     const std::int64_t n = t.dst.numel(), t0 = t.place.begin;
@@ -183,7 +200,7 @@ CheckpointReadStats read_targets(const CheckpointIndex& ix, std::vector<ReadTarg
     const std::int64_t esz = static_cast<std::int64_t>(dtype_size(s.dtype));
     char* dst = static_cast<char*>(t.dst.raw());
     std::int64_t covered = 0;
-    for (std::size_t i : pieces_of[it->second]) {
+    for (std::size_t i : pieces_of[static_cast<std::size_t>(k)]) {
       const StoredPiece& p = ix.pieces[i];
       auto add = [&](std::int64_t from, std::int64_t to, std::int64_t len) {
         copies[i].push_back({from * esz, dst + to * esz, len * esz});
