@@ -160,8 +160,8 @@ StepOutput ScheduleExecutor::run(Stage& stage, const Loss& loss_fn, const StepIn
         free_slots.pop_back();
         tr.finish_sends(slot_of[i]);  // the slot's outputs may be rewritten now
         timed([&] {
-          stage.set_position(static_cast<std::uint64_t>(in.step), first_sample(i));
-          output[i] = stage.forward(slot_of[i], input[i], Mode::train);
+          output[i] = stage.forward(slot_of[i], input[i], Mode::train,
+                                    {static_cast<std::uint64_t>(in.step), first_sample(i)});
         });
         break;
       }
