@@ -201,8 +201,9 @@ int main(int argc, char** argv) {
     AttentionSpec cs = as;
     cs.causal = causal_core;
     auto k = be.attention(cs);
-    k->forward(z.qkv, z.out);
-    return time_of([&] { bwd ? k->backward(z.qkv, z.dout, z.dqkv) : k->forward(z.qkv, z.out); }, iters) * 1e3;
+    const KernelStatePtr ks = k->make_state();
+    k->forward(z.qkv, z.out, *ks);
+    return time_of([&] { bwd ? k->backward(z.qkv, z.dout, z.dqkv, *ks) : k->forward(z.qkv, z.out, *ks); }, iters) * 1e3;
   };
   report("attention core fwd", att(f, DType::f32, false), att(h, DType::bf16, false), att_flops, 0);
   report("attention core bwd", att(f, DType::f32, true), att(h, DType::bf16, true), 2 * att_flops, 0);
@@ -215,8 +216,9 @@ int main(int argc, char** argv) {
     s.features = d;
     (void)dty;
     auto k = be.layernorm(s);
-    k->forward(z.x, z.g, z.b, z.y);
-    return time_of([&] { bwd ? k->backward(z.x, z.g, z.dy, z.dx, z.dg, z.db, false) : k->forward(z.x, z.g, z.b, z.y); },
+    const KernelStatePtr ks = k->make_state();
+    k->forward(z.x, z.g, z.b, z.y, *ks);
+    return time_of([&] { bwd ? k->backward(z.x, z.g, z.dy, z.dx, z.dg, z.db, false, *ks) : k->forward(z.x, z.g, z.b, z.y, *ks); },
                    iters) * 1e3;
   };
   const double act = 4.0 * rows * d;  // bytes of one fp32 [rows, D] activation

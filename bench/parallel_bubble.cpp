@@ -64,38 +64,42 @@ class SleepLayer final : public Layer {
   const char* type() const override { return "Sleep"; }
   Shape output_shape(const Shape& in) const override { return {in[0], 64}; }
   bool splits_backward() const override { return true; }
+  CtxPtr make_ctx() const override { return ctx_of<Saved>(); }
 
  protected:
-  Tensor do_forward(const Tensor& x, Mode) override {
+  struct Saved {
+    Tensor out, dx;
+  };
+  Tensor do_forward(const Tensor& x, Ctx& c, const Call&) const override {
+    Saved& s = saved<Saved>(c);
     st_->live += 1;
     st_->peak = std::max(st_->peak, st_->live);
     st_->clock = std::max(st_->clock, static_cast<double>(x.data<float>()[0]));
     st_->nap();
-    ensure(out_, {x.dim(0), 64}, DType::f32, Device::cpu()).data<float>()[0] = static_cast<float>(st_->clock);
-    return out_;
+    ensure(s.out, {x.dim(0), 64}, DType::f32, Device::cpu()).data<float>()[0] = static_cast<float>(st_->clock);
+    return s.out;
   }
   // afab / 1f1b: B and W together, the gradient sent after both.
-  Tensor do_backward(const Tensor& dy, bool need_dx, bool accumulate) override {
-    do_backward_input(dy, need_dx, accumulate);
-    do_backward_weight();
-    dx_.data<float>()[0] = static_cast<float>(st_->clock);
-    return dx_;
+  Tensor do_backward(const Tensor& dy, Ctx& c, bool need_dx, bool accumulate) const override {
+    Tensor dx = do_backward_input(dy, c, need_dx, accumulate);
+    do_backward_weight(c);
+    dx.data<float>()[0] = static_cast<float>(st_->clock);
+    return dx;
   }
-  Tensor do_backward_input(const Tensor& dy, bool, bool) override {
+  Tensor do_backward_input(const Tensor& dy, Ctx& c, bool, bool) const override {
     st_->clock = std::max(st_->clock, static_cast<double>(dy.data<float>()[0]));
     st_->nap();
-    ensure(dx_, in_shape_, DType::f32, Device::cpu()).data<float>()[0] = static_cast<float>(st_->clock);
-    return dx_;
+    Tensor& dx = saved<Saved>(c).dx;
+    ensure(dx, c.in_shape, DType::f32, Device::cpu()).data<float>()[0] = static_cast<float>(st_->clock);
+    return dx;
   }
-  void do_backward_weight() override {
+  void do_backward_weight(Ctx&) const override {
     st_->nap();
     --st_->live;
   }
-  void visit_state(MicroBatchState& s) override { s(out_, dx_); }
 
  private:
-  std::shared_ptr<SleepState> st_;
-  Tensor out_, dx_;
+  std::shared_ptr<SleepState> st_;  // the run's clock, shared by every layer (not micro-batch state)
 };
 
 }  // namespace

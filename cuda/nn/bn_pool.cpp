@@ -19,7 +19,10 @@ class CudnnBatchNorm final : public BatchNormKernel {
   }
 
   void forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& running_mean, Tensor& running_var,
-               bool train, Tensor& y) override {
+               bool train, Tensor& y, KernelState& ks) override {
+    Saved& sv = state_as<Saved>(ks, "cuda BatchNorm2d");
+    Tensor& saved_ = sv.saved;
+    bool& train_ = sv.train;
     const char* what = "batchnorm forward";
     expect_cuda(x, s_.dtype, what, "x");
     expect_cuda(y, s_.dtype, what, "y");
@@ -46,7 +49,10 @@ class CudnnBatchNorm final : public BatchNormKernel {
   }
 
   void backward(const Tensor& x, const Tensor& gamma, const Tensor& dy, Tensor& dx, Tensor& dgamma, Tensor& dbeta,
-                bool accumulate) override {
+                bool accumulate, KernelState& ks) override {
+    Saved& sv = state_as<Saved>(ks, "cuda BatchNorm2d");
+    Tensor& saved_ = sv.saved;
+    const bool train_ = sv.train;
     const char* what = "batchnorm backward";
     RT_CHECK(train_, what, ": after an eval-mode forward is not implemented on CUDA (train-mode only)");
     expect_cuda(dy, s_.dtype, what, "dy");
@@ -82,11 +88,13 @@ class CudnnBatchNorm final : public BatchNormKernel {
   TensorDesc xd_, pd_;
   std::array<std::int64_t, 4> shape_{};
   // Forward to backward: the batch's mean and inverse std (training forward).
-  Tensor saved_;
-  bool train_ = true;
+  struct Saved final : KernelState {
+    Tensor saved;
+    bool train = true;
+  };
 
  public:
-  void visit_state(MicroBatchState& s) override { s(saved_, train_); }
+  KernelStatePtr make_state() const override { return std::make_unique<Saved>(); }
 };
 
 class CudnnPool final : public Pool2dKernel {
@@ -103,7 +111,7 @@ class CudnnPool final : public Pool2dKernel {
   }
   ~CudnnPool() override { cudnnDestroyPoolingDescriptor(pd_); }
 
-  void forward(const Tensor& x, Tensor& y, bool) override {
+  void forward(const Tensor& x, Tensor& y, bool, KernelState&) override {
     expect_cuda(x, s_.dtype, "pool2d forward", "x");
     expect_cuda(y, s_.dtype, "pool2d forward", "y");
     CudaContext& c = sh_->ctx(x);
@@ -112,7 +120,7 @@ class CudnnPool final : public Pool2dKernel {
     RT_CUDNN(cudnnPoolingForward(c.cudnn(), pd_, &one, xd_.d, x.raw(), &zero, yd_.d, y.raw()));
   }
 
-  void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx) override {
+  void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx, KernelState&) override {
     expect_cuda(dy, s_.dtype, "pool2d backward", "dy");
     expect_cuda(dx, s_.dtype, "pool2d backward", "dx");
     CudaContext& c = sh_->ctx(x);

@@ -50,7 +50,7 @@ class CudnnConv final : public Conv2dKernel {
     cudnn_type(s.dtype, "conv2d");
   }
 
-  void forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y) override {
+  void forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y, KernelState&) override {
     expect_cuda(x, s_.dtype, "conv2d forward", "x");
     expect_cuda(w, s_.dtype, "conv2d forward", "w");
     expect_cuda(y, s_.dtype, "conv2d forward", "y");
@@ -74,7 +74,7 @@ class CudnnConv final : public Conv2dKernel {
   }
 
   void backward(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& dy, Tensor& dx, Tensor& dw,
-                Tensor& db, bool accumulate) override {
+                Tensor& db, bool accumulate, KernelState&) override {
     expect_cuda(dy, s_.dtype, "conv2d backward", "dy");
     CudaContext& c = sh_->ctx(x);
     ConvPlan& p = plan(x, c);

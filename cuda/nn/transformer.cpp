@@ -25,7 +25,8 @@ class CudaLayerNorm final : public LayerNormKernel {
     RT_CHECK(s.features > 0, "cuda LayerNorm: features must be positive");
   }
 
-  void forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y) override {
+  void forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y, KernelState& ks) override {
+    Tensor& stats_ = state_as<Saved>(ks, "cuda LayerNorm").stats;
     const char* what = "layernorm forward";
     const DType t = act_type(x, s_.dtype, what, "x");
     expect_cuda(y, t, what, "y");
@@ -41,7 +42,8 @@ class CudaLayerNorm final : public LayerNormKernel {
   }
 
   void backward(const Tensor& x, const Tensor& gamma, const Tensor& dy, Tensor& dx, Tensor& dgamma, Tensor& dbeta,
-                bool accumulate) override {
+                bool accumulate, KernelState& ks) override {
+    Tensor& stats_ = state_as<Saved>(ks, "cuda LayerNorm").stats;
     const char* what = "layernorm backward";
     const DType t = act_type(dy, s_.dtype, what, "dy");
     expect_cuda(x, t, what, "x");
@@ -62,11 +64,13 @@ class CudaLayerNorm final : public LayerNormKernel {
  private:
   SharedPtr sh_;
   LayerNormSpec s_;
-  Tensor stats_;  // forward to backward: each row's mean and 1/std
+  struct Saved final : KernelState {
+    Tensor stats;  // forward to backward: each row's mean and 1/std
+  };
   Scratch work_;
 
  public:
-  void visit_state(MicroBatchState& s) override { s(stats_); }
+  KernelStatePtr make_state() const override { return std::make_unique<Saved>(); }
 };
 
 class CublasAttention final : public AttentionKernel {
@@ -78,7 +82,8 @@ class CublasAttention final : public AttentionKernel {
     scale_ = s.scale > 0 ? s.scale : 1.0 / std::sqrt(double(s.head_dim));
   }
 
-  void forward(const Tensor& qkv, Tensor& out) override {
+  void forward(const Tensor& qkv, Tensor& out, KernelState& ks) override {
+    Tensor& probs_ = state_as<Saved>(ks, "cuda attention").probs;
     const G g = geom(qkv, "attention forward");
     expect_cuda(out, g.dt, "attention forward", "out");
     RT_CHECK(out.numel() == g.n * g.t * g.d, "attention forward: out ", shape_str(out.shape()), " is not [", g.n,
@@ -103,7 +108,8 @@ class CublasAttention final : public AttentionKernel {
     dt_ = g.dt;
   }
 
-  void backward(const Tensor& qkv, const Tensor& dout, Tensor& dqkv) override {
+  void backward(const Tensor& qkv, const Tensor& dout, Tensor& dqkv, KernelState& ks) override {
+    Tensor& probs_ = state_as<Saved>(ks, "cuda attention").probs;
     const G g = geom(qkv, "attention backward");
     expect_cuda(dout, g.dt, "attention backward", "dout");
     expect_cuda(dqkv, g.dt, "attention backward", "dqkv");
@@ -173,11 +179,13 @@ class CublasAttention final : public AttentionKernel {
   SharedPtr sh_;
   AttentionSpec s_;
   double scale_ = 1;
-  Tensor probs_;  // forward to backward: the probabilities
+  struct Saved final : KernelState {
+    Tensor probs;  // forward to backward: the probabilities
+  };
   Scratch dprobs_, scores_;
 
  public:
-  void visit_state(MicroBatchState& s) override { s(probs_); }
+  KernelStatePtr make_state() const override { return std::make_unique<Saved>(); }
   std::int64_t n_ = -1;
   DType dt_ = DType::f32;
 };

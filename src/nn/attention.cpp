@@ -61,31 +61,33 @@ double MultiHeadSelfAttention::forward_flops(const Shape& in) const {
   return qkv_->forward_flops(in) + core + proj_->forward_flops({in[0], t, inner});
 }
 
-Tensor MultiHeadSelfAttention::do_forward(const Tensor& x, Mode mode) {
-  Tensor qkv = qkv_->forward(x, mode);
-  ensure(core_, {qkv.dim(0), qkv.dim(1), heads_ * head_dim_}, qkv.dtype(), qkv.device());
-  k_->forward(qkv, core_);
-  if (recompute_core_ && mode == Mode::train) release_state(*k_);
-  qkv_out_ = qkv;
-  return proj_->forward(core_, mode);
+CtxPtr MultiHeadSelfAttention::make_ctx() const {
+  auto c = std::make_unique<SavedCtx<Saved>>();
+  c->s.qkv = qkv_->make_ctx();
+  c->s.proj = proj_->make_ctx();
+  return c;
 }
 
-Tensor MultiHeadSelfAttention::do_backward(const Tensor& dy, bool need_dx, bool accumulate) {
-  Tensor dcore = proj_->backward(dy, true, accumulate);
-  ensure(dcore_, qkv_out_.shape(), qkv_out_.dtype(), qkv_out_.device());  // d qkv
-  // The kernel is deterministic: core_ is rewritten with the bits it holds
+Tensor MultiHeadSelfAttention::do_forward(const Tensor& x, Ctx& c, const Call& call) const {
+  Saved& s = saved<Saved>(c);
+  Tensor qkv = qkv_->forward(x, *s.qkv, call);
+  ensure(s.core, {qkv.dim(0), qkv.dim(1), heads_ * head_dim_}, qkv.dtype(), qkv.device());
+  k_->forward(qkv, s.core, state_in(s.ks, *k_));
+  if (recompute_core_ && call.train()) s.ks.reset();  // the probabilities go; the backward recomputes them
+  s.qkv_out = qkv;
+  return proj_->forward(s.core, *s.proj, call);
+}
+
+Tensor MultiHeadSelfAttention::do_backward(const Tensor& dy, Ctx& c, bool need_dx, bool accumulate) const {
+  Saved& s = saved<Saved>(c);
+  Tensor dcore = proj_->backward(dy, *s.proj, true, accumulate);
+  ensure(s.dcore, s.qkv_out.shape(), s.qkv_out.dtype(), s.qkv_out.device());  // d qkv
+  // The kernel is deterministic: core is rewritten with the bits it holds
   // (proj's deferred weight gradient may still read it).
-  if (recompute_core_) k_->forward(qkv_out_, core_);
-  k_->backward(qkv_out_, dcore, dcore_);
-  if (recompute_core_) release_state(*k_);
-  return qkv_->backward(dcore_, need_dx, accumulate);
-}
-
-void MultiHeadSelfAttention::visit_state(MicroBatchState& s) {
-  qkv_->swap_state(s);
-  proj_->swap_state(s);
-  if (k_) k_->visit_state(s);
-  s(qkv_out_, core_, dcore_);
+  if (recompute_core_) k_->forward(s.qkv_out, s.core, state_in(s.ks, *k_));
+  k_->backward(s.qkv_out, dcore, s.dcore, state_in(s.ks, *k_));
+  if (recompute_core_) s.ks.reset();
+  return qkv_->backward(s.dcore, *s.qkv, need_dx, accumulate);
 }
 
 LayerPtr multi_head_attention(const std::string& name, std::int64_t dim, std::int64_t heads, const TensorGroup& g,

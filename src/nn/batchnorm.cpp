@@ -25,9 +25,7 @@ void BatchNorm2d::bind(const BindContext& ctx) {
   running_var = Tensor::zeros({spec_.channels}, spec_.dtype, ctx.device);
   k_ = ctx.backend.batchnorm(spec_);
   be_ = &ctx.backend;
-  position_ = ctx.position;
   k_batch_.reset();
-  last_k_ = nullptr;
 }
 
 void BatchNorm2d::init(const ParamArena& arena, std::uint64_t) {
@@ -47,32 +45,33 @@ Shape BatchNorm2d::output_shape(const Shape& in) const {
   return in;
 }
 
-Tensor BatchNorm2d::do_forward(const Tensor& x, Mode mode) {
-  if (mode == Mode::train)
+Tensor BatchNorm2d::do_forward(const Tensor& x, Ctx& c, const Call& call) const {
+  const bool train = call.train();
+  if (train)
     RT_CHECK(x.numel() / spec_.channels > 1, "BatchNorm2d '", name_,
              "': train mode needs more than one value per channel, got input ", shape_str(x.shape()));
-  x_ = x;
-  ensure(y_, x.shape(), x.dtype(), x.device());  // bfloat16 data keeps its type; statistics stay float32
+  Saved& s = saved<Saved>(c);
+  s.x = x;
+  ensure(s.y, x.shape(), x.dtype(), x.device());  // bfloat16 data keeps its type; statistics stay float32
   // A recomputed forward normalises as the first did, with the same kernel,
   // and leaves the running (or deferred) statistics as they are.
-  const bool replay = mode == Mode::train && position_ && position_->replay;
-  if (mode == Mode::train && deferred_) {
-    if (replay) run_batch_kernel(x);
-    else accumulate_batch_stats(x);
-    last_k_ = k_batch_.get();
-    return y_;
+  const bool replay = train && call.replay();
+  if (train && deferred_) {
+    if (replay) run_batch_kernel(x, s);
+    else accumulate_batch_stats(x, s);
+    return s.y;
   }
-  last_k_ = k_.get();
+  s.k = k_.get();
   if (replay) {
     ensure(saved_mean_, running_mean.shape(), running_mean.dtype(), running_mean.device()).copy_from(running_mean);
     ensure(saved_var_, running_var.shape(), running_var.dtype(), running_var.device()).copy_from(running_var);
   }
-  k_->forward(x, gamma, beta, running_mean, running_var, mode == Mode::train, y_);
+  k_->forward(x, gamma, beta, running_mean, running_var, train, s.y, state_in(s.ks, *k_));
   if (replay) {
     running_mean.copy_from(saved_mean_);
     running_var.copy_from(saved_var_);
   }
-  return y_;
+  return s.y;
 }
 
 void BatchNorm2d::set_deferred_stats(bool on) {
@@ -86,7 +85,7 @@ void BatchNorm2d::set_deferred_stats(bool on) {
 // The forward's normalisation is the usual train-mode one; the momentum-1
 // kernel makes its "running" outputs the batch's own mean and unbiased variance
 // ((1 - 1) * r + 1 * batch), which are merged into the record here.
-void BatchNorm2d::run_batch_kernel(const Tensor& x) {
+void BatchNorm2d::run_batch_kernel(const Tensor& x, Saved& st) const {
   RT_CHECK(be_, "BatchNorm2d '", name_, "': forward before bind");
   if (!k_batch_) {
     BatchNormSpec s = spec_;
@@ -95,11 +94,13 @@ void BatchNorm2d::run_batch_kernel(const Tensor& x) {
     batch_mean_ = Tensor::zeros({spec_.channels}, spec_.dtype, x.device());
     batch_var_ = Tensor::zeros({spec_.channels}, spec_.dtype, x.device());
   }
-  k_batch_->forward(x, gamma, beta, batch_mean_, batch_var_, true, y_);
+  // Both kernels are the backend's of one type: their states are alike.
+  st.k = k_batch_.get();
+  k_batch_->forward(x, gamma, beta, batch_mean_, batch_var_, true, st.y, state_in(st.ks, *k_batch_));
 }
 
-void BatchNorm2d::accumulate_batch_stats(const Tensor& x) {
-  run_batch_kernel(x);
+void BatchNorm2d::accumulate_batch_stats(const Tensor& x, Saved& st) const {
+  run_batch_kernel(x, st);
   const Tensor bm = batch_mean_.device().is_cpu() ? batch_mean_ : batch_mean_.to(Device::cpu());
   const Tensor bv = batch_var_.device().is_cpu() ? batch_var_ : batch_var_.to(Device::cpu());
   RT_CHECK(bm.dtype() == DType::f32, "BatchNorm2d '", name_, "': deferred statistics need float32, got ",
@@ -140,17 +141,13 @@ void BatchNorm2d::commit_deferred_stats() {
   d = DeferredStats{};
 }
 
-void BatchNorm2d::visit_state(MicroBatchState& s) {
-  s(x_, y_, dx_, last_k_);
-  if (k_) k_->visit_state(s);
-  if (k_batch_) k_batch_->visit_state(s);
-}
-
-Tensor BatchNorm2d::do_backward(const Tensor& dy, bool, bool accumulate) {
+Tensor BatchNorm2d::do_backward(const Tensor& dy, Ctx& c, bool, bool accumulate) const {
   // dx is always computed: BN is never the first layer of a model we build,
   // and the kernel produces dx together with dgamma/dbeta.
-  Tensor dx = ensure(dx_, x_.shape(), x_.dtype(), x_.device());
-  last_k_->backward(x_, gamma, dy, dx, dgamma, dbeta, accumulate);  // the kernel that ran the forward
+  Saved& s = saved<Saved>(c);
+  Tensor dx = ensure(s.dx, s.x.shape(), s.x.dtype(), s.x.device());
+  Tensor dg = dgamma, dbt = dbeta;
+  s.k->backward(s.x, gamma, dy, dx, dg, dbt, accumulate, state_in(s.ks, *s.k));  // the kernel that ran the forward
   return dx;
 }
 

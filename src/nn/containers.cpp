@@ -6,23 +6,32 @@
 namespace ringtrain {
 namespace {
 
-Tensor chain_forward(const std::vector<LayerPtr>& ls, Tensor x, Mode mode) {
-  for (auto& l : ls) x = l->forward(x, mode);
+// cs[i] is ls[i]'s context.
+std::vector<CtxPtr> chain_ctx(const std::vector<LayerPtr>& ls) {
+  std::vector<CtxPtr> cs;
+  for (auto& l : ls) cs.push_back(l->make_ctx());
+  return cs;
+}
+
+Tensor chain_forward(const std::vector<LayerPtr>& ls, std::vector<CtxPtr>& cs, Tensor x, const Call& call) {
+  for (std::size_t i = 0; i < ls.size(); ++i) x = ls[i]->forward(x, *cs[i], call);
   return x;
 }
 
-Tensor chain_backward(const std::vector<LayerPtr>& ls, Tensor g, bool need_dx, bool accumulate) {
-  for (std::size_t i = ls.size(); i-- > 0;) g = ls[i]->backward(g, i > 0 || need_dx, accumulate);
+Tensor chain_backward(const std::vector<LayerPtr>& ls, std::vector<CtxPtr>& cs, Tensor g, bool need_dx,
+                      bool accumulate) {
+  for (std::size_t i = ls.size(); i-- > 0;) g = ls[i]->backward(g, *cs[i], i > 0 || need_dx, accumulate);
   return g;
 }
 
-Tensor chain_backward_input(const std::vector<LayerPtr>& ls, Tensor g, bool need_dx, bool accumulate) {
-  for (std::size_t i = ls.size(); i-- > 0;) g = ls[i]->backward_input(g, i > 0 || need_dx, accumulate);
+Tensor chain_backward_input(const std::vector<LayerPtr>& ls, std::vector<CtxPtr>& cs, Tensor g, bool need_dx,
+                            bool accumulate) {
+  for (std::size_t i = ls.size(); i-- > 0;) g = ls[i]->backward_input(g, *cs[i], i > 0 || need_dx, accumulate);
   return g;
 }
 
-void chain_backward_weight(const std::vector<LayerPtr>& ls) {
-  for (std::size_t i = ls.size(); i-- > 0;) ls[i]->backward_weight();
+void chain_backward_weight(const std::vector<LayerPtr>& ls, std::vector<CtxPtr>& cs) {
+  for (std::size_t i = ls.size(); i-- > 0;) ls[i]->backward_weight(*cs[i]);
 }
 
 bool chain_bf16(const std::vector<LayerPtr>& ls) {
@@ -84,20 +93,23 @@ std::vector<NamedBuffer> Sequential::buffers() const {
   append_buffers(children_, out);
   return out;
 }
-Tensor Sequential::do_forward(const Tensor& x, Mode mode) { return chain_forward(children_, x, mode); }
-Tensor Sequential::do_backward(const Tensor& dy, bool need_dx, bool accumulate) {
-  return chain_backward(children_, dy, need_dx, accumulate);
+CtxPtr Sequential::make_ctx() const {
+  auto c = std::make_unique<SavedCtx<Saved>>();
+  c->s.children = chain_ctx(children_);
+  return c;
 }
-Tensor Sequential::do_backward_input(const Tensor& dy, bool need_dx, bool accumulate) {
-  return chain_backward_input(children_, dy, need_dx, accumulate);
+Tensor Sequential::do_forward(const Tensor& x, Ctx& c, const Call& call) const {
+  return chain_forward(children_, saved<Saved>(c).children, x, call);
 }
-void Sequential::do_backward_weight() { chain_backward_weight(children_); }
+Tensor Sequential::do_backward(const Tensor& dy, Ctx& c, bool need_dx, bool accumulate) const {
+  return chain_backward(children_, saved<Saved>(c).children, dy, need_dx, accumulate);
+}
+Tensor Sequential::do_backward_input(const Tensor& dy, Ctx& c, bool need_dx, bool accumulate) const {
+  return chain_backward_input(children_, saved<Saved>(c).children, dy, need_dx, accumulate);
+}
+void Sequential::do_backward_weight(Ctx& c) const { chain_backward_weight(children_, saved<Saved>(c).children); }
 bool Sequential::splits_backward() const { return chain_splits(children_); }
 bool Sequential::takes_bf16() const { return chain_bf16(children_); }
-void Sequential::visit_state(MicroBatchState& s) {
-  for (auto& c : children_) c->swap_state(s);
-}
-
 void Sequential::for_each_child(const std::function<void(Layer&)>& f) {
   for (auto& c : children_) f(*c);
 }
@@ -147,42 +159,49 @@ std::vector<NamedBuffer> Residual::buffers() const {
   return out;
 }
 
-Tensor Residual::do_forward(const Tensor& x, Mode mode) {
-  Tensor h = chain_forward(body_, x, mode);
-  Tensor s = chain_forward(shortcut_, x, mode);
-  ensure(sum_, h.shape(), h.dtype(), h.device());
-  be_->add(h, s, sum_);
-  return post_ ? post_->forward(sum_, mode) : sum_;
+CtxPtr Residual::make_ctx() const {
+  auto c = std::make_unique<SavedCtx<Saved>>();
+  c->s.body = chain_ctx(body_);
+  c->s.shortcut = chain_ctx(shortcut_);
+  if (post_) c->s.post = post_->make_ctx();
+  return c;
 }
 
-Tensor Residual::do_backward(const Tensor& dy, bool need_dx, bool accumulate) {
-  Tensor g = post_ ? post_->backward(dy, true, accumulate) : dy;
-  Tensor db = chain_backward(body_, g, need_dx, accumulate);
-  Tensor ds = chain_backward(shortcut_, g, need_dx, accumulate);
+Tensor Residual::do_forward(const Tensor& x, Ctx& c, const Call& call) const {
+  Saved& s = saved<Saved>(c);
+  Tensor h = chain_forward(body_, s.body, x, call);
+  Tensor sc = chain_forward(shortcut_, s.shortcut, x, call);
+  ensure(s.sum, h.shape(), h.dtype(), h.device());
+  be_->add(h, sc, s.sum);
+  return post_ ? post_->forward(s.sum, *s.post, call) : s.sum;
+}
+
+Tensor Residual::do_backward(const Tensor& dy, Ctx& c, bool need_dx, bool accumulate) const {
+  Saved& s = saved<Saved>(c);
+  Tensor g = post_ ? post_->backward(dy, *s.post, true, accumulate) : dy;
+  Tensor db = chain_backward(body_, s.body, g, need_dx, accumulate);
+  Tensor ds = chain_backward(shortcut_, s.shortcut, g, need_dx, accumulate);
   if (!need_dx) return {};
-  ensure(dx_, db.shape(), db.dtype(), db.device());
-  be_->add(db, ds, dx_);
-  return dx_;
+  ensure(s.dx, db.shape(), db.dtype(), db.device());
+  be_->add(db, ds, s.dx);
+  return s.dx;
 }
 
-Tensor Residual::do_backward_input(const Tensor& dy, bool need_dx, bool accumulate) {
-  Tensor g = post_ ? post_->backward_input(dy, true, accumulate) : dy;
-  Tensor db = chain_backward_input(body_, g, need_dx, accumulate);
-  Tensor ds = chain_backward_input(shortcut_, g, need_dx, accumulate);
+Tensor Residual::do_backward_input(const Tensor& dy, Ctx& c, bool need_dx, bool accumulate) const {
+  Saved& s = saved<Saved>(c);
+  Tensor g = post_ ? post_->backward_input(dy, *s.post, true, accumulate) : dy;
+  Tensor db = chain_backward_input(body_, s.body, g, need_dx, accumulate);
+  Tensor ds = chain_backward_input(shortcut_, s.shortcut, g, need_dx, accumulate);
   if (!need_dx) return {};
-  ensure(dx_, db.shape(), db.dtype(), db.device());
-  be_->add(db, ds, dx_);
-  return dx_;
+  ensure(s.dx, db.shape(), db.dtype(), db.device());
+  be_->add(db, ds, s.dx);
+  return s.dx;
 }
 
-void Residual::do_backward_weight() {
-  chain_backward_weight(body_);
-  chain_backward_weight(shortcut_);
-}
-
-void Residual::visit_state(MicroBatchState& s) {
-  for_each_child([&](Layer& c) { c.swap_state(s); });
-  s(sum_, dx_);
+void Residual::do_backward_weight(Ctx& c) const {
+  Saved& s = saved<Saved>(c);
+  chain_backward_weight(body_, s.body);
+  chain_backward_weight(shortcut_, s.shortcut);
 }
 
 bool Residual::splits_backward() const { return chain_splits(body_) || chain_splits(shortcut_); }

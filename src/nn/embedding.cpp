@@ -54,6 +54,28 @@ void split_tied_layers(std::vector<LayerPtr>& layers, int first, int end, const 
   }
 }
 
+void split_tied_layers(std::vector<LayerPtr>& layers, const std::vector<std::pair<int, int>>& held,
+                       const ParamArena& model) {
+  auto holds = [&](int i) {
+    for (auto [f, e] : held)
+      if (i >= f && i < e) return true;
+    return false;
+  };
+  const int n = static_cast<int>(layers.size());
+  for (int i = 0; i < n; ++i) {
+    if (!holds(i)) continue;
+    if (auto* h = dynamic_cast<LmHead*>(layers[static_cast<std::size_t>(i)].get())) {
+      for (std::size_t w = 0; w < model.size(); ++w)
+        if (model.info(w).name == h->tie() + ".weight" && !holds(model.info(w).layer)) h->hold_copy(model.info(w), w);
+    } else if (auto* e = dynamic_cast<TokenEmbedding*>(layers[static_cast<std::size_t>(i)].get())) {
+      for (int j = 0; j < n; ++j)
+        if (auto* h = dynamic_cast<LmHead*>(layers[static_cast<std::size_t>(j)].get());
+            h && h->tie() == e->name() && !holds(j))
+          e->head_elsewhere();
+    }
+  }
+}
+
 void TokenEmbedding::register_params(ParamArena& arena, int li, const std::string& prefix) {
   w_ = add_param(arena, prefix, "weight", {local_, dim_}, DType::f32, true, li);
   if (g_.size > 1) arena.set_shard(w_, make_shard({vocab_, dim_}, 0, g_.size, g_.rank));
@@ -90,22 +112,24 @@ Shape TokenEmbedding::output_shape(const Shape& in) const {
 }
 
 // The backend's lookup, its errors (a bad token id) naming this layer.
-void TokenEmbedding::lookup(const Tensor& ids, const Tensor& positions, Tensor& y) {
+void TokenEmbedding::lookup(const Tensor& ids, const Tensor& positions, Tensor& rows, Tensor& y) const {
   try {
-    be_->embedding_forward(ids, vocab_, first_, weight, positions, rows_, y);
+    be_->embedding_forward(ids, vocab_, first_, weight, positions, rows, y);
   } catch (const Error& e) {
     RT_FAIL("TokenEmbedding '", name_, "': ", e.what());
   }
 }
 
-Tensor TokenEmbedding::do_forward(const Tensor& x, Mode) {
+Tensor TokenEmbedding::do_forward(const Tensor& x, Ctx& c, const Call&) const {
+  Saved& sv = saved<Saved>(c);
+  Tensor &y_ = sv.y, &rows_ = sv.rows;
   const std::int64_t n = x.dim(0), t = x.dim(1), d = dim_;
   RT_CHECK(x.dtype() == DType::f32, "TokenEmbedding '", name_, "': token ids must be float32, got ",
            dtype_name(x.dtype()));
   ensure(rows_, {n * t}, DType::i32, x.device());
   if (g_.size == 1) {  // the whole vocabulary: row + position, stored once (bf16 activations round here)
     ensure(y_, {n, t, d}, out_dt_, x.device());
-    lookup(x, pos, y_);
+    lookup(x, pos, rows_, y_);
     return y_;
   }
   // Split vocabulary: the partial lookups are float32 at either precision,
@@ -116,7 +140,7 @@ Tensor TokenEmbedding::do_forward(const Tensor& x, Mode) {
   const bool f32 = out_dt_ == DType::f32;
   Tensor part = scatter_ || !f32 ? g_.workspace(TpBuffer::gathered_grad, {n, t, d}, DType::f32, x.device())
                                  : ensure(y_, {n, t, d}, DType::f32, x.device());
-  lookup(x, Tensor{}, part);
+  lookup(x, Tensor{}, rows_, part);
   std::int64_t ts = t, t0 = 0;  // the output's tokens per sample and its first position
   Tensor sum = part;
   if (scatter_) {
@@ -144,21 +168,20 @@ Tensor TokenEmbedding::do_forward(const Tensor& x, Mode) {
 
 // The incoming gradient is the same on every tensor rank (the next layer's
 // input gradient is reduced over the group): each adds its own rows' part.
-Tensor TokenEmbedding::do_backward(const Tensor& dy, bool, bool accumulate) {
+Tensor TokenEmbedding::do_backward(const Tensor& dy, Ctx& c, bool, bool accumulate) const {
   if (!accumulate) {
-    dpos.zero_();
-    if (!tied_) dweight.zero_();  // tied: the head has written its part already
+    Tensor(dpos).zero_();  // the arena's gradient views (shared storage)
+    if (!tied_) Tensor(dweight).zero_();  // tied: the head has written its part already
   }
   Tensor dyw = dy;  // scattered: every token's gradient, for the rows of this rank's vocabulary
   if (scatter_) {
     dyw = g_.workspace(TpBuffer::gathered_grad, seq_whole_shape(dy.shape(), g_), dy.dtype(), dy.device());
     seq_all_gather(dy, dyw, g_);
   }
-  be_->embedding_backward(dyw, rows_, dweight, dpos);  // bf16 gradients widened to float32
+  Tensor dw = dweight, dp = dpos;
+  be_->embedding_backward(dyw, saved<Saved>(c).rows, dw, dp);  // bf16 gradients widened to float32
   return {};  // token ids have no gradient
 }
-
-void TokenEmbedding::visit_state(MicroBatchState& s) { s(y_, rows_); }
 
 // ---- LmHead -----------------------------------------------------------------
 std::shared_ptr<const Loss> LmHead::output_loss() const {
@@ -224,21 +247,25 @@ Shape LmHead::output_shape(const Shape& in) const {
 
 double LmHead::forward_flops(const Shape& in) const { return 2.0 * double(in[0] * in[1]) * double(dim_ * local_); }
 
-const Tensor& LmHead::weight_for(DType dt) {
+const Tensor& LmHead::weight_for(DType dt) const {
   if (dt == weight.dtype()) return weight;
   return w16_.of(weight, dt, *be_, *arena_);
 }
 
-Tensor LmHead::do_forward(const Tensor& x, Mode) {
-  x_ = x;
+Tensor LmHead::do_forward(const Tensor& x, Ctx& c, const Call&) const {
+  Saved& s = saved<Saved>(c);
+  s.x = x;
   const std::int64_t rows = x.dim(0) * x.dim(1);
-  ensure(y_, {x.dim(0), x.dim(1), local_}, DType::f32, x.device());  // float32 logits at every precision
-  Tensor y2 = y_.reshape({rows, local_});
+  ensure(s.y, {x.dim(0), x.dim(1), local_}, DType::f32, x.device());  // float32 logits at every precision
+  Tensor y2 = s.y.reshape({rows, local_});
   k_->forward(x.reshape({rows, dim_}), weight_for(x.dtype()), Tensor(), y2);
-  return y_;
+  return s.y;
 }
 
-Tensor LmHead::do_backward(const Tensor& dy, bool need_dx, bool accumulate) {
+Tensor LmHead::do_backward(const Tensor& dy, Ctx& c, bool need_dx, bool accumulate) const {
+  Saved& s = saved<Saved>(c);
+  const Tensor &x_ = s.x, &y_ = s.y;
+  Tensor& dx_ = s.dx;
   const std::int64_t rows = x_.dim(0) * x_.dim(1);
   Tensor dx, dx2, none;
   if (need_dx) {
@@ -251,11 +278,6 @@ Tensor LmHead::do_backward(const Tensor& dy, bool need_dx, bool accumulate) {
   // Split vocabulary: dx is this rank's rows' part of the sum (Megatron's f backward).
   if (need_dx && g_.size > 1) tp_all_reduce(dx, g_);
   return dx;
-}
-
-void LmHead::visit_state(MicroBatchState& s) {
-  s(x_, y_, dx_);
-  if (k_) k_->visit_state(s);
 }
 
 }  // namespace ringtrain

@@ -31,25 +31,22 @@ void WeightLayer::init(const ParamArena& arena, std::uint64_t seed) {
 }
 
 // Split backward: dx now, dw/db in backward_weight (the same kernel, in halves).
-Tensor WeightLayer::do_backward_input(const Tensor& dy, bool need_dx, bool accumulate) {
-  if (!split_) return do_backward(dy, need_dx, accumulate);
-  Tensor dx = need_dx ? run_backward(dy, true, false, accumulate) : Tensor();
-  dy_ = dy;
-  w_pending_ = true;
-  w_accumulate_ = accumulate;
+Tensor WeightLayer::do_backward_input(const Tensor& dy, Ctx& c, bool need_dx, bool accumulate) const {
+  if (!split_) return do_backward(dy, c, need_dx, accumulate);
+  Saved& s = saved<Saved>(c);
+  Tensor dx = need_dx ? run_backward(dy, s, true, false, accumulate) : Tensor();
+  s.dy = dy;
+  s.w_pending = true;
+  s.w_accumulate = accumulate;
   return dx;
 }
 
-void WeightLayer::do_backward_weight() {
-  if (!w_pending_) return;
-  run_backward(dy_, false, true, w_accumulate_);
-  w_pending_ = false;
-  dy_ = Tensor();
-}
-
-void WeightLayer::visit_state(MicroBatchState& s) {
-  s(x_, y_, dx_, dy_, w_pending_, w_accumulate_);
-  if (Kernel* k = kernel()) k->visit_state(s);
+void WeightLayer::do_backward_weight(Ctx& c) const {
+  Saved& s = saved<Saved>(c);
+  if (!s.w_pending) return;
+  run_backward(s.dy, s, false, true, s.w_accumulate);
+  s.w_pending = false;
+  s.dy = Tensor();
 }
 
 // ---- Linear -----------------------------------------------------------------
@@ -74,7 +71,7 @@ void Linear::bind(const BindContext& ctx) {
   w16_.invalidate();
 }
 
-const Tensor& Linear::weight_for(DType dt) {
+const Tensor& Linear::weight_for(DType dt) const {
   if (dt == w.dtype()) return w;
   RT_CHECK((dt == DType::bf16 || dt == DType::f16) && be_ && arena_, "Linear '", name_, "': no ", dtype_name(dt), " weights for ",
            dtype_name(dt), " activations");
@@ -95,27 +92,28 @@ double Linear::forward_flops(const Shape& in) const {
   return 2.0 * double(shape_numel(in)) * double(spec_.out_features);
 }
 
-Tensor Linear::do_forward(const Tensor& x, Mode) {
-  x_ = x;
-  ensure(y_, output_shape(x.shape()), x.dtype(), x.device());
-  Tensor y2 = rows_of(y_, spec_.out_features);
+Tensor Linear::do_forward(const Tensor& x, Ctx& c, const Call&) const {
+  Saved& s = saved<Saved>(c);
+  s.x = x;
+  ensure(s.y, output_shape(x.shape()), x.dtype(), x.device());
+  Tensor y2 = rows_of(s.y, spec_.out_features);
   k_->forward(rows_of(x, spec_.in_features), weight_for(x.dtype()), b, y2);
-  return y_;
+  return s.y;
 }
 
 // The kernels see [rows, features]: an [N, ..., in] input is a view of N·... rows.
 Tensor Linear::rows_of(const Tensor& t, std::int64_t features) const {
-  return t.reshape({x_.numel() / spec_.in_features, features});
+  return t.reshape({t.numel() / features, features});
 }
 
-Tensor Linear::run_backward(const Tensor& dy, bool need_dx, bool weights, bool accumulate) {
+Tensor Linear::run_backward(const Tensor& dy, Saved& s, bool need_dx, bool weights, bool accumulate) const {
   Tensor dx, dx2, gw = weights ? dw : Tensor(), gb = weights ? db : Tensor();
   if (need_dx) {
-    dx = ensure(dx_, x_.shape(), x_.dtype(), x_.device());
+    dx = ensure(s.dx, s.x.shape(), s.x.dtype(), s.x.device());
     dx2 = rows_of(dx, spec_.in_features);
   }
-  k_->backward(rows_of(x_, spec_.in_features), weight_for(x_.dtype()), rows_of(y_, spec_.out_features), rows_of(dy, spec_.out_features),
-               dx2, gw, gb, accumulate);
+  k_->backward(rows_of(s.x, spec_.in_features), weight_for(s.x.dtype()), rows_of(s.y, spec_.out_features),
+               rows_of(dy, spec_.out_features), dx2, gw, gb, accumulate);
   return dx;
 }
 
@@ -160,7 +158,7 @@ void Conv2d::bind(const BindContext& ctx) {
   w16_.invalidate();
 }
 
-const Tensor& Conv2d::weight_for(DType dt) {
+const Tensor& Conv2d::weight_for(DType dt) const {
   if (dt == w.dtype()) return w;
   RT_CHECK((dt == DType::bf16 || dt == DType::f16) && be_ && arena_, "Conv2d '", name_, "': no ", dtype_name(dt), " weights for ",
            dtype_name(dt), " activations");
@@ -192,17 +190,18 @@ double Conv2d::forward_flops(const Shape& in) const {
 }
 
 // Activations keep the input's type (bfloat16 storage: a bf16 weight copy, float32 gradients).
-Tensor Conv2d::do_forward(const Tensor& x, Mode) {
-  x_ = x;
-  ensure(y_, output_shape(x.shape()), x.dtype(), x.device());
-  k_->forward(x, weight_for(x.dtype()), b, y_);
-  return y_;
+Tensor Conv2d::do_forward(const Tensor& x, Ctx& c, const Call&) const {
+  Saved& s = saved<Saved>(c);
+  s.x = x;
+  ensure(s.y, output_shape(x.shape()), x.dtype(), x.device());
+  k_->forward(x, weight_for(x.dtype()), b, s.y, state_in(s.ks, *k_));
+  return s.y;
 }
 
-Tensor Conv2d::run_backward(const Tensor& dy, bool need_dx, bool weights, bool accumulate) {
+Tensor Conv2d::run_backward(const Tensor& dy, Saved& s, bool need_dx, bool weights, bool accumulate) const {
   Tensor dx, gw = weights ? dw : Tensor(), gb = weights ? db : Tensor();
-  if (need_dx) dx = ensure(dx_, x_.shape(), x_.dtype(), x_.device());
-  k_->backward(x_, weight_for(x_.dtype()), y_, dy, dx, gw, gb, accumulate);
+  if (need_dx) dx = ensure(s.dx, s.x.shape(), s.x.dtype(), s.x.device());
+  k_->backward(s.x, weight_for(s.x.dtype()), s.y, dy, dx, gw, gb, accumulate, state_in(s.ks, *k_));
   return dx;
 }
 

@@ -98,12 +98,19 @@ ColumnParallel::ColumnParallel(std::string name, const Conv2dSpec& s, Init init,
 
 Shape ColumnParallel::gathered(const Shape& in) const { return g_.sequence ? seq_whole_shape(in, g_) : in; }
 
-Tensor ColumnParallel::do_forward(const Tensor& x, Mode mode) {
-  if (!g_.sequence) return local_->forward(x, mode);
-  xs_ = x;  // the backward gathers it again (Megatron): the whole input is not kept per layer
-  xg_ = g_.workspace(TpBuffer::gathered_input, gathered(x.shape()), x.dtype(), x.device());
-  seq_all_gather(x, xg_, g_);  // g-bar
-  return local_->forward(xg_, mode);
+CtxPtr ColumnParallel::make_ctx() const {
+  auto c = std::make_unique<SavedCtx<Saved>>();
+  c->s.local = local_->make_ctx();
+  return c;
+}
+
+Tensor ColumnParallel::do_forward(const Tensor& x, Ctx& c, const Call& call) const {
+  Saved& s = saved<Saved>(c);
+  if (!g_.sequence) return local_->forward(x, *s.local, call);
+  s.xs = x;  // the backward gathers it again (Megatron): the whole input is not kept per layer
+  s.xg = g_.workspace(TpBuffer::gathered_input, gathered(x.shape()), x.dtype(), x.device());
+  seq_all_gather(x, s.xg, g_);  // g-bar
+  return local_->forward(s.xg, *s.local, call);
 }
 
 // f's backward all-reduces dx (the input was replicated). As Megatron's async
@@ -112,28 +119,35 @@ Tensor ColumnParallel::do_forward(const Tensor& x, Mode mode) {
 // weight gradient, which does not depend on it: the same sums, the wait hidden
 // behind the GEMM. On a GPU the all-reduce runs inline: the device collectives
 // own the stream work of the calling thread (no second thread on the context).
-Tensor ColumnParallel::do_backward(const Tensor& dy, bool need_dx, bool accumulate) {
-  if (g_.sequence) seq_all_gather(xs_, xg_, g_);  // the input the local layer kept (other layers reused the buffer)
+Tensor ColumnParallel::do_backward(const Tensor& dy, Ctx& c, bool need_dx, bool accumulate) const {
+  Saved& s = saved<Saved>(c);
+  Ctx& lc = *s.local;
+  if (g_.sequence) seq_all_gather(s.xs, s.xg, g_);  // the input the local layer kept (other layers reused the buffer)
   // The whole-token dx lives until its reduce-scatter below: one buffer for every layer, not one per layer.
-  if (g_.sequence && need_dx) local_->write_input_grad_into(g_.workspace(TpBuffer::column_dx, xg_.shape(), xg_.dtype(), xg_.device()));
-  Tensor dx = local_->backward_input(dy, need_dx, accumulate);
+  if (g_.sequence && need_dx)
+    local_->write_input_grad_into(lc, g_.workspace(TpBuffer::column_dx, s.xg.shape(), s.xg.dtype(), s.xg.device()));
+  Tensor dx = local_->backward_input(dy, lc, need_dx, accumulate);
   RT_CHECK(!g_.sequence || dx.device().is_cpu() || !need_dx, type_, " '", name_,
            "': sequence parallelism runs on the host");
   if (!need_dx || g_.size == 1 || !dx.device().is_cpu()) {
     if (need_dx && g_.size > 1) tp_all_reduce(dx, g_);
-    local_->backward_weight();
+    local_->backward_weight(lc);
     return dx;
   }
   // Sequence parallelism: g-bar's backward reduce-scatters dx to this rank's tokens instead.
   Tensor dxs;
-  if (g_.sequence) dxs = g_.workspace(TpBuffer::dx_shard, in_shape_, dx.dtype(), dx.device());
-  if (!g_.helper) g_.helper = std::make_shared<TaskThread>();  // a group built by hand, not by TensorGroup::of
-  std::future<void> reduce = g_.helper->submit([&] {
+  if (g_.sequence) dxs = g_.workspace(TpBuffer::dx_shard, c.in_shape, dx.dtype(), dx.device());
+  TaskThread* helper = g_.helper.get();
+  if (!helper) {  // a group built by hand, not by TensorGroup::of
+    if (!own_helper_) own_helper_ = std::make_shared<TaskThread>();
+    helper = own_helper_.get();
+  }
+  std::future<void> reduce = helper->submit([&] {
     if (g_.sequence) seq_reduce_scatter(dx, dxs, g_);
     else tp_all_reduce(dx, g_);
   });
   try {
-    local_->backward_weight();
+    local_->backward_weight(lc);
   } catch (...) {
     reduce.wait();
     throw;
@@ -189,11 +203,21 @@ Shape RowParallel::output_shape(const Shape& in) const {
 
 std::int64_t RowParallel::inner(const Tensor& z) const { return after_.images ? z.dim(2) * z.dim(3) : 1; }
 
-Tensor RowParallel::do_forward(const Tensor& x, Mode mode) {
+CtxPtr RowParallel::make_ctx() const {
+  auto c = std::make_unique<SavedCtx<Saved>>();
+  c->s.local = local_->make_ctx();
+  return c;
+}
+
+Tensor RowParallel::do_forward(const Tensor& x, Ctx& c, const Call& call) const {
+  Saved& s = saved<Saved>(c);
+  Tensor& z_ = s.z;
   // Sequence parallelism: the whole-token partial products live until g's reduce-scatter below (local_'s
   // backward does not read its output): one buffer for every layer, not one per layer.
-  if (g_.sequence) local_->write_output_into(g_.workspace(TpBuffer::row_partial, local_->output_shape(x.shape()), x.dtype(), x.device()));
-  Tensor partial = local_->forward(x, mode);
+  if (g_.sequence)
+    local_->write_output_into(*s.local, g_.workspace(TpBuffer::row_partial, local_->output_shape(x.shape()),
+                                                     x.dtype(), x.device()));
+  Tensor partial = local_->forward(x, *s.local, call);
   if (partial.dtype() == DType::bf16) {
     // bfloat16: the (bf16) partial products summed in float32 (g, or g's
     // reduce-scatter), the bias added to that sum, and rounded once, as the
@@ -214,23 +238,21 @@ Tensor RowParallel::do_forward(const Tensor& x, Mode mode) {
   }
   if (after_.relu) relu_->forward(z_, z_);  // commutes with the rounding: on the bf16 sum
   if (!after_.pool) return z_;
-  ensure(y_, output_shape(x.shape()), z_.dtype(), z_.device());
-  pool_->forward(z_, y_, mode == Mode::train);
-  return y_;
+  ensure(s.y, output_shape(x.shape()), z_.dtype(), z_.device());
+  pool_->forward(z_, s.y, call.train(), state_in(s.pool, *pool_));
+  return s.y;
 }
 
-void RowParallel::visit_state(MicroBatchState& s) {
-  local_->swap_state(s);
-  s(z_, y_, dz_);
-  if (relu_) relu_->visit_state(s);
-  if (pool_) pool_->visit_state(s);
-}
-
-Tensor RowParallel::do_backward(const Tensor& dy, bool need_dx, bool accumulate) {
+Tensor RowParallel::do_backward(const Tensor& dy, Ctx& c, bool need_dx, bool accumulate) const {
+  Saved& s = saved<Saved>(c);
+  const Tensor& z_ = s.z;
+  Tensor& dz_ = s.dz;
+  Tensor& dbp_ = s.dbp;
+  Tensor db_ = db;
   Tensor dz = dy;
   if (after_.pool) {
     ensure(dz_, z_.shape(), z_.dtype(), z_.device());
-    pool_->backward(z_, y_, dy, dz_);
+    pool_->backward(z_, s.y, dy, dz_, state_in(s.pool, *pool_));
     dz = dz_;
   }
   if (after_.relu) {  // z_ holds the ReLU's output
@@ -240,8 +262,8 @@ Tensor RowParallel::do_backward(const Tensor& dy, bool need_dx, bool accumulate)
   }
   if (!g_.sequence) {
     // Every tensor rank computes the same db: the reduced output is replicated.
-    if (after_.bias) be_->sum_broadcast(dz, inner(z_), db, accumulate);
-    return local_->backward(dz, need_dx, accumulate);  // g's backward is the identity
+    if (after_.bias) be_->sum_broadcast(dz, inner(z_), db_, accumulate);
+    return local_->backward(dz, *s.local, need_dx, accumulate);  // g's backward is the identity
   }
   // Sequence parallelism: db sums this rank's tokens only (summed over the
   // group, as Megatron does); g's backward all-gathers dz.
@@ -252,7 +274,7 @@ Tensor RowParallel::do_backward(const Tensor& dy, bool need_dx, bool accumulate)
   }
   Tensor dzg = g_.workspace(TpBuffer::gathered_grad, seq_whole_shape(dz.shape(), g_), dz.dtype(), dz.device());
   seq_all_gather(dz, dzg, g_);
-  return local_->backward(dzg, need_dx, accumulate);
+  return local_->backward(dzg, *s.local, need_dx, accumulate);
 }
 
 // ---- ChannelParallelBatchNorm2d -------------------------------------------------------

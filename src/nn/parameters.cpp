@@ -57,14 +57,17 @@ std::vector<std::size_t> ParamArena::tied() const {
 std::size_t ParamArena::model_index(std::size_t i) const {
   const ParamInfo& p = infos_.at(i);
   if (p.copy_of >= 0) return static_cast<std::size_t>(p.copy_of);
-  std::size_t copies = 0;  // before i (a tied head's copy takes no index of the model's)
-  for (std::size_t k = 0; k < i; ++k) copies += infos_[k].copy_of >= 0;
-  return base_ + i - copies;
+  auto run = bases_.begin();  // the run holding i: the last starting at or before it
+  for (auto r = bases_.begin(); r != bases_.end() && r->first <= i; ++r) run = r;
+  std::size_t copies = 0;  // in the run before i (a tied head's copy takes no index of the model's)
+  for (std::size_t k = run->first; k < i; ++k) copies += infos_[k].copy_of >= 0;
+  return run->second + (i - run->first) - copies;
 }
 
 void ParamArena::set_index_base(std::size_t base) {
   RT_CHECK(!finalized_, "the parameter arena's index base is set after finalize()");
-  base_ = base;
+  if (bases_.back().first == infos_.size()) bases_.back().second = base;
+  else bases_.emplace_back(infos_.size(), base);
 }
 
 

@@ -15,23 +15,20 @@ void put(bfloat16* p, float v) { *p = to_bf16(v); }
 // ---- Activation -------------------------------------------------------------
 void Activation::bind(const BindContext& ctx) { k_ = ctx.backend.eltwise(op_, DType::f32); }
 
-Tensor Activation::do_forward(const Tensor& x, Mode) {
-  x_ = x;
-  ensure(y_, x.shape(), x.dtype(), x.device());
-  k_->forward(x, y_);
-  return y_;
+Tensor Activation::do_forward(const Tensor& x, Ctx& c, const Call&) const {
+  Saved& s = saved<Saved>(c);
+  s.x = x;
+  ensure(s.y, x.shape(), x.dtype(), x.device());
+  k_->forward(x, s.y);
+  return s.y;
 }
 
-void Activation::visit_state(MicroBatchState& s) {
-  s(x_, y_, dx_);
-  if (k_) k_->visit_state(s);
-}
-
-Tensor Activation::do_backward(const Tensor& dy, bool need_dx, bool) {
+Tensor Activation::do_backward(const Tensor& dy, Ctx& c, bool need_dx, bool) const {
   if (!need_dx) return {};
-  ensure(dx_, x_.shape(), x_.dtype(), x_.device());
-  k_->backward(x_, y_, dy, dx_);
-  return dx_;
+  Saved& s = saved<Saved>(c);
+  ensure(s.dx, s.x.shape(), s.x.dtype(), s.x.device());
+  k_->backward(s.x, s.y, dy, s.dx);
+  return s.dx;
 }
 
 // ---- Pool2d -----------------------------------------------------------------
@@ -58,6 +55,7 @@ const char* Pool2d::type() const {
 void Pool2d::bind(const BindContext& ctx) {
   be_ = &ctx.backend;
   if (!global_) k_ = ctx.backend.pool2d(spec_);
+  global_k_.clear();
 }
 
 Shape Pool2d::output_shape(const Shape& in) const {
@@ -69,31 +67,36 @@ Shape Pool2d::output_shape(const Shape& in) const {
   return o;
 }
 
-Tensor Pool2d::do_forward(const Tensor& x, Mode mode) {
-  if (global_ && (kernel_for_.size() != 2 || kernel_for_[0] != x.dim(2) || kernel_for_[1] != x.dim(3))) {
+Pool2dKernel& Pool2d::kernel_for(const Shape& in) const {
+  if (!global_) return *k_;
+  auto& k = global_k_[{in[2], in[3]}];
+  if (!k) {
     Pool2dSpec s = spec_;
-    s.kernel_h = s.stride_h = x.dim(2);
-    s.kernel_w = s.stride_w = x.dim(3);
+    s.kernel_h = s.stride_h = in[2];
+    s.kernel_w = s.stride_w = in[3];
     s.pad_h = s.pad_w = 0;
-    k_ = be_->pool2d(s);
-    kernel_for_ = {x.dim(2), x.dim(3)};
+    k = be_->pool2d(s);
   }
-  x_ = x;
-  ensure(y_, output_shape(x.shape()), x.dtype(), x.device());
-  k_->forward(x, y_, mode == Mode::train);
-  return y_;
+  return *k;
 }
 
-void Pool2d::visit_state(MicroBatchState& s) {
-  s(x_, y_, dx_);
-  if (k_) k_->visit_state(s);
+Tensor Pool2d::do_forward(const Tensor& x, Ctx& c, const Call& call) const {
+  Saved& s = saved<Saved>(c);
+  Pool2dKernel& k = kernel_for(x.shape());
+  if (s.k != &k) s.ks.reset();  // another kernel's state
+  s.k = &k;
+  s.x = x;
+  ensure(s.y, output_shape(x.shape()), x.dtype(), x.device());
+  k.forward(x, s.y, call.train(), state_in(s.ks, k));
+  return s.y;
 }
 
-Tensor Pool2d::do_backward(const Tensor& dy, bool need_dx, bool) {
+Tensor Pool2d::do_backward(const Tensor& dy, Ctx& c, bool need_dx, bool) const {
   if (!need_dx) return {};
-  ensure(dx_, x_.shape(), x_.dtype(), x_.device());
-  k_->backward(x_, y_, dy, dx_);
-  return dx_;
+  Saved& s = saved<Saved>(c);
+  ensure(s.dx, s.x.shape(), s.x.dtype(), s.x.device());
+  s.k->backward(s.x, s.y, dy, s.dx, state_in(s.ks, *s.k));
+  return s.dx;
 }
 
 // ---- Dropout ----------------------------------------------------------------
@@ -105,18 +108,20 @@ void Dropout::bind(const BindContext& ctx) {
   be_ = &ctx.backend;
   seed_ = ctx.seed;
   stream_ = mix64(std::hash<std::string>{}(name_)) << 20;  // each layer its own streams
-  position_ = ctx.position;
 }
 
-Tensor Dropout::do_forward(const Tensor& x, Mode mode) {
-  identity_ = mode == Mode::eval || p_ == 0;
-  if (identity_) return x;
+Tensor Dropout::do_forward(const Tensor& x, Ctx& c, const Call& call) const {
+  Saved& s = saved<Saved>(c);
+  s.identity = !call.train() || p_ == 0;
+  if (s.identity) return x;
+  Tensor& mask_ = s.mask;
+  Tensor& y_ = s.y;
   ensure(mask_, x.shape(), DType::u8, x.device());
   ensure(y_, x.shape(), x.dtype(), x.device());
   // A sample's elements are numbered from the step's first sample (see the header).
-  const std::uint64_t stream = stream_ + (position_ ? position_->step : calls_++);
+  const std::uint64_t stream = stream_ + (call.position ? call.position->step : calls_++);
   const std::int64_t per_sample = x.dim(0) > 0 ? x.numel() / x.dim(0) : 0;
-  const std::int64_t first_sample = position_ ? position_->first_sample : 0;
+  const std::int64_t first_sample = call.position ? call.position->first_sample : 0;
   if (parts_ == 1 && token_parts_ == 1) {
     be_->dropout_forward(x, p_, seed_, stream, static_cast<std::uint64_t>(first_sample * per_sample), mask_, y_);
     return y_;
@@ -159,14 +164,13 @@ Tensor Dropout::do_forward(const Tensor& x, Mode mode) {
   return y_;
 }
 
-void Dropout::visit_state(MicroBatchState& s) { s(mask_, y_, dx_, identity_); }
-
-Tensor Dropout::do_backward(const Tensor& dy, bool need_dx, bool) {
+Tensor Dropout::do_backward(const Tensor& dy, Ctx& c, bool need_dx, bool) const {
   if (!need_dx) return {};
-  if (identity_) return dy;
-  ensure(dx_, dy.shape(), dy.dtype(), dy.device());
-  be_->dropout_backward(dy, mask_, p_, dx_);
-  return dx_;
+  Saved& s = saved<Saved>(c);
+  if (s.identity) return dy;
+  ensure(s.dx, dy.shape(), dy.dtype(), dy.device());
+  be_->dropout_backward(dy, s.mask, p_, s.dx);
+  return s.dx;
 }
 
 // ---- Flatten ----------------------------------------------------------------
@@ -177,11 +181,11 @@ Shape Flatten::output_shape(const Shape& in) const {
   return {in[0], rest};
 }
 
-Tensor Flatten::do_forward(const Tensor& x, Mode) { return x.reshape(output_shape(x.shape())); }
+Tensor Flatten::do_forward(const Tensor& x, Ctx&, const Call&) const { return x.reshape(output_shape(x.shape())); }
 
-Tensor Flatten::do_backward(const Tensor& dy, bool need_dx, bool) {
+Tensor Flatten::do_backward(const Tensor& dy, Ctx& c, bool need_dx, bool) const {
   if (!need_dx) return {};
-  return dy.reshape(in_shape_);
+  return dy.reshape(c.in_shape);
 }
 
 }  // namespace ringtrain

@@ -42,31 +42,31 @@ Shape LayerNorm::output_shape(const Shape& in) const {
   return in;
 }
 
-Tensor LayerNorm::do_forward(const Tensor& x, Mode) {
-  x_ = x;
-  ensure(y_, x.shape(), x.dtype(), x.device());
-  k_->forward(x, gamma, beta, y_);
-  return y_;
+CtxPtr LayerNorm::make_ctx() const { return ctx_of<Saved>(); }
+
+Tensor LayerNorm::do_forward(const Tensor& x, Ctx& c, const Call&) const {
+  Saved& s = saved<Saved>(c);
+  s.x = x;
+  ensure(s.y, x.shape(), x.dtype(), x.device());
+  k_->forward(x, gamma, beta, s.y, state_in(s.ks, *k_));
+  return s.y;
 }
 
-Tensor LayerNorm::do_backward(const Tensor& dy, bool need_dx, bool accumulate) {
+Tensor LayerNorm::do_backward(const Tensor& dy, Ctx& c, bool need_dx, bool accumulate) const {
+  Saved& s = saved<Saved>(c);
   Tensor dx;
-  if (need_dx) dx = ensure(dx_, x_.shape(), x_.dtype(), x_.device());
+  if (need_dx) dx = ensure(s.dx, s.x.shape(), s.x.dtype(), s.x.device());
   if (sum_over_.size == 1) {
-    k_->backward(x_, gamma, dy, dx, dgamma, dbeta, accumulate);
+    Tensor dg = dgamma, dbt = dbeta;
+    k_->backward(s.x, gamma, dy, dx, dg, dbt, accumulate, state_in(s.ks, *k_));
     return dx;
   }
   // This rank's tokens' part of both gradients, summed over the group in one all-reduce.
   ensure(partial_, {2 * spec_.features}, dgamma.dtype(), dgamma.device());
   Tensor pg = partial_.flat_view(0, spec_.features), pb = partial_.flat_view(spec_.features, spec_.features);
-  k_->backward(x_, gamma, dy, dx, pg, pb, false);
+  k_->backward(s.x, gamma, dy, dx, pg, pb, false, state_in(s.ks, *k_));
   tp_sum_partial(partial_, {dgamma, dbeta}, accumulate, sum_over_, *be_);
   return dx;
-}
-
-void LayerNorm::visit_state(MicroBatchState& s) {
-  s(x_, y_, dx_);
-  if (k_) k_->visit_state(s);
 }
 
 // ---- PatchEmbed -------------------------------------------------------------
@@ -109,27 +109,31 @@ double PatchEmbed::forward_flops(const Shape& in) const {
   return proj_->forward_flops({in[0], tokens(), channels_ * patch_ * patch_});
 }
 
-Tensor PatchEmbed::do_forward(const Tensor& x, Mode mode) {
-  ensure(patches_, {x.dim(0), tokens(), channels_ * patch_ * patch_}, x.dtype(), x.device());
-  be_->patchify(x, patch_, patches_);
-  Tensor h = proj_->forward(patches_, mode);
-  ensure(y_, h.shape(), h.dtype(), h.device());
-  be_->add_broadcast(h, pos, 1, y_);
-  return y_;
+CtxPtr PatchEmbed::make_ctx() const {
+  auto c = std::make_unique<SavedCtx<Saved>>();
+  c->s.proj = proj_->make_ctx();
+  return c;
 }
 
-Tensor PatchEmbed::do_backward(const Tensor& dy, bool need_dx, bool accumulate) {
-  be_->sum_broadcast(dy, 1, dpos, accumulate);
-  Tensor dp = proj_->backward(dy, need_dx, accumulate);
+Tensor PatchEmbed::do_forward(const Tensor& x, Ctx& c, const Call& call) const {
+  Saved& s = saved<Saved>(c);
+  ensure(s.patches, {x.dim(0), tokens(), channels_ * patch_ * patch_}, x.dtype(), x.device());
+  be_->patchify(x, patch_, s.patches);
+  Tensor h = proj_->forward(s.patches, *s.proj, call);
+  ensure(s.y, h.shape(), h.dtype(), h.device());
+  be_->add_broadcast(h, pos, 1, s.y);
+  return s.y;
+}
+
+Tensor PatchEmbed::do_backward(const Tensor& dy, Ctx& c, bool need_dx, bool accumulate) const {
+  Saved& s = saved<Saved>(c);
+  Tensor dp_ = dpos;
+  be_->sum_broadcast(dy, 1, dp_, accumulate);
+  Tensor dp = proj_->backward(dy, *s.proj, need_dx, accumulate);
   if (!need_dx) return {};
-  ensure(dx_, in_shape_, dy.dtype(), dy.device());
-  be_->unpatchify(dp, patch_, dx_);
-  return dx_;
-}
-
-void PatchEmbed::visit_state(MicroBatchState& s) {
-  proj_->swap_state(s);
-  s(patches_, y_, dpatches_, dx_);
+  ensure(s.dx, c.in_shape, dy.dtype(), dy.device());
+  be_->unpatchify(dp, patch_, s.dx);
+  return s.dx;
 }
 
 // ---- TokenMean --------------------------------------------------------------
@@ -138,20 +142,22 @@ Shape TokenMean::output_shape(const Shape& in) const {
   return {in[0], in[2]};
 }
 
-Tensor TokenMean::do_forward(const Tensor& x, Mode) {
-  ensure(y_, {x.dim(0), x.dim(2)}, x.dtype(), x.device());
-  be_->token_mean(x, y_);
-  return y_;
+CtxPtr TokenMean::make_ctx() const { return ctx_of<Saved>(); }
+
+Tensor TokenMean::do_forward(const Tensor& x, Ctx& c, const Call&) const {
+  Saved& s = saved<Saved>(c);
+  ensure(s.y, {x.dim(0), x.dim(2)}, x.dtype(), x.device());
+  be_->token_mean(x, s.y);
+  return s.y;
 }
 
-Tensor TokenMean::do_backward(const Tensor& dy, bool need_dx, bool) {
+Tensor TokenMean::do_backward(const Tensor& dy, Ctx& c, bool need_dx, bool) const {
   if (!need_dx) return {};
-  ensure(dx_, in_shape_, dy.dtype(), dy.device());
-  be_->token_mean_backward(dy, dx_);
-  return dx_;
+  Saved& s = saved<Saved>(c);
+  ensure(s.dx, c.in_shape, dy.dtype(), dy.device());
+  be_->token_mean_backward(dy, s.dx);
+  return s.dx;
 }
-
-void TokenMean::visit_state(MicroBatchState& s) { s(y_, dx_); }
 
 // ---- ResidualStack ----------------------------------------------------------
 ResidualStack::ResidualStack(std::string name, std::vector<std::vector<LayerPtr>> branches, SequenceShard seq)
@@ -203,9 +209,13 @@ void ResidualStack::for_each_child(const std::function<void(Layer&)>& f) {
     for (auto& c : b) f(*c);
 }
 
-void ResidualStack::visit_state(MicroBatchState& s) {
-  for_each_child([&](Layer& c) { c.swap_state(s); });
-  s(sums_, dx_, xs_, y_, dys_, dxw_);  // with sequence parallelism's shard and whole-token buffers
+CtxPtr ResidualStack::make_ctx() const {
+  auto c = std::make_unique<SavedCtx<Saved>>();
+  for (auto& b : branches_) {
+    c->s.branches.emplace_back();
+    for (auto& l : b) c->s.branches.back().push_back(l->make_ctx());
+  }
+  return c;
 }
 
 bool ResidualStack::takes_bf16() const {
@@ -227,49 +237,51 @@ double ResidualStack::forward_flops(const Shape& in) const {
   return f;
 }
 
-Tensor ResidualStack::do_forward(const Tensor& x, Mode mode) {
-  sums_.resize(branches_.size());
+Tensor ResidualStack::do_forward(const Tensor& x, Ctx& c, const Call& call) const {
+  Saved& s = saved<Saved>(c);
+  s.sums.resize(branches_.size());
   Tensor h = x;
   if (seq_.scatter_in) {
-    ensure(xs_, seq_shard_shape(x.shape(), seq_.g), x.dtype(), x.device());
-    seq_slice(x, xs_, seq_.g);
-    h = xs_;
+    ensure(s.xs, seq_shard_shape(x.shape(), seq_.g), x.dtype(), x.device());
+    seq_slice(x, s.xs, seq_.g);
+    h = s.xs;
   }
   for (std::size_t i = 0; i < branches_.size(); ++i) {
     Tensor b = h;
-    for (auto& c : branches_[i]) b = c->forward(b, mode);
-    ensure(sums_[i], h.shape(), h.dtype(), h.device());
-    be_->add(h, b, sums_[i]);
-    h = sums_[i];
+    for (std::size_t j = 0; j < branches_[i].size(); ++j) b = branches_[i][j]->forward(b, *s.branches[i][j], call);
+    ensure(s.sums[i], h.shape(), h.dtype(), h.device());
+    be_->add(h, b, s.sums[i]);
+    h = s.sums[i];
   }
   if (!seq_.gather_out) return h;
-  ensure(y_, seq_whole_shape(h.shape(), seq_.g), h.dtype(), h.device());
-  seq_all_gather(h, y_, seq_.g);
-  return y_;
+  ensure(s.y, seq_whole_shape(h.shape(), seq_.g), h.dtype(), h.device());
+  seq_all_gather(h, s.y, seq_.g);
+  return s.y;
 }
 
-Tensor ResidualStack::do_backward(const Tensor& dy, bool need_dx, bool accumulate) {
+Tensor ResidualStack::do_backward(const Tensor& dy, Ctx& c, bool need_dx, bool accumulate) const {
+  Saved& s = saved<Saved>(c);
   Tensor g = dy;
   if (seq_.gather_out) {  // dy is replicated (what follows runs on every rank alike): take our tokens
-    ensure(dys_, seq_shard_shape(dy.shape(), seq_.g), dy.dtype(), dy.device());
-    seq_slice(dy, dys_, seq_.g);
-    g = dys_;
+    ensure(s.dys, seq_shard_shape(dy.shape(), seq_.g), dy.dtype(), dy.device());
+    seq_slice(dy, s.dys, seq_.g);
+    g = s.dys;
   }
   for (std::size_t i = branches_.size(); i-- > 0;) {
     const bool more = i > 0 || need_dx;
     Tensor d = g;
     auto& br = branches_[i];
-    for (std::size_t j = br.size(); j-- > 0;) d = br[j]->backward(d, j > 0 || more, accumulate);
+    for (std::size_t j = br.size(); j-- > 0;) d = br[j]->backward(d, *s.branches[i][j], j > 0 || more, accumulate);
     if (!more) return {};
     // g + d into our buffer; in place once g is that buffer (add allows aliasing).
-    ensure(dx_, g.shape(), g.dtype(), g.device());
-    be_->add(g, d, dx_);
-    g = dx_;
+    ensure(s.dx, g.shape(), g.dtype(), g.device());
+    be_->add(g, d, s.dx);
+    g = s.dx;
   }
   if (!seq_.scatter_in) return g;
-  ensure(dxw_, in_shape_, g.dtype(), g.device());
-  seq_all_gather(g, dxw_, seq_.g);
-  return dxw_;
+  ensure(s.dxw, c.in_shape, g.dtype(), g.device());
+  seq_all_gather(g, s.dxw, seq_.g);
+  return s.dxw;
 }
 
 // ---- the pre-norm transformer block -----------------------------------------

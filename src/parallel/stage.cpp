@@ -3,7 +3,7 @@
 #include "ringtrain/nn/backend.hpp"
 #include "ringtrain/nn/language.hpp"
 #include "ringtrain/nn/layers.hpp"
-#include "ringtrain/nn/transformer.hpp"
+#include "ringtrain/nn/recompute.hpp"
 
 namespace ringtrain {
 namespace {
@@ -12,11 +12,6 @@ namespace {
 void collect_bn(Layer& l, std::vector<BatchNorm2d*>& out) {
   if (auto* bn = dynamic_cast<BatchNorm2d*>(&l)) out.push_back(bn);
   l.for_each_child([&](Layer& c) { collect_bn(c, out); });
-}
-
-void collect_attention(Layer& l, std::vector<MultiHeadSelfAttention*>& out) {
-  if (auto* a = dynamic_cast<MultiHeadSelfAttention*>(&l)) out.push_back(a);
-  l.for_each_child([&](Layer& c) { collect_attention(c, out); });
 }
 
 }  // namespace
@@ -28,86 +23,61 @@ Recompute parse_recompute(const std::string& s) {
   RT_FAIL("train.recompute must be none, attention or block, got '", s, "'");
 }
 
-void Stage::set_recompute(Recompute r) {
-  recompute_ = r;
-  for (auto& l : layers_) {
-    std::vector<MultiHeadSelfAttention*> attn;
-    collect_attention(*l, attn);
-    for (auto* a : attn) a->set_recompute_core(r == Recompute::attention);
-  }
-  inputs_.assign(states_.size(), {});
-  slot_position_.assign(states_.size(), {});
-}
-
-// Puts a slot's micro-batch state into the layers for one pass and takes it
-// out again, also when the pass throws. One slot: the layers keep it.
-class Stage::Loaded {
- public:
-  Loaded(Stage& st, int slot) : st_(st), s_(st.states_.size() > 1 ? &st.states_.at(static_cast<std::size_t>(slot)) : nullptr) {
-    swap();
-  }
-  ~Loaded() { swap(); }
-  Loaded(const Loaded&) = delete;
-  Loaded& operator=(const Loaded&) = delete;
-
- private:
-  void swap() {
-    if (s_)
-      for (auto& l : st_.layers_) l->swap_state(*s_);
-  }
-  Stage& st_;
-  MicroBatchState* s_;
-};
-
-void Stage::replay(int slot, int local) {
-  struct Restore {  // the position the next forward expects, even on an error
-    SamplePosition& p;
-    SamplePosition keep;
-    ~Restore() { p = keep; }
-  } restore{position_, position_};
-  position_ = slot_position_[static_cast<std::size_t>(slot)];
-  position_.replay = true;
-  auto& in = inputs_[static_cast<std::size_t>(slot)];
-  layers_[static_cast<std::size_t>(local)]->forward(in[static_cast<std::size_t>(local)], Mode::train);
-  in[static_cast<std::size_t>(local)] = Tensor();  // the layer holds it now, until released
-}
-
-Stage::Stage(const ModelConfig& mc, Device dev, int first, int end, int slots)
-    : device_(dev), first_(first), end_(end) {
+Stage::Stage(const ModelConfig& mc, Device dev, std::vector<LayerRange> ranges, int slots) : device_(dev) {
   RT_CHECK(slots >= 1, "pipeline stage: needs at least one activation slot");
+  RT_CHECK(!ranges.empty(), "pipeline stage: needs at least one chunk of layers");
   // Layer objects hold no parameters until registered and bound: building the
-  // whole list per slot is cheap, and only [first, end) is ever allocated.
+  // whole list is cheap, and only the chunks' layers are ever allocated.
   std::vector<LayerPtr> all = build_model_layers(mc, dev);
   const int n = static_cast<int>(all.size());
-  RT_CHECK(first >= 0 && first < end && end <= n, "pipeline stage: layers [", first, ", ", end,
-           ") out of the model's ", n);
-  // The stage's input shape (the model's sample shape through the earlier
-  // layers) and the model index of its first parameter (init values are drawn per index).
-  Shape s = model_input_shape(mc, 1);
-  ParamArena before;
-  for (int i = 0; i < first; ++i) {
-    s = all[static_cast<std::size_t>(i)]->output_shape(s);
-    all[static_cast<std::size_t>(i)]->register_params(before, i, "");
+  for (std::size_t c = 0; c < ranges.size(); ++c) {
+    const LayerRange r = ranges[c];
+    RT_CHECK(r.first >= 0 && r.first < r.end && r.end <= n, "pipeline stage: chunk ", c, "'s layers [", r.first,
+             ", ", r.end, ") out of the model's ", n);
+    RT_CHECK(c == 0 || r.first >= ranges[c - 1].end, "pipeline stage: chunk ", c, " (layers [", r.first, ", ",
+             r.end, ")) does not come after chunk ", c - 1, " (ending at ", ranges[c - 1].end, ")");
   }
-  sample_in_.assign(s.begin() + 1, s.end());
-  arena_.set_index_base(before.size());
+  // Every layer's input shape and the model index of its first parameter
+  // (init values are drawn per index), from a scratch copy of the model: a
+  // layer registered twice would list its parameters twice.
+  std::vector<Shape> in(static_cast<std::size_t>(n));
+  std::vector<std::size_t> first_param(static_cast<std::size_t>(n));
+  ParamArena model;
+  {
+    std::vector<LayerPtr> scratch = build_model_layers(mc, dev);
+    Shape s = model_input_shape(mc, 1);
+    for (int i = 0; i < n; ++i) {
+      in[static_cast<std::size_t>(i)] = s;
+      first_param[static_cast<std::size_t>(i)] = model.size();
+      scratch[static_cast<std::size_t>(i)]->register_params(model, i, "");
+      if (i + 1 < n) s = scratch[static_cast<std::size_t>(i)]->output_shape(s);
+    }
+  }
+  std::vector<std::pair<int, int>> held;
+  for (const LayerRange& r : ranges) held.emplace_back(r.first, r.end);
+  split_tied_layers(all, held, model);  // a tied LM head apart from its embedding holds a copy
 
-  split_tied_layers(all, first, end, before);  // a tied LM head apart from its embedding holds a copy
-  for (int i = first; i < end; ++i) layers_.push_back(std::move(all[static_cast<std::size_t>(i)]));
-  for (int i = first; i < end; ++i) layers_[i - first]->register_params(arena_, i, "");
+  for (const LayerRange& r : ranges) {
+    Chunk ch;
+    ch.range = r;
+    ch.local0 = num_layers();
+    const Shape& s = in[static_cast<std::size_t>(r.first)];
+    ch.sample_in.assign(s.begin() + 1, s.end());
+    arena_.set_index_base(first_param[static_cast<std::size_t>(r.first)]);
+    for (int i = r.first; i < r.end; ++i) {
+      layers_.push_back(std::move(all[static_cast<std::size_t>(i)]));
+      layers_.back()->register_params(arena_, i, "");
+    }
+    int f = ch.local0;  // the first layer with parameters (or the last)
+    while (f + 1 < num_layers() && layers_[static_cast<std::size_t>(f)]->params().empty()) ++f;
+    ch.first_param_layer = f;
+    ch.slots.resize(static_cast<std::size_t>(slots));
+    chunks_.push_back(std::move(ch));
+  }
   arena_.finalize(dev);
-  BindContext ctx{backend_for(dev), dev, arena_, mc.seed, mc.math, &position_};
+  BindContext ctx{backend_for(dev), dev, arena_, mc.seed, mc.math};
   for (auto& l : layers_) l->bind(ctx);
   for (auto& l : layers_) l->init(arena_, mc.seed);  // the initial parameters and buffers, once
-  states_.resize(static_cast<std::size_t>(slots));
-  if (slots > 1) {  // every layer must list what its micro-batches keep
-    MicroBatchState probe;
-    for (auto& l : layers_) l->swap_state(probe);
-    for (auto& l : layers_) l->swap_state(probe);
-    RT_CHECK(probe.unlisted_layer().empty(), "pipeline stage: layer ", probe.unlisted_layer(),
-             " does not list its per-micro-batch state (Layer::visit_state), and the schedule keeps ", slots,
-             " micro-batches in flight on this stage");
-  }
   // 16-bit storage: bf16, or fp16 (loss-scaled) where the backend takes it; not fp16 with token ids (CPU only).
   const Backend& be = backend_for(dev);
   const DType half = !mc.storage16                                        ? DType::f32
@@ -119,15 +89,43 @@ Stage::Stage(const ModelConfig& mc, Device dev, int first, int end, int slots)
   act_ = all16 ? half : DType::f32;
   for (auto& l : layers_)
     if (l->takes_token_ids()) l->set_output_dtype(act_);
-  for (auto* v : {&in16_, &out32_, &dy16_, &dx32_}) v->resize(states_.size());
-  first_param_layer_ = 0;
-  while (first_param_layer_ + 1 < num_layers() && layers_[first_param_layer_]->params().empty()) ++first_param_layer_;
+  make_contexts();
 }
+
+Stage::Stage(const ModelConfig& mc, Device dev, int first, int end, int slots)
+    : Stage(mc, dev, std::vector<LayerRange>{{first, end}}, slots) {}
 
 Stage::Stage(const ModelConfig& mc, Device dev)
     : Stage(mc, dev, 0, static_cast<int>(plan_model_layers(mc, dev).size()), 1) {}
 
 Stage::~Stage() = default;
+
+void Stage::make_contexts() {
+  for (Chunk& ch : chunks_)
+    for (Slot& sl : ch.slots) {
+      sl = Slot{};
+      for (int i = ch.local0; i < ch.local0 + (ch.range.end - ch.range.first); ++i)
+        sl.ctx.push_back(layers_[static_cast<std::size_t>(i)]->make_ctx());
+    }
+}
+
+Stage::Slot& Stage::slot_of(int chunk, int slot) {
+  RT_CHECK(chunk >= 0 && chunk < num_chunks(), "pipeline stage: no chunk ", chunk, " (it has ", num_chunks(), ")");
+  auto& slots = chunks_[static_cast<std::size_t>(chunk)].slots;
+  RT_CHECK(slot >= 0 && slot < static_cast<int>(slots.size()), "pipeline stage: no activation slot ", slot,
+           " (it has ", slots.size(), ")");
+  return slots[static_cast<std::size_t>(slot)];
+}
+
+void Stage::set_recompute(Recompute r) {
+  RT_CHECK(recompute_ != Recompute::block || r == Recompute::block,
+           "pipeline stage: block recomputation cannot be turned off once set");
+  for (auto& l : layers_) recompute_attention(*l, r == Recompute::attention);
+  if (r == Recompute::block)
+    for (auto& l : layers_) l = recomputed(std::move(l));
+  recompute_ = r;
+  make_contexts();
+}
 
 std::pair<Shape, Shape> Stage::boundary_shapes(const ModelConfig& mc, Device dev, int first, int end,
                                                std::int64_t n) {
@@ -142,15 +140,18 @@ std::pair<Shape, Shape> Stage::boundary_shapes(const ModelConfig& mc, Device dev
   return {in, s};
 }
 
-Shape Stage::input_shape(std::int64_t n) const {
+Shape Stage::input_shape(int chunk, std::int64_t n) const {
+  const Chunk& ch = chunks_.at(static_cast<std::size_t>(chunk));
   Shape s = {n};
-  s.insert(s.end(), sample_in_.begin(), sample_in_.end());
+  s.insert(s.end(), ch.sample_in.begin(), ch.sample_in.end());
   return s;
 }
 
-Shape Stage::output_shape(std::int64_t n) const {
-  Shape s = input_shape(n);
-  for (auto& l : layers_) s = l->output_shape(s);
+Shape Stage::output_shape(int chunk, std::int64_t n) const {
+  const Chunk& ch = chunks_.at(static_cast<std::size_t>(chunk));
+  Shape s = input_shape(chunk, n);
+  for (int i = ch.local0; i < ch.local0 + (ch.range.end - ch.range.first); ++i)
+    s = layers_[static_cast<std::size_t>(i)]->output_shape(s);
   return s;
 }
 
@@ -161,32 +162,34 @@ std::vector<NamedBuffer> Stage::buffers() const {
   return b;
 }
 
-Tensor Stage::cast_to(std::vector<Tensor>& bufs, int slot, const Tensor& t, DType dt) {
+Tensor Stage::cast_to(Tensor& b, const Tensor& t, DType dt) {
   if (t.dtype() == dt) return t;
-  Tensor& b = bufs.at(static_cast<std::size_t>(slot));
   if (!b.defined() || b.shape() != t.shape() || b.dtype() != dt || b.device() != t.device())
     b = Tensor::empty(t.shape(), dt, t.device());
   backend_for(device_).cast(t, b);
   return b;
 }
 
-Tensor Stage::forward(int slot, const Tensor& x, Mode mode) {
-  Loaded loaded(*this, slot);
-  auto& layers = layers_;
-  const bool block = recompute_ == Recompute::block && mode == Mode::train;
-  if (block) {
-    slot_position_[static_cast<std::size_t>(slot)] = position_;
-    inputs_[static_cast<std::size_t>(slot)].assign(layers.size(), Tensor());
-  }
-  Tensor h = act_ != DType::f32 && !layers[0]->takes_token_ids() ? cast_to(in16_, slot, x, act_) : x;
-  for (std::size_t i = 0; i < layers.size(); ++i) {
-    if (block) inputs_[static_cast<std::size_t>(slot)][i] = h;
-    use(static_cast<int>(i), ParamAccess::Pass::forward);
-    h = layers[i]->forward(h, mode);
-    if (block) layers[i]->release_activations();  // h and the kept input stay alive
+void Stage::zero_grads() {
+  if (!fused_) return arena_.zero_grads();
+  for (Chunk& ch : chunks_) ch.overwrite_next = true;
+}
+
+Tensor Stage::forward(int chunk, int slot, const Tensor& x, Mode mode, const SamplePosition& pos) {
+  Slot& sl = slot_of(chunk, slot);
+  const Chunk& ch = chunks_[static_cast<std::size_t>(chunk)];
+  const Call call(mode, pos);
+  const int a = ch.local0;
+  Tensor h = act_ != DType::f32 && !layers_[static_cast<std::size_t>(a)]->takes_token_ids()
+                 ? cast_to(sl.in16, x, act_)
+                 : x;
+  for (std::size_t k = 0; k < sl.ctx.size(); ++k) {
+    const int i = a + static_cast<int>(k);
+    use(i, ParamAccess::Pass::forward);
+    h = layers_[static_cast<std::size_t>(i)]->forward(h, *sl.ctx[k], call);
   }
   end_pass();
-  return act_ != DType::f32 ? cast_to(out32_, slot, h, DType::f32) : h;
+  return act_ != DType::f32 ? cast_to(sl.out32, h, DType::f32) : h;
 }
 
 int Stage::set_deferred_batch_stats(bool on) {
@@ -205,62 +208,42 @@ int Stage::set_deferred_batch_stats(bool on) {
 
 void Stage::commit_batch_stats() {
   if (!deferred_bn_) return;
-  for (auto& l : layers_) {
-    std::vector<BatchNorm2d*> bns;
-    collect_bn(*l, bns);
-    for (auto* bn : bns) bn->commit_deferred_stats();
-  }
+  std::vector<BatchNorm2d*> bns;
+  for (auto& l : layers_) collect_bn(*l, bns);
+  for (auto* bn : bns) bn->commit_deferred_stats();
 }
 
-Tensor Stage::backward_input(int slot, const Tensor& dy, bool need_dx, const GradReady& ready) {
-  Loaded loaded(*this, slot);
-  auto& layers = layers_;
-  const int stop = need_dx ? 0 : first_param_layer_;
-  const bool block = recompute_ == Recompute::block;
+Tensor Stage::backward_input(int chunk, int slot, const Tensor& dy, bool need_dx, const GradReady& ready) {
+  Slot& sl = slot_of(chunk, slot);
+  Chunk& ch = chunks_[static_cast<std::size_t>(chunk)];
+  const int a = ch.local0, stop = need_dx ? a : ch.first_param_layer;
   // fp16: dy arrives loss-scaled (executor.cpp), so the scale is applied before this rounding (GradScaler's order).
-  const Tensor dyl = act_ != DType::f32 ? cast_to(dy16_, slot, dy, act_) : dy;
-  auto out = [&](const Tensor& g) {  // the stage's input gradient, float32 at the boundary
-    if (!need_dx || !g.defined()) return Tensor();  // token ids have no gradient
-    return act_ != DType::f32 ? cast_to(dx32_, slot, g, DType::f32) : g;
-  };
-  if (fused_) {
-    const bool accumulate = !overwrite_next_;
-    overwrite_next_ = false;
-    Tensor g = dyl;
-    for (int i = num_layers(); i-- > stop;) {
-      use(i, ParamAccess::Pass::backward);
-      if (block) replay(slot, i);
-      g = layers[i]->backward(g, need_dx || i > stop, accumulate);
-      if (block) layers[i]->release_activations();  // g, its input gradient, stays alive
-      if (ready && !layers[i]->params().empty()) ready(i);
-    }
-    end_pass();
-    if (block) inputs_[static_cast<std::size_t>(slot)].clear();
-    return out(g);
-  }
-  Tensor g = dyl;
-  for (int i = num_layers(); i-- > stop;) {
+  Tensor g = act_ != DType::f32 ? cast_to(sl.dy16, dy, act_) : dy;
+  const bool accumulate = !(fused_ && ch.overwrite_next);
+  if (fused_) ch.overwrite_next = false;
+  for (int i = a + static_cast<int>(sl.ctx.size()); i-- > stop;) {
+    const Layer& l = *layers_[static_cast<std::size_t>(i)];
+    Ctx& c = *sl.ctx[static_cast<std::size_t>(i - a)];
     use(i, ParamAccess::Pass::backward);
-    if (block) replay(slot, i);
-    g = layers[i]->backward_input(g, need_dx || i > stop, true);
-    // A layer that defers its weight gradient keeps its activations until backward_weight.
-    if (block && !layers[i]->splits_backward()) layers[i]->release_activations();
-    if (ready && !layers[i]->params().empty() && !layers[i]->splits_backward()) ready(i);
+    const bool dx = need_dx || i > stop;
+    // Fused: the whole backward now, the layer's gradients ready at once.
+    g = fused_ ? l.backward(g, c, dx, accumulate) : l.backward_input(g, c, dx, true);
+    if (ready && !l.params().empty() && (fused_ || !l.splits_backward())) ready(i);
   }
   end_pass();
-  if (block) inputs_[static_cast<std::size_t>(slot)].clear();
-  return out(g);
+  if (!need_dx || !g.defined()) return Tensor();  // token ids have no gradient
+  return act_ != DType::f32 ? cast_to(sl.dx32, g, DType::f32) : g;  // float32 at the boundary
 }
 
-void Stage::backward_weight(int slot, const GradReady& ready) {
+void Stage::backward_weight(int chunk, int slot, const GradReady& ready) {
   if (fused_) return;  // done in backward_input
-  Loaded loaded(*this, slot);
-  auto& layers = layers_;
-  for (int i = num_layers(); i-- > 0;) {
-    if (layers[i]->splits_backward()) use(i, ParamAccess::Pass::weight);
-    layers[i]->backward_weight();
-    if (recompute_ == Recompute::block && layers[i]->splits_backward()) layers[i]->release_activations();
-    if (ready && !layers[i]->params().empty() && layers[i]->splits_backward()) ready(i);
+  Slot& sl = slot_of(chunk, slot);
+  const int a = chunks_[static_cast<std::size_t>(chunk)].local0;
+  for (int i = a + static_cast<int>(sl.ctx.size()); i-- > a;) {
+    const Layer& l = *layers_[static_cast<std::size_t>(i)];
+    if (l.splits_backward()) use(i, ParamAccess::Pass::weight);
+    l.backward_weight(*sl.ctx[static_cast<std::size_t>(i - a)]);
+    if (ready && !l.params().empty() && l.splits_backward()) ready(i);
   }
   end_pass();
 }

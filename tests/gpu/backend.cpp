@@ -4,6 +4,7 @@
 // for both; the CPU computes in fp32 on the rounded values).
 #include "gpu_test_util.hpp"
 #include "ringtrain/nn/backend.hpp"
+#include "support/kernel_state.hpp"
 
 using namespace ringtrain;
 using namespace rt_gpu;
@@ -52,18 +53,18 @@ TEST_P(CudaBackendTest, Conv2dForwardBackward) {
     auto kc = cpu().conv2d(sc);
     auto kg = gpu_be().conv2d(s);
     Tensor yc = Tensor::empty(ys), yg = dev_empty(ys, dt);
-    kc->forward(x.cpu, w.cpu, b.cpu, yc);
-    kg->forward(x.dev, w.dev, b.dev, yg);
+    kc->forward(x.cpu, w.cpu, b.cpu, yc, rt_test::state_of(*kc));
+    kg->forward(x.dev, w.dev, b.dev, yg, rt_test::state_of(*kg));
     EXPECT_LE(rel_err(host_f32(yg), host_f32(yc)), bound(dt)) << "conv forward relu=" << relu;
     Tensor dxc = Tensor::empty(xs), dwc = Tensor::empty(ws), dbc = Tensor::empty({8});
     Tensor dxg = dev_empty(xs, dt), dwg = dev_empty(ws, dt), dbg = dev_empty({8}, dt);
-    kc->backward(x.cpu, w.cpu, yc, dy.cpu, dxc, dwc, dbc, false);
-    kg->backward(x.dev, w.dev, yg, dy.dev, dxg, dwg, dbg, false);
+    kc->backward(x.cpu, w.cpu, yc, dy.cpu, dxc, dwc, dbc, false, rt_test::state_of(*kc));
+    kg->backward(x.dev, w.dev, yg, dy.dev, dxg, dwg, dbg, false, rt_test::state_of(*kg));
     EXPECT_LE(rel_err(host_f32(dxg), host_f32(dxc)), bound(dt)) << "conv dx relu=" << relu;
     EXPECT_LE(rel_err(host_f32(dwg), host_f32(dwc)), bound(dt)) << "conv dw relu=" << relu;
     EXPECT_LE(rel_err(host_f32(dbg), host_f32(dbc)), bound(dt)) << "conv db relu=" << relu;
     // accumulate = true adds: twice the gradient.
-    kg->backward(x.dev, w.dev, yg, dy.dev, dxg, dwg, dbg, true);
+    kg->backward(x.dev, w.dev, yg, dy.dev, dxg, dwg, dbg, true, rt_test::state_of(*kg));
     auto twice = host_f32(dwc);
     for (auto& v : twice) v *= 2;
     EXPECT_LE(rel_err(host_f32(dwg), twice), bound(dt)) << "conv dw accumulate";
@@ -75,7 +76,7 @@ TEST_P(CudaBackendTest, Conv2dForwardBackward) {
   s.dtype = dt;
   auto k = gpu_be().conv2d(s);
   Tensor x = dev_zeros({1, 3, 8, 8}, dt), w = dev_zeros({2, 5, 3, 3}, dt), y = dev_zeros({1, 2, 6, 6}, dt);
-  EXPECT_THROW(k->forward(x, w, none, y), Error);
+  EXPECT_THROW(k->forward(x, w, none, y, rt_test::state_of(*k)), Error);
 }
 
 TEST_P(CudaBackendTest, LinearForwardBackward) {
@@ -119,20 +120,20 @@ TEST_P(CudaBackendTest, BatchNormTrainAndEval) {
   rvc.fill_(1.0);
   Tensor rmg = rmc.to(gpu()), rvg = rvc.to(gpu()), gg = g.to(gpu()), bg = be.to(gpu());
   Tensor yc = Tensor::empty(xs), yg = dev_empty(xs, dt);
-  kc->forward(x.cpu, g, be, rmc, rvc, true, yc);
-  kg->forward(x.dev, gg, bg, rmg, rvg, true, yg);
+  kc->forward(x.cpu, g, be, rmc, rvc, true, yc, rt_test::state_of(*kc));
+  kg->forward(x.dev, gg, bg, rmg, rvg, true, yg, rt_test::state_of(*kg));
   EXPECT_LE(rel_err(host_f32(yg), host_f32(yc)), bound(dt)) << "bn forward";
   EXPECT_LE(rel_err(host_f32(rmg), host_f32(rmc)), 1e-5) << "running mean";
   EXPECT_LE(rel_err(host_f32(rvg), host_f32(rvc)), 1e-5) << "running var (unbiased)";
   Tensor dxc = Tensor::empty(xs), dgc = Tensor::empty({6}), dbc = Tensor::empty({6});
   Tensor dxg = dev_empty(xs, dt), dgg = dev_empty({6}, DType::f32), dbg = dev_empty({6}, DType::f32);
-  kc->backward(x.cpu, g, dy.cpu, dxc, dgc, dbc, false);
-  kg->backward(x.dev, gg, dy.dev, dxg, dgg, dbg, false);
+  kc->backward(x.cpu, g, dy.cpu, dxc, dgc, dbc, false, rt_test::state_of(*kc));
+  kg->backward(x.dev, gg, dy.dev, dxg, dgg, dbg, false, rt_test::state_of(*kg));
   EXPECT_LE(rel_err(host_f32(dxg), host_f32(dxc)), bound(dt)) << "bn dx";
   EXPECT_LE(rel_err(host_f32(dgg), host_f32(dgc)), bound(dt)) << "bn dgamma";
   EXPECT_LE(rel_err(host_f32(dbg), host_f32(dbc)), bound(dt)) << "bn dbeta";
-  kc->forward(x.cpu, g, be, rmc, rvc, false, yc);
-  kg->forward(x.dev, gg, bg, rmg, rvg, false, yg);
+  kc->forward(x.cpu, g, be, rmc, rvc, false, yc, rt_test::state_of(*kc));
+  kg->forward(x.dev, gg, bg, rmg, rvg, false, yg, rt_test::state_of(*kg));
   EXPECT_LE(rel_err(host_f32(yg), host_f32(yc)), bound(dt)) << "bn eval forward";
 }
 
@@ -151,12 +152,12 @@ TEST_P(CudaBackendTest, PoolingMaxAndAvg) {
     auto kc = cpu().pool2d(sc);
     auto kg = gpu_be().pool2d(s);
     Tensor yc = Tensor::empty(ys), yg = dev_empty(ys, dt);
-    kc->forward(x.cpu, yc, true);
-    kg->forward(x.dev, yg, true);
+    kc->forward(x.cpu, yc, true, rt_test::state_of(*kc));
+    kg->forward(x.dev, yg, true, rt_test::state_of(*kg));
     EXPECT_LE(rel_err(host_f32(yg), host_f32(yc)), bound(dt)) << "pool forward";
     Tensor dxc = Tensor::empty(xs), dxg = dev_empty(xs, dt);
-    kc->backward(x.cpu, yc, dy.cpu, dxc);
-    kg->backward(x.dev, yg, dy.dev, dxg);
+    kc->backward(x.cpu, yc, dy.cpu, dxc, rt_test::state_of(*kc));
+    kg->backward(x.dev, yg, dy.dev, dxg, rt_test::state_of(*kg));
     EXPECT_LE(rel_err(host_f32(dxg), host_f32(dxc)), bound(dt)) << "pool backward";
   }
 }

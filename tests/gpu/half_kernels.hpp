@@ -38,6 +38,7 @@
 #include "ringtrain/parallel/device_runtime.hpp"
 #include "ringtrain/parallel/stage.hpp"
 #include "support/whole_model.hpp"
+#include "support/kernel_state.hpp"
 
 namespace half_test {
 
@@ -230,11 +231,11 @@ TEST_P(Half16, LayerNormGeluAddDropoutRoundOnce) {
   auto ln = be().layernorm(ls);
   Tensor y32 = dev({rows, f}, DType::f32), dx32 = dev({rows, f}, DType::f32), dg32 = dev({f}, DType::f32),
          db32 = dev({f}, DType::f32);
-  ln->forward(x.f32, g, b, y32);
-  ln->backward(x.f32, g, dy.f32, dx32, dg32, db32, false);
+  ln->forward(x.f32, g, b, y32, rt_test::state_of(*ln));
+  ln->backward(x.f32, g, dy.f32, dx32, dg32, db32, false, rt_test::state_of(*ln));
   Tensor y16 = dev({rows, f}, dt), dx16 = dev({rows, f}, dt), dg = dev({f}, DType::f32), db = dev({f}, DType::f32);
-  ln->forward(x.h16, g, b, y16);
-  ln->backward(x.h16, g, dy.h16, dx16, dg, db, false);
+  ln->forward(x.h16, g, b, y16, rt_test::state_of(*ln));
+  ln->backward(x.h16, g, dy.h16, dx16, dg, db, false, rt_test::state_of(*ln));
   be().synchronize();
   expect_rounded(hh, y16, y32, "LayerNorm forward");
   expect_rounded(hh, dx16, dx32, "LayerNorm dx");
@@ -330,10 +331,10 @@ TEST_P(Half16, AttentionWithinTheBoundOfItsTwoProducts) {
     const Both qkv = up(qh, dt), dout = up(oh, dt);
     Tensor o32 = dev({n, t, d}, DType::f32), dq32 = dev({n, t, 3 * d}, DType::f32);
     Tensor o16 = dev({n, t, d}, dt), dq16 = dev({n, t, 3 * d}, dt);
-    k->forward(qkv.f32, o32);
-    k->backward(qkv.f32, dout.f32, dq32);
-    k->forward(qkv.h16, o16);
-    k->backward(qkv.h16, dout.h16, dq16);
+    k->forward(qkv.f32, o32, rt_test::state_of(*k));
+    k->backward(qkv.f32, dout.f32, dq32, rt_test::state_of(*k));
+    k->forward(qkv.h16, o16, rt_test::state_of(*k));
+    k->backward(qkv.h16, dout.h16, dq16, rt_test::state_of(*k));
     be().synchronize();
     const auto mag = test_support::attention_magnitudes(qh.data<float>(), n, t, heads, hd);
     const double maxv = mag.max_v, maxqk = mag.max_qk;

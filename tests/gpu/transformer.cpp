@@ -7,6 +7,7 @@
 #include "ringtrain/nn/loss.hpp"
 #include "ringtrain/parallel/stage.hpp"
 #include "support/whole_model.hpp"
+#include "support/kernel_state.hpp"
 
 using namespace ringtrain;
 using namespace rt_gpu;
@@ -46,17 +47,17 @@ TEST_P(CudaTransformerTest, LayerNormForwardBackward) {
   auto kc = cpu().layernorm(sc);
   auto kg = gpu_be().layernorm(sg);
   Tensor yc = Tensor::empty(xs), yg = dev(xs, dt);
-  kc->forward(x.cpu, g.cpu, b.cpu, yc);
-  kg->forward(x.dev, g.dev, b.dev, yg);
+  kc->forward(x.cpu, g.cpu, b.cpu, yc, rt_test::state_of(*kc));
+  kg->forward(x.dev, g.dev, b.dev, yg, rt_test::state_of(*kg));
   EXPECT_LE(rel_err(host_f32(yg), host_f32(yc)), bound(dt)) << "layernorm forward";
   Tensor dxc = Tensor::empty(xs), dgc = Tensor::empty({d}), dbc = Tensor::empty({d});
   Tensor dxg = dev(xs, dt), dgg = dev({d}, dt), dbg = dev({d}, dt);
-  kc->backward(x.cpu, g.cpu, dy.cpu, dxc, dgc, dbc, false);
-  kg->backward(x.dev, g.dev, dy.dev, dxg, dgg, dbg, false);
+  kc->backward(x.cpu, g.cpu, dy.cpu, dxc, dgc, dbc, false, rt_test::state_of(*kc));
+  kg->backward(x.dev, g.dev, dy.dev, dxg, dgg, dbg, false, rt_test::state_of(*kg));
   EXPECT_LE(rel_err(host_f32(dxg), host_f32(dxc)), bound(dt)) << "layernorm dx";
   EXPECT_LE(rel_err(host_f32(dgg), host_f32(dgc)), bound(dt)) << "layernorm dgamma";
   EXPECT_LE(rel_err(host_f32(dbg), host_f32(dbc)), bound(dt)) << "layernorm dbeta";
-  kg->backward(x.dev, g.dev, dy.dev, dxg, dgg, dbg, true);  // accumulate: twice
+  kg->backward(x.dev, g.dev, dy.dev, dxg, dgg, dbg, true, rt_test::state_of(*kg));  // accumulate: twice
   auto twice = host_f32(dgc);
   for (auto& v : twice) v *= 2;
   EXPECT_LE(rel_err(host_f32(dgg), twice), bound(dt)) << "layernorm dgamma accumulate";
@@ -73,12 +74,12 @@ TEST_P(CudaTransformerTest, AttentionForwardBackward) {
     auto kc = cpu().attention(sc);
     auto kg = gpu_be().attention(sg);
     Tensor oc = Tensor::empty(os), og = dev(os, dt);
-    kc->forward(qkv.cpu, oc);
-    kg->forward(qkv.dev, og);
+    kc->forward(qkv.cpu, oc, rt_test::state_of(*kc));
+    kg->forward(qkv.dev, og, rt_test::state_of(*kg));
     EXPECT_LE(rel_err(host_f32(og), host_f32(oc)), bound(dt)) << "attention forward H " << H << " T " << T;
     Tensor dc = Tensor::empty(qs), dg = dev(qs, dt);
-    kc->backward(qkv.cpu, dout.cpu, dc);
-    kg->backward(qkv.dev, dout.dev, dg);
+    kc->backward(qkv.cpu, dout.cpu, dc, rt_test::state_of(*kc));
+    kg->backward(qkv.dev, dout.dev, dg, rt_test::state_of(*kg));
     EXPECT_LE(rel_err(host_f32(dg), host_f32(dc)), bound(dt)) << "attention backward H " << H << " T " << T;
   }
 }

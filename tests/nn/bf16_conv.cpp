@@ -20,6 +20,7 @@
 #include "ringtrain/nn/backend.hpp"
 #include "ringtrain/nn/loss.hpp"
 #include "ringtrain/parallel/stage.hpp"
+#include "support/kernel_state.hpp"
 
 using namespace ringtrain;
 
@@ -85,8 +86,8 @@ ConvOut conv_run(Conv2dKernel& k, const Tensor& x, const Tensor& w, const Tensor
   const Tensor xx = cast_to(x, dt), ww = cast_to(w, dt), gg = cast_to(dy, dt);
   Tensor y = Tensor::empty(dy.shape(), dt), dx = Tensor::empty(x.shape(), dt);
   ConvOut r{Tensor(), Tensor(), Tensor::empty(w.shape()), Tensor::empty({w.dim(0)})};
-  k.forward(xx, ww, b, y);
-  k.backward(xx, ww, y, gg, dx, r.dw, r.db, false);
+  k.forward(xx, ww, b, y, rt_test::state_of(k));
+  k.backward(xx, ww, y, gg, dx, r.dw, r.db, false, rt_test::state_of(k));
   r.y = to32(y);
   r.dx = to32(dx);
   return r;
@@ -146,8 +147,8 @@ TEST(Bf16Conv, PoolingExactOrWithinOneRounding) {
     for (int i = 0; i < 2; ++i) {
       const DType dt = i ? DType::bf16 : DType::f32;
       Tensor xx = cast_to(x, dt), y = Tensor::empty(ys, dt), dx = Tensor::empty(xs, dt);
-      k->forward(xx, y, true);
-      k->backward(xx, y, cast_to(dy, dt), dx);
+      k->forward(xx, y, true, rt_test::state_of(*k));
+      k->backward(xx, y, cast_to(dy, dt), dx, rt_test::state_of(*k));
       out[i][0] = to32(y), out[i][1] = to32(dx);
     }
     const std::int64_t kk = s.kernel_h * s.kernel_w;
@@ -186,17 +187,17 @@ TEST(Bf16Conv, FusedReluMaxPoolIsItsBf16Parts) {
   const ConvOut f32 = conv_run(*kf, x, w, b, dy, DType::f32), f16 = conv_run(*kf, x, w, b, dy, DType::bf16);
   // Forward against fp32: the window's largest sum |a b| (max pooling of the sums).
   Tensor zero = Tensor::zeros({cout}), sum = Tensor::empty(cs), sum_p = Tensor::empty(ps);
-  kabs->forward(abs_of(x), abs_of(w), zero, sum);
-  kp->forward(sum, sum_p, false);
+  kabs->forward(abs_of(x), abs_of(w), zero, sum, rt_test::state_of(*kabs));
+  kp->forward(sum, sum_p, false, rt_test::state_of(*kp));
   expect_within(f16.y, f32.y, sum_bound(sum_p, cin * 9, f32.y, true), "Conv+ReLU+MaxPool forward");
   // The parts in bf16: conv+ReLU forward, pooling forward and backward, conv backward.
   Tensor x16 = to16(x), w16 = to16(w), c16 = Tensor::empty(cs, DType::bf16), p16 = Tensor::empty(ps, DType::bf16),
          dc16 = Tensor::empty(cs, DType::bf16), dx16 = Tensor::empty(xs, DType::bf16), dw = Tensor::empty(w.shape()),
          db = Tensor::empty({cout});
-  kc->forward(x16, w16, b, c16);
-  kp->forward(c16, p16, true);
-  kp->backward(c16, p16, to16(dy), dc16);
-  kc->backward(x16, w16, c16, dc16, dx16, dw, db, false);
+  kc->forward(x16, w16, b, c16, rt_test::state_of(*kc));
+  kp->forward(c16, p16, true, rt_test::state_of(*kp));
+  kp->backward(c16, p16, to16(dy), dc16, rt_test::state_of(*kp));
+  kc->backward(x16, w16, c16, dc16, dx16, dw, db, false, rt_test::state_of(*kc));
   EXPECT_EQ(std::memcmp(to32(p16).raw(), f16.y.raw(), f16.y.nbytes()), 0) << "fused forward differs from its parts";
   // Backward: the same gradients through the same convolution; dx at most one bf16 rounding
   // apart, dw and db within fp32 accumulation-order differences (measured: equal).
@@ -232,8 +233,8 @@ TEST(Bf16Conv, BatchNormWithinOneRoundingAndTheSumBound) {
     const DType dt = i ? DType::bf16 : DType::f32;
     Tensor rm = Tensor::zeros({c}), rv = Tensor::zeros({c}), xx = cast_to(x, dt), y = Tensor::empty(xs, dt),
            dx = Tensor::empty(xs, dt), dg = Tensor::empty({c}), db = Tensor::empty({c});
-    k->forward(xx, g, b, rm, rv, true, y);
-    k->backward(xx, g, cast_to(dy, dt), dx, dg, db, false);
+    k->forward(xx, g, b, rm, rv, true, y, rt_test::state_of(*k));
+    k->backward(xx, g, cast_to(dy, dt), dx, dg, db, false, rt_test::state_of(*k));
     out[i][0] = to32(y), out[i][1] = to32(dx), out[i][2] = dg, out[i][3] = db, out[i][4] = rm, out[i][5] = rv;
   }
   // Per-channel statistics of the inputs, in double.

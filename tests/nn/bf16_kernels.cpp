@@ -20,6 +20,7 @@
 #include "ringtrain/nn/loss.hpp"
 #include "ringtrain/parallel/stage.hpp"
 #include "support/attention_bounds.hpp"
+#include "support/kernel_state.hpp"
 
 using namespace ringtrain;
 
@@ -131,8 +132,8 @@ TEST(Bf16Kernels, ConvolutionInBf16MathWithinTheDotProductBound) {
     Tensor x = randn(xs, 10 + cin), w = randn(ws, 20 + cin, 0.2), b = randn({24}, 30, 0.1), dy = randn(ys, 40 + cin);
     auto run = [&](Conv2dKernel& k, const Tensor& xx, const Tensor& ww, const Tensor& bb, const Tensor& gg) {
       std::array<Tensor, 4> r{Tensor::empty(ys), Tensor::empty(xs), Tensor::empty(ws), Tensor::empty({24})};
-      k.forward(xx, ww, bb, r[0]);
-      k.backward(xx, ww, r[0], gg, r[1], r[2], r[3], false);
+      k.forward(xx, ww, bb, r[0], rt_test::state_of(k));
+      k.backward(xx, ww, r[0], gg, r[1], r[2], r[3], false, rt_test::state_of(k));
       return r;
     };
     auto abs_of = [](const Tensor& t) {
@@ -166,12 +167,12 @@ TEST(Bf16Kernels, AttentionWithinTheBoundOfItsTwoProducts) {
   auto k = be().attention(s);
   Tensor qkv = rounded(randn({n, t, 3 * d}, 5)), dout = rounded(randn({n, t, d}, 6));
   Tensor o32 = Tensor::empty({n, t, d}), dq32 = Tensor::empty({n, t, 3 * d});
-  k->forward(qkv, o32);
-  k->backward(qkv, dout, dq32);
+  k->forward(qkv, o32, rt_test::state_of(*k));
+  k->backward(qkv, dout, dq32, rt_test::state_of(*k));
   Tensor o16 = Tensor::empty({n, t, d}, DType::bf16), dq16 = Tensor::empty({n, t, 3 * d}, DType::bf16);
   Tensor qkv16 = to16(qkv), dout16 = to16(dout);
-  k->forward(qkv16, o16);
-  k->backward(qkv16, dout16, dq16);
+  k->forward(qkv16, o16, rt_test::state_of(*k));
+  k->backward(qkv16, dout16, dq16, rt_test::state_of(*k));
   // O = P V with rows of P summing to 1: |dO| <= max|V| (|dP| + u) + u|O|, where
   // the scores S = q.k/sqrt(hd) (K = hd) are fp32 and P is rounded to bf16:
   // |dP| <= 2 |dS| + u with |dS| <= 2 (2u + hd 2^-24) max_rows sum |q k| / sqrt(hd).
@@ -199,13 +200,13 @@ TEST(Bf16Kernels, LayerNormGeluAddDropoutWithinOneRoundingEach) {
   auto ln = be().layernorm(ls);
   Tensor y32 = Tensor::empty({rows, f}), dx32 = Tensor::empty({rows, f}), dg32 = Tensor::empty({f}),
          db32 = Tensor::empty({f});
-  ln->forward(x, g, b, y32);
-  ln->backward(x, g, dy, dx32, dg32, db32, false);
+  ln->forward(x, g, b, y32, rt_test::state_of(*ln));
+  ln->backward(x, g, dy, dx32, dg32, db32, false, rt_test::state_of(*ln));
   Tensor y16 = Tensor::empty({rows, f}, DType::bf16), dx16 = Tensor::empty({rows, f}, DType::bf16),
          dg = Tensor::empty({f}), db = Tensor::empty({f});
   Tensor x16 = to16(x), dy16 = to16(dy);
-  ln->forward(x16, g, b, y16);
-  ln->backward(x16, g, dy16, dx16, dg, db, false);
+  ln->forward(x16, g, b, y16, rt_test::state_of(*ln));
+  ln->backward(x16, g, dy16, dx16, dg, db, false, rt_test::state_of(*ln));
   // Same fp32 inputs, fp32 math per row: only the output rounding differs.
   std::vector<double> t1(std::size_t(rows * f));
   for (std::int64_t i = 0; i < rows * f; ++i) t1[std::size_t(i)] = u * std::abs(y32.data<float>()[i]);

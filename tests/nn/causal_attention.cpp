@@ -10,6 +10,7 @@
 #include "layer_harness.hpp"
 #include "ringtrain/core/allocator.hpp"
 #include "ringtrain/nn/backend.hpp"
+#include "support/kernel_state.hpp"
 
 using namespace ringtrain;
 using namespace rt_test;
@@ -114,8 +115,8 @@ TEST(TiledCausalAttention, MatchesFloat64ForwardAndBackward) {
     auto k = causal(H, hd);
     Tensor qkv = random_tensor({n, T, 3 * H * hd}, 100 + T, 0.0, 1.5), dout = random_tensor({n, T, H * hd}, 200 + T);
     Tensor out = Tensor::empty({n, T, H * hd}), dqkv = Tensor::empty(qkv.shape());
-    k->forward(qkv, out);
-    k->backward(qkv, dout, dqkv);
+    k->forward(qkv, out, rt_test::state_of(*k));
+    k->backward(qkv, dout, dqkv, rt_test::state_of(*k));
     const Reference ref = naive(qkv, dout, H, hd);
     const double eo = max_diff(out, ref.out) / max_abs(ref.out), eg = max_diff(dqkv, ref.dqkv) / max_abs(ref.dqkv);
     std::printf("T %4lld: max |out - float64| %.2e, |dqkv - float64| %.2e (of the largest element)\n",
@@ -135,11 +136,11 @@ TEST(TiledCausalAttention, Bfloat16FollowsFloat32) {
   Tensor qkv = cast(cast(random_tensor({n, T, 3 * H * hd}, 7, 0.0, 1.0), DType::bf16), DType::f32);
   Tensor dout = cast(cast(random_tensor({n, T, H * hd}, 8), DType::bf16), DType::f32);
   Tensor o32 = Tensor::empty({n, T, H * hd}), d32 = Tensor::empty(qkv.shape());
-  k->forward(qkv, o32);
-  k->backward(qkv, dout, d32);
+  k->forward(qkv, o32, rt_test::state_of(*k));
+  k->backward(qkv, dout, d32, rt_test::state_of(*k));
   Tensor o16 = Tensor::empty(o32.shape(), DType::bf16), d16 = Tensor::empty(qkv.shape(), DType::bf16);
-  k->forward(cast(qkv, DType::bf16), o16);
-  k->backward(cast(qkv, DType::bf16), cast(dout, DType::bf16), d16);
+  k->forward(cast(qkv, DType::bf16), o16, rt_test::state_of(*k));
+  k->backward(cast(qkv, DType::bf16), cast(dout, DType::bf16), d16, rt_test::state_of(*k));
   auto rel = [](const Tensor& got16, const Tensor& want) {
     Tensor g = cast(got16, DType::f32);
     double m = 0, a = 0;
@@ -165,8 +166,8 @@ TEST(TiledCausalAttention, TwoThreadsMatchOne) {
     omp_set_num_threads(threads);
     auto k = causal(H, hd);
     std::vector<Tensor> r = {Tensor::empty({n, T, H * hd}), Tensor::empty(qkv.shape())};
-    k->forward(qkv, r[0]);
-    k->backward(qkv, dout, r[1]);
+    k->forward(qkv, r[0], rt_test::state_of(*k));
+    k->backward(qkv, dout, r[1], rt_test::state_of(*k));
     omp_set_num_threads(1);
     return r;
   };
@@ -176,7 +177,7 @@ TEST(TiledCausalAttention, TwoThreadsMatchOne) {
 
 // What the kernel keeps from forward to backward, counted by the host
 // allocator: the row log-sum-exp (N*H*T floats; the output is the caller's)
-// and its threads' scratch, O(T) each; release_state() frees both. The dense
+// and its threads' scratch, O(T) each, in its state; dropping the state frees both. The dense
 // kernel's [N, H, T, T] probabilities are seen by the same count.
 TEST(TiledCausalAttention, KeepsNoTByTMatrix) {
   const std::int64_t H = 4, hd = 16, n = 1;
@@ -185,25 +186,27 @@ TEST(TiledCausalAttention, KeepsNoTByTMatrix) {
     Tensor qkv = random_tensor({n, T, 3 * H * hd}, 11), dout = random_tensor({n, T, H * hd}, 12);
     Tensor out = Tensor::empty({n, T, H * hd}), dqkv = Tensor::empty(qkv.shape());
     auto k = causal(H, hd);
+    KernelStatePtr st = k->make_state();
     const std::size_t before = host_memory_stats().live;
     reset_host_memory_peak();
-    k->forward(qkv, out);
-    k->backward(qkv, dout, dqkv);
+    k->forward(qkv, out, *st);
+    k->backward(qkv, dout, dqkv, *st);
     kept.push_back(host_memory_stats().live - before);
     EXPECT_EQ(host_memory_stats().peak - before, kept.back()) << "nothing beyond what is kept, T " << T;
     EXPECT_GE(kept.back(), std::size_t(n * H * T) * sizeof(float)) << "T " << T;
     EXPECT_LT(kept.back(), std::size_t(n * H * T * T) * sizeof(float) / 4) << "T " << T;
-    k->forward(qkv, out);  // a steady step allocates nothing more
-    k->backward(qkv, dout, dqkv);
+    k->forward(qkv, out, *st);  // a steady step allocates nothing more
+    k->backward(qkv, dout, dqkv, *st);
     EXPECT_EQ(host_memory_stats().peak - before, kept.back()) << "T " << T;
-    release_state(*k);
+    st.reset();  // the state is the caller's: dropping it frees what the kernel kept
     EXPECT_EQ(host_memory_stats().live, before) << "T " << T;
 
     AttentionSpec s;  // the dense kernel, for scale
     s.heads = H;
     s.head_dim = hd;
     auto dense = be().attention(s);
-    dense->forward(qkv, out);
+    KernelStatePtr dst = dense->make_state();
+    dense->forward(qkv, out, *dst);
     EXPECT_GE(host_memory_stats().live - before, std::size_t(n * H * T * T) * sizeof(float)) << "T " << T;
   }
   std::printf("kept between forward and backward: T 512 %zu bytes, T 2048 %zu bytes\n", kept[0], kept[1]);

@@ -5,6 +5,7 @@
 
 #include "layer_harness.hpp"
 #include "ringtrain/nn/transformer.hpp"
+#include "support/kernel_state.hpp"
 
 using namespace ringtrain;
 using namespace rt_test;
@@ -95,7 +96,7 @@ TEST(TransformerLayers, AttentionCoreMatchesNaiveFloat64) {
     auto k = backend_for(DeviceKind::cpu).attention(AttentionSpec{H, hd});
     Tensor qkv = random_tensor({3, T, 3 * H * hd}, 58 + T);
     Tensor out = Tensor::empty({3, T, H * hd});
-    k->forward(qkv, out);
+    k->forward(qkv, out, rt_test::state_of(*k));
     auto ref = naive_attention(qkv, H, hd);
     for (std::size_t i = 0; i < ref.size(); ++i) ASSERT_NEAR(f(out)[i], ref[i], 2e-6) << "H " << H << " i " << i;
   }
@@ -109,13 +110,13 @@ TEST(TransformerLayers, SoftmaxIsSafeForHugeLogits) {
     if ((i % (3 * H * hd)) < 2 * H * hd) qkv.data<float>()[i] *= 100.f;  // q and k: logits ~ +-1e4
   auto k = backend_for(DeviceKind::cpu).attention(AttentionSpec{H, hd});
   Tensor out = Tensor::empty({2, T, H * hd}), dq = Tensor::empty(qkv.shape());
-  k->forward(qkv, out);
+  k->forward(qkv, out, rt_test::state_of(*k));
   auto ref = naive_attention(qkv, H, hd);
   for (std::size_t i = 0; i < ref.size(); ++i) {
     ASSERT_TRUE(std::isfinite(f(out)[i]));
     EXPECT_NEAR(f(out)[i], ref[i], 1e-5);
   }
-  k->backward(qkv, random_tensor(out.shape(), 61), dq);
+  k->backward(qkv, random_tensor(out.shape(), 61), dq, rt_test::state_of(*k));
   for (std::int64_t i = 0; i < dq.numel(); ++i) ASSERT_TRUE(std::isfinite(f(dq)[i])) << i;
 }
 
@@ -221,10 +222,10 @@ TEST(TransformerLayers, TwoThreadsMatchOne) {
     auto ln = backend_for(DeviceKind::cpu).layernorm(LayerNormSpec{64});
     std::vector<Tensor> r = {Tensor::empty({3, T, H * hd}), Tensor::empty(qkv.shape()), Tensor::empty(x.shape()),
                              Tensor::empty(x.shape()), Tensor::empty({64}), Tensor::empty({64})};
-    k->forward(qkv, r[0]);
-    k->backward(qkv, dout, r[1]);
-    ln->forward(x, g, b, r[2]);
-    ln->backward(x, g, dy, r[3], r[4], r[5], false);
+    k->forward(qkv, r[0], rt_test::state_of(*k));
+    k->backward(qkv, dout, r[1], rt_test::state_of(*k));
+    ln->forward(x, g, b, r[2], rt_test::state_of(*ln));
+    ln->backward(x, g, dy, r[3], r[4], r[5], false, rt_test::state_of(*ln));
     omp_set_num_threads(1);
     return r;
   };

@@ -116,8 +116,8 @@ struct Run {
     opt = make_optimizer(stage.arena(), oc);
   }
   void step(int t, const Tensor& x, const Tensor& y, std::int64_t lo, std::int64_t n, const ProcessGrid* grid) {
-    stage.set_position(std::uint64_t(t), lo);  // dropout masks: by step and the sample's global place
-    Tensor l = stage.forward(0, x.slice_rows(lo, lo + n), Mode::train), dl = Tensor::empty(l.shape());
+    // Dropout masks: by step and the sample's global place.
+    Tensor l = stage.forward(0, x.slice_rows(lo, lo + n), Mode::train, {std::uint64_t(t), lo}), dl = Tensor::empty(l.shape());
     double loss = softmax_cross_entropy(l, y.slice_rows(lo, lo + n), 0.0, dl);
     stage.zero_grads();
     test_support::backward(stage, dl);

@@ -162,16 +162,14 @@ std::uint64_t check_follows_one_rank(const std::string& name, int tensor, double
     Tensor x, y;
     test_support::batch_8x8(t, global, x, y);
     // Dropout masks are keyed by the step and each sample's place in the global batch.
-    whole.set_position(std::uint64_t(t), 0);
-    Tensor lw = whole.forward(0, x, Mode::train), dw = Tensor::empty(lw.shape());
+    Tensor lw = whole.forward(0, x, Mode::train, {std::uint64_t(t), 0}), dw = Tensor::empty(lw.shape());
     const double ref = softmax_cross_entropy(lw, y, 0.0, dw);
     ref_loss.push_back(ref);
     whole.zero_grads();
     test_support::backward(whole, dw);
     opt_w->step(lr);
     const std::int64_t lo = grid.dp_rank() * kPerReplica;
-    mine.set_position(std::uint64_t(t), lo);
-    Tensor lm = mine.forward(0, x.slice_rows(lo, lo + kPerReplica), Mode::train), dm = Tensor::empty(lm.shape());
+    Tensor lm = mine.forward(0, x.slice_rows(lo, lo + kPerReplica), Mode::train, {std::uint64_t(t), lo}), dm = Tensor::empty(lm.shape());
     double loss = softmax_cross_entropy(lm, y.slice_rows(lo, lo + kPerReplica), 0.0, dm);
     mine.zero_grads();
     test_support::backward(mine, dm);

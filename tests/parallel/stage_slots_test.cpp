@@ -1,19 +1,19 @@
-// A pipeline stage keeps one copy of its layers and one MicroBatchState per
-// micro-batch in flight. Reference: the same stage with ONE slot, running the
-// micro-batches one after the other (forward, backward, forward, backward),
-// which cannot mix two micro-batches' state. The several-slot stage runs all
-// forwards first and the backwards afterwards (the weight halves after all
-// input halves, as zero-bubble defers them), so every micro-batch's backward
-// finds its own kept tensors, BatchNorm statistics, pooling indices, attention
-// probabilities and dropout masks only if the swapping is right. Gradients,
-// input gradients, outputs and running statistics must be bitwise equal.
+// A pipeline stage keeps one copy of its layers and, per micro-batch in
+// flight, one context per layer (Layer::make_ctx). Reference: the same stage
+// with ONE slot, running the micro-batches one after the other (forward,
+// backward, forward, backward), which cannot mix two micro-batches' state.
+// The several-slot stage runs all forwards first and the backwards
+// afterwards, so every micro-batch's backward finds its own kept tensors,
+// BatchNorm statistics, pooling indices, attention probabilities and dropout
+// masks only if every layer keeps them in its context. Gradients, input
+// gradients, outputs and running statistics must be bitwise equal; a layer
+// that keeps its input in a member is caught.
 #include <gtest/gtest.h>
 
 #include <cstring>
 
 #include "nn/layer_harness.hpp"
 #include "ringtrain/core/allocator.hpp"
-#include "ringtrain/nn/micro_batch_state.hpp"
 #include "ringtrain/nn/model_registry.hpp"
 #include "ringtrain/parallel/stage.hpp"
 
@@ -35,8 +35,10 @@ ModelConfig config(const std::string& name) {
     m.dropout = 0.1;  // masks keyed by the micro-batch's position: a mixed-up replay differs
   } else if (name == "gpt") {
     m.seq_len = 16, m.classes = 64, m.base_width = 32, m.depth = 2, m.heads = 4, m.dropout = 0.1;
-  } else {  // cnn: fused conv + ReLU + max pooling on the CPU, dropout before the last Linear
+  } else if (name == "cnn") {  // fused conv + ReLU + max pooling on the CPU, dropout before the last Linear
     m.dropout = 0.25;
+  } else {  // a test model (registered below): 8 features
+    m.in_channels = 1, m.height = 2, m.width = 4;
   }
   return m;
 }
@@ -52,12 +54,14 @@ bool same(const Tensor& a, const Tensor& b) {
   return a.shape() == b.shape() && a.dtype() == b.dtype() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
 }
 
+SamplePosition at(int mb) { return {7, mb * kRows}; }
+
 struct Run {
   std::vector<Tensor> out, dx;
-  std::vector<Tensor> grads, buffers;
+  std::vector<Tensor> grads, buffers;  // grads: per micro-batch (reversed runs) or summed
 };
 
-// interleaved: every forward first, then the backwards in reverse order
+// interleaved: every forward first, then the backwards in micro-batch order
 // (weight halves after all input halves); else one micro-batch at a time.
 Run run(const ModelConfig& c, bool interleaved, Recompute rc, bool fused) {
   Stage st(c, Device::cpu(), 0, static_cast<int>(plan_model_layers(c).size()), interleaved ? kMicro : 1);
@@ -68,8 +72,7 @@ Run run(const ModelConfig& c, bool interleaved, Recompute rc, bool fused) {
   r.out.resize(kMicro);
   r.dx.resize(kMicro);
   auto fwd = [&](int mb) {
-    st.set_position(7, mb * kRows);
-    r.out[static_cast<std::size_t>(mb)] = st.forward(interleaved ? mb : 0, input(c, mb), Mode::train).clone();
+    r.out[static_cast<std::size_t>(mb)] = st.forward(interleaved ? mb : 0, input(c, mb), Mode::train, at(mb)).clone();
   };
   auto bwd = [&](int mb, bool weight) {
     const int slot = interleaved ? mb : 0;
@@ -95,17 +98,53 @@ Run run(const ModelConfig& c, bool interleaved, Recompute rc, bool fused) {
   return r;
 }
 
-void expect_same(const Run& a, const Run& b, const std::string& what) {
+// Every forward first, then the backwards in REVERSE order, each micro-batch's
+// gradients taken alone (zero_grads before it); the reference runs each
+// micro-batch alone through one slot, in forward order.
+Run run_reversed(const ModelConfig& c, bool interleaved, bool fused) {
+  Stage st(c, Device::cpu(), 0, static_cast<int>(plan_model_layers(c).size()), interleaved ? kMicro : 1);
+  st.set_fused_backward(fused);
+  Run r;
+  r.out.resize(kMicro);
+  r.dx.resize(kMicro);
+  std::vector<std::vector<Tensor>> grads(kMicro);
+  auto bwd = [&](int mb) {
+    const int slot = interleaved ? mb : 0;
+    st.zero_grads();
+    const Tensor dy = random_tensor(r.out[static_cast<std::size_t>(mb)].shape(), 200 + static_cast<std::uint64_t>(mb));
+    const Tensor dx = st.backward_input(slot, dy, c.seq_len == 0);
+    if (dx.defined()) r.dx[static_cast<std::size_t>(mb)] = dx.clone();
+    st.backward_weight(slot);
+    for (std::size_t i = 0; i < st.arena().size(); ++i) grads[static_cast<std::size_t>(mb)].push_back(st.arena().grad(i).clone());
+  };
   for (int mb = 0; mb < kMicro; ++mb) {
-    EXPECT_TRUE(same(a.out[static_cast<std::size_t>(mb)], b.out[static_cast<std::size_t>(mb)])) << what << ": output " << mb;
-    if (a.dx[static_cast<std::size_t>(mb)].defined()) {
-      EXPECT_TRUE(same(a.dx[static_cast<std::size_t>(mb)], b.dx[static_cast<std::size_t>(mb)])) << what << ": dx " << mb;
-    }
+    r.out[static_cast<std::size_t>(mb)] = st.forward(interleaved ? mb : 0, input(c, mb), Mode::train, at(mb)).clone();
+    if (!interleaved) bwd(mb);
   }
-  ASSERT_EQ(a.grads.size(), b.grads.size());
-  for (std::size_t i = 0; i < a.grads.size(); ++i) EXPECT_TRUE(same(a.grads[i], b.grads[i])) << what << ": grad " << i;
-  ASSERT_EQ(a.buffers.size(), b.buffers.size());
-  for (std::size_t i = 0; i < a.buffers.size(); ++i) EXPECT_TRUE(same(a.buffers[i], b.buffers[i])) << what << ": buffer " << i;
+  if (interleaved)
+    for (int mb = kMicro; mb-- > 0;) bwd(mb);
+  for (auto& g : grads) r.grads.insert(r.grads.end(), g.begin(), g.end());
+  for (auto& b : st.buffers()) r.buffers.push_back(b.tensor.clone());
+  return r;
+}
+
+// Whether a and b agree bitwise; with `report`, every difference is a failure.
+bool agree(const Run& a, const Run& b, const std::string& what, bool report = true) {
+  bool ok = true;
+  auto check = [&](bool eq, const std::string& item) {
+    if (!eq && report) ADD_FAILURE() << what << ": " << item;
+    ok = ok && eq;
+  };
+  for (std::size_t mb = 0; mb < kMicro; ++mb) {
+    check(same(a.out[mb], b.out[mb]), "output " + std::to_string(mb));
+    if (a.dx[mb].defined()) check(same(a.dx[mb], b.dx[mb]), "dx " + std::to_string(mb));
+  }
+  check(a.grads.size() == b.grads.size(), "gradient count");
+  for (std::size_t i = 0; i < a.grads.size() && i < b.grads.size(); ++i) check(same(a.grads[i], b.grads[i]), "grad " + std::to_string(i));
+  check(a.buffers.size() == b.buffers.size(), "buffer count");
+  for (std::size_t i = 0; i < a.buffers.size() && i < b.buffers.size(); ++i)
+    check(same(a.buffers[i], b.buffers[i]), "buffer " + std::to_string(i));
+  return ok;
 }
 
 class StageSlots : public ::testing::TestWithParam<std::string> {};
@@ -115,11 +154,74 @@ TEST_P(StageSlots, InterleavedMicroBatchesMatchOneAtATime) {
   for (bool fused : {true, false})
     for (Recompute rc : {Recompute::none, Recompute::attention, Recompute::block}) {
       const std::string what = GetParam() + (fused ? " fused" : " split") + " recompute " + std::to_string(int(rc));
-      expect_same(run(c, true, rc, fused), run(c, false, rc, fused), what);
+      agree(run(c, true, rc, fused), run(c, false, rc, fused), what);
     }
 }
 
+TEST_P(StageSlots, BackwardsInReverseOrderGiveEachMicroBatchItsOwnGradients) {
+  const ModelConfig c = config(GetParam());
+  for (bool fused : {true, false})
+    agree(run_reversed(c, true, fused), run_reversed(c, false, fused), GetParam() + (fused ? " fused" : " split"));
+}
+
 INSTANTIATE_TEST_SUITE_P(Models, StageSlots, ::testing::Values("cnn", "resnet", "vit", "gpt"));
+
+// A layer that keeps its input in a member (mutable, so that its const
+// forward may write it) instead of its context: y = x * x, dx = 2 x dy with
+// the LAST forward's x. The reversed run must catch it.
+class Cheater final : public Layer {
+ public:
+  Cheater() : Layer("cheat") {}
+  const char* type() const override { return "Cheater"; }
+  Shape output_shape(const Shape& in) const override { return in; }
+  CtxPtr make_ctx() const override { return std::make_unique<Ctx>(); }
+
+ protected:
+  Tensor do_forward(const Tensor& x, Ctx&, const Call&) const override {
+    x_ = x;
+    Tensor y = Tensor::empty(x.shape());
+    for (std::int64_t i = 0; i < x.numel(); ++i) y.data<float>()[i] = x.data<float>()[i] * x.data<float>()[i];
+    return y;
+  }
+  Tensor do_backward(const Tensor& dy, Ctx&, bool, bool) const override {
+    Tensor dx = Tensor::empty(dy.shape());
+    for (std::int64_t i = 0; i < dy.numel(); ++i) dx.data<float>()[i] = 2 * x_.data<float>()[i] * dy.data<float>()[i];
+    return dx;
+  }
+
+ private:
+  mutable Tensor x_;
+};
+
+TEST(StageSlotsCheck, ALayerKeepingStateOutsideItsContextIsCaught) {
+  register_model("stage_slots_cheater", [](const ModelConfig&) {
+    std::vector<LayerPtr> l;
+    l.push_back(std::make_unique<Flatten>("flatten"));
+    l.push_back(std::make_unique<Linear>("fc1", LinearSpec{8, 6, true, false}));
+    l.push_back(std::make_unique<Cheater>());
+    l.push_back(std::make_unique<Linear>("fc2", LinearSpec{6, 3, true, false}));
+    return l;
+  });
+  const ModelConfig c = config("stage_slots_cheater");
+  for (bool fused : {true, false}) {
+    // One at a time it is right; interleaved, the earlier micro-batches get the last one's input.
+    EXPECT_FALSE(agree(run_reversed(c, true, fused), run_reversed(c, false, fused), "cheater", false))
+        << "the reversed backwards did not notice a layer that keeps its input in a member";
+  }
+}
+
+// A context belongs to one layer type: another layer's is an error naming the layer.
+TEST(StageSlotsCheck, AnotherLayersContextIsAnError) {
+  Linear fc("fc", LinearSpec{4, 2, true, false});
+  Activation relu("relu", Eltwise::relu);
+  CtxPtr wrong = relu.make_ctx();
+  try {
+    fc.forward(Tensor::zeros({1, 4}), *wrong, Mode::train);
+    ADD_FAILURE() << "a Linear ran with a ReLU's context";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'fc'"), std::string::npos) << e.what();
+  }
+}
 
 // The layers exist once whatever the slot count: in bf16, a second
 // micro-batch in flight adds its activations, not another set of bfloat16
@@ -138,60 +240,18 @@ TEST(StageSlotsMemory, ASecondMicroBatchAddsActivationsNotWeightCopies) {
       if (info.shape.size() == 2 && info.name.ends_with(".weight")) copies += 2 * static_cast<std::size_t>(shape_numel(info.shape));
     }
     const auto before = host_memory_stats().live;
-    st.set_position(1, 0);
-    st.forward(0, input(c, 0), Mode::train);
+    st.forward(0, input(c, 0), Mode::train, {1, 0});
     first = host_memory_stats().live - before;
   }
   Stage st(c, Device::cpu(), 0, n, 2);
-  st.set_position(1, 0);
-  st.forward(0, input(c, 0), Mode::train);
+  st.forward(0, input(c, 0), Mode::train, {1, 0});
   const auto before = host_memory_stats().live;
-  st.set_position(1, kRows);
-  st.forward(1, input(c, 1), Mode::train);
+  st.forward(1, input(c, 1), Mode::train, {1, kRows});
   const std::size_t second = host_memory_stats().live - before;
   ASSERT_GT(copies, 0u);
   EXPECT_LE(second + copies, first) << "first forward " << first << " B, second micro-batch " << second
                                     << " B, weight copies " << copies << " B";
   EXPECT_GT(second, first / 4) << "the second micro-batch keeps activations of its own";
-}
-
-// A layer that does not list its state cannot be shared by micro-batches in
-// flight: a stage of several slots refuses it by name; one slot runs it.
-class Unlisted final : public Layer {
- public:
-  Unlisted() : Layer("mine") {}
-  const char* type() const override { return "Unlisted"; }
-  Shape output_shape(const Shape& in) const override { return in; }
-
- protected:
-  Tensor do_forward(const Tensor& x, Mode) override { return x; }
-  Tensor do_backward(const Tensor& dy, bool, bool) override { return dy; }
-};
-
-TEST(StageSlotsErrors, AStageOfSeveralSlotsRefusesALayerThatDoesNotListItsState) {
-  register_model("stage_slots_unlisted", [](const ModelConfig&) {
-    std::vector<LayerPtr> l;
-    l.push_back(std::make_unique<Unlisted>());
-    l.push_back(std::make_unique<Flatten>("flatten"));
-    return l;
-  });
-  ModelConfig c;
-  c.name = "stage_slots_unlisted";
-  EXPECT_NO_THROW(Stage(c, Device::cpu(), 0, 2, 1));
-  try {
-    Stage(c, Device::cpu(), 0, 2, 2);
-    ADD_FAILURE() << "a stage of 2 slots accepted a layer that does not list its state";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("mine (Unlisted)"), std::string::npos) << e.what();
-  }
-  // Members swap through a state: a fresh (undefined) value comes out, and back.
-  MicroBatchState s;
-  Tensor a = Tensor::zeros({2});
-  s(a);
-  EXPECT_FALSE(a.defined());
-  s(a);
-  EXPECT_TRUE(a.defined());
-  EXPECT_EQ(a.numel(), 2);
 }
 
 }  // namespace

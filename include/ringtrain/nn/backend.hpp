@@ -13,15 +13,15 @@
 //  - Input gradients (dx) are overwritten. Parameter gradients (dw, db, ...)
 //    are overwritten when `accumulate` is false and added to when it is true,
 //    so gradient accumulation over micro-batches works by not zeroing.
-//  - A kernel may keep state between forward and the matching backward (saved
-//    batch statistics, pooling indices, attention probabilities); it lists
-//    that state, and nothing else, in visit_state (micro_batch_state.hpp), so
-//    a pipeline stage can keep several micro-batches' states for one kernel
-//    and swap the one whose backward runs into it. Calls come as forward,
-//    backward pairs with the same input shape and the same state, or forward
-//    only (eval). A forward finding its state empty allocates it; what the
-//    kernel caches per shape (primitives, workspaces used within one call) is
-//    not state.
+//  - What a kernel keeps between a forward and the matching backward (saved
+//    batch statistics, pooling indices, attention probabilities) is a
+//    KernelState the caller owns (a layer's context, nn/layer.hpp), made by
+//    the kernel's make_state() and passed to both calls: one kernel serves
+//    several micro-batches in flight, each with its own state. Calls come as
+//    forward, backward pairs with the same input shape and the same state, or
+//    forward only (eval). A forward finding its state empty allocates it; what
+//    the kernel caches per shape (primitives, workspaces used within one call)
+//    is not state and stays in the kernel.
 //  - Registration: register_backend() is the one place a device kind is wired
 //    in. The CPU backend (src/backend/cpu) is built in; the CUDA backend
 //    registers itself from cuda/ at static-initialisation time.
@@ -32,7 +32,6 @@
 
 #include "ringtrain/core/device.hpp"
 #include "ringtrain/core/tensor.hpp"
-#include "ringtrain/nn/micro_batch_state.hpp"
 
 namespace ringtrain {
 
@@ -129,15 +128,35 @@ struct AttentionSpec {
 enum class Eltwise { relu, gelu, gelu_tanh };
 
 // ---- kernels ----------------------------------------------------------------
-// What every kernel has: its forward-to-backward state (see the rules above).
+// A kernel's forward-to-backward state (see the rules above): each backend
+// derives its own per kernel type; the caller only holds it.
+class KernelState {
+ public:
+  virtual ~KernelState() = default;
+};
+using KernelStatePtr = std::unique_ptr<KernelState>;
+// st as the backend's S (an Error naming the kernel when it is another kernel's).
+template <class S>
+S& state_as(KernelState& st, const char* kernel) {
+  auto* s = dynamic_cast<S*>(&st);
+  RT_CHECK(s, kernel, ": called with another kernel's state");
+  return *s;
+}
+
 class Kernel {
  public:
   virtual ~Kernel() = default;
-  virtual void visit_state(MicroBatchState&) {}
+  // A fresh (empty) state for one micro-batch; kernels without state return the base.
+  virtual KernelStatePtr make_state() const { return std::make_unique<KernelState>(); }
 };
+// The kernel state in `slot`, made by k when missing.
+inline KernelState& state_in(KernelStatePtr& slot, const Kernel& k) {
+  if (!slot) slot = k.make_state();
+  return *slot;
+}
 // A buffer of `bytes` on `dev` that a kernel keeps from a forward for its
-// backward, held in a Tensor its visit_state lists: allocated when missing or
-// of another size. For the backward it must be there (the forward made it).
+// backward, held in a Tensor of its state: allocated when missing or of
+// another size. For the backward it must be there (the forward made it).
 inline void* kept_buffer(Tensor& t, std::size_t bytes, Device dev) {
   if (!t.defined() || t.nbytes() != bytes || t.device() != dev)
     t = Tensor::empty({static_cast<std::int64_t>(bytes)}, DType::u8, dev);
@@ -147,23 +166,17 @@ inline void* kept_for_backward(Tensor& t, std::size_t bytes, const char* kernel)
   RT_CHECK(t.defined() && t.nbytes() == bytes, kernel, ": backward without the state of its forward");
   return t.raw();
 }
-// Frees a kernel's forward-to-backward state (selective recomputation: its
-// forward runs again before the backward).
-inline void release_state(Kernel& k) {
-  MicroBatchState empty;
-  k.visit_state(empty);
-}
 
 // Output shapes follow PyTorch: out = (in + 2 pad - dil (k - 1) - 1) / stride + 1.
 class Conv2dKernel : public Kernel {
  public:
   // x [N,Cin,H,W], w [Cout,Cin,kh,kw], b [Cout] or undefined, y [N,Cout,OH,OW].
-  virtual void forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y) = 0;
+  virtual void forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y, KernelState& st) = 0;
   // y is forward's output (used to mask dy when fuse_relu); dx undefined = not needed;
   // dw (and db) undefined = not needed where Backend::splits_weight_grad().
   // With fuse_pool, y and dy have the pooled shape.
   virtual void backward(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& dy, Tensor& dx,
-                        Tensor& dw, Tensor& db, bool accumulate) = 0;
+                        Tensor& dw, Tensor& db, bool accumulate, KernelState& st) = 0;
 };
 
 class LinearKernel : public Kernel {
@@ -179,16 +192,16 @@ class BatchNormKernel : public Kernel {
   // Train: normalise with batch statistics (biased variance), update running
   // stats with the unbiased variance (PyTorch). Eval: use running stats.
   virtual void forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& running_mean,
-                       Tensor& running_var, bool train, Tensor& y) = 0;
+                       Tensor& running_var, bool train, Tensor& y, KernelState& st) = 0;
   // After a forward in either mode (eval: gradients through the fixed running stats).
   virtual void backward(const Tensor& x, const Tensor& gamma, const Tensor& dy, Tensor& dx, Tensor& dgamma,
-                        Tensor& dbeta, bool accumulate) = 0;
+                        Tensor& dbeta, bool accumulate, KernelState& st) = 0;
 };
 
 class Pool2dKernel : public Kernel {
  public:
-  virtual void forward(const Tensor& x, Tensor& y, bool train) = 0;
-  virtual void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx) = 0;
+  virtual void forward(const Tensor& x, Tensor& y, bool train, KernelState& st) = 0;
+  virtual void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx, KernelState& st) = 0;
 };
 
 class EltwiseKernel : public Kernel {
@@ -203,9 +216,9 @@ class LayerNormKernel : public Kernel {
  public:
   // y = (x - mean) / sqrt(var + eps) * gamma + beta per row (biased variance);
   // keeps each row's mean and 1/std for the backward.
-  virtual void forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y) = 0;
+  virtual void forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y, KernelState& st) = 0;
   virtual void backward(const Tensor& x, const Tensor& gamma, const Tensor& dy, Tensor& dx, Tensor& dgamma,
-                        Tensor& dbeta, bool accumulate) = 0;
+                        Tensor& dbeta, bool accumulate, KernelState& st) = 0;
 };
 
 class AttentionKernel : public Kernel {
@@ -216,9 +229,9 @@ class AttentionKernel : public Kernel {
   // [N, H, T, T] (a dense kernel), or the row log-sum-exp [N, H, T] and out
   // itself (a tiled one, the CPU's causal kernel: out must then hold the
   // forward's values when backward runs).
-  virtual void forward(const Tensor& qkv, Tensor& out) = 0;
+  virtual void forward(const Tensor& qkv, Tensor& out, KernelState& st) = 0;
   // dqkv is overwritten (same layout as qkv).
-  virtual void backward(const Tensor& qkv, const Tensor& dout, Tensor& dqkv) = 0;
+  virtual void backward(const Tensor& qkv, const Tensor& dout, Tensor& dqkv, KernelState& st) = 0;
 };
 
 // ---- the backend ------------------------------------------------------------

@@ -68,15 +68,15 @@ class TokenEmbedding : public Layer {
   // The tied LmHead is on a later pipeline stage, with a copy of the weight:
   // the gradient here is this layer's alone; the weight is marked copied.
   void head_elsewhere() { tied_ = false, copied_ = true; }
-  void visit_state(MicroBatchState& s) override;
+  CtxPtr make_ctx() const override { return ctx_of<Saved>(); }
   void register_params(ParamArena& arena, int layer_index, const std::string& prefix) override;
   void bind(const BindContext& ctx) override;
   void init(const ParamArena& arena, std::uint64_t seed) override;
   Shape output_shape(const Shape& in) const override;
 
  protected:
-  Tensor do_forward(const Tensor& x, Mode mode) override;
-  Tensor do_backward(const Tensor& dy, bool need_dx, bool accumulate) override;
+  Tensor do_forward(const Tensor& x, Ctx& c, const Call& call) const override;
+  Tensor do_backward(const Tensor& dy, Ctx& c, bool need_dx, bool accumulate) const override;
 
  private:
   std::int64_t vocab_, positions_, dim_;
@@ -85,10 +85,13 @@ class TokenEmbedding : public Layer {
   std::size_t w_ = 0, p_ = 0;
   bool tied_ = false, scatter_ = false, copied_ = false;
   DType out_dt_ = DType::f32;
-  Tensor weight, pos, dweight, dpos, y_;
-  Tensor rows_;  // i32 per token: its row here, or -1 (another rank's); on the layer's device
+  Tensor weight, pos, dweight, dpos;
+  struct Saved {
+    Tensor y;
+    Tensor rows;  // i32 per token: its row here, or -1 (another rank's); on the layer's device
+  };
   Backend* be_ = nullptr;
-  void lookup(const Tensor& ids, const Tensor& positions, Tensor& y);
+  void lookup(const Tensor& ids, const Tensor& positions, Tensor& rows, Tensor& y) const;
 };
 
 // x [N, T, dim] -> logits [N, T, vocab] = x W^T, W the tied embedding's weight
@@ -115,17 +118,20 @@ class LmHead : public Layer {
   void hold_copy(const ParamInfo& owner, std::size_t owner_index);
   void register_params(ParamArena& arena, int layer_index, const std::string& prefix) override;
   void init(const ParamArena& arena, std::uint64_t seed) override;
-  void visit_state(MicroBatchState& s) override;
+  CtxPtr make_ctx() const override { return ctx_of<Saved>(); }
   void bind(const BindContext& ctx) override;
   Shape output_shape(const Shape& in) const override;
   double forward_flops(const Shape& in) const override;
 
  protected:
-  Tensor do_forward(const Tensor& x, Mode mode) override;
-  Tensor do_backward(const Tensor& dy, bool need_dx, bool accumulate) override;
+  Tensor do_forward(const Tensor& x, Ctx& c, const Call& call) const override;
+  Tensor do_backward(const Tensor& dy, Ctx& c, bool need_dx, bool accumulate) const override;
 
  private:
-  const Tensor& weight_for(DType dt);
+  struct Saved {
+    Tensor x, y, dx;
+  };
+  const Tensor& weight_for(DType dt) const;
   std::string tie_;
   std::int64_t vocab_, dim_;
   TensorGroup g_;
@@ -133,7 +139,7 @@ class LmHead : public Layer {
   std::int64_t copy_of_ = -1;  // hold_copy: the owner's model index
   ParamInfo owner_;
   std::size_t copy_ = 0;       // the copy's arena index
-  Tensor weight, dweight, x_, y_, dx_;
+  Tensor weight, dweight;
   WeightCopy w16_;
   std::unique_ptr<LinearKernel> k_;
   Backend* be_ = nullptr;
@@ -151,5 +157,12 @@ void init_embedding_weight(const ParamArena& arena, std::size_t index, std::uint
 // the range whose head comes after it keeps its gradient to itself. Call
 // before the range registers its parameters.
 void split_tied_layers(std::vector<LayerPtr>& layers, int first, int end, const ParamArena& before);
+// The same for a stage of several ranges [first, end) of the model (`layers`:
+// the whole model as built; `model`: every layer's parameters registered in
+// model order, index base 0): a head whose embedding is in one of the ranges
+// shares its weight (nothing to do), else holds a copy; an embedding whose
+// head is outside the ranges keeps its gradient to itself.
+void split_tied_layers(std::vector<LayerPtr>& layers, const std::vector<std::pair<int, int>>& held,
+                       const ParamArena& model);
 
 }  // namespace ringtrain

@@ -8,9 +8,18 @@
 //  - forward()/backward() are non-virtual: they check the input shape against
 //    the layer (error names the layer) and then dispatch to do_forward /
 //    do_backward, which call the device's kernels (nn/backend.hpp).
-//  - Outputs live in buffers owned by the layer and are reused while the input
-//    shape is unchanged: a returned Tensor is valid until the layer's next
-//    forward (resp. backward). No allocation per step after the first.
+//  - Per-micro-batch state lives in a context the caller owns, not in the
+//    layer: make_ctx() returns a fresh one (a layer's `Saved` struct: the
+//    inputs it keeps, its outputs and gradient buffers, its kernels' saved
+//    state; a composite's holds its children's), and forward/backward take it.
+//    The compute methods are const, so a layer cannot write a member during
+//    them; what is not micro-batch state (oneDNN plans cached per shape in the
+//    kernels, bf16 weight copies, running statistics, Dropout's call count) is
+//    marked mutable or lives in the kernel. A pipeline slot is the set of its
+//    layers' contexts; dropping a context frees its activations (recomputation).
+//  - Outputs live in buffers in the context and are reused while the input
+//    shape is unchanged: a returned Tensor is valid until the next forward
+//    (resp. backward) with the same context. No allocation per step after the first.
 //  - forward keeps a reference to its input for the backward; the caller must
 //    not overwrite the input in between (a Stage never does).
 //  - backward overwrites dx and writes parameter gradients into the arena's
@@ -20,24 +29,19 @@
 //    does not split computes everything in backward_input and nothing in
 //    backward_weight, so callers may always call both; splits_backward() says
 //    whether the weight half really is deferred. backward_weight must come
-//    before the layer's next forward.
-//  - Per-micro-batch state: everything a forward leaves for its backward
-//    (kept inputs, outputs, gradient buffers, the kernels' saved state) is
-//    listed in visit_state and moves in and out of the layer as one
-//    MicroBatchState (swap_state): a pipeline stage runs several micro-batches
-//    through one copy of its layers that way, and release_activations() gives
-//    the buffers back (recomputation). A layer that does not override
-//    visit_state keeps its buffers to itself: it runs where one micro-batch is
-//    in flight at a time, and a stage that needs more refuses it by name.
+//    before the context's next forward.
+//  - A layer used on its own (one micro-batch in flight: tests, tools) may
+//    call the overloads without a context: they use one the layer owns
+//    (own_ctx). Composites and stages never do; they pass their children's.
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "ringtrain/core/tensor.hpp"
 #include "ringtrain/nn/backend.hpp"
-#include "ringtrain/nn/micro_batch_state.hpp"
 #include "ringtrain/nn/parameters.hpp"
 
 namespace ringtrain {
@@ -65,11 +69,11 @@ struct NamedBuffer {
 // (Dropout): the optimizer step, and the position of the micro-batch's first
 // sample in the step's global batch (its place in the epoch's permutation,
 // data/sampler.hpp). Keyed by these, masks are the same at every layout and
-// need no state of their own to resume. A grid stage sets it before each forward.
+// need no state of their own to resume. A stage passes it with each forward (Call).
 struct SamplePosition {
   std::uint64_t step = 0;
   std::int64_t first_sample = 0;
-  // Activation recomputation (Stage::set_recompute): this forward repeats an
+  // Activation recomputation (Recomputed, train.recompute): this forward repeats an
   // earlier one for its backward. Layers must reproduce it exactly and leave
   // running state alone (BatchNorm's running or deferred statistics).
   bool replay = false;
@@ -82,8 +86,35 @@ struct BindContext {
   const ParamArena& arena;
   std::uint64_t seed = 0;
   MathMode math = MathMode::fp32;  // for Conv2d/Linear kernels (backend.hpp)
-  // Null (a layer bound on its own): Dropout keys its masks by its own call count.
-  const SamplePosition* position = nullptr;
+};
+
+// How one forward runs: its mode and, for layers that draw random numbers or
+// keep running statistics, where it stands. Without a position (a layer run on
+// its own) Dropout keys its masks by its own call count.
+struct Call {
+  Mode mode = Mode::eval;
+  std::optional<SamplePosition> position;
+  Call(Mode m = Mode::eval) : mode(m) {}  // NOLINT: a Mode is a Call without a position
+  Call(Mode m, const SamplePosition& p) : mode(m), position(p) {}
+  bool train() const { return mode == Mode::train; }
+  bool replay() const { return position && position->replay; }
+};
+
+// A layer's per-micro-batch context (see the rules above). The base holds what
+// every layer checks: the last forward's input shape and mode.
+class Ctx {
+ public:
+  virtual ~Ctx() = default;
+  Shape in_shape;
+  Mode mode = Mode::eval;
+  bool has_forward = false;
+};
+using CtxPtr = std::unique_ptr<Ctx>;
+
+// The context of a layer whose state is the struct S (its `Saved`).
+template <class S>
+struct SavedCtx final : Ctx {
+  S s;
 };
 
 class Layer {
@@ -112,35 +143,31 @@ class Layer {
   // Arena indices of this layer's parameters (children included), in order.
   const std::vector<std::size_t>& params() const { return params_; }
 
-  Tensor forward(const Tensor& x, Mode mode);
+  // A fresh context for one micro-batch (see the rules above).
+  virtual CtxPtr make_ctx() const = 0;
+  Tensor forward(const Tensor& x, Ctx& c, const Call& call) const;
   // Returns dx (undefined when need_dx is false: the first layer skips it).
-  Tensor backward(const Tensor& dy, bool need_dx, bool accumulate);
+  Tensor backward(const Tensor& dy, Ctx& c, bool need_dx, bool accumulate) const;
   // The two halves of backward (see the rules above); same checks as backward.
-  Tensor backward_input(const Tensor& dy, bool need_dx, bool accumulate);
-  void backward_weight() { do_backward_weight(); }
+  Tensor backward_input(const Tensor& dy, Ctx& c, bool need_dx, bool accumulate) const;
+  void backward_weight(Ctx& c) const { do_backward_weight(c); }
+  // The same on the layer's own context (one micro-batch in flight).
+  Tensor forward(const Tensor& x, const Call& call) { return forward(x, own_ctx(), call); }
+  Tensor backward(const Tensor& dy, bool need_dx, bool accumulate) {
+    return backward(dy, own_ctx(), need_dx, accumulate);
+  }
+  Tensor backward_input(const Tensor& dy, bool need_dx, bool accumulate) {
+    return backward_input(dy, own_ctx(), need_dx, accumulate);
+  }
+  void backward_weight() { backward_weight(own_ctx()); }
+  Ctx& own_ctx();
+  // Frees what the own context holds (a fresh one is made on the next forward).
+  void release_own_ctx() { own_.reset(); }
   virtual bool splits_backward() const { return false; }
   // Calls f on each direct child of a composite layer (Sequential, Residual,
   // ResidualStack), so callers can reach nested layers (a pipeline stage's
   // BatchNorm2d layers) without knowing the container. Leaves have none.
   virtual void for_each_child(const std::function<void(Layer&)>& f) {}
-  // Exchanges this layer's per-micro-batch state (its children's included)
-  // with s's (see the rules above and micro_batch_state.hpp).
-  // Composites call it on each child from their visit_state.
-  void swap_state(MicroBatchState& s) {
-    s(in_shape_, last_mode_, has_forward_);
-    visit_state(s);
-  }
-  // Activation recomputation: drops every tensor the last forward kept for the
-  // backward and the gradient buffers (children's too), so their memory is
-  // freed; the next forward allocates afresh. Only between a backward_weight
-  // and the next forward (or after a forward whose backward will re-run it).
-  void release_activations() {
-    MicroBatchState empty;
-    swap_state(empty);
-  }
-  // Lists this layer's per-micro-batch members: s(x_, y_, dx_), k_->visit_state(s),
-  // child->swap_state(s). The default says the layer does not list them.
-  virtual void visit_state(MicroBatchState& s) { s.unlisted(name_ + " (" + type() + ")"); }
   // Whether forward/backward take bfloat16 activations (train.precision = bf16
   // on a backend with Backend::bf16_activations): output and input gradient
   // then have the input's type, parameter gradients stay float32. A Stage
@@ -160,13 +187,25 @@ class Layer {
   virtual void set_output_dtype(DType) {}
 
  protected:
-  virtual Tensor do_forward(const Tensor& x, Mode mode) = 0;
-  virtual Tensor do_backward(const Tensor& dy, bool need_dx, bool accumulate) = 0;
+  virtual Tensor do_forward(const Tensor& x, Ctx& c, const Call& call) const = 0;
+  virtual Tensor do_backward(const Tensor& dy, Ctx& c, bool need_dx, bool accumulate) const = 0;
   // Defaults: the whole backward in the input half, nothing deferred.
-  virtual Tensor do_backward_input(const Tensor& dy, bool need_dx, bool accumulate) {
-    return do_backward(dy, need_dx, accumulate);
+  virtual Tensor do_backward_input(const Tensor& dy, Ctx& c, bool need_dx, bool accumulate) const {
+    return do_backward(dy, c, need_dx, accumulate);
   }
-  virtual void do_backward_weight() {}
+  virtual void do_backward_weight(Ctx& c) const {}
+  // c's state as the S that this layer's make_ctx made (an Error naming the
+  // layer when c belongs to another layer type).
+  template <class S>
+  S& saved(Ctx& c) const {
+    auto* t = dynamic_cast<SavedCtx<S>*>(&c);
+    RT_CHECK(t, "layer '", name_, "' (", type(), "): called with another layer's context");
+    return t->s;
+  }
+  template <class S>
+  static CtxPtr ctx_of() {
+    return std::make_unique<SavedCtx<S>>();
+  }
   // Registers one parameter and remembers its index.
   std::size_t add_param(ParamArena& arena, const std::string& prefix, const std::string& pname, Shape shape,
                         DType dt, bool decay, int layer_index);
@@ -175,9 +214,9 @@ class Layer {
 
   std::string name_;
   std::vector<std::size_t> params_;
-  Shape in_shape_;     // of the last forward
-  Mode last_mode_ = Mode::eval;
-  bool has_forward_ = false;
+
+ private:
+  CtxPtr own_;  // the overloads without a context (see the rules above)
 };
 
 // A weight in another dtype (the bfloat16 or float16 copy that 16-bit
@@ -186,13 +225,14 @@ class Layer {
 // load, a broadcast or a ZeRO gather. Linear, Conv2d and the LM head hold one.
 class WeightCopy {
  public:
-  const Tensor& of(const Tensor& w, DType dt, Backend& be, const ParamArena& arena);
+  const Tensor& of(const Tensor& w, DType dt, Backend& be, const ParamArena& arena) const;
   void invalidate() { valid_ = false; }
 
  private:
-  Tensor copy_;
-  std::uint64_t version_ = 0;
-  bool valid_ = false;
+  // A cache derived from the parameters, not micro-batch state: refreshed from const forwards.
+  mutable Tensor copy_;
+  mutable std::uint64_t version_ = 0;
+  mutable bool valid_ = false;
 };
 
 using LayerPtr = std::unique_ptr<Layer>;

@@ -3,6 +3,7 @@
 // to the kernel its device's backend created in bind(). Shapes are NCHW for
 // images and [N, features] for Linear; a Flatten sits between them.
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -25,39 +26,42 @@ class WeightLayer : public Layer {
   void register_params(ParamArena& arena, int layer_index, const std::string& prefix) override;
   void init(const ParamArena& arena, std::uint64_t seed) override;
   bool splits_backward() const override { return split_; }
-  void visit_state(MicroBatchState& s) override;
-  // The next forward writes its output into y, the next backward its input
-  // gradient into dx, when the shapes fit: views of shared workspaces for the
+  CtxPtr make_ctx() const override { return ctx_of<Saved>(); }
+  // The next forward with c writes its output into y, the next backward its
+  // input gradient into dx, when the shapes fit: views of shared workspaces for the
   // tensors a collective consumes at once (sequence parallelism, parallel_layers.cpp).
-  void write_output_into(const Tensor& y) { y_ = y; }
-  void write_input_grad_into(const Tensor& dx) { dx_ = dx; }
+  void write_output_into(Ctx& c, const Tensor& y) const { saved<Saved>(c).y = y; }
+  void write_input_grad_into(Ctx& c, const Tensor& dx) const { saved<Saved>(c).dx = dx; }
 
  protected:
+  struct Saved {
+    Tensor x, y, dx;
+    Tensor dy;  // kept from backward_input for backward_weight
+    bool w_pending = false;  // backward_input ran; backward_weight owes dw (and db)
+    bool w_accumulate = false;
+    KernelStatePtr ks;  // the kernel's forward-to-backward state
+  };
   WeightLayer(std::string name, Shape weight, bool bias, DType dt, Init init);
   // The parameter views and whether the backend splits; call from bind().
   void bind_weights(const BindContext& ctx);
-  // One kernel backward over the forward's x_ and y_: returns dx when need_dx
+  // One kernel backward over the forward's s.x and s.y: returns dx when need_dx
   // (undefined otherwise) and writes dw, db when `weights`.
-  virtual Tensor run_backward(const Tensor& dy, bool need_dx, bool weights, bool accumulate) = 0;
-  Tensor do_backward(const Tensor& dy, bool need_dx, bool accumulate) override {
-    return run_backward(dy, need_dx, true, accumulate);
+  virtual Tensor run_backward(const Tensor& dy, Saved& s, bool need_dx, bool weights, bool accumulate) const = 0;
+  Tensor do_backward(const Tensor& dy, Ctx& c, bool need_dx, bool accumulate) const override {
+    return run_backward(dy, saved<Saved>(c), need_dx, true, accumulate);
   }
-  Tensor do_backward_input(const Tensor& dy, bool need_dx, bool accumulate) override;
-  void do_backward_weight() override;
-  virtual Kernel* kernel() = 0;  // the one kernel (null before bind), for its forward-to-backward state
+  Tensor do_backward_input(const Tensor& dy, Ctx& c, bool need_dx, bool accumulate) const override;
+  void do_backward_weight(Ctx& c) const override;
 
   Init init_;
   DType dtype_;
-  Tensor w, b, dw, db, x_, y_, dx_;
+  Tensor w, b, dw, db;  // views of the arena
 
  private:
   Shape wshape_;
   bool bias_;
   std::size_t w_ = 0, b_ = 0;
   bool split_ = false;      // the backend's kernels accept an undefined dw
-  bool w_pending_ = false;  // backward_input ran; backward_weight owes dw (and db)
-  bool w_accumulate_ = false;
-  Tensor dy_;               // kept from backward_input for backward_weight
 };
 
 class Linear : public WeightLayer {
@@ -71,15 +75,14 @@ class Linear : public WeightLayer {
   bool takes_bf16() const override { return spec_.dtype == DType::f32; }
 
  protected:
-  Tensor do_forward(const Tensor& x, Mode mode) override;
-  Tensor run_backward(const Tensor& dy, bool need_dx, bool weights, bool accumulate) override;
-  Kernel* kernel() override { return k_.get(); }
+  Tensor do_forward(const Tensor& x, Ctx& c, const Call& call) const override;
+  Tensor run_backward(const Tensor& dy, Saved& s, bool need_dx, bool weights, bool accumulate) const override;
 
  private:
   Tensor rows_of(const Tensor& t, std::int64_t features) const;
   // The weight the kernel multiplies by for activations of type dt: w itself,
   // or (bfloat16) a copy cast from w when the arena's version moved on.
-  const Tensor& weight_for(DType dt);
+  const Tensor& weight_for(DType dt) const;
   LinearSpec spec_;
   std::unique_ptr<LinearKernel> k_;
   Backend* be_ = nullptr;
@@ -98,14 +101,13 @@ class Conv2d : public WeightLayer {
   bool takes_bf16() const override { return spec_.dtype == DType::f32 && be_ && be_->bf16_images(); }
 
  protected:
-  Tensor do_forward(const Tensor& x, Mode mode) override;
-  Tensor run_backward(const Tensor& dy, bool need_dx, bool weights, bool accumulate) override;
-  Kernel* kernel() override { return k_.get(); }
+  Tensor do_forward(const Tensor& x, Ctx& c, const Call& call) const override;
+  Tensor run_backward(const Tensor& dy, Saved& s, bool need_dx, bool weights, bool accumulate) const override;
 
  private:
   Shape conv_shape(const Shape& in) const;  // before the fused pooling
   // As Linear's: w, or for bfloat16 activations a copy cast from w once per arena version.
-  const Tensor& weight_for(DType dt);
+  const Tensor& weight_for(DType dt) const;
   Conv2dSpec spec_;
   std::unique_ptr<Conv2dKernel> k_;
   Backend* be_ = nullptr;
@@ -124,7 +126,7 @@ class BatchNorm2d : public Layer {
   void init(const ParamArena& arena, std::uint64_t seed) override;
   Shape output_shape(const Shape& in) const override;
   std::vector<NamedBuffer> buffers() const override;  // running_mean, running_var
-  void visit_state(MicroBatchState& s) override;
+  CtxPtr make_ctx() const override { return ctx_of<Saved>(); }
 
   // Deferred running statistics (torchgpipe's DeferredBatchNorm), for the
   // micro-batches of a pipeline step: while on, a train-mode forward still
@@ -140,31 +142,37 @@ class BatchNorm2d : public Layer {
   void commit_deferred_stats();  // no-op when nothing was accumulated
 
  protected:
-  Tensor do_forward(const Tensor& x, Mode mode) override;
-  Tensor do_backward(const Tensor& dy, bool need_dx, bool accumulate) override;
+  Tensor do_forward(const Tensor& x, Ctx& c, const Call& call) const override;
+  Tensor do_backward(const Tensor& dy, Ctx& c, bool need_dx, bool accumulate) const override;
 
  private:
+  struct Saved {
+    Tensor x, y, dx;
+    BatchNormKernel* k = nullptr;  // ran the forward: its saved statistics serve the backward
+    KernelStatePtr ks;
+  };
   struct DeferredStats {
     double count = 0;
     std::vector<double> mean, m2;  // per channel: mean, sum of squared deviations
   };
-  void run_batch_kernel(const Tensor& x);  // the momentum-1 kernel: y_ and the batch's statistics
-  void accumulate_batch_stats(const Tensor& x);
+  void run_batch_kernel(const Tensor& x, Saved& s) const;  // the momentum-1 kernel: s.y and the batch's statistics
+  void accumulate_batch_stats(const Tensor& x, Saved& s) const;
 
   BatchNormSpec spec_;
   std::string prefix_;
   std::size_t g_ = 0, b_ = 0;
-  Tensor gamma, beta, dgamma, dbeta, running_mean, running_var, x_, y_, dx_;
+  Tensor gamma, beta, dgamma, dbeta;
+  // Not micro-batch state: the running statistics, which every train-mode
+  // forward updates (a buffer checkpoints keep), and the caches below.
+  mutable Tensor running_mean, running_var;
   std::unique_ptr<BatchNormKernel> k_;
   Backend* be_ = nullptr;
   std::shared_ptr<DeferredStats> deferred_;  // null: running statistics updated per forward
   // Deferred mode: a momentum-1 kernel writes the batch's mean / unbiased
   // variance into these instead of blending them into the running statistics.
-  std::unique_ptr<BatchNormKernel> k_batch_;
-  Tensor batch_mean_, batch_var_;
-  BatchNormKernel* last_k_ = nullptr;  // ran the last forward: its saved statistics serve the backward
-  const SamplePosition* position_ = nullptr;  // replay: a recomputed forward (layer.hpp)
-  Tensor saved_mean_, saved_var_;             // the running statistics across a replay
+  mutable std::unique_ptr<BatchNormKernel> k_batch_;
+  mutable Tensor batch_mean_, batch_var_;
+  mutable Tensor saved_mean_, saved_var_;  // the running statistics across a replay
 };
 
 // ReLU or GELU as its own layer (Conv2d/Linear can also fuse ReLU).
@@ -175,15 +183,17 @@ class Activation : public Layer {
   bool takes_bf16() const override { return true; }
   void bind(const BindContext& ctx) override;
   Shape output_shape(const Shape& in) const override { return in; }
-  void visit_state(MicroBatchState& s) override;
+  CtxPtr make_ctx() const override { return ctx_of<Saved>(); }
 
  protected:
-  Tensor do_forward(const Tensor& x, Mode mode) override;
-  Tensor do_backward(const Tensor& dy, bool need_dx, bool accumulate) override;
+  Tensor do_forward(const Tensor& x, Ctx& c, const Call& call) const override;
+  Tensor do_backward(const Tensor& dy, Ctx& c, bool need_dx, bool accumulate) const override;
 
  private:
+  struct Saved {
+    Tensor x, y, dx;
+  };
   Eltwise op_;
-  Tensor x_, y_, dx_;
   std::unique_ptr<EltwiseKernel> k_;
 };
 
@@ -197,20 +207,26 @@ class Pool2d : public Layer {
   const char* type() const override;
   void bind(const BindContext& ctx) override;
   Shape output_shape(const Shape& in) const override;
-  void visit_state(MicroBatchState& s) override;
+  CtxPtr make_ctx() const override { return ctx_of<Saved>(); }
   bool takes_bf16() const override { return be_ && be_->bf16_images(); }
 
  protected:
-  Tensor do_forward(const Tensor& x, Mode mode) override;
-  Tensor do_backward(const Tensor& dy, bool need_dx, bool accumulate) override;
+  Tensor do_forward(const Tensor& x, Ctx& c, const Call& call) const override;
+  Tensor do_backward(const Tensor& dy, Ctx& c, bool need_dx, bool accumulate) const override;
 
  private:
+  struct Saved {
+    Tensor x, y, dx;
+    Pool2dKernel* k = nullptr;  // ran the forward (global pooling: the kernel of its shape)
+    KernelStatePtr ks;
+  };
+  Pool2dKernel& kernel_for(const Shape& in) const;
   Pool2dSpec spec_;
   bool global_;
   Backend* be_ = nullptr;
-  Shape kernel_for_;  // input shape the kernel was made for (global pooling)
-  Tensor x_, y_, dx_;
   std::unique_ptr<Pool2dKernel> k_;
+  // Global pooling: a kernel per input size, made on first use (a cache, not state).
+  mutable std::map<std::pair<std::int64_t, std::int64_t>, std::unique_ptr<Pool2dKernel>> global_k_;
 };
 
 // Inverted dropout, deterministic: the mask depends on (model seed, layer
@@ -230,7 +246,7 @@ class Dropout : public Layer {
   // Next train-mode forward uses this call index (checkpoint resume).
   void set_call_count(std::uint64_t n) { calls_ = n; }
   std::uint64_t call_count() const { return calls_; }
-  void visit_state(MicroBatchState& s) override;
+  CtxPtr make_ctx() const override { return ctx_of<Saved>(); }
   // Tensor parallelism: the input is part `index` of `parts` of a wider
   // activation along its last dimension; the mask is then that part of the
   // whole activation's mask (the 1-rank model's), computed on the host.
@@ -240,17 +256,21 @@ class Dropout : public Layer {
   void shard_tokens(int parts, int index) { token_parts_ = parts, index_ = index; }
 
  protected:
-  Tensor do_forward(const Tensor& x, Mode mode) override;
-  Tensor do_backward(const Tensor& dy, bool need_dx, bool accumulate) override;
+  Tensor do_forward(const Tensor& x, Ctx& c, const Call& call) const override;
+  Tensor do_backward(const Tensor& dy, Ctx& c, bool need_dx, bool accumulate) const override;
 
  private:
+  struct Saved {
+    Tensor mask, y, dx;
+    bool identity = true;  // the forward was eval (or p == 0)
+  };
   double p_;
   Backend* be_ = nullptr;
-  std::uint64_t seed_ = 0, stream_ = 0, calls_ = 0;
-  const SamplePosition* position_ = nullptr;
+  std::uint64_t seed_ = 0, stream_ = 0;
+  // Forwards without a position count their calls (a layer run on its own):
+  // a run-wide counter, not micro-batch state.
+  mutable std::uint64_t calls_ = 0;
   int parts_ = 1, token_parts_ = 1, index_ = 0;
-  bool identity_ = true;  // last forward was eval (or p == 0)
-  Tensor mask_, y_, dx_;
 };
 
 // [N, ...] -> [N, prod(...)]: a view, no copy.
@@ -260,11 +280,11 @@ class Flatten : public Layer {
   const char* type() const override { return "Flatten"; }
   bool takes_bf16() const override { return true; }  // a view of any type
   Shape output_shape(const Shape& in) const override;
-  void visit_state(MicroBatchState&) override {}  // nothing beyond the input shape
+  CtxPtr make_ctx() const override { return std::make_unique<Ctx>(); }  // nothing beyond the input shape
 
  protected:
-  Tensor do_forward(const Tensor& x, Mode mode) override;
-  Tensor do_backward(const Tensor& dy, bool need_dx, bool accumulate) override;
+  Tensor do_forward(const Tensor& x, Ctx& c, const Call& call) const override;
+  Tensor do_backward(const Tensor& dy, Ctx& c, bool need_dx, bool accumulate) const override;
 };
 
 // Children run in order; parameters are named "<prefix><name>.<child>...".
@@ -282,15 +302,18 @@ class Sequential : public Layer {
   const std::vector<LayerPtr>& children() const { return children_; }
   bool splits_backward() const override;
   void for_each_child(const std::function<void(Layer&)>& f) override;
-  void visit_state(MicroBatchState& s) override;
+  CtxPtr make_ctx() const override;
 
  protected:
-  Tensor do_forward(const Tensor& x, Mode mode) override;
-  Tensor do_backward(const Tensor& dy, bool need_dx, bool accumulate) override;
-  Tensor do_backward_input(const Tensor& dy, bool need_dx, bool accumulate) override;
-  void do_backward_weight() override;
+  Tensor do_forward(const Tensor& x, Ctx& c, const Call& call) const override;
+  Tensor do_backward(const Tensor& dy, Ctx& c, bool need_dx, bool accumulate) const override;
+  Tensor do_backward_input(const Tensor& dy, Ctx& c, bool need_dx, bool accumulate) const override;
+  void do_backward_weight(Ctx& c) const override;
 
  private:
+  struct Saved {
+    std::vector<CtxPtr> children;
+  };
   std::vector<LayerPtr> children_;
 };
 
@@ -301,7 +324,7 @@ class Residual : public Layer {
   Residual(std::string name, std::vector<LayerPtr> body, std::vector<LayerPtr> shortcut, bool relu_after = true);
   const char* type() const override { return "Residual"; }
   bool takes_bf16() const override;  // when every child does (the add and ReLU take bf16)
-  void visit_state(MicroBatchState& s) override;
+  CtxPtr make_ctx() const override;
   void register_params(ParamArena& arena, int layer_index, const std::string& prefix) override;
   void bind(const BindContext& ctx) override;
   void init(const ParamArena& arena, std::uint64_t seed) override;
@@ -312,17 +335,21 @@ class Residual : public Layer {
   void for_each_child(const std::function<void(Layer&)>& f) override;
 
  protected:
-  Tensor do_forward(const Tensor& x, Mode mode) override;
-  Tensor do_backward(const Tensor& dy, bool need_dx, bool accumulate) override;
-  Tensor do_backward_input(const Tensor& dy, bool need_dx, bool accumulate) override;
-  void do_backward_weight() override;
+  Tensor do_forward(const Tensor& x, Ctx& c, const Call& call) const override;
+  Tensor do_backward(const Tensor& dy, Ctx& c, bool need_dx, bool accumulate) const override;
+  Tensor do_backward_input(const Tensor& dy, Ctx& c, bool need_dx, bool accumulate) const override;
+  void do_backward_weight(Ctx& c) const override;
 
  private:
+  struct Saved {
+    std::vector<CtxPtr> body, shortcut;
+    CtxPtr post;
+    Tensor sum, dx;
+  };
   std::vector<LayerPtr> body_;
   std::vector<LayerPtr> shortcut_;     // empty = identity
   std::unique_ptr<Activation> post_;   // null = none
   Backend* be_ = nullptr;
-  Tensor sum_, dx_;
 };
 
 // ResNet BasicBlock: conv3x3(stride)-BN-ReLU-conv3x3-BN (+ 1x1 conv-BN shortcut

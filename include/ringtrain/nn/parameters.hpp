@@ -96,11 +96,12 @@ class ParamArena {
   // The indices of tied parameters (owners or copies), in name order: the
   // same list on both stages of a tie, which sum and compare them in that order.
   std::vector<std::size_t> tied() const;
-  // A pipeline stage's arena holds a contiguous run of the whole model's
-  // parameters: index i here is parameter base + i of the model. Initial values
-  // are drawn per model index (nn/init.hpp), so a stage built on its own starts
-  // from the same weights as the whole model. A copy of a tied weight has its
-  // owner's index, and the parameters after it are not shifted by it.
+  // A pipeline stage's arena holds runs of the whole model's parameters (one
+  // per chunk of layers): the parameters added after set_index_base(base) are
+  // the model's base, base + 1, ... Initial values are drawn per model index
+  // (nn/init.hpp), so a stage built on its own starts from the same weights as
+  // the whole model. A copy of a tied weight has its owner's index, and the
+  // parameters after it are not shifted by it.
   void set_index_base(std::size_t base);
   std::size_t model_index(std::size_t i) const;
 
@@ -136,7 +137,8 @@ class ParamArena {
   std::vector<ParamInfo> infos_;
   std::vector<Flat> flats_;
   Device device_ = Device::cpu();
-  std::size_t base_ = 0;
+  // (first arena index, its model index) of each run, ascending.
+  std::vector<std::pair<std::size_t, std::size_t>> bases_{{0, 0}};
   bool finalized_ = false;
   mutable std::uint64_t version_ = 0;
 };

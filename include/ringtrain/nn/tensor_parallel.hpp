@@ -105,7 +105,6 @@ class TensorParallelLayer : public Layer {
   void init(const ParamArena& arena, std::uint64_t seed) override;
   Shape output_shape(const Shape& in) const override { return local_->output_shape(in); }
   double forward_flops(const Shape& in) const override { return local_->forward_flops(in); }
-  void visit_state(MicroBatchState& s) override { local_->swap_state(s); }
   bool takes_bf16() const override { return local_->takes_bf16(); }
 
  protected:
@@ -127,20 +126,20 @@ class ColumnParallel : public TensorParallelLayer {
   // g.sequence: the input is a token shard, all-gathered first (its dx reduce-scattered).
   Shape output_shape(const Shape& in) const override { return local_->output_shape(gathered(in)); }
   double forward_flops(const Shape& in) const override { return local_->forward_flops(gathered(in)); }
-  // The kept input shard too: it is the previous layer's output (block
-  // recomputation releases it with the previous layer's state).
-  void visit_state(MicroBatchState& s) override {
-    TensorParallelLayer::visit_state(s);
-    s(xs_, xg_);
-  }
+  CtxPtr make_ctx() const override;
 
  protected:
-  Tensor do_forward(const Tensor& x, Mode mode) override;
-  Tensor do_backward(const Tensor& dy, bool need_dx, bool accumulate) override;
+  Tensor do_forward(const Tensor& x, Ctx& c, const Call& call) const override;
+  Tensor do_backward(const Tensor& dy, Ctx& c, bool need_dx, bool accumulate) const override;
 
  private:
+  struct Saved {
+    CtxPtr local;
+    Tensor xs, xg;  // sequence: the input shard, the gathered input (a workspace view)
+  };
   Shape gathered(const Shape& in) const;
-  Tensor xs_, xg_;  // sequence: the input shard, the gathered input (a workspace view)
+  // A group built by hand (not by TensorGroup::of) gets a helper thread on first use.
+  mutable std::shared_ptr<TaskThread> own_helper_;
 };
 
 class RowParallel : public TensorParallelLayer {
@@ -151,15 +150,21 @@ class RowParallel : public TensorParallelLayer {
   void bind(const BindContext& ctx) override;
   void init(const ParamArena& arena, std::uint64_t seed) override;
   Shape output_shape(const Shape& in) const override;
-  void visit_state(MicroBatchState& s) override;
+  CtxPtr make_ctx() const override;
   // A row Conv2d that pools after the reduction keeps its stage in float32.
   bool takes_bf16() const override { return local_->takes_bf16() && !after_.pool; }
 
  protected:
-  Tensor do_forward(const Tensor& x, Mode mode) override;
-  Tensor do_backward(const Tensor& dy, bool need_dx, bool accumulate) override;
+  Tensor do_forward(const Tensor& x, Ctx& c, const Call& call) const override;
+  Tensor do_backward(const Tensor& dy, Ctx& c, bool need_dx, bool accumulate) const override;
 
  private:
+  struct Saved {
+    CtxPtr local;
+    Tensor z, y, dz;  // z: the reduced output (+ bias, ReLU) before the pooling
+    Tensor dbp;       // sequence: this rank's part of db
+    KernelStatePtr pool;
+  };
   // What runs after the reduction (the local layer has none of it).
   struct After {
     bool bias = false, relu = false, pool = false;
@@ -174,8 +179,7 @@ class RowParallel : public TensorParallelLayer {
   Backend* be_ = nullptr;
   std::unique_ptr<EltwiseKernel> relu_;
   std::unique_ptr<Pool2dKernel> pool_;
-  Tensor b, db, z_, y_, dz_;  // z_: the reduced output (+ bias, ReLU) before the pooling
-  Tensor dbp_;                // sequence: this rank's part of db
+  Tensor b, db;
 };
 
 // channels: the WHOLE layer's; this rank normalises channels/T of them.

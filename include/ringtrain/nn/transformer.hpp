@@ -25,7 +25,7 @@ class LayerNorm : public Layer {
   LayerNorm(std::string name, std::int64_t features, double eps = 1e-5);
   const char* type() const override { return "LayerNorm"; }
   bool takes_bf16() const override { return true; }
-  void visit_state(MicroBatchState& s) override;
+  CtxPtr make_ctx() const override;
   void register_params(ParamArena& arena, int layer_index, const std::string& prefix) override;
   void bind(const BindContext& ctx) override;
   void init(const ParamArena& arena, std::uint64_t seed) override;
@@ -35,13 +35,18 @@ class LayerNorm : public Layer {
   void sum_grads_over(const TensorGroup& g) { sum_over_ = g; }
 
  protected:
-  Tensor do_forward(const Tensor& x, Mode mode) override;
-  Tensor do_backward(const Tensor& dy, bool need_dx, bool accumulate) override;
+  Tensor do_forward(const Tensor& x, Ctx& c, const Call& call) const override;
+  Tensor do_backward(const Tensor& dy, Ctx& c, bool need_dx, bool accumulate) const override;
 
  private:
+  struct Saved {
+    Tensor x, y, dx;
+    KernelStatePtr ks;
+  };
   LayerNormSpec spec_;
   std::size_t g_ = 0, b_ = 0;
-  Tensor gamma, beta, dgamma, dbeta, x_, y_, dx_, partial_;
+  Tensor gamma, beta, dgamma, dbeta;
+  mutable Tensor partial_;  // sequence parallelism: both partial gradients, summed at once (used within a call)
   std::unique_ptr<LayerNormKernel> k_;
   TensorGroup sum_over_;
   Backend* be_ = nullptr;
@@ -58,7 +63,7 @@ class MultiHeadSelfAttention : public Layer {
   const char* type() const override { return "MultiHeadSelfAttention"; }
   bool takes_bf16() const override { return qkv_->takes_bf16() && proj_->takes_bf16(); }
   std::int64_t heads() const { return heads_; }
-  void visit_state(MicroBatchState& s) override;
+  CtxPtr make_ctx() const override;
   // Selective recomputation (Korthikanti et al. 2022): the forward drops the
   // attention probabilities [N, H, T, T] (the O(heads * T^2) activations) and
   // the backward recomputes them from the kept q, k, v.
@@ -70,13 +75,17 @@ class MultiHeadSelfAttention : public Layer {
   double forward_flops(const Shape& in) const override;
 
  protected:
-  Tensor do_forward(const Tensor& x, Mode mode) override;
-  Tensor do_backward(const Tensor& dy, bool need_dx, bool accumulate) override;
+  Tensor do_forward(const Tensor& x, Ctx& c, const Call& call) const override;
+  Tensor do_backward(const Tensor& dy, Ctx& c, bool need_dx, bool accumulate) const override;
 
  private:
+  struct Saved {
+    CtxPtr qkv, proj;
+    Tensor qkv_out, core, dcore;
+    KernelStatePtr ks;  // the core's (null between a forward and backward that recompute it)
+  };
   std::int64_t heads_, head_dim_;
   LayerPtr qkv_, proj_;
-  Tensor qkv_out_, core_, dcore_;
   std::unique_ptr<AttentionKernel> k_;
   bool recompute_core_ = false;
   bool causal_ = false;
@@ -97,7 +106,7 @@ class PatchEmbed : public Layer {
              std::int64_t dim);
   const char* type() const override { return "PatchEmbed"; }
   bool takes_bf16() const override { return proj_->takes_bf16(); }
-  void visit_state(MicroBatchState& s) override;
+  CtxPtr make_ctx() const override;
   std::int64_t tokens() const { return (height_ / patch_) * (width_ / patch_); }
   void register_params(ParamArena& arena, int layer_index, const std::string& prefix) override;
   void bind(const BindContext& ctx) override;
@@ -106,15 +115,19 @@ class PatchEmbed : public Layer {
   double forward_flops(const Shape& in) const override;
 
  protected:
-  Tensor do_forward(const Tensor& x, Mode mode) override;
-  Tensor do_backward(const Tensor& dy, bool need_dx, bool accumulate) override;
+  Tensor do_forward(const Tensor& x, Ctx& c, const Call& call) const override;
+  Tensor do_backward(const Tensor& dy, Ctx& c, bool need_dx, bool accumulate) const override;
 
  private:
   std::int64_t channels_, height_, width_, patch_, dim_;
+  struct Saved {
+    CtxPtr proj;
+    Tensor patches, y, dx;
+  };
   std::unique_ptr<Linear> proj_;
   std::size_t pos_ = 0;
   Backend* be_ = nullptr;
-  Tensor pos, dpos, patches_, y_, dpatches_, dx_;
+  Tensor pos, dpos;
 };
 
 // [N, T, D] -> [N, D]: the mean over tokens.
@@ -123,17 +136,19 @@ class TokenMean : public Layer {
   explicit TokenMean(std::string name) : Layer(std::move(name)) {}
   const char* type() const override { return "TokenMean"; }
   bool takes_bf16() const override { return true; }
-  void visit_state(MicroBatchState& s) override;
+  CtxPtr make_ctx() const override;
   void bind(const BindContext& ctx) override { be_ = &ctx.backend; }
   Shape output_shape(const Shape& in) const override;
 
  protected:
-  Tensor do_forward(const Tensor& x, Mode mode) override;
-  Tensor do_backward(const Tensor& dy, bool need_dx, bool accumulate) override;
+  Tensor do_forward(const Tensor& x, Ctx& c, const Call& call) const override;
+  Tensor do_backward(const Tensor& dy, Ctx& c, bool need_dx, bool accumulate) const override;
 
  private:
+  struct Saved {
+    Tensor y, dx;
+  };
   Backend* be_ = nullptr;
-  Tensor y_, dx_;
 };
 
 // x_{i+1} = x_i + branch_i(x_i) for each branch in turn: a pre-norm
@@ -156,7 +171,7 @@ class ResidualStack : public Layer {
   const char* type() const override { return "ResidualStack"; }
   // When every child does; token shards are sliced and gathered in either type.
   bool takes_bf16() const override;
-  void visit_state(MicroBatchState& s) override;
+  CtxPtr make_ctx() const override;
   void register_params(ParamArena& arena, int layer_index, const std::string& prefix) override;
   void bind(const BindContext& ctx) override;
   void init(const ParamArena& arena, std::uint64_t seed) override;
@@ -166,16 +181,19 @@ class ResidualStack : public Layer {
   void for_each_child(const std::function<void(Layer&)>& f) override;
 
  protected:
-  Tensor do_forward(const Tensor& x, Mode mode) override;
-  Tensor do_backward(const Tensor& dy, bool need_dx, bool accumulate) override;
+  Tensor do_forward(const Tensor& x, Ctx& c, const Call& call) const override;
+  Tensor do_backward(const Tensor& dy, Ctx& c, bool need_dx, bool accumulate) const override;
 
  private:
+  struct Saved {
+    std::vector<std::vector<CtxPtr>> branches;
+    std::vector<Tensor> sums;  // x_1 .. x_k (branch i+1 keeps x_i as its input)
+    Tensor dx;
+    Tensor xs, y, dys, dxw;  // sequence: input shard, whole output, dy shard, whole dx
+  };
   std::vector<std::vector<LayerPtr>> branches_;
   SequenceShard seq_;
   Backend* be_ = nullptr;
-  std::vector<Tensor> sums_;  // x_1 .. x_k (branch i+1 keeps x_i as its input)
-  Tensor dx_;
-  Tensor xs_, y_, dys_, dxw_;  // sequence: input shard, whole output, dy shard, whole dx
 };
 
 struct TransformerBlockSpec {

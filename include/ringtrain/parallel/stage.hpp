@@ -1,25 +1,31 @@
 #pragma once
-// Stage: the contiguous top-level layers [first, end) of a model that one
-// pipeline rank runs, with its own ParamArena (parameters and gradients of
-// those layers only; the optimizer built over it holds only their state).
+// Stage: the top-level layers that one pipeline rank runs, in one or more
+// chunks (contiguous layer ranges [first, end) of the model: an interleaved
+// or V schedule gives a rank several), with ONE ParamArena for all of them
+// (parameters and gradients of those layers only; grad sync, the updater,
+// ZeRO, model state and checkpoints see the rank's parameters as one set).
 //
 // Rules:
-//  - Activation slots: a schedule keeps up to `slots` micro-batches between
-//    their forward and their weight backward (schedule.hpp peak_in_flight).
-//    The stage has ONE copy of its layers; each slot is a MicroBatchState
-//    (nn/micro_batch_state.hpp): the activations, gradient buffers and kernel
-//    state (BatchNorm's batch statistics, pooling indices, attention
-//    probabilities, dropout masks) its micro-batch's forward left, swapped
-//    into the layers for each of its passes. Parameters, bf16 weight copies,
-//    running statistics and the kernels' cached primitives are shared. A slot
-//    is busy from forward() to backward_weight(). A stage of several slots
-//    refuses a layer that does not list its state (Layer::visit_state).
+//  - Local layer indices number the rank's layers across chunks in chunk
+//    order (chunk 0's first): layer(i), GradReady and ParamAccess::use use them.
+//  - Activation slots: a schedule keeps up to `slots` micro-batches per chunk
+//    between their forward and their weight backward (schedule.hpp
+//    peak_in_flight). The stage has ONE copy of its layers; a slot is the set
+//    of its layers' contexts (Layer::make_ctx, nn/layer.hpp): the
+//    activations, gradient buffers and kernel state (BatchNorm's batch
+//    statistics, pooling indices, attention probabilities, dropout masks) its
+//    micro-batch's forward left. Parameters, bf16 weight copies, running
+//    statistics and the kernels' cached primitives are shared. A slot is busy
+//    from forward() to backward_weight().
 //  - A stage allocates and initialises only its own layers. Parameters start
 //    equal to the unpipelined model's built from the same ModelConfig (values
-//    are drawn per model parameter index, ParamArena::set_index_base), so
-//    every stage count starts from the same weights. A tied LM head on a
-//    later stage than its embedding holds a copy of the embedding's weight
-//    (nn/language.hpp split_tied_layers; ParamInfo::copy_of), drawn alike.
+//    are drawn per model parameter index, ParamArena::set_index_base per
+//    chunk), so every layout starts from the same weights. A tied LM head
+//    whose embedding is in one of the rank's chunks shares its weight in the
+//    arena (the head writes its gradient, the embedding adds its part, as in
+//    the unpipelined model); on another rank it holds a copy of the
+//    embedding's weight (nn/language.hpp split_tied_layers; ParamInfo::copy_of),
+//    drawn alike, whose gradient the ranks sum.
 //  - Gradients accumulate over the step's micro-batches: zero_grads() first.
 //  - BatchNorm: each micro-batch is normalised with its own statistics (as
 //    GPipe). By default every forward updates the running statistics (once
@@ -28,17 +34,14 @@
 //    into one record per layer, and commit_batch_stats() updates the running
 //    statistics once with the whole step's mean and unbiased variance
 //    (torchgpipe's DeferredBatchNorm; BatchNorm2d::set_deferred_stats).
-//  - Recomputation (set_recompute, train.recompute): `block` keeps, per slot,
-//    only each top-level layer's input (the block's: a vit block, a resnet
-//    BasicBlock, else a single layer) and releases the layer's activations
-//    right after its forward; the backward reruns the layer's forward from that
-//    input just before its backward, at the slot's SamplePosition marked
-//    replay (the same dropout masks, no BatchNorm statistics updated), and
-//    releases it again after its backward (after backward_weight where the
-//    layer defers its weight gradients). `attention` keeps everything but the
-//    attention probabilities, recomputed inside the attention's backward
-//    (MultiHeadSelfAttention::set_recompute_core). Either gives bitwise the
-//    same gradients as `none`; a row-parallel layer's replay all-reduces again.
+//  - Recomputation (set_recompute, train.recompute; nn/recompute.hpp):
+//    `block` wraps each top-level layer in a Recomputed layer, which keeps
+//    per slot only the layer's input (the block's: a vit block, a resnet
+//    BasicBlock, else a single layer) and reruns the layer's forward just
+//    before its backward, at the slot's SamplePosition marked replay.
+//    `attention` keeps everything but the attention probabilities, recomputed
+//    inside the attention's backward. Either gives bitwise the same gradients
+//    as `none`; a row-parallel layer's replay all-reduces again.
 //  - Mixed precision: with train.precision = bf16, a backend that takes
 //    bfloat16 activations and layers that all do (Layer::takes_bf16), the
 //    layers run in bf16: forward casts its float32 input to bf16 (not token
@@ -86,7 +89,7 @@ class ParamAccess {
   virtual void end_pass() = 0;
 };
 
-// A contiguous range of top-level layers [first, end): one model chunk.
+// A chunk: the model's top-level layers [first, end).
 struct LayerRange {
   int first = 0, end = 0;
 };
@@ -95,6 +98,9 @@ class Stage {
  public:
   using GradReady = std::function<void(int local_layer)>;
 
+  // Several chunks (ascending, disjoint), `slots` activation slots per chunk.
+  Stage(const ModelConfig& mc, Device dev, std::vector<LayerRange> chunks, int slots);
+  // One chunk.
   Stage(const ModelConfig& mc, Device dev, int first, int end, int slots);
   // The whole model: every top-level layer, one activation slot.
   Stage(const ModelConfig& mc, Device dev);
@@ -104,54 +110,49 @@ class Stage {
   static std::pair<Shape, Shape> boundary_shapes(const ModelConfig& mc, Device dev, int first, int end,
                                                  std::int64_t n);
 
-  int first_layer() const { return first_; }
-  int end_layer() const { return end_; }
-  int num_layers() const { return end_ - first_; }
-  int slots() const { return static_cast<int>(states_.size()); }
+  int num_chunks() const { return static_cast<int>(chunks_.size()); }
+  LayerRange chunk(int c) const { return chunks_.at(static_cast<std::size_t>(c)).range; }
+  // Chunk 0's range (the only one of a single-chunk stage).
+  int first_layer() const { return chunk(0).first; }
+  int end_layer() const { return chunk(0).end; }
+  int num_layers() const { return static_cast<int>(layers_.size()); }  // of every chunk
+  int slots() const { return static_cast<int>(chunks_[0].slots.size()); }
   Layer& layer(int local) { return *layers_.at(static_cast<std::size_t>(local)); }
   ParamArena& arena() { return arena_; }
   Device device() const { return device_; }
-  // Input / output shape of this stage for a batch of n samples.
-  Shape input_shape(std::int64_t n) const;
-  Shape output_shape(std::int64_t n) const;
+  // Input / output shape of a chunk for a batch of n samples.
+  Shape input_shape(int chunk, std::int64_t n) const;
+  Shape output_shape(int chunk, std::int64_t n) const;
+  Shape input_shape(std::int64_t n) const { return input_shape(0, n); }
+  Shape output_shape(std::int64_t n) const { return output_shape(0, n); }
   std::vector<NamedBuffer> buffers() const;  // the layers' (the running statistics)
 
-  // One chunk per stage for now: chunk must be 0 (the executor speaks in chunks).
-  Stage(const ModelConfig& mc, Device dev, std::vector<LayerRange> chunks, int slots)
-      : Stage(mc, dev, one(chunks).first, one(chunks).end, slots) {}
-  int num_chunks() const { return 1; }
-  LayerRange chunk(int c) const { return {first_, end_}; }
-  Shape input_shape(int chunk, std::int64_t n) const { return input_shape(n); }
-  Tensor forward(int chunk, int slot, const Tensor& x, Mode mode, const SamplePosition& pos) {
-    position_ = {pos.step, pos.first_sample};
-    return forward(slot, x, mode);
+  // pos: where the micro-batch stands (Dropout masks; layer.hpp SamplePosition).
+  Tensor forward(int chunk, int slot, const Tensor& x, Mode mode, const SamplePosition& pos);
+  // need_dx: whether the chunk's input gradient is wanted (false on the model's first layers).
+  Tensor backward_input(int chunk, int slot, const Tensor& dy, bool need_dx, const GradReady& ready = {});
+  void backward_weight(int chunk, int slot, const GradReady& ready = {});
+  // Chunk 0.
+  Tensor forward(int slot, const Tensor& x, Mode mode, const SamplePosition& pos = {}) {
+    return forward(0, slot, x, mode, pos);
   }
-  Tensor backward_input(int chunk, int slot, const Tensor& dy, bool need_dx, const GradReady& ready) {
-    return backward_input(slot, dy, need_dx, ready);
+  Tensor backward_input(int slot, const Tensor& dy, bool need_dx, const GradReady& ready = {}) {
+    return backward_input(0, slot, dy, need_dx, ready);
   }
-  void backward_weight(int chunk, int slot, const GradReady& ready) { backward_weight(slot, ready); }
-
-  Tensor forward(int slot, const Tensor& x, Mode mode);
-  // need_dx: whether the stage's input gradient is wanted (false on the first stage).
-  Tensor backward_input(int slot, const Tensor& dy, bool need_dx, const GradReady& ready = {});
-  void backward_weight(int slot, const GradReady& ready = {});
-  // The next backward starts the step's gradients. Fused backward: its first
-  // micro-batch overwrites them (no pass to zero them); else they are zeroed now.
-  void zero_grads() {
-    if (fused_) overwrite_next_ = true;
-    else arena_.zero_grads();
-  }
+  void backward_weight(int slot, const GradReady& ready = {}) { backward_weight(0, slot, ready); }
+  // The next backward of each chunk starts the step's gradients. Fused
+  // backward: its first micro-batch overwrites them (no pass to zero them);
+  // else they are zeroed now.
+  void zero_grads();
   // Fused (schedules without a deferred W: afab, 1f1b): backward_input runs
   // each layer's whole backward (the unsplit kernels, input and weight
   // gradients together, a layer's gradients ready at once), backward_weight
-  // does nothing. Micro-batches must then be backwarded in order.
+  // does nothing. Micro-batches must then be backwarded in order per chunk.
   void set_fused_backward(bool on) { fused_ = on; }
   // Deferred BatchNorm running statistics (see the rules above); returns the
   // number of BatchNorm2d layers of the stage.
   int set_deferred_batch_stats(bool on);
   void commit_batch_stats();
-  // Where the next forward stands (Dropout masks; layer.hpp SamplePosition).
-  void set_position(std::uint64_t step, std::int64_t first_sample) { position_ = {step, first_sample}; }
   // Activation recomputation (see the rules above); set before the first forward.
   void set_recompute(Recompute r);
   Recompute recompute() const { return recompute_; }
@@ -161,37 +162,38 @@ class Stage {
   DType activation_dtype() const { return act_; }
 
  private:
-  static const LayerRange& one(const std::vector<LayerRange>& c) {
-    RT_CHECK(c.size() == 1, "pipeline stage: several model chunks per rank are not built yet");
-    return c.front();
-  }
+  // One micro-batch in flight on one chunk: its layers' contexts, and the
+  // 16-bit casts at the chunk's boundary (input, output and their gradients).
+  struct Slot {
+    std::vector<CtxPtr> ctx;
+    Tensor in16, out32, dy16, dx32;
+  };
+  struct Chunk {
+    LayerRange range;
+    int local0 = 0;            // local index of its first layer
+    Shape sample_in;           // its input without the batch
+    int first_param_layer = 0;  // local: without an input gradient, backward stops here
+    bool overwrite_next = false;  // fused: its next backward overwrites the gradients
+    std::vector<Slot> slots;
+  };
   Device device_;
-  int first_, end_;
-  Shape sample_in_;  // stage input without the batch
   ParamArena arena_;
-  std::vector<LayerPtr> layers_;
-  std::vector<MicroBatchState> states_;  // per slot (one slot: the layers keep it)
-  class Loaded;
-  int first_param_layer_ = 0;  // without an input gradient, backward stops here
-  bool deferred_bn_ = false;
-  bool fused_ = false, overwrite_next_ = false;
-  SamplePosition position_;  // the layers read it through BindContext::position
+  std::vector<LayerPtr> layers_;  // every chunk's, in chunk order
+  std::vector<Chunk> chunks_;
+  DType act_ = DType::f32;
+  bool deferred_bn_ = false, fused_ = false;
   Recompute recompute_ = Recompute::none;
   ParamAccess* access_ = nullptr;
+
+  Slot& slot_of(int chunk, int slot);
+  void make_contexts();  // fresh contexts for every slot
   void use(int local, ParamAccess::Pass p) {
     if (access_) access_->use(local, p);
   }
   void end_pass() {
     if (access_) access_->end_pass();
   }
-  // Per slot, recompute = block: each layer's input, and where the forward stood.
-  std::vector<std::vector<Tensor>> inputs_;
-  std::vector<SamplePosition> slot_position_;
-  DType act_ = DType::f32;
-  // Per slot, 16-bit activations: the cast input and output, and their gradients.
-  std::vector<Tensor> in16_, out32_, dy16_, dx32_;
-  Tensor cast_to(std::vector<Tensor>& slot_buffers, int slot, const Tensor& t, DType dt);
-  void replay(int slot, int local);  // reruns layer `local`'s forward of the slot's micro-batch
+  Tensor cast_to(Tensor& buf, const Tensor& t, DType dt);
 };
 
 }  // namespace ringtrain

@@ -121,7 +121,11 @@ class TiledAttention final : public AttentionKernel {
     scale_ = float(s.scale > 0 ? s.scale : 1.0 / std::sqrt(double(s.head_dim)));
   }
 
-  void forward(const Tensor& qkv, Tensor& out) override {
+  KernelStatePtr make_state() const override { return std::make_unique<Saved>(); }
+
+  void forward(const Tensor& qkv, Tensor& out, KernelState& ks) override {
+    Saved& sv = state_as<Saved>(ks, "cpu attention");
+    Tensor &lse_ = sv.lse, &out_ = sv.out, &scratch_ = sv.scratch;
     const Geom g = geom(qkv, "attention forward");
     RT_CHECK(dnnl_type(out, "attention output") == g.t && out.numel() == g.n * g.tok * g.d, "attention forward: out ",
              shape_str(out.shape()), " is not [", g.n, ", ", g.tok, ", ", g.d, "] of the input's type");
@@ -141,7 +145,9 @@ class TiledAttention final : public AttentionKernel {
     }
   }
 
-  void backward(const Tensor& qkv, const Tensor& dout, Tensor& dqkv) override {
+  void backward(const Tensor& qkv, const Tensor& dout, Tensor& dqkv, KernelState& ks) override {
+    Saved& sv = state_as<Saved>(ks, "cpu attention");
+    Tensor &lse_ = sv.lse, &out_ = sv.out, &scratch_ = sv.scratch;
     const Geom g = geom(qkv, "attention backward");
     RT_CHECK(dnnl_type(dout, "attention gradient") == g.t && dnnl_type(dqkv, "attention input gradient") == g.t,
              "attention backward: dout and dqkv must have qkv's type");
@@ -163,9 +169,6 @@ class TiledAttention final : public AttentionKernel {
     }
   }
 
-  // Forward to backward: the log-sum-exp and the output; the tiles go with
-  // them, so that recomputation frees them too.
-  void visit_state(MicroBatchState& s) override { s(lse_, out_, scratch_); }
 
  private:
   struct Geom {
@@ -418,8 +421,13 @@ class TiledAttention final : public AttentionKernel {
   AttentionSpec s_;
   DnnlPtr d_;
   float scale_ = 1;
-  Tensor lse_, out_;  // the row log-sum-exp [N * H * T]; the forward's output (the caller's tensor)
-  Tensor scratch_;    // the threads' tiles and per-sequence rows: O(threads * (kRows * kSpan + T * hd))
+  // Forward to backward: the row log-sum-exp [N * H * T] and the forward's
+  // output (the caller's tensor); the threads' tiles and per-sequence rows
+  // (O(threads * (kRows * kSpan + T * hd))) go with them, so that
+  // recomputation frees them too.
+  struct Saved final : KernelState {
+    Tensor lse, out, scratch;
+  };
   std::map<Key, Prim> prims_;
   std::set<std::pair<std::int64_t, int>> prepared_;  // (T, type) whose primitives exist
   std::size_t scratchpad_ = 0;  // bytes: the largest primitive's

@@ -32,8 +32,11 @@ class CpuBatchNorm final : public BatchNormKernel {
     bytes_ = static_cast<std::size_t>(s.channels) * sizeof(float);
   }
 
+  KernelStatePtr make_state() const override { return std::make_unique<Saved>(); }
+
   void forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& rmean, Tensor& rvar, bool train,
-               Tensor& y) override {
+               Tensor& y, KernelState& ks) override {
+    Saved& sv_ = state_as<Saved>(ks, "cpu BatchNorm2d");
     const dt t = dnnl_type(x, "BatchNorm2d input");
     RT_CHECK(dnnl_type(y, "BatchNorm2d output") == t, "cpu BatchNorm2d: output dtype differs from the input's");
     Plan& p = plan(x.shape(), t);
@@ -77,15 +80,14 @@ class CpuBatchNorm final : public BatchNormKernel {
     }
   }
 
-  void visit_state(MicroBatchState& s) override { s(sv_); }
-
   void backward(const Tensor& x, const Tensor& gamma, const Tensor& dy, Tensor& dx, Tensor& dgamma, Tensor& dbeta,
-                bool accumulate) override {
+                bool accumulate, KernelState& ks) override {
+    Saved& sv_ = state_as<Saved>(ks, "cpu BatchNorm2d");
     const dt t = dnnl_type(x, "BatchNorm2d input");
     RT_CHECK(dnnl_type(dy, "BatchNorm2d gradient") == t && dnnl_type(dx, "BatchNorm2d dx") == t,
              "cpu BatchNorm2d: gradient dtypes differ from the input's");
     Plan& p = plan(x.shape(), t);
-    if (!sv_.train) return eval_backward(x, gamma, dy, dx, dgamma, dbeta, accumulate);
+    if (!sv_.train) return eval_backward(x, gamma, dy, dx, dgamma, dbeta, accumulate, sv_);
     mean_.set_data_handle(kept_for_backward(sv_.mean, bytes_, "cpu BatchNorm2d"));
     var_.set_data_handle(kept_for_backward(sv_.var, bytes_, "cpu BatchNorm2d"));
     auto& st = d_->strm;
@@ -127,13 +129,14 @@ class CpuBatchNorm final : public BatchNormKernel {
 
   // y = gamma (x - rm) / sqrt(rv + eps) + beta: an affine map per channel.
   // bfloat16 data: widened to float32 first, dx rounded once at the end.
+  struct Saved;
   void eval_backward(const Tensor& x, const Tensor& gamma, const Tensor& dy, Tensor& dx, Tensor& dgamma,
-                     Tensor& dbeta, bool accumulate) {
+                     Tensor& dbeta, bool accumulate, const Saved& sv_) {
     if (x.dtype() == DType::bf16) {
       Tensor x32 = Tensor::empty(x.shape()), dy32 = Tensor::empty(x.shape()), dx32 = Tensor::empty(x.shape());
       bf16_to_f32(x.data<bfloat16>(), x32.data<float>(), x.numel());
       bf16_to_f32(dy.data<bfloat16>(), dy32.data<float>(), x.numel());
-      eval_backward(x32, gamma, dy32, dx32, dgamma, dbeta, accumulate);
+      eval_backward(x32, gamma, dy32, dx32, dgamma, dbeta, accumulate, sv_);
       f32_to_bf16(dx32.data<float>(), dx.data<bfloat16>(), x.numel());
       return;
     }
@@ -212,11 +215,11 @@ class CpuBatchNorm final : public BatchNormKernel {
   std::size_t bytes_ = 0;                // of a statistic: channels floats
   // Forward to backward: the batch statistics, the input in the primitives'
   // layout, and in eval mode the running statistics used.
-  struct Saved {
+  struct Saved final : KernelState {
     Tensor mean, var, src;
     bool train = true;
     Tensor eval_mean, eval_var;
-  } sv_;
+  };
   std::map<std::pair<Shape, int>, Plan> plans_;  // per input shape and data type
 };
 

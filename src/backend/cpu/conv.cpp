@@ -152,12 +152,14 @@ class CpuConv2d final : public Conv2dKernel {
     RT_CHECK(s.dtype == DType::f32, "cpu Conv2d: parameters must be float32, got ", dtype_name(s.dtype));
   }
 
-  void forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y) override {
+  KernelStatePtr make_state() const override { return std::make_unique<Saved>(); }
+
+  void forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y, KernelState& ks) override {
     const dt at = types(x, w, "forward");
     RT_CHECK(dnnl_type(y, "Conv2d output") == at, "cpu Conv2d: output dtype differs from the input's");
     Plan& p = plan(x.shape(), at);
     auto& st = d_->strm;
-    bind_state(p, false);
+    bind_state(p, state_as<Saved>(ks, "cpu Conv2d"), false);
     memory& out = s_.fuse_pool ? p.act : p.dst.out(y.raw());
     std::unordered_map<int, memory> args{{DNNL_ARG_SRC, p.src.in(x.raw(), st)},
                                          {DNNL_ARG_WEIGHTS, p.wei.in(w.raw(), st)},
@@ -176,10 +178,8 @@ class CpuConv2d final : public Conv2dKernel {
     st.wait();
   }
 
-  void visit_state(MicroBatchState& s) override { s(sv_); }
-
   void backward(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& dy, Tensor& dx, Tensor& dw,
-                Tensor& db, bool accumulate) override {
+                Tensor& db, bool accumulate, KernelState& ks) override {
     const dt at = types(x, w, "backward");
     RT_CHECK(dnnl_type(dy, "Conv2d gradient") == at && (!dx.defined() || dnnl_type(dx, "Conv2d dx") == at),
              "cpu Conv2d: gradient dtypes differ from the input's");
@@ -187,7 +187,7 @@ class CpuConv2d final : public Conv2dKernel {
              "cpu Conv2d: parameter gradients must be float32");
     Plan& p = plan(x.shape(), at);
     auto& st = d_->strm;
-    bind_state(p, true);
+    bind_state(p, state_as<Saved>(ks, "cpu Conv2d"), true);
     if (p.src_bw_shared && !p.src.separate()) p.src.in(x.raw(), st);  // the plain input itself: no reorder
     if (p.own_maxpool_bwd && !p.pdst.separate()) p.pdst.out(const_cast<void*>(y.raw()));
     memory* g;  // output gradient of the convolution (after ReLU's mask)
@@ -278,10 +278,10 @@ class CpuConv2d final : public Conv2dKernel {
   // pooling workspace (fused pooling), the input in the primitives' layout
   // (when the weight backward reads it) and the pooled output in that layout
   // (this file's max-pool backward); bound to the plan's memories.
-  struct Saved {
+  struct Saved final : KernelState {
     Tensor act, ws, src, pooled;
-  } sv_;
-  void bind_state(Plan& p, bool backward) {
+  };
+  void bind_state(Plan& p, Saved& sv_, bool backward) {
     auto bind = [&](Tensor& t, std::size_t bytes) {
       return backward ? kept_for_backward(t, bytes, "cpu Conv2d") : kept(t, bytes);
     };

@@ -17,7 +17,10 @@ class CpuPool final : public Pool2dKernel {
     RT_CHECK(s.dtype == DType::f32, "cpu Pool2d: spec dtype must be float32, got ", dtype_name(s.dtype));
   }
 
-  void forward(const Tensor& x, Tensor& y, bool train) override {
+  KernelStatePtr make_state() const override { return std::make_unique<Saved>(); }
+
+  void forward(const Tensor& x, Tensor& y, bool train, KernelState& ks) override {
+    Tensor& ws_ = state_as<Saved>(ks, "cpu Pool2d").ws;
     const dt t = dnnl_type(x, "Pool2d input");
     RT_CHECK(dnnl_type(y, "Pool2d output") == t, "cpu Pool2d: output dtype differs from the input's");
     Plan& p = plan(x.shape(), y.shape(), t);
@@ -32,9 +35,8 @@ class CpuPool final : public Pool2dKernel {
     d_->strm.wait();
   }
 
-  void visit_state(MicroBatchState& s) override { s(ws_); }
-
-  void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx) override {
+  void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx, KernelState& ks) override {
+    Tensor& ws_ = state_as<Saved>(ks, "cpu Pool2d").ws;
     const dt t = dnnl_type(x, "Pool2d input");
     RT_CHECK(dnnl_type(dy, "Pool2d gradient") == t && dnnl_type(dx, "Pool2d dx") == t,
              "cpu Pool2d: gradient dtypes differ from the input's");
@@ -85,7 +87,9 @@ class CpuPool final : public Pool2dKernel {
 
   Pool2dSpec s_;
   DnnlPtr d_;
-  Tensor ws_;  // forward to backward: max pooling's argmax workspace (bound to the plan's ws)
+  struct Saved final : KernelState {
+    Tensor ws;  // forward to backward: max pooling's argmax workspace (bound to the plan's ws)
+  };
   std::map<std::pair<Shape, int>, Plan> plans_;  // per input shape and data type
 };
 

@@ -94,7 +94,11 @@ class CpuLayerNorm final : public LayerNormKernel {
     RT_CHECK(s.features > 0, "cpu LayerNorm: features must be positive");
   }
 
-  void forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y) override {
+  KernelStatePtr make_state() const override { return std::make_unique<Saved>(); }
+
+  void forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y, KernelState& ks) override {
+    Saved& sv = state_as<Saved>(ks, "cpu LayerNorm");
+    auto &mean_ = sv.mean, &rstd_ = sv.rstd;
     if (x.dtype() != DType::bf16) check(x, "LayerNorm forward", "x");
     const std::int64_t d = s_.features, rows = x.numel() / d;
     RT_CHECK(x.numel() == rows * d && y.numel() == x.numel(), "LayerNorm forward: x ", shape_str(x.shape()),
@@ -131,10 +135,10 @@ class CpuLayerNorm final : public LayerNormKernel {
   }
 
   // Forward to backward: each row's mean and 1/std.
-  void visit_state(MicroBatchState& s) override { s(mean_, rstd_); }
-
   void backward(const Tensor& x, const Tensor& gamma, const Tensor& dy, Tensor& dx, Tensor& dgamma, Tensor& dbeta,
-                bool accumulate) override {
+                bool accumulate, KernelState& ks) override {
+    Saved& sv = state_as<Saved>(ks, "cpu LayerNorm");
+    const auto &mean_ = sv.mean, &rstd_ = sv.rstd;
     const bool bf = dy.dtype() == DType::bf16;
     if (!bf) check(dy, "LayerNorm backward", "dy");
     RT_CHECK(x.dtype() == dy.dtype() && (!dx.defined() || dx.dtype() == dy.dtype()),
@@ -182,8 +186,11 @@ class CpuLayerNorm final : public LayerNormKernel {
   }
 
  private:
+  struct Saved final : KernelState {
+    std::vector<float> mean, rstd;  // per row, forward to backward
+  };
   LayerNormSpec s_;
-  std::vector<float> mean_, rstd_, part_;
+  std::vector<float> part_;
 };
 
 // ---- attention --------------------------------------------------------------
@@ -203,7 +210,10 @@ class CpuAttention final : public AttentionKernel {
     scale_ = float(s.scale > 0 ? s.scale : 1.0 / std::sqrt(double(s.head_dim)));
   }
 
-  void forward(const Tensor& qkv, Tensor& out) override {
+  KernelStatePtr make_state() const override { return std::make_unique<Saved>(); }
+
+  void forward(const Tensor& qkv, Tensor& out, KernelState& ks) override {
+    Tensor& probs_ = state_as<Saved>(ks, "cpu attention").probs;
     const Dims g = dims(qkv, "attention forward");
     RT_CHECK(dnnl_type(out, "attention output") == g.t && out.numel() == g.n * g.tok * g.d, "attention forward: out ",
              shape_str(out.shape()), " is not [", g.n, ", ", g.tok, ", ", g.d, "] of the input's type");
@@ -223,11 +233,9 @@ class CpuAttention final : public AttentionKernel {
     mm(Op::pv, g).run(d_->strm, probs_.raw(), x + off_v, out.raw());
   }
 
-  // Forward to backward: the probabilities; dP (backward scratch) goes with
-  // them, so that recomputation frees both.
-  void visit_state(MicroBatchState& s) override { s(probs_, dp_); }
-
-  void backward(const Tensor& qkv, const Tensor& dout, Tensor& dqkv) override {
+  void backward(const Tensor& qkv, const Tensor& dout, Tensor& dqkv, KernelState& ks) override {
+    Saved& sv = state_as<Saved>(ks, "cpu attention");
+    Tensor &probs_ = sv.probs, &dp_ = sv.dp;
     const Dims g = dims(qkv, "attention backward");
     RT_CHECK(dnnl_type(dout, "attention gradient") == g.t && dnnl_type(dqkv, "attention input gradient") == g.t,
              "attention backward: dout and dqkv must have qkv's type");
@@ -339,7 +347,12 @@ class CpuAttention final : public AttentionKernel {
   DnnlPtr d_;
   Caster cast_;
   float scale_ = 1;
-  Tensor probs_, dp_;  // P and dS in the activation type (dS: float32 scores' gradient in place when f32)
+  // Forward to backward: P; dS (backward scratch, in the activation type; the
+  // float32 scores' gradient in place when f32) goes with it, so that
+  // recomputation frees both.
+  struct Saved final : KernelState {
+    Tensor probs, dp;
+  };
   std::map<std::pair<std::int64_t, std::int64_t>, Softmax> sm_;
   std::map<std::tuple<int, std::int64_t, std::int64_t, int>, Matmul> mm_;
 };
