@@ -60,11 +60,12 @@ void check_mpi(int rc, const char* what, const char* call) {
           "; do all ranks pass the same count and type?)");
 }
 
-double wait_bounded(MPI_Request* reqs, int n, const WaitOn& on, const char* what, OnStall mode) {
+double wait_bounded(MPI_Request* reqs, int n, const WaitOn& on, const char* what, OnStall mode,
+                    MPI_Status* statuses) {
   int done = 0;
   const bool paced = on.nap_after_s <= 0;
   for (unsigned i = 0; i < (paced ? kPacedPolls : kTightPolls); ++i) {
-    check_mpi(MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE), what, "MPI_Testall");
+    check_mpi(MPI_Testall(n, reqs, &done, statuses), what, "MPI_Testall");
     if (done) return 0;
     if (paced) std::this_thread::yield();
   }
@@ -74,7 +75,7 @@ double wait_bounded(MPI_Request* reqs, int n, const WaitOn& on, const char* what
   const auto max_nap = std::chrono::duration<double>(on.max_nap_s);
   auto nap = std::chrono::duration<double>(10e-6);
   for (unsigned i = 1;; ++i) {
-    check_mpi(MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE), what, "MPI_Testall");
+    check_mpi(MPI_Testall(n, reqs, &done, statuses), what, "MPI_Testall");
     if (done) return since();
     if (napping || i % kCheckEvery == 0) {
       liveness::serve();
