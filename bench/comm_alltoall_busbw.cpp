@@ -95,11 +95,12 @@ int main(int argc, char** argv) {
   try {
     const std::size_t lo = parse_byte_size(b, "-b"), hi = parse_byte_size(e, "-e");
     if (rank == 0) {
-      std::printf("# ringtrain all-to-all: %d ranks, warmup %d, iters %d; time = median over iterations of the "
-                  "slowest rank (us)\n# busbw = bytes (p-1)/p / time (GB/s); bytes = one rank's send buffer "
-                  "(alltoallv: the mean over ranks)\n# bound = bytes (p-1)/p / memcpy, single-core memcpy "
-                  "of `bytes` measured before each size; x/bnd = time / bound\n",
-                  p, warmup, iters);
+      std::printf(
+          "# ringtrain all-to-all: %d ranks, warmup %d, iters %d; time = median over iterations of the "
+          "slowest rank (us)\n# busbw = bytes (p-1)/p / time (GB/s); bytes = one rank's send buffer "
+          "(alltoallv: the mean over ranks)\n# bound = bytes (p-1)/p / memcpy, single-core memcpy "
+          "of `bytes` measured before each size; x/bnd = time / bound\n",
+          p, warmup, iters);
       std::printf("%-9s %11s | %10s %7s | %10s %7s | %8s | %9s %7s %7s | %s\n", "op", "bytes", "ours_us", "busbw",
                   "mpi_us", "busbw", "ours/mpi", "bound_us", "ours/bnd", "mpi/bnd", "check");
     }

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "ringtrain/comm/bounded_wait.hpp"
+#include "ringtrain/comm/flight_recorder.hpp"
 #include "ringtrain/comm/host_backend.hpp"
 #include "ringtrain/comm/stall_diagnosis.hpp"
 #include "ringtrain/core/error.hpp"
@@ -210,6 +211,11 @@ void alltoallv(const void* send, const std::vector<std::size_t>& send_counts,
                const std::vector<std::size_t>& recv_displs, DType dtype, const Communicator& comm,
                const CollectiveOptions& opt) {
   A2a c("alltoallv", comm, dtype, opt);
+  // The bytes this rank sends (what a peer that disagrees differs in).
+  flight_recorder::Op rec(c.h, comm.name(), c.what,
+                          send_counts.size() == static_cast<std::size_t>(c.size)
+                              ? std::accumulate(send_counts.begin(), send_counts.end(), std::size_t{0}) * c.es
+                              : 0);
   c.fail_if(static_cast<unsigned>(dtype) > static_cast<unsigned>(DType::u8), "invalid dtype value ",
             static_cast<int>(dtype));
   check_side(c, "send", send, send_counts, send_displs);

@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "ringtrain/comm/communicator.hpp"
+#include "ringtrain/comm/flight_recorder.hpp"
 #include "ringtrain/comm/liveness.hpp"
 #include "ringtrain/comm/stall_diagnosis.hpp"
 #include "ringtrain/core/log.hpp"
@@ -31,6 +32,9 @@ using Clock = std::chrono::steady_clock;
 constexpr unsigned kTightPolls = 256, kPacedPolls = 32, kCheckEvery = 16;
 
 [[noreturn]] void stalled(const WaitOn& on, const char* what, double waited, OnStall mode) {
+  // This rank's last operations first (comm/flight_recorder.hpp): the diagnosis
+  // pings every rank, and each live one writes its own as it answers.
+  flight_recorder::dump(cat(what, ": stalled for ", static_cast<long long>(waited), " s on communicator '", on.name, "'"));
   // The rank we wait for may itself wait for another one: ask the job who answers.
   const StallDiagnosis d = diagnose_stall(on.comm, stall_grace_s(on.timeout_s));
   const std::string head = cat(what, ": stalled for ", static_cast<long long>(waited), " s on communicator '", on.name,
@@ -96,37 +100,49 @@ double wait_bounded(MPI_Request* reqs, int n, const WaitOn& on, const char* what
 
 namespace bounded {
 
+static std::size_t type_bytes(MPI_Datatype type, int count) {
+  int size = 0;
+  MPI_Type_size(type, &size);
+  return static_cast<std::size_t>(size) * static_cast<std::size_t>(count);
+}
+
 void allreduce(void* buf, int count, MPI_Datatype type, MPI_Op op, const WaitOn& on, const char* what) {
+  flight_recorder::Op rec(on.comm, on.name, what, type_bytes(type, count));
   MPI_Request r;
   check_mpi(MPI_Iallreduce(MPI_IN_PLACE, buf, count, type, op, on.comm, &r), what, "MPI_Iallreduce");
   wait_bounded(&r, 1, on, what);
 }
 
 void bcast(void* buf, int count, MPI_Datatype type, int root, const WaitOn& on, const char* what) {
+  flight_recorder::Op rec(on.comm, on.name, what, type_bytes(type, count));
   MPI_Request r;
   check_mpi(MPI_Ibcast(buf, count, type, root, on.comm, &r), what, "MPI_Ibcast");
   wait_bounded(&r, 1, on, what);
 }
 
 void barrier(const WaitOn& on, const char* what) {
+  flight_recorder::Op rec(on.comm, on.name, what, 0);
   MPI_Request r;
   check_mpi(MPI_Ibarrier(on.comm, &r), what, "MPI_Ibarrier");
   wait_bounded(&r, 1, on, what);
 }
 
 void allgather(const void* send, int count, MPI_Datatype type, void* recv, const WaitOn& on, const char* what) {
+  flight_recorder::Op rec(on.comm, on.name, what, type_bytes(type, count));
   MPI_Request r;
   check_mpi(MPI_Iallgather(send, count, type, recv, count, type, on.comm, &r), what, "MPI_Iallgather");
   wait_bounded(&r, 1, on, what);
 }
 
 void send(const void* buf, int count, MPI_Datatype type, int to, int tag, const WaitOn& on, const char* what) {
+  flight_recorder::Op rec(on.comm, on.name, what, type_bytes(type, count), to);
   MPI_Request r;
   check_mpi(MPI_Isend(buf, count, type, to, tag, on.comm, &r), what, "MPI_Isend");
   wait_bounded(&r, 1, on, what);
 }
 
 void recv(void* buf, int count, MPI_Datatype type, int from, int tag, const WaitOn& on, const char* what) {
+  flight_recorder::Op rec(on.comm, on.name, what, type_bytes(type, count), from);
   MPI_Request r;
   check_mpi(MPI_Irecv(buf, count, type, from, tag, on.comm, &r), what, "MPI_Irecv");
   wait_bounded(&r, 1, on, what);

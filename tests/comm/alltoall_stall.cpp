@@ -4,12 +4,12 @@
 // for rank 2; the job must be aborted within the timeout plus the liveness
 // grace, naming the operation, rank 2 and the communicator.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <array>
 #include <chrono>
 #include <cstdio>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
 #include "ringtrain/comm/alltoall.hpp"
@@ -37,8 +37,11 @@ Child run_child(const std::string& filter, int np) {
   std::string cmd =
       "env -i PATH=\"$PATH\" HOME=\"$HOME\" OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
       "OMPI_MCA_btl_vader_single_copy_mechanism=none RINGTRAIN_TEST_WATCHDOG=60 "
-      "mpirun -np " + std::to_string(np) + " --oversubscribe /proc/" + std::to_string(getpid()) + "/exe "
-      "--gtest_also_run_disabled_tests --gtest_filter=" + filter + " 2>&1";
+      "mpirun -np " +
+      std::to_string(np) + " --oversubscribe /proc/" + std::to_string(getpid()) +
+      "/exe "
+      "--gtest_also_run_disabled_tests --gtest_filter=" +
+      filter + " 2>&1";
   Child c;
   auto t0 = std::chrono::steady_clock::now();
   FILE* f = popen(cmd.c_str(), "r");

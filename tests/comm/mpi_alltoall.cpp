@@ -44,8 +44,8 @@ TEST(Alltoall, MatchesMpiAlltoallBitwise) {
 
 // Elements rank i sends rank j: a shared pseudo-random matrix, about a third zeros.
 std::size_t matrix(int i, int j, unsigned salt, std::size_t scale) {
-  std::uint64_t z = (static_cast<std::uint64_t>(i) * 1000003u + static_cast<std::uint64_t>(j) * 7919u + salt) *
-                    0x9e3779b97f4a7c15ull;
+  std::uint64_t z =
+      (static_cast<std::uint64_t>(i) * 1000003u + static_cast<std::uint64_t>(j) * 7919u + salt) * 0x9e3779b97f4a7c15ull;
   z ^= z >> 29;
   const std::size_t k = z % 9;
   return k < 3 ? 0 : k * scale;
@@ -166,20 +166,20 @@ TEST(Alltoallv, LocalArgumentErrorsNameTheArgument) {
     }
     return std::string();
   };
-  EXPECT_NE(msg([&] { alltoallv(buf.data(), shorter, d, buf.data() + 2 * p, c, d, DType::f32, comm); })
-                .find("send_counts and send_displs need " + std::to_string(p) + " entries"),
+  EXPECT_NE(msg([&] {
+              alltoallv(buf.data(), shorter, d, buf.data() + 2 * p, c, d, DType::f32, comm);
+            }).find("send_counts and send_displs need " + std::to_string(p) + " entries"),
             std::string::npos);
   EXPECT_NE(msg([&] { alltoallv(buf.data(), c, d, buf.data(), c, d, DType::f32, comm); }).find("overlap"),
             std::string::npos);
-  EXPECT_NE(msg([&] { alltoallv(nullptr, c, d, buf.data() + 2 * p, c, d, DType::f32, comm); })
-                .find("send buffer is null"),
-            std::string::npos);
+  EXPECT_NE(
+      msg([&] { alltoallv(nullptr, c, d, buf.data() + 2 * p, c, d, DType::f32, comm); }).find("send buffer is null"),
+      std::string::npos);
   // One rank's local error reaches every rank under validate.
   CollectiveOptions v;
   v.validate = true;
-  const std::string e = msg([&] {
-    alltoallv(r == 0 ? nullptr : buf.data(), c, d, buf.data() + 2 * p, c, d, DType::f32, comm, v);
-  });
+  const std::string e =
+      msg([&] { alltoallv(r == 0 ? nullptr : buf.data(), c, d, buf.data() + 2 * p, c, d, DType::f32, comm, v); });
   EXPECT_NE(e.find(r == 0 ? "send buffer is null" : "rank 0 of 'world' (world rank 0) found its arguments invalid"),
             std::string::npos)
       << e;
