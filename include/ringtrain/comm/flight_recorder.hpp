@@ -36,11 +36,16 @@
 
 namespace ringtrain::flight_recorder {
 
-// Starts recording the last `entries` operations (0 turns it off) and dumping
-// into `dir` (created; "" = record but never write). Call once, on every rank,
-// before the communication to record; later calls are ignored.
+// Starts recording the last `entries` operations (rounded up to a power of two;
+// 0 turns it off) and dumping into `dir` ("" = record but never write; made at
+// the first dump, inside an existing parent). Call once, on every rank, before
+// the communication to record; later calls are ignored (the first run of a
+// process chooses the directory). A record of an earlier run there is removed.
 void configure(const std::string& dir, std::size_t entries);
 bool enabled();
+// Stops (true) or resumes recording after configure(): for measuring the
+// recorder's cost against itself in one run (bench/comm_flight_recorder_overhead).
+void suspend(bool suspended);
 const std::string& dir();
 
 // One recorded operation, from construction to done() (or destruction: then
