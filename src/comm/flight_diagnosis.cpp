@@ -221,7 +221,11 @@ std::string diagnose(const std::string& dir) {
 
   std::ostringstream o;
   o << "Flight records in " << dir << ": " << ranks_str(have) << " of " << size << ".\n";
-  for (const auto& [r, d] : dumps) o << "  world rank " << r << " wrote it on: " << d.reason << "\n";
+  long long first = 0;
+  for (const auto& [r, d] : dumps) first = first ? std::min(first, d.time) : d.time;
+  for (const auto& [r, d] : dumps)
+    o << "  world rank " << r << " wrote it " << (d.time - first) / 1000000 / 1e3 << " s after the first, on: " << d.reason
+      << "\n";
   if (!silent.empty())
     o << ranks_str(silent) << " wrote none (stopped, hung, dead, or blocked outside ringtrain's waits).\n";
   std::vector<Finding> found;
@@ -229,7 +233,8 @@ std::string diagnose(const std::string& dir) {
     if (Finding f = examine(g, dumps, silent); !f.text.empty()) found.push_back(f);
   std::sort(found.begin(), found.end(), [](const Finding& a, const Finding& b) { return a.when < b.when; });
   if (found.empty())
-    o << "\nNo disagreement: every recorded collective was entered alike by the ranks that wrote records.\n";
+    o << "\nNo disagreement: the ranks that wrote records entered every recorded collective alike (a rank "
+         "stopped inside one looks like the others); the reasons above name the ranks that did not respond.\n";
   for (std::size_t i = 0; i < found.size(); ++i) o << (i == 0 ? "\nFirst disagreement: " : "\nAlso: ") << found[i].text;
   // What each rank was still waiting for (point-to-point included).
   o << "\nUnfinished when dumped:\n";
