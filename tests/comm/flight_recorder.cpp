@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -72,11 +73,14 @@ std::string run_child(const std::string& name, std::string* out) {
       "/exe "
       "--gtest_also_run_disabled_tests --gtest_filter=FlightChild.DISABLED_" +
       name + " 2>&1";
+  const auto t0 = std::chrono::steady_clock::now();
   FILE* f = popen(cmd.c_str(), "r");
   if (!f) return dir;
   std::array<char, 4096> buf;
   while (std::fgets(buf.data(), buf.size(), f)) *out += buf.data();
   pclose(f);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(s, 50.0) << "not ended by the 2 s timeout (the 60 s watchdog did it?)\n" << *out;
   return dir;
 }
 
