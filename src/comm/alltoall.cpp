@@ -185,12 +185,12 @@ void mpi_alltoallv(const A2a& c, const void* send, const std::vector<std::size_t
     }
     return out;
   };
+  auto a = ints(sc, "send_counts"), b = ints(sd, "send_displs"), x = ints(rc, "recv_counts"),
+       y = ints(rd, "recv_displs");
   // Counts and displacements in elements of a contiguous type of the element size.
   MPI_Datatype t;
   MPI_Type_contiguous(static_cast<int>(c.es), MPI_BYTE, &t);
   MPI_Type_commit(&t);
-  auto a = ints(sc, "send_counts"), b = ints(sd, "send_displs"), x = ints(rc, "recv_counts"),
-       y = ints(rd, "recv_displs");
   MPI_Request req;
   int rc_ = MPI_Ialltoallv(send, a.data(), b.data(), t, recv, x.data(), y.data(), t, c.h, &req);
   MPI_Type_free(&t);  // MPI keeps it alive until the request completes
