@@ -241,6 +241,19 @@ void alltoall(const void* send, void* recv, std::size_t count, DType dtype, cons
   alltoallv(send, counts, displs, recv, counts, displs, dtype, comm, opt);
 }
 
+std::vector<std::size_t> alltoallv_exchanging_counts(const void* send, const std::vector<std::size_t>& send_counts,
+                                                     std::vector<unsigned char>& recv, DType dtype,
+                                                     const Communicator& comm, const CollectiveOptions& opt) {
+  const std::vector<std::size_t> recv_counts = exchange_counts(send_counts, comm, opt);
+  const std::vector<std::size_t> rd = packed_displs(recv_counts);
+  const std::size_t total = recv_counts.empty() ? 0 : rd.back() + recv_counts.back();
+  recv.resize(total * dtype_size(dtype));
+  CollectiveOptions o = opt;
+  o.validate = false;  // the counts were just exchanged: they agree
+  alltoallv(send, send_counts, packed_displs(send_counts), recv.data(), recv_counts, rd, dtype, comm, o);
+  return recv_counts;
+}
+
 std::vector<std::size_t> exchange_counts(const std::vector<std::size_t>& send_counts, const Communicator& comm,
                                          const CollectiveOptions& opt) {
   RT_CHECK(static_cast<int>(send_counts.size()) == comm.size(), "exchange_counts: send_counts needs ", comm.size(),

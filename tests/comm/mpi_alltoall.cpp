@@ -107,6 +107,34 @@ TEST(Alltoallv, ExchangeCountsReturnsWhatEachPeerSends) {
   EXPECT_EQ(packed_displs({3, 0, 2}), (std::vector<std::size_t>{0, 3, 3}));
 }
 
+// Counts first, then the payload: the same bytes as MPI_Alltoallv given the counts MPI_Alltoall exchanged.
+TEST(Alltoallv, ExchangingCountsMatchesMpi) {
+  auto comm = Communicator::world();
+  const int p = comm.size(), r = comm.rank();
+  for (unsigned salt : {3u, 4u}) {
+    std::vector<std::size_t> sc(p);
+    for (int j = 0; j < p; ++j) sc[j] = matrix(r, j, salt, 257);
+    const auto sd = packed_displs(sc);
+    auto send = make_data(DType::bf16, sd.back() + sc.back(), r, salt);
+    std::vector<unsigned char> got;
+    const auto rc = alltoallv_exchanging_counts(send.data(), sc, got, DType::bf16, comm);
+    std::vector<int> isc(p), isd(p), irc(p), ird(p);
+    for (int j = 0; j < p; ++j) isc[j] = static_cast<int>(sc[j] * 2);
+    MPI_Alltoall(isc.data(), 1, MPI_INT, irc.data(), 1, MPI_INT, MPI_COMM_WORLD);
+    int total = 0;
+    for (int j = 0; j < p; ++j) {
+      isd[j] = static_cast<int>(sd[j] * 2);
+      ird[j] = total;
+      total += irc[j];
+      EXPECT_EQ(rc[j] * 2, static_cast<std::size_t>(irc[j])) << "from rank " << j;
+    }
+    std::vector<unsigned char> want(static_cast<std::size_t>(total));
+    MPI_Alltoallv(send.data(), isc.data(), isd.data(), MPI_BYTE, want.data(), irc.data(), ird.data(), MPI_BYTE,
+                  MPI_COMM_WORLD);
+    EXPECT_TRUE(got == want) << "salt " << salt;
+  }
+}
+
 // Rank 1 sends rank 0 `delta` more (or fewer) elements than rank 0 expects.
 // Without validate, rank 0 raises an Error naming rank 1 once the exchange has
 // completed, and no other rank raises; with validate, every rank raises before

@@ -52,6 +52,14 @@ void alltoallv(const void* send, const std::vector<std::size_t>& send_counts,
 std::vector<std::size_t> exchange_counts(const std::vector<std::size_t>& send_counts, const Communicator& comm,
                                          const CollectiveOptions& opt = {});
 
+// Counts first, then the payload, in one call (issue 43's token dispatch):
+// send holds the blocks for ranks 0..p-1 packed in rank order, send_counts[j]
+// elements for rank j; `recv` is resized to the blocks received, packed in rank
+// order. Returns recv_counts (what each rank sent here).
+std::vector<std::size_t> alltoallv_exchanging_counts(const void* send, const std::vector<std::size_t>& send_counts,
+                                                     std::vector<unsigned char>& recv, DType dtype,
+                                                     const Communicator& comm, const CollectiveOptions& opt = {});
+
 // Packed displacements of `counts` (exclusive prefix sum).
 std::vector<std::size_t> packed_displs(const std::vector<std::size_t>& counts);
 
