@@ -1,5 +1,5 @@
 // ringtrain::main, the command line (ringtrain/cli/main.hpp). Subcommands train, export,
-// eval and prepare; each has --help. Runs under mpirun/srun (one rank per
+// eval, prepare and diagnose; each has --help. Runs under mpirun/srun (one rank per
 // device) or as a single process.
 #include "ringtrain/cli/main.hpp"
 
@@ -19,6 +19,7 @@
 #include "ringtrain/comm/communicator.hpp"
 #include "ringtrain/core/error.hpp"
 #include "ringtrain/core/log.hpp"
+#include "ringtrain/comm/flight_recorder.hpp"
 #include "ringtrain/data/prepare.hpp"
 #include "ringtrain/nn/model_registry.hpp"
 #include "ringtrain/parallel/schedule.hpp"
@@ -470,6 +471,11 @@ int main(int argc, char** argv) {
                    "kept for validation (the test split)")->capture_default_str();
   prep->add_option("--vocab", pa.vocab, "tokens: vocabulary size (0 = the largest token + 1)")->capture_default_str();
 
+  std::string diag_dir;
+  auto* diag = app.add_subcommand("diagnose", "name the first collective the ranks of a stalled or crashed run "
+                                              "disagree on, from its flight records (docs/failures.md)");
+  diag->add_option("DIR", diag_dir, "the records' directory (comm.flight_recorder_dir)")->required();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -487,6 +493,10 @@ int main(int argc, char** argv) {
     if (*gen) return run_generate(ga, world);
     if (*exp) return run_export(xa, world);
     if (*prep) return run_prepare(pa, world);
+    if (*diag) {
+      if (world.rank() == 0) std::fputs(flight_recorder::diagnose(diag_dir).c_str(), stdout);
+      return exit_code::ok;
+    }
   } catch (const CollectiveError& e) {
     // Raised on every rank together: one message, the same status everywhere.
     if (world.rank() == 0) std::fprintf(stderr, "error: %s\n", e.what());

@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "ringtrain/comm/communicator.hpp"
+#include "ringtrain/comm/flight_recorder.hpp"
 #include "ringtrain/comm/liveness.hpp"
 #include "ringtrain/comm/stall_diagnosis.hpp"
 #include "ringtrain/core/log.hpp"
@@ -31,10 +32,14 @@ using Clock = std::chrono::steady_clock;
 constexpr unsigned kTightPolls = 256, kPacedPolls = 32, kCheckEvery = 16;
 
 [[noreturn]] void stalled(const WaitOn& on, const char* what, double waited, OnStall mode) {
+  // This rank's last operations first (comm/flight_recorder.hpp): the diagnosis
+  // pings every rank, and each live one writes its own as it answers.
+  flight_recorder::dump(cat(what, ": stalled for ", static_cast<long long>(waited), " s on communicator '", on.name, "'"));
   // The rank we wait for may itself wait for another one: ask the job who answers.
   const StallDiagnosis d = diagnose_stall(on.comm, stall_grace_s(on.timeout_s));
   const std::string head = cat(what, ": stalled for ", static_cast<long long>(waited), " s on communicator '", on.name,
                                "': ", d.describe());
+  flight_recorder::dump(head);  // again, with the diagnosis
   if (mode == OnStall::throw_error)
     throw StallError(cat(head, " (comm.collective_timeout_s = ", on.timeout_s, " s)"), d.describe(), d.first_live,
                      waited);
@@ -60,11 +65,12 @@ void check_mpi(int rc, const char* what, const char* call) {
           "; do all ranks pass the same count and type?)");
 }
 
-double wait_bounded(MPI_Request* reqs, int n, const WaitOn& on, const char* what, OnStall mode) {
+double wait_bounded(MPI_Request* reqs, int n, const WaitOn& on, const char* what, OnStall mode,
+                    MPI_Status* statuses) {
   int done = 0;
   const bool paced = on.nap_after_s <= 0;
   for (unsigned i = 0; i < (paced ? kPacedPolls : kTightPolls); ++i) {
-    check_mpi(MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE), what, "MPI_Testall");
+    check_mpi(MPI_Testall(n, reqs, &done, statuses), what, "MPI_Testall");
     if (done) return 0;
     if (paced) std::this_thread::yield();
   }
@@ -74,7 +80,7 @@ double wait_bounded(MPI_Request* reqs, int n, const WaitOn& on, const char* what
   const auto max_nap = std::chrono::duration<double>(on.max_nap_s);
   auto nap = std::chrono::duration<double>(10e-6);
   for (unsigned i = 1;; ++i) {
-    check_mpi(MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE), what, "MPI_Testall");
+    check_mpi(MPI_Testall(n, reqs, &done, statuses), what, "MPI_Testall");
     if (done) return since();
     if (napping || i % kCheckEvery == 0) {
       liveness::serve();
@@ -95,37 +101,49 @@ double wait_bounded(MPI_Request* reqs, int n, const WaitOn& on, const char* what
 
 namespace bounded {
 
+static std::size_t type_bytes(MPI_Datatype type, int count) {
+  int size = 0;
+  MPI_Type_size(type, &size);
+  return static_cast<std::size_t>(size) * static_cast<std::size_t>(count);
+}
+
 void allreduce(void* buf, int count, MPI_Datatype type, MPI_Op op, const WaitOn& on, const char* what) {
+  flight_recorder::Op rec(on.comm, on.name, what, type_bytes(type, count));
   MPI_Request r;
   check_mpi(MPI_Iallreduce(MPI_IN_PLACE, buf, count, type, op, on.comm, &r), what, "MPI_Iallreduce");
   wait_bounded(&r, 1, on, what);
 }
 
 void bcast(void* buf, int count, MPI_Datatype type, int root, const WaitOn& on, const char* what) {
+  flight_recorder::Op rec(on.comm, on.name, what, type_bytes(type, count));
   MPI_Request r;
   check_mpi(MPI_Ibcast(buf, count, type, root, on.comm, &r), what, "MPI_Ibcast");
   wait_bounded(&r, 1, on, what);
 }
 
 void barrier(const WaitOn& on, const char* what) {
+  flight_recorder::Op rec(on.comm, on.name, what, 0);
   MPI_Request r;
   check_mpi(MPI_Ibarrier(on.comm, &r), what, "MPI_Ibarrier");
   wait_bounded(&r, 1, on, what);
 }
 
 void allgather(const void* send, int count, MPI_Datatype type, void* recv, const WaitOn& on, const char* what) {
+  flight_recorder::Op rec(on.comm, on.name, what, type_bytes(type, count));
   MPI_Request r;
   check_mpi(MPI_Iallgather(send, count, type, recv, count, type, on.comm, &r), what, "MPI_Iallgather");
   wait_bounded(&r, 1, on, what);
 }
 
 void send(const void* buf, int count, MPI_Datatype type, int to, int tag, const WaitOn& on, const char* what) {
+  flight_recorder::Op rec(on.comm, on.name, what, type_bytes(type, count), to);
   MPI_Request r;
   check_mpi(MPI_Isend(buf, count, type, to, tag, on.comm, &r), what, "MPI_Isend");
   wait_bounded(&r, 1, on, what);
 }
 
 void recv(void* buf, int count, MPI_Datatype type, int from, int tag, const WaitOn& on, const char* what) {
+  flight_recorder::Op rec(on.comm, on.name, what, type_bytes(type, count), from);
   MPI_Request r;
   check_mpi(MPI_Irecv(buf, count, type, from, tag, on.comm, &r), what, "MPI_Irecv");
   wait_bounded(&r, 1, on, what);

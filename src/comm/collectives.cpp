@@ -10,6 +10,7 @@
 
 #include "mpi_collectives.hpp"
 #include "ringtrain/comm/algorithms.hpp"
+#include "ringtrain/comm/flight_recorder.hpp"
 #include "ringtrain/comm/host_backend.hpp"
 #include "ringtrain/comm/shm.hpp"
 #include "ringtrain/core/error.hpp"
@@ -210,6 +211,7 @@ void allreduce(const void* send, void* recv, std::size_t count, DType dtype, Red
                const CollectiveOptions& opt) {
   if (!opt.device.is_cpu()) return device_collectives(opt.device, "allreduce").allreduce(send, recv, count, dtype, op, comm, opt);
   Call c("allreduce", comm, opt);
+  flight_recorder::Op rec(c.comm, c.comm_name, c.what, count * dtype_size(dtype));
   c.check_dtype_op(dtype, &op);
   c.check_buffer(send, count, "send");
   c.check_buffer(recv, count, "recv");
@@ -250,6 +252,7 @@ void broadcast(void* buf, std::size_t count, DType dtype, int root, const Commun
                const CollectiveOptions& opt) {
   if (!opt.device.is_cpu()) return device_collectives(opt.device, "broadcast").broadcast(buf, count, dtype, root, comm, opt);
   Call c("broadcast", comm, opt);
+  flight_recorder::Op rec(c.comm, c.comm_name, c.what, count * dtype_size(dtype));
   c.check_dtype_op(dtype, nullptr);
   c.check_buffer(buf, count, "data");
   c.fail_if(root < 0 || root >= c.size, cat("root ", root, " is not a rank of communicator '", c.comm_name,
@@ -276,6 +279,8 @@ namespace {
 void gather_impl(const char* what, const void* send, void* recv, const std::vector<std::size_t>& counts,
                  DType dtype, const Communicator& comm, const CollectiveOptions& opt) {
   Call c(what, comm, opt);
+  flight_recorder::Op rec(c.comm, c.comm_name, c.what,
+                          std::accumulate(counts.begin(), counts.end(), std::size_t{0}) * dtype_size(dtype));
   c.check_dtype_op(dtype, nullptr);
   bool sized = static_cast<int>(counts.size()) == c.size;
   c.fail_if(!sized, cat("counts has ", counts.size(), " entries for ", c.size, " ranks"));
@@ -319,6 +324,8 @@ void allgather(const void* send, std::size_t count, void* recv, DType dtype, con
 void reduce_scatter(const void* send, void* recv, const std::vector<std::size_t>& counts, DType dtype,
                     ReduceOp op, const Communicator& comm, const CollectiveOptions& opt) {
   Call c("reduce_scatter", comm, opt);
+  flight_recorder::Op rec(c.comm, c.comm_name, c.what,
+                          std::accumulate(counts.begin(), counts.end(), std::size_t{0}) * dtype_size(dtype));
   c.check_dtype_op(dtype, &op);
   bool sized = static_cast<int>(counts.size()) == c.size;
   c.fail_if(!sized, cat("counts has ", counts.size(), " entries for ", c.size, " ranks"));

@@ -10,6 +10,8 @@
 
 #include "ringtrain/comm/bounded_wait.hpp"
 #include "ringtrain/comm/communicator.hpp"
+#include "ringtrain/comm/flight_recorder.hpp"
+#include "ringtrain/core/error.hpp"
 
 namespace ringtrain::liveness {
 namespace {
@@ -95,6 +97,8 @@ void serve() {
     MPI_Request r;  // never waited for: the asker is about to end the job
     MPI_Isend(&kToken, 1, MPI_INT, st.MPI_SOURCE, kTagPong, g_comm, &r);
     MPI_Request_free(&r);
+    // A rank's wait timed out: this one, alive and waiting too, writes its record.
+    flight_recorder::dump(cat("liveness ping from world rank ", st.MPI_SOURCE, " (its wait timed out)"));
   }
   take_verdicts();
 }

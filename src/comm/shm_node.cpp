@@ -20,6 +20,7 @@
 
 #include "ringtrain/comm/bounded_wait.hpp"
 #include "ringtrain/comm/collectives.hpp"
+#include "ringtrain/comm/flight_recorder.hpp"
 #include "ringtrain/comm/liveness.hpp"
 #include "ringtrain/comm/stall_diagnosis.hpp"
 #include "ringtrain/comm/shm.hpp"
@@ -126,6 +127,7 @@ void ShmNode::wait_peers(const char* what) const {
         last_check = now;
         if (s.load(std::memory_order_acquire) >= target) break;
         if (process_gone(pid[j])) {
+          flight_recorder::dump(cat(what, ": world rank ", world_rank[j], " died during a shared-memory all-reduce"));
           log::error(what, ": rank ", comm_rank[j], " (world rank ", world_rank[j], ") of communicator '", comm_name,
                      "' (pid ", pid[j],
                      " on this node) died during a shared-memory all-reduce (rank ", comm_rank[lrank], " of ",
@@ -135,10 +137,14 @@ void ShmNode::wait_peers(const char* what) const {
         }
       }
       if (timeout_s > 0 && waited > timeout_s) {
+        flight_recorder::dump(cat(what, ": stalled for ", static_cast<long long>(waited), " s on communicator '",
+                                  comm_name, "' (shared memory)"));
         // The late peer may itself wait for a stopped rank elsewhere: ask the job who answers.
         const std::string who = liveness::active()
                                     ? describe_unresponsive(liveness::unresponsive(stall_grace_s(timeout_s)))
                                     : "a rank is missing from the collective or passed a different count";
+        flight_recorder::dump(cat(what, ": stalled for ", static_cast<long long>(waited), " s on communicator '",
+                                  comm_name, "' (shared memory): ", who));
         log::error(what, ": stalled for ", static_cast<long long>(waited), " s waiting for rank ", comm_rank[j],
                    " (world rank ", world_rank[j], ") of communicator '", comm_name,
                    "' in a shared-memory all-reduce (rank ", comm_rank[lrank], " of ", size, " is at step ", target,

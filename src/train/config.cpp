@@ -90,6 +90,8 @@ const std::vector<Field>& fields() {
       RT_FIELD(comm, stall_warning_s, "warn when a tensor waits for other ranks this long"),
       RT_FIELD(comm, stall_shutdown_s, "fail the job when a tensor waits this long for other ranks (0 = never)"),
       RT_FIELD(comm, collective_timeout_s, "end the job when a collective (or a pipeline stage's receive) waits this long for a rank that never comes (0 = never)"),
+      RT_FIELD(comm, flight_recorder, "operations (collectives and bounded point-to-point transfers) each rank keeps in its flight recorder and writes to comm.flight_recorder_dir when a wait times out or the process gets a fatal signal; `ringtrain diagnose DIR` names the first collective the ranks disagree on (0 = off)"),
+      RT_FIELD(comm, flight_recorder_dir, "directory of the flight records, one rankK.jsonl per world rank K (empty = <checkpoint.dir>/flight_recorder; nothing is written when both are empty)"),
       RT_FIELD(comm, deterministic, "static gradient buckets: bitwise-reproducible at any rank count"),
       RT_FIELD(comm, bucket_bytes, "gradient bucket size with comm.deterministic, and of ZeRO-2's reduce-scatters and ZeRO-3's parameter gathers (parallel.zero = 2, 3)"),
       RT_FIELD(comm, straggler_factor, "warn naming a rank whose compute takes more than this many times its peers' median (the ranks of its pipeline stage) in 3 consecutive log.interval intervals (0 = off; the epoch record names the slowest rank either way)"),
@@ -370,6 +372,7 @@ void TrainConfig::validate() const {
   range("comm.stall_warning_s", comm.stall_warning_s, 0, 1e7);
   range("comm.stall_shutdown_s", comm.stall_shutdown_s, 0, 1e7);
   range("comm.collective_timeout_s", comm.collective_timeout_s, 0, 1e7);
+  range("comm.flight_recorder", static_cast<double>(comm.flight_recorder), 0, 1 << 24);
   range("comm.bucket_bytes", static_cast<double>(comm.bucket_bytes), 1, 1LL << 40);
   range("comm.autotune_samples", comm.autotune_samples, 3, 1000);
   range("comm.autotune_steps", comm.autotune_steps, 2, 1000);

@@ -11,6 +11,7 @@
 
 #include "ringtrain/comm/agree.hpp"
 #include "ringtrain/comm/collectives.hpp"
+#include "ringtrain/comm/flight_recorder.hpp"
 #include "ringtrain/comm/host_backend.hpp"
 #include "ringtrain/core/allocator.hpp"
 #include "ringtrain/core/log.hpp"
@@ -95,6 +96,11 @@ Trainer::Impl::Impl(TrainConfig c, Communicator w, TrainerHooks h)
   if (cfg.train.device == "cuda") check_gpu_gate(cfg, hooks.gpu_trial);  // before any rank waits: alike on every rank
   if (!hooks.gpu_trial.empty() && world.rank() == 0)
     log::warn("GPU trial (tests only): running features the GPU validation gate does not list yet");
+  // Recording starts before the grid's communicators are made (the first configuration of a process holds).
+  flight_recorder::configure(!cfg.comm.flight_recorder_dir.empty() ? cfg.comm.flight_recorder_dir
+                             : cfg.checkpoint.dir.empty()          ? std::string()
+                                                                   : cfg.checkpoint.dir + "/flight_recorder",
+                             static_cast<std::size_t>(cfg.comm.flight_recorder));
   // Every communicator of the run, the trainer's own included, waits at most comm.collective_timeout_s.
   GridShape shape{cfg.parallel.pipeline, cfg.parallel.tensor};
   run_agreed(world, "reading parallel.schedule", [&] {  // how many model chunks a pipeline rank holds, and where

@@ -11,6 +11,9 @@
 // comm/bounded_wait.hpp: comm.algorithm = mpi, train.verify_every = 1,
 // comm.autotune (still tuning when the rank stops), a one-file checkpoint at
 // every step (pipeline 2: stage 1 sends its state to rank 0) and ZeRO-3.
+// Every trial must also leave flight records (comm/flight_recorder.hpp, on by
+// default under <checkpoint.dir>/flight_recorder) in which the rank that
+// reported the stall names the stopped rank (what `ringtrain diagnose` prints).
 // RT_STALL_TRIALS sets the trials per case (default 5; CTest runs the newer
 // cases once each, docs/data/stall_trials.txt has 5 of each).
 #include <gtest/gtest.h>
@@ -27,6 +30,8 @@
 
 #include "fixtures.hpp"
 #include "jobs.hpp"
+#include "ringtrain/comm/flight_recorder.hpp"
+#include "ringtrain/core/error.hpp"
 
 using namespace ringtrain;
 using namespace ringtrain::test_jobs;
@@ -82,6 +87,7 @@ struct Trial {
   double after_stop_s = -1;  // from the SIGSTOP to the job's end
   int status = 0;
   std::string out;
+  std::string records;  // flight_recorder::diagnose of the run's records, or the error saying why not
 };
 
 Trial run_trial(const Case& c, const std::string& data, const fs::path& dir, std::mt19937& rng) {
@@ -125,6 +131,11 @@ Trial run_trial(const Case& c, const std::string& data, const fs::path& dir, std
   stopper.join();
   t.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
   if (stopped_at >= 0) t.after_stop_s = now() - stopped_at;
+  try {
+    t.records = flight_recorder::diagnose(ckpt + "/flight_recorder");
+  } catch (const Error& e) {
+    t.records = e.what();
+  }
   fs::remove_all(ckpt);
   return t;
 }
@@ -147,18 +158,21 @@ class StallTrials : public testing::TestWithParam<Case> {
 TEST_P(StallTrials, StoppedRankEndsTheJobNamingIt) {
   const Case& c = GetParam();
   std::mt19937 rng(std::random_device{}());
-  std::printf("%-18s %6s %8s %10s  %-5s  %s\n", "layout", "trial", "stopped", "ended after", "named", "reported by");
+  std::printf("%-18s %6s %8s %10s  %-5s %-8s  %s\n", "layout", "trial", "stopped", "ended after", "named", "recorded",
+              "reported by");
   for (int k = 0, n = trials(); k < n; ++k) {
     const Trial t = run_trial(c, data_, dir_, rng);
     const std::string who = "world rank " + std::to_string(t.stopped) + " does not respond";
     const bool named = t.out.find(who) != std::string::npos;
-    std::printf("%-18s %6d %8d %9.1fs  %-5s  %s\n", c.name, k, t.stopped, t.after_stop_s, named ? "yes" : "NO",
-                reporter(t.out, who).c_str());
+    const bool recorded = t.records.find(who) != std::string::npos;  // in the reporting rank's reason
+    std::printf("%-18s %6d %8d %9.1fs  %-5s %-8s  %s\n", c.name, k, t.stopped, t.after_stop_s, named ? "yes" : "NO",
+                recorded ? "yes" : "NO", reporter(t.out, who).c_str());
     std::fflush(stdout);
     ASSERT_GE(t.after_stop_s, 0) << "the rank was never stopped (did the job start?)\n" << t.out;
     EXPECT_NE(t.status, 0) << t.out;
     EXPECT_LE(t.after_stop_s, kTimeoutS + 10) << c.name << " trial " << k << "\n" << t.out;
     EXPECT_TRUE(named) << c.name << " trial " << k << ": no message names " << who << "\n" << t.out;
+    EXPECT_TRUE(recorded) << c.name << " trial " << k << ": no flight record names " << who << "\n" << t.records;
     for (int r = 0; r < c.ranks; ++r) {
       if (r == t.stopped) continue;
       EXPECT_EQ(t.out.find("world rank " + std::to_string(r) + " does not respond"), std::string::npos)

@@ -67,8 +67,10 @@ class StallError : public Error {
 // Completes reqs[0..n) or, past on.timeout_s, ends the job (abort) or throws
 // StallError (throw_error), naming the ranks that do not respond. An MPI error
 // is an Error naming `what`. Returns the seconds it waited after its first
-// back-to-back polls (0 when those completed it).
-double wait_bounded(MPI_Request* reqs, int n, const WaitOn& on, const char* what, OnStall mode = OnStall::abort);
+// back-to-back polls (0 when those completed it). `statuses` (n of them, or
+// MPI_STATUSES_IGNORE) receive the requests' statuses, e.g. a receive's length.
+double wait_bounded(MPI_Request* reqs, int n, const WaitOn& on, const char* what, OnStall mode = OnStall::abort,
+                    MPI_Status* statuses = MPI_STATUSES_IGNORE);
 
 // Raises an Error "<what>: <call> failed (MPI error <rc>: <MPI's text>)" unless rc is MPI_SUCCESS.
 void check_mpi(int rc, const char* what, const char* call);

@@ -37,8 +37,9 @@ enum CollectiveTag : int {
   kTagBroadcast = kTagBase + 3,
   kTagAllgather = kTagBase + 4,
   kTagReduceScatter = kTagBase + 5,
+  kTagAlltoall = kTagBase + 6,  // comm/alltoall.hpp
 };
-static_assert(kTagReduceScatter <= kMaxMpiTag, "collective tags must stay within MPI's guaranteed range");
+static_assert(kTagAlltoall <= kMaxMpiTag, "collective tags must stay within MPI's guaranteed range");
 
 class MpiTransport final : public Transport {
  public:

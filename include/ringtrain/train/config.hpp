@@ -83,6 +83,10 @@ struct TrainConfig {
     double stall_warning_s = 60.0;
     double stall_shutdown_s = 300.0;
     double collective_timeout_s = 300.0;
+    // Each rank's last operations, written on a stall or a fatal signal for
+    // `ringtrain diagnose` (comm/flight_recorder.hpp).
+    std::int64_t flight_recorder = 1024;  // operations kept (0 = off)
+    std::string flight_recorder_dir;      // "" = <checkpoint.dir>/flight_recorder (none without checkpoint.dir)
     // Static gradient buckets (contiguous arena spans, DDP-style) instead of the
     // engine's timing-dependent fusion: bitwise-reproducible runs at any rank count.
     bool deterministic = false;
