@@ -2,7 +2,7 @@
 // holds a copy of the token embedding's weight (the first stage's), and the
 // two gradients are summed between the stages every step. Against a 1-rank run
 // of the same model and data (dropout on):
-//  - pipeline 2 under 1f1b, zb-h1 and afab (stages cut by measured time),
+//  - pipeline 2 under 1f1b, zb-h1, interleaved, zb-v and afab (stages cut by measured time),
 //    pipeline 2 with ZeRO-1 and ZeRO-2 (at 4 ranks also with LAMB, and
 //    ZeRO-3, which refuses LAMB by name),
 //    and at 4 ranks tensor 2 x pipeline 2 and pipeline 4, follow it for 10
@@ -99,7 +99,8 @@ TEST_F(GptPipeline, LayoutsFollowTheOneRankTrainer) {
   EXPECT_LT(ref.back(), ref.front());  // it learns
   const TrainConfig p2 = gpt_config(data, w, 2);
   const std::string dp = cat(" x data ", w / 2);
-  for (const char* schedule : {"1f1b", "zb-h1"})
+  // interleaved: 4 chunks, the head on rank 1; zb-v: 4 chunks in a V, embedding and head both on rank 0.
+  for (const char* schedule : {"1f1b", "zb-h1", "interleaved", "zb-v"})
     expect_follows(train_losses(pipelined(p2, 2, schedule), world), ref, cat("pipeline 2", dp, " ", schedule));
   TrainConfig timed = pipelined(p2, 2, "afab");  // stages cut by measured layer times (the head timed alone)
   timed.parallel.partition = "time";
@@ -158,6 +159,9 @@ TEST_F(GptPipeline, CheckpointsMoveBetweenPipelineAndOneRank) {
   TrainConfig r2 = pipelined(gpt_config(data, w, 2), 2, "zb-h1");  // pipeline 2 continues the 1-rank run
   r2.checkpoint.dir = data + "/resumed-pipeline2";
   expect_follows(train_losses(r2, world, cat(data, "/one-0")), tail, "1-rank checkpoint resumed at pipeline 2");
+  TrainConfig rv = pipelined(gpt_config(data, w, 2), 2, "zb-v");  // and in the V (the tied weight on one rank)
+  rv.checkpoint.dir = data + "/resumed-v";
+  expect_follows(train_losses(rv, world, p.checkpoint.dir), tail, "pipeline 2 checkpoint resumed at zb-v");
   if (w != 4) return;
   TrainConfig r4 = pipelined(gpt_config(data, w, 4), 4, "1f1b");  // another pipeline size
   r4.checkpoint.dir = data + "/resumed-pipeline4";
