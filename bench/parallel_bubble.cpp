@@ -1,13 +1,18 @@
 // Pipeline bubble: for each schedule and m, the measured bubble fraction
 // (idle / step span per stage, the span running from a common start to the
 // last stage's end; median over steps, mean over stages) next to the
-// analytic one, and the peak activation memory per stage (micro-batches whose
-// activations a stage held at once, counted as the executor ran).
+// analytic one, the step time against 1F1B's and against the schedule
+// simulator's prediction (parallel/simulator.hpp: the table played with the
+// per-chunk F, I, W times the executor measured in this run, free messages),
+// and the peak activation memory per rank (in micro-batches of a
+// whole stage: a chunk of an interleaved or V layout counts 1/v, counted as
+// the executor ran).
 //
 // Stage compute is a timed SLEEP, not arithmetic: the ranks of this machine
 // share 2 cores, so real layers on p > 2 stages would measure the CPU
-// scheduler, not the schedule. F, B and W each sleep --unit-ms (B+W together
-// in afab/1f1b, as the textbook backward of 2 units). The executor, its
+// scheduler, not the schedule. F, B (input gradient) and W each sleep
+// --unit-ms per stage (B+W together in afab/1f1b, as the textbook backward of
+// 2 units); with v chunks per rank each chunk sleeps unit/v. The executor, its
 // messages (a small tensor per micro-batch) and its slot handling are the real
 // ones. Two measurements per point:
 //  - wall: idle / span of real time (includes message latency and the
@@ -32,6 +37,7 @@
 #include "ringtrain/comm/communicator.hpp"
 #include "ringtrain/nn/model_registry.hpp"
 #include "ringtrain/parallel/parts.hpp"
+#include "ringtrain/parallel/simulator.hpp"
 
 using namespace ringtrain;
 
@@ -41,16 +47,17 @@ namespace {
 // clock (in units of one op), the ops run, and the micro-batches whose
 // activations are held (forward done, weight backward not).
 struct SleepState {
-  double unit_s = 0;
+  double unit_s = 0;  // per chunk: --unit-ms / v
   double clock = 0;
-  long busy = 0;
+  double busy = 0;
+  double step = 1;  // virtual units per op: 1/v
   int live = 0, peak = 0;
   void reset() { clock = 0, busy = 0; }
-  // Sleeps one unit; the virtual clock advances by exactly one unit.
+  // Sleeps one op; the virtual clock advances by exactly 1/v unit.
   void nap() {
     std::this_thread::sleep_for(std::chrono::duration<double>(unit_s));
-    clock += 1;
-    busy += 1;
+    clock += step;
+    busy += step;
   }
 };
 std::shared_ptr<SleepState> g_state = std::make_shared<SleepState>();
@@ -119,12 +126,11 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   const int p = world.size();
-  ProcessGrid grid = ProcessGrid::make(world, {p, 1});
-  g_state->unit_s = unit_ms * 1e-3;
-  register_model("sleep", [p](const ModelConfig&) {
-    std::vector<LayerPtr> layers;
-    for (int i = 0; i < p; ++i) layers.push_back(std::make_unique<SleepLayer>(cat("sleep", i)));
-    return layers;
+  int layers = p;  // p x v sleep layers: the model of the schedule being measured
+  register_model("sleep", [&layers](const ModelConfig&) {
+    std::vector<LayerPtr> out;
+    for (int i = 0; i < layers; ++i) out.push_back(std::make_unique<SleepLayer>(cat("sleep", i)));
+    return out;
   });
   ModelConfig mc;
   mc.name = "sleep";
@@ -132,19 +138,27 @@ int main(int argc, char** argv) {
   mc.width = 64;
   mc.classes = 64;
   if (world.rank() == 0) {
-    std::printf("pipeline bubble, p = %d stages, F = B = W = %.1f ms sleeps; bubble = idle / step time per stage\n", p,
-                unit_ms);
-    std::printf("%-6s %4s %10s %10s %10s %8s %14s %10s\n", "sched", "m", "wall", "replay", "analytic", "repl/an",
-                "peak act (s0)", "max stage");
+    std::printf("pipeline bubble, p = %d ranks, F = B = W = %.1f ms sleeps per stage (unit/v per chunk); bubble = idle / "
+                "step time per rank; pred = the simulator's step from the measured per-chunk costs\n", p, unit_ms);
+    std::printf("%-11s %4s %8s %8s %8s %7s %9s %9s %9s %8s %9s\n", "sched", "m", "wall", "replay", "analytic", "repl/an",
+                "step ms", "pred ms", "meas/pred", "x 1f1b", "peak act");
   }
   std::ofstream out;
   if (world.rank() == 0 && !csv.empty()) {
     const bool fresh = !std::ifstream(csv).good();
     out.open(csv, std::ios::app);
-    if (fresh) out << "schedule,p,m,unit_ms,wall_bubble,virtual_bubble,analytic_bubble,peak_act_stage0,peak_act_max,step_ms\n";
+    if (fresh)
+      out << "schedule,p,m,unit_ms,wall_bubble,virtual_bubble,analytic_bubble,peak_act_stage0,peak_act_max,step_ms,"
+             "predicted_ms,vs_1f1b\n";
   }
-  for (ScheduleKind k : {ScheduleKind::afab, ScheduleKind::one_f_one_b, ScheduleKind::zb_h1})
-    for (int m : ms) {
+  for (int m : ms) {
+    double base_ms = 0;
+    for (ScheduleKind k : {ScheduleKind::one_f_one_b, ScheduleKind::afab, ScheduleKind::zb_h1, ScheduleKind::interleaved,
+                           ScheduleKind::zb_v}) {
+      if (k == ScheduleKind::interleaved && m % p != 0) continue;
+      const PipelineLayout L = layout_for(k, p, 2);
+      layers = L.stages();
+      ProcessGrid grid = ProcessGrid::make(world, {p, 1, 1, L.chunks, L.placement});
       GridConfig gc;
       gc.micro_batches = m;
       gc.batch = m;  // one sample per micro-batch
@@ -153,8 +167,10 @@ int main(int argc, char** argv) {
       StepInput in;
       in.images = {Tensor::zeros({m, 1, 1, 64})};
       in.labels = {Tensor::zeros({m}, DType::i32)};
-      *g_state = SleepState{unit_ms * 1e-3};
+      *g_state = SleepState{unit_ms * 1e-3 / L.chunks};
+      g_state->step = 1.0 / L.chunks;
       std::vector<double> bub, wall, vbub;
+      std::vector<ChunkTime> cost(static_cast<std::size_t>(L.chunks));  // measured, mean over the steps
       for (int s = 0; s <= steps; ++s) {
         world.barrier();
         g_state->reset();
@@ -167,25 +183,37 @@ int main(int argc, char** argv) {
         double span = t.wall_s;
         allreduce(&span, &span, 1, DType::f64, ReduceOp::max, world);
         if (s == 0) continue;
+        for (int c = 0; c < L.chunks; ++c) {
+          cost[c].f += t.chunks[c].f / steps;
+          cost[c].i += t.chunks[c].i / steps;
+          cost[c].w += t.chunks[c].w / steps;
+        }
         bub.push_back(1.0 - t.busy_s / span);
-        vbub.push_back(1.0 - static_cast<double>(g_state->busy) / vspan);
+        vbub.push_back(1.0 - g_state->busy / vspan);
         wall.push_back(span);
       }
       std::sort(bub.begin(), bub.end());
       std::sort(wall.begin(), wall.end());
       std::sort(vbub.begin(), vbub.end());
       double v[3] = {bub[bub.size() / 2], wall[wall.size() / 2], vbub[vbub.size() / 2]};
-      double peak0 = g_state->peak, peakmax = g_state->peak;
+      double peak0 = double(g_state->peak) / L.chunks, peakmax = peak0;
       allreduce(v, v, 3, DType::f64, ReduceOp::sum, world);
       allreduce(&peakmax, &peakmax, 1, DType::f64, ReduceOp::max, world);
       broadcast(&peak0, 1, DType::f64, 0, world);
-      const double meas = v[0] / p, virt = v[2] / p, an = analytic_bubble(k, p, m);
+      // The prediction plays the table with the per-chunk costs this run measured (a sleep
+      // lasts longer than asked on a loaded machine), messages free.
+      const double pred = 1e3 * simulate(parts.executor->table(), parts.executor->gather_costs(cost, 0)).makespan;
+      const double meas = v[0] / p, virt = v[2] / p, step_ms = 1e3 * v[1] / p;
+      const double an = analytic_bubble(k, p, m, 1, 1, 1, L.chunks);
+      if (k == ScheduleKind::one_f_one_b) base_ms = step_ms;
       if (world.rank() == 0) {
-        std::printf("%-6s %4d %10.3f %10.3f %10.3f %8.2f %14.0f %10.0f\n", schedule_name(k), m, meas, virt, an,
-                    an > 0 ? virt / an : 0.0, peak0, peakmax);
+        std::printf("%-11s %4d %8.3f %8.3f %8.3f %7.2f %9.1f %9.1f %9.3f %8.3f %9.1f\n", schedule_name(k), m, meas, virt,
+                    an, an > 0 ? virt / an : 0.0, step_ms, pred, step_ms / pred, base_ms / step_ms, peakmax);
         if (out) out << schedule_name(k) << "," << p << "," << m << "," << unit_ms << "," << meas << "," << virt << ","
-                     << an << "," << peak0 << "," << peakmax << "," << 1e3 * v[1] / p << "\n";
+                     << an << "," << peak0 << "," << peakmax << "," << step_ms << "," << pred << ","
+                     << base_ms / step_ms << "\n";
       }
     }
+  }
   return 0;
 }
