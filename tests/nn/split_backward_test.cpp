@@ -43,8 +43,10 @@ void check_model(const char* name, const Shape& sample) {
   m.backward_input(0, dy, false);
   std::vector<float> ref = grads_of(m);
 
-  // Again, through the halves: every B first (upstream order), then every W.
-  m.forward(0, x, Mode::train);
+  // Again, through the halves: every B first (upstream order), then every W,
+  // on each layer's own context (the stage's forward, layer by layer).
+  Tensor h = x;
+  for (int i = 0; i < m.num_layers(); ++i) h = m.layer(i).forward(h, Call(Mode::train, SamplePosition{}));
   m.arena().zero_grads();
   bool any_split = false;
   Tensor g = dy;

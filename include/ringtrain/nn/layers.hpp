@@ -231,7 +231,7 @@ class Pool2d : public Layer {
 
 // Inverted dropout, deterministic: the mask depends on (model seed, layer
 // stream, optimizer step, global element index) only, where an element's index
-// counts from the first sample of the step's global batch (BindContext::position),
+// counts from the first sample of the step's global batch (Call::position),
 // so every layout draws the 1-rank run's mask for a sample. Without a position
 // (a layer bound on its own) the forward call count stands in for the step and the
 // local element index for the global one. Identity in eval mode.
