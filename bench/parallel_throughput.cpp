@@ -1,10 +1,14 @@
-// Throughput at 2 ranks, real layers: `resnet` as a 2-stage pipeline (1F1B
-// and ZB-H1, m micro-batches, one replica) next to pure data parallelism over
-// the same 2 ranks (each rank the whole model, half the batch, gradients
+// Throughput at 2 ranks, real layers: `resnet` as a 2-stage pipeline under
+// every schedule (m micro-batches, one replica) next to pure data parallelism
+// over the same 2 ranks (each rank the whole model, half the batch, gradients
 // averaged by the fusion engine), same global batch, in one run. The DP
 // reference runs through the same parts with one stage (p = 1, m = 1), which is
-// the trainer's own step for data parallelism (one trainer runs every layout
-// through the same parts), not a stand-in for it.
+// the trainer's own step for data parallelism. Per schedule it prints the
+// bound m/(m+p-1) x DP (1F1B's bubble on balanced stages), the schedule's
+// measured step beside the simulator's prediction from the per-chunk costs
+// the executor measured, and those costs (F, I, W ms per micro-batch per
+// stage; a whole backward counts in I): where a zero-bubble schedule's split
+// backward costs more than the fused one, it shows there.
 // Run: mpirun -np 2 bench_parallel_throughput [--batch 128 --m 8 --steps 8]
 #include <omp.h>
 
@@ -18,17 +22,26 @@
 #include "ringtrain/comm/collectives.hpp"
 #include "ringtrain/nn/rng.hpp"
 #include "ringtrain/parallel/parts.hpp"
+#include "ringtrain/parallel/simulator.hpp"
 
 using namespace ringtrain;
 
 namespace {
 
+std::string fixed(double v, int digits) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.*f", digits, v);
+  return b;
+}
+
 struct Result {
-  double images_per_s = 0, bubble = 0;
+  double images_per_s = 0, bubble = 0, schedule_ms = 0, predicted_ms = 0;
+  std::vector<StageCost> costs;  // per stage, ms
 };
 
 Result measure(const Communicator& world, int p, int m, std::int64_t global, int steps, ScheduleKind kind) {
-  ProcessGrid grid = ProcessGrid::make(world, {p, 1});
+  const PipelineLayout L = layout_for(kind, p, 2);
+  ProcessGrid grid = ProcessGrid::make(world, {p, 1, 1, L.chunks, L.placement});
   ModelConfig mc;
   mc.name = "resnet";
   mc.in_channels = 3;
@@ -49,12 +62,27 @@ Result measure(const Communicator& world, int p, int m, std::int64_t global, int
   train_step(grid, pm, x, y, 0.01);  // warm-up: kernel plans, buffers
   world.barrier();
   auto t0 = std::chrono::steady_clock::now();
-  double bubble = 0;
-  for (int s = 0; s < steps; ++s) bubble += train_step(grid, pm, x, y, 0.01).timing.bubble();
+  double bubble = 0, sched = 0;
+  std::vector<ChunkTime> cost(static_cast<std::size_t>(L.chunks));
+  for (int s = 0; s < steps; ++s) {
+    const StepTiming t = train_step(grid, pm, x, y, 0.01).timing;
+    bubble += t.bubble();
+    sched += t.schedule_s / steps;
+    for (int c = 0; c < L.chunks; ++c) {
+      cost[c].f += t.chunks[c].f / steps;
+      cost[c].i += t.chunks[c].i / steps;
+      cost[c].w += t.chunks[c].w / steps;
+    }
+  }
   double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   allreduce(&dt, &dt, 1, DType::f64, ReduceOp::max, world);
   allreduce(&bubble, &bubble, 1, DType::f64, ReduceOp::sum, world);
-  return {static_cast<double>(global) * steps / dt, bubble / steps / world.size()};
+  allreduce(&sched, &sched, 1, DType::f64, ReduceOp::max, world);
+  Result r{static_cast<double>(global) * steps / dt, bubble / steps / world.size(), 1e3 * sched, 0, {}};
+  const SimCosts c = pm.executor->gather_costs(cost, 0);
+  r.predicted_ms = 1e3 * simulate(pm.executor->table(), c).makespan;
+  for (const StageCost& sc : c.stage) r.costs.push_back({1e3 * sc.f, 1e3 * sc.i, 1e3 * sc.w});
+  return r;
 }
 
 }  // namespace
@@ -74,23 +102,33 @@ int main(int argc, char** argv) {
   omp_set_num_threads(1);
   const int w = world.size();
   Result dp = measure(world, 1, 1, batch, steps, ScheduleKind::one_f_one_b);
-  Result p1 = measure(world, w, m, batch, steps, ScheduleKind::one_f_one_b);
-  Result pz = measure(world, w, m, batch, steps, ScheduleKind::zb_h1);
+  std::vector<std::pair<ScheduleKind, Result>> rows;
+  for (ScheduleKind k : {ScheduleKind::one_f_one_b, ScheduleKind::zb_h1, ScheduleKind::interleaved, ScheduleKind::zb_v})
+    if (k != ScheduleKind::interleaved || m % w == 0) rows.push_back({k, measure(world, w, m, batch, steps, k)});
   if (world.rank() == 0) {
-    std::printf("resnet-20, 32x32x3, global batch %lld, %d ranks (1 compute thread each)\n",
-                static_cast<long long>(batch), w);
-    std::printf("%-28s %12s %10s %12s\n", "configuration", "images/s", "vs DP", "bubble");
-    std::printf("%-28s %12.1f %10.2f %12s\n", "data parallel (DP 2)", dp.images_per_s, 1.0, "-");
-    std::printf("%-28s %12.1f %10.2f %12.3f\n", cat("pipeline 2, 1f1b, m ", m).c_str(), p1.images_per_s,
-                p1.images_per_s / dp.images_per_s, p1.bubble);
-    std::printf("%-28s %12.1f %10.2f %12.3f\n", cat("pipeline 2, zb-h1, m ", m).c_str(), pz.images_per_s,
-                pz.images_per_s / dp.images_per_s, pz.bubble);
+    const double bound = double(m) / (m + w - 1);
+    std::printf("resnet-20, 32x32x3, global batch %lld, %d ranks (1 compute thread each), m = %d; bound = m/(m+p-1) "
+                "x DP = %.3f x DP\n", static_cast<long long>(batch), w, m, bound);
+    std::printf("%-22s %10s %7s %9s %8s %10s %10s %9s  %s\n", "configuration", "images/s", "vs DP", "vs bound",
+                "x 1f1b", "sched ms", "pred ms", "meas/pred", "per stage F/I/W ms per micro-batch");
+    std::printf("%-22s %10.1f %7.2f\n", cat("data parallel (DP ", w, ")").c_str(), dp.images_per_s, 1.0);
+    std::ofstream o;
     if (!csv.empty()) {
-      std::ofstream o(csv);
-      o << "config,images_per_s,ratio_vs_dp,bubble\n";
-      o << "dp" << w << "," << dp.images_per_s << ",1,\n";
-      o << "pp" << w << "_1f1b_m" << m << "," << p1.images_per_s << "," << p1.images_per_s / dp.images_per_s << "," << p1.bubble << "\n";
-      o << "pp" << w << "_zbh1_m" << m << "," << pz.images_per_s << "," << pz.images_per_s / dp.images_per_s << "," << pz.bubble << "\n";
+      o.open(csv);
+      o << "config,images_per_s,ratio_vs_dp,ratio_vs_bound,ratio_vs_1f1b,bubble,schedule_ms,predicted_ms\n";
+      o << "dp" << w << "," << dp.images_per_s << ",1,,,,,\n";
+    }
+    const double base = rows.front().second.images_per_s;
+    for (const auto& [k, r] : rows) {
+      std::string st;
+      for (const StageCost& c : r.costs) st += cat(st.empty() ? "" : " | ", fixed(c.f, 1), "/", fixed(c.i, 1), "/", fixed(c.w, 1));
+      std::printf("%-22s %10.1f %7.2f %9.3f %8.3f %10.1f %10.1f %9.3f  %s\n",
+                  cat("pipeline ", w, ", ", schedule_name(k)).c_str(), r.images_per_s, r.images_per_s / dp.images_per_s,
+                  r.images_per_s / (bound * dp.images_per_s), r.images_per_s / base, r.schedule_ms, r.predicted_ms,
+                  r.schedule_ms / r.predicted_ms, st.c_str());
+      if (o) o << "pp" << w << "_" << schedule_name(k) << "_m" << m << "," << r.images_per_s << ","
+               << r.images_per_s / dp.images_per_s << "," << r.images_per_s / (bound * dp.images_per_s) << ","
+               << r.images_per_s / base << "," << r.bubble << "," << r.schedule_ms << "," << r.predicted_ms << "\n";
     }
   }
   return 0;

@@ -27,6 +27,8 @@
 // Whatever part of the weight the stage holds (the whole weight, or its tensor
 // rank's shard when it is split) is summed with the other end's same part: the
 // ends share their tensor coordinate.
+#include <algorithm>
+
 #include <string>
 #include <vector>
 
@@ -43,9 +45,10 @@ class TiedGradSync final : public GradSync {
                bool before)
       : ends_(grid.ends()), stage_(stage), inner_(std::move(inner)), tied_(std::move(tied)), before_(before),
         held_back_(static_cast<std::size_t>(stage.num_layers()), 0) {
-    if (before_)
-      for (std::size_t p : tied_)
-        held_back_.at(static_cast<std::size_t>(stage.arena().info(p).layer - stage.first_layer())) = 1;
+    if (before_)  // the local layers (numbered over the rank's chunks) that hold a tied parameter
+      for (int l = 0; l < stage.num_layers(); ++l)
+        for (std::size_t p : stage.layer(l).params())
+          if (std::find(tied_.begin(), tied_.end(), p) != tied_.end()) held_back_[static_cast<std::size_t>(l)] = 1;
   }
   const char* kind() const override { return inner_->kind(); }
   void begin_step() override {

@@ -107,6 +107,9 @@ TEST_F(GptPipeline, LayoutsFollowTheOneRankTrainer) {
   expect_follows(train_losses(timed, world), ref, cat("pipeline 2", dp, " afab, partition = time"));
   for (int zero : {1, 2})
     expect_follows(train_losses(pipelined(p2, 2, "1f1b", zero), world), ref, cat("pipeline 2", dp, " zero ", zero));
+  // ZeRO-2 holds the tied layers back until the ends' sum: the head is the second chunk's last layer on its rank.
+  expect_follows(train_losses(pipelined(p2, 2, "interleaved", 2), world), ref, cat("pipeline 2", dp, " interleaved zero 2"));
+  expect_follows(train_losses(pipelined(p2, 2, "zb-v", 2), world), ref, cat("pipeline 2", dp, " zb-v zero 2"));
   if (w != 4) return;
   // LAMB's per-parameter norms over ZeRO slices cut differently on the two
   // stages: the copy takes its owner's values after each update (Updater::resync_tied).

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Pipeline schedules on real models from the CLI: cnn, vit (Fashion-MNIST) and
+# gpt (fortunes) at pipeline 2 (2 ranks on the 2 cores), m = 4, every schedule,
+# next to data 2 on the same ranks. Prints, per run, the epoch's images/s (or
+# tokens/s), the pipeline schedule's measured ms/step and the simulator's
+# prediction from the same epoch's per-chunk costs (the trainer's epoch line),
+# and the bound of 1F1B: m/(m+p-1) x data 2's throughput.
+#   bench/pipeline_schedules.sh [build-dir] [rounds]   (data: make prepare prepare-text)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+B=${1:-build}
+ROUNDS=${2:-1}
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+run() {  # model-config extra-sets...
+  local cfg=$1; shift
+  mpirun -np 2 --oversubscribe --bind-to none "$B/ringtrain" train --config "$cfg" --no-eval \
+    --set train.epochs=1 --set schedule.warmup_epochs=0.1 --set checkpoint.dir= --set log.format=plain "$@" 2>&1 | grep "epoch 1/1:" |
+    sed -E 's/.*\| ([0-9]+ (img|tokens)\/s)[^|]*(\| pipeline schedule ([0-9.]+) ms\/step, simulator ([0-9.]+) ms)?.*/\1 \4 \5/'
+}
+echo "# $(date -u +%FT%TZ) $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2) ($(nproc) cores), load $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "# model layout rate unit schedule_ms predicted_ms"
+for r in $(seq "$ROUNDS"); do
+  for spec in "jobs/fashion_cnn.toml data.batch_size=512 parallel.partition=time" \
+              "jobs/fashion_vit.toml data.batch_size=256 parallel.partition=time" \
+              "jobs/text_gpt.toml data.batch_size=32 parallel.partition=time"; do
+    read -r cfg b part <<<"$spec"
+    m=$(basename "$cfg" .toml)
+    # data 2: each rank half the global batch
+    half=$(( ${b#*=} / 2 ))
+    echo "$m data2 $(run "$cfg" --set data.batch_size=$half)"
+    for s in 1f1b zb-h1 interleaved zb-v; do
+      echo "$m $s $(run "$cfg" --set "$b" --set "$part" --set parallel.pipeline=2 --set parallel.micro_batches=4 \
+        --set parallel.schedule=$s)"
+    done
+  done
+done
