@@ -163,6 +163,7 @@ int run_train(const TrainArgs& a, const Communicator& world, Phase& phase) {
   TrainerHooks hooks;
   hooks.evaluate = !a.no_eval;
   hooks.stop_signal = &StopSignals::pending;
+  run_on_root(world, "copying the tokenizer into checkpoint.dir", [&] { keep_tokenizer_with_run(cfg); });
   Trainer trainer(cfg, world, hooks);
   if (!a.resume.empty()) trainer.resume(a.resume);
   phase.code = exit_code::failure;
