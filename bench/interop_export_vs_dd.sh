@@ -16,20 +16,26 @@ echo "# $0 $BIN $REPS $DIR   ($(date -u +%FT%TZ), $(nproc) cores:$(grep -m1 'mod
     --set data.seq_len=1024 --batch-size 1 --threads 2 --train-data "$WORK/data" --test-data "$WORK/data" \
     --optimizer sgd --lr 0 --set optimizer.momentum=0 --max-steps 1 --no-eval --log-format plain \
     --checkpoint-dir "$WORK/run" 2>&1 | grep -E "^ringtrain:"
-best_export=1e9; best_dd=1e9
+: >"$WORK/times"
 for r in $(seq "$REPS"); do
     rm -rf "$WORK/hf" "$WORK/dd.bin"; sync
     t0=$(date +%s.%N); "$BIN" export --checkpoint "$WORK/run" --out "$WORK/hf" >/dev/null; t1=$(date +%s.%N)
     bytes=$(stat -c %s "$WORK/hf/model.safetensors")
-    e=$(echo "$t1 - $t0" | bc -l)
     rm -f "$WORK/hf/model.safetensors"; sync
-    t0=$(date +%s.%N)
+    t2=$(date +%s.%N)
     dd if=/dev/zero of="$WORK/dd.bin" bs=1M count=$(( (bytes + 1048575) / 1048576 )) conv=fsync status=none
-    t1=$(date +%s.%N)
-    d=$(echo "$t1 - $t0" | bc -l)
-    printf 'rep %d: export %.3f s, dd %.3f s (%d bytes)\n' "$r" "$e" "$d" "$bytes"
-    best_export=$(echo "if ($e < $best_export) $e else $best_export" | bc -l)
-    best_dd=$(echo "if ($d < $best_dd) $d else $best_dd" | bc -l)
+    t3=$(date +%s.%N)
+    t4=$(date +%s.%N); "$BIN" export --help >/dev/null; t5=$(date +%s.%N)   # start-up alone (MPI_Init, libraries)
+    echo "$r $t0 $t1 $t2 $t3 $bytes $t4 $t5" >>"$WORK/times"
 done
-printf 'best: export %.3f s, dd %.3f s: ratio %.2f (bound 2.0), %.0f MB/s against %.0f MB/s\n' "$best_export" "$best_dd" \
-    "$(echo "$best_export / $best_dd" | bc -l)" "$(echo "$bytes / $best_export / 1e6" | bc -l)" "$(echo "$bytes / $best_dd / 1e6" | bc -l)"
+/usr/bin/python3 - "$WORK/times" <<'PY'
+import sys
+rows = [l.split() for l in open(sys.argv[1])]
+ex, dd, up = [], [], []
+for r, t0, t1, t2, t3, b, t4, t5 in rows:
+    ex.append(float(t1) - float(t0)); dd.append(float(t3) - float(t2)); up.append(float(t5) - float(t4)); b = int(b)
+    print(f"rep {r}: export {ex[-1]:.3f} s, dd {dd[-1]:.3f} s ({b} bytes); ringtrain's start-up alone {up[-1]:.3f} s")
+e, d = min(ex), min(dd)
+print(f"start-up (export --help) best {min(up):.3f} s; export less start-up {e - min(up):.3f} s: {(e - min(up)) / d:.2f} x dd")
+print(f"best: export {e:.3f} s ({b / e / 1e6:.0f} MB/s), dd {d:.3f} s ({b / d / 1e6:.0f} MB/s): ratio {e / d:.2f} (bound 2.0)")
+PY

@@ -14,8 +14,8 @@ echo "# $0 $BIN $STEPS $VOCAB   ($(date -u +%FT%TZ), $(nproc) cores: $(grep -m1 
 "$BIN" prepare --dataset text --input "$CORPUS" --out "$WORK/bytes"
 "$BIN" prepare --dataset text --input "$CORPUS" --out "$WORK/spm" --tokenizer sentencepiece --vocab-size "$VOCAB"
 for tok in bytes spm; do
-    MODEL=(--model gpt --set model.width=128 --set model.heads=4 --set model.depth=4 --set data.seq_len=128
-           --threads 2 --train-data "$WORK/$tok" --test-data "$WORK/$tok")
+    MODEL=(--set model.name=gpt --set model.width=128 --set model.heads=4 --set model.depth=4 --set data.seq_len=128
+           --set train.threads=2 --set data.train="$WORK/$tok" --set data.test="$WORK/$tok")
     "$BIN" train "${MODEL[@]}" --batch-size 16 --max-steps "$STEPS" --lr 3e-3 --set schedule.name=constant \
         --set schedule.warmup_epochs=0 --log-format plain --no-eval --checkpoint-dir "$WORK/run-$tok" \
         >"$WORK/$tok.log" 2>&1 || { cat "$WORK/$tok.log"; exit 1; }
