@@ -16,7 +16,7 @@ echo "# $0 $BIN $DIR   ($(date -u +%FT%TZ), $(nproc) cores:$(grep -m1 'model nam
 ARGS=(train --model gpt --set model.width=768 --set model.depth=12 --set model.heads=12 --set model.gelu=tanh
       --set data.seq_len=1024 --batch-size 1 --threads 1 --train-data "$WORK/data" --test-data "$WORK/data"
       --optimizer sgd --lr 0 --set optimizer.momentum=0 --no-eval --log-format plain)
-"$BIN" "${ARGS[@]}" --max-steps 1 --checkpoint-dir "$WORK/run" | grep -E "^ringtrain:"
+"$BIN" "${ARGS[@]}" --max-steps 1 --checkpoint-dir "$WORK/run" 2>&1 | grep -E "^ringtrain:"
 "$BIN" export --checkpoint "$WORK/run" --out "$WORK/gpt2.safetensors"
 MPI=(mpirun -np 4 --bind-to none --oversubscribe -x OMP_NUM_THREADS=1)
 [[ $(id -u) == 0 ]] && MPI+=(--allow-run-as-root)
