@@ -2,7 +2,7 @@
 # Issue 44's goal "at tensor 2 x pipeline 2, each rank reading only its part: peak RSS while
 # importing <= training peak + 5%". gpt at GPT-2 small's shape (768 x 12, 12 heads, 1,024
 # positions, vocabulary 50,257: 124M parameters, a 498 MB F32 safetensors file) on 4 ranks at
-# tensor 2 x pipeline 2, 2 steps of batch 1 (SGD without momentum: the smallest training peak,
+# tensor 2 x pipeline 2, 2 steps of batch 2 (2 micro-batches) (SGD without momentum: the smallest training peak,
 # so the strictest bound), every rank under /usr/bin/time -v: the largest rank's peak RSS
 # starting from the imported file (model.init_from) against the same run from a random start.
 # Usage: bench/interop_import_rss.sh [BIN] [DIR]   (output: docs/data/interop_import_rss.txt)
@@ -23,9 +23,9 @@ MPI=(mpirun -np 4 --bind-to none --oversubscribe -x OMP_NUM_THREADS=1)
 for what in random imported; do
     extra=(); [ "$what" = imported ] && extra=(--init-from "$WORK/gpt2.safetensors")
     "${MPI[@]}" bash -c '/usr/bin/time -v -o "$0.$OMPI_COMM_WORLD_RANK" "$@"' "$WORK/$what.time" "$BIN" "${ARGS[@]}" \
-        --set parallel.tensor=2 --set parallel.pipeline=2 --max-steps 2 "${extra[@]}" >"$WORK/$what.log" 2>&1 ||
+        --set parallel.tensor=2 --set parallel.pipeline=2 --batch-size 2 --max-steps 2 "${extra[@]}" >"$WORK/$what.log" 2>&1 ||
         { cat "$WORK/$what.log"; exit 1; }
-    grep -E "init_from|^\[rank 0\] done" "$WORK/$what.log" | sed "s/^/$what: /"
+    grep -E "init_from|done:|^ringtrain:" "$WORK/$what.log" | sed "s/^/$what: /" || true
 done
 /usr/bin/python3 - "$WORK" <<'PY'
 import glob, re, sys
