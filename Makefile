@@ -13,14 +13,14 @@ RUN_PACKAGES := \
   build-essential cmake pkg-config ccache \
   openmpi-bin libopenmpi-dev \
   libhdf5-openmpi-dev hdf5-tools zlib1g-dev \
-  libzip-dev libpng-dev libjpeg62-turbo-dev \
+  libzip-dev libpng-dev libjpeg62-turbo-dev libsentencepiece-dev \
   libdnnl-dev libopenblas-dev \
   libcli11-dev libtomlplusplus-dev nlohmann-json3-dev \
   dataset-fashion-mnist fortunes
 
 TEST_PACKAGES := \
   libgtest-dev googletest libbenchmark-dev \
-  python3-torch python3-h5py python3-numpy python3-matplotlib python3-pil \
+  python3-torch python3-sentencepiece python3-h5py python3-numpy python3-matplotlib python3-pil \
   munge slurmctld slurmd slurm-client iproute2 util-linux libsimgrid-dev
 
 MPIRUN := mpirun --allow-run-as-root --oversubscribe

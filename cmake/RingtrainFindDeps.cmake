@@ -13,6 +13,8 @@ find_package(ZLIB REQUIRED)
 # libzip through pkg-config: Debian's libzip-config.cmake demands its command-line tools.
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(LIBZIP REQUIRED IMPORTED_TARGET GLOBAL libzip)
+# The subword tokenizer (prepare --dataset text --tokenizer sentencepiece): libsentencepiece-dev.
+pkg_check_modules(SENTENCEPIECE REQUIRED IMPORTED_TARGET GLOBAL sentencepiece)
 find_package(PNG REQUIRED)
 find_package(JPEG REQUIRED)
 

@@ -27,6 +27,7 @@
 #include "ringtrain/train/config.hpp"
 #include "ringtrain/checkpoint/checkpoint.hpp"
 #include "ringtrain/train/exit_codes.hpp"
+#include "ringtrain/train/family_defaults.hpp"
 #include "ringtrain/train/generate.hpp"
 #include "ringtrain/train/interop.hpp"
 #include "ringtrain/train/plan.hpp"
@@ -109,12 +110,19 @@ std::vector<std::string> ordered_overrides(const CLI::App* app, const Overrides&
 // Every rank reads the configuration; a bad file or key ends the job with one message.
 TrainConfig load_config(const std::string& path, const std::vector<std::string>& sets, const Communicator& world) {
   TrainConfig cfg;
+  std::vector<std::string> applied;
   run_agreed(world, "reading the configuration", [&] {
     if (!path.empty()) cfg.load_toml(path);
     for (const auto& s : sets) cfg.set(s);
+    applied = apply_family_defaults(cfg, given_keys(path, sets));  // never a key the user gave
     cfg.validate();
     check_environment(cfg);
   });
+  std::string keys;
+  for (const auto& k : applied) keys += (keys.empty() ? "" : ", ") + k;
+  if (world.rank() == 0 && !applied.empty())
+    log::info("model.name = ", cfg.model.name, " takes its family's defaults for ", keys,
+              " (docs/configuration.md; keys given in the file or on the command line are kept)");
   return cfg;
 }
 
@@ -156,6 +164,7 @@ int run_train(const TrainArgs& a, const Communicator& world, Phase& phase) {
   TrainerHooks hooks;
   hooks.evaluate = !a.no_eval;
   hooks.stop_signal = &StopSignals::pending;
+  run_on_root(world, "copying the tokenizer into checkpoint.dir", [&] { keep_tokenizer_with_run(cfg); });
   Trainer trainer(cfg, world, hooks);
   if (!a.resume.empty()) trainer.resume(a.resume);
   phase.code = exit_code::failure;
@@ -288,6 +297,7 @@ struct PrepareArgs {
   // text / tokens
   double val_fraction = 0.1;
   std::int64_t vocab = 0;
+  std::string tokenizer = "bytes";
 };
 
 int run_prepare(const PrepareArgs& a, const Communicator& world) {
@@ -311,6 +321,7 @@ int run_prepare(const PrepareArgs& a, const Communicator& world) {
     o.output = a.out;
     o.source = a.dataset == "text" ? data::TokenSource::text : data::TokenSource::tokens;
     o.vocab = a.vocab;
+    o.tokenizer = a.tokenizer;
     o.val_fraction = a.val_fraction;
     ds = data::prepare_tokens(o, world);
     if (world.rank() == 0) {
@@ -469,7 +480,10 @@ int main(int argc, char** argv) {
   prep->add_option("--seed", pa.seed, "synthetic: seed")->capture_default_str();
   prep->add_option("--val-fraction", pa.val_fraction, "text, tokens: the fraction of the tokens (from the end) "
                    "kept for validation (the test split)")->capture_default_str();
-  prep->add_option("--vocab", pa.vocab, "tokens: vocabulary size (0 = the largest token + 1)")->capture_default_str();
+  prep->add_option("--vocab,--vocab-size", pa.vocab, "tokens: vocabulary size (0 = the largest token + 1); text with "
+                   "--tokenizer sentencepiece: the pieces to train")->capture_default_str();
+  prep->add_option("--tokenizer", pa.tokenizer, "text: bytes (UTF-8 bytes, vocabulary 256) | sentencepiece (a subword "
+                   "model trained on the training split, written beside the data as NAME.model)")->capture_default_str();
 
   std::string diag_dir;
   auto* diag = app.add_subcommand("diagnose", "name the first collective the ranks of a stalled or crashed run "

@@ -12,6 +12,7 @@
 #include "ringtrain/comm/agree.hpp"
 #include "ringtrain/data/prepare.hpp"
 #include "ringtrain/data/sources.hpp"
+#include "ringtrain/data/tokenizer.hpp"
 
 namespace ringtrain::data {
 namespace {
@@ -154,6 +155,38 @@ void write_token_file(const std::string& path, const FileInfo& m, const std::int
   RT_CHECK(!ec, path, ": cannot rename the finished file into place from ", tmp, " (", ec.message(), ")");
 }
 
+// Text under a SentencePiece model trained on its training split (the first 1 - val_fraction
+// of the bytes, cut at a character boundary), written to <output>/<name>.model; both splits encoded.
+std::pair<std::vector<std::int32_t>, std::vector<std::int32_t>> sentencepiece_splits(const TokenPrepareOptions& o,
+                                                                                     const std::string& name,
+                                                                                     FileInfo& m) {
+  RT_CHECK(o.vocab > 0, "prepare --tokenizer sentencepiece: give the vocabulary size (--vocab-size V)");
+  const std::vector<std::int32_t> bytes = read_text(o.input, m.source_files);
+  const std::string text(bytes.begin(), bytes.end());
+  auto cut = static_cast<std::size_t>(double(text.size()) * (1 - o.val_fraction));
+  while (cut > 0 && (std::uint8_t(text[cut]) & 0xC0) == 0x80) --cut;  // not inside a UTF-8 sequence
+  RT_CHECK(cut >= 2 && text.size() - cut >= 2, o.input, ": ", text.size(), " bytes split at --val-fraction ",
+           o.val_fraction, " leave too little text for a split");
+  std::error_code ec;
+  fs::create_directories(o.output, ec);
+  RT_CHECK(fs::is_directory(o.output, ec), o.output, ": cannot create the output directory");
+  const std::string model = (fs::path(o.output) / (name + ".model")).string();
+  {
+    const std::string proto = train_sentencepiece(text.substr(0, cut), o.vocab, o.input);
+    const std::string tmp = cat(model, ".tmp-", ::getpid());
+    std::ofstream f(tmp, std::ios::binary);
+    f.write(proto.data(), std::streamsize(proto.size()));
+    f.close();
+    RT_CHECK(f.good(), tmp, ": cannot write the sentencepiece model");
+    fs::rename(tmp, model, ec);
+    RT_CHECK(!ec, model, ": cannot rename the model into place (", ec.message(), ")");
+  }
+  const SentencePiece sp(model);
+  m.vocab = sp.vocab();
+  m.tokenizer = "sentencepiece";
+  return {sp.encode(text.substr(0, cut)), sp.encode(text.substr(cut))};
+}
+
 }  // namespace
 
 std::vector<std::int32_t> read_token_file(const std::string& path, std::int64_t vocab) {
@@ -183,6 +216,18 @@ PreparedDataset prepare_tokens(const TokenPrepareOptions& o, const Communicator&
     FileInfo m;
     m.name = name;
     std::vector<std::int32_t> t;
+    RT_CHECK(o.tokenizer == "bytes" || (o.tokenizer == "sentencepiece" && o.source == TokenSource::text),
+             "prepare: --tokenizer '", o.tokenizer, "' is not known (bytes, or sentencepiece for --dataset text)");
+    if (o.tokenizer == "sentencepiece") {
+      const auto [train, test] = sentencepiece_splits(o, name, m);
+      m.split = "train";
+      m.count = m.total_count = std::int64_t(train.size());
+      write_token_file(out.train_files[0], m, train.data());
+      m.split = "test";
+      m.count = m.total_count = std::int64_t(test.size());
+      write_token_file(out.test_files[0], m, test.data());
+      return;
+    }
     if (o.source == TokenSource::text) {
       RT_CHECK(o.vocab == 0 || o.vocab == 256, "prepare --dataset text: the byte tokenizer's vocabulary is 256, "
                "not --vocab ", o.vocab);

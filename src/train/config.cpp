@@ -62,7 +62,7 @@ const std::vector<Field>& fields() {
       RT_FIELD(train, recompute, "none | attention | block: activation recomputation; attention: the attention probabilities are recomputed in the backward from the kept q, k, v; block: only each block's (top-level layer's) input is kept, its forward reruns before its backward (bitwise the same training, less memory, about one more forward)"),
       RT_FIELD(train, verify_every, "verify bitwise-identical parameters every N steps (0 = off)"),
       RT_FIELD(train, target_accuracy, "report when test accuracy first reaches this (0..1)"),
-      RT_FIELD(optimizer, name, "sgd | adam | adamw | lars | lamb"),
+      RT_FIELD(optimizer, name, "sgd | adam | adamw | lars | lamb. The defaults shown are the cnn's; model.name = gpt or vit takes its family's recipe for each optimizer.* and schedule.* key the file and command line leave out (unless optimizer.name names another optimizer; gpt: adamw, lr min(6e-4 x 768 / model.width, 1e-2), betas 0.9/0.95, decay 0.1 on matrices, clip 1, warm-up 0.1 epoch, cosine to lr/10; vit: adamw, lr min(1e-3 x 384 / model.width, 1e-2), decay 0.05, clip 1, warm-up 0.5 epoch, cosine to lr/100; `--print-config` shows them)"),
       RT_FIELD(optimizer, lr, "base learning rate"),
       RT_FIELD(optimizer, momentum, "SGD/LARS momentum"),
       RT_FIELD(optimizer, nesterov, "Nesterov momentum (SGD)"),

@@ -4,10 +4,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <memory>
 #include <random>
 #include <sstream>
 
 #include "ringtrain/data/schema.hpp"
+#include "ringtrain/data/tokenizer.hpp"
 #include "ringtrain/parallel/stage.hpp"
 #include "ringtrain/train/trainer.hpp"
 #include "run_options.hpp"
@@ -85,7 +88,18 @@ GeneratedText generate_from_checkpoint(TrainConfig cfg, const std::string& check
   for (std::size_t i = 0; i < from.size(); ++i) model.arena().param(i).copy_from(from.param(i));
   GeneratedText g;
   g.bytes = info.tokenizer == "bytes";
-  if (g.bytes) {
+  std::unique_ptr<data::SentencePiece> sp;
+  if (info.tokenizer == "sentencepiece") {
+    std::error_code ec;
+    std::string file = run_tokenizer_path(std::filesystem::is_directory(checkpoint, ec)
+                                              ? checkpoint
+                                              : std::filesystem::path(checkpoint).parent_path().string());
+    if (!std::filesystem::is_regular_file(file, ec)) file = data::tokenizer_model_path(info);
+    sp = std::make_unique<data::SentencePiece>(file);
+    RT_CHECK(sp->vocab() == info.vocab, "generate: ", file, " has ", sp->vocab(), " pieces, data.train = '",
+             cfg.data.train, "' a vocabulary of ", info.vocab, " (another tokenizer's model?)");
+    g.prompt = sp->encode(prompt);
+  } else if (g.bytes) {
     g.prompt.assign(prompt.begin(), prompt.end());
     for (auto& t : g.prompt) t = std::int32_t(std::uint8_t(t));  // UTF-8 bytes
   } else {
@@ -102,12 +116,30 @@ GeneratedText generate_from_checkpoint(TrainConfig cfg, const std::string& check
   g.tokens = sample_tokens(model, cfg.data.seq_len, g.prompt, o);
   std::vector<std::int32_t> all = g.prompt;
   all.insert(all.end(), g.tokens.begin(), g.tokens.end());
-  if (g.bytes) {
+  if (sp) {
+    g.text = sp->decode(all);
+  } else if (g.bytes) {
     for (auto t : all) g.text.push_back(char(std::uint8_t(t)));
   } else {
     for (auto t : all) g.text += cat(g.text.empty() ? "" : " ", t);
   }
   return g;
+}
+
+std::string run_tokenizer_path(const std::string& run_dir) {
+  return (std::filesystem::path(run_dir) / "tokenizer.model").string();
+}
+
+void keep_tokenizer_with_run(const TrainConfig& cfg) {
+  if (cfg.checkpoint.dir.empty() || cfg.data.train.empty()) return;
+  const data::FileInfo info = data::read_file_info(data::find_split_files(cfg.data.train, "train").front());
+  if (info.tokenizer != "sentencepiece") return;
+  const std::string from = data::tokenizer_model_path(info), to = run_tokenizer_path(cfg.checkpoint.dir);
+  std::error_code ec;
+  std::filesystem::create_directories(cfg.checkpoint.dir, ec);
+  std::filesystem::copy_file(from, to, std::filesystem::copy_options::overwrite_existing, ec);
+  RT_CHECK(!ec, "data.train = '", cfg.data.train, "': cannot copy its tokenizer ", from, " to ", to, ": ",
+           ec.message());
 }
 
 }  // namespace ringtrain

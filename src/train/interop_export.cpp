@@ -1,6 +1,7 @@
 // ringtrain export: a checkpoint's parameters as safetensors (train/interop.hpp).
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -47,8 +48,12 @@ Tensor transposed(const Tensor& x) {
   Tensor y = Tensor::empty({C, R});
   const float* a = x.data<float>();
   float* b = y.data<float>();
-  for (std::int64_t r = 0; r < R; ++r)
-    for (std::int64_t c = 0; c < C; ++c) b[c * R + r] = a[r * C + c];
+  // In 32 x 32 tiles: both sides stay in cache (the row-by-row loop was a fifth of GPT-2 124M's export).
+  constexpr std::int64_t T = 32;
+  for (std::int64_t r0 = 0; r0 < R; r0 += T)
+    for (std::int64_t c0 = 0; c0 < C; c0 += T)
+      for (std::int64_t r = r0; r < std::min(r0 + T, R); ++r)
+        for (std::int64_t c = c0; c < std::min(c0 + T, C); ++c) b[c * R + r] = a[r * C + c];
   return y;
 }
 

@@ -92,7 +92,10 @@ struct TokenPrepareOptions {
   std::string input, output;
   TokenSource source = TokenSource::text;
   std::string name;            // "" = the input's file/directory name
-  std::int64_t vocab = 0;      // tokens: 0 = from the data
+  std::int64_t vocab = 0;      // tokens: 0 = from the data; text + sentencepiece: the model's size
+  // text: "bytes" (vocab 256) or "sentencepiece": a model trained on the training split
+  // (data/tokenizer.hpp), written as <output>/<name>.model; val_fraction is then of the bytes.
+  std::string tokenizer = "bytes";
   double val_fraction = 0.1;   // of the tokens, taken from the end
 };
 PreparedDataset prepare_tokens(const TokenPrepareOptions& opt, const Communicator& comm);

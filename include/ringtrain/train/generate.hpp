@@ -38,13 +38,20 @@ std::vector<std::int32_t> sample_tokens(Stage& model, std::int64_t seq_len, cons
 struct GeneratedText {
   std::vector<std::int32_t> prompt, tokens;
   bool bytes = false;  // the byte tokenizer: `text` is the prompt and the tokens as bytes
-  std::string text;    // else the token ids, space-separated
+  std::string text;    // sentencepiece: decoded by its model; else the token ids, space-separated
 };
 
 // cfg: the training configuration (as stored in the checkpoint); `prompt` is
-// text for the byte tokenizer, else space-separated token ids. Loads the
+// text for the byte and sentencepiece tokenizers (the latter's model from the
+// run directory, run_tokenizer_path, else beside the data), else space-separated token ids. Loads the
 // newest checkpoint under `checkpoint` on `self` (one rank).
 GeneratedText generate_from_checkpoint(TrainConfig cfg, const std::string& checkpoint, const std::string& prompt,
                                        const GenerateOptions& o, const Communicator& self);
+
+// A run's copy of its data's sentencepiece model: <checkpoint.dir>/tokenizer.model.
+std::string run_tokenizer_path(const std::string& run_dir);
+// Copies the training data's sentencepiece model (if it has one) into checkpoint.dir (if set),
+// so that the run's checkpoints decode without the data. Throws Error naming the files.
+void keep_tokenizer_with_run(const TrainConfig& cfg);
 
 }  // namespace ringtrain
