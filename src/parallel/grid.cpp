@@ -25,17 +25,12 @@ ProcessGrid ProcessGrid::make(const Communicator& world_in, GridShape s, double 
   g.layout_ = {g.pp_size_, s.chunks, s.placement};
   g.world_ = m.world();
   const Communicator& world = g.world_;
-  const int r = world.rank();
   g.dp_comm_ = m.group({Dim::data});
   g.pp_comm_ = m.group({Dim::pipeline});
   g.tp_comm_ = m.group({Dim::tensor});
   g.replica_comm_ = m.group({Dim::pipeline, Dim::tensor});
   g.zero_comm_ = m.group(kDenseReduce).dup("zero");
-  // The first and last stage's ranks of each (dp, cp, tp) coordinate; every other rank alone.
-  const bool end = g.first_stage() != g.last_stage();
-  std::array<int, kMeshDims> first = m.coords();
-  first[dim_index(Dim::pipeline)] = 0;
-  g.ends_comm_ = world.split(end ? m.rank_of(first) : world.size() + r, g.pp_, "pp_ends");
+  g.split_ends();
   // Tensor groups all-reduce on the critical path of every layer pair: across
   // nodes that costs far more. The widest group decides (nodes may be uneven).
   int spans = g.tp_comm_.node_count();
@@ -44,6 +39,22 @@ ProcessGrid ProcessGrid::make(const Communicator& world_in, GridShape s, double 
   const std::string w = tensor_span_warning(g.tp_size_, spans);
   if (!w.empty() && world.rank() == 0) log::warn(w);
   return g;
+}
+
+// The first and last stage's ranks of each (dp, cp, tp) coordinate; every other rank alone.
+void ProcessGrid::split_ends() {
+  const int r = world_.rank();
+  const bool end = first_stage() != last_stage();
+  std::array<int, kMeshDims> first = mesh_.coords();
+  first[dim_index(Dim::pipeline)] = 0;
+  ends_comm_ = world_.split(end ? mesh_.rank_of(first) : world_.size() + r, pp_, "pp_ends");
+}
+
+void ProcessGrid::set_pipeline_layout(const PipelineLayout& L) {
+  RT_CHECK(L.ranks == pp_size_ && L.chunks >= 1, "process grid: a pipeline layout of ", L.ranks, " ranks x ", L.chunks,
+           " chunks for ", pp_size_, " pipeline ranks");
+  layout_ = L;
+  split_ends();
 }
 
 std::string ProcessGrid::tensor_span_warning(int tensor, int nodes) {

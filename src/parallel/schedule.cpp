@@ -121,9 +121,10 @@ ScheduleKind parse_schedule(const std::string& s) {
   if (s == "zb-h1" || s == "zbh1") return ScheduleKind::zb_h1;
   if (s == "interleaved" || s == "interleaved-1f1b") return ScheduleKind::interleaved;
   if (s == "zb-v" || s == "zbv") return ScheduleKind::zb_v;
+  if (s == "auto") return ScheduleKind::automatic;
   if (s.size() > 4 && s.compare(s.size() - 4, 4, ".csv") == 0) return ScheduleKind::file;
   RT_FAIL("configuration key 'parallel.schedule': '", s,
-          "' is not one of afab, 1f1b, zb-h1, interleaved, zb-v or a table FILE.csv");
+          "' is not one of afab, 1f1b, zb-h1, interleaved, zb-v, auto or a table FILE.csv");
 }
 
 const char* schedule_name(ScheduleKind k) {
@@ -134,6 +135,7 @@ const char* schedule_name(ScheduleKind k) {
     case ScheduleKind::interleaved: return "interleaved";
     case ScheduleKind::zb_v: return "zb-v";
     case ScheduleKind::file: return "file";
+    case ScheduleKind::automatic: return "auto";
   }
   return "?";
 }
@@ -158,6 +160,8 @@ Schedule make_schedule(ScheduleKind kind, int p, int m, int virtual_stages) {
   RT_CHECK(p >= 1, "pipeline schedule: stages must be >= 1, got ", p);
   RT_CHECK(m >= 1, "pipeline schedule: micro-batches must be >= 1, got ", m);
   RT_CHECK(kind != ScheduleKind::file, "pipeline schedule: a table from a file is read, not made");
+  RT_CHECK(kind != ScheduleKind::automatic, "parallel.schedule = auto is resolved at start from the model's layer "
+           "times (pick_schedule); name a schedule to make its table");
   if (kind == ScheduleKind::interleaved) {
     RT_CHECK(virtual_stages >= 2, "parallel.schedule = interleaved needs parallel.virtual_stages >= 2, got ",
              virtual_stages);

@@ -1,10 +1,12 @@
 #include "ringtrain/parallel/simulator.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <map>
 #include <tuple>
 
 #include "ringtrain/core/error.hpp"
+#include "ringtrain/parallel/partition.hpp"
 
 namespace ringtrain {
 
@@ -82,6 +84,40 @@ SimResult simulate(const Schedule& in, const SimCosts& costs) {
   }
   r.makespan = clock.empty() ? 0 : *std::max_element(clock.begin(), clock.end());
   return r;
+}
+
+}  // namespace ringtrain
+
+namespace ringtrain {
+
+ScheduleKind pick_schedule(const std::vector<double>& layer_costs, int p, int m, int virtual_stages, bool uniform_cut,
+                           std::string* why) {
+  const int n = static_cast<int>(layer_costs.size());
+  ScheduleKind best = ScheduleKind::one_f_one_b;
+  double best_step = 0, base_peak = 0;
+  for (ScheduleKind k : {ScheduleKind::one_f_one_b, ScheduleKind::zb_h1, ScheduleKind::interleaved, ScheduleKind::zb_v}) {
+    const PipelineLayout L = layout_for(k, p, virtual_stages);
+    if (L.stages() > n || (k == ScheduleKind::interleaved && (m % p != 0 || virtual_stages < 2))) continue;
+    const std::vector<int> cut = uniform_cut ? balance_uniform(n, L.stages()) : balance_by_cost(layer_costs, L.stages());
+    SimCosts c;
+    for (int g = 0, l = 0; g < L.stages(); ++g) {
+      double f = 0;
+      for (int j = 0; j < cut[static_cast<std::size_t>(g)]; ++j) f += layer_costs[static_cast<std::size_t>(l++)];
+      c.stage.push_back({f, f, f});
+    }
+    const SimResult r = simulate(make_schedule(k, p, m, virtual_stages), c);
+    double peak = 0;
+    for (int x : r.peak) peak = std::max(peak, double(x) / L.chunks);
+    if (k == ScheduleKind::one_f_one_b) base_peak = peak, best_step = r.makespan;
+    const bool fits = peak <= base_peak + 1e-9;
+    if (why) {
+      char ms[32];
+      std::snprintf(ms, sizeof ms, "%.1f", 1e3 * r.makespan);
+      *why += cat(why->empty() ? "" : "; ", schedule_name(k), " ", ms, " ms", fits ? "" : " (more activations than 1f1b)");
+    }
+    if (fits && r.makespan < best_step * (1 - 1e-9)) best = k, best_step = r.makespan;
+  }
+  return best;
 }
 
 }  // namespace ringtrain

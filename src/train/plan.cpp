@@ -62,7 +62,8 @@ RunPlan plan_run(TrainConfig cfg, int ranks) {
     // The chosen schedule must run this m (its refusal names the keys), then all are compared.
     const int m = p.micro_batches * p.accumulation;
     const ScheduleKind kind = parse_schedule(cfg.parallel.schedule);
-    step_schedule(kind, cfg.parallel.schedule, p.pipeline, m, cfg.parallel.virtual_stages);
+    if (kind != ScheduleKind::automatic)  // auto: chosen at start from the model's layer times
+      step_schedule(kind, cfg.parallel.schedule, p.pipeline, m, cfg.parallel.virtual_stages);
     p.schedules = predict_schedules(p.pipeline, m, cfg.parallel.virtual_stages);
   }
   if (cfg.train.device == "cuda") check_gpu_gate(cfg);

@@ -193,6 +193,7 @@ void Trainer::Impl::build_model() {
   pc.update.zero_collectives = collective_options(cfg);
   pc.skip_allreduce = hooks.skip_allreduce;
   pc.recompute = parse_recompute(cfg.train.recompute);
+  if (pc.schedule == ScheduleKind::automatic) choose_schedule(mc, pc);
   parts = build_parts(*grid, mc, pc, optimizer_config(cfg), device, rt);
   if (parts.updater->scaler()) scaler_state = Tensor::zeros({4}, DType::f64);
   const ShardedOptimizer* zero = parts.updater->zero();
@@ -212,6 +213,28 @@ std::int64_t Trainer::Impl::steps_per_epoch() const { return loader->steps_per_e
 // The schedule spans the configured epochs; train.max_steps only stops early
 // (so a run cut short follows the same learning rates as the full one).
 std::int64_t Trainer::Impl::total_steps() const { return steps_per_epoch() * cfg.train.epochs; }
+
+// parallel.schedule = auto: the simulator's pick for this model's layer
+// forward times, measured on rank 0 (as partition = time) and shared.
+void Trainer::Impl::choose_schedule(const ModelConfig& mc, GridConfig& pc) {
+  const int p = grid->pp_size(), m = pc.micro_batches * pc.accumulation;
+  pc.schedule = ScheduleKind::one_f_one_b;
+  if (p == 1) return;
+  std::vector<double> costs;
+  run_agreed(world, "timing the layers (parallel.schedule = auto)", [&] {
+    if (world.rank() == 0) costs = layer_time_costs(mc, device, std::max<std::int64_t>(1, pc.batch / pc.micro_batches));
+  });
+  std::int64_t n = static_cast<std::int64_t>(costs.size());
+  broadcast(&n, 1, DType::i64, 0, world);
+  costs.resize(static_cast<std::size_t>(n));
+  broadcast(costs.data(), costs.size(), DType::f64, 0, world);
+  std::string why;
+  pc.schedule = pick_schedule(costs, p, m, pc.virtual_stages, pc.partition == PartitionKind::uniform, &why);
+  grid->set_pipeline_layout(layout_for(pc.schedule, p, pc.virtual_stages));
+  if (world.rank() == 0)
+    log::info("parallel.schedule = auto: ", schedule_name(pc.schedule), " (the simulator's steps from the layers' "
+              "measured forward times: ", why, ")");
+}
 
 void Trainer::Impl::predict_schedule(const EpochStats& st, EpochMetrics& m) {
   if (grid->pp_size() == 1) return;

@@ -76,6 +76,7 @@ struct Trainer::Impl {
   // Pipeline: the schedule's mean measured time and the simulator's prediction
   // from the same steps' per-chunk costs (collective).
   void predict_schedule(const EpochStats& st, EpochMetrics& m);
+  void choose_schedule(const ModelConfig& mc, GridConfig& pc);  // parallel.schedule = auto
   EvalResult evaluate(const std::string& path);
   TrainResult fit();
   EpochMetrics train_epoch(int epoch, bool& finished);

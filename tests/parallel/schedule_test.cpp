@@ -285,6 +285,28 @@ TEST(Schedule, TablesRoundTripThroughTheFileFormat) {
   std::remove(path.c_str());
 }
 
+// parallel.schedule = auto: the fastest predicted of those holding no more
+// activations than 1F1B (interleaved holds more: never picked).
+TEST(Schedule, AutoPicksTheFastestThatFitsTheMemory) {
+  std::string why;
+  EXPECT_EQ(pick_schedule(std::vector<double>(8, 1.0), 2, 8, 2, true, &why), ScheduleKind::zb_v) << why;
+  EXPECT_NE(why.find("interleaved"), std::string::npos) << why;
+  EXPECT_NE(why.find("(more activations than 1f1b)"), std::string::npos) << why;
+  // 3 layers cannot make 4 chunks: of the rest, ZB-H1's bubble is smaller.
+  EXPECT_EQ(pick_schedule(std::vector<double>(3, 1.0), 2, 8, 2, true), ScheduleKind::zb_h1);
+  // One rank: every schedule takes 3m, and a tie keeps 1F1B.
+  EXPECT_EQ(pick_schedule(std::vector<double>(4, 1.0), 1, 4, 2, true), ScheduleKind::one_f_one_b);
+  // The cut decides: a uniform cut of one heavy layer and three light ones leaves
+  // the heavy stage the bottleneck for every schedule; a cost cut lets the V balance.
+  const std::vector<double> skew = {1, 1, 1, 3};
+  std::string u, c;
+  pick_schedule(skew, 2, 8, 2, true, &u);
+  pick_schedule(skew, 2, 8, 2, false, &c);
+  EXPECT_NE(u, c);
+  EXPECT_THROW(make_schedule(ScheduleKind::automatic, 2, 4), Error);
+  EXPECT_EQ(parse_schedule("auto"), ScheduleKind::automatic);
+}
+
 TEST(Schedule, BadArgumentsAreErrors) {
   EXPECT_THROW(make_schedule(ScheduleKind::afab, 0, 4), Error);
   EXPECT_THROW(make_schedule(ScheduleKind::afab, 2, 0), Error);

@@ -112,6 +112,8 @@ TEST(Plan, PipelineSchedulesArePredictedOrRefusedByName) {
   EXPECT_LE(by["zb-v"].peak_activations, by["1f1b"].peak_activations);
   EXPECT_EQ(by["zb-v"].chunks, 2);
   EXPECT_NE(p.json().find("schedules_unit_time"), std::string::npos);
+  // auto is chosen at start from measured layer times: the plan lists the candidates.
+  EXPECT_EQ(plan_run(config({"parallel.pipeline=2", "parallel.schedule=auto"}), 2).schedules.size(), 5u);
 }
 
 // Sequence parallelism: on for transformer blocks at tensor > 1 unless parallel.sequence = false.

@@ -61,6 +61,10 @@ class ProcessGrid {
   bool first_stage() const { return layout_.rank_of(0) == pp_; }
   bool last_stage() const { return layout_.rank_of(layout_.stages() - 1) == pp_; }
   const PipelineLayout& pipeline_layout() const { return layout_; }
+  // Another layout of the same pipeline ranks (parallel.schedule = auto is
+  // resolved once the model is known). Collective over the world: the ends
+  // group is split again.
+  void set_pipeline_layout(const PipelineLayout& L);
   // World rank of grid coordinates (tp, dp, pp) at context rank 0.
   int world_rank_of(int tp, int dp, int pp) const { return mesh_.rank_of({pp, dp, 0, tp}); }
 
@@ -82,6 +86,7 @@ class ProcessGrid {
   std::string tag() const;  // "[dp 1 pp 3]" (tp appears once tensor > 1)
 
  private:
+  void split_ends();
   Mesh mesh_;
   PipelineLayout layout_;
   Communicator world_, dp_comm_, pp_comm_, tp_comm_, replica_comm_, zero_comm_, ends_comm_;
