@@ -33,8 +33,10 @@ ModelParts build_parts(const ProcessGrid& grid, const ModelConfig& mc, const Gri
   });
   run_agreed(grid.world(), "partitioning the model into stages", [&] {
     const int n = static_cast<int>(plan.size()), p = L.stages();
-    RT_CHECK(n >= p, "the model has ", n, " top-level layers, fewer than the ", p, " pipeline stages (",
-             grid.pp_size(), " ranks x ", L.chunks, " chunks)");
+    // One chunk per rank: the partition names parallel.pipeline itself.
+    RT_CHECK(L.chunks == 1 || n >= p, "parallel.schedule = ", schedule_name(gc.schedule), " cuts the model into ", p,
+             " chunks (parallel.pipeline = ", grid.pp_size(), " x ", L.chunks, " per rank), but the model has only ", n,
+             " top-level layers");
     switch (gc.partition) {
       case PartitionKind::uniform: parts.balance = balance_uniform(n, p); break;
       case PartitionKind::params: parts.balance = balance_by_cost(layer_param_costs(plan), p); break;

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "ringtrain/comm/bounded_wait.hpp"
+#include "ringtrain/comm/flight_recorder.hpp"
 #include "ringtrain/core/error.hpp"
 #include "ringtrain/core/log.hpp"
 
@@ -29,7 +30,7 @@ void check_bytes(std::size_t bytes) {
 
 PeerRequest PeerLink::isend(const void* buf, std::size_t bytes, int stage, int tag) const {
   check_bytes(bytes);
-  PeerRequest r{0, stage, true};
+  PeerRequest r{0, stage, true, bytes};
   MPI_Request q;
   const int rc = MPI_Isend(buf, static_cast<int>(bytes), MPI_BYTE, stage, tag, grid_.pp().handle("pipeline send"), &q);
   set(r, q);
@@ -40,7 +41,7 @@ PeerRequest PeerLink::isend(const void* buf, std::size_t bytes, int stage, int t
 
 PeerRequest PeerLink::irecv(void* buf, std::size_t bytes, int stage, int tag) const {
   check_bytes(bytes);
-  PeerRequest r{0, stage, false};
+  PeerRequest r{0, stage, false, bytes};
   MPI_Request q;
   const int rc =
       MPI_Irecv(buf, static_cast<int>(bytes), MPI_BYTE, stage, tag, grid_.pp().handle("pipeline receive"), &q);
@@ -58,6 +59,9 @@ void PeerLink::wait(PeerRequest& r, const std::string& what) const {
   const Communicator& pp = grid_.pp();
   const double timeout = pp.timeout_s();
   MPI_Request q = get(r);
+  // The flight record shows a stage waiting on its neighbour (comm/flight_recorder.hpp).
+  flight_recorder::Op rec(pp.handle("pipeline wait"), pp.name(), r.send ? "pipeline send" : "pipeline recv", r.bytes,
+                          r.stage);
   try {
     const std::string w = cat(grid_.tag(), " waiting for ", what, r.send ? " to " : " from ", "pipeline stage ", r.stage);
     wait_bounded(&q, 1, WaitOn(pp.handle("pipeline wait"), timeout, pp.name(), 0), w.c_str(), OnStall::throw_error);
@@ -70,6 +74,7 @@ void PeerLink::wait(PeerRequest& r, const std::string& what) const {
   } catch (const Error& e) {
     RT_FAIL(e.what(), " (do the stages agree on its size?)");
   }
+  rec.done();
   set(r, q);
   r.stage = -1;
 }

@@ -21,6 +21,7 @@ struct PeerRequest {
   std::uint64_t handle = 0;  // an MPI_Request (the header stays MPI-free)
   int stage = -1;            // the peer's pipeline stage; -1 = no request
   bool send = false;
+  std::size_t bytes = 0;
   bool active() const { return stage >= 0; }
 };
 

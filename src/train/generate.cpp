@@ -132,7 +132,12 @@ std::string run_tokenizer_path(const std::string& run_dir) {
 
 void keep_tokenizer_with_run(const TrainConfig& cfg) {
   if (cfg.checkpoint.dir.empty() || cfg.data.train.empty()) return;
-  const data::FileInfo info = data::read_file_info(data::find_split_files(cfg.data.train, "train").front());
+  data::FileInfo info;
+  try {
+    info = data::read_file_info(data::find_split_files(cfg.data.train, "train").front());
+  } catch (const Error&) {
+    return;  // a missing or bad data file: the trainer names it, after its own earlier checks
+  }
   if (info.tokenizer != "sentencepiece") return;
   const std::string from = data::tokenizer_model_path(info), to = run_tokenizer_path(cfg.checkpoint.dir);
   std::error_code ec;
