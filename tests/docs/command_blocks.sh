@@ -65,7 +65,7 @@ for f in "${files[@]}"; do
       if [ -z "$reason" ]; then echo "FAIL $rel:$line: 'norun' without a reason"; fail=1; fi
       echo "skip $rel:$line ($reason)"; skipped=$((skipped + 1)); continue
     fi
-    if grep -E 'ringtrain train' <<<"$joined" | grep -Ev 'jobs/mpirun(_fashion)?\.sh|--print-config|--print-plan|--list-keys|--help' | grep -q .; then
+    if grep -E 'ringtrain train' <<<"$joined" | grep -Ev 'jobs/mpirun(_fashion)?\.sh|--print-config|--print-plan|--print-schedule|--list-keys|--help' | grep -q .; then
       echo "FAIL $rel:$line: 'ringtrain train' outside jobs/mpirun.sh: RT_MAX_STEPS cannot cap it"; fail=1; continue
     fi
     start=$(date +%s)
