@@ -403,7 +403,9 @@ TrainResult Trainer::Impl::fit() {
     bool finished = false;
     EpochMetrics m = train_epoch(epoch, finished);
     if (!finished) {
-      // Stopped inside the epoch (train.max_steps or a signal): save the exact position.
+      // Stopped inside the epoch (train.max_steps or a signal): save the exact position; the
+      // partial epoch's metrics are the run's last.
+      res.last = m;
       save_checkpoint(true);
       ckpt.finish();  // exit 75 only once the file is durable
       if (stop_signal) ckpt.announce_stop(stop_signal, pos.step_in_epoch, steps_per_epoch(), last_checkpoint);

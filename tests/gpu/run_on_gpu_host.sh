@@ -40,10 +40,10 @@
 #       (here) builds ringtrain, every test_gpu_* and bench_gpu_train_step in DIR
 #       (default build) at -j 2, bundles them and writes .gpu-carry/bundle.tar.xz
 #       (git-ignored, under the device tool's 64 MiB), then prints the call.
-#   tests/gpu/run_on_gpu_host.sh gpu-check [--budget 480] [--out DIR]
+#   tests/gpu/run_on_gpu_host.sh gpu-check [--budget 480] [--out DIR] [--tests-only] [--np 2]
 #       (on the GPU host) unpacks .gpu-carry/bundle.tar.xz and runs every GPU
-#       test (mpi_* at 1 and 2 ranks), then bench_gpu_train_step, within
-#       --budget seconds of wall time in all; raw logs, JSON, gpu.csv and
+#       test (mpi_* at 1..np ranks), then bench_gpu_train_step (unless --tests-only), within
+#       --budget seconds of wall time in all; raw logs (logs.tar.gz), JSON, gpu.csv and
 #       summary.txt (status and seconds per run) go to DIR (default $OUT, else
 #       .gpu-bundle/results) for docs/data/gpu/. Exit status: failed tests.
 set -euo pipefail
@@ -347,10 +347,12 @@ cmd_carry() {
 }
 
 cmd_gpu_check() {
-  local budget=480 out="${OUT:-}"
+  local budget=480 out="${OUT:-}" bench=1 np_max=2
   while [[ $# -gt 0 ]]; do
     case "$1" in
       --budget) budget="$2"; shift 2 ;;
+      --tests-only) bench=0; shift ;;
+      --np) np_max="$2"; shift 2 ;;
       --out) out="$2"; shift 2 ;;
       *) echo "gpu-check: unknown option $1" >&2; exit 2 ;;
     esac
@@ -388,7 +390,9 @@ cmd_gpu_check() {
   for t in "$B"/bin/test_gpu_*; do
     name=$(basename "$t")
     if [[ "$name" == test_gpu_mpi_* ]]; then
-      for n in 1 2; do one "$name np$n" "$R/$name.np$n.log" mpirun -np "$n" --oversubscribe "$t" --rt-gpu; done
+      for ((n = 1; n <= np_max; n++)); do
+        one "$name np$n" "$R/$name.np$n.log" mpirun -np "$n" --oversubscribe "$t" --rt-gpu
+      done
     else
       one "$name" "$R/$name.log" "$t" --rt-gpu
     fi
@@ -398,13 +402,15 @@ cmd_gpu_check() {
   # failure keeps the others' figures (PyTorch beside it where the host has it).
   t="$B/bin/bench_gpu_train_step"
   local m share
-  for m in cnn resnet vit; do
+  for m in $([[ "$bench" == 1 ]] && echo cnn resnet vit); do
     share=2; [[ "$m" == vit ]] && share=1
     RT_GPU_TIMEOUT=$(( (budget - (SECONDS - t0)) / share )) one "bench_gpu_train_step $m" \
       "$R/bench_gpu_train_step.$m.log" "$t" --models "$m" --reference "$B/reference" --iters 20 \
       --out "$R/bench_gpu_train_step.$m.json"
   done
   echo "gpu-check: $((SECONDS - t0)) s of ${budget}; raw outputs in $R (copy them to docs/data/gpu/)" | tee -a "$S"
+  # One archive of the logs: the device tool brings back only a few files.
+  (cd "$R" && tar -czf logs.tar.gz ./*.log && rm -f ./*.log) || true
   return "$failed"
 }
 

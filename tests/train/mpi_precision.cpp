@@ -27,7 +27,7 @@ namespace {
 constexpr int kSteps = 12;
 constexpr double kBf16Lr = 0.001;
 
-std::vector<double> run(TrainConfig c, const Communicator& world) {
+std::vector<double> run(TrainConfig c, const Communicator& world, TrainResult* result = nullptr) {
   std::vector<double> losses;
   TrainerHooks hooks;
   hooks.evaluate = false;
@@ -35,7 +35,8 @@ std::vector<double> run(TrainConfig c, const Communicator& world) {
   hooks.on_step = [&](std::int64_t, double loss) { losses.push_back(loss); };
   c.train.max_steps = kSteps;
   Trainer t(c, world, hooks);
-  t.fit();
+  TrainResult r = t.fit();
+  if (result) *result = r;
   return losses;
 }
 
@@ -68,8 +69,11 @@ bool check_precision(const std::string& prec, const std::string& data, const std
   TrainConfig c = base(data, lr);
   c.train.precision = prec;
   c.checkpoint.dir = data + "/ckpt-" + prec;
-  std::vector<double> got = run(c, world);
+  TrainResult result;
+  std::vector<double> got = run(c, world, &result);
   EXPECT_EQ(got.size(), ref.size()) << prec;
+  // train.max_steps stops inside an epoch: that partial epoch is the result's last.
+  EXPECT_EQ(result.last.step, kSteps) << prec << ": the result's last epoch is not the one max_steps stopped";
   if (got.size() != ref.size()) return false;
   const double tol = loss_bound(prec);
   double worst = 0;
@@ -93,6 +97,7 @@ bool check_precision(const std::string& prec, const std::string& data, const std
     EXPECT_EQ(v[3], 0) << "skipped steps";
     EXPECT_EQ(v[0], 65536.0 * std::pow(0.5, v[3])) << "scale must halve once per skipped step";
     EXPECT_EQ(v[1], kSteps - v[3]) << "good steps count since the last skip (growth after 2000)";
+    EXPECT_EQ(result.last.loss_scale, v[0]) << "the result's loss scale is not the checkpointed one";
   }
   EXPECT_EQ(has_amp, prec == "fp16") << prec << ": only fp16 uses loss scaling";
   return got == ref;
