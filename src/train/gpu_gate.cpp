@@ -8,6 +8,9 @@ namespace {
 // The first GPU session (docs/gpu.md, docs/data/gpu/): one H100, tests and jobs at 1-4 ranks.
 constexpr const char* kH100Date = "2026-11-24";
 constexpr const char* kH100 = "NVIDIA H100 80GB HBM3";
+// The second (docs/data/gpu/9-*, 10-*): one H200, every GPU test at 1-4 ranks.
+constexpr const char* kH200Date = "2026-11-28";
+constexpr const char* kH200 = "NVIDIA H200";
 
 bool on_list(const std::string& feature, const std::vector<std::string>& trial = {}) {
   for (const GpuVerified& v : gpu_verified())
@@ -36,6 +39,10 @@ const std::vector<GpuVerified>& gpu_verified() {
       {"fp16 arithmetic with loss scaling (float32 storage)", kH100Date, kH100,
        "test_gpu_mpi_trainer (cnn), bench_gpu_train_step"},
       {"optimizers sgd, adam, adamw, lamb", kH100Date, kH100, "test_gpu_optim"},
+      {"pipeline parallelism", kH200Date, kH200,
+       "GpuTrainer.PipelineTrialFollowsTheCpuRun (test_gpu_mpi_trainer np2: pipeline 2, np4: data 2 x pipeline 2)"},
+      {"bf16 activation storage", kH200Date, kH200, "test_gpu_mpi_bf16_vit np1-np4, bench_gpu_train_step (vit)"},
+      {"fp16 activation storage", kH200Date, kH200, "test_gpu_mpi_fp16_vit np1-np4, bench_gpu_train_step (vit)"},
   };
   return list;
 }

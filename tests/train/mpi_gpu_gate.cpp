@@ -2,8 +2,9 @@
 // list's entries are dated and carded; a CUDA job that needs a feature not on
 // it is refused naming the feature and its key, on every rank, before any rank
 // waits (a rank that waited would hang this test, not fail it quietly); the
-// verified data-parallel jobs pass; 16-bit storage falls back to float32
-// instead of refusing; --print-plan carries the list and its verdict.
+// verified jobs pass; ModelConfig::storage16 = false keeps float32
+// activations (the fallback for a precision whose 16-bit storage is not on the
+// list; none today); --print-plan carries the list and its verdict.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -66,13 +67,12 @@ TEST(GpuGate, EveryEntryNamesItsDateCardAndEvidence) {
     EXPECT_NE(v.card.find("NVIDIA"), std::string::npos) << v.feature << ": card '" << v.card << "'";
     EXPECT_FALSE(v.evidence.empty()) << v.feature;
   }
-  // What ran on the H100 on 2026-11-24 (docs/data/gpu/), and what did not.
+  // What ran on the H100 on 2026-11-24 and the H200 on 2026-11-28 (docs/data/gpu/), and what did not.
   for (const char* f : {"data parallelism", "model cnn", "model resnet", "model vit", "model mlp", "fp32 arithmetic",
-                        "bf16 arithmetic (float32 storage)"})
-    EXPECT_TRUE(gpu_is_verified(f)) << f;
-  for (const char* f : {"pipeline parallelism", "tensor parallelism", "ZeRO-1", "model gpt", "bf16 activation storage",
+                        "bf16 arithmetic (float32 storage)", "pipeline parallelism", "bf16 activation storage",
                         "fp16 activation storage"})
-    EXPECT_FALSE(gpu_is_verified(f)) << f;
+    EXPECT_TRUE(gpu_is_verified(f)) << f;
+  for (const char* f : {"tensor parallelism", "ZeRO-1", "model gpt"}) EXPECT_FALSE(gpu_is_verified(f)) << f;
 }
 
 // docs/gpu.md shows the same list, row for row.
@@ -104,7 +104,6 @@ TEST(GpuGate, RefusesUnverifiedFeaturesByNameOnEveryRank) {
     std::string names;
   };
   const Case cases[] = {
-      {cuda_job({"parallel.pipeline=2"}), "pipeline parallelism (parallel.pipeline = 2)"},
       {cuda_job({"parallel.tensor=2", "model.name=mlp"}), "tensor parallelism (parallel.tensor = 2)"},
       {cuda_job({"parallel.tensor=2", "model.name=vit"}),
        "sequence parallelism (parallel.sequence = true with parallel.tensor = 2)"},
@@ -121,26 +120,26 @@ TEST(GpuGate, RefusesUnverifiedFeaturesByNameOnEveryRank) {
     EXPECT_NE(msg.find("train.device = cuda"), std::string::npos) << msg;
   }
   // Two unverified features are both named in one refusal.
-  const std::string both = trainer_error(cuda_job({"parallel.pipeline=2", "parallel.zero=1"}), world);
-  EXPECT_NE(both.find("pipeline parallelism"), std::string::npos) << both;
+  const std::string both = trainer_error(cuda_job({"parallel.tensor=2", "model.name=mlp", "parallel.zero=1"}), world);
+  EXPECT_NE(both.find("tensor parallelism"), std::string::npos) << both;
   EXPECT_NE(both.find("ZeRO-1"), std::string::npos) << both;
 }
 
-TEST(GpuGate, VerifiedJobsPassAndSixteenBitStorageFallsBack) {
+TEST(GpuGate, VerifiedJobsPassAndSixteenBitStorageIsVerified) {
   EXPECT_EQ(gpu_gate_refusal(cuda_job({})), "");
   for (const char* p : {"train.precision=fp32", "train.precision=tf32", "train.precision=bf16", "train.precision=fp16"})
     for (const char* m : {"model.name=mlp", "model.name=cnn", "model.name=resnet", "model.name=vit"})
       EXPECT_EQ(gpu_gate_refusal(cuda_job({p, m, "optimizer.name=adamw", "comm.deterministic=true"})), "") << p << " " << m;
-  // A vit bf16/fp16 job is allowed; its 16-bit storage is what falls back.
-  EXPECT_FALSE(gpu_storage16_allowed(cuda_job({"model.name=vit", "train.precision=bf16"})));
+  EXPECT_EQ(gpu_gate_refusal(cuda_job({"parallel.pipeline=2", "model.name=vit", "train.precision=bf16"})), "");
+  // 16-bit activation storage ran on the H200: a vit in bf16 or fp16 keeps it on CUDA.
+  EXPECT_TRUE(gpu_storage16_allowed(cuda_job({"model.name=vit", "train.precision=bf16"})));
   EXPECT_EQ(gpu_storage16_feature(cuda_job({"train.precision=fp16"})), "fp16 activation storage");
+  EXPECT_TRUE(gpu_storage16_allowed(cuda_job({"model.name=vit", "train.precision=fp16"})));
   EXPECT_TRUE(gpu_storage16_allowed(cuda_job({"train.precision=tf32"})));
   // A GPU test's trial lets exactly the named features through.
-  const TrainConfig pp = cuda_job({"parallel.pipeline=2", "model.name=vit", "train.precision=bf16"});
-  EXPECT_EQ(gpu_gate_refusal(pp, {"pipeline parallelism"}), "");
-  EXPECT_NE(gpu_gate_refusal(pp, {"tensor parallelism"}).find("pipeline parallelism"), std::string::npos);
-  EXPECT_TRUE(gpu_storage16_allowed(pp, {"bf16 activation storage"}));
-  EXPECT_FALSE(gpu_storage16_allowed(pp, {"fp16 activation storage"}));
+  const TrainConfig tp = cuda_job({"parallel.tensor=2", "model.name=mlp", "parallel.zero=1"});
+  EXPECT_EQ(gpu_gate_refusal(tp, {"tensor parallelism", "ZeRO-1"}), "");
+  EXPECT_NE(gpu_gate_refusal(tp, {"tensor parallelism"}).find("ZeRO-1"), std::string::npos);
 }
 
 // ModelConfig::storage16 = false (what the trainer sets on CUDA) keeps float32
@@ -156,7 +155,7 @@ TEST(GpuGate, StorageFallbackKeepsFloat32Activations) {
 }
 
 TEST(GpuGate, PlanPrintsTheListAndItsVerdict) {
-  TrainConfig c = cuda_job({"parallel.pipeline=2", "model.name=vit", "train.precision=bf16"});
+  TrainConfig c = cuda_job({"parallel.tensor=2", "model.name=mlp", "train.precision=bf16"});
   c.train.device = "auto";
   const auto j = nlohmann::json::parse(plan_run(c, 4).json());
   const auto& gate = j.at("gpu_gate");
@@ -165,18 +164,19 @@ TEST(GpuGate, PlanPrintsTheListAndItsVerdict) {
   EXPECT_EQ(gate.at("verified")[0].at("date"), "2026-11-24");
   EXPECT_EQ(gate.at("on_cuda"), "refused");
   ASSERT_EQ(gate.at("refused").size(), 1u);
-  EXPECT_EQ(gate.at("refused")[0].at("feature"), "pipeline parallelism");
-  EXPECT_EQ(gate.at("refused")[0].at("setting"), "parallel.pipeline = 2");
-  EXPECT_EQ(gate.at("storage_fallback"), "bf16 activation storage");
+  EXPECT_EQ(gate.at("refused")[0].at("feature"), "tensor parallelism");
+  EXPECT_EQ(gate.at("refused")[0].at("setting"), "parallel.tensor = 2");
+  EXPECT_EQ(gate.at("storage_fallback"), "") << "bf16 activation storage is on the list";
   // With train.device = cuda the plan is refused as the trainer refuses it.
   c.train.device = "cuda";
   try {
     plan_run(c, 4);
-    ADD_FAILURE() << "plan_run accepted pipeline 2 on cuda";
+    ADD_FAILURE() << "plan_run accepted tensor 2 on cuda";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("pipeline parallelism (parallel.pipeline = 2)"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("tensor parallelism (parallel.tensor = 2)"), std::string::npos) << e.what();
   }
-  c.parallel.pipeline = 1;
+  c.parallel.tensor = 1;
+  c.parallel.pipeline = 2;
   const auto ok = nlohmann::json::parse(plan_run(c, 4).json());
   EXPECT_EQ(ok.at("gpu_gate").at("on_cuda"), "allowed");
   EXPECT_TRUE(ok.at("gpu_gate").at("refused").empty());

@@ -143,7 +143,7 @@ TEST(Plan, JsonHasEveryFieldOnce) {
   EXPECT_EQ(j.at("micro_batches"), 2);
   EXPECT_EQ(j.at("micro_batch_size"), 16);
   EXPECT_EQ(j.at("global_batch"), 64);
-  EXPECT_EQ(j.at("gpu_gate").at("on_cuda"), "refused");  // pipeline 2 (train/mpi_gpu_gate tests the gate)
+  EXPECT_EQ(j.at("gpu_gate").at("on_cuda"), "allowed");  // pipeline 2 ran on an H200 (train/mpi_gpu_gate tests the gate)
   EXPECT_EQ(j.at("schedules_unit_time").size(), 5u);  // pipeline 2, m = 2: every schedule runs
   EXPECT_EQ(j.size(), 9u) << j.dump();
 }
@@ -190,20 +190,21 @@ TEST_F(PlanCli, ALayoutThatCannotRunExitsTwoNamingTheKey) {
 }
 
 // The GPU validation gate (train/gpu_gate.hpp) in the printed plan: the job's
-// pipeline 2 is refused on CUDA by name; with --device cuda the plan itself is.
+// ZeRO-1 is refused on CUDA by name (its pipeline 2 is on the list since the
+// H200 run); with --device cuda the plan itself is.
 TEST_F(PlanCli, PrintsTheGpuGateAndRefusesWhatItDoesNotList) {
-  JobResult r = run_job(train() + "--print-plan --ranks 10");
+  JobResult r = run_job(train() + "--set parallel.zero=1 --print-plan --ranks 10");
   ASSERT_EQ(r.status, 0) << r.out;
   const auto gate = nlohmann::json::parse(r.out).at("gpu_gate");
   EXPECT_GE(gate.at("verified").size(), 1u) << r.out;
   EXPECT_EQ(gate.at("verified")[0].at("card"), "NVIDIA H100 80GB HBM3") << r.out;
   EXPECT_EQ(gate.at("on_cuda"), "refused") << r.out;
-  EXPECT_EQ(gate.at("refused")[0].at("feature"), "pipeline parallelism") << r.out;
-  r = run_job(train() + "--device cuda --print-plan --ranks 10");
+  ASSERT_EQ(gate.at("refused").size(), 1u) << r.out;
+  EXPECT_EQ(gate.at("refused")[0].at("feature"), "ZeRO-1") << r.out;
+  r = run_job(train() + "--device cuda --set parallel.zero=1 --print-plan --ranks 10");
   EXPECT_EQ(r.status, exit_code::bad_input) << r.out;
-  EXPECT_NE(r.out.find("GPU validation gate refuses pipeline parallelism (parallel.pipeline = 2)"), std::string::npos)
-      << r.out;
-  r = run_job(train() + "--device cuda --set parallel.pipeline=1 --print-plan --ranks 10");
+  EXPECT_NE(r.out.find("GPU validation gate refuses ZeRO-1 (parallel.zero = 1)"), std::string::npos) << r.out;
+  r = run_job(train() + "--device cuda --print-plan --ranks 10");
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_EQ(nlohmann::json::parse(r.out).at("gpu_gate").at("on_cuda"), "allowed") << r.out;
 }
