@@ -62,6 +62,7 @@ RT_HD float to_f32(bfloat16 h) { return bits_f32(static_cast<std::uint32_t>(h.bi
 
 // float32 -> binary16, round to nearest even, overflow to inf, subnormals kept.
 RT_HD float16 to_f16(float f) {
+  if (std::uint16_t hw = 0; hw_to_f16(f, hw)) return float16{hw};
   std::uint32_t x = f32_bits(f);
   std::uint32_t sign = (x >> 16) & 0x8000u;
   std::uint32_t ax = x & 0x7fffffffu;
@@ -86,6 +87,7 @@ RT_HD float16 to_f16(float f) {
   return float16{static_cast<std::uint16_t>(sign | h)};
 }
 RT_HD float to_f32(float16 h) {
+  if (float hw = 0; hw_from_f16(h.bits, hw)) return hw;
   std::uint32_t sign = (static_cast<std::uint32_t>(h.bits) & 0x8000u) << 16;
   std::uint32_t e = (h.bits >> 10) & 0x1fu;
   std::uint32_t m = h.bits & 0x3ffu;
