@@ -6,6 +6,8 @@
 // fatal-signal handler can run it.
 #include "ringtrain/comm/flight_recorder.hpp"
 
+#include "ringtrain/core/trace.hpp"
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -280,6 +282,11 @@ const std::string& dir() {
 }
 
 Op::Op(MPI_Comm comm, const std::string& comm_name, const char* op, std::size_t bytes, int peer) {
+  if (trace::on()) {
+    trace_name_ = peer < 0 ? cat(op, " ", comm_name) : cat(op, " ", comm_name, " peer ", peer);
+    trace_bytes_ = bytes;
+    trace_t0_ = std::chrono::steady_clock::now();
+  }
   Recorder* r = g_rec.load(std::memory_order_relaxed);
   if (!r) return;
   exceptions_ = std::uncaught_exceptions();
@@ -309,6 +316,11 @@ Op::Op(MPI_Comm comm, const std::string& comm_name, const char* op, std::size_t 
 }
 
 void Op::done() {
+  if (!trace_name_.empty()) {
+    trace::span("comm", std::move(trace_name_), trace_t0_, std::chrono::steady_clock::now(),
+                cat("\"bytes\": ", trace_bytes_));
+    trace_name_.clear();
+  }
   if (!slot_) return;
   Slot& s = *static_cast<Slot*>(slot_);
   const bool failed = std::uncaught_exceptions() > exceptions_;

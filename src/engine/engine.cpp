@@ -16,6 +16,7 @@
 #include "ringtrain/comm/liveness.hpp"
 #include "ringtrain/core/log.hpp"
 #include "tensor_queue.hpp"
+#include "ringtrain/core/trace.hpp"
 #include "timeline.hpp"
 
 namespace ringtrain {
@@ -238,6 +239,7 @@ void Engine::Impl::synchronize() {
 // ---- the background thread ---------------------------------------------------
 
 void Engine::Impl::loop() {
+  trace::name_thread("engine");
   std::unordered_map<std::string, OpPtr> pending;
   int idle_cycles = 0;
   std::string reason = "the engine was shut down";
@@ -367,6 +369,11 @@ void Engine::Impl::execute_batch(const engine::Batch& b) {
   fo.synchronize(dev);
   auto t3 = Clock::now();
 
+  if (trace::on()) {  // the step window's trace: one span per fused all-reduce, on this thread
+    trace::span("comm", cat("all-reduce ", b.ops.size(), b.ops.size() == 1 ? " tensor" : " tensors"), t0, t3,
+                cat("\"bytes\": ", b.bytes(), ", \"dtype\": \"", dtype_name(b.wire), "\", \"first\": \"",
+                    b.ops.front()->name, "\""));
+  }
   if (timeline) {
     std::string args = cat("\"fused\": ", b.ops.size(), ", \"bytes\": ", b.bytes(), ", \"dtype\": \"",
                            dtype_name(b.wire), "\"");

@@ -5,11 +5,41 @@
 
 #include "ringtrain/comm/agree.hpp"
 #include "ringtrain/comm/collectives.hpp"
+#include "ringtrain/core/trace.hpp"
 #include "ringtrain/nn/loss.hpp"
 #include "ringtrain/parallel/stage.hpp"
 #include "peer.hpp"
 
 namespace ringtrain {
+namespace {
+
+// The trace's view of an action (core/trace.hpp): what it is, and which kind of time it spends.
+const char* trace_name(Op op) {
+  switch (op) {
+    case Op::load_micro_batch: return "load";
+    case Op::recv_act: return "recv activation";
+    case Op::forward: return "F";
+    case Op::send_act: return "send activation";
+    case Op::recv_grad: return "recv gradient";
+    case Op::backward: return "B";
+    case Op::backward_input: return "I";
+    case Op::send_grad: return "send gradient";
+    case Op::backward_weight: return "W";
+  }
+  return "?";
+}
+const char* trace_category(Op op) {
+  switch (op) {
+    case Op::recv_act:
+    case Op::recv_grad: return "wait";
+    case Op::send_act:
+    case Op::send_grad: return "comm";
+    default: return "compute";
+  }
+}
+
+}  // namespace
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -223,6 +253,7 @@ StepOutput ScheduleExecutor::run(Stage& stage, const Loss& loss_fn, const StepIn
   };
   for (const Action& a : mine_) {
     const int i = a.mb, g = a.stage, k = L.chunk_of(g);
+    const trace::Scope span(trace_category(a.op), trace_name(a.op), g, i);  // "F 1.3": stage 1, micro-batch 3
     switch (a.op) {
       case Op::load_micro_batch: timed([&] { input[k][i] = slice(in.images, i); }); break;
       case Op::recv_act:

@@ -5,6 +5,7 @@
 
 #include "ringtrain/comm/agree.hpp"
 #include "ringtrain/comm/collectives.hpp"
+#include "ringtrain/core/trace.hpp"
 #include "ringtrain/nn/model_registry.hpp"
 
 namespace ringtrain {
@@ -104,9 +105,13 @@ StepResult train_step(const ProcessGrid& grid, ModelParts& parts, const StepInpu
   StepOutput out = parts.executor->run(*parts.stage, *parts.loss, in, *parts.grad_sync);
   const auto t_sync = Clock::now();
   parts.grad_sync->finish();
-  out.timing.reduce_s = std::chrono::duration<double>(Clock::now() - t_sync).count();
   const auto t_update = Clock::now();
-  out.stats.skipped = !parts.updater->apply(in.lr);
+  out.timing.reduce_s = std::chrono::duration<double>(t_update - t_sync).count();
+  trace::span("wait", "gradient sync", t_sync, t_update);
+  {
+    const trace::Scope span("compute", "optimizer");
+    out.stats.skipped = !parts.updater->apply(in.lr);
+  }
   out.timing.busy_s += std::chrono::duration<double>(Clock::now() - t_update).count();
   out.timing.wall_s += std::chrono::duration<double>(Clock::now() - t_sync).count();
   out.stats.stop = flags.stop;

@@ -12,6 +12,7 @@
 
 #include "config_layers.hpp"
 #include "ringtrain/core/error.hpp"
+#include "ringtrain/core/trace.hpp"
 #include "ringtrain/nn/model_registry.hpp"
 #include "ringtrain/parallel/schedule.hpp"
 
@@ -119,6 +120,8 @@ const std::vector<Field>& fields() {
       RT_FIELD(log, format, "auto | bar | plain | json (step and epoch records as JSON lines on stderr)"),
       RT_FIELD(log, metrics, "JSON-lines metrics file (empty = <checkpoint.dir>/metrics.jsonl)"),
       RT_FIELD(log, interval, "steps between plain (or json) log lines and straggler checks"),
+      RT_FIELD(log, trace_steps, "optimizer steps to trace, FIRST-LAST or one step (counted from 1 over the run, e.g. \"100-105\"): every rank's compute, communication, waits and data reading in those steps go into one Chrome-trace file (log.trace) that chrome://tracing or ui.perfetto.dev opens; empty = no trace, and no cost"),
+      RT_FIELD(log, trace, "the trace file of log.trace_steps (empty = <checkpoint.dir>/trace.json, or trace.json in the working directory without a checkpoint.dir)"),
   };
   return f;
 }
@@ -399,6 +402,7 @@ void TrainConfig::validate() const {
   RT_CHECK(parallel.partition != "list" || !parallel.balance.empty(),
            "configuration key 'parallel.partition' = list needs parallel.balance (layers per stage, e.g. [3, 2, 2])");
   range("log.interval", log.interval, 1, kHuge);
+  (void)trace::parse_window(log.trace_steps);  // "FIRST-LAST" or one step
   range("parallel.zero", parallel.zero, 0, 3);
   if (parallel.zero > 0) {
     RT_CHECK(!comm.fp16_allreduce, "parallel.zero = ", parallel.zero, " reduce-scatters full-precision gradients: "

@@ -1,4 +1,5 @@
 #include "ringtrain/train/trainer.hpp"
+#include "ringtrain/train/trace_file.hpp"
 
 #include <omp.h>
 
@@ -93,6 +94,7 @@ Trainer::Impl::Impl(TrainConfig c, Communicator w, TrainerHooks h)
   run_agreed(world, "reading model.init_from", [&] { imported = apply_imported_settings(cfg); });
   if (!imported.empty() && world.rank() == 0 && hooks.report) log::info("model.init_from sets ", imported);
   cfg.validate();
+  trace_window = trace::parse_window(cfg.log.trace_steps);
   if (cfg.train.device == "cuda") check_gpu_gate(cfg, hooks.gpu_trial);  // before any rank waits: alike on every rank
   if (!hooks.gpu_trial.empty() && world.rank() == 0)
     log::warn("GPU trial (tests only): running features the GPU validation gate does not list yet");
@@ -258,6 +260,7 @@ void Trainer::Impl::predict_schedule(const EpochStats& st, EpochMetrics& m) {
 double Trainer::Impl::train_step(EpochStats& st) {
   std::vector<Tensor> images, labels;
   for (int micro = 0; micro < cfg.train.accumulation; ++micro) {
+    trace::Scope read("data", "read batch", micro);
     std::optional<data::Batch> b = loader->next();
     RT_CHECK(b.has_value(), "training data ended inside an optimizer step");
     // A batch views the loader's buffer until the next next(): keep copies of all but the last.
@@ -335,6 +338,15 @@ EvalResult Trainer::Impl::evaluate(const std::string& path) {
   sum_over_ranks(v, world);
   RT_CHECK(v[2] == static_cast<double>(n * per), "evaluation saw ", v[2] / per, " samples of ", n);
   return {v[0] / v[2], v[1] / v[2], static_cast<std::int64_t>(v[2] / per)};
+}
+
+void Trainer::Impl::finish_trace() {
+  std::string path = cfg.log.trace;
+  if (path.empty()) path = cfg.checkpoint.dir.empty() ? "trace.json" : cfg.checkpoint.dir + "/trace.json";
+  const std::size_t spans = write_trace(path, world, cat(cfg.model.name, ", steps ", cfg.log.trace_steps));
+  if (world.rank() == 0 && hooks.report)
+    log::info("trace of steps ", cfg.log.trace_steps, ": ", spans, " spans of ", world.size(), " ranks in ", path,
+              " (open it in chrome://tracing or ui.perfetto.dev)");
 }
 
 // Reporter on rank 0; the metrics file gets this run's id and resume count on every record.
@@ -434,6 +446,7 @@ TrainResult Trainer::Impl::fit() {
     res.last = m;
   }
   ckpt.finish();  // the last checkpoint is durable before fit() returns
+  if (trace::on()) finish_trace();  // the run ended inside the window
   res.steps = pos.step;
   // A signal that came after the last step changes nothing: the run finished.
   res.stopped_by_signal = pos.epochs_done == cfg.train.epochs ? 0 : stop_signal;
@@ -461,6 +474,9 @@ EpochMetrics Trainer::Impl::train_epoch(int epoch, bool& finished) {
       break;
     }
     const EpochStats before = st;
+    const std::int64_t step_no = pos.step + 1;
+    if (trace_window.contains(step_no) && !trace::on()) trace::start();
+    const auto t_step = trace::Clock::now();
     double loss = train_step(st);
     stragglers->after_step(pos.step, st.compute_s - before.compute_s,
                            st.comm_s + st.pipeline_wait_s - before.comm_s - before.pipeline_wait_s, world, *reporter);
@@ -474,6 +490,10 @@ EpochMetrics Trainer::Impl::train_epoch(int epoch, bool& finished) {
     // checkpoint.every_steps / every_s (agreed in the step's all-reduce); an epoch's end saves below.
     save_due = ckpt.due_after_step(pos.step) || save_due;
     if (pos.step_in_epoch < spe && save_due) save_checkpoint(true);
+    if (trace::on()) {
+      trace::span("step", cat("step ", step_no), t_step, trace::Clock::now());
+      if (step_no >= trace_window.last) finish_trace();
+    }
     reporter->step(s + 1, loss, static_cast<double>(global_batch()) * st.steps / since(t0));
   }
   // The epoch's last step may itself carry the stop: the epoch is complete then.

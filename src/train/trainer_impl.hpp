@@ -4,6 +4,7 @@
 // One implementation for every layout: the rank's part of the model is a set
 // of parts (parallel/parts.hpp); data parallelism is the grid with one stage
 // and one tensor shard.
+#include "ringtrain/core/trace.hpp"
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -50,6 +51,7 @@ struct Trainer::Impl {
   Snapshot snapshot{[this] { return parts.state->replicated(); }};  // checkpoint.async: copies of the live state
   Tensor scaler_state;            // f64 [4] on the host: the fp16 loss scale, checkpointed
   std::unique_ptr<StragglerMonitor> stragglers;  // made in train_epoch's first call
+  trace::Window trace_window;     // log.trace_steps
 
   // Per-epoch counters: the job's statistics, this rank's times.
   struct EpochStats {
@@ -82,6 +84,7 @@ struct Trainer::Impl {
   EpochMetrics train_epoch(int epoch, bool& finished);
   void verify_replicas();
   void start_reporting();
+  void finish_trace();  // collective: the trace of log.trace_steps to its file
 
   // trainer_checkpoint.cpp
   NamedTensorList extra_state();  // beside the model: the loss scale

@@ -30,6 +30,7 @@
 // loop must reach it without a context argument.
 #include <mpi.h>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -62,6 +63,10 @@ class Op {
   void* slot_ = nullptr;
   std::uint64_t id_ = 0;
   int exceptions_ = 0;
+  // The step window's trace (core/trace.hpp), independent of the recorder.
+  std::string trace_name_;
+  std::size_t trace_bytes_ = 0;
+  std::chrono::steady_clock::time_point trace_t0_;
 };
 
 // Writes this rank's record now (reason: why, e.g. "stall in allreduce").

@@ -125,6 +125,8 @@ struct TrainConfig {
     std::string format = "auto";   // auto (bar on a terminal, plain otherwise) | bar | plain | json (JSON lines)
     std::string metrics = "";      // JSON-lines file ("" = <checkpoint.dir>/metrics.jsonl or none)
     int interval = 50;             // plain log line every N steps
+    std::string trace_steps = "";  // "FIRST-LAST": a Chrome trace of these steps on every rank ("" = none)
+    std::string trace = "";        // its file ("" = <checkpoint.dir>/trace.json, else ./trace.json)
   } log;
 
   // Loads a TOML file on top of the defaults; throws Error naming the file and key.
