@@ -48,10 +48,15 @@ static std::string hms(double s) {
   return buf;
 }
 
-void Reporter::step(std::int64_t s, double loss, double images_per_s) {
+void Reporter::step(std::int64_t s, double loss, double images_per_s, const StepLive& live) {
   if (!root_) return;
   const char* unit = tokens_ > 0 ? "tokens/s" : "img/s";
   if (tokens_ > 0) images_per_s *= double(tokens_);
+  std::string extra;
+  if (live.mfu > 0) extra += cat(" MFU ", fixed(100 * live.mfu, 1), "%");
+  if (live.peak_bytes > 0) extra += cat(" peak ", fixed(live.peak_bytes / (1 << 20), 0), " MiB");
+  if (live.slowest_rank >= 0)
+    extra += cat(" slowest rank ", live.slowest_rank, " ", fixed(live.slowest_slowdown, 2), "x");
   double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_t0_).count();
   double eta = s > 0 ? elapsed / s * (steps_ - s) : 0;
   if (bar_) {
@@ -59,18 +64,25 @@ void Reporter::step(std::int64_t s, double loss, double images_per_s) {
     int filled = steps_ ? static_cast<int>(width * s / steps_) : width;
     std::string bar(filled, '#');
     bar.resize(width, '.');
-    std::fprintf(stderr, "\repoch %d/%d [%s] %3d%% loss %.4f %7.0f %s ETA %s   ", epoch_ + 1, epochs_,
+    std::fprintf(stderr, "\repoch %d/%d [%s] %3d%% loss %.4f %7.0f %s%s ETA %s   ", epoch_ + 1, epochs_,
                  bar.c_str(), steps_ ? static_cast<int>(100 * s / steps_) : 100, loss, images_per_s, unit,
-                 hms(eta).c_str());
+                 extra.c_str(), hms(eta).c_str());
     std::fflush(stderr);
   } else if (json_ && (s % interval_ == 0 || s == steps_)) {
     // The loss at full precision, for comparing runs step by step.
     nlohmann::json j = {{"event", "step"}, {"epoch", epoch_ + 1}, {"step", epoch_ * steps_ + s},
                         {"step_in_epoch", s}, {"loss", loss},     {tokens_ > 0 ? "tokens_per_s" : "images_per_s", images_per_s}};
+    if (live.mfu > 0) j["mfu"] = live.mfu;
+    if (live.peak_bytes > 0) j["peak_host_tensor_bytes"] = live.peak_bytes;
+    if (live.slowest_rank >= 0) {
+      j["slowest_rank"] = live.slowest_rank;
+      j["slowest_slowdown"] = live.slowest_slowdown;
+    }
     std::fprintf(stderr, "%s\n", j.dump().c_str());
   } else if (!json_ && (s % interval_ == 0 || s == steps_)) {
-    std::fprintf(stderr, "epoch %d/%d step %lld/%lld loss %.4f %.0f %s ETA %s\n", epoch_ + 1, epochs_,
-                 static_cast<long long>(s), static_cast<long long>(steps_), loss, images_per_s, unit, hms(eta).c_str());
+    std::fprintf(stderr, "epoch %d/%d step %lld/%lld loss %.4f %.0f %s%s ETA %s\n", epoch_ + 1, epochs_,
+                 static_cast<long long>(s), static_cast<long long>(steps_), loss, images_per_s, unit, extra.c_str(),
+                 hms(eta).c_str());
   }
 }
 

@@ -1,5 +1,7 @@
 #include "ringtrain/train/straggler.hpp"
 
+#include "ringtrain/core/allocator.hpp"
+
 #include <algorithm>
 
 #include "ringtrain/comm/collectives.hpp"
@@ -25,13 +27,14 @@ std::vector<int> peers_of(const std::vector<RankTimes>& t, int rank) {
 
 std::vector<RankTimes> gather_rank_times(const RankTimes& mine, const Communicator& world) {
   const int n = world.size();
-  std::vector<double> v(3 * static_cast<std::size_t>(n), 0.0);  // each rank fills its slots; the sum gathers
-  v[3 * world.rank()] = mine.compute_s;
-  v[3 * world.rank() + 1] = mine.wait_s;
-  v[3 * world.rank() + 2] = mine.stage;
+  std::vector<double> v(4 * static_cast<std::size_t>(n), 0.0);  // each rank fills its slots; the sum gathers
+  v[4 * world.rank()] = mine.compute_s;
+  v[4 * world.rank() + 1] = mine.wait_s;
+  v[4 * world.rank() + 2] = mine.stage;
+  v[4 * world.rank() + 3] = mine.peak_bytes;
   allreduce(v.data(), v.data(), v.size(), DType::f64, ReduceOp::sum, world);
   std::vector<RankTimes> t(n);
-  for (int r = 0; r < n; ++r) t[r] = {v[3 * r], v[3 * r + 1], static_cast<int>(v[3 * r + 2])};
+  for (int r = 0; r < n; ++r) t[r] = {v[4 * r], v[4 * r + 1], static_cast<int>(v[4 * r + 2]), v[4 * r + 3]};
   return t;
 }
 
@@ -87,12 +90,22 @@ std::vector<int> StragglerStreaks::update(const std::vector<double>& slowdown) {
 void StragglerMonitor::after_step(std::int64_t step, double compute_s, double wait_s, const Communicator& world,
                                   Reporter& reporter) {
   // Every rank takes the same branches (same factor, size and step): the all-reduce below is matched.
-  if (factor_ <= 0 || world.size() == 1) return;
+  if (factor_ <= 0 || world.size() == 1) {  // no collective: this rank's own peak
+    last_peak_ = static_cast<double>(host_memory_stats().peak);
+    return;
+  }
   acc_.compute_s += compute_s;
   acc_.wait_s += wait_s;
-  if (step % interval_ != 0) return;
+  const bool interval_end = step % interval_ == 0;
+  // Step 1 is looked at too, for the progress line only: it counts toward no streak and stays in the interval.
+  if (!interval_end && step != 1) return;
   acc_.stage = stage_;
+  acc_.peak_bytes = static_cast<double>(host_memory_stats().peak);
   const std::vector<RankTimes> t = gather_rank_times(acc_, world);
+  last_ = find_slowest(t);
+  last_peak_ = 0;
+  for (const RankTimes& r : t) last_peak_ = std::max(last_peak_, r.peak_bytes);
+  if (!interval_end) return;
   acc_ = {};
   for (int r : streaks_.update(slowdowns(t)))
     reporter.straggler(describe_rank(t, r), step, kStragglerIntervals, interval_, factor_);

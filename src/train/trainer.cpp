@@ -494,7 +494,13 @@ EpochMetrics Trainer::Impl::train_epoch(int epoch, bool& finished) {
       trace::span("step", cat("step ", step_no), t_step, trace::Clock::now());
       if (step_no >= trace_window.last) finish_trace();
     }
-    reporter->step(s + 1, loss, static_cast<double>(global_batch()) * st.steps / since(t0));
+    const double rate = static_cast<double>(global_batch()) * st.steps / since(t0);
+    StepLive live;
+    live.mfu = matmul_peak > 0 ? rate * flops_per_sample / matmul_peak : 0;
+    live.peak_bytes = stragglers->last_peak_bytes();
+    live.slowest_rank = stragglers->last_slowest().rank;
+    live.slowest_slowdown = stragglers->last_slowest().slowdown;
+    reporter->step(s + 1, loss, rate, live);
   }
   // The epoch's last step may itself carry the stop: the epoch is complete then.
   if (pos.step_in_epoch == spe) finished = true;

@@ -111,6 +111,14 @@ TEST(Straggler, TheSlowRankIsNamed) {
   EXPECT_GT(o.stragglers[0]["slowdown"].get<double>(), kFactor);
   EXPECT_NE(o.err.find("straggler: rank 1 computed more than comm.straggler_factor = 3 times as long"), std::string::npos);
   EXPECT_NE(o.err.find("| straggler rank 1: compute "), std::string::npos);  // the plain epoch line
+  // The progress line names it from the first line on (step 4; looked at after step 1 already),
+  // beside the largest rank's peak of host tensor memory.
+  const std::size_t at = o.err.find(" step 4/16 ");
+  ASSERT_NE(at, std::string::npos) << o.err;
+  const std::string line = o.err.substr(at, o.err.find('\n', at) - at);
+  EXPECT_NE(line.find(" slowest rank 1 "), std::string::npos) << line;
+  EXPECT_NE(line.find(" peak "), std::string::npos) << line;
+  EXPECT_EQ(line.find(" peak 0 MiB"), std::string::npos) << line;
 }
 
 TEST(Straggler, NobodyIsNamedWithoutASlowRank) {

@@ -45,6 +45,15 @@ struct EpochMetrics {
 
 struct SlowestRank;
 
+// What the progress line shows beside the loss and the rate (0 / -1: not known).
+struct StepLive {
+  double mfu = 0;               // model FLOP/s over the measured matmul peak
+  double peak_bytes = 0;        // the largest rank's peak of live host tensor bytes (rank 0's own
+                                // with comm.straggler_factor = 0, which gathers nothing)
+  int slowest_rank = -1;        // the latest interval's slowest rank and its slowdown
+  double slowest_slowdown = 0;
+};
+
 class Reporter {
  public:
   // format: auto | bar | plain | json. metrics_path "" = no metrics file.
@@ -57,7 +66,7 @@ class Reporter {
   void epoch_start(int epoch);
   // Token data: progress lines give tokens/s instead of img/s.
   void set_tokens_per_sample(std::int64_t n) { tokens_ = n; }
-  void step(std::int64_t step_in_epoch, double loss, double images_per_s);
+  void step(std::int64_t step_in_epoch, double loss, double images_per_s, const StepLive& live = StepLive());
   void epoch_end(const EpochMetrics& m);
   // A rank slower than `factor` x its peers' median compute in `intervals`
   // consecutive intervals of `interval` steps, up to `step`: a warning (a

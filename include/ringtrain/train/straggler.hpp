@@ -31,6 +31,7 @@ struct RankTimes {
   double compute_s = 0;  // forward, backward, optimizer
   double wait_s = 0;     // exposed all-reduce + pipeline wait
   int stage = 0;         // pipeline stage: ranks are compared within a stage
+  double peak_bytes = 0; // the rank's peak of live host tensor bytes (core/allocator.hpp)
 };
 
 struct SlowestRank {
@@ -40,7 +41,7 @@ struct SlowestRank {
   double wait_fraction = 0;  // of its peers' step time, spent waiting on it
 };
 
-// Every rank's times, on every rank (collective: one all-reduce of 3 x ranks doubles).
+// Every rank's times, on every rank (collective: one all-reduce of 4 x ranks doubles).
 std::vector<RankTimes> gather_rank_times(const RankTimes& mine, const Communicator& world);
 
 // Each rank's slowdown against its peers (0 for a rank without peers).
@@ -76,6 +77,11 @@ class StragglerMonitor {
   void after_step(std::int64_t step, double compute_s, double wait_s, const Communicator& world, Reporter& reporter);
   SlowestRank epoch(double compute_s, double wait_s, const Communicator& world) const;
   double factor() const { return factor_; }
+  // The latest interval's slowest rank and largest peak of host tensor bytes
+  // over the ranks (the first interval is step 1 alone, so the progress line
+  // has them from the first step); rank -1 before it or without peers.
+  const SlowestRank& last_slowest() const { return last_; }
+  double last_peak_bytes() const { return last_peak_; }
 
  private:
   double factor_;
@@ -83,6 +89,8 @@ class StragglerMonitor {
   StragglerStreaks streaks_;
   RankTimes acc_;                  // this rank's seconds since the last interval check
   std::int64_t since_step_ = -1;   // the first step of the current interval
+  SlowestRank last_;
+  double last_peak_ = 0;
 };
 
 }  // namespace ringtrain
