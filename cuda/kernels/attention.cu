@@ -15,7 +15,11 @@
 // accumulator are float32. With 16-bit activations P and dS are rounded to the
 // activation type before their products, as the CPU kernel and the cuBLAS
 // attention round them (attention_tiled.cpp, nn/transformer.cpp). The
-// products run on CUDA cores (FMA from shared memory), not tensor cores.
+// products run on CUDA cores (FMA from shared memory, read as float4s: a
+// quarter of the shared-memory instructions of scalar reads), not tensor
+// cores. The loops over a tile unroll twice only: fully unrolled, ptxas
+// spilled the accumulators at every head width. tests/gpu/emulate/run.sh runs
+// these kernels on the CPU against attention in double (no GPU needed).
 #include <cfloat>
 
 #include "kernels/launch.cuh"
@@ -29,7 +33,7 @@ constexpr int kB = 32;                  // query rows and keys per tile
 constexpr int kWarps = 4;               // warps per block
 constexpr int kR = kB / kWarps;         // rows (or keys) of a tile per warp
 constexpr int kThreadsA = kWarps * 32;  // threads per block
-constexpr int kP = kB + 1;              // row stride of the 32x32 score tiles (no bank conflicts)
+constexpr int kP = kB + 4;              // row stride of the 32x32 score tiles (float4 rows, 16-byte aligned)
 
 struct Geo {
   std::int64_t t, h, hd, d, ld;  // tokens, heads, head width, h*hd, qkv's row stride 3d
@@ -58,14 +62,28 @@ __device__ __forceinline__ float wmax(float v) {
   return v;
 }
 
+// Shared-memory tiles hold hd4 = hd rounded up to 4 columns (zeros past hd),
+// so that the dot products over the head's columns read float4s, at a row
+// stride of hd4 + 4 floats: 16-byte aligned rows, and a quarter-warp's float4
+// loads of 8 rows hit distinct banks where hd4 is a multiple of 8.
+__host__ __device__ __forceinline__ int width4(int hd) { return (hd + 3) & ~3; }
+__host__ __device__ __forceinline__ int stride4(int hd) { return width4(hd) + 4; }
+
 // Rows [r0, r0 + kB) of one head's columns (base: token 0 of that head, row
-// stride ld) as float32 into s (row stride hp); zeros past the last token t.
+// stride ld) as float32 into s (row stride hp); zeros past the last token t
+// and in the columns from hd to hd4.
 template <typename T>
 __device__ void load_tile(const T* base, std::int64_t ld, std::int64_t r0, std::int64_t t, int hd, float* s, int hp) {
-  for (int e = threadIdx.x; e < kB * hd; e += kThreadsA) {
-    const int r = e / hd, c = e % hd;
-    s[r * hp + c] = r0 + r < t ? ldf(base[(r0 + r) * ld + c]) : 0.f;
+  const int hd4 = width4(hd);
+  for (int e = threadIdx.x; e < kB * hd4; e += kThreadsA) {
+    const int r = e / hd4, c = e % hd4;
+    s[r * hp + c] = r0 + r < t && c < hd ? ldf(base[(r0 + r) * ld + c]) : 0.f;
   }
+}
+__device__ __forceinline__ float4 ld4(const float* p) { return *reinterpret_cast<const float4*>(p); }
+// a += x . y over four lanes of a float4, in order.
+__device__ __forceinline__ float fma4(float4 x, float4 y, float a) {
+  return fmaf(x.w, y.w, fmaf(x.z, y.z, fmaf(x.y, y.y, fmaf(x.x, y.x, a))));
 }
 // Whether query i attends key j.
 __device__ __forceinline__ bool sees(const Geo& g, std::int64_t i, std::int64_t j) {
@@ -75,7 +93,7 @@ __device__ __forceinline__ bool sees(const Geo& g, std::int64_t i, std::int64_t 
 template <typename T, int NC>
 __global__ void __launch_bounds__(kThreadsA) fa_forward(const T* qkv, T* out, float* lse, Geo g) {
   extern __shared__ float sm[];
-  const int hd = static_cast<int>(g.hd), hp = hd + 1;
+  const int hd = static_cast<int>(g.hd), hd4 = width4(hd), hp = stride4(hd);
   float *qs = sm, *ks = qs + kB * hp, *vs = ks + kB * hp, *ps = vs + kB * hp;
   const std::int64_t nh = blockIdx.x, n = nh / g.h, h = nh % g.h, i0 = std::int64_t(blockIdx.y) * kB;
   const T* q = qkv + n * g.t * g.ld + h * g.hd;
@@ -98,10 +116,11 @@ __global__ void __launch_bounds__(kThreadsA) fa_forward(const T* qkv, T* out, fl
     float s[kR];
 #pragma unroll
     for (int r = 0; r < kR; ++r) s[r] = 0.f;
-    for (int k = 0; k < hd; ++k) {
-      const float kv = ks[lane * hp + k];
+#pragma unroll 2
+    for (int k = 0; k < hd4; k += 4) {
+      const float4 kv = ld4(ks + lane * hp + k);
 #pragma unroll
-      for (int r = 0; r < kR; ++r) s[r] = fmaf(qs[(w * kR + r) * hp + k], kv, s[r]);
+      for (int r = 0; r < kR; ++r) s[r] = fma4(ld4(qs + (w * kR + r) * hp + k), kv, s[r]);
     }
     float alpha[kR];
 #pragma unroll
@@ -123,10 +142,11 @@ __global__ void __launch_bounds__(kThreadsA) fa_forward(const T* qkv, T* out, fl
       if (col >= hd) break;
 #pragma unroll
       for (int r = 0; r < kR; ++r) o[r][c] *= alpha[r];
-      for (int j = 0; j < kB; ++j) {
-        const float v = vs[j * hp + col];
+#pragma unroll 2
+      for (int j = 0; j < kB; j += 4) {
+        const float4 v = {vs[j * hp + col], vs[(j + 1) * hp + col], vs[(j + 2) * hp + col], vs[(j + 3) * hp + col]};
 #pragma unroll
-        for (int r = 0; r < kR; ++r) o[r][c] = fmaf(ps[(w * kR + r) * kP + j], v, o[r][c]);
+        for (int r = 0; r < kR; ++r) o[r][c] = fma4(ld4(ps + (w * kR + r) * kP + j), v, o[r][c]);
       }
     }
   }
@@ -162,7 +182,7 @@ template <typename T, int NC>
 __global__ void __launch_bounds__(kThreadsA)
     fa_backward_kv(const T* qkv, const T* dout, const float* lse, const float* dd, T* dqkv, Geo g) {
   extern __shared__ float sm[];
-  const int hd = static_cast<int>(g.hd), hp = hd + 1;
+  const int hd = static_cast<int>(g.hd), hd4 = width4(hd), hp = stride4(hd);
   float *ks = sm, *vs = ks + kB * hp, *qs = vs + kB * hp, *dos = qs + kB * hp, *ls = dos + kB * hp, *ds = ls + kB,
         *pt = ds + kB, *dst = pt + kB * kP;
   const std::int64_t nh = blockIdx.x, n = nh / g.h, h = nh % g.h, j0 = std::int64_t(blockIdx.y) * kB;
@@ -190,12 +210,13 @@ __global__ void __launch_bounds__(kThreadsA)
     float s[kR], dp[kR];
 #pragma unroll
     for (int r = 0; r < kR; ++r) s[r] = dp[r] = 0.f;
-    for (int k = 0; k < hd; ++k) {
-      const float qv = qs[lane * hp + k], ov = dos[lane * hp + k];
+#pragma unroll 2
+    for (int k = 0; k < hd4; k += 4) {
+      const float4 qv = ld4(qs + lane * hp + k), ov = ld4(dos + lane * hp + k);
 #pragma unroll
       for (int r = 0; r < kR; ++r) {
-        s[r] = fmaf(qv, ks[(w * kR + r) * hp + k], s[r]);
-        dp[r] = fmaf(ov, vs[(w * kR + r) * hp + k], dp[r]);
+        s[r] = fma4(qv, ld4(ks + (w * kR + r) * hp + k), s[r]);
+        dp[r] = fma4(ov, ld4(vs + (w * kR + r) * hp + k), dp[r]);
       }
     }
 #pragma unroll
@@ -209,12 +230,14 @@ __global__ void __launch_bounds__(kThreadsA)
     for (int c = 0; c < NC; ++c) {
       const int col = lane + 32 * c;
       if (col >= hd) break;
-      for (int i = 0; i < kB; ++i) {
-        const float ov = dos[i * hp + col], qv = qs[i * hp + col];
+#pragma unroll 2
+      for (int i = 0; i < kB; i += 4) {
+        const float4 ov = {dos[i * hp + col], dos[(i + 1) * hp + col], dos[(i + 2) * hp + col], dos[(i + 3) * hp + col]};
+        const float4 qv = {qs[i * hp + col], qs[(i + 1) * hp + col], qs[(i + 2) * hp + col], qs[(i + 3) * hp + col]};
 #pragma unroll
         for (int r = 0; r < kR; ++r) {
-          dv[r][c] = fmaf(pt[(w * kR + r) * kP + i], ov, dv[r][c]);
-          dk[r][c] = fmaf(dst[(w * kR + r) * kP + i], qv, dk[r][c]);
+          dv[r][c] = fma4(ld4(pt + (w * kR + r) * kP + i), ov, dv[r][c]);
+          dk[r][c] = fma4(ld4(dst + (w * kR + r) * kP + i), qv, dk[r][c]);
         }
       }
     }
@@ -239,7 +262,7 @@ template <typename T, int NC>
 __global__ void __launch_bounds__(kThreadsA)
     fa_backward_q(const T* qkv, const T* dout, const float* lse, const float* dd, T* dqkv, Geo g) {
   extern __shared__ float sm[];
-  const int hd = static_cast<int>(g.hd), hp = hd + 1;
+  const int hd = static_cast<int>(g.hd), hd4 = width4(hd), hp = stride4(hd);
   float *qs = sm, *dos = qs + kB * hp, *ks = dos + kB * hp, *vs = ks + kB * hp, *ls = vs + kB * hp, *ds = ls + kB,
         *dss = ds + kB;
   const std::int64_t nh = blockIdx.x, n = nh / g.h, h = nh % g.h, i0 = std::int64_t(blockIdx.y) * kB;
@@ -267,12 +290,13 @@ __global__ void __launch_bounds__(kThreadsA)
     float s[kR], dp[kR];
 #pragma unroll
     for (int r = 0; r < kR; ++r) s[r] = dp[r] = 0.f;
-    for (int k = 0; k < hd; ++k) {
-      const float kv = ks[lane * hp + k], vv = vs[lane * hp + k];
+#pragma unroll 2
+    for (int k = 0; k < hd4; k += 4) {
+      const float4 kv = ld4(ks + lane * hp + k), vv = ld4(vs + lane * hp + k);
 #pragma unroll
       for (int r = 0; r < kR; ++r) {
-        s[r] = fmaf(qs[(w * kR + r) * hp + k], kv, s[r]);
-        dp[r] = fmaf(dos[(w * kR + r) * hp + k], vv, dp[r]);
+        s[r] = fma4(ld4(qs + (w * kR + r) * hp + k), kv, s[r]);
+        dp[r] = fma4(ld4(dos + (w * kR + r) * hp + k), vv, dp[r]);
       }
     }
 #pragma unroll
@@ -286,10 +310,11 @@ __global__ void __launch_bounds__(kThreadsA)
     for (int c = 0; c < NC; ++c) {
       const int col = lane + 32 * c;
       if (col >= hd) break;
-      for (int j = 0; j < kB; ++j) {
-        const float kv = ks[j * hp + col];
+#pragma unroll 2
+      for (int j = 0; j < kB; j += 4) {
+        const float4 kv = {ks[j * hp + col], ks[(j + 1) * hp + col], ks[(j + 2) * hp + col], ks[(j + 3) * hp + col]};
 #pragma unroll
-        for (int r = 0; r < kR; ++r) dq[r][c] = fmaf(dss[(w * kR + r) * kP + j], kv, dq[r][c]);
+        for (int r = 0; r < kR; ++r) dq[r][c] = fma4(ld4(dss + (w * kR + r) * kP + j), kv, dq[r][c]);
       }
     }
   }
@@ -304,9 +329,9 @@ __global__ void __launch_bounds__(kThreadsA)
   }
 }
 
-std::size_t fwd_smem(int hd) { return sizeof(float) * (3 * kB * (hd + 1) + kB * kP); }
-std::size_t kv_smem(int hd) { return sizeof(float) * (4 * kB * (hd + 1) + 2 * kB + 2 * kB * kP); }
-std::size_t q_smem(int hd) { return sizeof(float) * (4 * kB * (hd + 1) + 2 * kB + kB * kP); }
+std::size_t fwd_smem(int hd) { return sizeof(float) * (3 * kB * stride4(hd) + kB * kP); }
+std::size_t kv_smem(int hd) { return sizeof(float) * (4 * kB * stride4(hd) + 2 * kB + 2 * kB * kP); }
+std::size_t q_smem(int hd) { return sizeof(float) * (4 * kB * stride4(hd) + 2 * kB + kB * kP); }
 
 // Launches kernel with `smem` dynamic shared bytes, opting in above the 48 KiB default.
 template <typename K, typename... A>

@@ -9,6 +9,10 @@
 #include <functional>
 #include <algorithm>
 #define __global__
+#define __host__
+struct alignas(16) float4 {  // CUDA's: a misaligned load shows under -fsanitize=alignment (run.sh)
+  float x, y, z, w;
+};
 #define __device__
 #define __forceinline__ inline
 #define __launch_bounds__(x)

@@ -4,7 +4,8 @@
 # online softmax against a double-precision reference (attention_emu.cpp).
 # emu.hpp runs each block's 128 threads as std::threads with a block barrier
 # (__syncthreads), warp barriers (__syncwarp) and a warp shuffle through a
-# shared array; shared memory starts as NaN, so a read before a write shows.
+# shared array; shared memory starts as NaN, so a read before a write shows,
+# and UBSan stops at a misaligned float4 load.
 # It checks the algorithm, not nvcc or the hardware (tests/gpu/attention.cpp
 # does that on a GPU).  Usage: tests/gpu/emulate/run.sh   (about 10 s)
 set -euo pipefail
@@ -22,5 +23,5 @@ body = body.replace('namespace {', 'namespace {\nusing ringtrain::to_acc; using 
                     'using emu::__shfl_xor_sync; using emu::min;', 1)
 open(sys.argv[2], 'w').write(body + '}  // namespace\n}  // namespace ringtrain::cuda\n')
 PY
-g++ -std=c++20 -O2 -pthread -I"$root/include" -I"$work" -I"$here" "$here/attention_emu.cpp" -o "$work/attention_emu"
+g++ -std=c++20 -O2 -pthread -fsanitize=alignment,bounds -fno-sanitize-recover=all -I"$root/include" -I"$work" -I"$here" "$here/attention_emu.cpp" -o "$work/attention_emu"
 "$work/attention_emu"
