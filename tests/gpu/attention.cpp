@@ -5,10 +5,13 @@
 // cover 1 and several heads, head widths below, at and above a warp (5, 16, 64,
 // 128, 200: the last needs more than 48 KiB of shared memory) and sequence
 // lengths that are not multiples of the 32-token tile (1, 7, 33, 49, 70, 257).
-// Bounds (max-norm relative): float32 1e-5 (as test_gpu_transformer; float32
-// sums in another order differ by ~1e-7); bfloat16 and float16 1e-2 against
-// the CPU's float32 on the same 16-bit-valued inputs (P, dS and the outputs
-// are rounded to the 16-bit type: bf16's unit roundoff is 2^-9 = 2e-3).
+// Bounds (max-norm relative, over dqkv and over each of its q, k, v parts):
+// float32 1e-5 (as test_gpu_transformer; the kernels' own code, run on the CPU
+// by tests/gpu/emulate/run.sh, is within 8e-7 of attention in double);
+// bfloat16 and float16 1e-2 against the CPU's float32 on the same
+// 16-bit-valued inputs: P, dS and the outputs are rounded to the 16-bit type
+// (bf16's unit roundoff 2^-9 = 2e-3), and the emulation measured up to 4.4e-3
+// in bf16 at these shapes (docs/data/gpu_attention_emulated.txt).
 // The backward is deterministic (no atomics): two runs agree bitwise.
 #include <cuda_runtime.h>
 
@@ -76,9 +79,10 @@ TEST_P(CudaTiledAttention, CausalFollowsTheCpuKernel) {
     kg->backward(qkv.dev, dout.dev, dg, rt_test::state_of(*kg));
     const auto got = host_f32(dg), ref = host_f32(dc);
     EXPECT_LE(rel_err(got, ref), bound(dt)) << "causal backward " << name(c);
-    // q, k and v gradients each, so that a small one cannot hide behind a large one.
+    // q, k and v gradients each, so that a small one cannot hide behind a large one (not at
+    // T = 1: a softmax over one key has zero q and k gradients, rounding noise in both kernels).
     const std::int64_t d = c.heads * c.hd;
-    for (int part = 0; part < 3; ++part) {
+    for (int part = 0; part < (c.t > 1 ? 3 : 0); ++part) {
       std::vector<float> g1, r1;
       for (std::int64_t row = 0; row < c.n * c.t; ++row)
         for (std::int64_t k = 0; k < d; ++k) {

@@ -1,6 +1,6 @@
 // tests/gpu/emulate/run.sh: the kernels of cuda/kernels/attention.cu on the
 // CPU (emu.hpp) against attention in double, forward (out, log-sum-exp) and
-// backward (dq, dk, dv), causal or not, at shapes with partial 32-token tiles,
+// backward (dq, dk, dv: together and each), causal or not, at shapes with partial 32-token tiles,
 // odd head widths and widths above 128; every dqkv element must be written.
 // Prints the max-norm relative errors and exits 1 if a float32 one exceeds
 // 1e-5 or a bfloat16/float16 one 1e-2 (the bounds of tests/gpu/attention.cpp).
@@ -37,7 +37,7 @@ double run(int n, int t, int h, int hd, bool causal, unsigned seed) {
   emu::launch(n * h, tiles, q_smem(hd), [&] { fa_backward_q<T, NC>(qkv.data(), dout.data(), lse.data(), dd.data(), dqkv.data(), geo); });
   // reference in double
   std::vector<double> ro(n * t * d), rd(qkvf.size());
-  double eo = 0, mo = 0, ed = 0, md = 0, el = 0;
+  double eo = 0, mo = 0, ed = 0, md = 0, el = 0, ep[3] = {0, 0, 0}, mp[3] = {0, 0, 0};
   for (int s = 0; s < n; ++s)
     for (int hh = 0; hh < h; ++hh) {
       auto Q = [&](int i, int k) { return double(qkvf[(s * t + i) * ld + hh * hd + k]); };
@@ -86,12 +86,16 @@ double run(int n, int t, int h, int hd, bool causal, unsigned seed) {
             const double got = to_acc(dqkv[base + p * d]);
             ed = std::max(ed, std::fabs(got - r[p]));
             md = std::max(md, std::fabs(r[p]));
+            ep[p] = std::max(ep[p], std::fabs(got - r[p]));
+            mp[p] = std::max(mp[p], std::fabs(r[p]));
           }
         }
     }
-  std::printf("n %d t %3d h %d hd %3d causal %d %-8s: out rel %.2e  dqkv rel %.2e  lse abs %.2e\n", n, t, h, hd, causal,
-              std::is_same_v<T, float> ? "float" : std::is_same_v<T, bfloat16> ? "bfloat16" : "float16", eo / mo, ed / md, el);
-  return std::max(eo / mo, ed / md);
+  std::printf("n %d t %3d h %d hd %3d causal %d %-8s: out rel %.2e  dqkv rel %.2e (q %.2e k %.2e v %.2e)  lse abs %.2e\n", n, t, h, hd, causal,
+              std::is_same_v<T, float> ? "float" : std::is_same_v<T, bfloat16> ? "bfloat16" : "float16", eo / mo, ed / md, t > 1 ? ep[0] / mp[0] : 0.0, t > 1 ? ep[1] / mp[1] : 0.0, ep[2] / mp[2], el);
+  double worst = std::max(eo / mo, ed / md);
+  for (int p = 0; p < 3 && t > 1; ++p) worst = std::max(worst, ep[p] / mp[p]);  // each part (T = 1: q, k are 0)
+  return worst;
 }
 
 int main() {
@@ -108,6 +112,9 @@ int main() {
   std::printf("worst float %.2e\n", w);
   double b = std::max(run<bfloat16, 2>(1, 70, 2, 64, true, 9), run<bfloat16, 1>(2, 7, 3, 5, false, 10));
   b = std::max(b, run<float16, 2>(1, 70, 2, 64, true, 12));
+  b = std::max(b, run<bfloat16, 2>(1, 257, 3, 64, true, 13));  // test_gpu_attention's longest, in bf16
+  b = std::max(b, run<bfloat16, 2>(1, 257, 3, 64, false, 14));
+  b = std::max(b, run<bfloat16, 8>(1, 45, 1, 200, true, 15));
   std::printf("worst bfloat16, float16 %.2e\n", b);
   return w <= 1e-5 && b <= 1e-2 ? 0 : 1;
 }
