@@ -75,5 +75,7 @@ std::unique_ptr<BatchNormKernel> make_batchnorm(SharedPtr sh, const BatchNormSpe
 std::unique_ptr<Pool2dKernel> make_pool2d(SharedPtr sh, const Pool2dSpec& s);
 std::unique_ptr<LayerNormKernel> make_layernorm(SharedPtr sh, const LayerNormSpec& s);
 std::unique_ptr<AttentionKernel> make_attention(SharedPtr sh, const AttentionSpec& s);
+// The tiled (FlashAttention-2) kernel, attention_tiled.cpp: causal attention, no [T, T] matrix kept.
+std::unique_ptr<AttentionKernel> make_tiled_attention(SharedPtr sh, const AttentionSpec& s);
 
 }  // namespace ringtrain::cuda::nnimpl

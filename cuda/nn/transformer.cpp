@@ -77,7 +77,7 @@ class CublasAttention final : public AttentionKernel {
  public:
   CublasAttention(SharedPtr sh, const AttentionSpec& s) : sh_(std::move(sh)), s_(s) {
     RT_CHECK(s.heads > 0 && s.head_dim > 0, "cuda attention: heads and head_dim must be positive");
-    RT_CHECK(!s.causal, "cuda attention: causal masking is not implemented on the GPU yet (train.device = cpu)");
+    RT_CHECK(!s.causal, "cuda attention: the cuBLAS kernel is not causal (attention_tiled.cpp is)");
     (void)cublas_type(s.dtype, "attention");  // a dtype cuBLAS takes
     scale_ = s.scale > 0 ? s.scale : 1.0 / std::sqrt(double(s.head_dim));
   }
@@ -195,7 +195,9 @@ class CublasAttention final : public AttentionKernel {
 std::unique_ptr<LayerNormKernel> make_layernorm(SharedPtr sh, const LayerNormSpec& s) {
   return std::make_unique<CudaLayerNorm>(std::move(sh), s);
 }
+// Causal attention (gpt) on the tiled kernel; vit's short non-causal sequences keep the cuBLAS one.
 std::unique_ptr<AttentionKernel> make_attention(SharedPtr sh, const AttentionSpec& s) {
+  if (s.causal) return make_tiled_attention(std::move(sh), s);
   return std::make_unique<CublasAttention>(std::move(sh), s);
 }
 

@@ -37,12 +37,12 @@
 #
 # The 8-minute GPU check (docs/gpu.md, "The GPU check"): two commands.
 #   tests/gpu/run_on_gpu_host.sh carry [--build DIR]
-#       (here) builds ringtrain, every test_gpu_* and bench_gpu_train_step in DIR
+#       (here) builds ringtrain, every test_gpu_*, bench_gpu_train_step and bench_gpu_attention in DIR
 #       (default build) at -j 2, bundles them and writes .gpu-carry/bundle.tar.xz
 #       (git-ignored, under the device tool's 64 MiB), then prints the call.
 #   tests/gpu/run_on_gpu_host.sh gpu-check [--budget 480] [--out DIR] [--tests-only] [--np 2]
 #       (on the GPU host) unpacks .gpu-carry/bundle.tar.xz and runs every GPU
-#       test (mpi_* at 1..np ranks), then bench_gpu_train_step (unless --tests-only), within
+#       test (mpi_* at 1..np ranks), then bench_gpu_attention and bench_gpu_train_step (unless --tests-only), within
 #       --budget seconds of wall time in all; raw logs (logs.tar.gz), JSON, gpu.csv and
 #       summary.txt (status and seconds per run) go to DIR (default $OUT, else
 #       .gpu-bundle/results) for docs/data/gpu/. Exit status: failed tests.
@@ -303,10 +303,10 @@ cmd_job() {
   done
 }
 
-# The targets the GPU check needs: the binary, every GPU test and the step benchmark.
+# The targets the GPU check needs: the binary, every GPU test and the step and attention benchmarks.
 gpu_targets() {
   local f
-  echo ringtrain bench_gpu_train_step
+  echo ringtrain bench_gpu_train_step bench_gpu_attention
   for f in "$ROOT"/tests/gpu/*.cpp; do echo "test_gpu_$(basename "$f" .cpp)"; done
 }
 
@@ -400,6 +400,11 @@ cmd_gpu_check() {
   echo "tests: $passed passed, $failed failed, $skipped skipped" | tee -a "$S"
   # The step benchmark gets what is left, one model per process so that one
   # failure keeps the others' figures (PyTorch beside it where the host has it).
+  # The attention core (gpt's tiled kernel vs cuBLAS dense and PyTorch SDPA): seconds.
+  if [[ "$bench" == 1 && -x "$B/bin/bench_gpu_attention" ]]; then
+    RT_GPU_TIMEOUT=90 one "bench_gpu_attention" "$R/bench_gpu_attention.log" "$B/bin/bench_gpu_attention" \
+      --reference "$B/reference" --iters 10 --out "$R/bench_gpu_attention.json"
+  fi
   t="$B/bin/bench_gpu_train_step"
   local m share
   for m in $([[ "$bench" == 1 ]] && echo cnn resnet vit); do

@@ -181,3 +181,12 @@ TEST(GpuGate, PlanPrintsTheListAndItsVerdict) {
   EXPECT_EQ(ok.at("gpu_gate").at("on_cuda"), "allowed");
   EXPECT_TRUE(ok.at("gpu_gate").at("refused").empty());
 }
+
+// tests/gpu/mpi_gpt.cpp trials `model gpt` by this exact name: at data
+// parallelism in fp32, tf32 and bf16 it is the only thing the gate lacks.
+TEST(GpuGate, TheGptTrialNamesWhatTheGateLacks) {
+  for (const char* p : {"train.precision=fp32", "train.precision=tf32", "train.precision=bf16"}) {
+    const TrainConfig c = cuda_job({"model.name=gpt", "optimizer.name=adamw", p});
+    EXPECT_EQ(gpu_gate_refusal(c, {"model gpt"}), "") << p;
+  }
+}

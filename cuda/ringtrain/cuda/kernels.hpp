@@ -91,6 +91,21 @@ void token_mean(const void* x, void* y, std::int64_t n, std::int64_t t, std::int
 void token_mean_backward(const void* dy, void* dx, std::int64_t n, std::int64_t t, std::int64_t d, DType dt,
                          cudaStream_t stream);
 
+// ---- tiled attention (kernels/attention.cu) --------------------------------------
+// FlashAttention-2's schedule, causal or not: qkv [n, t, 3*h*hd] (per token
+// every head's q, then k, then v), out [n, t, h*hd], lse float32 [n, h, t]
+// (each row's log-sum-exp, for the backward); dtype dt of f32, bf16, f16;
+// hd <= 256. Scores, softmax and sums in float32; P and dS rounded to dt
+// before their products. The backward overwrites dqkv from qkv, the
+// forward's out and lse, and dout, writing every element from one block (no
+// atomics: deterministic); scratch: flash_attention_scratch_bytes() device bytes.
+void flash_attention_forward(const void* qkv, void* out, float* lse, std::int64_t n, std::int64_t t, std::int64_t h,
+                             std::int64_t hd, float scale, bool causal, DType dt, cudaStream_t stream);
+std::size_t flash_attention_scratch_bytes(std::int64_t n, std::int64_t t, std::int64_t h);
+void flash_attention_backward(const void* qkv, const void* out, const void* dout, const float* lse, void* dqkv,
+                              void* scratch, std::int64_t n, std::int64_t t, std::int64_t h, std::int64_t hd,
+                              float scale, bool causal, DType dt, cudaStream_t stream);
+
 // ---- token embedding (kernels/embedding.cu) -------------------------------------
 // rows[i] = ids[i] - first where that is in [0, local), else -1; *bad = the
 // smallest i whose id is no integer in [0, vocab) (untouched when none: set it

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The tiled attention kernels of cuda/kernels/attention.cu run on the CPU, no
+# GPU needed: a development check of their indexing, masking, barriers and
+# online softmax against a double-precision reference (attention_emu.cpp).
+# emu.hpp runs each block's 128 threads as std::threads with a block barrier
+# (__syncthreads), warp barriers (__syncwarp) and a warp shuffle through a
+# shared array; shared memory starts as NaN, so a read before a write shows,
+# and UBSan stops at a misaligned float4 load.
+# It checks the algorithm, not nvcc or the hardware (tests/gpu/attention.cpp
+# does that on a GPU).  Usage: tests/gpu/emulate/run.sh   (about 10 s)
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../../.." && pwd)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+python3 - "$root/cuda/kernels/attention.cu" "$work/kernels.inc" <<'PY'
+import sys
+src = open(sys.argv[1]).read()
+body = src[src.index('namespace ringtrain::cuda {'):src.index('// Launches kernel')]
+body = body.replace('extern __shared__ float sm[];', 'float* sm = emu::ctx->smem;')
+body = body.replace('namespace {', 'namespace {\nusing ringtrain::to_acc; using ringtrain::from_acc; using ringtrain::acc_t; '
+                    'using emu::threadIdx; using emu::blockIdx; using emu::__syncthreads; using emu::__syncwarp; '
+                    'using emu::__shfl_xor_sync; using emu::min;', 1)
+open(sys.argv[2], 'w').write(body + '}  // namespace\n}  // namespace ringtrain::cuda\n')
+PY
+g++ -std=c++20 -O2 -pthread -fsanitize=alignment,bounds -fno-sanitize-recover=all -I"$root/include" -I"$work" -I"$here" "$here/attention_emu.cpp" -o "$work/attention_emu"
+"$work/attention_emu"
