@@ -40,7 +40,7 @@
 #       (here) builds ringtrain, every test_gpu_*, bench_gpu_train_step and bench_gpu_attention in DIR
 #       (default build) at -j 2, bundles them and writes .gpu-carry/bundle.tar.xz
 #       (git-ignored, under the device tool's 64 MiB), then prints the call.
-#   tests/gpu/run_on_gpu_host.sh gpu-check [--budget 480] [--out DIR] [--tests-only] [--np 2]
+#   tests/gpu/run_on_gpu_host.sh gpu-check [--budget 480] [--out DIR] [--tests-only] [--np 2] [--models cnn,resnet,vit]
 #       (on the GPU host) unpacks .gpu-carry/bundle.tar.xz and runs every GPU
 #       test (mpi_* at 1..np ranks), then bench_gpu_attention and bench_gpu_train_step (unless --tests-only), within
 #       --budget seconds of wall time in all; raw logs (logs.tar.gz), JSON, gpu.csv and
@@ -347,12 +347,13 @@ cmd_carry() {
 }
 
 cmd_gpu_check() {
-  local budget=480 out="${OUT:-}" bench=1 np_max=2
+  local budget=480 out="${OUT:-}" bench=1 np_max=2 models="cnn resnet vit"
   while [[ $# -gt 0 ]]; do
     case "$1" in
       --budget) budget="$2"; shift 2 ;;
       --tests-only) bench=0; shift ;;
       --np) np_max="$2"; shift 2 ;;
+      --models) models="${2//,/ }"; shift 2 ;;
       --out) out="$2"; shift 2 ;;
       *) echo "gpu-check: unknown option $1" >&2; exit 2 ;;
     esac
@@ -407,7 +408,7 @@ cmd_gpu_check() {
   fi
   t="$B/bin/bench_gpu_train_step"
   local m share
-  for m in $([[ "$bench" == 1 ]] && echo cnn resnet vit); do
+  for m in $([[ "$bench" == 1 ]] && echo "$models"); do
     share=2; [[ "$m" == vit ]] && share=1
     RT_GPU_TIMEOUT=$(( (budget - (SECONDS - t0)) / share )) one "bench_gpu_train_step $m" \
       "$R/bench_gpu_train_step.$m.log" "$t" --models "$m" --reference "$B/reference" --iters 20 \
