@@ -43,6 +43,8 @@ const std::vector<GpuVerified>& gpu_verified() {
        "GpuTrainer.PipelineTrialFollowsTheCpuRun (test_gpu_mpi_trainer np2: pipeline 2, np4: data 2 x pipeline 2)"},
       {"bf16 activation storage", kH200Date, kH200, "test_gpu_mpi_bf16_vit np1-np4, bench_gpu_train_step (vit)"},
       {"fp16 activation storage", kH200Date, kH200, "test_gpu_mpi_fp16_vit np1-np4, bench_gpu_train_step (vit)"},
+      {"model gpt", kH200Date, kH200,
+       "test_gpu_mpi_gpt np1-np2 (fp32, tf32, bf16 against the 1-rank CPU run), test_gpu_attention, test_gpu_language"},
   };
   return list;
 }

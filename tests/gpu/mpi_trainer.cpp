@@ -125,8 +125,7 @@ TEST(GpuTrainer, LayoutsOffTheGateAreRefusedByName) {
     const char* names;
   };
   for (const Case k : {Case{"parallel.tensor=2", "tensor parallelism (parallel.tensor = 2)"},
-                       Case{"parallel.zero=1", "ZeRO-1 (parallel.zero = 1)"},
-                       Case{"model.name=gpt", "model gpt (model.name = gpt)"}}) {
+                       Case{"parallel.zero=1", "ZeRO-1 (parallel.zero = 1)"}}) {
     TrainConfig c;
     c.train.device = "cuda";
     c.data.train = c.data.test = "/nonexistent/gpu-gate";
