@@ -102,7 +102,7 @@ Trainer::Impl::Impl(TrainConfig c, Communicator w, TrainerHooks h)
                                                                    : cfg.checkpoint.dir + "/flight_recorder",
                              static_cast<std::size_t>(cfg.comm.flight_recorder));
   // Every communicator of the run, the trainer's own included, waits at most comm.collective_timeout_s.
-  GridShape shape{cfg.parallel.pipeline, cfg.parallel.tensor};
+  GridShape shape{cfg.parallel.pipeline, cfg.parallel.tensor, cfg.parallel.context};
   run_agreed(world, "reading parallel.schedule", [&] {  // how many model chunks a pipeline rank holds, and where
     const PipelineLayout pl = schedule_layout(parse_schedule(cfg.parallel.schedule), cfg.parallel.schedule,
                                               cfg.parallel.pipeline, cfg.parallel.virtual_stages);
@@ -115,6 +115,7 @@ Trainer::Impl::Impl(TrainConfig c, Communicator w, TrainerHooks h)
   derive_batch(cfg, grid->dp_size());  // data.global_batch: this layout's batch and accumulation
   if (cfg.parallel.pipeline > 1) layout = cat("parallel.pipeline = ", cfg.parallel.pipeline);
   if (cfg.parallel.tensor > 1) layout += cat(layout.empty() ? "" : " with ", "parallel.tensor = ", cfg.parallel.tensor);
+  if (cfg.parallel.context > 1) layout += cat(layout.empty() ? "" : " with ", "parallel.context = ", cfg.parallel.context);
   if (!layout.empty()) log::set_prefix(cat("[rank ", world.rank(), " ", grid->tag().substr(1), " "));
   device = choose_device(cfg, world, hooks.gpu_trial);
   rt = &device_runtime(device.kind);
