@@ -14,6 +14,7 @@
 #include <climits>
 #include <cmath>
 #include <cstring>
+#include <ctime>
 #include <limits>
 #include <vector>
 
@@ -26,6 +27,11 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+double thread_cpu_s() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
+}
 
 constexpr std::int64_t kRows = 64;  // query rows per tile: a [64, block] score tile per thread
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -110,12 +116,13 @@ class RingAttention final : public AttentionKernel {
       if (step + 1 < g_.size) ring.start(cur, kv_[(step + 1) % 2].data<float>(), blk, kTagKv, "ring attention forward");
       const std::vector<std::int64_t> kpos = positions(src, G.L);
       const auto t0 = Clock::now();
+      const double c0 = thread_cpu_s();
       const float* x = qkv.data<float>();
       float *o = out.data<float>(), *pm = m.data<float>(), *pl = l.data<float>();
       parallel_heads(nb, ring, [&](std::int64_t b, float* scratch) {
         forward_block(G, b, x, cur, qpos, kpos, o, pm + b * G.L, pl + b * G.L, scratch);
       });
-      if (g_.stats) g_.stats->compute_s += since(t0);
+      if (g_.stats) g_.stats->compute_s += since(t0), g_.stats->compute_cpu_s += thread_cpu_s() - c0;
       ring.wait();
     }
     // out = acc / l, lse = m + log l (every row sees at least itself: l > 0).
@@ -165,12 +172,13 @@ class RingAttention final : public AttentionKernel {
       const std::vector<std::int64_t> kpos = positions(src, G.L);
       part_.zero_();
       const auto t0 = Clock::now();
+      const double c0 = thread_cpu_s();
       const float *x = qkv.data<float>(), *lse = sv.lse.data<float>(), *pd = D.data<float>();
       float *dx = dqkv.data<float>(), *dkv = part_.data<float>();
       parallel_heads(nb, kv_ring, [&](std::int64_t b, float* scratch) {
         backward_block(G, b, x, cur, dy, qpos, kpos, lse + b * G.L, pd + b * G.L, dx, dkv, scratch);
       }, &dkv_ring);
-      if (g_.stats) g_.stats->compute_s += since(t0);
+      if (g_.stats) g_.stats->compute_s += since(t0), g_.stats->compute_cpu_s += thread_cpu_s() - c0;
       // Block src's dK/dV so far: what rank-1 accumulated (one step behind), plus this rank's part.
       float* acc = dsend_.data<float>();
       if (step == 0) {
@@ -325,9 +333,9 @@ class RingAttention final : public AttentionKernel {
   AttentionSpec s_;
   ContextGroup g_;
   float scale_ = 1;
-  // Buffers of one call (not micro-batch state): the travelling blocks, this
-  // step's dK/dV part, the accumulators in flight, the threads' score tiles.
-  Tensor kv_[2], part_, dsend_, drecv_, scratch_;
+  // Buffers of one call, the group's (shared by the model's layers).
+  Tensor (&kv_)[2] = g_.work->kv;
+  Tensor &part_ = g_.work->part, &dsend_ = g_.work->dsend, &drecv_ = g_.work->drecv, &scratch_ = g_.work->scratch;
 };
 
 }  // namespace
@@ -340,6 +348,10 @@ ContextGroup ContextGroup::of(const Communicator& c, std::int64_t seq, std::shar
   g.seq = seq;
   g.stats = std::move(s);
   return g;
+}
+
+std::size_t RingWorkspace::bytes() const {
+  return kv[0].nbytes() + kv[1].nbytes() + part.nbytes() + dsend.nbytes() + drecv.nbytes() + scratch.nbytes();
 }
 
 std::int64_t ContextGroup::real(int r) const {

@@ -44,11 +44,21 @@ namespace ringtrain {
 // What the ring measured (benchmarks; shared by every copy of a group).
 struct RingStats {
   double compute_s = 0;   // attention arithmetic, forward and backward
+  double compute_cpu_s = 0;  // the same in the calling thread's CPU time (one OpenMP thread: preemption-free)
   double wait_s = 0;      // waiting for blocks after the arithmetic of a step
   double bytes_sent = 0;  // payload this rank sent, forward and backward
   double fwd_bytes_sent = 0;
   std::int64_t forwards = 0, backwards = 0;
   void reset() { *this = RingStats{}; }
+};
+
+// The ring's buffers within one call: the K/V block in hand and the one
+// arriving, the backward's dK/dV part and accumulators in flight, the threads'
+// score tiles. One per group, shared by every layer built with it (layers run
+// one at a time), so a deeper model holds them once; not micro-batch state.
+struct RingWorkspace {
+  Tensor kv[2], part, dsend, drecv, scratch;
+  std::size_t bytes() const;
 };
 
 struct ContextGroup {
@@ -58,6 +68,7 @@ struct ContextGroup {
   // Benchmarks only: rank r holds chunks 2r and 2r+1 (no load balance).
   bool contiguous = false;
   std::shared_ptr<RingStats> stats;  // optional
+  std::shared_ptr<RingWorkspace> work = std::make_shared<RingWorkspace>();  // shared by its copies
   static ContextGroup of(const Communicator& c, std::int64_t seq, std::shared_ptr<RingStats> s = nullptr);
   std::int64_t chunk() const { return (seq + 2 * size - 1) / (2 * size); }
   std::int64_t local() const { return 2 * chunk(); }  // tokens per sample on a rank, padding included
