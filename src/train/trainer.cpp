@@ -325,7 +325,7 @@ EvalResult Trainer::Impl::evaluate(const std::string& path) {
   data::Loader test(lo, dp());
   double loss_sum = 0;
   std::int64_t correct = 0, count = 0;
-  const bool counts = grid->last_stage() && grid->tp_rank() == 0;  // the logits' owner speaks for the replica
+  const bool counts = grid->last_stage() && grid->tp_rank() == 0 && grid->cp_rank() == 0;  // the logits' owner speaks for the replica
   while (auto b = test.next()) {
     auto [l, c] = parts.executor->evaluate(*parts.stage, *parts.loss, b->images, b->labels, b->valid);
     loss_sum += l;
@@ -357,7 +357,8 @@ void Trainer::Impl::start_reporting() {
     if (!layout.empty()) {
       std::string bal;
       for (int b : parts.balance) bal += cat(bal.empty() ? "" : ", ", b);
-      grid_text = cat(" = ", grid->dp_size(), " DP x ", grid->pp_size(), " PP x ", grid->tp_size(), " TP (layers [", bal,
+      grid_text = cat(" = ", grid->dp_size(), " DP x ", grid->pp_size(), " PP x ", grid->tp_size(), " TP",
+                      grid->cp_size() > 1 ? cat(" x ", grid->cp_size(), " CP") : std::string(), " (layers [", bal,
                       "] per stage, schedule ", cfg.parallel.schedule, ", ", cfg.data.batch_size / (cfg.parallel.micro_batches > 0 ? cfg.parallel.micro_batches : cfg.parallel.pipeline),
                       "-sample micro-batches)");
     }

@@ -5,6 +5,7 @@
 // 1, 2, 3 and block recomputation), and context 2 x pipeline 2; a sequence of 13
 // tokens (padded at context 2) follows its own 1-rank run. Combinations not
 // supported yet are refused by name on every rank (an Error, no wait).
+// Checkpoints move between context 2 and 1 rank.
 // At 1 rank: skipped.
 #include <gtest/gtest.h>
 
@@ -106,4 +107,32 @@ TEST_F(ContextTrainer, RefusesWhatItDoesNotSupportByName) {
     EXPECT_NE(error_of([&] { train_losses(c, world); }).find("parallel.tensor = 2 is not supported yet"),
               std::string::npos);
   }
+}
+
+// A checkpoint written at context 2 (ZeRO-1: optimizer slices over data x
+// context; every rank writes its share) resumes at 1 rank, and a 1-rank one
+// at context 2, continuing as the uninterrupted 1-rank run.
+TEST_F(ContextTrainer, CheckpointsMoveBetweenContextAndOneRank) {
+  if (w % 2 != 0) GTEST_SKIP() << "context 2 needs an even rank count";
+  const TrainConfig one = gpt_config(data, 1, 1);
+  const std::vector<double> ref = train_losses(one, self);
+  const std::vector<double> tail(ref.begin() + 5, ref.end());
+  TrainConfig c = context(gpt_config(data, w, 2), 2);
+  c.parallel.zero = 1;
+  c.train.max_steps = 5;
+  c.checkpoint.dir = data + "/context2";
+  train_losses(c, world);
+  TrainConfig o = one;
+  o.train.max_steps = 5;
+  o.checkpoint.dir = cat(data, "/one-", world.rank());
+  train_losses(o, self);
+  world.barrier();
+  TrainConfig r1 = one;
+  r1.checkpoint.dir = cat(data, "/resumed-", world.rank());
+  test_fixtures::expect_losses_follow(train_losses(r1, self, c.checkpoint.dir), tail,
+                                      "context 2 checkpoint resumed at 1 rank", kTolerance);
+  TrainConfig r2 = context(gpt_config(data, w, 2), 2);
+  r2.checkpoint.dir = data + "/resumed-context2";
+  test_fixtures::expect_losses_follow(train_losses(r2, world, cat(data, "/one-0")), tail,
+                                      "1-rank checkpoint resumed at context 2", kTolerance);
 }
