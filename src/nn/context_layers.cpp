@@ -9,6 +9,7 @@
 #include "ringtrain/nn/language.hpp"
 #include "ringtrain/nn/layers.hpp"
 #include "ringtrain/nn/rng.hpp"
+#include "ringtrain/nn/tensor_parallel.hpp"
 #include "ringtrain/nn/transformer.hpp"
 
 namespace ringtrain {
@@ -38,16 +39,18 @@ Tensor context_slice(const Tensor& whole, const ContextGroup& g) {
 
 // ---- layers -----------------------------------------------------------------
 void TokenEmbedding::shard_context(std::shared_ptr<const ContextGroup> g) {
-  RT_CHECK(g_.size == 1, "TokenEmbedding '", name_, "': a vocabulary split over parallel.tensor = ", g_.size,
-           " does not combine with parallel.context yet");
+  RT_CHECK(!scatter_, "TokenEmbedding '", name_, "': sequence parallelism (parallel.sequence) does not combine "
+           "with parallel.context yet");
   RT_CHECK(g->seq <= positions_, "TokenEmbedding '", name_, "': ", g->seq, " tokens exceed its ", positions_,
            " positions");
   cp_ = std::move(g);
 }
 
-// This rank's ids (padding: token 0), looked up without positions, then the
-// position rows of their global positions added (padding gets none). Float32
-// sums in the 1-rank order: the same values, bitwise.
+// This rank's ids (padding: token 0), looked up without positions (a split
+// vocabulary: this tensor rank's rows, zeros for the others', summed over the
+// tensor group: each row exactly), then the position rows of their global
+// positions added (padding gets none). Float32 sums in the 1-rank order: the
+// same values, bitwise.
 Tensor TokenEmbedding::forward_context(const Tensor& x, Saved& sv) const {
   RT_CHECK(out_dt_ == DType::f32 && x.device().is_cpu(), "TokenEmbedding '", name_,
            "': parallel.context > 1 runs float32 activations on the CPU");
@@ -57,6 +60,7 @@ Tensor TokenEmbedding::forward_context(const Tensor& x, Saved& sv) const {
   ensure(sv.rows, {n * L}, DType::i32, x.device());
   ensure(sv.y, {n, L, d}, DType::f32, x.device());
   lookup(ids, Tensor{}, sv.rows, sv.y);
+  if (g_.size > 1) tp_all_reduce(sv.y, g_);
   float* y = sv.y.data<float>();
   const float* p = pos.data<float>();
   for (std::int64_t s = 0; s < n; ++s)
@@ -89,6 +93,8 @@ void TokenEmbedding::backward_context(const Tensor& dy, Saved& sv) const {
 // elements; a chunk's padding continues the run (its mask is never used).
 Tensor Dropout::forward_context(const Tensor& x, Saved& s, std::uint64_t stream, std::int64_t first_sample) const {
   const ContextGroup& g = *cp_;
+  RT_CHECK(parts_ == 1 && token_parts_ == 1, "Dropout '", name_, "': a feature or token shard of the tensor ranks "
+           "does not combine with parallel.context yet");
   const std::int64_t n = x.dim(0), L = g.local(), c = g.chunk();
   RT_CHECK(x.ndim() >= 2 && x.dim(1) == L, "Dropout '", name_, "': expects this rank's ", L, " tokens, got ",
            shape_str(x.shape()));
@@ -115,7 +121,7 @@ void shard_one(Layer& l, const std::shared_ptr<const ContextGroup>& g) {
   if (auto* d = dynamic_cast<Dropout*>(&l)) return d->shard_context(g);
   if (auto* a = dynamic_cast<MultiHeadSelfAttention*>(&l)) return a->shard_context(g);  // its projections act per token
   const std::string t = l.type();
-  RT_CHECK(t != "TokenMean" && t != "PatchEmbed" && t != "VocabParallelLmHead", "layer '", l.name(), "' (", t,
+  RT_CHECK(t != "TokenMean" && t != "PatchEmbed", "layer '", l.name(), "' (", t,
            ") does not run on a context shard of the tokens (parallel.context)");
   l.for_each_child([&](Layer& c) { shard_one(c, g); });
 }
@@ -139,7 +145,8 @@ class ContextLoss final : public Loss {
  public:
   ContextLoss(LossPtr inner, ContextGroup g) : inner_(std::move(inner)), g_(std::move(g)) {}
   std::string name() const override { return inner_->name() + " (context-parallel)"; }
-  bool collective() const override { return true; }  // every context rank takes part; rank 0 records
+  // Every context rank takes part (and every tensor rank of a vocabulary-split inner loss); rank 0 records.
+  bool collective() const override { return true; }
 
   double value_and_grad(const Tensor& out, const Tensor& y, Tensor& grad) const override {
     Picked p = pick(out, y);
@@ -209,8 +216,7 @@ void shard_context(std::vector<LayerPtr>& layers, const ContextGroup& g) {
 }
 
 LossPtr context_loss(LossPtr inner, const ContextGroup& g) {
-  RT_CHECK(inner && !inner->collective(), "parallel.context: the loss '", inner ? inner->name() : "none",
-           "' is already split over other ranks (a vocabulary-parallel head) and does not combine with it yet");
+  RT_CHECK(inner != nullptr, "parallel.context: no loss to wrap");
   return std::make_shared<ContextLoss>(std::move(inner), g);
 }
 

@@ -2,7 +2,8 @@
 // the gpt losses of 10 steps (dropout on, AdamW) follow the 1-rank run of the
 // same model and data at context 2 (2 ranks), context 3 (3 ranks: 16 tokens
 // padded to 18), context 4 and data 2 x context 2 (4 ranks; also with ZeRO
-// 1, 2, 3 and block recomputation), and context 2 x pipeline 2; a sequence of 13
+// 1, 2, 3 and attention or block recomputation), context 2 x pipeline 2 and tensor 2 x
+// context 2 (parallel.sequence = false); a sequence of 13
 // tokens (padded at context 2) follows its own 1-rank run. Combinations not
 // supported yet are refused by name on every rank (an Error, no wait).
 // Checkpoints move between context 2 and 1 rank.
@@ -84,13 +85,21 @@ TEST_F(ContextTrainer, LossesFollowTheOneRankTrainer) {
     z.parallel.zero = zero;
     test_fixtures::expect_losses_follow(train_losses(z, world), ref, cat("data 2 x context 2, zero ", zero), kTolerance);
   }
-  TrainConfig rc = context(gpt_config(data, 4, 2), 2);
-  rc.train.recompute = "block";
-  test_fixtures::expect_losses_follow(train_losses(rc, world), ref, "data 2 x context 2, recompute block", kTolerance);
+  for (const char* recompute : {"attention", "block"}) {  // attention: the ring's forward again in the backward
+    TrainConfig rc = context(gpt_config(data, 4, 2), 2);
+    rc.train.recompute = recompute;
+    test_fixtures::expect_losses_follow(train_losses(rc, world), ref, cat("data 2 x context 2, recompute ", recompute),
+                                        kTolerance);
+  }
   TrainConfig pp = context(gpt_config(data, 4, 4), 2);
   pp.parallel.pipeline = 2;
   pp.parallel.micro_batches = 2;
   test_fixtures::expect_losses_follow(train_losses(pp, world), ref, "context 2 x pipeline 2", kTolerance);
+  // Heads, MLP and the vocabulary (embedding, head, loss) split over tensor 2; each tensor rank's ring its heads'.
+  TrainConfig tp = context(gpt_config(data, 4, 4), 2);
+  tp.parallel.tensor = 2;
+  tp.parallel.sequence = false;
+  test_fixtures::expect_losses_follow(train_losses(tp, world), ref, "tensor 2 x context 2", kTolerance);
 }
 
 TEST_F(ContextTrainer, RefusesWhatItDoesNotSupportByName) {
@@ -103,8 +112,9 @@ TEST_F(ContextTrainer, RefusesWhatItDoesNotSupportByName) {
             std::string::npos);
   if (w == 4) {
     c = context(gpt_config(data, 4, 4), 2);
-    c.parallel.tensor = 2;
-    EXPECT_NE(error_of([&] { train_losses(c, world); }).find("parallel.tensor = 2 is not supported yet"),
+    c.parallel.tensor = 2;  // with sequence parallelism (the default): not yet
+    EXPECT_NE(error_of([&] { train_losses(c, world); }).find("parallel.sequence = true (the default) is not supported "
+                                                             "yet: set parallel.sequence = false"),
               std::string::npos);
   }
 }
