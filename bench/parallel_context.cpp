@@ -9,6 +9,8 @@
 //     max/min = 2P − 1: 3.0 at P = 2);
 //  2. bytes each rank sends per layer in the forward vs 2·N·T·d·(P−1)/P
 //     floats (K and V of its T/P tokens, P−1 times; T padded to 2P·c);
+//  2b. the rank that waited most: the wall time it spent waiting for blocks
+//     after its arithmetic, against that arithmetic (transfers hidden: <= 0.1);
 //  3. per-rank activation bytes of an embedding + `depth` causal transformer
 //     blocks kept for the backward, context P vs the same layers at context 1
 //     (measured on each rank alone), against 1/P; the ring's workspace (the
@@ -43,6 +45,7 @@ Tensor random(const Shape& s, unsigned seed) {
 
 struct Ring {
   double cpu_max = 0, cpu_min = 0, fwd_bytes = 0;
+  double compute = 0, wait = 0;  // wall seconds per pass, the rank that waited most
 };
 
 Ring run_ring(const Communicator& world, std::int64_t N, std::int64_t T, std::int64_t H, std::int64_t hd, int reps,
@@ -67,7 +70,14 @@ Ring run_ring(const Communicator& world, std::int64_t N, std::int64_t T, std::in
   double mx = stats->compute_cpu_s, mn = stats->compute_cpu_s;
   MPI_Allreduce(MPI_IN_PLACE, &mx, 1, MPI_DOUBLE, MPI_MAX, world.handle("bench"));
   MPI_Allreduce(MPI_IN_PLACE, &mn, 1, MPI_DOUBLE, MPI_MIN, world.handle("bench"));
-  return {mx / reps, mn / reps, stats->fwd_bytes_sent / double(stats->forwards)};
+  struct {
+    double wait;
+    int rank;
+  } w{stats->wait_s, world.rank()};
+  MPI_Allreduce(MPI_IN_PLACE, &w, 1, MPI_DOUBLE_INT, MPI_MAXLOC, world.handle("bench"));
+  double compute = stats->compute_s;
+  MPI_Bcast(&compute, 1, MPI_DOUBLE, w.rank, world.handle("bench"));
+  return {mx / reps, mn / reps, stats->fwd_bytes_sent / double(stats->forwards), compute / reps, w.wait / reps};
 }
 
 // Host bytes that an embedding and `depth` causal blocks keep from their
@@ -150,6 +160,9 @@ int main(int argc, char** argv) {
         std::printf("attention arithmetic per rank (fwd+bwd, thread CPU s): contiguous max %.4f min %.4f max/min %.3f "
                     "(causal work of rank r ~ r + 1/2 blocks: 2P-1 = %d)\n",
                     ct.cpu_max, ct.cpu_min, ct.cpu_max / ct.cpu_min, 2 * P - 1);
+        std::printf("ring (head-tail), the rank that waited most: arithmetic %.4f s, waiting for blocks after it %.4f s "
+                    "per pass: wait/arithmetic %.3f (goal <= 0.1: the transfers hidden behind the arithmetic)\n",
+                    ht.compute, ht.wait, ht.wait / ht.compute);
         std::printf("forward bytes sent per rank per layer: %.0f, formula 4 B x 2·N·T·d·(P-1)/P = %.0f, ratio %.4f "
                     "(goal within 5%%)\n", ht.fwd_bytes, bound, ht.fwd_bytes / bound);
         std::printf("activation bytes kept for the backward (embedding + %d causal blocks) per rank: context %d max "

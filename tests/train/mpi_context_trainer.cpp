@@ -15,6 +15,7 @@
 #include "gpt_fixtures.hpp"
 #include "support/error_of.hpp"
 #include "ringtrain/core/error.hpp"
+#include "ringtrain/train/generate.hpp"
 #include "ringtrain/train/trainer.hpp"
 
 using namespace ringtrain;
@@ -121,7 +122,8 @@ TEST_F(ContextTrainer, RefusesWhatItDoesNotSupportByName) {
 
 // A checkpoint written at context 2 (ZeRO-1: optimizer slices over data x
 // context; every rank writes its share) resumes at 1 rank, and a 1-rank one
-// at context 2, continuing as the uninterrupted 1-rank run.
+// at context 2, continuing as the uninterrupted 1-rank run; text generated
+// from it is the 1-rank checkpoint's.
 TEST_F(ContextTrainer, CheckpointsMoveBetweenContextAndOneRank) {
   if (w % 2 != 0) GTEST_SKIP() << "context 2 needs an even rank count";
   const TrainConfig one = gpt_config(data, 1, 1);
@@ -137,6 +139,16 @@ TEST_F(ContextTrainer, CheckpointsMoveBetweenContextAndOneRank) {
   o.checkpoint.dir = cat(data, "/one-", world.rank());
   train_losses(o, self);
   world.barrier();
+  // Text generated from the context-2 checkpoint (under its own configuration) is the 1-rank checkpoint's.
+  GenerateOptions gen;
+  gen.tokens = 40;
+  gen.seed = 5;
+  gen.top_k = 20;
+  gen.temperature = 0.8;
+  const auto a = generate_from_checkpoint(one, o.checkpoint.dir, "the quick", gen, self);
+  const auto b = generate_from_checkpoint(c, c.checkpoint.dir, "the quick", gen, self);
+  EXPECT_EQ(a.tokens.size(), 40u);
+  EXPECT_EQ(a.text, b.text) << "the context-2 checkpoint generates other text";
   TrainConfig r1 = one;
   r1.checkpoint.dir = cat(data, "/resumed-", world.rank());
   test_fixtures::expect_losses_follow(train_losses(r1, self, c.checkpoint.dir), tail,
