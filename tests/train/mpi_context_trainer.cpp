@@ -111,6 +111,10 @@ TEST_F(ContextTrainer, RefusesWhatItDoesNotSupportByName) {
   c.train.precision = "bf16";
   EXPECT_NE(error_of([&] { train_losses(c, world); }).find("train.precision = bf16 is not supported"),
             std::string::npos);
+  c = context(gpt_config(data, w, w), w);
+  c.train.device = "cuda";
+  EXPECT_NE(error_of([&] { train_losses(c, world); }).find("train.device = cuda is not supported with it yet"),
+            std::string::npos);
   if (w == 4) {
     c = context(gpt_config(data, 4, 4), 2);
     c.parallel.tensor = 2;  // with sequence parallelism (the default): not yet
