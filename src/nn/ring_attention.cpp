@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "ringtrain/comm/bounded_wait.hpp"
+#include "ringtrain/comm/flight_recorder.hpp"
 #include "ringtrain/core/error.hpp"
 #include "ringtrain/nn/context_parallel.hpp"
 
@@ -59,6 +60,7 @@ class RingStep {
     MPI_Comm c = g_.comm.handle("ring attention");
     check_mpi(MPI_Irecv(recv, int(n), MPI_FLOAT, prev, tag, c, &q_[0]), what, "MPI_Irecv");
     check_mpi(MPI_Isend(send, int(n), MPI_FLOAT, next, tag, c, &q_[1]), what, "MPI_Isend");
+    bytes_ = std::size_t(n) * 4;
     what_ = cat(what, ": context rank ", g_.rank, " sending to context rank ", next, " and receiving from context "
                 "rank ", prev);
     if (g_.stats) {
@@ -73,7 +75,11 @@ class RingStep {
   void wait() {
     if (q_[0] == MPI_REQUEST_NULL && q_[1] == MPI_REQUEST_NULL) return;
     const auto t0 = Clock::now();
+    // The flight record shows this rank waiting on its ring neighbours (comm/flight_recorder.hpp).
+    flight_recorder::Op rec(g_.comm.handle("ring attention"), g_.comm.name(), "ring attention", bytes_,
+                            (g_.rank + g_.size - 1) % g_.size);
     wait_bounded(q_, 2, WaitOn(g_.comm, "ring attention"), what_.c_str());
+    rec.done();
     if (g_.stats) g_.stats->wait_s += since(t0);
   }
   bool forward_ = false;
@@ -82,6 +88,7 @@ class RingStep {
   const ContextGroup& g_;
   MPI_Request q_[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
   std::string what_;
+  std::size_t bytes_ = 0;
 };
 
 class RingAttention final : public AttentionKernel {
