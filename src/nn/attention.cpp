@@ -4,6 +4,7 @@
 // core's kernel and its buffers.
 #include "ringtrain/nn/transformer.hpp"
 
+#include "ringtrain/nn/context_parallel.hpp"
 #include "ringtrain/nn/tensor_parallel.hpp"
 
 namespace ringtrain {
@@ -32,7 +33,7 @@ void MultiHeadSelfAttention::bind(const BindContext& ctx) {
   s.head_dim = head_dim_;
   s.math = ctx.math;
   s.causal = causal_;
-  k_ = ctx.backend.attention(s);
+  k_ = cp_ ? ring_attention(s, *cp_) : ctx.backend.attention(s);  // context parallelism: ring_attention.cpp
 }
 
 void MultiHeadSelfAttention::init(const ParamArena& arena, std::uint64_t seed) {

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "init.hpp"
+#include "ringtrain/nn/context_parallel.hpp"
 #include "ringtrain/nn/language.hpp"
 #include "ringtrain/nn/lm_loss.hpp"
 #include "ringtrain/nn/tensor_parallel.hpp"
@@ -108,6 +109,7 @@ Shape TokenEmbedding::output_shape(const Shape& in) const {
   RT_CHECK(in.size() == 2 && in[1] >= 1 && in[1] <= positions_, "TokenEmbedding '", name_,
            "': expects token ids [N, T] with T <= ", positions_, " positions, got ", shape_str(in));
   const Shape whole = {in[0], in[1], dim_};
+  if (cp_) return context_shape(whole, *cp_);
   return scatter_ ? seq_shard_shape(whole, g_) : whole;
 }
 
@@ -126,6 +128,7 @@ Tensor TokenEmbedding::do_forward(const Tensor& x, Ctx& c, const Call&) const {
   const std::int64_t n = x.dim(0), t = x.dim(1), d = dim_;
   RT_CHECK(x.dtype() == DType::f32, "TokenEmbedding '", name_, "': token ids must be float32, got ",
            dtype_name(x.dtype()));
+  if (cp_) return forward_context(x, sv);  // context_layers.cpp
   ensure(rows_, {n * t}, DType::i32, x.device());
   if (g_.size == 1) {  // the whole vocabulary: row + position, stored once (bf16 activations round here)
     ensure(y_, {n, t, d}, out_dt_, x.device());
@@ -172,6 +175,10 @@ Tensor TokenEmbedding::do_backward(const Tensor& dy, Ctx& c, bool, bool accumula
   if (!accumulate) {
     Tensor(dpos).zero_();  // the arena's gradient views (shared storage)
     if (!tied_) Tensor(dweight).zero_();  // tied: the head has written its part already
+  }
+  if (cp_) {
+    backward_context(dy, saved<Saved>(c));  // context_layers.cpp
+    return {};
   }
   Tensor dyw = dy;  // scattered: every token's gradient, for the rows of this rank's vocabulary
   if (scatter_) {

@@ -212,7 +212,9 @@ std::vector<LayerPtr> build_layers(const ModelConfig& c, bool fuse_pool) {
   else if (c.name == "vit") d = vit(c);
   else if (c.name == "gpt") d = gpt(c);
   else RT_FAIL("unknown model '", c.name, "' (known: mlp, cnn, resnet, vit, gpt, layers)");
-  return build_described_layers(d, c, fuse_pool, cat("model '", c.name, "' layers"));
+  std::vector<LayerPtr> layers = build_described_layers(d, c, fuse_pool, cat("model '", c.name, "' layers"));
+  if (c.context.size > 1) shard_context(layers, c.context);  // nn/context_parallel.hpp
+  return layers;
 }
 
 }  // namespace

@@ -122,6 +122,7 @@ Tensor Dropout::do_forward(const Tensor& x, Ctx& c, const Call& call) const {
   const std::uint64_t stream = stream_ + (call.position ? call.position->step : calls_++);
   const std::int64_t per_sample = x.dim(0) > 0 ? x.numel() / x.dim(0) : 0;
   const std::int64_t first_sample = call.position ? call.position->first_sample : 0;
+  if (cp_) return forward_context(x, s, stream, first_sample);  // context_layers.cpp
   if (parts_ == 1 && token_parts_ == 1) {
     be_->dropout_forward(x, p_, seed_, stream, static_cast<std::uint64_t>(first_sample * per_sample), mask_, y_);
     return y_;

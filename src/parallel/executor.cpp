@@ -207,7 +207,8 @@ StepOutput ScheduleExecutor::run(Stage& stage, const Loss& loss_fn, const StepIn
     const std::int64_t a = i / mb_.micro_batches, j = i % mb_.micro_batches;
     return a * grid_.dp_size() * mb_.batch + grid_.dp_rank() * mb_.batch + j * rows;
   };
-  const bool counts = grid_.last_stage() && grid_.tp_rank() == 0;  // the output's owner speaks for the replica
+  // The output's owner speaks for the replica (context ranks: their collective loss gives each the whole sequence's).
+  const bool counts = grid_.last_stage() && grid_.tp_rank() == 0 && grid_.cp_rank() == 0;
   // A collective loss (split logits): every tensor rank takes part in the loss and the count; rank 0 records them.
   const bool collective = loss_fn.collective();
   const double dloss_scale = in.loss_scale / m;
@@ -391,7 +392,7 @@ std::pair<double, std::int64_t> ScheduleExecutor::evaluate(Stage& stage, const L
   Tensor none;
   const double loss = loss_fn.value_and_grad(o, y, none) * static_cast<double>(y.numel());
   const std::int64_t correct = loss_fn.correct(o, y);
-  if (grid_.tp_rank() != 0) return {0.0, 0};
+  if (grid_.tp_rank() != 0 || grid_.cp_rank() != 0) return {0.0, 0};
   return {loss, correct};
 }
 

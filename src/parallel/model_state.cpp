@@ -166,10 +166,12 @@ NamedState ModelState::gather_whole(int root) {
   if (ShardedOptimizer* zero = updater_.zero()) zero->materialize();  // ZeRO-3: the parameters whole
   // ZeRO-1: the replica's whole optimizer state on its data-parallel rank 0 first.
   std::unique_ptr<Optimizer> whole_opt = updater_.zero() ? updater_.zero()->gather(0) : nullptr;
-  NamedState mine = grid_.dp_rank() == 0 ? whole_stage(whole_opt.get()) : NamedState{};  // over tp
+  // Context ranks hold the replica alike: its context rank 0 speaks for it.
+  const bool head = grid_.dp_rank() == 0 && grid_.cp_rank() == 0;
+  NamedState mine = head ? whole_stage(whole_opt.get()) : NamedState{};  // over tp
   whole_opt.reset();
   const Communicator& w = grid_.world();
-  const bool sends = grid_.dp_rank() == 0 && grid_.tp_rank() == 0;
+  const bool sends = head && grid_.tp_rank() == 0;
   if (w.rank() != root) {
     if (sends) send_named(mine, root, w);
     return {};
@@ -221,9 +223,10 @@ std::vector<StatePiece> ModelState::pieces() {
       replicated.push_back({"optim/step", step, {{1}, {}, 0}});
     }
   }
-  const int dp = grid_.dp_size();
-  take_share(shards, dp, grid_.dp_rank(), out);
-  take_share(replicated, dp * grid_.tp_size(), grid_.tp_rank() * dp + grid_.dp_rank(), out);
+  // Held alike over data x context (the mesh's replicas of this stage and shard).
+  const int dp = grid_.dp_size() * grid_.cp_size(), me = grid_.dp_rank() * grid_.cp_size() + grid_.cp_rank();
+  take_share(shards, dp, me, out);
+  take_share(replicated, dp * grid_.tp_size(), grid_.tp_rank() * dp + me, out);
   return out;
 }
 

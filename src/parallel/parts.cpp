@@ -21,6 +21,7 @@ ModelParts build_parts(const ProcessGrid& grid, const ModelConfig& mc, const Gri
   ModelParts parts;
   ModelConfig mc_tp = mc;  // parallel.tensor: the model splits its layers over grid.tp()
   mc_tp.tensor = TensorGroup::of(grid.tp(), mc.tensor.stats);  // stats: the caller's counter, if any
+  if (grid.cp_size() > 1) mc_tp.context = ContextGroup::of(grid.cp(), mc.seq_len, mc.context.stats);  // ring attention
   // Nothing of the whole model is allocated: the partition works from what each
   // layer registers (or times layers one by one), the stage builds its own layers.
   const std::vector<LayerPlan> plan = plan_model_layers(mc_tp, dev);
@@ -67,6 +68,7 @@ ModelParts build_parts(const ProcessGrid& grid, const ModelConfig& mc, const Gri
     // The last stage's last layer may ask for its own loss (split logits); a registered model may bring one.
     Stage& st = *parts.stage;
     parts.loss = model_loss(mc_tp, grid.last_stage() && st.num_layers() > 0 ? &st.layer(st.num_layers() - 1) : nullptr);
+    if (mc_tp.context.size > 1) parts.loss = context_loss(parts.loss, mc_tp.context);  // reduced over context once
   });
   // BatchNorm: per-micro-batch normalisation, running statistics over the whole step (stage.hpp).
   if (mb.per_step() > 1) parts.stage->set_deferred_batch_stats(true);

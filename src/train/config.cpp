@@ -102,6 +102,7 @@ const std::vector<Field>& fields() {
       RT_FIELD(comm, autotune_log, "comm.autotune: CSV written by rank 0 with each candidate, its predicted and measured step time and the choice (empty = none)"),
       RT_FIELD(parallel, pipeline, "pipeline stages (data-parallel size = ranks / (pipeline x tensor))"),
       RT_FIELD(parallel, tensor, "tensor-parallel size: the model splits its layers over this many neighbouring ranks"),
+      RT_FIELD(parallel, context, "context parallelism (ring attention, model 'gpt'): each sequence's tokens are split over this many ranks, rank r holding chunks r and 2P-1-r of 2P (head-tail: the causal mask's work balances); K/V blocks travel the ring with bounded point-to-point transfers overlapped with the attention; a sequence not divisible by 2P is padded and the padding masked. Data-parallel size = ranks / (pipeline x tensor x context). CPU, float32; with parallel.tensor > 1 it needs parallel.sequence = false (docs/context_parallel.md)"),
       RT_FIELD(parallel, micro_batches, "micro-batches per step and replica (0 = pipeline); divides data.batch_size"),
       RT_FIELD(parallel, schedule, "afab | 1f1b | zb-h1 | interleaved | zb-v | auto | FILE.csv: the pipeline schedule (docs/parallel_layouts.md); auto picks, at start, the one the schedule simulator predicts fastest for the model's measured layer times among those holding no more activations than 1f1b; interleaved cuts the model into parallel.pipeline x parallel.virtual_stages chunks, chunk c on rank c mod pipeline (Megatron's virtual stages); zb-v into 2 x pipeline chunks in a V (rank 0 holds the first and the last); FILE.csv runs a table of actions per rank (`ringtrain train --print-schedule` writes one) after validating it"),
       RT_FIELD(parallel, virtual_stages, "parallel.schedule = interleaved: model chunks per pipeline rank (>= 2)"),
@@ -390,6 +391,7 @@ void TrainConfig::validate() const {
   one_of("log.format", log.format, {"auto", "bar", "plain", "json"});
   RT_CHECK(parallel.pipeline >= 1, "configuration key 'parallel.pipeline' must be >= 1, got ", parallel.pipeline);
   RT_CHECK(parallel.tensor >= 1, "configuration key 'parallel.tensor' must be >= 1, got ", parallel.tensor);
+  check_context();
   RT_CHECK(parallel.micro_batches >= 0, "configuration key 'parallel.micro_batches' must be >= 1 (0 = pipeline), got ",
            parallel.micro_batches);
   const int m = pipeline_micro_batches();

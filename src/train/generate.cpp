@@ -66,6 +66,7 @@ GeneratedText generate_from_checkpoint(TrainConfig cfg, const std::string& check
   // The 1-rank layout: a checkpoint of any layout reshards into it.
   cfg.set("parallel.pipeline=1");
   cfg.set("parallel.tensor=1");
+  cfg.set("parallel.context=1");
   cfg.set("parallel.zero=0");
   cfg.set("parallel.micro_batches=0");
   cfg.set("data.global_batch=0");

@@ -161,7 +161,7 @@ void derive_batch(TrainConfig& cfg, int data_parallel) {
   }
   RT_FAIL("data.global_batch = ", g, " has no exact split at this layout: data-parallel size ", dp,
           " (ranks / (parallel.pipeline ", cfg.parallel.pipeline, " x parallel.tensor ", cfg.parallel.tensor,
-          ")) x train.accumulation (>= ", cfg.train.accumulation, ") x data.batch_size (a multiple of ",
+          cfg.parallel.context > 1 ? cat(" x parallel.context ", cfg.parallel.context) : std::string(), ")) x train.accumulation (>= ", cfg.train.accumulation, ") x data.batch_size (a multiple of ",
           cfg.parallel.micro_batches > 0 ? "parallel.micro_batches = " : "parallel.pipeline = ", m,
           ") must equal it; choose a data.global_batch that is a multiple of ", dp * m * cfg.train.accumulation,
           ", or another layout");

@@ -104,7 +104,7 @@ Trainer::Impl::Impl(TrainConfig c, Communicator w, TrainerHooks h)
                                                                    : cfg.checkpoint.dir + "/flight_recorder",
                              static_cast<std::size_t>(cfg.comm.flight_recorder));
   // Every communicator of the run, the trainer's own included, waits at most comm.collective_timeout_s.
-  GridShape shape{cfg.parallel.pipeline, cfg.parallel.tensor};
+  GridShape shape{cfg.parallel.pipeline, cfg.parallel.tensor, cfg.parallel.context};
   run_agreed(world, "reading parallel.schedule", [&] {  // how many model chunks a pipeline rank holds, and where
     const PipelineLayout pl = schedule_layout(parse_schedule(cfg.parallel.schedule), cfg.parallel.schedule,
                                               cfg.parallel.pipeline, cfg.parallel.virtual_stages);
@@ -117,6 +117,7 @@ Trainer::Impl::Impl(TrainConfig c, Communicator w, TrainerHooks h)
   derive_batch(cfg, grid->dp_size());  // data.global_batch: this layout's batch and accumulation
   if (cfg.parallel.pipeline > 1) layout = cat("parallel.pipeline = ", cfg.parallel.pipeline);
   if (cfg.parallel.tensor > 1) layout += cat(layout.empty() ? "" : " with ", "parallel.tensor = ", cfg.parallel.tensor);
+  if (cfg.parallel.context > 1) layout += cat(layout.empty() ? "" : " with ", "parallel.context = ", cfg.parallel.context);
   if (!layout.empty()) log::set_prefix(cat("[rank ", world.rank(), " ", grid->tag().substr(1), " "));
   device = choose_device(cfg, world, hooks.gpu_trial);
   rt = &device_runtime(device.kind);
@@ -327,7 +328,7 @@ EvalResult Trainer::Impl::evaluate(const std::string& path) {
   data::Loader test(lo, dp());
   double loss_sum = 0;
   std::int64_t correct = 0, count = 0;
-  const bool counts = grid->last_stage() && grid->tp_rank() == 0;  // the logits' owner speaks for the replica
+  const bool counts = grid->last_stage() && grid->tp_rank() == 0 && grid->cp_rank() == 0;  // the logits' owner speaks for the replica
   while (auto b = test.next()) {
     auto [l, c] = parts.executor->evaluate(*parts.stage, *parts.loss, b->images, b->labels, b->valid);
     loss_sum += l;
@@ -368,7 +369,8 @@ void Trainer::Impl::start_reporting() {
     if (!layout.empty()) {
       std::string bal;
       for (int b : parts.balance) bal += cat(bal.empty() ? "" : ", ", b);
-      grid_text = cat(" = ", grid->dp_size(), " DP x ", grid->pp_size(), " PP x ", grid->tp_size(), " TP (layers [", bal,
+      grid_text = cat(" = ", grid->dp_size(), " DP x ", grid->pp_size(), " PP x ", grid->tp_size(), " TP",
+                      grid->cp_size() > 1 ? cat(" x ", grid->cp_size(), " CP") : std::string(), " (layers [", bal,
                       "] per stage, schedule ", cfg.parallel.schedule, ", ", cfg.data.batch_size / (cfg.parallel.micro_batches > 0 ? cfg.parallel.micro_batches : cfg.parallel.pipeline),
                       "-sample micro-batches)");
     }

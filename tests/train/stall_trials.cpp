@@ -10,7 +10,8 @@
 // waits that were unbounded before every MPI call went through
 // comm/bounded_wait.hpp: comm.algorithm = mpi, train.verify_every = 1,
 // comm.autotune (still tuning when the rank stops), a one-file checkpoint at
-// every step (pipeline 2: stage 1 sends its state to rank 0) and ZeRO-3.
+// every step (pipeline 2: stage 1 sends its state to rank 0) and ZeRO-3; and
+// ring attention (a small gpt at parallel.context = 2: its point-to-point waits).
 // Every trial must also leave flight records (comm/flight_recorder.hpp, on by
 // default under <checkpoint.dir>/flight_recorder) in which the rank that
 // reported the stall names the stopped rank (what `ringtrain diagnose` prints).
@@ -29,6 +30,7 @@
 #include <thread>
 
 #include "fixtures.hpp"
+#include "gpt_fixtures.hpp"
 #include "jobs.hpp"
 #include "ringtrain/comm/flight_recorder.hpp"
 #include "ringtrain/core/error.hpp"
@@ -63,6 +65,7 @@ struct Case {
   const char* name;
   int ranks;
   const char* sets;
+  bool text = false;  // a small gpt on token data instead of the cnn (parallel.context)
 };
 
 // The pid of world rank `rank` of the job whose command line holds `marker` (0 if none yet).
@@ -90,7 +93,9 @@ struct Trial {
   std::string records;  // flight_recorder::diagnose of the run's records, or the error saying why not
 };
 
-Trial run_trial(const Case& c, const std::string& data, const fs::path& dir, std::mt19937& rng) {
+Trial run_trial(const Case& c, const std::string& images, const std::string& text, const fs::path& dir,
+                std::mt19937& rng) {
+  const std::string data = c.text ? text : images, model = c.text ? "gpt" : "cnn";
   Trial t;
   t.stopped = std::uniform_int_distribution<int>(0, c.ranks - 1)(rng);
   const double delay = std::uniform_real_distribution<double>(0.3, 2.0)(rng);
@@ -98,7 +103,8 @@ Trial run_trial(const Case& c, const std::string& data, const fs::path& dir, std
   const std::string cmd =
       "env -i PATH=\"$PATH\" HOME=\"$HOME\" OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
       "OMPI_MCA_rmaps_base_oversubscribe=1 OMP_NUM_THREADS=1 " + mpirun(c.ranks) + ringtrain_exe() +
-      " train --model cnn --train-data " + data + " --test-data " + data +
+      " train --model " + model + " --train-data " + data + " --test-data " + data +
+      (c.text ? " --set model.width=32 --set model.heads=4 --set model.depth=2 --set data.seq_len=64" : "") +
       " --batch-size 16 --epochs 100 --no-eval --log-format plain --set comm.collective_timeout_s=" +
       std::to_string(kTimeoutS) + " --set comm.stall_shutdown_s=0 --set checkpoint.dir=" + ckpt + " " + c.sets +
       " 2>&1";
@@ -124,7 +130,7 @@ Trial run_trial(const Case& c, const std::string& data, const fs::path& dir, std
   char buf[4096];
   while (std::fgets(buf, sizeof buf, f)) {
     t.out += buf;
-    if (t.out.find("ringtrain: cnn (") != std::string::npos) started = true;
+    if (t.out.find("ringtrain: " + model + " (") != std::string::npos) started = true;
   }
   const int st = pclose(f);
   done = true;
@@ -145,14 +151,17 @@ class StallTrials : public testing::TestWithParam<Case> {
   static void SetUpTestSuite() {
     dir_ = fs::temp_directory_path() / ("rt-stall-" + std::to_string(::getpid()));
     fs::create_directories(dir_);
-    data_ = test_fixtures::synthetic_mnist_like(Communicator::dup_of(MPI_COMM_SELF, "self"), "stall", 2048, 64);
+    const Communicator self = Communicator::dup_of(MPI_COMM_SELF, "self");
+    data_ = test_fixtures::synthetic_mnist_like(self, "stall", 2048, 64);
+    text_ = test_fixtures::gpt_text_corpus(self, "stalltext");
   }
   static void TearDownTestSuite() {
     fs::remove_all(dir_);
     fs::remove_all(data_);
+    fs::remove_all(fs::path(text_).parent_path());
   }
   static inline fs::path dir_;
-  static inline std::string data_;
+  static inline std::string data_, text_;
 };
 
 TEST_P(StallTrials, StoppedRankEndsTheJobNamingIt) {
@@ -161,7 +170,7 @@ TEST_P(StallTrials, StoppedRankEndsTheJobNamingIt) {
   std::printf("%-18s %6s %8s %10s  %-5s %-8s  %s\n", "layout", "trial", "stopped", "ended after", "named", "recorded",
               "reported by");
   for (int k = 0, n = trials(); k < n; ++k) {
-    const Trial t = run_trial(c, data_, dir_, rng);
+    const Trial t = run_trial(c, data_, text_, dir_, rng);
     const std::string who = "world rank " + std::to_string(t.stopped) + " does not respond";
     const bool named = t.out.find(who) != std::string::npos;
     const bool recorded = t.records.find(who) != std::string::npos;  // in the reporting rank's reason
@@ -194,7 +203,8 @@ INSTANTIATE_TEST_SUITE_P(Layouts, StallTrials,
                                          Case{"checkpoint_one_file", 2,
                                               "--set parallel.pipeline=2 --set checkpoint.parallel=false "
                                               "--set checkpoint.async=false --set checkpoint.every_steps=1"},
-                                         Case{"zero3", 2, "--set parallel.zero=3"}),
+                                         Case{"zero3", 2, "--set parallel.zero=3"},
+                                         Case{"context2", 2, "--set parallel.context=2", true}),
                          [](const auto& i) { return std::string(i.param.name); });
 
 }  // namespace

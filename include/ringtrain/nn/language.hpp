@@ -42,6 +42,8 @@
 
 namespace ringtrain {
 
+struct ContextGroup;  // nn/context_parallel.hpp
+
 // ids [N, T] (T <= positions) -> weight[id] + pos_embed[t], [N, T, dim].
 // Parameters "<name>.weight" [vocab, dim] and "<name>.pos_embed" [positions,
 // dim], both N(0, 0.02^2) (GPT-2). An id that is not an integer in [0, vocab)
@@ -68,6 +70,9 @@ class TokenEmbedding : public Layer {
   // The tied LmHead is on a later pipeline stage, with a copy of the weight:
   // the gradient here is this layer's alone; the weight is marked copied.
   void head_elsewhere() { tied_ = false, copied_ = true; }
+  // Context parallelism: keep this rank's tokens of the whole ids, at their
+  // global positions (nn/context_parallel.hpp). Not with a split vocabulary.
+  void shard_context(std::shared_ptr<const ContextGroup> g);
   CtxPtr make_ctx() const override { return ctx_of<Saved>(); }
   void register_params(ParamArena& arena, int layer_index, const std::string& prefix) override;
   void bind(const BindContext& ctx) override;
@@ -92,6 +97,9 @@ class TokenEmbedding : public Layer {
   };
   Backend* be_ = nullptr;
   void lookup(const Tensor& ids, const Tensor& positions, Tensor& rows, Tensor& y) const;
+  std::shared_ptr<const ContextGroup> cp_;
+  Tensor forward_context(const Tensor& x, Saved& s) const;
+  void backward_context(const Tensor& dy, Saved& s) const;
 };
 
 // x [N, T, dim] -> logits [N, T, vocab] = x W^T, W the tied embedding's weight

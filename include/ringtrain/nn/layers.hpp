@@ -13,6 +13,8 @@
 
 namespace ringtrain {
 
+struct ContextGroup;  // nn/context_parallel.hpp
+
 // Linear and Conv2d: a weight [out, in, ...] and an optional bias [out], and
 // a backward that splits into an input half and a weight half where the
 // backend's kernels accept an undefined dw (Backend::splits_weight_grad).
@@ -254,6 +256,9 @@ class Dropout : public Layer {
   // Sequence parallelism: the input [N, T, ...] is part `index` of `parts` of
   // the tokens; the mask is that part of the whole activation's.
   void shard_tokens(int parts, int index) { token_parts_ = parts, index_ = index; }
+  // Context parallelism: the input is this rank's head-tail tokens
+  // (nn/context_parallel.hpp); the mask is theirs of the whole activation's.
+  void shard_context(std::shared_ptr<const ContextGroup> g) { cp_ = std::move(g); }
 
  protected:
   Tensor do_forward(const Tensor& x, Ctx& c, const Call& call) const override;
@@ -271,6 +276,8 @@ class Dropout : public Layer {
   // a run-wide counter, not micro-batch state.
   mutable std::uint64_t calls_ = 0;
   int parts_ = 1, token_parts_ = 1, index_ = 0;
+  std::shared_ptr<const ContextGroup> cp_;
+  Tensor forward_context(const Tensor& x, Saved& s, std::uint64_t stream, std::int64_t first_sample) const;
 };
 
 // [N, ...] -> [N, prod(...)]: a view, no copy.

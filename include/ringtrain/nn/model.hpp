@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "ringtrain/nn/context_parallel.hpp"
 #include "ringtrain/nn/layer.hpp"
 #include "ringtrain/nn/layers_model.hpp"
 #include "ringtrain/nn/parameters.hpp"
@@ -38,6 +39,7 @@ struct ModelConfig {
   // off on a GPU until the validation gate lists it (train/gpu_gate.hpp).
   bool storage16 = true;
   TensorGroup tensor;              // parallel.tensor: every model splits its layers over it
+  ContextGroup context;            // parallel.context: a language model splits its tokens over it (size 1: off)
   bool sequence = true;            // parallel.sequence: transformer blocks split their tokens over `tensor` too
   std::vector<LayerDesc> layers;   // name = layers: the [[model.layers]] entries (layers_model.hpp)
   std::string gelu = "erf";        // vit, gpt: the MLP's GELU, erf | tanh (GPT-2's approximation)

@@ -68,6 +68,8 @@ class MultiHeadSelfAttention : public Layer {
   // attention probabilities [N, H, T, T] (the O(heads * T^2) activations) and
   // the backward recomputes them from the kept q, k, v.
   void set_recompute_core(bool on) { recompute_core_ = on; }
+  // Context parallelism: the core is ring attention over g (causal only; before bind).
+  void shard_context(std::shared_ptr<const ContextGroup> g);
   void register_params(ParamArena& arena, int layer_index, const std::string& prefix) override;
   void bind(const BindContext& ctx) override;
   void init(const ParamArena& arena, std::uint64_t seed) override;
@@ -89,6 +91,7 @@ class MultiHeadSelfAttention : public Layer {
   std::unique_ptr<AttentionKernel> k_;
   bool recompute_core_ = false;
   bool causal_ = false;
+  std::shared_ptr<const ContextGroup> cp_;
 };
 
 // The standard attention: qkv and proj are Linear(dim, 3 dim) and Linear(dim, dim) with biases;

@@ -103,6 +103,7 @@ struct TrainConfig {
   struct Parallel {                // process grid (parallel/grid.hpp); DP size = world / (pipeline · tensor)
     int pipeline = 1;              // pipeline stages
     int tensor = 1;                // tensor-parallel ranks per group (mlp, vit)
+    int context = 1;               // context-parallel ranks per group (gpt: ring attention)
     int micro_batches = 0;         // per step and replica (0 = pipeline); must divide data.batch_size
     std::string schedule = "1f1b"; // afab | 1f1b | zb-h1 | interleaved | zb-v | FILE.csv
     int virtual_stages = 2;        // interleaved: model chunks per pipeline rank
@@ -135,6 +136,7 @@ struct TrainConfig {
   void set(const std::string& assignment);
   // Cross-field checks (positive batch, known names, ...); throws Error naming the key.
   void validate() const;
+  void check_context() const;  // parallel.context and what it combines with (config_context.cpp)
   // Pipeline micro-batches per batch: parallel.micro_batches, else parallel.pipeline.
   int pipeline_micro_batches() const { return parallel.micro_batches > 0 ? parallel.micro_batches : parallel.pipeline; }
   // The whole configuration as TOML text (stored in checkpoints, printed by --print-config).

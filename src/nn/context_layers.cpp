@@ -1,0 +1,223 @@
+// The layers' context-parallel paths and the context loss (nn/context_parallel.hpp).
+// TokenEmbedding and Dropout keep their whole-sequence code; these members
+// (declared in their headers) run instead when a context group is set.
+#include <cstring>
+
+#include "ringtrain/comm/bounded_wait.hpp"
+#include "ringtrain/core/error.hpp"
+#include "ringtrain/nn/context_parallel.hpp"
+#include "ringtrain/nn/language.hpp"
+#include "ringtrain/nn/layers.hpp"
+#include "ringtrain/nn/rng.hpp"
+#include "ringtrain/nn/tensor_parallel.hpp"
+#include "ringtrain/nn/transformer.hpp"
+
+namespace ringtrain {
+
+Shape context_shape(const Shape& whole, const ContextGroup& g) {
+  RT_CHECK(whole.size() >= 2 && whole[1] == g.seq, "context parallelism: expected [N, ", g.seq,
+           " tokens, ...] (the model's sequence), got ", shape_str(whole));
+  Shape s = whole;
+  s[1] = g.local();
+  return s;
+}
+
+Tensor context_slice(const Tensor& whole, const ContextGroup& g) {
+  RT_CHECK(whole.device().is_cpu(), "context_slice: a CPU tensor, got one on ", whole.device().str());
+  Tensor out = Tensor::zeros(context_shape(whole.shape(), g), whole.dtype());
+  const std::int64_t n = whole.dim(0), T = g.seq, L = g.local();
+  const std::size_t row = whole.nbytes() / std::size_t(std::max<std::int64_t>(1, n * T));  // bytes per token
+  const char* src = static_cast<const char*>(whole.raw());
+  char* dst = static_cast<char*>(out.raw());
+  for (std::int64_t s = 0; s < n; ++s)
+    for (std::int64_t i = 0; i < L; ++i) {
+      const std::int64_t p = g.position(g.rank, i);
+      if (p < T) std::memcpy(dst + std::size_t(s * L + i) * row, src + std::size_t(s * T + p) * row, row);
+    }
+  return out;
+}
+
+// ---- layers -----------------------------------------------------------------
+void TokenEmbedding::shard_context(std::shared_ptr<const ContextGroup> g) {
+  RT_CHECK(!scatter_, "TokenEmbedding '", name_, "': sequence parallelism (parallel.sequence) does not combine "
+           "with parallel.context yet");
+  RT_CHECK(g->seq <= positions_, "TokenEmbedding '", name_, "': ", g->seq, " tokens exceed its ", positions_,
+           " positions");
+  cp_ = std::move(g);
+}
+
+// This rank's ids (padding: token 0), looked up without positions (a split
+// vocabulary: this tensor rank's rows, zeros for the others', summed over the
+// tensor group: each row exactly), then the position rows of their global
+// positions added (padding gets none). Float32 sums in the 1-rank order: the
+// same values, bitwise.
+Tensor TokenEmbedding::forward_context(const Tensor& x, Saved& sv) const {
+  RT_CHECK(out_dt_ == DType::f32 && x.device().is_cpu(), "TokenEmbedding '", name_,
+           "': parallel.context > 1 runs float32 activations on the CPU");
+  const ContextGroup& g = *cp_;
+  const Tensor ids = context_slice(x, g);
+  const std::int64_t n = x.dim(0), L = g.local(), d = dim_;
+  ensure(sv.rows, {n * L}, DType::i32, x.device());
+  ensure(sv.y, {n, L, d}, DType::f32, x.device());
+  lookup(ids, Tensor{}, sv.rows, sv.y);
+  if (g_.size > 1) tp_all_reduce(sv.y, g_);
+  float* y = sv.y.data<float>();
+  const float* p = pos.data<float>();
+  for (std::int64_t s = 0; s < n; ++s)
+    for (std::int64_t i = 0; i < L; ++i) {
+      const std::int64_t t = g.position(g.rank, i);
+      if (t >= g.seq) continue;
+      float* yr = y + (s * L + i) * d;
+      const float* pr = p + t * d;
+      for (std::int64_t k = 0; k < d; ++k) yr[k] += pr[k];
+    }
+  return sv.y;
+}
+
+void TokenEmbedding::backward_context(const Tensor& dy, Saved& sv) const {
+  const ContextGroup& g = *cp_;
+  Tensor dw = dweight, none;
+  be_->embedding_backward(dy, sv.rows, dw, none);
+  const std::int64_t n = dy.dim(0), L = g.local(), d = dim_;
+  const float* pd = dy.data<float>();
+  float* dp = Tensor(dpos).data<float>();
+  for (std::int64_t s = 0; s < n; ++s)
+    for (std::int64_t i = 0; i < L; ++i) {
+      const std::int64_t t = g.position(g.rank, i);
+      if (t >= g.seq) continue;
+      for (std::int64_t k = 0; k < d; ++k) dp[t * d + k] += pd[(s * L + i) * d + k];
+    }
+}
+
+// Each local chunk of a sample is one run of the whole [N, T, F] activation's
+// elements; a chunk's padding continues the run (its mask is never used).
+Tensor Dropout::forward_context(const Tensor& x, Saved& s, std::uint64_t stream, std::int64_t first_sample) const {
+  const ContextGroup& g = *cp_;
+  RT_CHECK(parts_ == 1 && token_parts_ == 1, "Dropout '", name_, "': a feature or token shard of the tensor ranks "
+           "does not combine with parallel.context yet");
+  const std::int64_t n = x.dim(0), L = g.local(), c = g.chunk();
+  RT_CHECK(x.ndim() >= 2 && x.dim(1) == L, "Dropout '", name_, "': expects this rank's ", L, " tokens, got ",
+           shape_str(x.shape()));
+  const std::int64_t f = x.numel() / (n * L);  // elements per token
+  for (std::int64_t sm = 0; sm < n; ++sm)
+    for (int k = 0; k < 2; ++k) {
+      const std::int64_t off = (sm * L + k * c) * f, cnt = c * f;
+      const std::int64_t first = ((first_sample + sm) * g.seq + std::int64_t(g.chunk_of(g.rank, k)) * c) * f;
+      Tensor yv = s.y.flat_view(off, cnt), mv = s.mask.flat_view(off, cnt);
+      be_->dropout_forward(x.flat_view(off, cnt), p_, seed_, stream, static_cast<std::uint64_t>(first), mv, yv);
+    }
+  return s.y;
+}
+
+void MultiHeadSelfAttention::shard_context(std::shared_ptr<const ContextGroup> g) {
+  RT_CHECK(causal_, "MultiHeadSelfAttention '", name_, "': only causal attention runs over parallel.context");
+  cp_ = std::move(g);
+}
+
+namespace {
+
+void shard_one(Layer& l, const std::shared_ptr<const ContextGroup>& g) {
+  if (auto* e = dynamic_cast<TokenEmbedding*>(&l)) return e->shard_context(g);
+  if (auto* d = dynamic_cast<Dropout*>(&l)) return d->shard_context(g);
+  if (auto* a = dynamic_cast<MultiHeadSelfAttention*>(&l)) return a->shard_context(g);  // its projections act per token
+  const std::string t = l.type();
+  RT_CHECK(t != "TokenMean" && t != "PatchEmbed", "layer '", l.name(), "' (", t,
+           ") does not run on a context shard of the tokens (parallel.context)");
+  l.for_each_child([&](Layer& c) { shard_one(c, g); });
+}
+
+// The rows of this rank's real tokens: local index -> (sample row in the
+// whole [N, T] labels, row in the local [N, L] output).
+struct Rows {
+  std::vector<std::int64_t> whole, local;
+};
+Rows real_rows(const ContextGroup& g, std::int64_t n) {
+  Rows r;
+  for (std::int64_t s = 0; s < n; ++s)
+    for (std::int64_t i = 0; i < g.local(); ++i) {
+      const std::int64_t p = g.position(g.rank, i);
+      if (p < g.seq) r.whole.push_back(s * g.seq + p), r.local.push_back(s * g.local() + i);
+    }
+  return r;
+}
+
+class ContextLoss final : public Loss {
+ public:
+  ContextLoss(LossPtr inner, ContextGroup g) : inner_(std::move(inner)), g_(std::move(g)) {}
+  std::string name() const override { return inner_->name() + " (context-parallel)"; }
+  // Every context rank takes part (and every tensor rank of a vocabulary-split inner loss); rank 0 records.
+  bool collective() const override { return true; }
+
+  double value_and_grad(const Tensor& out, const Tensor& y, Tensor& grad) const override {
+    Picked p = pick(out, y);
+    Tensor gr = grad.defined() ? Tensor::empty(p.logits.shape()) : Tensor{};
+    const double mean = p.count ? inner_->value_and_grad(p.logits, p.labels, gr) : 0.0;
+    double v[2] = {mean * double(p.count), double(p.count)};
+    bounded::allreduce(v, 2, MPI_DOUBLE, MPI_SUM, WaitOn(g_.comm, "context loss"),
+                       "the context-parallel loss: the sum over the context ranks");
+    if (grad.defined()) {
+      // d(sequence mean)/d logits = d(local mean)·count/total, times P: the gradient sync averages over context.
+      grad.zero_();
+      const float a = float(double(p.count) / v[1] * double(g_.size));
+      const std::int64_t V = out.dim(-1);
+      const float* s = p.count ? gr.data<float>() : nullptr;
+      float* d = grad.data<float>();
+      for (std::size_t k = 0; k < p.rows.local.size(); ++k)
+        for (std::int64_t j = 0; j < V; ++j) d[p.rows.local[k] * V + j] = a * s[std::int64_t(k) * V + j];
+    }
+    return v[0] / v[1];
+  }
+
+  std::int64_t correct(const Tensor& out, const Tensor& y) const override {
+    Picked p = pick(out, y);
+    double c = p.count ? double(inner_->correct(p.logits, p.labels)) : 0.0;
+    bounded::allreduce(&c, 1, MPI_DOUBLE, MPI_SUM, WaitOn(g_.comm, "context loss"),
+                       "the context-parallel accuracy: the sum over the context ranks");
+    return static_cast<std::int64_t>(c);
+  }
+
+ private:
+  struct Picked {
+    Rows rows;
+    Tensor logits, labels;  // [count, V], [count]
+    std::int64_t count = 0;
+  };
+  Picked pick(const Tensor& out, const Tensor& y) const {
+    RT_CHECK(out.device().is_cpu() && out.dtype() == DType::f32 && out.ndim() == 3 && out.dim(1) == g_.local(),
+             "context loss: expected float32 logits [N, ", g_.local(), ", V] on the CPU, got ", shape_str(out.shape()));
+    RT_CHECK(y.ndim() == 2 && y.dim(0) == out.dim(0) && y.dim(1) == g_.seq, "context loss: labels ",
+             shape_str(y.shape()), " for logits ", shape_str(out.shape()), " (expected [N, ", g_.seq, "])");
+    Picked p;
+    p.rows = real_rows(g_, out.dim(0));
+    p.count = std::int64_t(p.rows.local.size());
+    const std::int64_t V = out.dim(-1);
+    p.logits = Tensor::empty({p.count, V});
+    p.labels = Tensor::empty({p.count}, y.dtype());
+    const std::size_t ls = dtype_size(y.dtype());
+    for (std::int64_t k = 0; k < p.count; ++k) {
+      std::memcpy(p.logits.data<float>() + k * V, out.data<float>() + p.rows.local[std::size_t(k)] * V,
+                  std::size_t(V) * 4);
+      std::memcpy(static_cast<char*>(p.labels.raw()) + std::size_t(k) * ls,
+                  static_cast<const char*>(y.raw()) + std::size_t(p.rows.whole[std::size_t(k)]) * ls, ls);
+    }
+    return p;
+  }
+  LossPtr inner_;
+  ContextGroup g_;
+};
+
+}  // namespace
+
+void shard_context(std::vector<LayerPtr>& layers, const ContextGroup& g) {
+  RT_CHECK(!layers.empty() && dynamic_cast<TokenEmbedding*>(layers.front().get()), "parallel.context = ", g.size,
+           ": the model must start with a token embedding (a language model: 'gpt')");
+  auto shared = std::make_shared<const ContextGroup>(g);
+  for (auto& l : layers) shard_one(*l, shared);
+}
+
+LossPtr context_loss(LossPtr inner, const ContextGroup& g) {
+  RT_CHECK(inner != nullptr, "parallel.context: no loss to wrap");
+  return std::make_shared<ContextLoss>(std::move(inner), g);
+}
+
+}  // namespace ringtrain

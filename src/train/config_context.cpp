@@ -1,0 +1,23 @@
+// parallel.context: its range and the features it does not combine with yet,
+// refused by name at validation (alike on every rank, before any rank waits).
+#include "ringtrain/core/error.hpp"
+#include "ringtrain/train/config.hpp"
+
+namespace ringtrain {
+
+void TrainConfig::check_context() const {
+  const int P = parallel.context;
+  RT_CHECK(P >= 1 && P <= 4096, "configuration key 'parallel.context' must be in [1, 4096], got ", P);
+  if (P == 1) return;
+  RT_CHECK(model.name == "gpt", "parallel.context = ", P, " splits the tokens of a causal language model: it needs "
+           "model.name = 'gpt', got '", model.name, "'");
+  RT_CHECK(parallel.tensor == 1 || !parallel.sequence, "parallel.context = ", P, " with parallel.tensor = ",
+           parallel.tensor, " and parallel.sequence = true (the default) is not supported yet: set "
+           "parallel.sequence = false (tensor-parallel blocks on this rank's whole token shard)");
+  RT_CHECK(train.precision == "fp32", "parallel.context = ", P, " runs float32 ring attention: train.precision = ",
+           train.precision, " is not supported with it yet (use fp32)");
+  RT_CHECK(train.device != "cuda", "parallel.context = ", P, " runs its ring attention on the CPU: train.device = "
+           "cuda is not supported with it yet");
+}
+
+}  // namespace ringtrain
