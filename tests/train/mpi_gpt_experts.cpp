@@ -4,8 +4,12 @@
 // for 10 steps. The aux loss is computed per micro-batch, so the 1-rank run
 // takes the same micro-batches (data.batch_size / ranks, train.accumulation =
 // ranks) and the comparison holds with the aux loss on. Combinations not
-// supported yet are refused by name on every rank.
+// supported yet are refused by name on every rank. The epoch record carries
+// the per-layer MoE metrics.
 #include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "gpt_fixtures.hpp"
 #include "ringtrain/train/trainer.hpp"
@@ -93,4 +97,40 @@ TEST(GptExperts, UnsupportedCombinationsAreRefusedByName) {
   if (world.size() == 3) {
     refused(c, "parallel.expert = 2 does not divide the data-parallel size 3");
   }
+}
+
+// The epoch record names each MoE layer (model.moe_every = 2 of 2 blocks: blocks.1 only)
+// with its aux loss, the max/mean tokens per expert (in [1, E/k] by construction) and the
+// dropped share, which a capacity factor of 1 makes positive on this corpus.
+TEST(GptExperts, EpochRecordHasPerLayerMoeMetrics) {
+  Communicator world = Communicator::world();
+  const std::string data = test_fixtures::gpt_text_corpus(world, "gpt_moe_metrics");
+  const test_fixtures::GptCleanup cleanup{world, std::filesystem::path(data).parent_path()};
+  TrainConfig c = moe_config(data);
+  c.model.moe_every = 2;
+  c.model.capacity_factor = 1.0;
+  c.train.max_steps = 0;
+  c.train.epochs = 1;
+  c.data.batch_size = 8;
+  c.log.metrics = data + "/metrics.jsonl";
+  if (world.size() % 2 == 0) c.parallel.expert = 2;
+  TrainerHooks hooks;
+  hooks.report = true;
+  Trainer(c, world, hooks).fit();
+  if (world.rank() != 0) return;
+  std::ifstream f(c.log.metrics);
+  nlohmann::json epoch;
+  for (std::string line; std::getline(f, line);)
+    if (auto j = nlohmann::json::parse(line); j["event"] == "epoch") epoch = j;
+  ASSERT_TRUE(epoch.contains("moe")) << epoch.dump();
+  const auto& moe = epoch["moe"];
+  EXPECT_EQ(moe.size(), 1u) << moe.dump();
+  ASSERT_TRUE(moe.contains("blocks.1.moe")) << moe.dump();
+  const auto& m = moe["blocks.1.moe"];
+  EXPECT_GE(m["max_over_mean"].get<double>(), 1.0);
+  EXPECT_LE(m["max_over_mean"].get<double>(), 4.0 / 2.0);
+  EXPECT_GT(m["aux"].get<double>(), 0.0);
+  EXPECT_GT(m["dropped_fraction"].get<double>(), 0.0);
+  EXPECT_LT(m["dropped_fraction"].get<double>(), 0.5);
+  std::printf("[moe metrics] %s\n", moe.dump().c_str());
 }
