@@ -54,12 +54,12 @@ void gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, floa
 }
 
 // b[j] = alpha * sum over rows of x[m, n] (+ b when accumulating).
+// Row by row (the matrix is row-major: one pass over memory).
 void sum_rows(const float* x, std::int64_t m, std::int64_t n, float alpha, float* b, bool accumulate) {
-  for (std::int64_t j = 0; j < n; ++j) {
-    double s = 0;
-    for (std::int64_t i = 0; i < m; ++i) s += x[i * n + j];
-    b[j] = static_cast<float>(alpha * s + (accumulate ? b[j] : 0.f));
-  }
+  std::vector<double> s(static_cast<std::size_t>(n), 0.0);
+  for (std::int64_t i = 0; i < m; ++i)
+    for (std::int64_t j = 0; j < n; ++j) s[j] += x[i * n + j];
+  for (std::int64_t j = 0; j < n; ++j) b[j] = static_cast<float>(alpha * s[j] + (accumulate ? b[j] : 0.f));
 }
 
 // y[m, n] += bias broadcast over rows.
@@ -262,7 +262,8 @@ Tensor MoeMlp::do_forward(const Tensor& x, Ctx& c, const Call& call) const {
       s.rows[l] += static_cast<std::int64_t>(s.recv_counts[i * L + l]);
     }
   const auto R = static_cast<std::int64_t>(s.perm.size());
-  std::vector<float> oe(static_cast<std::size_t>(R * D));
+  std::vector<float>& oe = s.oe;
+  oe.resize(static_cast<std::size_t>(R * D));
   if (R > 0) {
     ensure(s.xe, {R, D}, DType::f32, Device::cpu());
     ensure(s.h, {R, H}, DType::f32, Device::cpu());
@@ -310,7 +311,9 @@ Tensor MoeMlp::do_backward(const Tensor& dy, Ctx& c, bool need_dx, bool accumula
   const int E = spec_.experts, k = spec_.top_k, L = local_experts();
   const float* dyp = dy.data<float>();
   // Combine backward: d gate and d expert output.
-  std::vector<float> dgate(s.gate.size(), 0.f), dout_send(s.out_send.size());
+  std::vector<float>&dgate = s.dgate, &dout_send = s.dout_send;
+  dgate.assign(s.gate.size(), 0.f);
+  dout_send.resize(s.out_send.size());
   for (std::size_t a = 0; a < s.row.size(); ++a) {
     if (s.row[a] < 0) continue;
     const float* o = &s.out_send[s.row[a] * D];
@@ -323,16 +326,23 @@ Tensor MoeMlp::do_backward(const Tensor& dy, Ctx& c, bool need_dx, bool accumula
     }
     dgate[a] = static_cast<float>(dot);
   }
-  std::vector<float> dout_recv;
+  std::vector<float>& dout_recv = s.dout_recv;
   exchange(s, dout_send, dout_recv, true);
   // Expert side. Weight gradients are sums over every rank's tokens: 1/EP makes
   // the expert-data group's average the mean over all data-parallel ranks.
   const auto R = static_cast<std::int64_t>(s.perm.size());
   const float alpha = 1.f / float(group_.size);
-  std::vector<float> dx_recv(s.recv.size());
-  std::vector<float> doe(static_cast<std::size_t>(R * D)), dxe(static_cast<std::size_t>(R * D));
+  std::vector<float>& dx_recv = s.dx_recv;
+  dx_recv.resize(s.recv.size());
+  std::vector<float>&doe = s.doe, &dxe = s.dxe;
+  doe.resize(static_cast<std::size_t>(R * D));
+  dxe.resize(static_cast<std::size_t>(R * D));
   for (std::int64_t i = 0; i < R; ++i) std::memcpy(doe.data() + i * D, &dout_recv[s.perm[i] * D], sizeof(float) * D);
-  Tensor da = R > 0 ? Tensor::empty({R, H}) : Tensor(), dh = R > 0 ? Tensor::empty({R, H}) : Tensor();
+  Tensor da, dh;
+  if (R > 0) {
+    da = ensure(s.da, {R, H}, DType::f32, Device::cpu());
+    dh = ensure(s.dh, {R, H}, DType::f32, Device::cpu());
+  }
   std::int64_t o = 0;
   const float beta = accumulate ? 1.f : 0.f;
   for (int l = 0; l < L; ++l) {
@@ -358,11 +368,12 @@ Tensor MoeMlp::do_backward(const Tensor& dy, Ctx& c, bool need_dx, bool accumula
     o += m;
   }
   for (std::int64_t i = 0; i < R; ++i) std::memcpy(&dx_recv[s.perm[i] * D], dxe.data() + i * D, sizeof(float) * D);
-  std::vector<float> dx_send;
+  std::vector<float>& dx_send = s.dx_send;
   exchange(s, dx_recv, dx_send, false);
   // Router: gates -> probabilities (+ the aux loss) -> softmax -> logits.
   const double aux_g = spec_.aux_loss_coeff * group_.shared->grad_scale * double(E) / double(n);
-  std::vector<float> dlogit(static_cast<std::size_t>(n * E));
+  std::vector<float>& dlogit = s.dlogit;
+  dlogit.resize(static_cast<std::size_t>(n * E));
   std::vector<double> dp(static_cast<std::size_t>(E));
   for (std::int64_t t = 0; t < n; ++t) {
     const float* pr = &s.probs[static_cast<std::size_t>(t * E)];

@@ -111,6 +111,9 @@ class MoeMlp : public Layer {
     std::vector<std::int64_t> perm;   // expert-side row i = received row perm[i]
     std::vector<std::int64_t> rows;   // rows per local expert
     Tensor xe, h, a;
+    // Scratch of the forward and backward, kept so that a step allocates nothing once shapes settle.
+    std::vector<float> oe, dgate, dout_send, dout_recv, doe, dxe, dx_recv, dx_send, dlogit;
+    Tensor da, dh;
   };
 
  private:
