@@ -351,6 +351,8 @@ void TrainConfig::validate() const {
     RT_CHECK(model.name == "gpt", "configuration key 'model.experts' = ", model.experts, " is for model.name = gpt "
              "(a [[model.layers]] transformer entry takes key 'experts'), not '", model.name, "'");
     range("model.top_k", model.top_k, 1, model.experts);
+    RT_CHECK(parallel.tensor == 1, "configuration key 'model.experts' = ", model.experts, " with parallel.tensor = ",
+             parallel.tensor, " is not supported yet (the experts are not split over tensor ranks)");
     RT_CHECK(model.experts % parallel.expert == 0, "configuration key 'model.experts' = ", model.experts,
              " is not divisible by parallel.expert = ", parallel.expert);
   }
