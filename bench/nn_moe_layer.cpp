@@ -11,6 +11,8 @@
 //    forward (dispatch + combine), from the layer's own counts, beside
 //    2 * T * k * h * b * (EP - 1) / EP (T tokens per rank, h = model width,
 //    b = 4 bytes): equal in expectation under uniform routing.
+//  - At EP > 1, the share of the layer's forward+backward spent in its
+//    all-to-alls (counts and rows, both directions; blocking, so exposed).
 //   mpirun -np 2 bench_nn_moe_layer --tokens 2048 --dim 256 --hidden 512 --experts 8 --top-k 2 --ep 2
 #include <mpi.h>
 
@@ -87,15 +89,19 @@ int main(int argc, char** argv) {
   std::mt19937 rng(1 + world.rank());
   std::normal_distribution<float> nd(0.f, 1.f);
   for (std::int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = nd(rng), dy.data<float>()[i] = nd(rng) * 1e-3f;
-  std::vector<double> tm, td;
+  std::vector<double> tm, td, ta;
   for (int i = 0; i < iters + 2; ++i) {  // interleaved, 2 warm-ups
     for (int which = 0; which < 2; ++which) {
       MPI_Barrier(MPI_COMM_WORLD);
+      const double a0 = g.shared->alltoall_s;
       const auto t0 = std::chrono::steady_clock::now();
       (which ? dense : moe).step(x, dy);
       double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      double share = which ? 0 : (g.shared->alltoall_s - a0) / t;  // this rank's all-to-all share of the step
       MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+      MPI_Allreduce(MPI_IN_PLACE, &share, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
       if (i >= 2) (which ? td : tm).push_back(t);
+      if (i >= 2 && !which) ta.push_back(share);
     }
   }
   // Bytes to other ranks in one forward: dispatch rows + the combine's rows back.
@@ -123,6 +129,9 @@ int main(int argc, char** argv) {
       std::printf("  all-to-all bytes per rank per layer forward: mean %.0f, max %.0f; formula 2*T*k*h*b*(EP-1)/EP = %.0f;"
                   " mean/formula %.3f (goal within 5%%)\n",
                   sum / ep, worst, formula, sum / ep / formula);
+    if (ep > 1)
+      std::printf("  time in the all-to-alls (blocking: all exposed), share of the MoE layer's forward+backward: "
+                  "median %.3f (the busiest rank per iteration)\n", median(ta));
   }
   MPI_Finalize();
   return 0;

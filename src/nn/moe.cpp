@@ -6,6 +6,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -158,7 +159,11 @@ void MoeMlp::exchange(const Saved& s, const std::vector<float>& in, std::vector<
     std::copy(in.begin(), in.end(), out.begin());
     return;
   }
+  const auto t0 = std::chrono::steady_clock::now();
   alltoallv(in.data(), sc, packed_displs(sc), out.data(), rc, packed_displs(rc), DType::f32, group_.comm);
+  group_.shared->alltoall_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (int j = 0; j < p; ++j)
+    if (j != group_.rank) group_.shared->alltoall_bytes += double(sc[j]) * sizeof(float);
 }
 
 Tensor MoeMlp::do_forward(const Tensor& x, Ctx& c, const Call& call) const {
@@ -240,7 +245,9 @@ Tensor MoeMlp::do_forward(const Tensor& x, Ctx& c, const Call& call) const {
   s.send_counts = kept;
   if (p > 1) {  // the counts first: what each rank sends for each of our local experts
     std::vector<std::int64_t> sc(kept.begin(), kept.end()), rc(static_cast<std::size_t>(E));
+    const auto t0 = std::chrono::steady_clock::now();
     alltoall(sc.data(), rc.data(), static_cast<std::size_t>(L), DType::i64, group_.comm);
+    group_.shared->alltoall_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     s.recv_counts.assign(rc.begin(), rc.end());
   } else {
     s.recv_counts = kept;

@@ -97,6 +97,7 @@ void Reporter::epoch_end(const EpochMetrics& m) {
   for (const MoeEpochStats& s : m.moe)
     moe += cat(" | ", s.layer, " aux ", fixed(s.aux, 3), " max/mean ", fixed(s.max_over_mean, 2), " dropped ",
                fixed(100 * s.dropped_fraction, 1), "%");
+  if (m.moe_alltoall_s > 0) moe += cat(" | expert all-to-all ", fixed(m.moe_alltoall_s, 2), "s");
   std::string amp = m.loss_scale > 0 ? cat(" | loss scale ", m.loss_scale, ", ", m.skipped_steps, " skipped") : "";
   std::string slow = m.slowest_rank < 0 ? ""
                      : cat(" | ", m.straggler ? "straggler" : "slowest", " rank ", m.slowest_rank, ": compute ",
@@ -144,6 +145,7 @@ void Reporter::epoch_end(const EpochMetrics& m) {
       j["schedule_predicted_s"] = m.schedule_predicted_s;
       j["schedule_bubble_predicted"] = m.schedule_bubble_predicted;
     }
+    if (m.moe_alltoall_s > 0) j["moe_alltoall_s"] = m.moe_alltoall_s;
     for (const MoeEpochStats& s : m.moe)
       j["moe"][s.layer] = {{"aux", s.aux}, {"max_over_mean", s.max_over_mean}, {"dropped_fraction", s.dropped_fraction}};
     if (m.loss_scale > 0) {

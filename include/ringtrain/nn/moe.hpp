@@ -53,6 +53,10 @@ struct MoeLayerStats {
 class MoeShared {
  public:
   double grad_scale = 1.0;
+  // Seconds this rank spent in the layers' all-to-alls (counts and rows, forward
+  // and backward; blocking, so all of it is exposed) and the bytes it sent to
+  // other ranks in them, since construction (benchmarks read and reset them).
+  double alltoall_s = 0, alltoall_bytes = 0;
   void record(const std::string& layer, double aux, double max_over_mean, double dropped, double assignments);
   std::vector<MoeLayerStats> take();  // and reset
  private:

@@ -51,6 +51,7 @@ struct EpochMetrics {
   double slowest_wait_fraction = 0; // of its peers' step time, spent waiting on it
   bool straggler = false;           // slowest_slowdown > comm.straggler_factor
   std::vector<MoeEpochStats> moe;   // model.experts > 0: per MoE layer
+  double moe_alltoall_s = 0;        // parallel.expert > 1: the epoch's seconds in the experts' all-to-alls (busiest rank)
 };
 
 struct SlowestRank;
