@@ -31,11 +31,11 @@ struct GridShape {
   int pipeline = 1;  // stages
   int tensor = 1;    // ranks per tensor-parallel group (innermost)
   int context = 1;   // ranks per context-parallel group (between data and tensor; mesh.hpp)
-  int expert = 1;    // parallel.expert: ranks splitting the experts, carved from the data-parallel ranks (mesh.hpp)
   // Model chunks per pipeline rank and where they sit (pipeline_layout.hpp):
   // the schedule's (schedule.hpp layout_for); 1 chunk unless it interleaves.
   int chunks = 1;
   ChunkPlacement placement = ChunkPlacement::loop;
+  int expert = 1;    // parallel.expert: ranks splitting the experts, carved from the data-parallel ranks (mesh.hpp)
 };
 
 class ProcessGrid {
