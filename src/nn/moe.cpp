@@ -228,7 +228,8 @@ Tensor MoeMlp::do_forward(const Tensor& x, Ctx& c, const Call& call) const {
   }
   if (call.train() && !call.replay()) {
     const std::size_t mx = *std::max_element(count.begin(), count.end());
-    group_.shared->record(full_name_.empty() ? name_ : full_name_, s.aux, double(mx) * E / double(n * k), double(dropped), double(n * k));
+    group_.shared->record(full_name_.empty() ? name_ : full_name_, s.aux, double(mx) * E / double(n * k),
+                          double(dropped), double(n * k));
   }
   // Dispatch: rows grouped by global expert (= by owner rank, then local expert).
   std::vector<std::size_t> offset(static_cast<std::size_t>(E), 0);

@@ -6,7 +6,8 @@
 // ranks) and the comparison holds with the aux loss on. Combinations not
 // supported yet are refused by name on every rank. The epoch record carries
 // the per-layer MoE metrics. With experts at 2 ranks: recomputation (at expert 1
-// and 2), ZeRO-1 and a checkpointed run continued at 1 rank follow 1 rank too.
+// and 2), ZeRO-1, pipeline 2 and a checkpointed run continued at 1 rank follow 1
+// rank too.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -137,8 +138,8 @@ TEST(GptExperts, EpochRecordHasPerLayerMoeMetrics) {
 }
 
 // At 2 ranks, with experts: data 2 (experts replicated) alone, with block
-// recomputation (the forward reruns, exchanges included) at expert 2 too, and
-// with ZeRO-1, each against the 1-rank trainer of the same micro-batches; a run
+// recomputation (the forward reruns, exchanges included) at expert 2 too, with
+// ZeRO-1, and pipeline 2 (MoE blocks on both stages), each against the 1-rank trainer of the same micro-batches; a run
 // with experts cut at step 5 continues at 1 rank from its checkpoint (the
 // expert weights' names and initial values do not depend on the layout).
 TEST(GptExperts, FeaturesFollowTheOneRankTrainer) {
@@ -164,6 +165,9 @@ TEST(GptExperts, FeaturesFollowTheOneRankTrainer) {
   TrainConfig z = d2;
   z.parallel.zero = 1;
   test_fixtures::expect_losses_follow(train_losses(z, world), ref, "experts, data 2, ZeRO-1", 2e-7);
+  TrainConfig pp = moe_config(data);  // 2 stages, the batch of 4 in 2 micro-batches: the same micro-batches
+  pp.parallel.pipeline = 2;
+  test_fixtures::expect_losses_follow(train_losses(pp, world), ref, "experts, pipeline 2", 2e-7);
 
   auto run = [&](const std::string& dir) {  // aux off: the 1-rank continuation takes whole batches of 4
     TrainConfig c = moe_config(data);
