@@ -52,7 +52,8 @@ const std::vector<TypeSpec>& types() {
       {"flatten", {}},
       {"residual", {{"relu", 'b'}}},
       {"attention", {{"heads", 'i'}, {"causal", 'b'}}},
-      {"transformer", {{"heads", 'i'}, {"mlp_ratio", 'f'}, {"dropout", 'f'}, {"causal", 'b'}, {"gelu", 's'}, {"eps", 'f'}}},
+      {"transformer", {{"heads", 'i'}, {"mlp_ratio", 'f'}, {"dropout", 'f'}, {"causal", 'b'}, {"gelu", 's'}, {"eps", 'f'},
+                       {"experts", 'i'}, {"top_k", 'i'}, {"aux_loss_coeff", 'f'}, {"capacity_factor", 'f'}}},
       {"patch_embed", {{"patch", 'i'}, {"out", 'i'}}},
       {"token_mean", {}},
       {"embedding", {{"out", 'i'}}},
@@ -207,6 +208,7 @@ struct Target {
   bool fuse_pool;        // the backend fuses max pooling into the convolution
   std::string root;      // how errors name the top-level list ("model.layers")
   bool sequence = false; // parallel.sequence at g.size > 1: transformer entries split their tokens
+  ExpertGroup expert{};  // parallel.expert: transformer entries with experts split them over it
 };
 
 // Builds one list of entries (the model, or a residual's body/shortcut),
@@ -367,6 +369,15 @@ class Builder {
       s.causal = e.b("causal", false);
       s.gelu = e.s("gelu", "erf") == "tanh" ? Eltwise::gelu_tanh : Eltwise::gelu;
       s.eps = e.f("eps", s.eps);
+      s.moe.experts = static_cast<int>(e.i("experts", 0));  // mixture of experts (nn/moe.hpp); 0: dense
+      s.moe.top_k = static_cast<int>(e.i("top_k", 2));
+      s.moe.aux_loss_coeff = e.f("aux_loss_coeff", 0.01);
+      s.moe.capacity_factor = e.f("capacity_factor", 0.0);
+      s.expert = t_.expert;
+      if (s.moe.experts > 0)
+        RT_CHECK(s.moe.top_k >= 1 && s.moe.top_k <= s.moe.experts && s.moe.experts % t_.expert.size == 0,
+                 e.where(), ": key 'experts' = ", s.moe.experts, " must be >= key 'top_k' = ", s.moe.top_k,
+                 " >= 1 and divisible by parallel.expert = ", t_.expert.size);
       const auto hidden = static_cast<std::int64_t>(std::llround(double(dim) * s.mlp_ratio));
       RT_CHECK(hidden > 0 && hidden % g.size == 0, e.where(), ": key 'mlp_ratio' = ", s.mlp_ratio, " gives ", hidden,
                " hidden units for width ", dim, ", which must be positive and divisible by parallel.tensor = ", g.size);
@@ -449,7 +460,7 @@ void check_layer_descs(const std::vector<LayerDesc>& layers) { check_list(layers
 std::vector<LayerPtr> build_described_layers(const std::vector<LayerDesc>& descs, const ModelConfig& c,
                                              bool fuse_pool, const std::string& where) {
   check_list(descs, where);
-  const Target t{c.tensor, c.classes, fuse_pool, where, c.sequence && c.tensor.size > 1};
+  const Target t{c.tensor, c.classes, fuse_pool, where, c.sequence && c.tensor.size > 1, c.expert};
   Builder b(t, model_input_shape(c, 1), "");
   auto L = b.build(descs, where);
   if (c.seq_len > 0) {

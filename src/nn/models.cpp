@@ -182,16 +182,27 @@ std::vector<LayerDesc> gpt(const ModelConfig& c) {
   const auto hidden = static_cast<std::int64_t>(std::llround(double(dim) * c.mlp_ratio));
   RT_CHECK(hidden > 0 && hidden % c.tensor.size == 0, "model 'gpt': the MLP hidden width model.width * "
            "model.mlp_ratio = ", hidden, " must be positive and divisible by parallel.tensor = ", c.tensor.size);
+  RT_CHECK(c.experts >= 0 && c.moe_every >= 1, "model 'gpt': model.experts must be >= 0 and model.moe_every >= 1, "
+           "got ", c.experts, " and ", c.moe_every);
+  RT_CHECK(c.experts == 0 || (c.top_k >= 1 && c.top_k <= c.experts), "model 'gpt': model.top_k = ", c.top_k,
+           " must be in [1, model.experts = ", c.experts, "]");
+  RT_CHECK(c.experts % c.expert.size == 0, "model 'gpt': model.experts = ", c.experts,
+           " is not divisible by parallel.expert = ", c.expert.size);
   std::vector<LayerDesc> L = {Entry("embedding", "wte").i("out", dim)};
   if (c.dropout > 0) L.push_back(Entry("dropout", "drop").f("p", c.dropout));
-  for (int i = 0; i < c.depth; ++i)
-    L.push_back(Entry("transformer", cat("blocks.", i))
-                    .i("heads", c.heads)
-                    .f("mlp_ratio", c.mlp_ratio)
-                    .f("dropout", c.dropout)
-                    .b("causal", true)
-                    .s("gelu", c.gelu)
-                    .f("eps", c.layernorm_eps));
+  for (int i = 0; i < c.depth; ++i) {
+    Entry b = Entry("transformer", cat("blocks.", i))
+                  .i("heads", c.heads)
+                  .f("mlp_ratio", c.mlp_ratio)
+                  .f("dropout", c.dropout)
+                  .b("causal", true)
+                  .s("gelu", c.gelu)
+                  .f("eps", c.layernorm_eps);
+    if (c.experts > 0 && (i + 1) % c.moe_every == 0)  // every moe_every-th block (the last of each run) has experts
+      b.i("experts", c.experts).i("top_k", c.top_k).f("aux_loss_coeff", c.aux_loss_coeff)
+          .f("capacity_factor", c.capacity_factor);
+    L.push_back(b);
+  }
   L.push_back(Entry("layernorm", "norm").f("eps", c.layernorm_eps));
   L.push_back(Entry("lm_head", "lm_head").s("tie", "wte"));
   return L;

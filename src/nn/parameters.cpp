@@ -154,7 +154,7 @@ std::vector<DimSet> ParamArena::reduce_sets() const {
 }
 
 const char* dim_name(Dim d) {
-  static const char* const names[kMeshDims] = {"pipeline", "data", "context", "tensor"};
+  static const char* const names[kMeshDims] = {"pipeline", "data", "expert", "context", "tensor"};
   return names[dim_index(d)];
 }
 

@@ -308,10 +308,20 @@ LayerPtr transformer_block(const std::string& name, const TransformerBlockSpec& 
   attn.push_back(multi_head_attention("attn", s.dim, s.heads, gs, s.causal));
   if (s.dropout > 0) attn.push_back(dropout(".drop1"));
   mlp.push_back(norm("norm2"));
-  const LinearSpec fc1{s.dim, hidden, true, false}, fc2{hidden, s.dim, true, false};
-  mlp.push_back(split_layer("fc1", fc1, Init::xavier_uniform, TensorSplit::column, gs));
-  mlp.push_back(std::make_unique<Activation>("gelu", s.gelu));
-  mlp.push_back(split_layer("fc2", fc2, Init::xavier_uniform, TensorSplit::row, gs));
+  if (s.moe.experts > 0) {
+    RT_CHECK(g.size == 1, "transformer block '", name, "': experts (model.experts) with parallel.tensor = ", g.size,
+             " > 1 are not supported yet");
+    MoeSpec m = s.moe;
+    m.dim = s.dim;
+    m.hidden = hidden;
+    m.gelu = s.gelu;
+    mlp.push_back(moe_mlp(m, s.expert));
+  } else {
+    const LinearSpec fc1{s.dim, hidden, true, false}, fc2{hidden, s.dim, true, false};
+    mlp.push_back(split_layer("fc1", fc1, Init::xavier_uniform, TensorSplit::column, gs));
+    mlp.push_back(std::make_unique<Activation>("gelu", s.gelu));
+    mlp.push_back(split_layer("fc2", fc2, Init::xavier_uniform, TensorSplit::row, gs));
+  }
   if (s.dropout > 0) mlp.push_back(dropout(".drop2"));
   std::vector<std::vector<LayerPtr>> branches;
   branches.push_back(std::move(attn));

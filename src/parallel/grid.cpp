@@ -7,25 +7,26 @@
 namespace ringtrain {
 
 int ProcessGrid::data_parallel_size(int world_size, GridShape s) {
-  return Mesh::sizes_for(world_size, {s.pipeline, s.context, s.tensor})[dim_index(Dim::data)];
+  const auto n = Mesh::sizes_for(world_size, {s.pipeline, s.context, s.tensor, s.expert});
+  return n[dim_index(Dim::data)] * n[dim_index(Dim::expert)];
 }
 
 ProcessGrid ProcessGrid::make(const Communicator& world_in, GridShape s, double timeout_s) {
   // Every group is the mesh's; only the pipeline's ends are a split of their own.
   ProcessGrid g;
-  g.mesh_ = Mesh::make(world_in, {s.pipeline, s.context, s.tensor}, timeout_s);
+  g.mesh_ = Mesh::make(world_in, {s.pipeline, s.context, s.tensor, s.expert}, timeout_s);
   const Mesh& m = g.mesh_;
   g.tp_size_ = m.size(Dim::tensor);
   g.pp_size_ = m.size(Dim::pipeline);
-  g.dp_size_ = m.size(Dim::data);
+  g.dp_size_ = m.size({Dim::data, Dim::expert});  // expert parallelism is carved from data (mesh.hpp)
   g.tp_ = m.coord(Dim::tensor);
-  g.dp_ = m.coord(Dim::data);
+  g.dp_ = m.coord(Dim::data) * m.size(Dim::expert) + m.coord(Dim::expert);
   g.pp_ = m.coord(Dim::pipeline);
   RT_CHECK(s.chunks >= 1, "process grid: model chunks per pipeline rank must be >= 1, got ", s.chunks);
   g.layout_ = {g.pp_size_, s.chunks, s.placement};
   g.world_ = m.world();
   const Communicator& world = g.world_;
-  g.dp_comm_ = m.group({Dim::data});
+  g.dp_comm_ = m.group({Dim::data, Dim::expert});
   g.pp_comm_ = m.group({Dim::pipeline});
   g.tp_comm_ = m.group({Dim::tensor});
   g.replica_comm_ = m.group({Dim::pipeline, Dim::tensor});

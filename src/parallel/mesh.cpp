@@ -14,9 +14,13 @@ std::array<int, kMeshDims> Mesh::sizes_for(int world_size, MeshShape s) {
              " does not divide the ", world_size, " ranks of the job");
   RT_CHECK(world_size % model == 0, "parallel.pipeline = ", s.pipeline, " x parallel.context = ", s.context,
            " x parallel.tensor = ", s.tensor, " does not divide the ", world_size, " ranks of the job");
+  RT_CHECK(s.expert >= 1 && (world_size / model) % s.expert == 0, "parallel.expert = ", s.expert,
+           " does not divide the data-parallel size ", world_size / model, " (the ", world_size,
+           " ranks / parallel.pipeline x parallel.context x parallel.tensor = ", model, ")");
   std::array<int, kMeshDims> n{};
   n[dim_index(Dim::pipeline)] = s.pipeline;
-  n[dim_index(Dim::data)] = world_size / model;
+  n[dim_index(Dim::data)] = world_size / model / s.expert;
+  n[dim_index(Dim::expert)] = s.expert;
   n[dim_index(Dim::context)] = s.context;
   n[dim_index(Dim::tensor)] = s.tensor;
   return n;
@@ -48,7 +52,7 @@ namespace {
 
 // How errors name a group's ranks ("rank 1 of 'pp'"): the short names of earlier releases.
 std::string group_name(DimSet s) {
-  static const char* const short_names[kMeshDims] = {"pp", "dp", "cp", "tp"};
+  static const char* const short_names[kMeshDims] = {"pp", "dp", "ep", "cp", "tp"};
   std::string n;
   for (int i = 0; i < kMeshDims; ++i)
     if (s.has(static_cast<Dim>(i))) n += std::string(n.empty() ? "" : "+") + short_names[i];

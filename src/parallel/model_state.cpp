@@ -136,8 +136,16 @@ void ModelState::broadcast() {
   // Over the group the parameters are averaged over (the mesh's data x context):
   // the ranks that hold the same replica of this stage and shard.
   const std::vector<DimSet> sets = stage_.arena().reduce_sets();
-  RT_CHECK(sets.size() <= 1, grid_.tag(), " the stage's parameters are averaged over ", sets.size(),
-           " different groups (", sets.front().str(), ", ", sets.back().str(), "); the state broadcast takes one");
+  if (sets.size() > 1) {  // expert weights (nn/moe.hpp): each parameter over its own group, at the start of a run
+    // (Buffers and optimizer state are not broadcast: a run with experts starts fresh; config.cpp refuses resumes.)
+    const ParamArena& a = stage_.arena();
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      const Communicator& g = grid_.reduce_group(a.info(i).reduce_over);
+      Tensor p = a.param(i);
+      if (g.size() > 1) ringtrain::broadcast(p.raw(), static_cast<std::size_t>(p.numel()), p.dtype(), 0, g);
+    }
+    return;
+  }
   const Communicator& group = grid_.reduce_group(sets.empty() ? kDenseReduce : sets.front());
   if (group.size() == 1) return;
   std::vector<Tensor> ts;

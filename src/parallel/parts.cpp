@@ -22,6 +22,11 @@ ModelParts build_parts(const ProcessGrid& grid, const ModelConfig& mc, const Gri
   ModelConfig mc_tp = mc;  // parallel.tensor: the model splits its layers over grid.tp()
   mc_tp.tensor = TensorGroup::of(grid.tp(), mc.tensor.stats);  // stats: the caller's counter, if any
   if (grid.cp_size() > 1) mc_tp.context = ContextGroup::of(grid.cp(), mc.seq_len, mc.context.stats);  // ring attention
+  mc_tp.expert.comm = grid.ep();  // parallel.expert: the experts split over grid.ep() (nn/moe.hpp)
+  mc_tp.expert.size = grid.ep_size();
+  mc_tp.expert.rank = grid.mesh().coord(Dim::expert);
+  if (mc.experts > 0) parts.moe = mc.expert.shared;
+  parts.per_step = mb.per_step();
   // Nothing of the whole model is allocated: the partition works from what each
   // layer registers (or times layers one by one), the stage builds its own layers.
   const std::vector<LayerPlan> plan = plan_model_layers(mc_tp, dev);
@@ -104,6 +109,7 @@ ModelParts build_parts(const ProcessGrid& grid, const ModelConfig& mc, const Gri
 //   statistics and flags of every rank.
 StepResult train_step(const ProcessGrid& grid, ModelParts& parts, const StepInput& in, StepFlags flags) {
   using Clock = std::chrono::steady_clock;
+  if (parts.moe) parts.moe->grad_scale = in.loss_scale / parts.per_step;  // the aux loss's, like the executor's dy
   StepOutput out = parts.executor->run(*parts.stage, *parts.loss, in, *parts.grad_sync);
   const auto t_sync = Clock::now();
   parts.grad_sync->finish();

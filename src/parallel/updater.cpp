@@ -64,6 +64,18 @@ bool Updater::apply(double lr) {
   if (scaler_) v[1] = rt_.unscale_grads(a, scaler_->inv_scale()) ? 0 : 1;
   if (clip) v[0] = rt_.grad_sq_norm(a, counted_once(a));
   if (owners.size() > 1 && (scaler_ || clip)) allreduce(v, v, 2, DType::f64, ReduceOp::sum, owners);
+  if (grid_.ep_size() > 1 && (scaler_ || clip)) {
+    // Experts split over the expert group (nn/moe.hpp): the norm is the dense
+    // weights' (alike on its ranks) plus every rank's own experts'.
+    std::vector<char> experts(a.size(), 0);
+    for (std::size_t i = 0; i < a.size(); ++i) experts[i] = a.info(i).reduce_over != kDenseReduce;
+    double e[2] = {clip ? rt_.grad_sq_norm(a, experts) : 0.0, v[1]};
+    allreduce(e, e, 2, DType::f64, ReduceOp::sum, grid_.ep());
+    std::vector<char> dense(a.size());
+    for (std::size_t i = 0; i < a.size(); ++i) dense[i] = !experts[i];
+    if (clip) v[0] = rt_.grad_sq_norm(a, dense) + e[0];
+    v[1] = e[1];
+  }
   if (scaler_ && !scaler_->update(v[1] == 0)) return false;
   if (clip) {
     const double coef = clip_coefficient(std::sqrt(v[0]), cfg_.clip_norm);

@@ -43,6 +43,11 @@ const std::vector<Field>& fields() {
       RT_FIELD(model, patch, "vit: patch side in pixels (divides the image size)"),
       RT_FIELD(model, gelu, "vit, gpt: the MLP's GELU, erf (exact, PyTorch's default) | tanh (the tanh approximation of GPT-2 and llm.c); set from model.init_from's file where it says which"),
       RT_FIELD(model, layernorm_eps, "vit, gpt: every LayerNorm's epsilon; set from model.init_from's file where it says"),
+      RT_FIELD(model, experts, "gpt: a mixture of experts replaces the MLP of every model.moe_every-th block: this many expert MLPs of the dense MLP's shape and a router (0 = dense; docs/moe.md)"),
+      RT_FIELD(model, top_k, "gpt, model.experts > 0: experts per token; their router probabilities, renormalised over the k, weigh their outputs"),
+      RT_FIELD(model, moe_every, "gpt, model.experts > 0: blocks n-1, 2n-1, ... have experts, the others a dense MLP (1 = every block)"),
+      RT_FIELD(model, aux_loss_coeff, "gpt, model.experts > 0: weight of the load-balancing loss E x sum_i f_i P_i (Switch Transformer) added to the training objective of each MoE block (0 = off); its value is logged per layer (moe.*)"),
+      RT_FIELD(model, capacity_factor, "gpt, model.experts > 0: each expert takes at most ceil(factor x tokens x top_k / experts) of a micro-batch's assignments, later tokens are dropped (their residual passes); 0 = dropless"),
       RT_FIELD(model, init_from, "start from these weights instead of a random initialisation: a safetensors file, a directory holding model.safetensors or shards listed by model.safetensors.index.json (Hugging Face names), or an llm.c GPT-2 model file (docs/interop.md); each rank reads only the byte ranges of the parameters it holds, and every shape is checked against the model. A --resume checkpoint takes precedence"),
       RT_FIELD(data, train, "training set: HDF5 file, or shard directory/pattern"),
       RT_FIELD(data, test, "test set: HDF5 file, or shard directory/pattern"),
@@ -103,6 +108,7 @@ const std::vector<Field>& fields() {
       RT_FIELD(parallel, pipeline, "pipeline stages (data-parallel size = ranks / (pipeline x tensor))"),
       RT_FIELD(parallel, tensor, "tensor-parallel size: the model splits its layers over this many neighbouring ranks"),
       RT_FIELD(parallel, context, "context parallelism (ring attention, model 'gpt'): each sequence's tokens are split over this many ranks, rank r holding chunks r and 2P-1-r of 2P (head-tail: the causal mask's work balances); K/V blocks travel the ring with bounded point-to-point transfers overlapped with the attention; a sequence not divisible by 2P is padded and the padding masked. Data-parallel size = ranks / (pipeline x tensor x context). CPU, float32; with parallel.tensor > 1 it needs parallel.sequence = false (docs/context_parallel.md)"),
+      RT_FIELD(parallel, expert, "expert parallelism: the experts of model.experts are split over this many data-parallel ranks (it divides the data-parallel size and model.experts); tokens reach their experts by all-to-all, expert gradients are averaged over the ranks holding the same experts (docs/moe.md). CPU only; not with parallel.pipeline, parallel.tensor, parallel.zero, checkpoints or model.init_from yet"),
       RT_FIELD(parallel, micro_batches, "micro-batches per step and replica (0 = pipeline); divides data.batch_size"),
       RT_FIELD(parallel, schedule, "afab | 1f1b | zb-h1 | interleaved | zb-v | auto | FILE.csv: the pipeline schedule (docs/parallel_layouts.md); auto picks, at start, the one the schedule simulator predicts fastest for the model's measured layer times among those holding no more activations than 1f1b; interleaved cuts the model into parallel.pipeline x parallel.virtual_stages chunks, chunk c on rank c mod pipeline (Megatron's virtual stages); zb-v into 2 x pipeline chunks in a V (rank 0 holds the first and the last); FILE.csv runs a table of actions per rank (`ringtrain train --print-schedule` writes one) after validating it"),
       RT_FIELD(parallel, virtual_stages, "parallel.schedule = interleaved: model chunks per pipeline rank (>= 2)"),
@@ -339,6 +345,36 @@ void TrainConfig::validate() const {
     range("model.patch", model.patch, 1, 65536);
     one_of("model.gelu", model.gelu, {"erf", "tanh"});
     range("model.layernorm_eps", model.layernorm_eps, 0, 1, true);
+  }
+  range("model.experts", model.experts, 0, 1 << 16);
+  range("model.moe_every", model.moe_every, 1, 1 << 16);
+  range("model.aux_loss_coeff", model.aux_loss_coeff, 0, kHuge);
+  range("model.capacity_factor", model.capacity_factor, 0, kHuge);
+  range("parallel.expert", parallel.expert, 1, 1 << 16);
+  if (model.experts > 0) {
+    RT_CHECK(model.name == "gpt", "configuration key 'model.experts' = ", model.experts, " is for model.name = gpt "
+             "(a [[model.layers]] transformer entry takes key 'experts'), not '", model.name, "'");
+    range("model.top_k", model.top_k, 1, model.experts);
+    RT_CHECK(parallel.tensor == 1, "configuration key 'model.experts' = ", model.experts, " with parallel.tensor = ",
+             parallel.tensor, " is not supported yet (the experts are not split over tensor ranks)");
+    RT_CHECK(model.experts % parallel.expert == 0, "configuration key 'model.experts' = ", model.experts,
+             " is not divisible by parallel.expert = ", parallel.expert);
+  }
+  if (parallel.expert > 1) {  // what expert parallelism does not compose with yet: named, on every rank alike
+    RT_CHECK(model.experts > 0 || model.name == "layers", "parallel.expert = ", parallel.expert,
+             " needs experts to split: set model.experts");
+    RT_CHECK(parallel.pipeline == 1, "parallel.expert = ", parallel.expert, " with parallel.pipeline = ",
+             parallel.pipeline, " is not supported yet");
+    RT_CHECK(parallel.tensor == 1, "parallel.expert = ", parallel.expert, " with parallel.tensor = ", parallel.tensor,
+             " is not supported yet");
+    RT_CHECK(parallel.zero == 0, "parallel.expert = ", parallel.expert, " with parallel.zero = ", parallel.zero,
+             " is not supported yet (ZeRO shards over data x expert, the experts are not replicated there)");
+    RT_CHECK(checkpoint.dir.empty(), "parallel.expert = ", parallel.expert, " with checkpoint.dir = '", checkpoint.dir,
+             "' is not supported yet (a checkpoint gathers data-parallel rank 0's state, which holds only its experts)");
+    RT_CHECK(model.init_from.empty(), "parallel.expert = ", parallel.expert, " with model.init_from is not supported yet");
+    RT_CHECK(train.verify_every == 0, "parallel.expert = ", parallel.expert, " with train.verify_every = ",
+             train.verify_every, " is not supported (expert weights differ between the ranks of an expert group)");
+    RT_CHECK(train.device != "cuda", "parallel.expert = ", parallel.expert, " runs on the CPU only (train.device = cpu)");
   }
   range("data.batch_size", data.batch_size, 1, 1 << 24);
   range("data.global_batch", static_cast<double>(data.global_batch), 0, 1LL << 40);

@@ -105,6 +105,11 @@ void Reporter::epoch_end(const EpochMetrics& m) {
   if (m.schedule_s > 0)
     rate += cat(" | pipeline schedule ", fixed(1e3 * m.schedule_s, 1), " ms/step, simulator ",
                 fixed(1e3 * m.schedule_predicted_s, 1), " ms (bubble ", fixed(100 * m.schedule_bubble_predicted, 0), "%)");
+  std::string moe;
+  for (const MoeEpochStats& s : m.moe)
+    moe += cat(" | ", s.layer, " aux ", fixed(s.aux, 3), " max/mean ", fixed(s.max_over_mean, 2), " dropped ",
+               fixed(100 * s.dropped_fraction, 1), "%");
+  if (m.moe_alltoall_s > 0) moe += cat(" | expert all-to-all ", fixed(m.moe_alltoall_s, 2), "s");
   std::string amp = m.loss_scale > 0 ? cat(" | loss scale ", m.loss_scale, ", ", m.skipped_steps, " skipped") : "";
   std::string slow = m.slowest_rank < 0 ? ""
                      : cat(" | ", m.straggler ? "straggler" : "slowest", " rank ", m.slowest_rank, ": compute ",
@@ -113,9 +118,9 @@ void Reporter::epoch_end(const EpochMetrics& m) {
   if (!json_)  // json: the epoch record below instead
     std::fprintf(stderr,
                  "epoch %d/%d: train loss %.4f acc %.2f%%%s | %s | "
-                 "compute %.1fs, exposed comm %.2fs, data wait %.2fs | lr %.4g%s%s\n",
+                 "compute %.1fs, exposed comm %.2fs, data wait %.2fs | lr %.4g%s%s%s\n",
                  m.epoch + 1, epochs_, m.train_loss, 100 * m.train_accuracy, test.c_str(), rate.c_str(), m.compute_s,
-                 m.comm_exposed_s, m.data_wait_s, m.lr, amp.c_str(), slow.c_str());
+                 m.comm_exposed_s, m.data_wait_s, m.lr, amp.c_str(), slow.c_str(), moe.c_str());
   std::fflush(stderr);
   if (metrics_ || json_) {
     nlohmann::json j = {{"event", "epoch"},
@@ -152,6 +157,9 @@ void Reporter::epoch_end(const EpochMetrics& m) {
       j["schedule_predicted_s"] = m.schedule_predicted_s;
       j["schedule_bubble_predicted"] = m.schedule_bubble_predicted;
     }
+    if (m.moe_alltoall_s > 0) j["moe_alltoall_s"] = m.moe_alltoall_s;
+    for (const MoeEpochStats& s : m.moe)
+      j["moe"][s.layer] = {{"aux", s.aux}, {"max_over_mean", s.max_over_mean}, {"dropped_fraction", s.dropped_fraction}};
     if (m.loss_scale > 0) {
       j["loss_scale"] = m.loss_scale;
       j["skipped_steps"] = m.skipped_steps;

@@ -55,6 +55,11 @@ ModelConfig model_config(const TrainConfig& cfg, const data::FileInfo& info) {
   mc.patch = cfg.model.patch;
   mc.gelu = cfg.model.gelu;
   mc.layernorm_eps = cfg.model.layernorm_eps;
+  mc.experts = cfg.model.experts;
+  mc.top_k = cfg.model.top_k;
+  mc.moe_every = cfg.model.moe_every;
+  mc.aux_loss_coeff = cfg.model.aux_loss_coeff;
+  mc.capacity_factor = cfg.model.capacity_factor;
   mc.layers = cfg.model.layers;
   mc.sequence = cfg.parallel.sequence;
   mc.seed = cfg.train.seed;

@@ -105,6 +105,7 @@ Trainer::Impl::Impl(TrainConfig c, Communicator w, TrainerHooks h)
                              static_cast<std::size_t>(cfg.comm.flight_recorder));
   // Every communicator of the run, the trainer's own included, waits at most comm.collective_timeout_s.
   GridShape shape{cfg.parallel.pipeline, cfg.parallel.tensor, cfg.parallel.context};
+  shape.expert = cfg.parallel.expert;  // carved from the data-parallel ranks (mesh.hpp)
   run_agreed(world, "reading parallel.schedule", [&] {  // how many model chunks a pipeline rank holds, and where
     const PipelineLayout pl = schedule_layout(parse_schedule(cfg.parallel.schedule), cfg.parallel.schedule,
                                               cfg.parallel.pipeline, cfg.parallel.virtual_stages);
@@ -529,7 +530,39 @@ EpochMetrics Trainer::Impl::train_epoch(int epoch, bool& finished) {
   m.tokens_per_sample = loader->info().tokens() ? cfg.data.seq_len : 0;
   m.model_flops_per_s = m.images_per_s * flops_per_sample;
   m.matmul_peak_flops = matmul_peak;
+  m.moe = moe_epoch_stats();
+  if (parts.moe && grid->ep_size() > 1) {  // blocking exchanges: all of it is exposed
+    double a = parts.moe->alltoall_s;
+    parts.moe->alltoall_s = 0;
+    allreduce(&a, &a, 1, DType::f64, ReduceOp::max, world);
+    m.moe_alltoall_s = a;
+  }
   return m;
+}
+
+// The MoE layers' records of this epoch (nn/moe.hpp), summed over every rank
+// (each records its own micro-batches) for gpt's list of MoE blocks, which
+// every rank knows whatever stage it holds.
+std::vector<MoeEpochStats> Trainer::Impl::moe_epoch_stats() {
+  if (cfg.model.experts == 0 || cfg.model.name != "gpt") return {};
+  std::vector<std::string> names;
+  for (int i = 0; i < cfg.model.depth; ++i)
+    if ((i + 1) % cfg.model.moe_every == 0) names.push_back(cat("blocks.", i, ".moe"));
+  std::vector<double> v(5 * names.size(), 0.0);
+  for (const MoeLayerStats& s : parts.moe ? parts.moe->take() : std::vector<MoeLayerStats>{})
+    for (std::size_t i = 0; i < names.size(); ++i)
+      if (names[i] == s.name) {
+        const double x[5] = {s.forwards, s.aux, s.max_over_mean, s.dropped, s.assignments};
+        for (int k = 0; k < 5; ++k) v[5 * i + k] += x[k];
+      }
+  sum_over_ranks(v, world);
+  std::vector<MoeEpochStats> out;
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    const double* x = &v[5 * i];
+    if (x[0] == 0) continue;
+    out.push_back({names[i], x[1] / x[0], x[2] / x[0], x[4] > 0 ? x[3] / x[4] : 0});
+  }
+  return out;
 }
 
 // train.verify_every: the replicas of this rank's stage and tensor shard (its

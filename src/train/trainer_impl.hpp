@@ -82,6 +82,7 @@ struct Trainer::Impl {
   EvalResult evaluate(const std::string& path);
   TrainResult fit();
   EpochMetrics train_epoch(int epoch, bool& finished);
+  std::vector<MoeEpochStats> moe_epoch_stats();  // model.experts > 0: per MoE layer, every rank's forwards
   void verify_replicas();
   void start_reporting();
   void finish_trace();  // collective: the trace of log.trace_steps to its file

@@ -9,10 +9,12 @@
 namespace ringtrain {
 
 // Outermost first: the order of the mesh's rank arithmetic.
-enum class Dim : std::uint8_t { pipeline, data, context, tensor };
-constexpr int kMeshDims = 4;
+// expert: parallel.expert, carved from the data-parallel ranks (the data
+// dimension is what is left of them: the expert-data ranks); see mesh.hpp.
+enum class Dim : std::uint8_t { pipeline, data, expert, context, tensor };
+constexpr int kMeshDims = 5;
 constexpr int dim_index(Dim d) { return static_cast<int>(d); }
-const char* dim_name(Dim d);  // "pipeline", "data", "context", "tensor"
+const char* dim_name(Dim d);  // "pipeline", "data", "expert", "context", "tensor"
 
 class DimSet {
  public:
@@ -40,10 +42,13 @@ class DimSet {
 };
 
 // What every parameter is replicated over unless its layer says otherwise:
-// the data-parallel replicas and the context ranks (which see other tokens of
+// the data-parallel replicas (data x expert) and the context ranks (which see other tokens of
 // the same samples). Tensor shards differ per tensor rank; a replicated
 // parameter of a tensor-parallel layer gets the same gradient on each tensor
 // rank by construction and is not averaged over them.
-constexpr DimSet kDenseReduce{Dim::data, Dim::context};
+constexpr DimSet kDenseReduce{Dim::data, Dim::expert, Dim::context};
+// An expert's weights (nn/moe.hpp) at parallel.expert > 1: the ranks holding the
+// same experts, i.e. the data-parallel ranks with this rank's expert coordinate.
+constexpr DimSet kExpertReduce{Dim::data, Dim::context};
 
 }  // namespace ringtrain

@@ -17,6 +17,7 @@
 #include "ringtrain/nn/context_parallel.hpp"
 #include "ringtrain/nn/layer.hpp"
 #include "ringtrain/nn/layers_model.hpp"
+#include "ringtrain/nn/moe.hpp"
 #include "ringtrain/nn/parameters.hpp"
 #include "ringtrain/nn/tensor_group.hpp"
 
@@ -47,6 +48,10 @@ struct ModelConfig {
   // Token data (language models): the input is token ids [N, seq_len] and
   // `classes` is the vocabulary; 0: images [N, in_channels, height, width].
   std::int64_t seq_len = 0;
+  // gpt: mixture of experts (nn/moe.hpp) in every moe_every-th block's MLP; 0 experts: dense.
+  int experts = 0, top_k = 2, moe_every = 1;
+  double aux_loss_coeff = 0.01, capacity_factor = 0;
+  ExpertGroup expert;  // parallel.expert: the ranks splitting the experts
 };
 
 // The model's input for n samples: [n, seq_len] token ids, or [n, C, H, W] images.

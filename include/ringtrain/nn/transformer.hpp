@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "ringtrain/nn/layers.hpp"
+#include "ringtrain/nn/moe.hpp"
 #include "ringtrain/nn/tensor_group.hpp"
 
 namespace ringtrain {
@@ -210,6 +211,9 @@ struct TransformerBlockSpec {
   bool causal = false;     // causal attention (a language model's block)
   Eltwise gelu = Eltwise::gelu;  // the MLP's activation: erf (default) or tanh (GPT-2)
   double eps = 1e-5;             // both LayerNorms' epsilon
+  // moe.experts > 0: the MLP is a mixture of experts (nn/moe.hpp; dim, hidden and gelu are the block's).
+  MoeSpec moe;
+  ExpertGroup expert;
 };
 // Pre-norm block "<name>": norm1, attn (qkv, proj), norm2, fc1, GELU, fc2. Over g
 // the attention splits its heads and the MLP is fc1 column-parallel, fc2

@@ -35,6 +35,7 @@ struct GridShape {
   // the schedule's (schedule.hpp layout_for); 1 chunk unless it interleaves.
   int chunks = 1;
   ChunkPlacement placement = ChunkPlacement::loop;
+  int expert = 1;    // parallel.expert: ranks splitting the experts, carved from the data-parallel ranks (mesh.hpp)
 };
 
 class ProcessGrid {
@@ -66,10 +67,16 @@ class ProcessGrid {
   // group is split again.
   void set_pipeline_layout(const PipelineLayout& L);
   // World rank of grid coordinates (tp, dp, pp) at context rank 0.
-  int world_rank_of(int tp, int dp, int pp) const { return mesh_.rank_of({pp, dp, 0, tp}); }
+  int world_rank_of(int tp, int dp, int pp) const {
+    const int x = mesh_.size(Dim::expert);
+    return mesh_.rank_of({pp, dp / x, dp % x, 0, tp});
+  }
+  // The expert group (parallel.expert; this rank alone when 1).
+  const Communicator& ep() const { return mesh_.group({Dim::expert}); }
+  int ep_size() const { return mesh_.size(Dim::expert); }
 
   const Communicator& world() const { return world_; }
-  const Communicator& dp() const { return dp_comm_; }  // same pp and tp, ranks ordered by dp
+  const Communicator& dp() const { return dp_comm_; }  // same pp and tp, ranks ordered by dp (data x expert)
   const Communicator& pp() const { return pp_comm_; }  // same dp and tp, ranks ordered by stage
   const Communicator& tp() const { return tp_comm_; }
   const Communicator& cp() const { return mesh_.group({Dim::context}); }

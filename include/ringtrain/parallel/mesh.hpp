@@ -1,8 +1,17 @@
 #pragma once
 // Mesh: the job's ranks as a grid of named dimensions, outermost first
 //
-//   pipeline × data × context × tensor
-//   rank = tp + cp·T + dp·T·C + pp·T·C·D      (Megatron's order)
+//   pipeline × data × expert × context × tensor
+//   rank = tp + cp·T + ep·T·C + dp·T·C·X + pp·T·C·X·D      (Megatron's order)
+//
+// Expert parallelism is carved from the data-parallel ranks (as Megatron-Core
+// does): the X ranks of an expert group hold different experts but, for the
+// dense weights and the data, they are data-parallel replicas like any other.
+// So the trainer's data-parallel group is data × expert (its size and rank
+// are those of every release before), dense weights reduce over
+// data × expert × context, and expert weights over data × context only (the
+// ranks holding the same experts). Placing it inside data, next to context and
+// tensor, keeps the all-to-all of an expert group on neighbouring ranks.
 //
 // so that the tensor group, which communicates on every layer, is made of
 // neighbouring ranks (one node), and the pipeline, which sends least, spans
@@ -39,6 +48,8 @@ namespace ringtrain {
 // The sizes of the dimensions; data is what the others leave of the world.
 struct MeshShape {
   int pipeline = 1, context = 1, tensor = 1;
+  // parallel.expert: splits the data-parallel ranks into expert x data; it must divide them.
+  int expert = 1;
 };
 
 class Mesh {

@@ -63,6 +63,9 @@ struct ModelParts {
   std::unique_ptr<Updater> updater;
   std::unique_ptr<GradSync> grad_sync;
   std::unique_ptr<ModelState> state;
+  // MoE layers' shared state (aux gradient scale, metrics); null without experts.
+  std::shared_ptr<MoeShared> moe;
+  int per_step = 1;  // micro-batches per optimizer step (the loss's 1/m)
 };
 
 // rt: the device kind's runtime (null: the registered one for dev).

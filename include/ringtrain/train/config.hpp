@@ -23,6 +23,11 @@ struct TrainConfig {
     int patch = 4;                 // vit: patch side (divides the image height and width)
     std::string gelu = "erf";      // vit, gpt: erf | tanh (GPT-2's approximation)
     double layernorm_eps = 1e-5;   // vit, gpt
+    int experts = 0;               // gpt: mixture of experts per MoE block (0 = dense; nn/moe.hpp)
+    int top_k = 2;                 // gpt: experts per token
+    int moe_every = 1;             // gpt: every n-th block's MLP has experts
+    double aux_loss_coeff = 0.01;  // gpt: load-balancing loss coefficient
+    double capacity_factor = 0;    // gpt: expert capacity (0 = dropless)
     std::string init_from;         // weights to start from: safetensors file/directory or llm.c model file (docs/interop.md)
     std::vector<LayerDesc> layers; // name = layers: the [[model.layers]] list (TOML file only)
   } model;
@@ -104,6 +109,7 @@ struct TrainConfig {
     int pipeline = 1;              // pipeline stages
     int tensor = 1;                // tensor-parallel ranks per group (mlp, vit)
     int context = 1;               // context-parallel ranks per group (gpt: ring attention)
+    int expert = 1;                // expert-parallel ranks, carved from the data-parallel ones (docs/moe.md)
     int micro_batches = 0;         // per step and replica (0 = pipeline); must divide data.batch_size
     std::string schedule = "1f1b"; // afab | 1f1b | zb-h1 | interleaved | zb-v | FILE.csv
     int virtual_stages = 2;        // interleaved: model chunks per pipeline rank

@@ -10,8 +10,17 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 namespace ringtrain {
+
+// One MoE layer over an epoch's training forwards, every rank's micro-batches (nn/moe.hpp).
+struct MoeEpochStats {
+  std::string layer;            // "blocks.0.moe"
+  double aux = 0;               // mean load-balancing loss E sum f_i P_i (1 = balanced)
+  double max_over_mean = 0;     // mean over micro-batches of max / mean tokens per expert
+  double dropped_fraction = 0;  // of the top-k assignments, dropped by model.capacity_factor
+};
 
 struct EpochMetrics {
   int epoch = 0;
@@ -41,6 +50,8 @@ struct EpochMetrics {
   double slowest_slowdown = 0;      // its compute seconds / the median of its peers'
   double slowest_wait_fraction = 0; // of its peers' step time, spent waiting on it
   bool straggler = false;           // slowest_slowdown > comm.straggler_factor
+  std::vector<MoeEpochStats> moe;   // model.experts > 0: per MoE layer
+  double moe_alltoall_s = 0;        // parallel.expert > 1: the epoch's seconds in the experts' all-to-alls (busiest rank)
 };
 
 struct SlowestRank;

@@ -1,0 +1,138 @@
+// MoE layer (nn/moe.hpp) throughput against the dense MLP with the same
+// active FLOPs, and the all-to-all payload of expert parallelism against its
+// formula, measured in the same run.
+//
+//  - Reference: the dense MLP fc2(gelu(fc1(x))) with hidden = top_k x H (what
+//    one token computes in the MoE layer: k experts of hidden H), Linear
+//    layers on oneDNN. Figure: MoE forward+backward time / dense time (the
+//    issue's goal: <= 1.2). The MoE time includes routing, the gather/scatter
+//    of rows and (at EP > 1) the all-to-alls.
+//  - Bytes: what one rank hands to alltoallv for other ranks in one layer's
+//    forward (dispatch + combine), from the layer's own counts, beside
+//    2 * T * k * h * b * (EP - 1) / EP (T tokens per rank, h = model width,
+//    b = 4 bytes): equal in expectation under uniform routing.
+//  - At EP > 1, the share of the layer's forward+backward spent in its
+//    all-to-alls (counts and rows, both directions; blocking, so exposed).
+//   mpirun -np 2 bench_nn_moe_layer --tokens 2048 --dim 256 --hidden 512 --experts 8 --top-k 2 --ep 2
+#include <mpi.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <random>
+#include <vector>
+
+#include "ringtrain/nn/layers.hpp"
+#include "ringtrain/nn/moe.hpp"
+
+using namespace ringtrain;
+
+namespace {
+
+struct Bound {
+  ParamArena arena;
+  std::vector<LayerPtr> layers;
+  void bind(std::uint64_t seed) {
+    for (auto& l : layers) l->register_params(arena, 0, "");
+    arena.finalize();
+    for (auto& l : layers) l->bind(BindContext{backend_for(DeviceKind::cpu), Device::cpu(), arena, seed});
+    for (auto& l : layers) l->init(arena, seed);
+  }
+  void step(const Tensor& x, const Tensor& dy) {
+    Tensor h = x;
+    for (auto& l : layers) h = l->forward(h, Mode::train);
+    Tensor d = dy;
+    for (std::size_t i = layers.size(); i-- > 0;) d = layers[i]->backward(d, true, false);
+  }
+};
+
+double median(std::vector<double> v) {
+  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  CLI::App app{"MoE layer vs the dense MLP of the same active FLOPs; all-to-all bytes per rank"};
+  std::int64_t tokens = 2048, dim = 256, hidden = 512;
+  int experts = 8, top_k = 2, ep = 1, iters = 10;
+  app.add_option("--tokens", tokens, "tokens per rank (T)");
+  app.add_option("--dim", dim, "model width (h)");
+  app.add_option("--hidden", hidden, "expert hidden units (H)");
+  app.add_option("--experts", experts, "experts (E)");
+  app.add_option("--top-k", top_k, "experts per token (k)");
+  app.add_option("--ep", ep, "expert-parallel ranks (the world)");
+  app.add_option("--iters", iters, "timed iterations (median)");
+  CLI11_PARSE(app, argc, argv);
+  Communicator world = Communicator::world();
+  RT_CHECK(world.size() == ep, "run with mpirun -np ", ep, " (--ep)");
+  ExpertGroup g;
+  g.comm = world;
+  g.size = ep;
+  g.rank = world.rank();
+  MoeSpec s;
+  s.dim = dim;
+  s.hidden = hidden;
+  s.experts = experts;
+  s.top_k = top_k;
+  Bound moe, dense;
+  moe.layers.push_back(std::make_unique<MoeMlp>("moe", s, g));
+  moe.bind(7);
+  dense.layers.push_back(std::make_unique<Linear>("fc1", LinearSpec{dim, top_k * hidden, true, false}));
+  dense.layers.push_back(std::make_unique<Activation>("gelu", Eltwise::gelu));
+  dense.layers.push_back(std::make_unique<Linear>("fc2", LinearSpec{top_k * hidden, dim, true, false}));
+  dense.bind(7);
+  Tensor x = Tensor::empty({1, tokens, dim}), dy = Tensor::empty({1, tokens, dim});
+  std::mt19937 rng(1 + world.rank());
+  std::normal_distribution<float> nd(0.f, 1.f);
+  for (std::int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = nd(rng), dy.data<float>()[i] = nd(rng) * 1e-3f;
+  std::vector<double> tm, td, ta;
+  for (int i = 0; i < iters + 2; ++i) {  // interleaved, 2 warm-ups
+    for (int which = 0; which < 2; ++which) {
+      MPI_Barrier(MPI_COMM_WORLD);
+      const double a0 = g.shared->alltoall_s;
+      const auto t0 = std::chrono::steady_clock::now();
+      (which ? dense : moe).step(x, dy);
+      double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      double share = which ? 0 : (g.shared->alltoall_s - a0) / t;  // this rank's all-to-all share of the step
+      MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+      MPI_Allreduce(MPI_IN_PLACE, &share, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+      if (i >= 2) (which ? td : tm).push_back(t);
+      if (i >= 2 && !which) ta.push_back(share);
+    }
+  }
+  // Bytes to other ranks in one forward: dispatch rows + the combine's rows back.
+  auto& sv = dynamic_cast<SavedCtx<MoeMlp::Saved>&>(moe.layers[0]->own_ctx()).s;
+  const int L = experts / ep;
+  double rows_out = 0, rows_in = 0;
+  for (int e = 0; e < experts; ++e)
+    if (e / L != world.rank()) rows_out += double(sv.send_counts[e]), rows_in += double(sv.recv_counts[e]);
+  const double bytes = (rows_out + rows_in) * double(dim) * 4;
+  const double formula = 2.0 * double(tokens) * top_k * double(dim) * 4 * (ep - 1) / ep;
+  double worst = 0, sum = 0;
+  MPI_Allreduce(&bytes, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Allreduce(&bytes, &sum, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+  if (world.rank() == 0) {
+    const double fm = median(tm), fd = median(td);
+    const double flops = 3 * 2.0 * double(tokens) * top_k * 2 * double(dim) * double(hidden);  // fwd + bwd, experts
+    std::printf("MoE layer: T=%lld tokens/rank, h=%lld, H=%lld, E=%d, k=%d, EP=%d, %d iterations (median, slowest rank)\n",
+                (long long)tokens, (long long)dim, (long long)hidden, experts, top_k, ep, iters);
+    std::printf("  dense MLP (hidden k*H = %lld): %8.3f ms  %6.2f GFLOP/s  (reference)\n", (long long)(top_k * hidden),
+                1e3 * fd, flops / fd / 1e9);
+    std::printf("  MoE layer                 : %8.3f ms  %6.2f GFLOP/s  time ratio MoE/dense %.3f (goal <= 1.2)\n",
+                1e3 * fm, flops / fm / 1e9, fm / fd);
+    std::printf("  aux loss of the last forward %.4f (1 = balanced)\n", sv.aux);
+    if (ep > 1)
+      std::printf("  all-to-all bytes per rank per layer forward: mean %.0f, max %.0f; formula 2*T*k*h*b*(EP-1)/EP = %.0f;"
+                  " mean/formula %.3f (goal within 5%%)\n",
+                  sum / ep, worst, formula, sum / ep / formula);
+    if (ep > 1)
+      std::printf("  time in the all-to-alls (blocking: all exposed), share of the MoE layer's forward+backward: "
+                  "median %.3f (the busiest rank per iteration)\n", median(ta));
+  }
+  MPI_Finalize();
+  return 0;
+}

@@ -1,0 +1,138 @@
+#pragma once
+// Mixture of experts (issue 43): a routed MLP that replaces a transformer
+// block's fc1 -> GELU -> fc2 (Switch Transformer, Fedus et al. 2021; Mixtral's
+// top-2; Megatron-Core's MoELayer).
+//
+//   logits = x Wr^T (fp32, no bias) -> p = softmax -> the top-k experts per token,
+//   gates = p[topk] / sum p[topk] (renormalised);  y = sum_j gate_j * expert_j(x)
+//   expert e: fc2(gelu(fc1(x))), the dense MLP's shape (parameters
+//   "<name>.experts.<e>.fc1.weight" ...), router "<name>.router.weight".
+//   aux = E * sum_i f_i * P_i (f_i: share of the n*k assignments routed to expert i,
+//   P_i: mean router probability of i over the n tokens of the micro-batch);
+//   the training objective gets coeff * aux (its gradient reaches the router's
+//   logits in this layer's backward, scaled like the main loss: MoeShared::grad_scale).
+//
+// Expert parallelism (ExpertGroup of size EP > 1): rank r of the group holds
+// experts [r E/EP, (r+1) E/EP) only. Tokens go to their experts' ranks with the
+// all-to-all-v of comm/alltoall.hpp: per-expert counts first, then the rows
+// grouped by destination rank and, within it, by local expert; the expert
+// outputs come back the same way (the combine). The backward runs the same two
+// exchanges with gradients. Each rank's tokens and losses are its own; the
+// expert weight gradients are sums over every rank's tokens, so they are
+// scaled by 1/EP and averaged over the expert-data group (the data ranks
+// holding the same experts): the mean over all data-parallel ranks, as for
+// dense weights.
+//
+// Capacity (capacity_factor > 0): each expert takes at most
+// ceil(cf * n * k / E) of a micro-batch's assignments, in token order; the rest
+// are dropped (their gate contributes nothing; the residual carries the token).
+// 0: dropless. Host (CPU) tensors in float32 only.
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "ringtrain/comm/communicator.hpp"
+#include "ringtrain/nn/layer.hpp"
+
+namespace ringtrain {
+
+// What the MoE layers of one model record for the logs, per layer, summed over
+// the forwards (not replays) since the last take(); and the scale of the aux
+// gradient (the executor's loss scale / micro-batches per step), set before each
+// step by whoever runs it (train_step), 1 for a layer used on its own.
+struct MoeLayerStats {
+  std::string name;
+  double forwards = 0;
+  double aux = 0;              // sum of the aux loss (without the coefficient)
+  double max_over_mean = 0;    // sum of per-forward max/mean tokens per expert (this rank's tokens)
+  double dropped = 0;          // assignments dropped by the capacity
+  double assignments = 0;      // n * k
+};
+class MoeShared {
+ public:
+  double grad_scale = 1.0;
+  // Seconds this rank spent in the layers' all-to-alls (counts and rows, forward
+  // and backward; blocking, so all of it is exposed) and the bytes it sent to
+  // other ranks in them, since construction (benchmarks read and reset them).
+  double alltoall_s = 0, alltoall_bytes = 0;
+  void record(const std::string& layer, double aux, double max_over_mean, double dropped, double assignments);
+  std::vector<MoeLayerStats> take();  // and reset
+ private:
+  std::mutex mu_;
+  std::vector<MoeLayerStats> stats_;
+};
+
+// The ranks that split the experts (parallel.expert); size 1: every expert here.
+struct ExpertGroup {
+  Communicator comm;  // unused when size == 1
+  int size = 1, rank = 0;
+  std::shared_ptr<MoeShared> shared = std::make_shared<MoeShared>();
+};
+
+struct MoeSpec {
+  std::int64_t dim = 0, hidden = 0;
+  int experts = 0, top_k = 2;
+  double aux_loss_coeff = 0.01;
+  double capacity_factor = 0;  // 0: dropless
+  Eltwise gelu = Eltwise::gelu;
+};
+
+class MoeMlp : public Layer {
+ public:
+  MoeMlp(std::string name, const MoeSpec& s, ExpertGroup g = {});
+  const char* type() const override { return "MoeMlp"; }
+  CtxPtr make_ctx() const override;
+  void register_params(ParamArena& arena, int layer_index, const std::string& prefix) override;
+  void bind(const BindContext& ctx) override;
+  void init(const ParamArena& arena, std::uint64_t seed) override;
+  Shape output_shape(const Shape& in) const override;
+  // Active FLOPs: the router and k experts per token.
+  double forward_flops(const Shape& in) const override;
+  int local_experts() const { return spec_.experts / group_.size; }
+  int first_expert() const { return group_.rank * local_experts(); }
+  const MoeSpec& spec() const { return spec_; }
+
+ protected:
+  Tensor do_forward(const Tensor& x, Ctx& c, const Call& call) const override;
+  Tensor do_backward(const Tensor& dy, Ctx& c, bool need_dx, bool accumulate) const override;
+
+ public:
+  // One micro-batch's routing and the expert-side buffers (the layer's Saved).
+  struct Saved {
+    Tensor x, y, dx;
+    std::vector<float> probs;        // [n, E]
+    std::vector<int> expert;         // [n, k] the top-k experts, best first
+    std::vector<float> gate;         // [n, k]
+    std::vector<std::int64_t> row;   // [n, k] the assignment's row in the send buffer, -1: dropped
+    std::vector<float> f;            // [E] routed share (aux)
+    double aux = 0;
+    // Dispatch: counts[j * L + l] rows for rank j's local expert l, sent / received.
+    std::vector<std::size_t> send_counts, recv_counts;
+    std::vector<float> send, recv, out_recv, out_send;  // rows of D: dispatched in, results back
+    // Expert side, rows grouped by local expert: input, fc1 output, GELU output, fc2 output.
+    std::vector<std::int64_t> perm;   // expert-side row i = received row perm[i]
+    std::vector<std::int64_t> rows;   // rows per local expert
+    Tensor xe, h, a;
+    // Scratch of the forward and backward, kept so that a step allocates nothing once shapes settle.
+    std::vector<float> oe, dgate, dout_send, dout_recv, doe, dxe, dx_recv, dx_send, dlogit;
+    Tensor da, dh;
+  };
+
+ private:
+  void exchange(const Saved& s, const std::vector<float>& in, std::vector<float>& out, bool forward_dir) const;
+  MoeSpec spec_;
+  ExpertGroup group_;
+  std::string full_name_;  // "blocks.0.moe": how the metrics name the layer
+  std::size_t router_ = 0;
+  std::vector<std::size_t> w1_, b1_, w2_, b2_;  // local experts
+  Backend* be_ = nullptr;
+  std::unique_ptr<EltwiseKernel> gelu_;
+  const ParamArena* arena_ = nullptr;
+};
+
+// The MLP branch of a transformer block with experts: MoeMlp "moe".
+LayerPtr moe_mlp(const MoeSpec& s, const ExpertGroup& g);
+
+}  // namespace ringtrain

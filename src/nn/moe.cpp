@@ -1,0 +1,421 @@
+// MoeMlp (nn/moe.hpp): routing, the token exchange with the experts' ranks,
+// the experts' GEMMs (OpenBLAS, one call per local expert and matrix) and the
+// combine, forward and backward. Row-major float32 on the host throughout.
+#include "ringtrain/nn/moe.hpp"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
+#include "init.hpp"
+#include "ringtrain/comm/alltoall.hpp"
+#include "ringtrain/nn/mesh_dims.hpp"
+
+namespace ringtrain {
+
+void MoeShared::record(const std::string& layer, double aux, double max_over_mean, double dropped,
+                       double assignments) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = std::find_if(stats_.begin(), stats_.end(), [&](const MoeLayerStats& s) { return s.name == layer; });
+  if (it == stats_.end()) {
+    stats_.push_back(MoeLayerStats{layer});
+    it = stats_.end() - 1;
+  }
+  it->forwards += 1;
+  it->aux += aux;
+  it->max_over_mean += max_over_mean;
+  it->dropped += dropped;
+  it->assignments += assignments;
+}
+
+std::vector<MoeLayerStats> MoeShared::take() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<MoeLayerStats> out = stats_;
+  for (auto& s : stats_) s = MoeLayerStats{s.name};
+  return out;
+}
+
+namespace {
+
+// C[m, n] = alpha * op(A) op(B) + beta * C, row-major.
+void gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
+          std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) {  // BLAS leaves C * beta; be explicit
+    for (std::int64_t i = 0; i < m; ++i)
+      for (std::int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0 ? 0.f : c[i * ldc + j] * beta;
+    return;
+  }
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(m), int(n), int(k),
+              alpha, a, int(lda), b, int(ldb), beta, c, int(ldc));
+}
+
+// b[j] = alpha * sum over rows of x[m, n] (+ b when accumulating).
+// Row by row (the matrix is row-major: one pass over memory).
+void sum_rows(const float* x, std::int64_t m, std::int64_t n, float alpha, float* b, bool accumulate) {
+  std::vector<double> s(static_cast<std::size_t>(n), 0.0);
+  for (std::int64_t i = 0; i < m; ++i)
+    for (std::int64_t j = 0; j < n; ++j) s[j] += x[i * n + j];
+  for (std::int64_t j = 0; j < n; ++j) b[j] = static_cast<float>(alpha * s[j] + (accumulate ? b[j] : 0.f));
+}
+
+// y[m, n] += bias broadcast over rows.
+void add_bias(float* y, const float* b, std::int64_t m, std::int64_t n) {
+  for (std::int64_t i = 0; i < m; ++i)
+    for (std::int64_t j = 0; j < n; ++j) y[i * n + j] += b[j];
+}
+
+std::vector<std::size_t> rank_totals(const std::vector<std::size_t>& per_expert, int ranks, int local, std::int64_t d) {
+  std::vector<std::size_t> out(static_cast<std::size_t>(ranks), 0);
+  for (int j = 0; j < ranks; ++j)
+    for (int l = 0; l < local; ++l) out[j] += per_expert[static_cast<std::size_t>(j * local + l)] * std::size_t(d);
+  return out;
+}
+
+}  // namespace
+
+MoeMlp::MoeMlp(std::string name, const MoeSpec& s, ExpertGroup g)
+    : Layer(std::move(name)), spec_(s), group_(std::move(g)) {
+  RT_CHECK(s.dim > 0 && s.hidden > 0, "MoE layer '", name_, "': width (", s.dim, ") and hidden units (", s.hidden,
+           ") must be positive");
+  RT_CHECK(s.experts >= 1, "MoE layer '", name_, "': model.experts must be >= 1, got ", s.experts);
+  RT_CHECK(s.top_k >= 1 && s.top_k <= s.experts, "MoE layer '", name_, "': model.top_k = ", s.top_k,
+           " must be in [1, model.experts = ", s.experts, "]");
+  RT_CHECK(group_.size >= 1 && s.experts % group_.size == 0, "MoE layer '", name_, "': model.experts = ", s.experts,
+           " is not divisible by parallel.expert = ", group_.size);
+  RT_CHECK(s.capacity_factor >= 0 && s.aux_loss_coeff >= 0, "MoE layer '", name_,
+           "': model.capacity_factor and model.aux_loss_coeff must be >= 0");
+}
+
+CtxPtr MoeMlp::make_ctx() const { return ctx_of<Saved>(); }
+
+void MoeMlp::register_params(ParamArena& arena, int li, const std::string& prefix) {
+  const std::int64_t D = spec_.dim, H = spec_.hidden;
+  full_name_ = prefix + name_;
+  router_ = add_param(arena, prefix, "router.weight", {spec_.experts, D}, DType::f32, true, li);
+  // Initial values are keyed by the parameter's index in the whole model: a rank
+  // holding experts [lo, hi) gives them the indices they have with every expert
+  // here, and the parameters after this layer the indices they have then.
+  const std::size_t base = arena.model_index(router_) + 1;
+  const int L = local_experts(), lo = first_expert();
+  arena.set_index_base(base + 4 * std::size_t(lo));
+  const bool split = group_.size > 1;
+  for (int l = 0; l < L; ++l) {
+    const std::string e = cat("experts.", lo + l, ".");
+    w1_.push_back(add_param(arena, prefix, e + "fc1.weight", {H, D}, DType::f32, true, li));
+    b1_.push_back(add_param(arena, prefix, e + "fc1.bias", {H}, DType::f32, false, li));
+    w2_.push_back(add_param(arena, prefix, e + "fc2.weight", {D, H}, DType::f32, true, li));
+    b2_.push_back(add_param(arena, prefix, e + "fc2.bias", {D}, DType::f32, false, li));
+    // Held by the ranks with the same experts only: averaged over the expert-data group.
+    if (split)
+      for (std::size_t p : {w1_.back(), b1_.back(), w2_.back(), b2_.back()}) arena.set_reduce_over(p, kExpertReduce);
+  }
+  arena.set_index_base(base + 4 * std::size_t(spec_.experts));
+}
+
+void MoeMlp::bind(const BindContext& ctx) {
+  RT_CHECK(ctx.device.is_cpu(), "MoE layer '", name_, "': model.experts > 0 runs on the CPU only (train.device = cpu)");
+  be_ = &ctx.backend;
+  arena_ = &ctx.arena;
+  gelu_ = ctx.backend.eltwise(spec_.gelu, DType::f32);
+}
+
+void MoeMlp::init(const ParamArena& arena, std::uint64_t seed) {
+  const double D = double(spec_.dim), H = double(spec_.hidden);
+  detail::init_weight(arena, router_, Init::xavier_uniform, D, double(spec_.experts), seed);
+  for (std::size_t l = 0; l < w1_.size(); ++l) {
+    detail::init_weight(arena, w1_[l], Init::xavier_uniform, D, H, seed);
+    detail::fill_param(arena, b1_[l], 0.0);
+    detail::init_weight(arena, w2_[l], Init::xavier_uniform, H, D, seed);
+    detail::fill_param(arena, b2_[l], 0.0);
+  }
+}
+
+Shape MoeMlp::output_shape(const Shape& in) const {
+  RT_CHECK(in.size() >= 2 && in.back() == spec_.dim, "MoE layer '", name_, "': expects input [..., ", spec_.dim,
+           "], got ", shape_str(in));
+  return in;
+}
+
+double MoeMlp::forward_flops(const Shape& in) const {
+  const double n = double(shape_numel(in) / spec_.dim), D = double(spec_.dim), H = double(spec_.hidden);
+  return 2 * n * D * spec_.experts + 2 * n * spec_.top_k * 2 * D * H;
+}
+
+// Rows of D floats between the token side (send, grouped by destination rank
+// and local expert) and the expert side (recv, grouped by source rank and local
+// expert). forward_dir: token side -> expert side; else back.
+void MoeMlp::exchange(const Saved& s, const std::vector<float>& in, std::vector<float>& out, bool forward_dir) const {
+  const int L = local_experts(), p = group_.size;
+  const std::int64_t D = spec_.dim;
+  auto sc = rank_totals(forward_dir ? s.send_counts : s.recv_counts, p, L, D);
+  auto rc = rank_totals(forward_dir ? s.recv_counts : s.send_counts, p, L, D);
+  out.resize(std::accumulate(rc.begin(), rc.end(), std::size_t(0)));
+  if (p == 1) {
+    std::copy(in.begin(), in.end(), out.begin());
+    return;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  alltoallv(in.data(), sc, packed_displs(sc), out.data(), rc, packed_displs(rc), DType::f32, group_.comm);
+  group_.shared->alltoall_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (int j = 0; j < p; ++j)
+    if (j != group_.rank) group_.shared->alltoall_bytes += double(sc[j]) * sizeof(float);
+}
+
+Tensor MoeMlp::do_forward(const Tensor& x, Ctx& c, const Call& call) const {
+  Saved& s = saved<Saved>(c);
+  RT_CHECK(x.device().is_cpu() && x.dtype() == DType::f32, "MoE layer '", name_, "': needs float32 host tensors, got ",
+           dtype_name(x.dtype()));
+  const std::int64_t D = spec_.dim, H = spec_.hidden, n = x.numel() / D;
+  const int E = spec_.experts, k = spec_.top_k, L = local_experts(), p = group_.size;
+  s.x = x;
+  const float* xp = x.data<float>();
+  const float* wr = arena_->param(router_).data<float>();
+  // Router: logits in fp32, softmax (in double), top-k, renormalised gates.
+  s.probs.assign(static_cast<std::size_t>(n * E), 0.f);
+  gemm(false, true, n, E, D, 1.f, xp, D, wr, D, 0.f, s.probs.data(), E);
+  s.expert.assign(static_cast<std::size_t>(n * k), -1);
+  s.gate.assign(static_cast<std::size_t>(n * k), 0.f);
+  std::vector<std::size_t> count(static_cast<std::size_t>(E), 0);
+  std::vector<double> mean_p(static_cast<std::size_t>(E), 0.0);
+  std::vector<int> order(static_cast<std::size_t>(E));
+  for (std::int64_t t = 0; t < n; ++t) {
+    float* pr = &s.probs[static_cast<std::size_t>(t * E)];
+    const float mx = *std::max_element(pr, pr + E);
+    double z = 0;
+    for (int e = 0; e < E; ++e) z += std::exp(double(pr[e]) - mx);
+    for (int e = 0; e < E; ++e) {
+      pr[e] = static_cast<float>(std::exp(double(pr[e]) - mx) / z);
+      mean_p[e] += pr[e];
+    }
+    std::iota(order.begin(), order.end(), 0);  // ties: the lower expert index first
+    std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                      [&](int a, int b) { return pr[a] > pr[b] || (pr[a] == pr[b] && a < b); });
+    double sum = 0;
+    for (int j = 0; j < k; ++j) sum += pr[order[j]];
+    for (int j = 0; j < k; ++j) {
+      s.expert[static_cast<std::size_t>(t * k + j)] = order[j];
+      s.gate[static_cast<std::size_t>(t * k + j)] = static_cast<float>(pr[order[j]] / sum);
+      ++count[order[j]];
+    }
+  }
+  // The auxiliary load-balancing loss (before any drop: what the router asked for).
+  s.f.assign(static_cast<std::size_t>(E), 0.f);
+  s.aux = 0;
+  for (int e = 0; e < E; ++e) {
+    s.f[e] = static_cast<float>(double(count[e]) / double(n * k));
+    s.aux += double(E) * s.f[e] * (mean_p[e] / double(n));
+  }
+  // Capacity: assignments beyond it, in token order, are dropped.
+  std::vector<std::size_t> kept(static_cast<std::size_t>(E), 0);
+  std::size_t dropped = 0;
+  const auto cap = spec_.capacity_factor > 0
+                       ? static_cast<std::size_t>(std::ceil(spec_.capacity_factor * double(n * k) / double(E)))
+                       : std::size_t(-1);
+  s.row.assign(s.expert.size(), 0);  // 0: kept (a row is assigned below), -1: dropped
+  for (std::size_t a = 0; a < s.expert.size(); ++a) {
+    const int e = s.expert[a];
+    if (kept[e] >= cap) {
+      s.row[a] = -1;
+      ++dropped;
+    } else {
+      ++kept[e];
+    }
+  }
+  if (call.train() && !call.replay()) {
+    const std::size_t mx = *std::max_element(count.begin(), count.end());
+    group_.shared->record(full_name_.empty() ? name_ : full_name_, s.aux, double(mx) * E / double(n * k),
+                          double(dropped), double(n * k));
+  }
+  // Dispatch: rows grouped by global expert (= by owner rank, then local expert).
+  std::vector<std::size_t> offset(static_cast<std::size_t>(E), 0);
+  for (int e = 1; e < E; ++e) offset[e] = offset[e - 1] + kept[e - 1];
+  const std::size_t rows_out = offset[E - 1] + kept[E - 1];
+  s.send.resize(rows_out * std::size_t(D));
+  for (std::size_t a = 0; a < s.expert.size(); ++a) {
+    const int e = s.expert[a];
+    if (s.row[a] < 0) continue;
+    const std::size_t r = offset[e]++;
+    s.row[a] = static_cast<std::int64_t>(r);
+    std::memcpy(&s.send[r * D], xp + (a / k) * D, sizeof(float) * D);
+  }
+  s.send_counts = kept;
+  if (p > 1) {  // the counts first: what each rank sends for each of our local experts
+    std::vector<std::int64_t> sc(kept.begin(), kept.end()), rc(static_cast<std::size_t>(E));
+    const auto t0 = std::chrono::steady_clock::now();
+    alltoall(sc.data(), rc.data(), static_cast<std::size_t>(L), DType::i64, group_.comm);
+    group_.shared->alltoall_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    s.recv_counts.assign(rc.begin(), rc.end());
+  } else {
+    s.recv_counts = kept;
+  }
+  exchange(s, s.send, s.recv, true);
+  // Expert side: received rows regrouped by local expert.
+  s.rows.assign(static_cast<std::size_t>(L), 0);
+  s.perm.clear();
+  std::vector<std::size_t> src_off(static_cast<std::size_t>(p), 0);
+  for (int i = 1; i < p; ++i) {
+    src_off[i] = src_off[i - 1];
+    for (int l = 0; l < L; ++l) src_off[i] += s.recv_counts[(i - 1) * L + l];
+  }
+  for (int l = 0; l < L; ++l)
+    for (int i = 0; i < p; ++i) {
+      std::size_t o = src_off[i];
+      for (int m = 0; m < l; ++m) o += s.recv_counts[i * L + m];
+      for (std::size_t r = 0; r < s.recv_counts[i * L + l]; ++r) s.perm.push_back(static_cast<std::int64_t>(o + r));
+      s.rows[l] += static_cast<std::int64_t>(s.recv_counts[i * L + l]);
+    }
+  const auto R = static_cast<std::int64_t>(s.perm.size());
+  std::vector<float>& oe = s.oe;
+  oe.resize(static_cast<std::size_t>(R * D));
+  if (R > 0) {
+    ensure(s.xe, {R, D}, DType::f32, Device::cpu());
+    ensure(s.h, {R, H}, DType::f32, Device::cpu());
+    ensure(s.a, {R, H}, DType::f32, Device::cpu());
+    float* xe = s.xe.data<float>();
+    for (std::int64_t i = 0; i < R; ++i) std::memcpy(xe + i * D, &s.recv[s.perm[i] * D], sizeof(float) * D);
+    std::int64_t o = 0;
+    for (int l = 0; l < L; ++l) {
+      const std::int64_t m = s.rows[l];
+      gemm(false, true, m, H, D, 1.f, xe + o * D, D, arena_->param(w1_[l]).data<float>(), D, 0.f,
+           s.h.data<float>() + o * H, H);
+      add_bias(s.h.data<float>() + o * H, arena_->param(b1_[l]).data<float>(), m, H);
+      o += m;
+    }
+    gelu_->forward(s.h, s.a);  // one call for every local expert's rows
+    o = 0;
+    for (int l = 0; l < L; ++l) {
+      const std::int64_t m = s.rows[l];
+      gemm(false, true, m, D, H, 1.f, s.a.data<float>() + o * H, H, arena_->param(w2_[l]).data<float>(), H, 0.f,
+           oe.data() + o * D, D);
+      add_bias(oe.data() + o * D, arena_->param(b2_[l]).data<float>(), m, D);
+      o += m;
+    }
+  }
+  s.out_recv.resize(s.recv.size());
+  for (std::int64_t i = 0; i < R; ++i) std::memcpy(&s.out_recv[s.perm[i] * D], oe.data() + i * D, sizeof(float) * D);
+  exchange(s, s.out_recv, s.out_send, false);
+  // Combine: y[t] = sum_j gate_j * expert output.
+  ensure(s.y, x.shape(), DType::f32, Device::cpu());
+  float* y = s.y.data<float>();
+  std::fill(y, y + n * D, 0.f);
+  for (std::size_t a = 0; a < s.row.size(); ++a) {
+    if (s.row[a] < 0) continue;
+    const float g = s.gate[a];
+    const float* o = &s.out_send[s.row[a] * D];
+    float* yt = y + (a / k) * D;
+    for (std::int64_t d = 0; d < D; ++d) yt[d] += g * o[d];
+  }
+  return s.y;
+}
+
+Tensor MoeMlp::do_backward(const Tensor& dy, Ctx& c, bool need_dx, bool accumulate) const {
+  Saved& s = saved<Saved>(c);
+  const std::int64_t D = spec_.dim, H = spec_.hidden, n = s.x.numel() / D;
+  const int E = spec_.experts, k = spec_.top_k, L = local_experts();
+  const float* dyp = dy.data<float>();
+  // Combine backward: d gate and d expert output.
+  std::vector<float>&dgate = s.dgate, &dout_send = s.dout_send;
+  dgate.assign(s.gate.size(), 0.f);
+  dout_send.resize(s.out_send.size());
+  for (std::size_t a = 0; a < s.row.size(); ++a) {
+    if (s.row[a] < 0) continue;
+    const float* o = &s.out_send[s.row[a] * D];
+    const float* d = dyp + (a / k) * D;
+    float* dd = &dout_send[s.row[a] * D];
+    double dot = 0;
+    for (std::int64_t j = 0; j < D; ++j) {
+      dot += double(d[j]) * o[j];
+      dd[j] = s.gate[a] * d[j];
+    }
+    dgate[a] = static_cast<float>(dot);
+  }
+  std::vector<float>& dout_recv = s.dout_recv;
+  exchange(s, dout_send, dout_recv, true);
+  // Expert side. Weight gradients are sums over every rank's tokens: 1/EP makes
+  // the expert-data group's average the mean over all data-parallel ranks.
+  const auto R = static_cast<std::int64_t>(s.perm.size());
+  const float alpha = 1.f / float(group_.size);
+  std::vector<float>& dx_recv = s.dx_recv;
+  dx_recv.resize(s.recv.size());
+  std::vector<float>&doe = s.doe, &dxe = s.dxe;
+  doe.resize(static_cast<std::size_t>(R * D));
+  dxe.resize(static_cast<std::size_t>(R * D));
+  for (std::int64_t i = 0; i < R; ++i) std::memcpy(doe.data() + i * D, &dout_recv[s.perm[i] * D], sizeof(float) * D);
+  Tensor da, dh;
+  if (R > 0) {
+    da = ensure(s.da, {R, H}, DType::f32, Device::cpu());
+    dh = ensure(s.dh, {R, H}, DType::f32, Device::cpu());
+  }
+  std::int64_t o = 0;
+  const float beta = accumulate ? 1.f : 0.f;
+  for (int l = 0; l < L; ++l) {
+    const std::int64_t m = s.rows[l];
+    const float* a = m > 0 ? s.a.data<float>() + o * H : nullptr;
+    gemm(true, false, D, H, m, alpha, doe.data() + o * D, D, a, H, beta, arena_->grad(w2_[l]).data<float>(), H);
+    sum_rows(doe.data() + o * D, m, D, alpha, arena_->grad(b2_[l]).data<float>(), accumulate);
+    if (m > 0)
+      gemm(false, false, m, H, D, 1.f, doe.data() + o * D, D, arena_->param(w2_[l]).data<float>(), H, 0.f,
+           da.data<float>() + o * H, H);
+    o += m;
+  }
+  if (R > 0) gelu_->backward(s.h, s.a, da, dh);
+  o = 0;
+  for (int l = 0; l < L; ++l) {
+    const std::int64_t m = s.rows[l];
+    const float* dhp = m > 0 ? dh.data<float>() + o * H : nullptr;
+    const float* xe = m > 0 ? s.xe.data<float>() + o * D : nullptr;
+    gemm(true, false, H, D, m, alpha, dhp, H, xe, D, beta, arena_->grad(w1_[l]).data<float>(), D);
+    sum_rows(dhp, m, H, alpha, arena_->grad(b1_[l]).data<float>(), accumulate);
+    if (m > 0)
+      gemm(false, false, m, D, H, 1.f, dhp, H, arena_->param(w1_[l]).data<float>(), D, 0.f, dxe.data() + o * D, D);
+    o += m;
+  }
+  for (std::int64_t i = 0; i < R; ++i) std::memcpy(&dx_recv[s.perm[i] * D], dxe.data() + i * D, sizeof(float) * D);
+  std::vector<float>& dx_send = s.dx_send;
+  exchange(s, dx_recv, dx_send, false);
+  // Router: gates -> probabilities (+ the aux loss) -> softmax -> logits.
+  const double aux_g = spec_.aux_loss_coeff * group_.shared->grad_scale * double(E) / double(n);
+  std::vector<float>& dlogit = s.dlogit;
+  dlogit.resize(static_cast<std::size_t>(n * E));
+  std::vector<double> dp(static_cast<std::size_t>(E));
+  for (std::int64_t t = 0; t < n; ++t) {
+    const float* pr = &s.probs[static_cast<std::size_t>(t * E)];
+    for (int e = 0; e < E; ++e) dp[e] = aux_g * s.f[e];
+    // Gates are p_j / sum of the token's top-k p (dropped assignments included: their gates exist, with no use).
+    double sum = 0, gd = 0;
+    for (int j = 0; j < k; ++j) {
+      const std::size_t a = static_cast<std::size_t>(t * k + j);
+      sum += pr[s.expert[a]];
+      gd += double(s.gate[a]) * dgate[a];
+    }
+    for (int j = 0; j < k; ++j) {
+      const std::size_t a = static_cast<std::size_t>(t * k + j);
+      dp[s.expert[a]] += (dgate[a] - gd) / sum;
+    }
+    double pdp = 0;
+    for (int e = 0; e < E; ++e) pdp += double(pr[e]) * dp[e];
+    for (int e = 0; e < E; ++e) dlogit[static_cast<std::size_t>(t * E + e)] = static_cast<float>(pr[e] * (dp[e] - pdp));
+  }
+  const float* xp = s.x.data<float>();
+  gemm(true, false, E, D, n, 1.f, dlogit.data(), E, xp, D, beta, arena_->grad(router_).data<float>(), D);
+  if (!need_dx) return {};
+  ensure(s.dx, s.x.shape(), DType::f32, Device::cpu());
+  float* dx = s.dx.data<float>();
+  gemm(false, false, n, D, E, 1.f, dlogit.data(), E, arena_->param(router_).data<float>(), D, 0.f, dx, D);
+  for (std::size_t a = 0; a < s.row.size(); ++a) {
+    if (s.row[a] < 0) continue;
+    const float* g = &dx_send[s.row[a] * D];
+    float* d = dx + (a / k) * D;
+    for (std::int64_t j = 0; j < D; ++j) d[j] += g[j];
+  }
+  return s.dx;
+}
+
+LayerPtr moe_mlp(const MoeSpec& s, const ExpertGroup& g) { return std::make_unique<MoeMlp>("moe", s, g); }
+
+}  // namespace ringtrain
