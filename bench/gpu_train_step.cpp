@@ -10,9 +10,13 @@
 // and weight copies, fp32 master weights; fp16 adds GradScaler) next to
 // ringtrain's MathMode (fp32 storage, half tensor-core math inside cuBLAS and
 // cuDNN) — the same numerics class, not the same memory traffic. Where a model
-// would store 16-bit activations (vit, mlp), that path, still off the GPU
-// validation gate's list (jobs keep fp32 storage), is timed beside it as
-// "ringtrain_16bit_storage".
+// stores 16-bit activations (vit, mlp: what jobs do since the H200 run put it
+// on the GPU validation gate's list), that path is timed beside the float32
+// storage one as "ringtrain_16bit_storage".
+// MFU: the model's FLOPs per step (model_flops_per_sample x batch: forward
+// and the two backward products) over the step time, against the card's dense
+// bf16 tensor-core peak from its data sheet (H100/H200 SXM 989 TFLOP/s, H100
+// PCIe 756, A100 312; another card: not printed).
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -30,6 +34,7 @@
 #include "ringtrain/cuda/memory.hpp"
 #include "ringtrain/cuda/optim.hpp"
 #include "ringtrain/nn/backend.hpp"
+#include "ringtrain/nn/model.hpp"
 #include "ringtrain/parallel/stage.hpp"
 
 using namespace ringtrain;
@@ -54,6 +59,15 @@ ModelConfig config_for(const std::string& name) {
     mc.heads = 8;
   }
   return mc;
+}
+
+// The card's dense (no sparsity) bf16 tensor-core peak, FLOP/s; 0 when the name is not known.
+double dense_bf16_peak(const std::string& card) {
+  auto has = [&](const char* s) { return card.find(s) != std::string::npos; };
+  if (has("H200") || (has("H100") && (has("SXM") || has("HBM3")))) return 989.4e12;
+  if (has("H100")) return 756.0e12;  // PCIe
+  if (has("A100")) return 312.0e12;
+  return 0;
 }
 
 json ringtrain_step(ModelConfig mc, const std::string& prec, int batch, int warmup, int iters, bool storage16) {
@@ -147,10 +161,19 @@ int main(int argc, char** argv) {
     return 0;  // not a failure: the benchmark has nothing to measure here
   }
   json results = json::array();
-  std::printf("%-8s %-5s %6s %14s %14s %10s\n", "model", "prec", "batch", "ringtrain ms", "pytorch ms", "rt/torch");
+  const std::string card = cuda::backend_context(0).props().name;
+  const double peak = dense_bf16_peak(card);
+  std::printf("# %s: dense bf16 peak %s\n", card.c_str(),
+              peak > 0 ? (std::to_string(static_cast<int>(peak / 1e12)) + " TFLOP/s (MFU against it)").c_str()
+                       : "unknown (no MFU)");
+  std::printf("%-8s %-5s %6s %14s %14s %10s %7s\n", "model", "prec", "batch", "ringtrain ms", "pytorch ms", "rt/torch",
+              "MFU");
   std::stringstream ss(models);
   for (std::string name; std::getline(ss, name, ',');) {
     ModelConfig mc = config_for(name);
+    const double step_flops = model_flops_per_sample(mc) * batch;
+    auto mfu = [&](double ms) { return peak > 0 && ms > 0 ? step_flops / (ms * 1e-3) / peak : 0.0; };
+    auto mfu_text = [&](double ms) { return peak > 0 && ms > 0 ? std::to_string(100 * mfu(ms)).substr(0, 4) + "%" : std::string("-"); };
     std::stringstream ps(precisions);
     for (std::string prec; std::getline(ps, prec, ',');) {
       json r = {{"model", name}, {"precision", prec}, {"batch", batch}};
@@ -170,11 +193,16 @@ int main(int argc, char** argv) {
       if (!no_torch) r["pytorch"] = torch_step(ref, mc, batch, prec, warmup, iters);
       auto ms = [](const json& j) { return j.contains("median_ms") ? j["median_ms"].get<double>() : -1.0; };
       double a = ms(r["ringtrain"]), b = r.contains("pytorch") ? ms(r["pytorch"]) : -1.0;
-      std::printf("%-8s %-5s %6d %14.3f %14.3f %10s\n", name.c_str(), prec.c_str(), batch, a, b,
-                  a > 0 && b > 0 ? std::to_string(a / b).substr(0, 5).c_str() : "-");
-      if (r.contains("ringtrain_16bit_storage"))
-        std::printf("%-8s %-5s %6d %14.3f %14s %10s   (16-bit activation storage, not on the gate)\n", name.c_str(),
-                    prec.c_str(), batch, ms(r["ringtrain_16bit_storage"]), "", "");
+      std::printf("%-8s %-5s %6d %14.3f %14.3f %10s %7s\n", name.c_str(), prec.c_str(), batch, a, b,
+                  a > 0 && b > 0 ? std::to_string(a / b).substr(0, 5).c_str() : "-", mfu_text(a).c_str());
+      if (a > 0) r["ringtrain"]["mfu"] = mfu(a);
+      r["model_flops_per_step"] = step_flops;
+      if (r.contains("ringtrain_16bit_storage")) {
+        const double c = ms(r["ringtrain_16bit_storage"]);
+        std::printf("%-8s %-5s %6d %14.3f %14s %10s %7s   (16-bit activation storage)\n", name.c_str(), prec.c_str(),
+                    batch, c, "", b > 0 && c > 0 ? std::to_string(c / b).substr(0, 5).c_str() : "", mfu_text(c).c_str());
+        if (c > 0) r["ringtrain_16bit_storage"]["mfu"] = mfu(c);
+      }
       for (const char* side : {"ringtrain", "ringtrain_16bit_storage", "pytorch"})
         if (r.contains(side) && r[side].contains("error"))
           std::printf("    %s: %s\n", side, r[side]["error"].get<std::string>().c_str());
