@@ -74,6 +74,10 @@ std::vector<GpuNeed> gpu_needs(const TrainConfig& cfg) {
     if (cfg.parallel.sequence && cfg.model.name != "mlp" && cfg.model.name != "cnn" && cfg.model.name != "resnet")
       n.push_back({"sequence parallelism", cat("parallel.sequence = true with parallel.tensor = ", cfg.parallel.tensor)});
   }
+  if (cfg.model.experts > 0)  // the MoE layer is CPU code (nn/moe.cpp): train.device = auto stays on the CPU
+    n.push_back({"mixture of experts", cat("model.experts = ", cfg.model.experts)});
+  if (cfg.parallel.expert > 1)
+    n.push_back({"expert parallelism", cat("parallel.expert = ", cfg.parallel.expert)});
   if (cfg.parallel.context > 1)  // ring attention is CPU code: train.device = auto stays on the CPU
     n.push_back({"context parallelism", cat("parallel.context = ", cfg.parallel.context)});
   if (cfg.parallel.zero > 0) n.push_back({cat("ZeRO-", cfg.parallel.zero), cat("parallel.zero = ", cfg.parallel.zero)});

@@ -110,6 +110,7 @@ TEST(GpuGate, RefusesUnverifiedFeaturesByNameOnEveryRank) {
       {cuda_job({"parallel.zero=3"}), "ZeRO-3 (parallel.zero = 3)"},
       {cuda_job({"train.recompute=block", "model.name=vit"}), "activation recomputation (block) (train.recompute = block)"},
       {cuda_job({"optimizer.name=lars"}), "optimizer lars (optimizer.name = lars)"},
+      {cuda_job({"model.name=gpt", "model.experts=4"}), "mixture of experts (model.experts = 4)"},
       {cuda_job({"comm.algorithm=shm"}), "device all-reduce shm (comm.algorithm = shm)"},
   };
   for (const Case& k : cases) {
