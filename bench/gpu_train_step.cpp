@@ -1,8 +1,10 @@
 // Training-step time on the GPU for `cnn`, `resnet` (ResNet-20, 32x32x3) and
-// `vit` (width 512, depth 8, heads 8, patch 4 on 28x28) at batch 256, next to
-// PyTorch eager on the same GPU, model and batch, in one invocation:
-//   bench_gpu_train_step [--models cnn,resnet,vit] [--precisions fp32,tf32,bf16,fp16]
-//                        [--batch 256] [--iters 30] [--reference DIR] [--out results.json]
+// `vit` (width 512, depth 8, heads 8, patch 4 on 28x28) at batch 256, and
+// `gpt` (the GPT-2 124M shape: width 768, depth 12, 12 heads, 1024 tokens,
+// vocabulary 50304) at batch 8, next to PyTorch eager on the same GPU, model
+// and batch, in one invocation:
+//   bench_gpu_train_step [--models cnn,resnet,vit,gpt] [--precisions fp32,tf32,bf16,fp16]
+//                        [--batch 256] [--gpt-batch 8] [--iters 30] [--reference DIR] [--out results.json]
 // A step = zero_grad, forward, softmax cross-entropy (loss read back to the
 // host, as PyTorch's loss.item()), backward, SGD(momentum 0.9) update.
 // fp32 is strict fp32 on both sides (TF32 off); tf32 lets both use TF32
@@ -34,6 +36,7 @@
 #include "ringtrain/cuda/memory.hpp"
 #include "ringtrain/cuda/optim.hpp"
 #include "ringtrain/nn/backend.hpp"
+#include "ringtrain/nn/loss.hpp"
 #include "ringtrain/nn/model.hpp"
 #include "ringtrain/parallel/stage.hpp"
 
@@ -57,6 +60,12 @@ ModelConfig config_for(const std::string& name) {
     mc.base_width = 512;
     mc.depth = 8;
     mc.heads = 8;
+  } else if (name == "gpt") {  // the GPT-2 124M shape (vocabulary padded to a multiple of 128, as llm.c)
+    mc.base_width = 768;
+    mc.depth = 12;
+    mc.heads = 12;
+    mc.seq_len = 1024;
+    mc.classes = 50304;
   }
   return mc;
 }
@@ -81,13 +90,15 @@ json ringtrain_step(ModelConfig mc, const std::string& prec, int batch, int warm
   oc.momentum = 0.9;
   auto& ctx = cuda::backend_context(0);
   cuda::DeviceOptimizer opt(model.arena(), oc, ctx);
-  Tensor x = Tensor::empty({batch, mc.in_channels, mc.height, mc.width}, DType::f32, Device::cpu());
-  for (std::int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = static_cast<float>((i * 2654435761u) % 1000) / 500.0f - 1.0f;
-  Tensor y = Tensor::empty({batch}, DType::i32, Device::cpu());
-  for (int i = 0; i < batch; ++i) y.data<std::int32_t>()[i] = i % static_cast<int>(mc.classes);
+  const bool lm = mc.seq_len > 0;  // gpt: token ids in, one label per token
+  Tensor x = lm ? Tensor::empty({batch, mc.seq_len}) : Tensor::empty({batch, mc.in_channels, mc.height, mc.width});
+  Tensor y = lm ? Tensor::empty({batch, mc.seq_len}, DType::i32) : Tensor::empty({batch}, DType::i32);
+  for (std::int64_t i = 0; i < x.numel(); ++i)
+    x.data<float>()[i] = lm ? float((i * 2654435761u) % std::uint64_t(mc.classes))
+                            : static_cast<float>((i * 2654435761u) % 1000) / 500.0f - 1.0f;
+  for (std::int64_t i = 0; i < y.numel(); ++i) y.data<std::int32_t>()[i] = std::int32_t((i * 40503u) % mc.classes);
   Tensor xg = x.to(dev), yg = y.to(dev);
   Tensor dl = Tensor::empty(model.output_shape(batch), DType::f32, dev);
-  Backend& be = backend_for(DeviceKind::cuda);
   std::vector<double> ms;
   double loss = 0.0;
   std::uint64_t mallocs = 0;
@@ -95,7 +106,7 @@ json ringtrain_step(ModelConfig mc, const std::string& prec, int batch, int warm
     auto t0 = std::chrono::steady_clock::now();
     model.zero_grads();
     Tensor z = model.forward(0, xg, Mode::train);
-    loss = be.softmax_xent(z, yg, 0.0, dl);
+    loss = softmax_cross_entropy(z, yg, 0.0, dl);
     model.backward_input(0, dl, false);
     opt.step(0.01);
     ctx.sync_compute();
@@ -117,7 +128,7 @@ json torch_step(const std::string& ref, const ModelConfig& mc, int batch, const 
       << precision << " --warmup " << warmup << " --iters " << iters << " --in-channels " << mc.in_channels
       << " --size " << mc.height << " --classes " << mc.classes << " --depth " << mc.depth << " --width "
       << mc.base_width << " --heads " << mc.heads << " --patch " << mc.patch << " --mlp-ratio " << mc.mlp_ratio
-      << " 2>&1";
+      << " --seq-len " << mc.seq_len << " 2>&1";
   FILE* p = popen(cmd.str().c_str(), "r");
   if (!p) return {{"error", "popen failed"}};
   std::string out, last;
@@ -141,11 +152,12 @@ json torch_step(const std::string& ref, const ModelConfig& mc, int batch, const 
 int main(int argc, char** argv) {
   CLI::App app{"ringtrain vs PyTorch: GPU training-step time"};
   std::string models = "cnn,resnet,vit", precisions = "fp32,tf32,bf16,fp16", out, ref;
-  int batch = 256, iters = 30, warmup = 5;
+  int images_batch = 256, gpt_batch = 8, iters = 30, warmup = 5;
   bool no_torch = false;
-  app.add_option("--models", models, "comma-separated: cnn,resnet,vit,mlp");
+  app.add_option("--models", models, "comma-separated: cnn,resnet,vit,mlp,gpt");
+  app.add_option("--gpt-batch", gpt_batch, "gpt's batch (sequences of 1024 tokens)")->check(CLI::PositiveNumber);
   app.add_option("--precisions", precisions, "comma-separated: fp32,tf32,bf16,fp16");
-  app.add_option("--batch", batch, "batch size")->check(CLI::PositiveNumber);
+  app.add_option("--batch", images_batch, "batch size of the image models")->check(CLI::PositiveNumber);
   app.add_option("--iters", iters, "timed steps")->check(CLI::PositiveNumber);
   app.add_option("--warmup", warmup, "untimed steps first")->check(CLI::PositiveNumber);
   app.add_option("--reference", ref, "directory of torch_gpu_step.py (default: $RINGTRAIN_SOURCE_DIR/bench/reference)");
@@ -171,6 +183,7 @@ int main(int argc, char** argv) {
   std::stringstream ss(models);
   for (std::string name; std::getline(ss, name, ',');) {
     ModelConfig mc = config_for(name);
+    const int batch = mc.seq_len > 0 ? gpt_batch : images_batch;
     const double step_flops = model_flops_per_sample(mc) * batch;
     auto mfu = [&](double ms) { return peak > 0 && ms > 0 ? step_flops / (ms * 1e-3) / peak : 0.0; };
     auto mfu_text = [&](double ms) { return peak > 0 && ms > 0 ? std::to_string(100 * mfu(ms)).substr(0, 4) + "%" : std::string("-"); };

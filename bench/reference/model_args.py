@@ -13,8 +13,9 @@ def add_model_args(ap, model="cnn"):
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--mlp-ratio", type=float, default=4.0)
     ap.add_argument("--patch", type=int, default=4)
+    ap.add_argument("--seq-len", type=int, default=0, help="gpt: tokens per sample (--classes is the vocabulary)")
 
 
 def build_model(torch_models, a):
     return torch_models.build(a.model, a.in_channels, a.size, a.size, a.classes, a.depth, a.width, a.heads,
-                              a.mlp_ratio, a.patch)
+                              a.mlp_ratio, a.patch, seq_len=a.seq_len)

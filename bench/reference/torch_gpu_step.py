@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """PyTorch eager training-step time on the GPU, the reference for
 bench/gpu_train_step.cpp: the same model (torch_models.build, shared with the
-CPU throughput reference), batch, SGD(momentum) and loss: fp32 (TF32 off),
+CPU throughput reference), batch, SGD(momentum) and loss (gpt: per-token
+cross-entropy on random ids, attention through scaled_dot_product_attention):
+fp32 (TF32 off),
 tf32 (TF32 on), bf16 (autocast, fp32 master weights) or fp16 (autocast and
 GradScaler). Prints one JSON object on stdout."""
 import argparse
@@ -40,8 +42,12 @@ def main():
     model = model_args.build_model(torch_models, a).to(dev)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     loss_fn = torch.nn.CrossEntropyLoss()
-    x = torch.randn(a.batch, a.in_channels, a.size, a.size, device=dev)
-    y = torch.randint(0, a.classes, (a.batch,), device=dev)
+    if a.model == "gpt":
+        x = torch.randint(0, a.classes, (a.batch, a.seq_len), device=dev)
+        y = torch.randint(0, a.classes, (a.batch * a.seq_len,), device=dev)
+    else:
+        x = torch.randn(a.batch, a.in_channels, a.size, a.size, device=dev)
+        y = torch.randint(0, a.classes, (a.batch,), device=dev)
 
     half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(a.precision)
     scaler = torch.amp.GradScaler("cuda", enabled=a.precision == "fp16")
@@ -49,7 +55,8 @@ def main():
     def step():
         opt.zero_grad(set_to_none=True)
         with torch.autocast("cuda", dtype=half or torch.float32, enabled=half is not None):
-            loss = loss_fn(model(x), y)
+            z = model(x)
+            loss = loss_fn(z.reshape(-1, z.shape[-1]), y)
         scaler.scale(loss).backward()
         scaler.step(opt)
         scaler.update()

@@ -1,4 +1,4 @@
-// The device collectives behind ringtrain::allreduce/broadcast with
+// The device collectives behind ringtrain::allreduce/broadcast/allgather(v)/reduce_scatter with
 // opt.device = cuda:i. One DeviceCollectives (staging slots, workspace) per
 // (device, MPI communicator): collectives on one communicator never overlap
 // (MPI's rule), while the fusion engine's thread and the main thread may use
@@ -41,6 +41,14 @@ DeviceCollectiveFns make_device_collective_fns() {
   f.broadcast = [set](void* buf, std::size_t count, DType dt, int root, const Communicator& comm,
                       const CollectiveOptions& opt) {
     set->get(opt.device.index, comm.handle("broadcast")).broadcast(buf, count, dt, root, comm, opt);
+  };
+  f.allgatherv = [set](const void* send, void* recv, const std::vector<std::size_t>& counts, DType dt,
+                        const Communicator& comm, const CollectiveOptions& opt) {
+    set->get(opt.device.index, comm.handle("allgatherv")).allgatherv(send, recv, counts, dt, comm, opt);
+  };
+  f.reduce_scatter = [set](const void* send, void* recv, const std::vector<std::size_t>& counts, DType dt,
+                           ReduceOp op, const Communicator& comm, const CollectiveOptions& opt) {
+    set->get(opt.device.index, comm.handle("reduce_scatter")).reduce_scatter(send, recv, counts, dt, op, comm, opt);
   };
   return f;
 }

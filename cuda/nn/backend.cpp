@@ -228,6 +228,14 @@ class CudaBackend final : public Backend {
                sh_->ctx(src).compute());
   }
 
+  void copy_rows(Device dev, void* dst, std::size_t dst_pitch, const void* src, std::size_t src_pitch,
+                 std::size_t width, std::size_t rows) override {
+    RT_CHECK(dev.is_cuda(), "copy_rows: the CUDA backend copies device memory, got ", dev.str());
+    if (!rows || !width) return;
+    RT_CUDA(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, rows, cudaMemcpyDeviceToDevice,
+                              sh_->ctx(dev.index).compute()));
+  }
+
   // Gradients reported by a stage's grad-ready hook are complete once this returns.
   void synchronize() override { sh_->sync_all(); }
 

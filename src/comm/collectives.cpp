@@ -311,6 +311,8 @@ void gather_impl(const char* what, const void* send, void* recv, const std::vect
 
 void allgatherv(const void* send, void* recv, const std::vector<std::size_t>& counts, DType dtype,
                 const Communicator& comm, const CollectiveOptions& opt) {
+  if (!opt.device.is_cpu())
+    return device_collectives(opt.device, "allgatherv").allgatherv(send, recv, counts, dtype, comm, opt);
   gather_impl("allgatherv", send, recv, counts, dtype, comm, opt);
 }
 
@@ -318,11 +320,16 @@ void allgather(const void* send, std::size_t count, void* recv, DType dtype, con
                const CollectiveOptions& opt) {
   comm.handle("allgather");  // a closed communicator fails here, naming allgather
   int p = comm.size();
+  if (!opt.device.is_cpu())
+    return device_collectives(opt.device, "allgather")
+        .allgatherv(send, recv, std::vector<std::size_t>(p, count), dtype, comm, opt);
   gather_impl("allgather", send, recv, std::vector<std::size_t>(p, count), dtype, comm, opt);
 }
 
 void reduce_scatter(const void* send, void* recv, const std::vector<std::size_t>& counts, DType dtype,
                     ReduceOp op, const Communicator& comm, const CollectiveOptions& opt) {
+  if (!opt.device.is_cpu())
+    return device_collectives(opt.device, "reduce_scatter").reduce_scatter(send, recv, counts, dtype, op, comm, opt);
   Call c("reduce_scatter", comm, opt);
   flight_recorder::Op rec(c.comm, c.comm_name, c.what,
                           std::accumulate(counts.begin(), counts.end(), std::size_t{0}) * dtype_size(dtype));

@@ -127,16 +127,18 @@ Tensor ColumnParallel::do_backward(const Tensor& dy, Ctx& c, bool need_dx, bool 
   if (g_.sequence && need_dx)
     local_->write_input_grad_into(lc, g_.workspace(TpBuffer::column_dx, s.xg.shape(), s.xg.dtype(), s.xg.device()));
   Tensor dx = local_->backward_input(dy, lc, need_dx, accumulate);
-  RT_CHECK(!g_.sequence || dx.device().is_cpu() || !need_dx, type_, " '", name_,
-           "': sequence parallelism runs on the host");
-  if (!need_dx || g_.size == 1 || !dx.device().is_cpu()) {
-    if (need_dx && g_.size > 1) tp_all_reduce(dx, g_);
-    local_->backward_weight(lc);
-    return dx;
-  }
   // Sequence parallelism: g-bar's backward reduce-scatters dx to this rank's tokens instead.
   Tensor dxs;
-  if (g_.sequence) dxs = g_.workspace(TpBuffer::dx_shard, c.in_shape, dx.dtype(), dx.device());
+  if (g_.sequence && need_dx && g_.size > 1)
+    dxs = g_.workspace(TpBuffer::dx_shard, c.in_shape, dx.dtype(), dx.device());
+  if (!need_dx || g_.size == 1 || !dx.device().is_cpu()) {
+    if (need_dx && g_.size > 1) {
+      if (g_.sequence) seq_reduce_scatter(dx, dxs, g_);
+      else tp_all_reduce(dx, g_);
+    }
+    local_->backward_weight(lc);
+    return dxs.defined() ? dxs : dx;
+  }
   TaskThread* helper = g_.helper.get();
   if (!helper) {  // a group built by hand, not by TensorGroup::of
     if (!own_helper_) own_helper_ = std::make_shared<TaskThread>();

@@ -46,6 +46,13 @@ void shard_copy(const ShardSpec& s, const Tensor& whole, const Tensor& local, bo
     }
 }
 
+void copy_rows(Device dev, void* dst, std::size_t dst_pitch, const void* src, std::size_t src_pitch,
+               std::size_t width, std::size_t rows) {
+  if (!dev.is_cpu()) return backend_for(dev).copy_rows(dev, dst, dst_pitch, src, src_pitch, width, rows);
+  for (std::size_t i = 0; i < rows; ++i)
+    std::memcpy(static_cast<char*>(dst) + i * dst_pitch, static_cast<const char*>(src) + i * src_pitch, width);
+}
+
 // Adds the scope's time and payload to g.stats (when set) on exit.
 class TpTimer {
  public:
@@ -67,29 +74,45 @@ class TpTimer {
 
 // Sequence shards: [B][S][inner] whole, [B][S/T][inner] per rank. Copies the
 // runs of one sample's S/T tokens between a whole tensor and the rank-major
-// layout [T][B][S/T][inner] of the collectives (or one rank's part of it).
+// layout [T][B][S/T][inner] of the collectives (or one rank's part of it):
+// per rank, B rows of a fixed pitch on each side, one Backend::copy_rows (a
+// strided copy on the device's stream, memcpy on the host).
 struct SeqRuns {
   std::int64_t B, n, T;  // samples, elements per sample per rank, ranks
   std::size_t es;
-  SeqRuns(const Tensor& whole, const TensorGroup& g) : B(whole.dim(0)), T(g.size), es(dtype_size(whole.dtype())) {
+  Device dev;
+  SeqRuns(const Tensor& whole, const TensorGroup& g)
+      : B(whole.dim(0)), T(g.size), es(dtype_size(whole.dtype())), dev(whole.device()) {
     n = B > 0 ? whole.numel() / B / T : 0;
   }
   // ranks [r0, r1) between whole and packed (packed holds those ranks' blocks).
   void copy(char* whole, char* packed, int r0, int r1, bool to_packed) const {
-    const std::size_t run = std::size_t(n) * es;
-    for (int r = r0; r < r1; ++r)
-      for (std::int64_t b = 0; b < B; ++b) {
-        char* w = whole + std::size_t((b * T + r) * n) * es;
-        char* p = packed + std::size_t(((r - r0) * B + b) * n) * es;
-        if (to_packed) std::memcpy(p, w, run);
-        else std::memcpy(w, p, run);
-      }
+    const std::size_t run = std::size_t(n) * es, pitch = std::size_t(T) * run;
+    for (int r = r0; r < r1; ++r) {
+      char* w = whole + std::size_t(r) * run;
+      char* p = packed + std::size_t(std::int64_t(r - r0) * B) * run;
+      if (to_packed) copy_rows(dev, p, run, w, pitch, run, std::size_t(B));
+      else copy_rows(dev, w, pitch, p, run, run, std::size_t(B));
+    }
   }
 };
 
+// The options of a collective on t's buffers: device buffers go through the
+// device collectives (comm/collectives.hpp), which order themselves after the
+// kernels that wrote them and return with the result complete.
+// The device's kernels are waited for here as well: a tensor group's
+// collectives are few per layer, and the wait keeps every producer (the
+// packing above, the layer's GEMMs) ordered without reasoning per call.
+CollectiveOptions on(const Tensor& t) {
+  CollectiveOptions o;
+  o.device = t.device();
+  if (!o.device.is_cpu()) backend_for(o.device).synchronize();
+  return o;
+}
+
 void check_seq(const Tensor& whole, const Tensor& shard, const TensorGroup& g, const char* what) {
-  need_host(whole, what);
-  need_host(shard, what);
+  RT_CHECK(whole.device() == shard.device(), what, ": the whole tensor is on ", whole.device().str(),
+           ", its token shard on ", shard.device().str());
   RT_CHECK(whole.dtype() == shard.dtype() && whole.ndim() >= 2 && shard.shape() == seq_shard_shape(whole.shape(), g),
            what, ": ", shape_str(whole.shape()), " and its token shard ", shape_str(shard.shape()), " over ", g.size,
            " ranks");
@@ -97,7 +120,7 @@ void check_seq(const Tensor& whole, const Tensor& shard, const TensorGroup& g, c
 
 // The group's packing scratch, as many bytes as `t` (call under pack_mutex).
 Tensor scratch_for(const Tensor& t, const TensorGroup& g) {
-  return g.workspace(TpBuffer::pack_scratch, {std::int64_t(t.nbytes())}, DType::u8, Device::cpu());
+  return g.workspace(TpBuffer::pack_scratch, {std::int64_t(t.nbytes())}, DType::u8, t.device());
 }
 
 // dst = src as dst's type (float32 <-> bfloat16, same numel). Host tensors
@@ -149,12 +172,12 @@ void seq_all_gather(const Tensor& shard, Tensor& whole, const TensorGroup& g) {
   const SeqRuns runs(whole, g);
   if (g.size == 1 || runs.B == 1) {  // rank-major is the whole layout: gather in place
     if (g.size == 1) whole.copy_from(shard);
-    else allgather(shard.raw(), std::size_t(shard.numel()), whole.raw(), shard.dtype(), g.comm);
+    else allgather(shard.raw(), std::size_t(shard.numel()), whole.raw(), shard.dtype(), g.comm, on(shard));
     return;
   }
   std::lock_guard<std::mutex> lock(g.workspaces->pack_mutex());
   Tensor tmp = scratch_for(whole, g);
-  allgather(shard.raw(), std::size_t(shard.numel()), tmp.raw(), shard.dtype(), g.comm);
+  allgather(shard.raw(), std::size_t(shard.numel()), tmp.raw(), shard.dtype(), g.comm, on(shard));
   runs.copy(static_cast<char*>(whole.raw()), static_cast<char*>(tmp.raw()), 0, g.size, false);
 }
 
@@ -169,13 +192,13 @@ void seq_reduce_scatter(const Tensor& whole, Tensor& shard, const TensorGroup& g
   const std::vector<std::size_t> counts(std::size_t(g.size), std::size_t(shard.numel()));
   if (g.size == 1 || runs.B == 1) {
     if (g.size == 1) shard.copy_from(whole);
-    else reduce_scatter(whole.raw(), shard.raw(), counts, whole.dtype(), ReduceOp::sum, g.comm);
+    else reduce_scatter(whole.raw(), shard.raw(), counts, whole.dtype(), ReduceOp::sum, g.comm, on(whole));
     return;
   }
   std::lock_guard<std::mutex> lock(g.workspaces->pack_mutex());
   Tensor tmp = scratch_for(whole, g);
   runs.copy(static_cast<char*>(whole.raw()), static_cast<char*>(tmp.raw()), 0, g.size, true);
-  reduce_scatter(tmp.raw(), shard.raw(), counts, whole.dtype(), ReduceOp::sum, g.comm);
+  reduce_scatter(tmp.raw(), shard.raw(), counts, whole.dtype(), ReduceOp::sum, g.comm, on(whole));
 }
 
 const char* workspace_name(TpBuffer w) {
@@ -232,12 +255,7 @@ void tp_all_reduce(const Tensor& in, Tensor& out, const TensorGroup& g) {
     return;
   }
   TpTimer timer(g, in.nbytes());
-  CollectiveOptions o;
-  o.device = in.device();  // device buffers go through the device collectives (comm/collectives.hpp),
-  // which read them on their own stream once the kernels that wrote them have finished, and
-  // return with the result complete.
-  if (!in.device().is_cpu()) backend_for(in.device()).synchronize();
-  allreduce(in.raw(), out.raw(), std::size_t(in.numel()), in.dtype(), ReduceOp::sum, g.comm, o);
+  allreduce(in.raw(), out.raw(), std::size_t(in.numel()), in.dtype(), ReduceOp::sum, g.comm, on(in));
 }
 
 Tensor tp_sum_f32(const Tensor& in, const TensorGroup& g, bool scatter_tokens) {

@@ -68,12 +68,14 @@ Tensor find(const Optimizer::NamedTensors& s, const std::string& name) {
 }  // namespace
 
 ShardedOptimizer::ShardedOptimizer(ParamArena& full, const OptimizerConfig& cfg, Communicator group,
-                                   CollectiveOptions copt, Factory make)
-    : full_(full), cfg_(cfg), group_(std::move(group)), copt_(copt), make_(std::move(make)) {
-  RT_CHECK(full_.finalized() && full_.device().is_cpu(),
-           "parallel.zero: needs a finalised CPU parameter arena (the reduce-scatter and all-gather are "
-           "host-only), got ", full_.device().str());
+                                   CollectiveOptions copt, Factory make, GradScale scale)
+    : full_(full), cfg_(cfg), group_(std::move(group)), copt_(copt), host_copt_(copt), make_(std::move(make)),
+      scale_(std::move(scale)) {
+  RT_CHECK(full_.finalized(), "parallel.zero: needs a finalised parameter arena");
+  copt_.device = full_.device();
+  host_copt_.device = Device::cpu();
   if (!make_) make_ = [](ParamArena& a, const OptimizerConfig& c) { return make_optimizer(a, c); };
+  if (!scale_) scale_ = [](ParamArena& a, double f) { ringtrain::unscale_grads(a, f); };
   const int ranks = group_.size(), me = group_.rank();
   std::vector<std::pair<std::size_t, std::size_t>> mine;  // [lo, hi) per slice
   for (DType dt : full_.dtypes()) {
@@ -108,7 +110,7 @@ ShardedOptimizer::ShardedOptimizer(ParamArena& full, const OptimizerConfig& cfg,
       full_index_.push_back(i);
     }
   }
-  shard_.finalize(Device::cpu());
+  shard_.finalize(full_.device());
   // The layout invariant the zero-copy collectives rely on.
   for (std::size_t j = 0; j < shard_.size(); ++j) {
     const ParamInfo& p = full_.info(full_index_[j]);
@@ -128,7 +130,7 @@ ShardedOptimizer::ShardedOptimizer(ParamArena& full, const OptimizerConfig& cfg,
   // slice of some dtype is empty lacks that dtype's buffers).
   ParamArena probe;
   for (DType dt : full_.dtypes()) probe.add(cat("probe.", dtype_name(dt)), {1}, dt);
-  probe.finalize(Device::cpu());
+  probe.finalize(full_.device());
   for (const auto& [name, t] : make_(probe, cfg_)->state())
     if (name != "step") state_names_.push_back(name);
 }
@@ -154,7 +156,7 @@ void ShardedOptimizer::combine_piece_sums(std::vector<double>& sums, int per) co
   std::vector<double> all(k * full_.size(), 0.0);
   for (std::size_t j = 0; j < full_index_.size(); ++j)
     for (std::size_t q = 0; q < k; ++q) all[k * full_index_[j] + q] = sums[k * j + q];
-  allreduce(all.data(), all.data(), all.size(), DType::f64, ReduceOp::sum, group_, copt_);
+  allreduce(all.data(), all.data(), all.size(), DType::f64, ReduceOp::sum, group_, host_copt_);
   for (std::size_t j = 0; j < full_index_.size(); ++j)
     for (std::size_t q = 0; q < k; ++q) sums[k * j + q] = all[k * full_index_[j] + q];
 }
@@ -183,13 +185,13 @@ void ShardedOptimizer::reduce_scatter_range(DType dt, std::size_t lo, std::size_
                          : nullptr;
   const char* in = static_cast<const char*>(full_.grads_flat(dt).raw()) + lo * es;
   const Algorithm a = choose_algorithm(0, group_.size(), copt_, group_.node_count(), group_.max_local_size());
-  if (a == Algorithm::shm) shm_reduce_scatter(in, out, counts, dt, ReduceOp::sum, group_, copt_);
+  if (a == Algorithm::shm && copt_.device.is_cpu()) shm_reduce_scatter(in, out, counts, dt, ReduceOp::sum, group_, copt_);
   else reduce_scatter(in, out, counts, dt, ReduceOp::sum, group_, copt_);
 }
 
 void ShardedOptimizer::average_grads() {
   // grads *= 1/ranks in the compute type (g * factor, as the engine's scale); the finiteness verdict is unused.
-  if (group_.size() > 1) ringtrain::unscale_grads(shard_, 1.0 / group_.size());
+  if (group_.size() > 1) scale_(shard_, 1.0 / group_.size());
 }
 
 void ShardedOptimizer::step(double lr) {
@@ -271,13 +273,53 @@ std::size_t ShardedOptimizer::state_bytes() const {
 std::pair<std::size_t, std::size_t> ShardedOptimizer::state_bytes_summary() const {
   std::int64_t most = static_cast<std::int64_t>(state_bytes());
   std::int64_t buffers = most - static_cast<std::int64_t>(sizeof(std::int64_t));  // without the step counter
-  allreduce(&most, &most, 1, DType::i64, ReduceOp::max, group_, copt_);
-  allreduce(&buffers, &buffers, 1, DType::i64, ReduceOp::sum, group_, copt_);
+  allreduce(&most, &most, 1, DType::i64, ReduceOp::max, group_, host_copt_);
+  allreduce(&buffers, &buffers, 1, DType::i64, ReduceOp::sum, group_, host_copt_);
   return {static_cast<std::size_t>(most), static_cast<std::size_t>(buffers) + sizeof(std::int64_t)};
 }
 
 std::unique_ptr<Optimizer> ShardedOptimizer::make_whole(int root) const {
   return group_.rank() == root ? make_(full_, cfg_) : nullptr;
+}
+
+namespace {
+
+// The host bytes of `t` (itself on the host, else a copy when `fill`, else an empty host tensor of its shape).
+Tensor host_side(const Tensor& t, bool fill) {
+  if (!t.defined() || t.device().is_cpu()) return t;
+  return fill ? t.to(Device::cpu()) : Tensor::empty(t.shape(), t.dtype());
+}
+
+}  // namespace
+
+void ShardedOptimizer::gatherv(const Tensor& src, const Tensor& dst, const Slice& s, std::size_t esz,
+                               int root) const {
+  ElemType et(esz);
+  const Tensor hs = host_side(src, true), hd = host_side(dst, false);
+  const std::vector<int> counts = as_int(s.counts, "a slice"), displs = as_int(s.offsets, "a slice offset");
+  const char* what = "gathering the sharded optimizer state";
+  MPI_Request req;
+  check_mpi(MPI_Igatherv(hs.defined() ? hs.raw() : nullptr, counts[static_cast<std::size_t>(group_.rank())], et.t,
+                         hd.defined() ? hd.raw() : nullptr, counts.data(), displs.data(), et.t, root,
+                         group_.handle(what), &req),
+            what, "MPI_Igatherv");
+  wait_bounded(&req, 1, WaitOn(group_, what), what);
+  if (hd.defined() && hd.raw() != dst.raw()) Tensor(dst).copy_from(hd);
+}
+
+void ShardedOptimizer::scatterv(const Tensor& src, const Tensor& dst, const Slice& s, std::size_t esz,
+                                int root) const {
+  ElemType et(esz);
+  const Tensor hs = host_side(src, true), hd = host_side(dst, false);
+  const std::vector<int> counts = as_int(s.counts, "a slice"), displs = as_int(s.offsets, "a slice offset");
+  const char* what = "scattering the sharded optimizer state";
+  MPI_Request req;
+  check_mpi(MPI_Iscatterv(hs.defined() ? hs.raw() : nullptr, counts.data(), displs.data(), et.t,
+                          hd.defined() ? hd.raw() : nullptr, counts[static_cast<std::size_t>(group_.rank())], et.t,
+                          root, group_.handle(what), &req),
+            what, "MPI_Iscatterv");
+  wait_bounded(&req, 1, WaitOn(group_, what), what);
+  if (hd.defined() && hd.raw() != dst.raw()) Tensor(dst).copy_from(hd);
 }
 
 std::unique_ptr<Optimizer> ShardedOptimizer::gather(int root) const {
@@ -287,17 +329,9 @@ std::unique_ptr<Optimizer> ShardedOptimizer::gather(int root) const {
   for (const std::string& name : state_names_) {
     const DType dt = parse_dtype(name.substr(0, name.find('.')));
     const Slice& s = slice(dt);
-    ElemType et(dtype_size(optim_detail::state_dtype(dt)));
     const Tensor src = find(mine, name), dst = find(all, name);
     RT_CHECK(!whole || dst.defined(), "parallel.zero: the whole optimizer has no state '", name, "'");
-    const std::vector<int> counts = as_int(s.counts, "a slice"), displs = as_int(s.offsets, "a slice offset");
-    const char* what = "gathering the sharded optimizer state";
-    MPI_Request req;
-    check_mpi(MPI_Igatherv(src.defined() ? src.raw() : nullptr, counts[static_cast<std::size_t>(group_.rank())], et.t,
-                           dst.defined() ? dst.raw() : nullptr, counts.data(), displs.data(), et.t, root,
-                           group_.handle(what), &req),
-              what, "MPI_Igatherv");
-    wait_bounded(&req, 1, WaitOn(group_, what), what);
+    gatherv(src, dst, s, dtype_size(optim_detail::state_dtype(dt)), root);
   }
   if (whole) find(all, "step").data<std::int64_t>()[0] = inner_->steps();
   return whole;
@@ -342,16 +376,7 @@ void ShardedOptimizer::scatter(const Optimizer* whole, int root) {
   for (const std::string& name : state_names_) {
     const DType dt = parse_dtype(name.substr(0, name.find('.')));
     const Slice& s = slice(dt);
-    ElemType et(dtype_size(optim_detail::state_dtype(dt)));
-    const Tensor src = find(all, name), dst = find(mine, name);
-    const std::vector<int> counts = as_int(s.counts, "a slice"), displs = as_int(s.offsets, "a slice offset");
-    const char* what = "scattering the sharded optimizer state";
-    MPI_Request req;
-    check_mpi(MPI_Iscatterv(src.defined() ? src.raw() : nullptr, counts.data(), displs.data(), et.t,
-                            dst.defined() ? dst.raw() : nullptr, counts[static_cast<std::size_t>(group_.rank())], et.t,
-                            root, group_.handle(what), &req),
-              what, "MPI_Iscatterv");
-    wait_bounded(&req, 1, WaitOn(group_, what), what);
+    scatterv(find(all, name), find(mine, name), s, dtype_size(optim_detail::state_dtype(dt)), root);
   }
   std::int64_t step = group_.rank() == root ? whole->steps() : 0;
   bounded::bcast(&step, 1, MPI_INT64_T, root, WaitOn(group_, "scattering the sharded optimizer state"),

@@ -19,8 +19,9 @@ Updater::Updater(const ProcessGrid& grid, Stage& stage, const UpdateConfig& cfg,
   }
   run_agreed(grid.world(), "setting up parallel.zero", [&] {
     RT_CHECK(cfg.zero >= 1 && cfg.zero <= 3, "parallel.zero = ", cfg.zero, " is not available (0 to 3 are)");
-    RT_CHECK(stage.device().is_cpu(), "parallel.zero = ", cfg.zero, " needs train.device = cpu: its reduce-scatter "
-             "and all-gather are host-only (this run chose ", stage.device().str(), ")");
+    RT_CHECK(stage.device().is_cpu() || cfg.zero == 1, "parallel.zero = ", cfg.zero, " needs train.device = cpu: "
+             "ZeRO-2 and ZeRO-3 give the pages of the full buffers back to the host's system (this run chose ",
+             stage.device().str(), "; ZeRO-1 runs on the device)");
   });
   // ZeRO-1/2 slice a tied weight's two copies differently on their stages
   // (pipeline > 1). From 3 replicas a ring reduce-scatter may sum an element in
@@ -33,7 +34,8 @@ Updater::Updater(const ProcessGrid& grid, Stage& stage, const UpdateConfig& cfg,
   zero_ = std::make_unique<ShardedOptimizer>(stage.arena(), oc, grid.zero(), cfg.zero_collectives,
                                              [&rt](ParamArena& a, const OptimizerConfig& c) {
                                                return rt.make_optimizer(a, c);
-                                             });
+                                             },
+                                             [&rt](ParamArena& a, double f) { rt.unscale_grads(a, f); });
 }
 
 Updater::~Updater() = default;

@@ -170,3 +170,61 @@ TEST(DeviceCollectives, PublicApiDispatchesDeviceBuffers) {
   broadcast(buf.raw(), n, DType::f32, 0, comm, opt);
   EXPECT_EQ(host_f32(buf), ref);
 }
+
+// ringtrain::allgather(v)/reduce_scatter on device buffers (the tensor
+// group's sequence collectives and ZeRO's) against MPI_Allgatherv and
+// MPI_Reduce_scatter on host copies: unequal counts with an empty block,
+// segments small enough to pipeline, in place (allgather from the receive
+// buffer's own block) and out of place. Integer-valued floats: exact sums.
+TEST(DeviceCollectives, AllgathervAndReduceScatterMatchMpi) {
+  Communicator comm = Communicator::world();
+  const int p = comm.size(), r = comm.rank();
+  const Device dev = Device::cuda(cuda::select_device(comm));
+  for (std::size_t base : {std::size_t{7}, std::size_t{70001}}) {
+    std::vector<std::size_t> counts(static_cast<std::size_t>(p));
+    std::vector<int> icounts(static_cast<std::size_t>(p)), displs(static_cast<std::size_t>(p));
+    std::size_t total = 0;
+    for (int i = 0; i < p; ++i) {
+      counts[std::size_t(i)] = (p > 1 && i == 1) ? 0 : base + std::size_t(i) * 3;
+      icounts[std::size_t(i)] = int(counts[std::size_t(i)]);
+      displs[std::size_t(i)] = int(total);
+      total += counts[std::size_t(i)];
+    }
+    CollectiveOptions opt;
+    opt.device = dev;
+    opt.segment_bytes = 4096;
+    // all-gather
+    std::vector<float> mine(counts[std::size_t(r)]), ref(total);
+    for (std::size_t i = 0; i < mine.size(); ++i) mine[i] = float((i * 7 + std::size_t(r) * 1000) % 4093);
+    MPI_Allgatherv(mine.data(), icounts[std::size_t(r)], MPI_FLOAT, ref.data(), icounts.data(), displs.data(),
+                   MPI_FLOAT, MPI_COMM_WORLD);
+    for (bool in_place : {false, true}) {
+      Tensor out = Tensor::zeros({std::int64_t(total)}, DType::f32, dev);
+      Tensor send = in_place ? out.flat_view(displs[std::size_t(r)], std::int64_t(mine.size()))
+                             : Tensor::empty({std::int64_t(std::max<std::size_t>(1, mine.size()))}, DType::f32, dev);
+      if (!mine.empty()) copy_bytes(send.raw(), dev, mine.data(), Device::cpu(), mine.size() * 4);
+      allgatherv(send.raw(), out.raw(), counts, DType::f32, comm, opt);
+      EXPECT_EQ(host_f32(out), ref) << "allgatherv, base " << base << (in_place ? ", in place" : "");
+    }
+    if (base == 7) {  // the uniform call
+      std::vector<float> one(5, float(r + 1)), all(std::size_t(5 * p));
+      MPI_Allgather(one.data(), 5, MPI_FLOAT, all.data(), 5, MPI_FLOAT, MPI_COMM_WORLD);
+      Tensor s = Tensor::empty({5}, DType::f32, dev), o = Tensor::zeros({5 * p}, DType::f32, dev);
+      copy_bytes(s.raw(), dev, one.data(), Device::cpu(), 20);
+      allgather(s.raw(), 5, o.raw(), DType::f32, comm, opt);
+      EXPECT_EQ(host_f32(o), all) << "allgather";
+    }
+    // reduce-scatter
+    std::vector<float> whole(total), got_ref(std::max<std::size_t>(1, counts[std::size_t(r)]));
+    for (std::size_t i = 0; i < total; ++i) whole[i] = float((i * 13 + std::size_t(r) * 101) % 997);
+    MPI_Reduce_scatter(whole.data(), got_ref.data(), icounts.data(), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    got_ref.resize(counts[std::size_t(r)]);
+    Tensor in = Tensor::empty({std::int64_t(total)}, DType::f32, dev);
+    copy_bytes(in.raw(), dev, whole.data(), Device::cpu(), total * 4);
+    Tensor out = Tensor::zeros({std::int64_t(std::max<std::size_t>(1, counts[std::size_t(r)]))}, DType::f32, dev);
+    reduce_scatter(in.raw(), out.raw(), counts, DType::f32, ReduceOp::sum, comm, opt);
+    std::vector<float> got = host_f32(out);
+    got.resize(counts[std::size_t(r)]);
+    EXPECT_EQ(got, got_ref) << "reduce_scatter, base " << base;
+  }
+}

@@ -112,6 +112,8 @@ TEST(GpuGate, RefusesUnverifiedFeaturesByNameOnEveryRank) {
       {cuda_job({"optimizer.name=lars"}), "optimizer lars (optimizer.name = lars)"},
       {cuda_job({"model.name=gpt", "model.experts=4"}), "mixture of experts (model.experts = 4)"},
       {cuda_job({"comm.algorithm=shm"}), "device all-reduce shm (comm.algorithm = shm)"},
+      {cuda_job({"model.name=gpt", "parallel.tensor=2", "parallel.sequence=false"}),
+       "vocabulary parallelism (model.name = gpt with parallel.tensor = 2)"},
   };
   for (const Case& k : cases) {
     const std::string msg = trainer_error(k.cfg, world);

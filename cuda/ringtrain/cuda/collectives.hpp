@@ -140,12 +140,21 @@ class DeviceCollectives {
                  const Communicator& comm, const CollectiveOptions& opt = {});
   void broadcast(void* buf, std::size_t count, DType dtype, int root, const Communicator& comm,
                  const CollectiveOptions& opt = {});
+  // Same contracts as ringtrain::allgatherv / reduce_scatter; always the ring.
+  void allgatherv(const void* send, void* recv, const std::vector<std::size_t>& counts, DType dtype,
+                  const Communicator& comm, const CollectiveOptions& opt = {});
+  void reduce_scatter(const void* send, void* recv, const std::vector<std::size_t>& counts, DType dtype, ReduceOp op,
+                      const Communicator& comm, const CollectiveOptions& opt = {});
 
   bool cuda_aware() const { return cuda_aware_; }
   std::size_t staging_slots() const { return pool_.slots(); }
 
  private:
   void enter();
+  void check_device(const CollectiveOptions& opt, const char* what) const;
+  template <typename F>
+  void run(const Communicator& comm, int tag, const char* what, DType dtype, ReduceOp op,
+           const CollectiveOptions& opt, F&& algo);
   void mpi_allreduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
                      const Communicator& comm);
   CudaContext& ctx_;

@@ -88,11 +88,17 @@ Algorithm choose_algorithm(std::size_t bytes, int ranks, const CollectiveOptions
 // Collectives on device buffers (opt.device not the CPU) are forwarded to the
 // functions the device's backend registered here (the CUDA backend does so from
 // cuda/register.cu); they run this file's ring/tree algorithms over a device
-// transport and reducer. allgather(v)/reduce_scatter are host-only for now.
+// transport and reducer (allgather(v) and reduce_scatter always the ring).
 struct DeviceCollectiveFns {
   std::function<void(const void*, void*, std::size_t, DType, ReduceOp, const Communicator&, const CollectiveOptions&)>
       allreduce;
   std::function<void(void*, std::size_t, DType, int, const Communicator&, const CollectiveOptions&)> broadcast;
+  std::function<void(const void*, void*, const std::vector<std::size_t>&, DType, const Communicator&,
+                     const CollectiveOptions&)>
+      allgatherv;
+  std::function<void(const void*, void*, const std::vector<std::size_t>&, DType, ReduceOp, const Communicator&,
+                     const CollectiveOptions&)>
+      reduce_scatter;
 };
 void register_device_collectives(DeviceKind kind, DeviceCollectiveFns fns);
 // The registered functions, or an Error naming the device when none are.

@@ -26,6 +26,7 @@
 //    in. The CPU backend (src/backend/cpu) is built in; the CUDA backend
 //    registers itself from cuda/ at static-initialisation time.
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <string>
@@ -330,6 +331,16 @@ class Backend {
   // backend takes fp16 activations, or a copy of one type); same numel.
   virtual void cast(const Tensor& src, Tensor& dst) {
     RT_FAIL("the ", name(), " backend has no float32 <-> bfloat16 cast");
+  }
+
+  // `rows` runs of `width` bytes, dst + i * dst_pitch <- src + i * src_pitch,
+  // both in the memory of `dev` (this backend's device), ordered with the
+  // backend's kernels: the sequence collectives' rank-major packing.
+  virtual void copy_rows(Device dev, void* dst, std::size_t dst_pitch, const void* src, std::size_t src_pitch,
+                         std::size_t width, std::size_t rows) {
+    RT_CHECK(dev.is_cpu(), "the ", name(), " backend has no strided copy for ", dev.str());
+    for (std::size_t i = 0; i < rows; ++i)
+      std::memcpy(static_cast<char*>(dst) + i * dst_pitch, static_cast<const char*>(src) + i * src_pitch, width);
   }
 
   // Waits until all work issued so far is complete. CPU kernels finish before

@@ -50,10 +50,17 @@ class ShardedOptimizer {
  public:
   using Factory = std::function<std::unique_ptr<Optimizer>(ParamArena&, const OptimizerConfig&)>;
 
-  // `full`: the model's finalised CPU arena (identical layout on every rank);
-  // `group`: the data-parallel group; `make` builds the optimizer (default make_optimizer).
+  // Multiplies an arena's gradients by a factor in their compute type.
+  using GradScale = std::function<void(ParamArena&, double)>;
+
+  // `full`: the model's finalised arena (identical layout on every rank), on the
+  // host or a device: the slice lives beside it and the step's collectives run
+  // on its buffers (ZeRO-1 only on a device: ZeRO-2/3 release host pages);
+  // `group`: the data-parallel group; `make` builds the optimizer (default
+  // make_optimizer); `scale`: the gradient averaging's multiplication (default
+  // grad_utils' unscale_grads, host arenas only).
   ShardedOptimizer(ParamArena& full, const OptimizerConfig& cfg, Communicator group,
-                   CollectiveOptions copt = {}, Factory make = {});
+                   CollectiveOptions copt = {}, Factory make = {}, GradScale scale = {});
   ~ShardedOptimizer();
 
   // The full arena's gradients, averaged over the group, into this rank's slice
@@ -134,13 +141,19 @@ class ShardedOptimizer {
   void release_params(DType dt);  // gives the pages of dt's full parameter buffer back
   Tensor shard_flat(DType dt, bool grads) const;  // undefined when this rank's slice of dt is empty
   void combine_piece_sums(std::vector<double>& sums, int per) const;
+  // MPI_Igatherv / MPI_Iscatterv of one state buffer (bounded), through host
+  // copies where the buffers are on a device.
+  void gatherv(const Tensor& src, const Tensor& dst, const Slice& s, std::size_t esz, int root) const;
+  void scatterv(const Tensor& src, const Tensor& dst, const Slice& s, std::size_t esz, int root) const;
   void add_slices(const std::string& slot, DType dt, const Tensor& flat, std::vector<StateSlice>& out) const;
 
   ParamArena& full_;
   OptimizerConfig cfg_;
   Communicator group_;
-  CollectiveOptions copt_;
+  CollectiveOptions copt_;       // the step's collectives, on the arena's device
+  CollectiveOptions host_copt_;  // the same on host scalars (norm pieces, byte counts)
   Factory make_;
+  GradScale scale_;
   std::vector<Slice> slices_;
   ParamArena shard_;
   std::vector<std::size_t> full_index_;  // shard parameter -> full parameter
