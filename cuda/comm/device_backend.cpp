@@ -36,6 +36,7 @@ void KernelReducer::flush() { RT_CUDA(cudaStreamSynchronize(s_)); }
 
 DeviceWorkspace::~DeviceWorkspace() {
   if (p_) device_allocator().deallocate(p_, bytes_, Device::cuda(device_));
+  if (blocks_) device_allocator().deallocate(blocks_, blocks_bytes_, Device::cuda(device_));
 }
 
 void* DeviceWorkspace::get(std::size_t bytes) {
@@ -45,6 +46,14 @@ void* DeviceWorkspace::get(std::size_t bytes) {
   p_ = device_allocator().allocate(bytes, Device::cuda(device_));
   bytes_ = bytes;
   return p_;
+}
+
+void* DeviceWorkspace::blocks(std::size_t bytes) {
+  if (bytes <= blocks_bytes_) return blocks_;
+  if (blocks_) device_allocator().deallocate(blocks_, blocks_bytes_, Device::cuda(device_));
+  blocks_ = device_allocator().allocate(bytes, Device::cuda(device_));
+  blocks_bytes_ = bytes;
+  return blocks_;
 }
 
 // ---- pinned staging slots ----------------------------------------------------------

@@ -14,7 +14,7 @@ std::atomic<std::uint64_t> g_bytes_sent{0};
 std::uint64_t primitives_bytes_sent() { return g_bytes_sent.load(std::memory_order_relaxed); }
 
 Primitives::Primitives(Transport& t, Reducer& r, Workspace& ws, const Config& cfg)
-    : t_(t), r_(r), cfg_(cfg), rank_(t.rank()), size_(t.size()), esize_(dtype_size(cfg.dtype)) {
+    : t_(t), r_(r), cfg_(cfg), rank_(t.rank()), size_(t.size()), esize_(dtype_size(cfg.dtype)), ws_(ws) {
   RT_CHECK(cfg_.window >= 1 && cfg_.window <= kMaxAhead, "collective primitives: window must be in [1, ",
            kMaxAhead, "], got ", cfg_.window);
   seg_elems_ = std::max<std::size_t>(1, cfg_.segment_bytes / esize_);
@@ -114,7 +114,7 @@ void Primitives::reserve_blocks(std::size_t n) {
   RT_ASSERT(pending_.empty());  // no send may still read the blocks this replaces
   const std::size_t bytes = (n * esize_ + 63) / 64 * 64;
   if (bytes <= block_bytes_) return;
-  blocks_.reset(new char[2 * bytes]);
+  blocks_ = static_cast<char*>(ws_.blocks(2 * bytes));
   block_bytes_ = bytes;
 }
 

@@ -41,9 +41,12 @@
 #       (default build) at -j 2, bundles them and writes .gpu-carry/bundle.tar.xz
 #       (git-ignored, under the device tool's 64 MiB), then prints the call.
 #   tests/gpu/run_on_gpu_host.sh gpu-check [--budget 480] [--out DIR] [--tests-only] [--np 2] [--models cnn,resnet,vit]
+#                                         [--test-timeout 60] [--only REGEX]
 #       (on the GPU host) unpacks .gpu-carry/bundle.tar.xz and runs every GPU
 #       test (mpi_* at 1..np ranks), then bench_gpu_attention and bench_gpu_train_step (unless --tests-only), within
-#       --budget seconds of wall time in all; raw logs (logs.tar.gz), JSON, gpu.csv and
+#       --budget seconds of wall time in all, each test within --test-timeout
+#       seconds (a hang costs a minute, not the budget), only the test binaries
+#       whose names match --only when given; raw logs (logs.tar.gz), JSON, gpu.csv and
 #       summary.txt (status and seconds per run) go to DIR (default $OUT, else
 #       .gpu-bundle/results) for docs/data/gpu/. Exit status: failed tests.
 set -euo pipefail
@@ -347,7 +350,7 @@ cmd_carry() {
 }
 
 cmd_gpu_check() {
-  local budget=480 out="${OUT:-}" bench=1 np_max=2 models="cnn resnet vit"
+  local budget=480 out="${OUT:-}" bench=1 np_max=2 models="cnn resnet vit" test_timeout=60 only=""
   while [[ $# -gt 0 ]]; do
     case "$1" in
       --budget) budget="$2"; shift 2 ;;
@@ -355,6 +358,8 @@ cmd_gpu_check() {
       --np) np_max="$2"; shift 2 ;;
       --models) models="${2//,/ }"; shift 2 ;;
       --out) out="$2"; shift 2 ;;
+      --test-timeout) test_timeout="$2"; shift 2 ;;
+      --only) only="$2"; shift 2 ;;
       *) echo "gpu-check: unknown option $1" >&2; exit 2 ;;
     esac
   done
@@ -379,7 +384,8 @@ cmd_gpu_check() {
     fi
     t1=$SECONDS
     set +e
-    timeout -k 5 "$((left < ${RT_GPU_TIMEOUT:-240} ? left : ${RT_GPU_TIMEOUT:-240}))" "$@" > "$log" 2>&1; rc=$?
+    local lim="${RT_GPU_TIMEOUT:-$limit}"
+    timeout -k 5 "$((left < lim ? left : lim))" "$@" > "$log" 2>&1; rc=$?
     set -e
     case "$rc" in
       0) passed=$((passed + 1)); echo "$name: passed ($((SECONDS - t1)) s)" | tee -a "$S" ;;
@@ -388,8 +394,10 @@ cmd_gpu_check() {
       *) failed=$((failed + 1)); echo "$name: FAILED rc $rc ($((SECONDS - t1)) s)" | tee -a "$S"; tail -15 "$log" ;;
     esac
   }
+  local limit="$test_timeout"
   for t in "$B"/bin/test_gpu_*; do
     name=$(basename "$t")
+    [[ -z "$only" || "$name" =~ $only ]] || continue
     if [[ "$name" == test_gpu_mpi_* ]]; then
       for ((n = 1; n <= np_max; n++)); do
         one "$name np$n" "$R/$name.np$n.log" mpirun -np "$n" --oversubscribe "$t" --rt-gpu

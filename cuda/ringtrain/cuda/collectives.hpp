@@ -50,11 +50,14 @@ class DeviceWorkspace final : public Workspace {
   explicit DeviceWorkspace(int device) : device_(device) {}
   ~DeviceWorkspace() override;
   void* get(std::size_t bytes) override;
+  void* blocks(std::size_t bytes) override;  // device memory: the reduce-scatter's partial sums
 
  private:
   int device_;
   void* p_ = nullptr;
   std::size_t bytes_ = 0;
+  void* blocks_ = nullptr;
+  std::size_t blocks_bytes_ = 0;
 };
 
 // Pinned staging slots, reused once their last H2D copy has completed.

@@ -78,6 +78,20 @@ class Workspace {
   virtual ~Workspace() = default;
   // At least `bytes` bytes, 64-byte aligned; valid until the next get().
   virtual void* get(std::size_t bytes) = 0;
+  // A second region, for the partial sums a reduce-scatter keeps between
+  // steps (Primitives::reserve_blocks); valid until the next blocks(). In the
+  // reducer's memory space: host memory here, device memory for a device.
+  virtual void* blocks(std::size_t bytes) {
+    if (bytes > host_blocks_bytes_) {
+      host_blocks_.reset(new char[bytes]);
+      host_blocks_bytes_ = bytes;
+    }
+    return host_blocks_.get();
+  }
+
+ private:
+  std::unique_ptr<char[]> host_blocks_;
+  std::size_t host_blocks_bytes_ = 0;
 };
 
 // Bytes this process has sent through Primitives (the ring, tree and chain
@@ -117,7 +131,7 @@ class Primitives {
   // had reached the next step; at 3+ ranks every rank did, a cycle, once a block exceeded the
   // window and the transport's eager limit.) Call before the first block().
   void reserve_blocks(std::size_t n);
-  char* block(int i) const { return blocks_.get() + (i % 2) * block_bytes_; }
+  char* block(int i) const { return blocks_ + (i % 2) * block_bytes_; }
   // dst = op(incoming, local) [/ divisor].
   void recv_reduce_copy(int from, const void* local, void* dst, std::size_t n, int divisor = 1);
   // dst = op(incoming, local) [/ divisor], and forward dst to `to`.
@@ -158,9 +172,10 @@ class Primitives {
   int rank_, size_;
   std::size_t esize_, seg_elems_, slot_bytes_;
   char* scratch_;
-  std::unique_ptr<char[]> blocks_;
+  Workspace& ws_;
+  char* blocks_ = nullptr;  // ws_.blocks(): two of block_bytes_
   std::size_t block_bytes_ = 0;
-  std::vector<Pending> pending_;  // declared after blocks_: destroyed (waited for) first
+  std::vector<Pending> pending_;  // sends still reading the blocks or a caller's buffer
   std::array<Request, kMaxAhead> recvs_;
 };
 
