@@ -32,6 +32,11 @@ MpiRuntime::MpiRuntime(int* argc, char*** argv) {
     if (!err.empty()) throw Error(err);
     return;
   }
+  // A process started without mpirun (a singleton: export, prepare, generate)
+  // would have Open MPI 4 fork a daemon, 0.1 s of every such command's start,
+  // only to serve MPI_Comm_spawn, which ringtrain never calls. Launched
+  // processes ignore the setting; a user's own value wins.
+  ::setenv("OMPI_MCA_ess_singleton_isolated", "1", /*overwrite=*/0);
   MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided_);
   owns_ = true;
   // Refuse before anything starts a thread: no code serialises MPI calls, so a

@@ -77,8 +77,35 @@ struct Entry {
   const void* data = nullptr;
 };
 
-// Writes `entries` (in this order; names must be unique) and `metadata` to
-// `path` atomically.
+// Where a file holding `entries` (in this order; names unique; their data
+// unused) puts things: `head` is the 8-byte length and the JSON header (padded
+// to a multiple of 8), offsets[i] the file offset of entry i's data.
+struct Layout {
+  std::string head;
+  std::vector<std::int64_t> offsets;
+  std::int64_t bytes = 0;  // of the whole file
+};
+Layout layout(const std::string& path, const std::vector<Entry>& entries,
+              const std::map<std::string, std::string>& metadata = {});
+
+// A file written at known offsets with pwrite (large blocks, in any order),
+// as "<path>.tmp" until commit() fsyncs it and renames it into place; a
+// writer destroyed before commit() removes the temporary file.
+class FileWriter {
+ public:
+  explicit FileWriter(std::string path);
+  ~FileWriter();
+  FileWriter(const FileWriter&) = delete;
+  FileWriter& operator=(const FileWriter&) = delete;
+  void write(std::int64_t offset, const void* data, std::size_t n);
+  void commit();
+
+ private:
+  std::string path_, tmp_;
+  int fd_ = -1;
+};
+
+// Writes `entries` and `metadata` to `path` atomically.
 void write(const std::string& path, const std::vector<Entry>& entries,
            const std::map<std::string, std::string>& metadata = {});
 
