@@ -221,11 +221,11 @@ std::string export_llmc(const CheckpointIndex& ix, const std::string& found, con
   run_on_root(comm, "export", [&] {
     const std::string why = cat("export --format llmc: checkpoint '", found, "'");
     RT_CHECK(cfg.model.name == "gpt", why, " is of model '", cfg.model.name, "'; llm.c's file holds a gpt (GPT-2)");
+    RT_CHECK(cfg.model.experts == 0, why, " has model.experts = ", cfg.model.experts,
+             "; llm.c's file holds a dense GPT-2 (export --format safetensors writes every expert)");
     RT_CHECK(cfg.model.gelu == "tanh" && cfg.model.layernorm_eps == 1e-5 && cfg.model.mlp_ratio == 4.0, why,
              " has model.gelu = ", cfg.model.gelu, ", model.layernorm_eps = ", cfg.model.layernorm_eps,
              ", model.mlp_ratio = ", cfg.model.mlp_ratio, "; llm.c computes GPT-2's tanh, 1e-5 and 4");
-    RT_CHECK(cfg.model.experts == 0, why, " has model.experts = ", cfg.model.experts,
-             "; llm.c's file holds a dense GPT-2 (export --format safetensors writes every expert)");
     auto shape_of = [&](const char* name) {
       const auto it = ix.tensor_at.find(cat("param/", name));
       RT_CHECK(it != ix.tensor_at.end(), why, " has no ", name);
