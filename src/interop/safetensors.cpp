@@ -252,6 +252,68 @@ void FileWriter::commit() {
   }
 }
 
+QueuedWriter::QueuedWriter(FileWriter& f) : f_(f), thread_([this] { run(); }) {}
+
+QueuedWriter::~QueuedWriter() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+std::uint64_t QueuedWriter::write(std::int64_t offset, const void* data, std::size_t n) {
+  std::lock_guard lock(mu_);
+  queue_.push_back({offset, data, n});
+  cv_.notify_all();
+  return ++queued_;
+}
+
+void QueuedWriter::wait(std::uint64_t ticket) {
+  std::unique_lock lock(mu_);
+  cv_.wait(lock, [&] { return done_ >= ticket || error_; });
+  if (error_) std::rethrow_exception(error_);
+}
+
+void QueuedWriter::wait_all() {
+  std::uint64_t last;
+  {
+    std::lock_guard lock(mu_);
+    last = queued_;
+  }
+  wait(last);
+}
+
+void QueuedWriter::run() {
+  std::unique_lock lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+    if (queue_.empty()) return;
+    const Job j = queue_.front();
+    queue_.pop_front();
+    const bool failed = static_cast<bool>(error_);
+    lock.unlock();
+    std::exception_ptr err;
+    try {
+      if (!failed) f_.write(j.off, j.data, j.n);  // after an error the rest is dropped
+    } catch (...) {
+      err = std::current_exception();
+    }
+    lock.lock();
+    if (err && !error_) error_ = err;
+    ++done_;
+    cv_.notify_all();
+  }
+}
+
+char* Blocks::next(std::size_t bytes, QueuedWriter& q) {
+  i_ = (i_ + 1) % 3;
+  q.wait(ticket_[i_]);
+  buf_[i_].resize(bytes);
+  return buf_[i_].data();
+}
+
 void write(const std::string& path, const std::vector<Entry>& entries,
            const std::map<std::string, std::string>& metadata) {
   const Layout l = layout(path, entries, metadata);

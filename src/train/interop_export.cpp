@@ -3,11 +3,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <condition_variable>
-#include <deque>
-#include <exception>
-#include <mutex>
-#include <thread>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -51,90 +46,8 @@ TrainConfig config_of(const CheckpointData& d) {
 
 constexpr std::size_t kBlock = std::size_t{4} << 20;  // bytes per converted block written
 
-// pwrite on a second thread: checking and converting the next tensor overlaps
-// writing this one (the kernel's copy into the page cache is as long as dd's
-// whole run). Each write returns a ticket; wait(t) returns once that write is
-// done, so its memory can be reused; an error in the thread is rethrown there.
-class QueuedWriter {
- public:
-  explicit QueuedWriter(safetensors::FileWriter& f) : f_(f), thread_([this] { run(); }) {}
-  ~QueuedWriter() {
-    {
-      std::lock_guard lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
-  QueuedWriter(const QueuedWriter&) = delete;
-  QueuedWriter& operator=(const QueuedWriter&) = delete;
-
-  std::uint64_t write(std::int64_t off, const void* data, std::size_t n) {
-    std::lock_guard lock(mu_);
-    queue_.push_back({off, data, n});
-    cv_.notify_all();
-    return ++queued_;
-  }
-  void wait(std::uint64_t ticket) {
-    std::unique_lock lock(mu_);
-    cv_.wait(lock, [&] { return done_ >= ticket || error_; });
-    if (error_) std::rethrow_exception(error_);
-  }
-  void wait_all() { wait(queued_); }
-
- private:
-  struct Job {
-    std::int64_t off;
-    const void* data;
-    std::size_t n;
-  };
-  void run() {
-    std::unique_lock lock(mu_);
-    for (;;) {
-      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-      if (queue_.empty()) return;
-      const Job j = queue_.front();
-      queue_.pop_front();
-      lock.unlock();
-      std::exception_ptr err;
-      try {
-        if (!error_) f_.write(j.off, j.data, j.n);
-      } catch (...) {
-        err = std::current_exception();
-      }
-      lock.lock();
-      if (err && !error_) error_ = err;
-      ++done_;
-      cv_.notify_all();
-    }
-  }
-
-  safetensors::FileWriter& f_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Job> queue_;
-  std::uint64_t queued_ = 0, done_ = 0;
-  bool stop_ = false;
-  std::exception_ptr error_;
-  std::thread thread_;  // last: starts once the rest exists
-};
-
-// Blocks for converted data, reused round-robin once their writes are done.
-class Blocks {
- public:
-  char* next(std::size_t bytes, QueuedWriter& q) {
-    i_ = (i_ + 1) % 3;
-    q.wait(ticket_[i_]);
-    buf_[i_].resize(bytes);
-    return buf_[i_].data();
-  }
-  void written(std::uint64_t ticket) { ticket_[i_] = ticket; }
-
- private:
-  std::vector<char> buf_[3];
-  std::uint64_t ticket_[3] = {0, 0, 0};
-  int i_ = 0;
-};
+using safetensors::Blocks;
+using safetensors::QueuedWriter;
 
 // oneDNN's CPU engine and a stream on it, for the transposes of one export,
 // on this thread alone: a block takes microseconds, and OpenMP's workers
@@ -258,11 +171,12 @@ std::string export_llmc(const CheckpointIndex& ix, const std::string& found, con
     h.channels = cfg.model.width;
     if (!fs::path(out).parent_path().empty()) fs::create_directories(fs::path(out).parent_path());
     MappedCheckpoint src(ix);
-    std::vector<char> scratch;
+    std::vector<char> scratch[2];  // alternate: write_model reads call k's data during call k + 1
+    int calls = 0;
     try {
       llmc::write_model(out, h, [&](const std::string& name) -> const float* {
         RT_CHECK(ix.tensor_at.count("param/" + name), why, " has no parameter '", name, "'");
-        return whole_param(src, ix, "param/" + name, scratch, bad);
+        return whole_param(src, ix, "param/" + name, scratch[calls++ % 2], bad);
       });
     } catch (const Error&) {
       if (bad.empty()) throw;  // a corrupt piece: agreed below
