@@ -297,7 +297,7 @@ struct PrepareArgs {
   // text / tokens
   double val_fraction = 0.1;
   std::int64_t vocab = 0;
-  std::string tokenizer = "bytes";
+  std::string tokenizer = "bytes", format = "h5";
 };
 
 int run_prepare(const PrepareArgs& a, const Communicator& world) {
@@ -323,7 +323,16 @@ int run_prepare(const PrepareArgs& a, const Communicator& world) {
     o.vocab = a.vocab;
     o.tokenizer = a.tokenizer;
     o.val_fraction = a.val_fraction;
+    o.format = a.format;
     ds = data::prepare_tokens(o, world);
+    if (world.rank() == 0 && o.format == "llmc") {
+      std::printf("prepared %s: %lld train tokens in %s, %lld validation tokens in %s (llm.c's token shards, "
+                  "vocabulary %lld, %s)\n", ds.train.name.c_str(), static_cast<long long>(ds.train.total_count),
+                  ds.train_files.front().c_str(),
+                  static_cast<long long>(data::read_token_file(ds.test_files.front()).size()),
+                  ds.test_files.front().c_str(), static_cast<long long>(ds.train.vocab), ds.train.tokenizer.c_str());
+      return 0;
+    }
     if (world.rank() == 0) {
       const data::FileInfo test = data::read_file_info(ds.test_files.front());
       std::printf("prepared %s: %lld train tokens, %lld validation tokens, vocabulary %lld (%s) under %s\n",
@@ -333,6 +342,8 @@ int run_prepare(const PrepareArgs& a, const Communicator& world) {
     }
     return 0;
   }
+  RT_CHECK(a.format == "h5", "prepare --format ", a.format, " is for --dataset text or tokens (llm.c's token "
+           "shards); --dataset ", a.dataset, " is written as ringtrain's HDF5 only");
   if (a.dataset == "synthetic") {
     data::SyntheticOptions o;
     o.output = a.out;
@@ -482,6 +493,8 @@ int main(int argc, char** argv) {
                    "kept for validation (the test split)")->capture_default_str();
   prep->add_option("--vocab,--vocab-size", pa.vocab, "tokens: vocabulary size (0 = the largest token + 1); text with "
                    "--tokenizer sentencepiece: the pieces to train")->capture_default_str();
+  prep->add_option("--format", pa.format, "text, tokens: h5 (ringtrain's files) | llmc (llm.c's token shards "
+                   "NAME_train.bin and NAME_val.bin, which llm.c trains on; docs/interop.md)")->capture_default_str();
   prep->add_option("--tokenizer", pa.tokenizer, "text: bytes (UTF-8 bytes, vocabulary 256) | sentencepiece (a subword "
                    "model trained on the training split, written beside the data as NAME.model)")->capture_default_str();
 

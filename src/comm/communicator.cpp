@@ -32,6 +32,20 @@ MpiRuntime::MpiRuntime(int* argc, char*** argv) {
     if (!err.empty()) throw Error(err);
     return;
   }
+  // A process that no launcher started (a singleton: export, prepare, generate
+  // run directly) talks to itself alone, yet Open MPI 4 would fork a daemon
+  // for MPI_Comm_spawn (which ringtrain never calls), 0.1 s, and probe the
+  // fabrics' transports (libfabric, PSM) to choose a messaging layer, 0.2 s:
+  // together most of such a command's start. A singleton gets no daemon and
+  // the plain point-to-point layer (ob1: shared memory and self). Processes
+  // that mpirun or srun started (their rank variables set) are left alone, and
+  // a user's own values win.
+  const bool launched = std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMIX_RANK") ||
+                        std::getenv("PMI_RANK") || std::getenv("PMI_SIZE");
+  if (!launched) {
+    ::setenv("OMPI_MCA_ess_singleton_isolated", "1", /*overwrite=*/0);
+    ::setenv("OMPI_MCA_pml", "ob1", /*overwrite=*/0);
+  }
   MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided_);
   owns_ = true;
   // Refuse before anything starts a thread: no code serialises MPI calls, so a

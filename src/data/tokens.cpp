@@ -155,6 +155,49 @@ void write_token_file(const std::string& path, const FileInfo& m, const std::int
   RT_CHECK(!ec, path, ": cannot rename the finished file into place from ", tmp, " (", ec.message(), ")");
 }
 
+// llm.c's token shard (dev/data/data_common.py's write_datafile): int32[256]
+// header {20240520, version, count}, then the tokens as uint16 (version 1,
+// GPT-2's) when every token fits, else uint32 (version 2, Llama 3's).
+void write_llmc(const std::string& path, const std::int32_t* t, std::int64_t n, std::int64_t vocab) {
+  RT_CHECK(n < (std::int64_t{1} << 31), path, ": ", n, " tokens exceed llm.c's limit of 2^31 - 1 per file");
+  const int version = vocab <= 65536 ? 1 : 2;
+  std::int32_t head[256] = {};
+  head[0] = kLlmcMagic;
+  head[1] = version;
+  head[2] = static_cast<std::int32_t>(n);
+  std::string bytes(reinterpret_cast<const char*>(head), sizeof head);
+  const std::size_t item = version == 1 ? 2 : 4;
+  bytes.resize(sizeof head + static_cast<std::size_t>(n) * item);
+  char* out = bytes.data() + sizeof head;
+  for (std::int64_t i = 0; i < n; ++i) {  // little-endian host, as numpy's tobytes() there
+    if (version == 1) {
+      const auto v = static_cast<std::uint16_t>(t[i]);
+      std::memcpy(out + 2 * i, &v, 2);
+    } else {
+      const auto v = static_cast<std::uint32_t>(t[i]);
+      std::memcpy(out + 4 * i, &v, 4);
+    }
+  }
+  const std::string tmp = cat(path, ".tmp-", ::getpid());
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    f.close();
+    if (!f.good()) std::remove(tmp.c_str());
+    RT_CHECK(f.good(), path, ": cannot write ", tmp);
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) std::remove(tmp.c_str());
+  RT_CHECK(!ec, path, ": cannot rename the finished file into place from ", tmp, " (", ec.message(), ")");
+}
+
+// One split in the chosen format: ringtrain's HDF5 or llm.c's shard.
+void write_split(const TokenPrepareOptions& o, const std::string& path, const FileInfo& m, const std::int32_t* t) {
+  if (o.format == "llmc") write_llmc(path, t, m.count, m.vocab);
+  else write_token_file(path, m, t);
+}
+
 // Text under a SentencePiece model trained on its training split (the first 1 - val_fraction
 // of the bytes, cut at a character boundary), written to <output>/<name>.model; both splits encoded.
 std::pair<std::vector<std::int32_t>, std::vector<std::int32_t>> sentencepiece_splits(const TokenPrepareOptions& o,
@@ -206,10 +249,13 @@ PreparedDataset prepare_tokens(const TokenPrepareOptions& o, const Communicator&
   std::string name = o.name;
   if (name.empty()) name = fs::path(o.input).lexically_normal().filename().stem().string();
   if (name.empty()) name = fs::absolute(o.input).lexically_normal().parent_path().filename().string();
-  out.train_files = {(fs::path(o.output) / shard_file_name(name, "train", 0, 1)).string()};
-  out.test_files = {(fs::path(o.output) / shard_file_name(name, "test", 0, 1)).string()};
+  const bool llmc = o.format == "llmc";  // llm.c's names: <name>_train.bin, <name>_val.bin
+  out.train_files = {(fs::path(o.output) / (llmc ? name + "_train.bin" : shard_file_name(name, "train", 0, 1))).string()};
+  out.test_files = {(fs::path(o.output) / (llmc ? name + "_val.bin" : shard_file_name(name, "test", 0, 1))).string()};
   run_agreed(comm, "prepare", [&] {
     RT_CHECK(!o.output.empty(), "prepare: no output directory given");
+    RT_CHECK(o.format == "h5" || o.format == "llmc", "prepare --format '", o.format,
+             "' is not known (h5: ringtrain's HDF5; llmc: llm.c's token shards, for --dataset text or tokens)");
     RT_CHECK(o.val_fraction > 0 && o.val_fraction < 1, "prepare: --val-fraction ", o.val_fraction,
              " must be in (0, 1)");
     if (rank != 0) return;  // one writer: two small files
@@ -222,10 +268,10 @@ PreparedDataset prepare_tokens(const TokenPrepareOptions& o, const Communicator&
       const auto [train, test] = sentencepiece_splits(o, name, m);
       m.split = "train";
       m.count = m.total_count = std::int64_t(train.size());
-      write_token_file(out.train_files[0], m, train.data());
+      write_split(o, out.train_files[0], m, train.data());
       m.split = "test";
       m.count = m.total_count = std::int64_t(test.size());
-      write_token_file(out.test_files[0], m, test.data());
+      write_split(o, out.test_files[0], m, test.data());
       return;
     }
     if (o.source == TokenSource::text) {
@@ -250,12 +296,25 @@ PreparedDataset prepare_tokens(const TokenPrepareOptions& o, const Communicator&
     RT_CHECK(fs::is_directory(o.output, ec), o.output, ": cannot create the output directory");
     m.split = "train";
     m.count = m.total_count = n - val;
-    write_token_file(out.train_files[0], m, t.data());
+    write_split(o, out.train_files[0], m, t.data());
     m.split = "test";
     m.count = m.total_count = val;
-    write_token_file(out.test_files[0], m, t.data() + (n - val));
+    write_split(o, out.test_files[0], m, t.data() + (n - val));
   });
   if (comm.valid()) comm.barrier();  // every file is in place before anyone reads
+  if (llmc) {  // no attributes in llm.c's file: the split as the options and its tokens say
+    const std::vector<std::int32_t> t = read_token_file(out.train_files.front());
+    FileInfo& f = out.train;
+    f.name = name;
+    f.split = "train";
+    f.path = out.train_files.front();
+    f.count = f.total_count = static_cast<std::int64_t>(t.size());
+    f.tokenizer = o.source == TokenSource::text ? o.tokenizer : "external";
+    f.vocab = o.source == TokenSource::text && o.tokenizer == "bytes" ? 256
+              : o.vocab > 0 ? o.vocab
+                            : std::max<std::int64_t>(2, *std::max_element(t.begin(), t.end()) + 1);
+    return out;
+  }
   out.train = read_file_info(out.train_files.front());
   return out;
 }

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -144,31 +145,41 @@ void write_model(const std::string& path, const ModelHeader& h,
   const std::int64_t fields[] = {kModelMagic, h.version, h.max_seq_len, h.vocab, h.layers, h.heads, h.channels,
                                  h.padded_vocab};
   for (int i = 0; i < 8; ++i) head[i] = static_cast<std::int32_t>(fields[i]);
-  const std::string tmp = path + ".tmp";
-  std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-  RT_CHECK(f.good(), "llm.c model file '", path, "': cannot create '", tmp, "'");
-  f.write(reinterpret_cast<const char*>(head), sizeof head);
-  std::vector<bfloat16> half;
-  for (const TensorInfo& t : model_tensors(h)) {
-    const std::int64_t n = t.numel();
-    // wte: the model's V rows, then Vp - V zero rows.
-    const std::int64_t have = t.name == "wte.weight" ? h.vocab * h.channels : n;
-    std::vector<float> data(static_cast<std::size_t>(n), 0.0f);
-    const float* src = param(t.name);
-    RT_CHECK(src, "llm.c model file '", path, "': no parameter '", t.name, "' to write");
-    std::copy(src, src + have, data.begin());
-    if (h.version == 5) {
-      half.resize(data.size());
-      for (std::size_t i = 0; i < data.size(); ++i) half[i] = to_bf16(data[i]);
-      f.write(reinterpret_cast<const char*>(half.data()), static_cast<std::streamsize>(half.size() * 2));
-    } else {
-      f.write(reinterpret_cast<const char*>(data.data()), static_cast<std::streamsize>(data.size() * 4));
+  safetensors::FileWriter f(path);
+  const std::int64_t esz = h.version == 5 ? 2 : 4, base = sizeof head;
+  constexpr std::int64_t kBlock = std::int64_t{1} << 21;  // elements per converted (bf16) block
+  const std::vector<TensorInfo> tensors = model_tensors(h);
+  // wte's Vp - V zero rows, the largest run of zeros.
+  const std::vector<char> zeros(static_cast<std::size_t>((h.padded_vocab - h.vocab) * h.channels * esz), 0);
+  {
+    safetensors::Blocks blocks;  // outlive the writer thread, which may still read them
+    safetensors::QueuedWriter q(f);
+    q.write(0, head, sizeof head);
+    std::uint64_t source_read[2] = {0, 0};  // by tensor parity: the last write reading its param() memory
+    for (std::size_t k = 0; k < tensors.size(); ++k) {
+      const TensorInfo& t = tensors[k];
+      // wte: the model's V rows, then Vp - V zero rows.
+      const std::int64_t have = t.name == "wte.weight" ? h.vocab * h.channels : t.numel();
+      q.wait(source_read[k % 2]);  // param() may reuse the memory it gave two calls ago
+      const float* src = param(t.name);
+      RT_CHECK(src, "llm.c model file '", path, "': no parameter '", t.name, "' to write");
+      const std::int64_t at = base + t.begin;
+      if (esz == 4) {
+        source_read[k % 2] = q.write(at, src, static_cast<std::size_t>(have) * 4);
+      } else {
+        for (std::int64_t i0 = 0; i0 < have; i0 += kBlock) {
+          const std::int64_t i1 = std::min(have, i0 + kBlock);
+          auto* b = reinterpret_cast<bfloat16*>(blocks.next(static_cast<std::size_t>(i1 - i0) * 2, q));
+          for (std::int64_t i = i0; i < i1; ++i) b[i - i0] = to_bf16(src[i]);
+          blocks.written(q.write(at + i0 * 2, b, static_cast<std::size_t>(i1 - i0) * 2));
+        }
+      }
+      if (have < t.numel())
+        q.write(at + have * esz, zeros.data(), static_cast<std::size_t>((t.numel() - have) * esz));
     }
+    q.wait_all();
   }
-  f.close();
-  RT_CHECK(f.good(), "llm.c model file '", path, "': writing '", tmp, "' failed");
-  RT_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, "llm.c model file '", path, "': cannot rename '", tmp,
-           "' into place: ", std::strerror(errno));
+  f.commit();
 }
 
 }  // namespace ringtrain::llmc

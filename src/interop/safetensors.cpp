@@ -36,17 +36,6 @@ void pread_all(int fd, const std::string& path, std::int64_t offset, void* dst, 
   }
 }
 
-void write_all(int fd, const std::string& path, const void* src, std::size_t n) {
-  const char* p = static_cast<const char*>(src);
-  while (n > 0) {
-    const ssize_t r = ::write(fd, p, n);
-    if (r < 0 && errno == EINTR) continue;
-    RT_CHECK(r > 0, "safetensors file '", path, "': write failed: ", std::strerror(errno));
-    p += r;
-    n -= static_cast<std::size_t>(r);
-  }
-}
-
 std::int64_t nonneg_int(const json& v, const std::string& where) {
   RT_CHECK(v.is_number_integer() && v.get<std::int64_t>() >= 0, where, " must be a non-negative integer, got ",
            v.dump());
@@ -196,42 +185,144 @@ Tensor Reader::read(const TensorInfo& t) const {
   return out;
 }
 
-void write(const std::string& path, const std::vector<Entry>& entries,
-           const std::map<std::string, std::string>& metadata) {
+Layout layout(const std::string& path, const std::vector<Entry>& entries,
+              const std::map<std::string, std::string>& metadata) {
   json h = json::object();
   if (!metadata.empty()) h["__metadata__"] = metadata;
   std::int64_t at = 0;
+  std::vector<std::int64_t> begins;
   for (const Entry& e : entries) {
     RT_CHECK(e.name != "__metadata__" && !h.contains(e.name), "safetensors file '", path, "': tensor '", e.name,
              "' is given twice (or is named __metadata__)");
     const std::int64_t bytes = shape_numel(e.shape) * static_cast<std::int64_t>(dtype_size(e.dtype));
     h[e.name] = {{"dtype", dtype_code(e.dtype)}, {"shape", e.shape}, {"data_offsets", {at, at + bytes}}};
+    begins.push_back(at);
     at += bytes;
   }
   std::string text = h.dump();
   text.append((8 - (8 + text.size()) % 8) % 8, ' ');
   RT_CHECK(text.size() <= kMaxHeaderBytes, "safetensors file '", path, "': the header would be ", text.size(),
            " bytes, over the format's limit of ", kMaxHeaderBytes);
-  unsigned char len8[8];
-  for (int i = 0; i < 8; ++i) len8[i] = static_cast<unsigned char>(std::uint64_t(text.size()) >> (8 * i));
+  Layout out;
+  out.head.resize(8);
+  for (int i = 0; i < 8; ++i) out.head[i] = static_cast<char>(std::uint64_t(text.size()) >> (8 * i));
+  out.head += text;
+  const auto data_start = static_cast<std::int64_t>(out.head.size());
+  for (std::int64_t b : begins) out.offsets.push_back(data_start + b);
+  out.bytes = data_start + at;
+  return out;
+}
 
-  const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  RT_CHECK(fd >= 0, "safetensors file '", path, "': cannot create '", tmp, "': ", std::strerror(errno));
-  try {
-    write_all(fd, path, len8, 8);
-    write_all(fd, path, text.data(), text.size());
-    for (const Entry& e : entries)
-      write_all(fd, path, e.data, static_cast<std::size_t>(shape_numel(e.shape)) * dtype_size(e.dtype));
-    RT_CHECK(::fsync(fd) == 0, "safetensors file '", path, "': fsync failed: ", std::strerror(errno));
-  } catch (...) {
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    throw;
+FileWriter::FileWriter(std::string path) : path_(std::move(path)), tmp_(path_ + ".tmp") {
+  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  RT_CHECK(fd_ >= 0, "file '", path_, "': cannot create '", tmp_, "': ", std::strerror(errno));
+}
+
+FileWriter::~FileWriter() {
+  if (fd_ < 0) return;
+  ::close(fd_);
+  ::unlink(tmp_.c_str());
+}
+
+void FileWriter::write(std::int64_t offset, const void* data, std::size_t n) {
+  RT_CHECK(fd_ >= 0, "file '", path_, "': written after commit");
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t r = ::pwrite(fd_, p, n, static_cast<off_t>(offset));
+    if (r < 0 && errno == EINTR) continue;
+    RT_CHECK(r > 0, "file '", path_, "': write failed: ", r < 0 ? std::strerror(errno) : "no progress");
+    p += r;
+    n -= static_cast<std::size_t>(r);
+    offset += r;
   }
-  ::close(fd);
-  RT_CHECK(::rename(tmp.c_str(), path.c_str()) == 0, "safetensors file '", path, "': cannot rename '", tmp,
-           "' into place: ", std::strerror(errno));
+}
+
+void FileWriter::commit() {
+  RT_CHECK(fd_ >= 0, "file '", path_, "': committed twice");
+  const bool synced = ::fsync(fd_) == 0;
+  const int err = errno;
+  ::close(fd_);
+  fd_ = -1;
+  if (!synced) ::unlink(tmp_.c_str());
+  RT_CHECK(synced, "file '", path_, "': fsync failed: ", std::strerror(err));
+  if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
+    const int e = errno;
+    ::unlink(tmp_.c_str());
+    RT_FAIL("file '", path_, "': cannot rename '", tmp_, "' into place: ", std::strerror(e));
+  }
+}
+
+QueuedWriter::QueuedWriter(FileWriter& f) : f_(f), thread_([this] { run(); }) {}
+
+QueuedWriter::~QueuedWriter() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+std::uint64_t QueuedWriter::write(std::int64_t offset, const void* data, std::size_t n) {
+  std::lock_guard lock(mu_);
+  queue_.push_back({offset, data, n});
+  cv_.notify_all();
+  return ++queued_;
+}
+
+void QueuedWriter::wait(std::uint64_t ticket) {
+  std::unique_lock lock(mu_);
+  cv_.wait(lock, [&] { return done_ >= ticket || error_; });
+  if (error_) std::rethrow_exception(error_);
+}
+
+void QueuedWriter::wait_all() {
+  std::uint64_t last;
+  {
+    std::lock_guard lock(mu_);
+    last = queued_;
+  }
+  wait(last);
+}
+
+void QueuedWriter::run() {
+  std::unique_lock lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+    if (queue_.empty()) return;
+    const Job j = queue_.front();
+    queue_.pop_front();
+    const bool failed = static_cast<bool>(error_);
+    lock.unlock();
+    std::exception_ptr err;
+    try {
+      if (!failed) f_.write(j.off, j.data, j.n);  // after an error the rest is dropped
+    } catch (...) {
+      err = std::current_exception();
+    }
+    lock.lock();
+    if (err && !error_) error_ = err;
+    ++done_;
+    cv_.notify_all();
+  }
+}
+
+char* Blocks::next(std::size_t bytes, QueuedWriter& q) {
+  i_ = (i_ + 1) % 3;
+  q.wait(ticket_[i_]);
+  buf_[i_].resize(bytes);
+  return buf_[i_].data();
+}
+
+void write(const std::string& path, const std::vector<Entry>& entries,
+           const std::map<std::string, std::string>& metadata) {
+  const Layout l = layout(path, entries, metadata);
+  FileWriter f(path);
+  f.write(0, l.head.data(), l.head.size());
+  for (std::size_t i = 0; i < entries.size(); ++i)
+    f.write(l.offsets[i], entries[i].data,
+            static_cast<std::size_t>(shape_numel(entries[i].shape)) * dtype_size(entries[i].dtype));
+  f.commit();
 }
 
 }  // namespace ringtrain::safetensors

@@ -44,6 +44,14 @@ const ShardSpec* shard_of_name(const ParamArena& a, const std::vector<NamedBuffe
   return p && p->shard.sharded() ? &p->shard : nullptr;
 }
 
+// An expert's weight split over the expert ranks (nn/moe.hpp at parallel.expert
+// > 1) or its optimizer state: held by the expert-data ranks alone, and only
+// this rank's experts, under their global names ("...experts.<e>....").
+bool split_expert(const ParamArena& a, const std::string& name) {
+  const ParamInfo* p = param_of_name(a, name);
+  return p && !p->reduce_over.has(Dim::expert);
+}
+
 // A tied weight's copy (the last stage's LM head, ParamInfo::copy_of) and its
 // optimizer state: equal to the owner's, written by the owner's stage alone.
 bool tied_copy(const ParamArena& a, const std::string& name) {
@@ -137,7 +145,7 @@ void ModelState::broadcast() {
   // the ranks that hold the same replica of this stage and shard.
   const std::vector<DimSet> sets = stage_.arena().reduce_sets();
   if (sets.size() > 1) {  // expert weights (nn/moe.hpp): each parameter over its own group, at the start of a run
-    // (Buffers and optimizer state are not broadcast: a run with experts starts fresh; config.cpp refuses resumes.)
+    // (Buffers and optimizer state are not broadcast: a fresh run's are alike, a resumed run reads its own.)
     const ParamArena& a = stage_.arena();
     for (std::size_t i = 0; i < a.size(); ++i) {
       const Communicator& g = grid_.reduce_group(a.info(i).reduce_over);
@@ -176,22 +184,31 @@ NamedState ModelState::gather_whole(int root) {
   std::unique_ptr<Optimizer> whole_opt = updater_.zero() ? updater_.zero()->gather(0) : nullptr;
   // Context ranks hold the replica alike: its context rank 0 speaks for it.
   const bool head = grid_.dp_rank() == 0 && grid_.cp_rank() == 0;
-  NamedState mine = head ? whole_stage(whole_opt.get()) : NamedState{};  // over tp
+  // Expert parallelism: data rank 0's other expert ranks (dp ranks 1..EP-1)
+  // hold the other experts; each adds its experts' weights and optimizer state.
+  const int ep = grid_.ep_size();
+  const bool expert_head = ep > 1 && grid_.dp_rank() > 0 && grid_.dp_rank() < ep && grid_.cp_rank() == 0;
+  NamedState mine;
+  if (head) mine = whole_stage(whole_opt.get());  // over tp
+  if (expert_head)
+    for (auto& [name, t] : whole_stage(whole_opt.get()))
+      if (split_expert(stage_.arena(), name)) mine.emplace_back(name, t);
   whole_opt.reset();
   const Communicator& w = grid_.world();
-  const bool sends = head && grid_.tp_rank() == 0;
+  const bool sends = (head || expert_head) && grid_.tp_rank() == 0;
   if (w.rank() != root) {
     if (sends) send_named(mine, root, w);
     return {};
   }
   NamedState out;
   std::set<std::string> seen;
-  for (int s = 0; s < grid_.pp_size(); ++s) {
-    const int from = grid_.world_rank_of(0, 0, s);
-    auto part = from == root ? mine : recv_named(from, w);
-    for (auto& [name, t] : part)
-      if (seen.insert(name).second) out.emplace_back(name, t);
-  }
+  for (int s = 0; s < grid_.pp_size(); ++s)
+    for (int e = 0; e < ep; ++e) {  // stage s's dense state and experts, then its other experts
+      const int from = grid_.world_rank_of(0, e, s);
+      auto part = from == root ? mine : recv_named(from, w);
+      for (auto& [name, t] : part)
+        if (seen.insert(name).second) out.emplace_back(name, t);
+    }
   return out;
 }
 
@@ -202,7 +219,7 @@ std::vector<StatePiece> ModelState::pieces() {
   if (ShardedOptimizer* z = updater_.zero()) z->ensure_sharded();
   const ShardedOptimizer* zero = updater_.zero();
   // Tensor-parallel shards are held alike by the data-parallel group, the rest by tensor x data.
-  std::vector<Held> shards, replicated;
+  std::vector<Held> shards, replicated, experts;
   std::vector<StatePiece> out;
   const bool sharded_params = zero && zero->params_sharded();
   for (auto& [name, t] : named()) {
@@ -211,6 +228,7 @@ std::vector<StatePiece> ModelState::pieces() {
     if (tied_copy(a, name)) continue;
     const ShardSpec* s = shard_of_name(a, buffers, name);
     if (s) shards.push_back({name, t, {s->global, *s, 0}});
+    else if (split_expert(a, name)) experts.push_back({name, t, {t.shape(), {}, 0}});
     else replicated.push_back({name, t, {t.shape(), {}, 0}});
   }
   if (zero) {
@@ -235,6 +253,9 @@ std::vector<StatePiece> ModelState::pieces() {
   const int dp = grid_.dp_size() * grid_.cp_size(), me = grid_.dp_rank() * grid_.cp_size() + grid_.cp_rank();
   take_share(shards, dp, me, out);
   take_share(replicated, dp * grid_.tp_size(), grid_.tp_rank() * dp + me, out);
+  // This rank's experts: held alike by the ranks of its expert coordinate (data x context).
+  const int ep = grid_.ep_size(), xd = (grid_.dp_size() / ep) * grid_.cp_size();
+  take_share(experts, xd, (grid_.dp_rank() / ep) * grid_.cp_size() + grid_.cp_rank(), out);
   return out;
 }
 

@@ -108,7 +108,7 @@ const std::vector<Field>& fields() {
       RT_FIELD(parallel, pipeline, "pipeline stages (data-parallel size = ranks / (pipeline x tensor))"),
       RT_FIELD(parallel, tensor, "tensor-parallel size: the model splits its layers over this many neighbouring ranks"),
       RT_FIELD(parallel, context, "context parallelism (ring attention, model 'gpt'): each sequence's tokens are split over this many ranks, rank r holding chunks r and 2P-1-r of 2P (head-tail: the causal mask's work balances); K/V blocks travel the ring with bounded point-to-point transfers overlapped with the attention; a sequence not divisible by 2P is padded and the padding masked. Data-parallel size = ranks / (pipeline x tensor x context). CPU, float32; with parallel.tensor > 1 it needs parallel.sequence = false (docs/context_parallel.md)"),
-      RT_FIELD(parallel, expert, "expert parallelism: the experts of model.experts are split over this many data-parallel ranks (it divides the data-parallel size and model.experts); tokens reach their experts by all-to-all, expert gradients are averaged over the ranks holding the same experts (docs/moe.md). CPU only; not with parallel.pipeline, parallel.tensor, parallel.zero, checkpoints or model.init_from yet"),
+      RT_FIELD(parallel, expert, "expert parallelism: the experts of model.experts are split over this many data-parallel ranks (it divides the data-parallel size and model.experts); tokens reach their experts by all-to-all, expert gradients are averaged over the ranks holding the same experts (docs/moe.md). Checkpoints store each expert under its global index, so any expert size (1 included) resumes them. CPU only; not with parallel.pipeline, parallel.tensor, parallel.zero or model.init_from yet"),
       RT_FIELD(parallel, micro_batches, "micro-batches per step and replica (0 = pipeline); divides data.batch_size"),
       RT_FIELD(parallel, schedule, "afab | 1f1b | zb-h1 | interleaved | zb-v | auto | FILE.csv: the pipeline schedule (docs/parallel_layouts.md); auto picks, at start, the one the schedule simulator predicts fastest for the model's measured layer times among those holding no more activations than 1f1b; interleaved cuts the model into parallel.pipeline x parallel.virtual_stages chunks, chunk c on rank c mod pipeline (Megatron's virtual stages); zb-v into 2 x pipeline chunks in a V (rank 0 holds the first and the last); FILE.csv runs a table of actions per rank (`ringtrain train --print-schedule` writes one) after validating it"),
       RT_FIELD(parallel, virtual_stages, "parallel.schedule = interleaved: model chunks per pipeline rank (>= 2)"),
@@ -369,8 +369,6 @@ void TrainConfig::validate() const {
              " is not supported yet");
     RT_CHECK(parallel.zero == 0, "parallel.expert = ", parallel.expert, " with parallel.zero = ", parallel.zero,
              " is not supported yet (ZeRO shards over data x expert, the experts are not replicated there)");
-    RT_CHECK(checkpoint.dir.empty(), "parallel.expert = ", parallel.expert, " with checkpoint.dir = '", checkpoint.dir,
-             "' is not supported yet (a checkpoint gathers data-parallel rank 0's state, which holds only its experts)");
     RT_CHECK(model.init_from.empty(), "parallel.expert = ", parallel.expert, " with model.init_from is not supported yet");
     RT_CHECK(train.verify_every == 0, "parallel.expert = ", parallel.expert, " with train.verify_every = ",
              train.verify_every, " is not supported (expert weights differ between the ranks of an expert group)");

@@ -113,4 +113,31 @@ std::ptrdiff_t find_target(const CheckpointIndex& ix, const ReadTarget& t);
 // target checked by find_target). Does not verify checksums (verify_checkpoint did).
 CheckpointReadStats read_targets(const CheckpointIndex& ix, std::vector<ReadTarget>& targets);
 
+// One process, for tools that need whole tensors once (export): the
+// checkpoint's files mapped read-only, each tensor's pieces verified (CRC-32;
+// float state finite) as they are used, so each stored byte is read once —
+// verify_checkpoint then read_targets read it twice. Not for pieces that
+// pread cannot reach (offset -1): those are read whole through HDF5.
+class MappedCheckpoint {
+ public:
+  explicit MappedCheckpoint(const CheckpointIndex& ix);
+  ~MappedCheckpoint();
+  MappedCheckpoint(const MappedCheckpoint&) = delete;
+  MappedCheckpoint& operator=(const MappedCheckpoint&) = delete;
+
+  // Tensor ix.tensors[k] whole, row-major in its stored dtype, its pieces
+  // verified: a pointer into the mapping when one piece holds it whole (no
+  // copy), else assembled in `scratch`. Errors name the file and the tensor.
+  const void* whole(std::size_t k, std::vector<char>& scratch);
+  const CheckpointReadStats& stats() const { return st_; }
+
+ private:
+  const char* piece_bytes(const StoredPiece& p, std::vector<char>& tmp);
+
+  const CheckpointIndex& ix_;
+  std::vector<std::pair<void*, std::size_t>> maps_;  // per file, mapped on first use
+  std::vector<std::vector<std::size_t>> pieces_of_;  // per tensor, its pieces
+  CheckpointReadStats st_;
+};
+
 }  // namespace ringtrain

@@ -97,6 +97,12 @@ struct TokenPrepareOptions {
   // (data/tokenizer.hpp), written as <output>/<name>.model; val_fraction is then of the bytes.
   std::string tokenizer = "bytes";
   double val_fraction = 0.1;   // of the tokens, taken from the end
+  // "h5": ringtrain's files (above); "llmc": llm.c's token shards instead,
+  // <output>/<name>_train.bin and <name>_val.bin (dev/data/data_common.py:
+  // int32[256] header {20240520, 1 (uint16 tokens) or 2 (uint32, a vocabulary
+  // over 65,536), count}, then the tokens), which llm.c trains on and
+  // `prepare --dataset tokens` reads back.
+  std::string format = "h5";
 };
 PreparedDataset prepare_tokens(const TokenPrepareOptions& opt, const Communicator& comm);
 

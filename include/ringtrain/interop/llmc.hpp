@@ -64,7 +64,9 @@ std::vector<safetensors::TensorInfo> model_tensors(const ModelHeader& h);
 
 // Writes a model file of header h (version 3 or 5): param(name) gives the
 // float32 data of ringtrain gpt parameter `name` in its own shape (wte.weight
-// [V, C]: written with Vp - V zero rows after it; wte.pos_embed [maxT, C]).
+// [V, C]: written with Vp - V zero rows after it; wte.pos_embed [maxT, C]),
+// which must stay valid through the next call (the writes run on a second
+// thread: the data of call k is written while call k + 1 reads its own).
 void write_model(const std::string& path, const ModelHeader& h,
                  const std::function<const float*(const std::string& name)>& param);
 

@@ -16,9 +16,14 @@
 // The writer pads the header with spaces to a multiple of 8 (as the
 // reference implementation does, so that data is aligned) and writes the
 // file under a temporary name, renaming it into place once complete.
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
+#include <exception>
 #include <map>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ringtrain/core/dtype.hpp"
@@ -77,8 +82,83 @@ struct Entry {
   const void* data = nullptr;
 };
 
-// Writes `entries` (in this order; names must be unique) and `metadata` to
-// `path` atomically.
+// Where a file holding `entries` (in this order; names unique; their data
+// unused) puts things: `head` is the 8-byte length and the JSON header (padded
+// to a multiple of 8), offsets[i] the file offset of entry i's data.
+struct Layout {
+  std::string head;
+  std::vector<std::int64_t> offsets;
+  std::int64_t bytes = 0;  // of the whole file
+};
+Layout layout(const std::string& path, const std::vector<Entry>& entries,
+              const std::map<std::string, std::string>& metadata = {});
+
+// A file written at known offsets with pwrite (large blocks, in any order),
+// as "<path>.tmp" until commit() fsyncs it and renames it into place; a
+// writer destroyed before commit() removes the temporary file.
+class FileWriter {
+ public:
+  explicit FileWriter(std::string path);
+  ~FileWriter();
+  FileWriter(const FileWriter&) = delete;
+  FileWriter& operator=(const FileWriter&) = delete;
+  void write(std::int64_t offset, const void* data, std::size_t n);
+  void commit();
+
+ private:
+  std::string path_, tmp_;
+  int fd_ = -1;
+};
+
+// pwrite on a second thread, so that reading, checking and converting the next
+// data overlaps writing this (the kernel's copy into the page cache is as long
+// as dd's whole run). Each write returns a ticket; wait(t) returns once that
+// write is done, so its memory can be reused; an error in the thread is
+// rethrown by wait(). Destruction finishes the queued writes (their memory must
+// outlive the writer).
+class QueuedWriter {
+ public:
+  explicit QueuedWriter(FileWriter& f);
+  ~QueuedWriter();
+  QueuedWriter(const QueuedWriter&) = delete;
+  QueuedWriter& operator=(const QueuedWriter&) = delete;
+  std::uint64_t write(std::int64_t offset, const void* data, std::size_t n);
+  void wait(std::uint64_t ticket);
+  void wait_all();
+
+ private:
+  struct Job {
+    std::int64_t off;
+    const void* data;
+    std::size_t n;
+  };
+  void run();
+
+  FileWriter& f_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Job> queue_;
+  std::uint64_t queued_ = 0, done_ = 0;
+  bool stop_ = false;
+  std::exception_ptr error_;
+  std::thread thread_;  // last: starts once the rest exists
+};
+
+// Buffers for converted data, reused round-robin once their writes are done:
+// next() waits for the write of the buffer it hands out, written() records the
+// ticket of the write that reads it.
+class Blocks {
+ public:
+  char* next(std::size_t bytes, QueuedWriter& q);
+  void written(std::uint64_t ticket) { ticket_[i_] = ticket; }
+
+ private:
+  std::vector<char> buf_[3];
+  std::uint64_t ticket_[3] = {0, 0, 0};
+  int i_ = 0;
+};
+
+// Writes `entries` and `metadata` to `path` atomically.
 void write(const std::string& path, const std::vector<Entry>& entries,
            const std::map<std::string, std::string>& metadata = {});
 
