@@ -211,6 +211,7 @@ void MemorySnapshots::save(std::int64_t step, const std::string& run_id, Checkpo
   part.part_of = fs::path(names.path_for(run_id, step)).filename().string();
   writer_.submit([this, file, part = std::move(part), run_id, keep_from] {
     const int me = world_.rank();
+    const auto t0 = Clock::now();
     std::vector<char> image;
     try {  // a failure costs this snapshot, with a warning, never the run: the disk checkpoints stay
       image = checkpoint_image(file(me), part);
@@ -236,6 +237,7 @@ void MemorySnapshots::save(std::int64_t step, const std::string& run_id, Checkpo
       }
     }
     prune(run_id, keep_from);
+    helper_s_.push_back(since(t0));
   });
 }
 

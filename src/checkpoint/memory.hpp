@@ -68,6 +68,9 @@ class MemorySnapshots {
   // Where this rank's node keeps its snapshots.
   const std::string& node_dir() const { return node_dir_; }
   std::size_t last_bytes() const { return last_bytes_.load(); }
+  // Each snapshot's time on the helper thread (build, write, exchange, the
+  // buddy's copy written); read after finish().
+  const std::vector<double>& helper_s() const { return helper_s_; }
 
  private:
   void exchange(const std::vector<char>& image, std::vector<std::vector<char>>& received);
@@ -80,6 +83,7 @@ class MemorySnapshots {
   int buddy_ = -1;            // world rank, -1: none (one node)
   std::vector<int> senders_;  // the ranks whose buddy this rank is
   std::set<int> held_;        // parts this rank writes: its own and its senders'
+  std::vector<double> helper_s_;  // appended by the helper, read after finish()
   std::vector<std::int64_t> steps_;  // the steps this rank saved, newest last
   std::atomic<std::size_t> last_bytes_{0};  // the last snapshot's size (set by the helper)
   Communicator comm_;         // world's duplicate, used by the helper thread only

@@ -459,6 +459,7 @@ TrainResult Trainer::Impl::fit() {
   res.checkpoint_stalls_s = checkpoint_stalls_s;
   res.memory_stalls_s = memory_stalls_s;
   res.memory_bytes = ckpt.memory().last_bytes();
+  res.memory_helper_s = ckpt.memory().helper_s();
   return res;
 }
 

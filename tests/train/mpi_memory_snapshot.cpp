@@ -175,7 +175,9 @@ TEST_F(MemorySnapshot, NodeLostResumesFromBuddyBitwise) {
   std::string log;
   const std::int64_t from = resume(world_.size(), rest, &log);
   EXPECT_EQ(from, kCut) << "no work lost: the snapshot of the last step";
-  if (world_.rank() == 0) EXPECT_NE(log.find("source memory, step 12"), std::string::npos) << log;
+  if (world_.rank() == 0) {
+    EXPECT_NE(log.find("source memory, step 12"), std::string::npos) << log;
+  }
   expect_losses_follow(rest, kCut, 0);  // same layout: bitwise
   expect_bitwise_final();
 }

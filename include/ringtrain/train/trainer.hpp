@@ -52,6 +52,7 @@ struct TrainResult {
   // checkpoint.memory_every_steps: how long each snapshot paused training
   // (waiting for the previous one, then the copy), and this rank's last snapshot's bytes.
   std::vector<double> memory_stalls_s;
+  std::vector<double> memory_helper_s;  // each snapshot's time on the helper thread (this rank)
   std::size_t memory_bytes = 0;
 };
 
