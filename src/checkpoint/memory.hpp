@@ -87,7 +87,7 @@ class MemorySnapshots {
   std::vector<std::int64_t> steps_;  // the steps this rank saved, newest last
   std::atomic<std::size_t> last_bytes_{0};  // the last snapshot's size (set by the helper)
   Communicator comm_;         // world's duplicate, used by the helper thread only
-  AsyncWriter writer_;        // last member: joined first
+  AsyncWriter writer_{false};  // at training's priority (the next snapshot waits for it); last member: joined first
 };
 
 }  // namespace ringtrain
