@@ -137,9 +137,13 @@ void MemorySnapshots::clear() {
   if (!on()) return;
   start();
   // One rank per host (every rank there sees the same files).
-  if (world_.local_rank() == 0) {
+  if (world_.local_rank() == 0) {  // the snapshots, and the temporary files of writes a kill cut short
     std::error_code ec;
-    for (const Held& h : list_files(dir_)) fs::remove(h.path, ec);
+    std::vector<fs::path> gone;
+    for (const auto& node : fs::directory_iterator(dir_, ec))
+      for (const auto& e : fs::directory_iterator(node.path(), ec))
+        if (e.path().filename().string().rfind("ckpt-", 0) == 0) gone.push_back(e.path());
+    for (const auto& p : gone) fs::remove(p, ec);
   }
   world_.barrier();
 }
@@ -187,13 +191,15 @@ void MemorySnapshots::exchange(const std::vector<char>& image, std::vector<std::
 // Removes this rank's parts (its own, its senders') of run `run_id` older than `keep_from`.
 void MemorySnapshots::prune(const std::string& run_id, std::int64_t keep_from) const {
   std::error_code ec;
+  std::vector<fs::path> gone;
   for (const auto& e : fs::directory_iterator(node_dir_, ec)) {
     std::smatch m;
     const std::string name = e.path().filename().string();
     if (std::regex_match(name, m, part_name()) && m[1] == run_id && std::stoll(m[2]) < keep_from &&
         held_.count(std::stoi(m[3])))
-      fs::remove(e.path(), ec);
+      gone.push_back(e.path());
   }
+  for (const auto& p : gone) fs::remove(p, ec);
 }
 
 void MemorySnapshots::save(std::int64_t step, const std::string& run_id, CheckpointData part) {
