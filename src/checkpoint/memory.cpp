@@ -242,7 +242,11 @@ void MemorySnapshots::save(std::int64_t step, const std::string& run_id, Checkpo
         log::warn("memory snapshot: rank ", senders_[i], "'s copy not kept: ", e.what());
       }
     }
-    prune(run_id, keep_from);
+    try {
+      prune(run_id, keep_from);
+    } catch (const std::exception& e) {
+      log::warn("memory snapshot: removing old snapshots in ", node_dir_, " failed: ", e.what());
+    }
     helper_s_.push_back(since(t0));
   });
 }

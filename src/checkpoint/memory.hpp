@@ -42,7 +42,7 @@ namespace ringtrain {
 class MemorySnapshots {
  public:
   MemorySnapshots(const TrainConfig& cfg, const Communicator& world) : cfg_(cfg), world_(world) {}
-  ~MemorySnapshots() { finish(); }
+  // (The helper's AsyncWriter waits for a snapshot in flight when destroyed.)
 
   bool on() const { return cfg_.checkpoint.memory_every_steps > 0 && !cfg_.checkpoint.dir.empty(); }
   bool due(std::int64_t step) const { return on() && step > 0 && step % cfg_.checkpoint.memory_every_steps == 0; }
