@@ -60,7 +60,7 @@ void AsyncWriter::loop() {
   const id_t tid = static_cast<id_t>(::gettid());
   errno = 0;
   const int nice = ::getpriority(PRIO_PROCESS, tid);
-  if (errno == 0) ::setpriority(PRIO_PROCESS, tid, std::min(19, nice + 10));
+  if (errno == 0 && lower_priority_) ::setpriority(PRIO_PROCESS, tid, std::min(19, nice + 10));
   std::unique_lock lock(mu_);
   for (;;) {
     cv_.wait(lock, [&] { return quit_ || job_; });

@@ -20,7 +20,10 @@ namespace ringtrain {
 
 class AsyncWriter {
  public:
-  AsyncWriter() = default;
+  // `lower_priority`: the thread runs 10 nice levels below training (a disk
+  // write has an interval's time); false where the next step may wait for the
+  // job (in-memory snapshots every few steps: a starved helper stalls training).
+  explicit AsyncWriter(bool lower_priority = true) : lower_priority_(lower_priority) {}
   ~AsyncWriter();
   AsyncWriter(const AsyncWriter&) = delete;
   AsyncWriter& operator=(const AsyncWriter&) = delete;
@@ -40,6 +43,7 @@ class AsyncWriter {
   std::condition_variable cv_;
   std::function<void()> job_;  // set: waiting for or being run by the thread
   bool running_ = false, quit_ = false;
+  bool lower_priority_ = true;
   std::exception_ptr error_;
   std::thread thread_;  // started by the first submit()
 };

@@ -179,7 +179,20 @@ void CheckpointSession::settle() {
   if (pending_) run_agreed(world_, "writing a checkpoint's manifest", [&] { commit(false); });
 }
 
-void CheckpointSession::finish() { settle(); }
+void CheckpointSession::finish() {
+  settle();
+  memory_.finish();
+}
+
+void CheckpointSession::memory_save(const std::function<std::vector<StatePiece>()>& pieces) {
+  memory_.wait();  // its memory is the next snapshot's
+  CheckpointData part = checkpoint_data({}, config_toml_, pos_);  // a part that can also make the manifest
+  for (StatePiece& sp : pieces()) {
+    part.tensors.emplace_back(sp.name, std::move(sp.data));
+    part.places.push_back(std::move(sp.place));
+  }
+  memory_.save(pos_.step, pos_.run_id, std::move(part));
+}
 
 // Every target's name exists with its dtype and whole shape, and
 // (collectively) every parameter, buffer and optimizer tensor of the
@@ -225,6 +238,8 @@ bool CheckpointSession::load(const std::string& path, bool with_optimizer, const
   const std::string where = automatic ? cfg_.checkpoint.dir : path;
   const auto t0 = std::chrono::steady_clock::now();
   auto since = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+  // A snapshot in memory newer than every disk checkpoint becomes one (memory.hpp).
+  if (automatic && with_optimizer) memory_.recover(pos_.identity);
   std::vector<std::string> candidates;
   run_on_root(world_, "loading a checkpoint", [&] {
     if (automatic) {

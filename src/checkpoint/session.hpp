@@ -37,6 +37,7 @@
 #include "ringtrain/train/state.hpp"
 #include "ringtrain/train/trainer.hpp"
 #include "async_writer.hpp"
+#include "memory.hpp"
 
 namespace ringtrain {
 
@@ -119,6 +120,17 @@ class CheckpointSession {
 
   bool resumed() const { return resumed_; }
 
+  // checkpoint.memory_every_steps (memory.hpp): a snapshot is due after `step`.
+  bool memory_due(std::int64_t step) const { return memory_.due(step); }
+  // Collective, at the start of training: the snapshots of earlier runs go
+  // (their state is in a checkpoint now, or superseded).
+  void memory_start() { memory_.clear(); }
+  // After the previous snapshot is done, `pieces` (this rank's share, private
+  // copies: the caller's snapshot) with the position go to memory and the
+  // buddy in the background. No communication on this thread.
+  void memory_save(const std::function<std::vector<StatePiece>()>& pieces);
+  const MemorySnapshots& memory() const { return memory_; }
+
   // checkpoint.every_steps: a checkpoint is due after global step `step`.
   // Every rank computes the same answer from the position alone.
   bool due_after_step(std::int64_t step) const {
@@ -156,6 +168,7 @@ class CheckpointSession {
     CheckpointData manifest;
   };
   std::optional<Pending> pending_;
+  MemorySnapshots memory_{cfg_, world_};
   AsyncWriter writer_;  // checkpoint.async: the background write (last member: joined first)
 };
 

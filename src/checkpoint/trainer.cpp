@@ -45,6 +45,7 @@ std::vector<StatePiece> Trainer::Impl::pieces_for_checkpoint() {
 // start where this rank's snapshot is local (parallel parts, or one rank),
 // so the first checkpoint stalls no longer than the others.
 void Trainer::Impl::prepare_snapshot() {
+  if (ckpt.memory().on()) memory_snapshot_copy.prepare(pieces_for_checkpoint());
   if (cfg.checkpoint.dir.empty() || !cfg.checkpoint.async) return;
   if (ckpt.parallel()) snapshot.prepare(pieces_for_checkpoint());
   else if (local_views()) snapshot.prepare(whole_for_checkpoint());
@@ -76,6 +77,22 @@ void Trainer::Impl::save_checkpoint(bool force) {
     saved_at_step = pos.step;
     checkpoint_stalls_s.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
   }
+}
+
+// The same share as a parallel checkpoint's part, copied at the step boundary;
+// the helper thread builds its file, keeps it and sends it to the buddy.
+void Trainer::Impl::memory_snapshot() {
+  if (!ckpt.memory_due(pos.step) || memory_saved_at == pos.step) return;
+  memory_saved_at = pos.step;
+  const auto t0 = Clock::now();
+  ckpt.memory_save([&] {
+    std::vector<StatePiece> pieces = pieces_for_checkpoint();
+    for (StatePiece& p : pieces)
+      if (p.name == "amp.loss_scale") p.data = p.data.clone();  // rewritten by every save: private
+    memory_snapshot_copy.take(pieces);
+    return pieces;
+  });
+  memory_stalls_s.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
 }
 
 // Each rank reads only what it holds (its stage, its tensor shards, its

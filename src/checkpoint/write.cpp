@@ -145,25 +145,26 @@ std::uint32_t crc32(const void* data, std::size_t bytes, std::uint32_t crc) {
   return static_cast<std::uint32_t>(c);
 }
 
-void write_checkpoint(const std::string& path, const CheckpointData& data, const CheckpointWriteHook& hook) {
+std::vector<char> checkpoint_image(const std::string& path, const CheckpointData& data,
+                                   const CheckpointWriteHook& hook) {
   // Checksums before taking the HDF5 lock: it also stalls the loader's reads.
   std::vector<std::uint32_t> crcs;
   for (const auto& [name, t] : data.tensors) {
     Tensor host = t.device().is_cpu() ? t : t.to(Device::cpu());
     crcs.push_back(crc32(host.raw(), host.nbytes()));
   }
-  std::vector<char> image;
-  {
-    // HDF5 1.10 is not thread-safe and the loader's prefetch thread reads concurrently.
-    std::lock_guard lock(data::hdf5_mutex());
-    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
-    image = build_image(path, data, crcs, hook);
-  }
+  // HDF5 1.10 is not thread-safe and the loader's prefetch thread reads concurrently.
+  std::lock_guard lock(data::hdf5_mutex());
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  return build_image(path, data, crcs, hook);
+}
+
+void write_file_atomic(const std::string& path, const std::vector<char>& bytes, bool sync_dir) {
   fs::path target(path);
   if (target.has_parent_path()) fs::create_directories(target.parent_path());
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   try {
-    write_bytes(tmp, path, image);
+    write_bytes(tmp, path, bytes);
     std::error_code ec;
     fs::rename(tmp, path, ec);
     RT_CHECK(!ec, "checkpoint '", path, "': rename from temporary file failed: ", ec.message());
@@ -173,7 +174,11 @@ void write_checkpoint(const std::string& path, const CheckpointData& data, const
     fs::remove(tmp, ec);
     throw;
   }
-  fsync_path(target.has_parent_path() ? target.parent_path().string() : ".", true);
+  if (sync_dir) fsync_path(target.has_parent_path() ? target.parent_path().string() : ".", true);
+}
+
+void write_checkpoint(const std::string& path, const CheckpointData& data, const CheckpointWriteHook& hook) {
+  write_file_atomic(path, checkpoint_image(path, data, hook), true);
 }
 
 }  // namespace ringtrain

@@ -124,6 +124,9 @@ const std::vector<Field>& fields() {
       RT_FIELD(checkpoint, keep, "keep the last K checkpoints of this run (other runs' files are never touched)"),
       RT_FIELD(checkpoint, async, "true: training stops only to copy the state to host memory; a background thread writes the file (atomically, checksummed). A save while the previous write is in flight waits for it. The run's end and a stop wait until the file is durable. false: write before the next step"),
       RT_FIELD(checkpoint, parallel, "true, at more than one rank: every rank writes its share of the state (its tensor shards, ZeRO-1 slices and an equal part of what ranks hold alike) to its own part file, and rank 0 commits them with a manifest once all are durable; needs a checkpoint.dir that every rank sees (a shared file system). It loads at any layout like one file. false: rank 0 gathers the whole state and writes one file"),
+      RT_FIELD(checkpoint, memory_every_steps, "every N optimizer steps each rank also keeps what its checkpoint part holds (same file format) in host memory that outlives the process (a file under checkpoint.memory_dir) and sends the same bytes to a buddy rank on the next node, which keeps them likewise; the step waits only for the copy to host memory. --resume auto then continues from the newest step whose every part survives on some node, unless a disk checkpoint is as new (docs/checkpoints.md). Needs checkpoint.dir (0 = off)"),
+      RT_FIELD(checkpoint, memory_dir, "where checkpoint.memory_every_steps keeps the snapshots on each node, one sub-directory per node (empty = /dev/shm/ringtrain-<name of checkpoint.dir>-<hash of its absolute path>, so runs with different checkpoint.dir never collide)"),
+      RT_FIELD(checkpoint, memory_node_ranks, "for tests on one machine: every N consecutive ranks count as one node for checkpoint.memory_every_steps (its own sub-directory of checkpoint.memory_dir, buddies on the next such node); 0 = the real nodes (MPI's shared-memory split, by host name)"),
       RT_FIELD(log, format, "auto | bar | plain | json (step and epoch records as JSON lines on stderr)"),
       RT_FIELD(log, metrics, "JSON-lines metrics file (empty = <checkpoint.dir>/metrics.jsonl)"),
       RT_FIELD(log, interval, "steps between plain (or json) log lines and straggler checks"),
@@ -422,6 +425,10 @@ void TrainConfig::validate() const {
   range("checkpoint.every_steps", checkpoint.every_steps, 0, kHuge);
   range("checkpoint.every_s", checkpoint.every_s, 0, 1e9);
   range("checkpoint.keep", checkpoint.keep, 1, kHuge);
+  range("checkpoint.memory_every_steps", checkpoint.memory_every_steps, 0, kHuge);
+  range("checkpoint.memory_node_ranks", checkpoint.memory_node_ranks, 0, kHuge);
+  RT_CHECK(checkpoint.memory_every_steps == 0 || !checkpoint.dir.empty(), "checkpoint.memory_every_steps = ",
+           checkpoint.memory_every_steps, " needs checkpoint.dir (where a resume from memory puts the recovered parts)");
   one_of("log.format", log.format, {"auto", "bar", "plain", "json"});
   RT_CHECK(parallel.pipeline >= 1, "configuration key 'parallel.pipeline' must be >= 1, got ", parallel.pipeline);
   RT_CHECK(parallel.tensor >= 1, "configuration key 'parallel.tensor' must be >= 1, got ", parallel.tensor);

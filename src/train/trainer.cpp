@@ -409,6 +409,7 @@ void Trainer::Impl::start_reporting() {
 TrainResult Trainer::Impl::fit() {
   TrainResult res;
   ckpt.start_run();  // a fresh run's id; stale temporary files of this run removed
+  ckpt.memory_start();
   prepare_snapshot();
   start_reporting();
   auto run_t0 = Clock::now();
@@ -428,6 +429,7 @@ TrainResult Trainer::Impl::fit() {
     }
     pos.epochs_done = epoch + 1;
     pos.step_in_epoch = 0;
+    memory_snapshot();
     // A signal carried by the epoch's last step: stop now, before evaluating.
     const bool stopping = stop_signal != 0 && pos.epochs_done < cfg.train.epochs;
     // Save before evaluating: a problem in the test data must not cost the epoch.
@@ -455,6 +457,9 @@ TrainResult Trainer::Impl::fit() {
   res.stopped_by_signal = pos.epochs_done == cfg.train.epochs ? 0 : stop_signal;
   res.checkpoint = last_checkpoint;
   res.checkpoint_stalls_s = checkpoint_stalls_s;
+  res.memory_stalls_s = memory_stalls_s;
+  res.memory_bytes = ckpt.memory().last_bytes();
+  res.memory_helper_s = ckpt.memory().helper_s();
   return res;
 }
 
@@ -493,6 +498,7 @@ EpochMetrics Trainer::Impl::train_epoch(int epoch, bool& finished) {
     // checkpoint.every_steps / every_s (agreed in the step's all-reduce); an epoch's end saves below.
     save_due = ckpt.due_after_step(pos.step) || save_due;
     if (pos.step_in_epoch < spe && save_due) save_checkpoint(true);
+    if (pos.step_in_epoch < spe) memory_snapshot();  // an epoch's last step: after its end, below
     if (trace::on()) {
       trace::span("step", cat("step ", step_no), t_step, trace::Clock::now());
       if (step_no >= trace_window.last) finish_trace();

@@ -46,9 +46,12 @@ struct Trainer::Impl {
   bool save_due = false;          // the last step asked for a checkpoint (checkpoint.every_steps / every_s)
   std::string last_checkpoint;    // path of the last checkpoint written (rank 0)
   std::vector<double> checkpoint_stalls_s;  // how long each save_checkpoint paused training
+  std::vector<double> memory_stalls_s;      // how long each memory snapshot paused training
   std::int64_t saved_at_step = -1; // the step of this process's last checkpoint
   NamedTensorList whole_views;    // local_views(): gather_whole_state's views, listed once
   Snapshot snapshot{[this] { return parts.state->replicated(); }};  // checkpoint.async: copies of the live state
+  Snapshot memory_snapshot_copy{[this] { return parts.state->replicated(); }};  // checkpoint.memory_every_steps
+  std::int64_t memory_saved_at = -1;  // the step of the last memory snapshot
   Tensor scaler_state;            // f64 [4] on the host: the fp16 loss scale, checkpointed
   std::unique_ptr<StragglerMonitor> stragglers;  // made in train_epoch's first call
   trace::Window trace_window;     // log.trace_steps
@@ -94,6 +97,7 @@ struct Trainer::Impl {
   std::vector<StatePiece> pieces_for_checkpoint();   // this rank's share (checkpoint.parallel)
   void prepare_snapshot();                           // the first snapshot's blocks, at the start
   void save_checkpoint(bool force);
+  void memory_snapshot();  // checkpoint.memory_every_steps, when due after this step
   bool load(const std::string& path, bool with_optimizer);  // false: --resume auto found nothing
 };
 

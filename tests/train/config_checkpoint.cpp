@@ -220,6 +220,13 @@ TEST(Config, NumericKeysAreRangeChecked) {
   EXPECT_NE(m.find("out of range"), std::string::npos) << m;
   m = error_of([] { TrainConfig c; c.set("optimizer.lr=inf"); });
   EXPECT_NE(m.find("optimizer.lr"), std::string::npos) << m;
+  // In-memory snapshots need checkpoint.dir (where a resume from memory puts the recovered parts).
+  m = error_of([] { TrainConfig c; c.set("checkpoint.memory_every_steps=1"); c.validate(); });
+  EXPECT_NE(m.find("checkpoint.memory_every_steps = 1 needs checkpoint.dir"), std::string::npos) << m;
+  m = error_of([] { TrainConfig c; c.set("checkpoint.dir=/tmp/x"); c.set("checkpoint.memory_every_steps=-1"); c.validate(); });
+  EXPECT_NE(m.find("checkpoint.memory_every_steps"), std::string::npos) << m;
+  m = error_of([] { TrainConfig c; c.set("checkpoint.memory_node_ranks=-2"); c.validate(); });
+  EXPECT_NE(m.find("checkpoint.memory_node_ranks"), std::string::npos) << m;
   // Each key's range, checked by validate() for values set in code.
   struct Bad { const char* key; std::function<void(TrainConfig&)> set; };
   const double inf = std::numeric_limits<double>::infinity();

@@ -66,6 +66,13 @@ struct CheckpointData {
 using CheckpointWriteHook = std::function<void(const std::string& tensor)>;
 
 void write_checkpoint(const std::string& path, const CheckpointData& data, const CheckpointWriteHook& hook = {});
+// write_checkpoint's two halves: the file's bytes, built in memory (`path`
+// only names it in errors), and their atomic write (a temporary file beside
+// `path`, fsync, rename; `sync_dir`: fsync the directory too). The in-memory
+// snapshots (checkpoint.memory_every_steps) send the same bytes to a buddy.
+std::vector<char> checkpoint_image(const std::string& path, const CheckpointData& data,
+                                   const CheckpointWriteHook& hook = {});
+void write_file_atomic(const std::string& path, const std::vector<char>& bytes, bool sync_dir);
 // Reads every tensor whole into new host tensors, verifying each piece's
 // checksum; a manifest's whole tensors come from its part files (an error
 // names a missing, foreign or incomplete part). A part file alone is refused.

@@ -127,6 +127,9 @@ struct TrainConfig {
     int keep = 3;
     bool async = true;             // snapshot to host memory, write in a background thread
     bool parallel = true;          // every rank writes its share (part files + a manifest)
+    int memory_every_steps = 0;    // in-memory snapshot (own /dev/shm + a buddy node's) every N steps (0 = off)
+    std::string memory_dir;        // "" = /dev/shm/ringtrain-<checkpoint.dir's name>-<hash of its path>
+    int memory_node_ranks = 0;     // testing: every N consecutive ranks form one emulated node (0 = real nodes)
   } checkpoint;
   struct Log {
     std::string format = "auto";   // auto (bar on a terminal, plain otherwise) | bar | plain | json (JSON lines)

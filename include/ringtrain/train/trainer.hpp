@@ -49,6 +49,11 @@ struct TrainResult {
   // Checkpoints written by fit() and the time training paused for them on this
   // rank (gather, host snapshot; with checkpoint.async not the write itself).
   std::vector<double> checkpoint_stalls_s;  // one per checkpoint, in order
+  // checkpoint.memory_every_steps: how long each snapshot paused training
+  // (waiting for the previous one, then the copy), and this rank's last snapshot's bytes.
+  std::vector<double> memory_stalls_s;
+  std::vector<double> memory_helper_s;  // each snapshot's time on the helper thread (this rank)
+  std::size_t memory_bytes = 0;
 };
 
 struct TrainerHooks {
