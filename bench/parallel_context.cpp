@@ -1,4 +1,4 @@
-// Context parallelism (nn/context_parallel.hpp): what ring attention costs
+// Context parallelism (nn/context_parallel.hpp): what ring (and all-to-all) attention costs
 // each rank of a context group of P = world size, with the bound beside each
 // figure. Run under mpirun at P ranks (one OpenMP thread per rank):
 //   mpirun -np 2 build/bench/bench_parallel_context --tokens 4096
@@ -11,17 +11,18 @@
 //     floats (K and V of its T/P tokens, P−1 times; T padded to 2P·c);
 //  2b. the rank that waited most: the wall time it spent waiting for blocks
 //     after its arithmetic, against that arithmetic (transfers hidden: <= 0.1);
+//  3. per-rank activation bytes of an embedding + `depth` causal transformer
+//     blocks kept for the backward, context P vs the same layers at context 1
+//     (measured on each rank alone), against 1/P; the ring's workspace (the
+//     K/V blocks in flight, one set per group) printed apart.
 //  4. parallel.context_mode = alltoall (Ulysses, when P divides the heads):
 //     its per-rank arithmetic (the inner causal kernel over the whole
 //     sequence for H/P heads), its exchanges, its forward bytes against
 //     4·N·T·d·(P−1)/P² floats (q, k, v and the output each cross once, each
 //     rank keeping 1/P: 2/P of the ring's), and the wall time of a forward +
 //     backward pass per rank in both modes (the slowest rank; with more ranks
-//     than cores this includes queueing for a core);
-//  3. per-rank activation bytes of an embedding + `depth` causal transformer
-//     blocks kept for the backward, context P vs the same layers at context 1
-//     (measured on each rank alone), against 1/P; the ring's workspace (the
-//     K/V blocks in flight, one set per group) printed apart.
+//     than cores this includes queueing for a core), its backward bytes and
+//     its activation bytes as in 3.
 #include <mpi.h>
 #include <omp.h>
 
@@ -54,6 +55,7 @@ struct Ring {
   double cpu_max = 0, cpu_min = 0, fwd_bytes = 0;
   double compute = 0, wait = 0;  // wall seconds per pass, the rank that waited most
   double wall = 0;               // wall seconds of a forward + backward pass, the slowest rank
+  double bwd_bytes = 0;          // sent per backward
 };
 
 Ring run_ring(const Communicator& world, std::int64_t N, std::int64_t T, std::int64_t H, std::int64_t hd, int reps,
@@ -91,7 +93,7 @@ Ring run_ring(const Communicator& world, std::int64_t N, std::int64_t T, std::in
   double compute = stats->compute_s;
   MPI_Bcast(&compute, 1, MPI_DOUBLE, w.rank, world.handle("bench"));
   return {mx / reps, mn / reps, stats->fwd_bytes_sent / double(stats->forwards), compute / reps, w.wait / reps,
-          wall / reps};
+          wall / reps, (stats->bytes_sent - stats->fwd_bytes_sent) / double(stats->backwards)};
 }
 
 // Host bytes that an embedding and `depth` causal blocks keep from their
@@ -200,17 +202,21 @@ int main(int argc, char** argv) {
           std::printf("all-to-all attention arithmetic per rank (fwd+bwd, thread CPU s): max %.4f min %.4f max/min "
                       "%.3f (every rank: the whole sequence for H/P heads; goal <= 1.05)\n", u.cpu_max, u.cpu_min,
                       u.cpu_max / u.cpu_min);
-          std::printf("all-to-all, the rank that waited most: arithmetic %.4f s, exchanges (its 4 all-to-all calls) "
+          std::printf("all-to-all, the rank that waited most: arithmetic %.4f s, exchanges (its all-to-all calls) "
                       "%.4f s per pass: exchanges/arithmetic %.3f (not overlapped)\n", u.compute, u.wait,
                       u.wait / u.compute);
           std::printf("all-to-all forward bytes sent per rank per layer: %.0f, formula 4 B x 4·N·T·d·(P-1)/P² = %.0f, "
                       "ratio %.4f (goal within 5%%); all-to-all/ring %.4f vs 2/P = %.4f\n", u.fwd_bytes, a2a_formula,
                       u.fwd_bytes / a2a_formula, u.fwd_bytes / ht.fwd_bytes, 2.0 / P);
+          std::printf("all-to-all backward bytes sent per rank per layer: %.0f, formula (dO and dQKV) 4 B x "
+                      "4·N·T·d·(P-1)/P² = %.0f, ratio %.4f (the layer's own forward just before it: q/k/v and the "
+                      "output not gathered again; after another layer's forward, twice this)\n", u.bwd_bytes,
+                      a2a_formula, u.bwd_bytes / a2a_formula);
           std::printf("per-rank attention wall time (fwd+bwd per pass, slowest rank): ring %.4f s, all-to-all %.4f s, "
                       "all-to-all/ring %.3f\n", ht.wall, u.wall, u.wall / ht.wall);
           std::printf("activation bytes kept for the backward, all-to-all: context %d max %.0f, ratio %.4f vs context "
-                      "1 (goal <= 1.1/P = %.4f; the gathered q/k/v/output of H/P heads are kept as the tiled kernel's "
-                      "input and output); workspace %.0f bytes\n", P, aUmax, aUmax / a1, 1.1 / P, aU.workspace);
+                      "1 (goal <= 1.1/P = %.4f; the gathered q/k/v and output are the group's, gathered again by "
+                      "the backward); workspace %.0f bytes\n", P, aUmax, aUmax / a1, 1.1 / P, aU.workspace);
         }
       }
     }

@@ -10,9 +10,13 @@
 // Per rank per layer, with n samples of L = 2c local tokens of width d:
 //   forward : qkv (3·n·L·d floats) and the output (n·L·d) cross, each rank
 //             keeping 1/P of both: 4·n·L·d·(P−1)/P floats sent;
-//   backward: dO (n·L·d) and dQKV (3·n·L·d): the same again.
+//   backward: dO (n·L·d) and dQKV (3·n·L·d): the same again, plus qkv and
+//             the output gathered again (another 4·n·L·d·(P−1)/P) where
+//             another forward used the group's buffers since (see Saved).
 // The ring sends 2·n·L·d·(P−1) forward (K and V to P−1 neighbours), so the
-// all-to-all sends 2/P of the ring's bytes.
+// all-to-all sends 2/P of the ring's bytes forward. Keeping the gathered
+// tensors instead would double the attention's share of the activations
+// (the layer keeps its local qkv and output anyway).
 #include <chrono>
 #include <climits>
 #include <cstring>
@@ -55,28 +59,45 @@ class AlltoallAttention final : public AttentionKernel {
     RT_CHECK(out.dtype() == DType::f32 && out.device().is_cpu() && out.numel() == G.n * G.L * G.d,
              "all-to-all attention forward: out ", shape_str(out.shape()), " is not float32 [", G.n, ", ", G.L, ", ",
              G.d, "]");
-    ensure(sv.qkv, {G.n, G.T, 3 * G.dp});
-    ensure(sv.out, {G.n, G.T, G.dp});
+    RingWorkspace& w = *g_.work;
+    ensure(w.a2a_qkv, {G.n, G.T, 3 * G.dp});
+    ensure(w.a2a_out, {G.n, G.T, G.dp});
     // Tokens of all heads -> all tokens of this rank's heads: q, k and v in one exchange.
-    exchange_to_heads(G, qkv.data<float>(), 3, sv.qkv.data<float>(), true, "all-to-all attention forward (q, k, v)");
-    compute([&] { inner_->forward(sv.qkv, sv.out, state_in(sv.inner, *inner_)); });
-    exchange_to_tokens(G, sv.out.data<float>(), 1, out.data<float>(), true, "all-to-all attention forward (output)");
+    exchange_to_heads(G, qkv.data<float>(), 3, w.a2a_qkv.data<float>(), true, "all-to-all attention forward (q, k, v)");
+    compute([&] { inner_->forward(w.a2a_qkv, w.a2a_out, state_in(sv.inner, *inner_)); });
+    exchange_to_tokens(G, w.a2a_out.data<float>(), 1, out.data<float>(), true, "all-to-all attention forward (output)");
+    sv.out = out;  // the caller's: it holds these values until the backward (AttentionKernel's contract)
+    sv.fill = ++w.a2a_fill;
     if (g_.stats) ++g_.stats->forwards;
   }
 
   void backward(const Tensor& qkv, const Tensor& dout, Tensor& dqkv, KernelState& ks) override {
     Saved& sv = state_as<Saved>(ks, "all-to-all attention");
     const Geom G = geom(qkv, "all-to-all attention backward");
-    RT_CHECK(sv.inner && sv.qkv.numel() == G.n * G.T * 3 * G.dp && dout.numel() == G.n * G.L * G.d &&
+    RT_CHECK(sv.inner && sv.out.defined() && sv.out.numel() == G.n * G.L * G.d && dout.numel() == G.n * G.L * G.d &&
                  dout.dtype() == DType::f32 && dqkv.numel() == qkv.numel() && dqkv.dtype() == DType::f32,
              "all-to-all attention backward: no forward of these shapes before it");
-    // The gradients of the gathered sequence live within this call: the group's buffers.
-    Tensor &dy = g_.work->a2a_dout, &dx = g_.work->a2a_dqkv;
-    ensure(dy, {G.n, G.T, G.dp});
-    ensure(dx, {G.n, G.T, 3 * G.dp});
-    exchange_to_heads(G, dout.data<float>(), 1, dy.data<float>(), false, "all-to-all attention backward (dO)");
-    compute([&] { inner_->backward(sv.qkv, dy, dx, state_in(sv.inner, *inner_)); });
-    exchange_to_tokens(G, dx.data<float>(), 3, dqkv.data<float>(), false, "all-to-all attention backward (dq, dk, dv)");
+    RingWorkspace& w = *g_.work;
+    if (w.a2a_fill != sv.fill) {
+      // Another layer (or micro-batch) gathered since: this one's q/k/v and output again, not kept per layer.
+      ensure(w.a2a_qkv, {G.n, G.T, 3 * G.dp});
+      ensure(w.a2a_out, {G.n, G.T, G.dp});
+      exchange_to_heads(G, qkv.data<float>(), 3, w.a2a_qkv.data<float>(), false,
+                        "all-to-all attention backward (q, k, v again)");
+      exchange_to_heads(G, sv.out.data<float>(), 1, w.a2a_out.data<float>(), false,
+                        "all-to-all attention backward (output again)");
+      sv.fill = ++w.a2a_fill;
+      // The inner kernel's state reads the output buffer its forward wrote:
+      // this one, or, where another shape reallocated it since, the old
+      // buffer, which that state alone still holds and nothing wrote since.
+    }
+    // The gradients of the gathered sequence live within this call: the group's buffers too.
+    ensure(w.a2a_dout, {G.n, G.T, G.dp});
+    ensure(w.a2a_dqkv, {G.n, G.T, 3 * G.dp});
+    exchange_to_heads(G, dout.data<float>(), 1, w.a2a_dout.data<float>(), false, "all-to-all attention backward (dO)");
+    compute([&] { inner_->backward(w.a2a_qkv, w.a2a_dout, w.a2a_dqkv, state_in(sv.inner, *inner_)); });
+    exchange_to_tokens(G, w.a2a_dqkv.data<float>(), 3, dqkv.data<float>(), false,
+                       "all-to-all attention backward (dq, dk, dv)");
     if (g_.stats) ++g_.stats->backwards;
   }
 
@@ -84,11 +105,16 @@ class AlltoallAttention final : public AttentionKernel {
   struct Geom {
     std::int64_t n, L, T, d, dp;  // samples, local tokens, P·L gathered tokens, H·hd, (H/P)·hd
   };
-  // The gathered q/k/v and output of this rank's heads (kept for the backward:
-  // the inner tiled kernel needs its forward's output), the inner kernel's state.
+  // Per micro-batch: the inner kernel's state (the row log-sum-exp of this
+  // rank's heads; it reads the group's gathered output buffer), the caller's
+  // output, and which fill of the group's gathered buffers was this one's.
+  // The gathered q/k/v and output themselves are the group's, not kept: a
+  // layer's backward gathers them again unless no other forward ran since
+  // (the last layer; every layer under train.recompute = attention).
   struct Saved final : KernelState {
-    Tensor qkv, out;
     KernelStatePtr inner;
+    Tensor out;
+    std::uint64_t fill = 0;
   };
 
   Geom geom(const Tensor& qkv, const char* what) const {

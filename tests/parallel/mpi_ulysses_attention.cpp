@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 
 #include "support/error_of.hpp"
@@ -126,6 +127,48 @@ TEST(AlltoallAttention, EqualsTheOneRankKernelAndTheRing) {
   if (P == 4) {  // two context groups of 2 side by side (data 2 x context 2)
     Communicator half = world.split(world.rank() / 2, world.rank(), "half");
     expect_equal(half, 21, 2);
+  }
+}
+
+// The gathered q/k/v and output are the group's buffers, not kept per layer:
+// a layer whose forward was followed by another's gathers them again in its
+// backward (where another shape reallocated them, its inner kernel reads the
+// old output buffer, which only its state still holds). Two layers on one group, interleaved as a model's forward and
+// backward run them, give each one's results alone, bitwise.
+TEST(AlltoallAttention, LayersSharingTheGroupsBuffersGatherAgain) {
+  Communicator world = Communicator::world();
+  const int P = world.size();
+  if (P < 2) GTEST_SKIP() << "needs 2 or more ranks";
+  const std::int64_t T = 37, H = P, hd = 8, d = H * hd;
+  AttentionSpec s;
+  s.heads = H, s.head_dim = hd, s.causal = true;
+  Backend& be = backend_for(DeviceKind::cpu);
+  ContextGroup g = ContextGroup::of(world, T);
+  g.mode = ContextMode::alltoall;
+  auto alone = [&](std::int64_t n, unsigned seed) {
+    ContextGroup own = g;
+    own.work = std::make_shared<RingWorkspace>();
+    auto k = context_attention(s, own, be);
+    return run(*k, context_slice(random({n, T, 3 * d}, seed), own), context_slice(random({n, T, d}, seed + 1), own));
+  };
+  for (const std::int64_t nb : {std::int64_t(2), std::int64_t(3)}) {  // 3: the second layer reallocates the buffers
+    auto a = context_attention(s, g, be), b = context_attention(s, g, be);
+    const Tensor qa = context_slice(random({2, T, 3 * d}, 31), g), da = context_slice(random({2, T, d}, 32), g);
+    const Tensor qb = context_slice(random({nb, T, 3 * d}, 33), g), db = context_slice(random({nb, T, d}, 34), g);
+    Result ra{Tensor::empty({2, g.local(), d}), Tensor::empty(qa.shape())};
+    Result rb{Tensor::empty({nb, g.local(), d}), Tensor::empty(qb.shape())};
+    KernelStatePtr sa, sb;
+    a->forward(qa, ra.out, state_in(sa, *a));
+    b->forward(qb, rb.out, state_in(sb, *b));
+    b->backward(qb, db, rb.dqkv, state_in(sb, *b));
+    a->backward(qa, da, ra.dqkv, state_in(sa, *a));  // gathers again
+    const Result wa = alone(2, 31), wb = alone(nb, 33);
+    auto same = [](const Tensor& x, const Tensor& y) {
+      return x.numel() == y.numel() && std::memcmp(x.raw(), y.raw(), x.nbytes()) == 0;
+    };
+    EXPECT_TRUE(same(ra.out, wa.out) && same(rb.out, wb.out)) << "second layer of " << nb << " samples";
+    EXPECT_TRUE(same(ra.dqkv, wa.dqkv)) << "the first layer's gradient, gathered again, second layer of " << nb;
+    EXPECT_TRUE(same(rb.dqkv, wb.dqkv)) << "second layer of " << nb << " samples";
   }
 }
 

@@ -72,11 +72,13 @@ struct RingStats {
 // arriving, the backward's dK/dV part and accumulators in flight, the threads'
 // score tiles. One per group, shared by every layer built with it (layers run
 // one at a time), so a deeper model holds them once; not micro-batch state.
-// The all-to-all mode's exchange buffers and its backward's gathered dO and
-// dQKV are likewise the group's.
+// The all-to-all mode's exchange buffers and the gathered sequence of this
+// rank's heads (q/k/v, output, their gradients) are likewise the group's;
+// a2a_fill counts the fills of a2a_qkv/a2a_out (which layer's they hold).
 struct RingWorkspace {
   Tensor kv[2], part, dsend, drecv, scratch;
-  Tensor a2a[2], a2a_dout, a2a_dqkv;
+  Tensor a2a[2], a2a_qkv, a2a_out, a2a_dout, a2a_dqkv;
+  std::uint64_t a2a_fill = 0;
   std::size_t bytes() const;
 };
 
