@@ -107,8 +107,9 @@ TEST_F(ContextTrainer, LossesFollowTheOneRankTrainer) {
 }
 
 // parallel.context_mode = alltoall (Ulysses, src/nn/ulysses_attention.cpp): the
-// same losses at context 2 and 4 (4 heads), data 2 x context 2 and tensor 2 x
-// context 2 (each tensor rank's 2 heads over its context pair); the attention
+// same losses at context 2 and 4 (4 heads), data 2 x context 2, tensor 2 x
+// context 2 (each tensor rank's 2 heads over its context pair), context 2 x
+// pipeline 2 and with attention recomputation; the attention
 // is bitwise the 1-rank kernel's, so the difference (measured at most 9.2e-9) is the
 // loss sum's float32 order, and the tolerance is the ring's (~10x that).
 // At 3 ranks, 4 heads are refused by name (the next test).
@@ -127,6 +128,17 @@ TEST_F(ContextTrainer, AlltoallLossesFollowTheOneRankTrainer) {
   tp.parallel.tensor = 2;
   tp.parallel.sequence = false;
   test_fixtures::expect_losses_follow(train_losses(tp, world), ref, "alltoall tensor 2 x context 2", kTolerance);
+  // Two micro-batches in flight per stage (1F1B): backwards gather their layer's q/k/v again.
+  TrainConfig pp = context(gpt_config(data, 4, 4), 2);
+  pp.parallel.context_mode = "alltoall";
+  pp.parallel.pipeline = 2;
+  pp.parallel.micro_batches = 2;
+  test_fixtures::expect_losses_follow(train_losses(pp, world), ref, "alltoall context 2 x pipeline 2", kTolerance);
+  TrainConfig rc = context(gpt_config(data, 4, 2), 2);  // the forward again right before each backward
+  rc.parallel.context_mode = "alltoall";
+  rc.train.recompute = "attention";
+  test_fixtures::expect_losses_follow(train_losses(rc, world), ref, "alltoall data 2 x context 2, recompute attention",
+                                      kTolerance);
 }
 
 TEST_F(ContextTrainer, RefusesWhatItDoesNotSupportByName) {
