@@ -197,8 +197,6 @@ class AlltoallAttention final : public AttentionKernel {
 
 }  // namespace
 
-const char* context_mode_name(ContextMode m) { return m == ContextMode::alltoall ? "alltoall" : "ring"; }
-
 ContextMode parse_context_mode(const std::string& s) {
   if (s == "ring") return ContextMode::ring;
   if (s == "alltoall") return ContextMode::alltoall;

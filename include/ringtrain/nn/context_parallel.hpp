@@ -53,7 +53,6 @@ namespace ringtrain {
 
 // parallel.context_mode: how the attention crosses the token shards.
 enum class ContextMode { ring, alltoall };
-const char* context_mode_name(ContextMode m);
 // "ring" | "alltoall"; an Error naming the key otherwise.
 ContextMode parse_context_mode(const std::string& s);
 
