@@ -13,9 +13,6 @@ void TrainConfig::check_context() const {
   if (P == 1) return;
   RT_CHECK(model.name == "gpt", "parallel.context = ", P, " splits the tokens of a causal language model: it needs "
            "model.name = 'gpt', got '", model.name, "'");
-  RT_CHECK(parallel.tensor == 1 || !parallel.sequence, "parallel.context = ", P, " with parallel.tensor = ",
-           parallel.tensor, " and parallel.sequence = true (the default) is not supported yet: set "
-           "parallel.sequence = false (tensor-parallel blocks on this rank's whole token shard)");
   RT_CHECK(train.precision == "fp32", "parallel.context = ", P, " runs float32 ring attention: train.precision = ",
            train.precision, " is not supported with it yet (use fp32)");
   // Ulysses gives each context rank heads / (tensor x context) whole heads: refused here, alike on every rank.

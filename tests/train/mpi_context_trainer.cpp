@@ -3,7 +3,7 @@
 // same model and data at context 2 (2 ranks), context 3 (3 ranks: 16 tokens
 // padded to 18), context 4 and data 2 x context 2 (4 ranks; also with ZeRO
 // 1, 2, 3 and attention or block recomputation), context 2 x pipeline 2 and tensor 2 x
-// context 2 (parallel.sequence = false); a sequence of 13
+// context 2 (parallel.sequence = false and true); a sequence of 13
 // tokens (padded at context 2) follows its own 1-rank run. Combinations not
 // supported yet are refused by name on every rank (an Error, no wait).
 // parallel.context_mode = alltoall (Ulysses) follows the same run at context
@@ -104,6 +104,11 @@ TEST_F(ContextTrainer, LossesFollowTheOneRankTrainer) {
   tp.parallel.tensor = 2;
   tp.parallel.sequence = false;
   test_fixtures::expect_losses_follow(train_losses(tp, world), ref, "tensor 2 x context 2", kTolerance);
+  // Sequence parallelism inside the context shard (the default): each tensor rank's LayerNorm, dropout and
+  // residual stream on half of its context rank's head-tail tokens, the dropout masks still the 1-rank run's.
+  tp.parallel.sequence = true;
+  test_fixtures::expect_losses_follow(train_losses(tp, world), ref, "tensor 2 x context 2, sequence parallel",
+                                      kTolerance);
 }
 
 // parallel.context_mode = alltoall (Ulysses, src/nn/ulysses_attention.cpp): the
@@ -128,6 +133,9 @@ TEST_F(ContextTrainer, AlltoallLossesFollowTheOneRankTrainer) {
   tp.parallel.tensor = 2;
   tp.parallel.sequence = false;
   test_fixtures::expect_losses_follow(train_losses(tp, world), ref, "alltoall tensor 2 x context 2", kTolerance);
+  tp.parallel.sequence = true;
+  test_fixtures::expect_losses_follow(train_losses(tp, world), ref, "alltoall tensor 2 x context 2, sequence parallel",
+                                      kTolerance);
   // Two micro-batches in flight per stage (1F1B): backwards gather their layer's q/k/v again.
   TrainConfig pp = context(gpt_config(data, 4, 4), 2);
   pp.parallel.context_mode = "alltoall";
@@ -175,11 +183,6 @@ TEST_F(ContextTrainer, RefusesWhatItDoesNotSupportByName) {
     EXPECT_NE(error_of([&] { train_losses(c, world); }).find("model.heads = 2 over parallel.tensor = 2 leaves 1 heads "
                                                              "per tensor rank, which are not divisible by "
                                                              "parallel.context = 2"),
-              std::string::npos);
-    c = context(gpt_config(data, 4, 4), 2);
-    c.parallel.tensor = 2;  // with sequence parallelism (the default): not yet
-    EXPECT_NE(error_of([&] { train_losses(c, world); }).find("parallel.sequence = true (the default) is not supported "
-                                                             "yet: set parallel.sequence = false"),
               std::string::npos);
   }
 }

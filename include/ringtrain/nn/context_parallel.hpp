@@ -14,6 +14,9 @@
 //    adds the position embedding of their global positions: [N, 2c, D];
 //  - every other layer works on [N, 2c, D] unchanged, Dropout numbering its
 //    elements as in the whole [N, T, D] activation (masks equal 1 rank's);
+//  - sequence parallelism (tensor > 1): tensor rank t takes local tokens
+//    [t·2c/tensor, (t+1)·2c/tensor) where the blocks shard tokens (the
+//    embedding reduce-scatters to them, Dropout numbers them by chunk);
 //  - causal MultiHeadSelfAttention runs ring attention (ring_attention below);
 //  - the loss (context_loss) takes this rank's logits [N, 2c, V] and the whole
 //    labels [N, T], reduces (sum, count) over the group once, and returns the
