@@ -109,6 +109,13 @@ TEST_F(ContextTrainer, LossesFollowTheOneRankTrainer) {
   tp.parallel.sequence = true;
   test_fixtures::expect_losses_follow(train_losses(tp, world), ref, "tensor 2 x context 2, sequence parallel",
                                       kTolerance);
+  // 14 tokens padded to 16: rank 0's tail chunk, and so its second tensor rank's shard, holds the padding.
+  TrainConfig odd1 = gpt_config(data, 1, 1);
+  odd1.data.seq_len = 14;
+  TrainConfig odd_tp = tp;
+  odd_tp.data.seq_len = 14;
+  test_fixtures::expect_losses_follow(train_losses(odd_tp, world), train_losses(odd1, self),
+                                      "tensor 2 x context 2, sequence parallel, 14 tokens", kTolerance);
 }
 
 // parallel.context_mode = alltoall (Ulysses, src/nn/ulysses_attention.cpp): the
