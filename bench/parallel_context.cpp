@@ -1,4 +1,4 @@
-// Context parallelism (nn/context_parallel.hpp): what ring attention costs
+// Context parallelism (nn/context_parallel.hpp): what ring (and all-to-all) attention costs
 // each rank of a context group of P = world size, with the bound beside each
 // figure. Run under mpirun at P ranks (one OpenMP thread per rank):
 //   mpirun -np 2 build/bench/bench_parallel_context --tokens 4096
@@ -15,6 +15,14 @@
 //     blocks kept for the backward, context P vs the same layers at context 1
 //     (measured on each rank alone), against 1/P; the ring's workspace (the
 //     K/V blocks in flight, one set per group) printed apart.
+//  4. parallel.context_mode = alltoall (Ulysses, when P divides the heads):
+//     its per-rank arithmetic (the inner causal kernel over the whole
+//     sequence for H/P heads), its exchanges, its forward bytes against
+//     4·N·T·d·(P−1)/P² floats (q, k, v and the output each cross once, each
+//     rank keeping 1/P: 2/P of the ring's), and the wall time of a forward +
+//     backward pass per rank in both modes (the slowest rank; with more ranks
+//     than cores this includes queueing for a core), its backward bytes and
+//     its activation bytes as in 3.
 #include <mpi.h>
 #include <omp.h>
 
@@ -46,16 +54,19 @@ Tensor random(const Shape& s, unsigned seed) {
 struct Ring {
   double cpu_max = 0, cpu_min = 0, fwd_bytes = 0;
   double compute = 0, wait = 0;  // wall seconds per pass, the rank that waited most
+  double wall = 0;               // wall seconds of a forward + backward pass, the slowest rank
+  double bwd_bytes = 0;          // sent per backward
 };
 
 Ring run_ring(const Communicator& world, std::int64_t N, std::int64_t T, std::int64_t H, std::int64_t hd, int reps,
-              bool contiguous) {
+              bool contiguous, ContextMode mode = ContextMode::ring) {
   AttentionSpec s;
   s.heads = H, s.head_dim = hd, s.causal = true;
   auto stats = std::make_shared<RingStats>();
   ContextGroup g = ContextGroup::of(world, T, stats);
   g.contiguous = contiguous;
-  auto k = ring_attention(s, g);
+  g.mode = mode;
+  auto k = context_attention(s, g, backend_for(DeviceKind::cpu));
   const std::int64_t d = H * hd;
   const Tensor qkv = context_slice(random({N, T, 3 * d}, 1), g), dy = context_slice(random({N, T, d}, 2), g);
   Tensor out = Tensor::empty({N, g.local(), d}), dx = Tensor::empty({N, g.local(), 3 * d});
@@ -63,10 +74,14 @@ Ring run_ring(const Communicator& world, std::int64_t N, std::int64_t T, std::in
   k->forward(qkv, out, state_in(st, *k));  // warm-up
   k->backward(qkv, dy, dx, state_in(st, *k));
   stats->reset();
+  MPI_Barrier(world.handle("bench"));
+  double wall = MPI_Wtime();
   for (int r = 0; r < reps; ++r) {
     k->forward(qkv, out, state_in(st, *k));
     k->backward(qkv, dy, dx, state_in(st, *k));
   }
+  wall = MPI_Wtime() - wall;
+  MPI_Allreduce(MPI_IN_PLACE, &wall, 1, MPI_DOUBLE, MPI_MAX, world.handle("bench"));
   double mx = stats->compute_cpu_s, mn = stats->compute_cpu_s;
   MPI_Allreduce(MPI_IN_PLACE, &mx, 1, MPI_DOUBLE, MPI_MAX, world.handle("bench"));
   MPI_Allreduce(MPI_IN_PLACE, &mn, 1, MPI_DOUBLE, MPI_MIN, world.handle("bench"));
@@ -77,7 +92,8 @@ Ring run_ring(const Communicator& world, std::int64_t N, std::int64_t T, std::in
   MPI_Allreduce(MPI_IN_PLACE, &w, 1, MPI_DOUBLE_INT, MPI_MAXLOC, world.handle("bench"));
   double compute = stats->compute_s;
   MPI_Bcast(&compute, 1, MPI_DOUBLE, w.rank, world.handle("bench"));
-  return {mx / reps, mn / reps, stats->fwd_bytes_sent / double(stats->forwards), compute / reps, w.wait / reps};
+  return {mx / reps, mn / reps, stats->fwd_bytes_sent / double(stats->forwards), compute / reps, w.wait / reps,
+          wall / reps, (stats->bytes_sent - stats->fwd_bytes_sent) / double(stats->backwards)};
 }
 
 // Host bytes that an embedding and `depth` causal blocks keep from their
@@ -86,13 +102,14 @@ struct Activations {
   double kept = 0, workspace = 0;
 };
 Activations activation_bytes(const Communicator& comm, std::int64_t N, std::int64_t T, std::int64_t D,
-                             std::int64_t H, int depth) {
+                             std::int64_t H, int depth, ContextMode mode = ContextMode::ring) {
   std::vector<LayerPtr> layers;
   layers.push_back(std::make_unique<TokenEmbedding>("wte", 256, T, D));
   TransformerBlockSpec bs;
   bs.dim = D, bs.heads = H, bs.causal = true;
   for (int i = 0; i < depth; ++i) layers.push_back(transformer_block(cat("blocks.", i), bs));
-  const ContextGroup cg = ContextGroup::of(comm, T);
+  ContextGroup cg = ContextGroup::of(comm, T);
+  cg.mode = mode;
   if (comm.size() > 1) shard_context(layers, cg);
   ParamArena arena;
   for (std::size_t i = 0; i < layers.size(); ++i) layers[i]->register_params(arena, int(i), "");
@@ -151,6 +168,14 @@ int main(int argc, char** argv) {
       const Activations aP = activation_bytes(world, N, T, H * hd, H, depth);
       double aPmax = aP.kept;
       MPI_Allreduce(MPI_IN_PLACE, &aPmax, 1, MPI_DOUBLE, MPI_MAX, world.handle("bench"));
+      // All-to-all, where P divides the heads (the mode's precondition).
+      const bool a2a = H % P == 0;
+      const Ring u = a2a ? run_ring(world, N, T, H, hd, reps, false, ContextMode::alltoall) : Ring{};
+      const Activations aU = a2a ? activation_bytes(world, N, T, H * hd, H, depth, ContextMode::alltoall)
+                                 : Activations{};
+      double aUmax = aU.kept;
+      MPI_Allreduce(MPI_IN_PLACE, &aUmax, 1, MPI_DOUBLE, MPI_MAX, world.handle("bench"));
+      const double a2a_formula = 4.0 * 4.0 * double(N) * Tp * d * double(P - 1) / (double(P) * double(P));
       if (r == 0) {
         std::printf("context parallelism: P = %d ranks, N = %lld, T = %lld (padded %lld), heads %lld x %lld, %d reps, "
                     "1 OpenMP thread per rank\n", P, (long long)N, (long long)T, (long long)Tp, (long long)H,
@@ -170,6 +195,29 @@ int main(int argc, char** argv) {
                     aPmax / a1, 1.0 / P, 1.1 / P);
         std::printf("ring workspace (one per context group, every layer's; live within a call): %.0f bytes = %.3f of "
                     "the kept activations at context %d\n", aP.workspace, aP.workspace / aPmax, P);
+        if (!a2a) {
+          std::printf("all-to-all (parallel.context_mode = alltoall): not run, %lld heads are not divisible by P = %d\n",
+                      (long long)H, P);
+        } else {
+          std::printf("all-to-all attention arithmetic per rank (fwd+bwd, thread CPU s): max %.4f min %.4f max/min "
+                      "%.3f (every rank: the whole sequence for H/P heads; goal <= 1.05)\n", u.cpu_max, u.cpu_min,
+                      u.cpu_max / u.cpu_min);
+          std::printf("all-to-all, the rank that waited most: arithmetic %.4f s, exchanges (its all-to-all calls) "
+                      "%.4f s per pass: exchanges/arithmetic %.3f (not overlapped)\n", u.compute, u.wait,
+                      u.wait / u.compute);
+          std::printf("all-to-all forward bytes sent per rank per layer: %.0f, formula 4 B x 4·N·T·d·(P-1)/P² = %.0f, "
+                      "ratio %.4f (goal within 5%%); all-to-all/ring %.4f vs 2/P = %.4f\n", u.fwd_bytes, a2a_formula,
+                      u.fwd_bytes / a2a_formula, u.fwd_bytes / ht.fwd_bytes, 2.0 / P);
+          std::printf("all-to-all backward bytes sent per rank per layer: %.0f, formula (dO and dQKV) 4 B x "
+                      "4·N·T·d·(P-1)/P² = %.0f, ratio %.4f (the layer's own forward just before it: q/k/v and the "
+                      "output not gathered again; after another layer's forward, twice this)\n", u.bwd_bytes,
+                      a2a_formula, u.bwd_bytes / a2a_formula);
+          std::printf("per-rank attention wall time (fwd+bwd per pass, slowest rank): ring %.4f s, all-to-all %.4f s, "
+                      "all-to-all/ring %.3f\n", ht.wall, u.wall, u.wall / ht.wall);
+          std::printf("activation bytes kept for the backward, all-to-all: context %d max %.0f, ratio %.4f vs context "
+                      "1 (goal <= 1.1/P = %.4f; the gathered q/k/v and output are the group's, gathered again by "
+                      "the backward); workspace %.0f bytes\n", P, aUmax, aUmax / a1, 1.1 / P, aU.workspace);
+        }
       }
     }
   }

@@ -33,7 +33,8 @@ void MultiHeadSelfAttention::bind(const BindContext& ctx) {
   s.head_dim = head_dim_;
   s.math = ctx.math;
   s.causal = causal_;
-  k_ = cp_ ? ring_attention(s, *cp_) : ctx.backend.attention(s);  // context parallelism: ring_attention.cpp
+  // Context parallelism: ring_attention.cpp or ulysses_attention.cpp (parallel.context_mode).
+  k_ = cp_ ? context_attention(s, *cp_, ctx.backend) : ctx.backend.attention(s);
 }
 
 void MultiHeadSelfAttention::init(const ParamArena& arena, std::uint64_t seed) {

@@ -1,6 +1,7 @@
 // The layers' context-parallel paths and the context loss (nn/context_parallel.hpp).
 // TokenEmbedding and Dropout keep their whole-sequence code; these members
 // (declared in their headers) run instead when a context group is set.
+#include <algorithm>
 #include <cstring>
 
 #include "ringtrain/comm/bounded_wait.hpp"
@@ -39,8 +40,6 @@ Tensor context_slice(const Tensor& whole, const ContextGroup& g) {
 
 // ---- layers -----------------------------------------------------------------
 void TokenEmbedding::shard_context(std::shared_ptr<const ContextGroup> g) {
-  RT_CHECK(!scatter_, "TokenEmbedding '", name_, "': sequence parallelism (parallel.sequence) does not combine "
-           "with parallel.context yet");
   RT_CHECK(g->seq <= positions_, "TokenEmbedding '", name_, "': ", g->seq, " tokens exceed its ", positions_,
            " positions");
   cp_ = std::move(g);
@@ -48,9 +47,10 @@ void TokenEmbedding::shard_context(std::shared_ptr<const ContextGroup> g) {
 
 // This rank's ids (padding: token 0), looked up without positions (a split
 // vocabulary: this tensor rank's rows, zeros for the others', summed over the
-// tensor group: each row exactly), then the position rows of their global
-// positions added (padding gets none). Float32 sums in the 1-rank order: the
-// same values, bitwise.
+// tensor group: each row exactly; with sequence parallelism reduce-scattered
+// to this tensor rank's 1/tensor of the local tokens), then the position rows
+// of their global positions added (padding gets none). Float32 sums in the
+// 1-rank order: the same values, bitwise.
 Tensor TokenEmbedding::forward_context(const Tensor& x, Saved& sv) const {
   RT_CHECK(out_dt_ == DType::f32 && x.device().is_cpu(), "TokenEmbedding '", name_,
            "': parallel.context > 1 runs float32 activations on the CPU");
@@ -58,24 +58,41 @@ Tensor TokenEmbedding::forward_context(const Tensor& x, Saved& sv) const {
   const Tensor ids = context_slice(x, g);
   const std::int64_t n = x.dim(0), L = g.local(), d = dim_;
   ensure(sv.rows, {n * L}, DType::i32, x.device());
-  ensure(sv.y, {n, L, d}, DType::f32, x.device());
-  lookup(ids, Tensor{}, sv.rows, sv.y);
-  if (g_.size > 1) tp_all_reduce(sv.y, g_);
+  std::int64_t ls = L, i0 = 0;  // the output's tokens per sample and the first one's local index
+  if (scatter_) {
+    Tensor part = g_.workspace(TpBuffer::gathered_grad, {n, L, d}, DType::f32, x.device());
+    lookup(ids, Tensor{}, sv.rows, part);
+    ensure(sv.y, seq_shard_shape(part.shape(), g_), DType::f32, x.device());
+    seq_reduce_scatter(part, sv.y, g_);
+    ls = L / g_.size;
+    i0 = std::int64_t(g_.rank) * ls;
+  } else {
+    ensure(sv.y, {n, L, d}, DType::f32, x.device());
+    lookup(ids, Tensor{}, sv.rows, sv.y);
+    if (g_.size > 1) tp_all_reduce(sv.y, g_);
+  }
   float* y = sv.y.data<float>();
   const float* p = pos.data<float>();
   for (std::int64_t s = 0; s < n; ++s)
-    for (std::int64_t i = 0; i < L; ++i) {
-      const std::int64_t t = g.position(g.rank, i);
+    for (std::int64_t i = 0; i < ls; ++i) {
+      const std::int64_t t = g.position(g.rank, i0 + i);
       if (t >= g.seq) continue;
-      float* yr = y + (s * L + i) * d;
+      float* yr = y + (s * ls + i) * d;
       const float* pr = p + t * d;
       for (std::int64_t k = 0; k < d; ++k) yr[k] += pr[k];
     }
   return sv.y;
 }
 
-void TokenEmbedding::backward_context(const Tensor& dy, Saved& sv) const {
+// Sequence parallelism: every local token's gradient, gathered over the tensor
+// group, for the rows of this rank's vocabulary (as without context).
+void TokenEmbedding::backward_context(const Tensor& dy_in, Saved& sv) const {
   const ContextGroup& g = *cp_;
+  Tensor dy = dy_in;
+  if (scatter_) {
+    dy = g_.workspace(TpBuffer::gathered_grad, seq_whole_shape(dy_in.shape(), g_), dy_in.dtype(), dy_in.device());
+    seq_all_gather(dy_in, dy, g_);
+  }
   Tensor dw = dweight, none;
   be_->embedding_backward(dy, sv.rows, dw, none);
   const std::int64_t n = dy.dim(0), L = g.local(), d = dim_;
@@ -89,22 +106,30 @@ void TokenEmbedding::backward_context(const Tensor& dy, Saved& sv) const {
     }
 }
 
-// Each local chunk of a sample is one run of the whole [N, T, F] activation's
-// elements; a chunk's padding continues the run (its mask is never used).
+// Each run of local tokens within one chunk is one run of the whole [N, T, F]
+// activation's elements; a chunk's padding continues the run (its mask is
+// never used). Sequence parallelism (token shard index_ of token_parts_):
+// this tensor rank's part of the local tokens, cut where a chunk ends.
 Tensor Dropout::forward_context(const Tensor& x, Saved& s, std::uint64_t stream, std::int64_t first_sample) const {
   const ContextGroup& g = *cp_;
-  RT_CHECK(parts_ == 1 && token_parts_ == 1, "Dropout '", name_, "': a feature or token shard of the tensor ranks "
-           "does not combine with parallel.context yet");
+  RT_CHECK(parts_ == 1, "Dropout '", name_, "': a feature shard of the tensor ranks does not combine with "
+           "parallel.context yet");
   const std::int64_t n = x.dim(0), L = g.local(), c = g.chunk();
-  RT_CHECK(x.ndim() >= 2 && x.dim(1) == L, "Dropout '", name_, "': expects this rank's ", L, " tokens, got ",
+  RT_CHECK(L % token_parts_ == 0, "Dropout '", name_, "': this rank's ", L, " tokens are not divisible by the ",
+           token_parts_, " sequence-parallel ranks");
+  const std::int64_t ls = L / token_parts_, i0 = token_parts_ > 1 ? std::int64_t(index_) * ls : 0;
+  RT_CHECK(x.ndim() >= 2 && x.dim(1) == ls, "Dropout '", name_, "': expects this rank's ", ls, " tokens, got ",
            shape_str(x.shape()));
-  const std::int64_t f = x.numel() / (n * L);  // elements per token
+  const std::int64_t f = x.numel() / (n * ls);  // elements per token
   for (std::int64_t sm = 0; sm < n; ++sm)
-    for (int k = 0; k < 2; ++k) {
-      const std::int64_t off = (sm * L + k * c) * f, cnt = c * f;
-      const std::int64_t first = ((first_sample + sm) * g.seq + std::int64_t(g.chunk_of(g.rank, k)) * c) * f;
+    for (std::int64_t a = 0; a < ls;) {
+      const std::int64_t k = (i0 + a) / c, b = std::min(ls, (k + 1) * c - i0);  // [a, b): within chunk k
+      const std::int64_t off = (sm * ls + a) * f, cnt = (b - a) * f;
+      const std::int64_t first =
+          ((first_sample + sm) * g.seq + std::int64_t(g.chunk_of(g.rank, int(k))) * c + (i0 + a - k * c)) * f;
       Tensor yv = s.y.flat_view(off, cnt), mv = s.mask.flat_view(off, cnt);
       be_->dropout_forward(x.flat_view(off, cnt), p_, seed_, stream, static_cast<std::uint64_t>(first), mv, yv);
+      a = b;
     }
   return s.y;
 }

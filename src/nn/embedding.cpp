@@ -109,7 +109,7 @@ Shape TokenEmbedding::output_shape(const Shape& in) const {
   RT_CHECK(in.size() == 2 && in[1] >= 1 && in[1] <= positions_, "TokenEmbedding '", name_,
            "': expects token ids [N, T] with T <= ", positions_, " positions, got ", shape_str(in));
   const Shape whole = {in[0], in[1], dim_};
-  if (cp_) return context_shape(whole, *cp_);
+  if (cp_) return scatter_ ? seq_shard_shape(context_shape(whole, *cp_), g_) : context_shape(whole, *cp_);
   return scatter_ ? seq_shard_shape(whole, g_) : whole;
 }
 

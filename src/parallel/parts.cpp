@@ -21,7 +21,10 @@ ModelParts build_parts(const ProcessGrid& grid, const ModelConfig& mc, const Gri
   ModelParts parts;
   ModelConfig mc_tp = mc;  // parallel.tensor: the model splits its layers over grid.tp()
   mc_tp.tensor = TensorGroup::of(grid.tp(), mc.tensor.stats);  // stats: the caller's counter, if any
-  if (grid.cp_size() > 1) mc_tp.context = ContextGroup::of(grid.cp(), mc.seq_len, mc.context.stats);  // ring attention
+  if (grid.cp_size() > 1) {  // ring or all-to-all attention (nn/context_parallel.hpp)
+    mc_tp.context = ContextGroup::of(grid.cp(), mc.seq_len, mc.context.stats);
+    mc_tp.context.mode = mc.context.mode;
+  }
   mc_tp.expert.comm = grid.ep();  // parallel.expert: the experts split over grid.ep() (nn/moe.hpp)
   mc_tp.expert.size = grid.ep_size();
   mc_tp.expert.rank = grid.mesh().coord(Dim::expert);

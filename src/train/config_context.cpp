@@ -1,6 +1,7 @@
-// parallel.context: its range and the features it does not combine with yet,
+// parallel.context and parallel.context_mode: their range and the features it does not combine with yet,
 // refused by name at validation (alike on every rank, before any rank waits).
 #include "ringtrain/core/error.hpp"
+#include "ringtrain/nn/context_parallel.hpp"
 #include "ringtrain/train/config.hpp"
 
 namespace ringtrain {
@@ -8,14 +9,19 @@ namespace ringtrain {
 void TrainConfig::check_context() const {
   const int P = parallel.context;
   RT_CHECK(P >= 1 && P <= 4096, "configuration key 'parallel.context' must be in [1, 4096], got ", P);
+  const ContextMode mode = parse_context_mode(parallel.context_mode);
   if (P == 1) return;
   RT_CHECK(model.name == "gpt", "parallel.context = ", P, " splits the tokens of a causal language model: it needs "
            "model.name = 'gpt', got '", model.name, "'");
-  RT_CHECK(parallel.tensor == 1 || !parallel.sequence, "parallel.context = ", P, " with parallel.tensor = ",
-           parallel.tensor, " and parallel.sequence = true (the default) is not supported yet: set "
-           "parallel.sequence = false (tensor-parallel blocks on this rank's whole token shard)");
   RT_CHECK(train.precision == "fp32", "parallel.context = ", P, " runs float32 ring attention: train.precision = ",
            train.precision, " is not supported with it yet (use fp32)");
+  // Ulysses gives each context rank heads / (tensor x context) whole heads: refused here, alike on every rank.
+  const int local = parallel.tensor > 0 && model.heads % parallel.tensor == 0 ? model.heads / parallel.tensor : 0;
+  RT_CHECK(mode != ContextMode::alltoall || (local > 0 && local % P == 0), "parallel.context_mode = alltoall: "
+           "model.heads = ", model.heads, parallel.tensor > 1 ? cat(" over parallel.tensor = ", parallel.tensor,
+           " leaves ", local, " heads per tensor rank, which are") : std::string(" is"), " not divisible by "
+           "parallel.context = ", P, " (each context rank attends over the whole sequence for heads / context of "
+           "them); use parallel.context_mode = ring or a head count divisible by ", parallel.tensor * P);
   RT_CHECK(train.device != "cuda", "parallel.context = ", P, " runs its ring attention on the CPU: train.device = "
            "cuda is not supported with it yet");
 }

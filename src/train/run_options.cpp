@@ -62,6 +62,7 @@ ModelConfig model_config(const TrainConfig& cfg, const data::FileInfo& info) {
   mc.capacity_factor = cfg.model.capacity_factor;
   mc.layers = cfg.model.layers;
   mc.sequence = cfg.parallel.sequence;
+  mc.context.mode = parse_context_mode(cfg.parallel.context_mode);
   mc.seed = cfg.train.seed;
   return mc;
 }

@@ -371,7 +371,9 @@ void Trainer::Impl::start_reporting() {
       std::string bal;
       for (int b : parts.balance) bal += cat(bal.empty() ? "" : ", ", b);
       grid_text = cat(" = ", grid->dp_size(), " DP x ", grid->pp_size(), " PP x ", grid->tp_size(), " TP",
-                      grid->cp_size() > 1 ? cat(" x ", grid->cp_size(), " CP") : std::string(), " (layers [", bal,
+                      grid->cp_size() > 1 ? cat(" x ", grid->cp_size(), " CP",
+                                                cfg.parallel.context_mode == "alltoall" ? " (all-to-all)" : "")
+                                          : std::string(), " (layers [", bal,
                       "] per stage, schedule ", cfg.parallel.schedule, ", ", cfg.data.batch_size / (cfg.parallel.micro_batches > 0 ? cfg.parallel.micro_batches : cfg.parallel.pipeline),
                       "-sample micro-batches)");
     }

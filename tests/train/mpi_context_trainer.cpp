@@ -3,9 +3,12 @@
 // same model and data at context 2 (2 ranks), context 3 (3 ranks: 16 tokens
 // padded to 18), context 4 and data 2 x context 2 (4 ranks; also with ZeRO
 // 1, 2, 3 and attention or block recomputation), context 2 x pipeline 2 and tensor 2 x
-// context 2 (parallel.sequence = false); a sequence of 13
+// context 2 (parallel.sequence = false and true); a sequence of 13
 // tokens (padded at context 2) follows its own 1-rank run. Combinations not
 // supported yet are refused by name on every rank (an Error, no wait).
+// parallel.context_mode = alltoall (Ulysses) follows the same run at context
+// 2 and 4, data 2 x context 2 and tensor 2 x context 2; a head count the
+// context size does not divide is refused by name.
 // Checkpoints move between context 2 and 1 rank.
 // At 1 rank: skipped.
 #include <gtest/gtest.h>
@@ -101,6 +104,56 @@ TEST_F(ContextTrainer, LossesFollowTheOneRankTrainer) {
   tp.parallel.tensor = 2;
   tp.parallel.sequence = false;
   test_fixtures::expect_losses_follow(train_losses(tp, world), ref, "tensor 2 x context 2", kTolerance);
+  // Sequence parallelism inside the context shard (the default): each tensor rank's LayerNorm, dropout and
+  // residual stream on half of its context rank's head-tail tokens, the dropout masks still the 1-rank run's.
+  tp.parallel.sequence = true;
+  test_fixtures::expect_losses_follow(train_losses(tp, world), ref, "tensor 2 x context 2, sequence parallel",
+                                      kTolerance);
+  // 14 tokens padded to 16: rank 0's tail chunk, and so its second tensor rank's shard, holds the padding.
+  TrainConfig odd1 = gpt_config(data, 1, 1);
+  odd1.data.seq_len = 14;
+  TrainConfig odd_tp = tp;
+  odd_tp.data.seq_len = 14;
+  test_fixtures::expect_losses_follow(train_losses(odd_tp, world), train_losses(odd1, self),
+                                      "tensor 2 x context 2, sequence parallel, 14 tokens", kTolerance);
+}
+
+// parallel.context_mode = alltoall (Ulysses, src/nn/ulysses_attention.cpp): the
+// same losses at context 2 and 4 (4 heads), data 2 x context 2, tensor 2 x
+// context 2 (each tensor rank's 2 heads over its context pair), context 2 x
+// pipeline 2 and with attention recomputation; the attention
+// is bitwise the 1-rank kernel's, so the difference (measured at most 9.2e-9) is the
+// loss sum's float32 order, and the tolerance is the ring's (~10x that).
+// At 3 ranks, 4 heads are refused by name (the next test).
+TEST_F(ContextTrainer, AlltoallLossesFollowTheOneRankTrainer) {
+  if (w == 3) GTEST_SKIP() << "4 heads over context 3: refused (RefusesWhatItDoesNotSupportByName)";
+  const std::vector<double> ref = train_losses(gpt_config(data, 1, 1), self);
+  TrainConfig c = context(gpt_config(data, w, w), w);
+  c.parallel.context_mode = "alltoall";
+  test_fixtures::expect_losses_follow(train_losses(c, world), ref, cat("alltoall context ", w), kTolerance);
+  if (w != 4) return;
+  TrainConfig dp = context(gpt_config(data, 4, 2), 2);
+  dp.parallel.context_mode = "alltoall";
+  test_fixtures::expect_losses_follow(train_losses(dp, world), ref, "alltoall data 2 x context 2", kTolerance);
+  TrainConfig tp = context(gpt_config(data, 4, 4), 2);
+  tp.parallel.context_mode = "alltoall";
+  tp.parallel.tensor = 2;
+  tp.parallel.sequence = false;
+  test_fixtures::expect_losses_follow(train_losses(tp, world), ref, "alltoall tensor 2 x context 2", kTolerance);
+  tp.parallel.sequence = true;
+  test_fixtures::expect_losses_follow(train_losses(tp, world), ref, "alltoall tensor 2 x context 2, sequence parallel",
+                                      kTolerance);
+  // Two micro-batches in flight per stage (1F1B): backwards gather their layer's q/k/v again.
+  TrainConfig pp = context(gpt_config(data, 4, 4), 2);
+  pp.parallel.context_mode = "alltoall";
+  pp.parallel.pipeline = 2;
+  pp.parallel.micro_batches = 2;
+  test_fixtures::expect_losses_follow(train_losses(pp, world), ref, "alltoall context 2 x pipeline 2", kTolerance);
+  TrainConfig rc = context(gpt_config(data, 4, 2), 2);  // the forward again right before each backward
+  rc.parallel.context_mode = "alltoall";
+  rc.train.recompute = "attention";
+  test_fixtures::expect_losses_follow(train_losses(rc, world), ref, "alltoall data 2 x context 2, recompute attention",
+                                      kTolerance);
 }
 
 TEST_F(ContextTrainer, RefusesWhatItDoesNotSupportByName) {
@@ -115,11 +168,28 @@ TEST_F(ContextTrainer, RefusesWhatItDoesNotSupportByName) {
   c.train.device = "cuda";
   EXPECT_NE(error_of([&] { train_losses(c, world); }).find("train.device = cuda is not supported with it yet"),
             std::string::npos);
+  // All-to-all gives each context rank heads / context whole heads (4 heads at context 3; 1 head at context w).
+  c = context(gpt_config(data, w, w), w);
+  c.parallel.context_mode = "alltoall";
+  c.model.heads = w == 3 ? 4 : 1;
+  EXPECT_NE(error_of([&] { train_losses(c, world); }).find(cat("parallel.context_mode = alltoall: model.heads = ",
+                                                               c.model.heads, " is not divisible by parallel.context = ",
+                                                               w)),
+            std::string::npos);
+  c = context(gpt_config(data, w, w), w);
+  c.parallel.context_mode = "ulysses";
+  EXPECT_NE(error_of([&] { train_losses(c, world); }).find("'parallel.context_mode' must be ring or alltoall, got "
+                                                           "'ulysses'"),
+            std::string::npos);
   if (w == 4) {
     c = context(gpt_config(data, 4, 4), 2);
-    c.parallel.tensor = 2;  // with sequence parallelism (the default): not yet
-    EXPECT_NE(error_of([&] { train_losses(c, world); }).find("parallel.sequence = true (the default) is not supported "
-                                                             "yet: set parallel.sequence = false"),
+    c.parallel.tensor = 2;
+    c.parallel.sequence = false;
+    c.parallel.context_mode = "alltoall";
+    c.model.heads = 2;  // 1 head per tensor rank: not divisible by context 2
+    EXPECT_NE(error_of([&] { train_losses(c, world); }).find("model.heads = 2 over parallel.tensor = 2 leaves 1 heads "
+                                                             "per tensor rank, which are not divisible by "
+                                                             "parallel.context = 2"),
               std::string::npos);
   }
 }

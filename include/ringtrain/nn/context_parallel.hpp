@@ -14,6 +14,9 @@
 //    adds the position embedding of their global positions: [N, 2c, D];
 //  - every other layer works on [N, 2c, D] unchanged, Dropout numbering its
 //    elements as in the whole [N, T, D] activation (masks equal 1 rank's);
+//  - sequence parallelism (tensor > 1): tensor rank t takes local tokens
+//    [t·2c/tensor, (t+1)·2c/tensor) where the blocks shard tokens (the
+//    embedding reduce-scatters to them, Dropout numbers them by chunk);
 //  - causal MultiHeadSelfAttention runs ring attention (ring_attention below);
 //  - the loss (context_loss) takes this rank's logits [N, 2c, V] and the whole
 //    labels [N, T], reduces (sum, count) over the group once, and returns the
@@ -30,8 +33,18 @@
 // step behind, and arrives home after P transfers. A key is visible to a query
 // when its global position is not later; within a block positions ascend, so
 // the visible keys of a query row are a prefix of the block.
+//
+// All-to-all (DeepSpeed-Ulysses, parallel.context_mode = alltoall): the
+// same token split, but each causal attention exchanges its q/k/v with one
+// all-to-all over the group (comm/alltoall.hpp, bounded), so that rank j holds
+// every token of heads [j·H/P, (j+1)·H/P) (H: this rank's heads, after any
+// tensor split), placed at their global positions (the head-tail chunks
+// undone, the padding at the end); it runs the backend's ordinary causal
+// kernel there and a second all-to-all brings each rank its tokens' output.
+// Backward: dO gathered the same way, dQ/dK/dV scattered back. Needs P | H.
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "ringtrain/comm/communicator.hpp"
@@ -41,11 +54,16 @@
 
 namespace ringtrain {
 
-// What the ring measured (benchmarks; shared by every copy of a group).
+// parallel.context_mode: how the attention crosses the token shards.
+enum class ContextMode { ring, alltoall };
+// "ring" | "alltoall"; an Error naming the key otherwise.
+ContextMode parse_context_mode(const std::string& s);
+
+// What the ring (or the all-to-all) measured (benchmarks; shared by every copy of a group).
 struct RingStats {
   double compute_s = 0;   // attention arithmetic, forward and backward
   double compute_cpu_s = 0;  // the same in the calling thread's CPU time (one OpenMP thread: preemption-free)
-  double wait_s = 0;      // waiting for blocks after the arithmetic of a step
+  double wait_s = 0;      // ring: waiting for blocks after the arithmetic of a step; all-to-all: the exchanges
   double bytes_sent = 0;  // payload this rank sent, forward and backward
   double fwd_bytes_sent = 0;
   std::int64_t forwards = 0, backwards = 0;
@@ -56,8 +74,13 @@ struct RingStats {
 // arriving, the backward's dK/dV part and accumulators in flight, the threads'
 // score tiles. One per group, shared by every layer built with it (layers run
 // one at a time), so a deeper model holds them once; not micro-batch state.
+// The all-to-all mode's exchange buffers and the gathered sequence of this
+// rank's heads (q/k/v, output, their gradients) are likewise the group's;
+// a2a_fill counts the fills of a2a_qkv/a2a_out (which layer's they hold).
 struct RingWorkspace {
   Tensor kv[2], part, dsend, drecv, scratch;
+  Tensor a2a[2], a2a_qkv, a2a_out, a2a_dout, a2a_dqkv;
+  std::uint64_t a2a_fill = 0;
   std::size_t bytes() const;
 };
 
@@ -65,6 +88,7 @@ struct ContextGroup {
   Communicator comm;  // the mesh's context group (unused at size 1)
   int size = 1, rank = 0;
   std::int64_t seq = 0;  // T: the whole sequence's tokens (the model's seq_len)
+  ContextMode mode = ContextMode::ring;  // parallel.context_mode
   // Benchmarks only: rank r holds chunks 2r and 2r+1 (no load balance).
   bool contiguous = false;
   std::shared_ptr<RingStats> stats;  // optional
@@ -84,6 +108,12 @@ struct ContextGroup {
 
 // The attention core of a causal MultiHeadSelfAttention over g (float32, CPU).
 std::unique_ptr<AttentionKernel> ring_attention(const AttentionSpec& s, const ContextGroup& g);
+// The all-to-all (Ulysses) core: `inner` runs the causal attention of H/P
+// heads on the whole sequence (be.attention). An Error naming the head count
+// unless g.size divides s.heads.
+std::unique_ptr<AttentionKernel> alltoall_attention(const AttentionSpec& s, const ContextGroup& g, Backend& be);
+// The core g.mode asks for.
+std::unique_ptr<AttentionKernel> context_attention(const AttentionSpec& s, const ContextGroup& g, Backend& be);
 
 // Gives the layers (and their children) their part of the context group: the
 // model builder calls it when g.size > 1. An Error naming the layer for a

@@ -109,6 +109,7 @@ struct TrainConfig {
     int pipeline = 1;              // pipeline stages
     int tensor = 1;                // tensor-parallel ranks per group (mlp, vit)
     int context = 1;               // context-parallel ranks per group (gpt: ring attention)
+    std::string context_mode = "ring";  // ring | alltoall (Ulysses: heads exchanged by all-to-all)
     int expert = 1;                // expert-parallel ranks, carved from the data-parallel ones (docs/moe.md)
     int micro_batches = 0;         // per step and replica (0 = pipeline); must divide data.batch_size
     std::string schedule = "1f1b"; // afab | 1f1b | zb-h1 | interleaved | zb-v | FILE.csv
