@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Load balance of gpt's top-2 mixture of 8 experts (docs/moe.md) under four routers:
-# no balancing, the aux loss (0.01), the aux-loss-free bias (model.moe_bias_update_rate,
-# DeepSeek-V3's 0.001) and both. The corpus and model are bench/train_moe_vs_dense.sh's
+# no balancing, the aux loss (0.01), the aux-loss-free bias (model.moe_bias_update_rate:
+# DeepSeek-V3's 0.001, and 0.01 for a run this short) and both. The corpus and model are bench/train_moe_vs_dense.sh's
 # (the first BYTES of the fortune files, bytes, 10% held out; width 128, depth 4).
 # The first epoch is the warm-up; the last epoch's max/mean tokens per expert (mean over
 # its micro-batches, per MoE layer; 1 = uniform) is printed beside the goal of <= 1.10.
@@ -34,3 +34,5 @@ run none --set model.aux_loss_coeff=0 --set model.moe_bias_update_rate=0
 run aux --set model.aux_loss_coeff=0.01 --set model.moe_bias_update_rate=0
 run bias --set model.aux_loss_coeff=0 --set model.moe_bias_update_rate=0.001
 run aux+bias --set model.aux_loss_coeff=0.01 --set model.moe_bias_update_rate=0.001
+run bias0.01 --set model.aux_loss_coeff=0 --set model.moe_bias_update_rate=0.01
+run aux+bias0.01 --set model.aux_loss_coeff=0.01 --set model.moe_bias_update_rate=0.01

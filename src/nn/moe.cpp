@@ -38,6 +38,11 @@ void MoeShared::add_balanced(MoeMlp* layer) {
   if (std::find(balanced_.begin(), balanced_.end(), layer) == balanced_.end()) balanced_.push_back(layer);
 }
 
+void MoeShared::remove_balanced(MoeMlp* layer) {
+  std::lock_guard<std::mutex> lock(mu_);
+  balanced_.erase(std::remove(balanced_.begin(), balanced_.end(), layer), balanced_.end());
+}
+
 void MoeShared::update_bias(const Communicator* group, bool apply) {
   std::vector<double> all;  // every layer's loads, in registration order (the same on every rank of the group)
   for (MoeMlp* l : balanced_) {
@@ -136,6 +141,10 @@ void MoeMlp::update_bias(const std::vector<double>& load) {
   float* b = bias_.data<float>();
   for (std::size_t e = 0; e < load.size(); ++e)
     b[e] += static_cast<float>(spec_.bias_update_rate * double((load[e] < mean) - (load[e] > mean)));
+}
+
+MoeMlp::~MoeMlp() {
+  if (bias_.defined()) group_.shared->remove_balanced(this);
 }
 
 CtxPtr MoeMlp::make_ctx() const { return ctx_of<Saved>(); }

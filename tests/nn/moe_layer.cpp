@@ -214,6 +214,30 @@ TEST(MoeLayer, BiasUpdateBalancesASkewedRouter) {
   EXPECT_LT(after, 1.4);
 }
 
+// The step's update reaches the layers through the model's MoeShared: bound layers
+// with a bias register there, and a layer going away (one built only to plan a
+// pipeline, say) leaves it.
+TEST(MoeLayer, BalancedLayersRegisterWhileTheyLive) {
+  MoeSpec s = spec(4, 2, 0.0);
+  ExpertGroup g;
+  {
+    Harness off(std::make_unique<MoeMlp>("moe", s, g), 71);
+    EXPECT_FALSE(g.shared->balanced());
+    s.bias_update_rate = 0.5;
+    Harness on(std::make_unique<MoeMlp>("moe", s, g), 72);
+    EXPECT_TRUE(g.shared->balanced());
+    on.layer->forward(random_tensor({1, 6, s.dim}, 73), Mode::train);
+    g.shared->update_bias(nullptr);  // this rank alone: 12 assignments, mean 3
+    const auto& sv = saved_of(*on.layer);
+    std::vector<int> load(4, 0);
+    for (int e : sv.expert) ++load[e];
+    const float* b = dynamic_cast<MoeMlp&>(*on.layer).expert_bias().data<float>();
+    for (int e = 0; e < 4; ++e) EXPECT_EQ(b[e], load[e] > 3 ? -0.5f : load[e] < 3 ? 0.5f : 0.f) << "expert " << e;
+  }
+  EXPECT_FALSE(g.shared->balanced());
+  g.shared->update_bias(nullptr);  // nothing registered: nothing to touch
+}
+
 TEST(MoeLayer, BadSpecsNameTheKey) {
   try {
     MoeMlp l("moe", spec(4, 5, 0.0));

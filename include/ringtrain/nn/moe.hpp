@@ -72,6 +72,7 @@ class MoeShared {
   // split the step's tokens: data x expert x context; none: this rank alone) in
   // one all-reduce, and moves each bias unless `apply` is false (a skipped step).
   void add_balanced(MoeMlp* layer);
+  void remove_balanced(MoeMlp* layer);  // a layer going away (e.g. one built to plan a pipeline)
   bool balanced() const { return !balanced_.empty(); }
   void update_bias(const Communicator* group, bool apply = true);
  private:
@@ -99,6 +100,7 @@ struct MoeSpec {
 class MoeMlp : public Layer {
  public:
   MoeMlp(std::string name, const MoeSpec& s, ExpertGroup g = {});
+  ~MoeMlp() override;
   const char* type() const override { return "MoeMlp"; }
   CtxPtr make_ctx() const override;
   void register_params(ParamArena& arena, int layer_index, const std::string& prefix) override;
