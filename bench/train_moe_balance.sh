@@ -5,12 +5,14 @@
 # (the first BYTES of the fortune files, bytes, 10% held out; width 128, depth 4).
 # The first epoch is the warm-up; the last epoch's max/mean tokens per expert (mean over
 # its micro-batches, per MoE layer; 1 = uniform) is printed beside the goal of <= 1.10.
-#   bench/train_moe_balance.sh [BUILD_DIR] [EPOCHS] [BYTES]   (raw output: docs/data/moe_balance.txt)
+#   bench/train_moe_balance.sh [BUILD_DIR] [EPOCHS] [BYTES] [ONLY]   (raw output: docs/data/moe_balance.txt)
+# ONLY: a regex of the run names to do (none aux bias aux+bias bias0.01 aux+bias0.01; default all).
 set -euo pipefail
 BIN=${1:-build}/ringtrain
 EPOCHS=${2:-2}
 BYTES=${3:-300000}
 GOAL=1.10
+ONLY=${4:-}
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 cat $(ls -d /usr/share/games/fortunes/* | grep -v -e '\.dat$' -e '\.u8$' | sort) > "$WORK/all.txt"
@@ -22,6 +24,7 @@ COMMON=(--set model.name=gpt --set model.width=128 --set model.heads=4 --set mod
         --set model.mlp_ratio=2 --set model.experts=8 --set model.top_k=2)
 run() {
   local name=$1; shift
+  if [ -n "$ONLY" ] && ! [[ $name =~ ^($ONLY)$ ]]; then return 0; fi
   echo "== $name: $*"
   "$BIN" train "${COMMON[@]}" "$@" 2>&1 | grep -E "^ringtrain:|^epoch [0-9]+/[0-9]+:" | tee "$WORK/log" || true
   # The last epoch's per-layer max/mean, their worst, and the goal beside it.
