@@ -53,7 +53,8 @@ const std::vector<TypeSpec>& types() {
       {"residual", {{"relu", 'b'}}},
       {"attention", {{"heads", 'i'}, {"causal", 'b'}}},
       {"transformer", {{"heads", 'i'}, {"mlp_ratio", 'f'}, {"dropout", 'f'}, {"causal", 'b'}, {"gelu", 's'}, {"eps", 'f'},
-                       {"experts", 'i'}, {"top_k", 'i'}, {"aux_loss_coeff", 'f'}, {"capacity_factor", 'f'}}},
+                       {"experts", 'i'}, {"top_k", 'i'}, {"aux_loss_coeff", 'f'}, {"capacity_factor", 'f'},
+                       {"bias_update_rate", 'f'}}},
       {"patch_embed", {{"patch", 'i'}, {"out", 'i'}}},
       {"token_mean", {}},
       {"embedding", {{"out", 'i'}}},
@@ -373,6 +374,7 @@ class Builder {
       s.moe.top_k = static_cast<int>(e.i("top_k", 2));
       s.moe.aux_loss_coeff = e.f("aux_loss_coeff", 0.01);
       s.moe.capacity_factor = e.f("capacity_factor", 0.0);
+      s.moe.bias_update_rate = e.f("bias_update_rate", 0.0);
       s.expert = t_.expert;
       if (s.moe.experts > 0)
         RT_CHECK(s.moe.top_k >= 1 && s.moe.top_k <= s.moe.experts && s.moe.experts % t_.expert.size == 0,

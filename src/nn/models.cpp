@@ -200,7 +200,7 @@ std::vector<LayerDesc> gpt(const ModelConfig& c) {
                   .f("eps", c.layernorm_eps);
     if (c.experts > 0 && (i + 1) % c.moe_every == 0)  // every moe_every-th block (the last of each run) has experts
       b.i("experts", c.experts).i("top_k", c.top_k).f("aux_loss_coeff", c.aux_loss_coeff)
-          .f("capacity_factor", c.capacity_factor);
+          .f("capacity_factor", c.capacity_factor).f("bias_update_rate", c.moe_bias_update_rate);
     L.push_back(b);
   }
   L.push_back(Entry("layernorm", "norm").f("eps", c.layernorm_eps));

@@ -13,6 +13,7 @@
 
 #include "init.hpp"
 #include "ringtrain/comm/alltoall.hpp"
+#include "ringtrain/comm/collectives.hpp"
 #include "ringtrain/nn/mesh_dims.hpp"
 
 namespace ringtrain {
@@ -30,6 +31,34 @@ void MoeShared::record(const std::string& layer, double aux, double max_over_mea
   it->max_over_mean += max_over_mean;
   it->dropped += dropped;
   it->assignments += assignments;
+}
+
+void MoeShared::add_balanced(MoeMlp* layer) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (std::find(balanced_.begin(), balanced_.end(), layer) == balanced_.end()) balanced_.push_back(layer);
+}
+
+void MoeShared::remove_balanced(MoeMlp* layer) {
+  std::lock_guard<std::mutex> lock(mu_);
+  balanced_.erase(std::remove(balanced_.begin(), balanced_.end(), layer), balanced_.end());
+}
+
+void MoeShared::update_bias(const Communicator* group, bool apply) {
+  std::vector<double> all;  // every layer's loads, in registration order (the same on every rank of the group)
+  for (MoeMlp* l : balanced_) {
+    const auto load = l->take_load();
+    all.insert(all.end(), load.begin(), load.end());
+  }
+  if (all.empty()) return;
+  if (group && group->size() > 1)  // counts are integers: the f64 sum is exact, so every rank gets the same bias
+    allreduce(all.data(), all.data(), all.size(), DType::f64, ReduceOp::sum, *group);
+  if (!apply) return;
+  std::size_t o = 0;
+  for (MoeMlp* l : balanced_) {
+    const auto E = static_cast<std::size_t>(l->spec().experts);
+    l->update_bias(std::vector<double>(all.begin() + o, all.begin() + o + E));
+    o += E;
+  }
 }
 
 std::vector<MoeLayerStats> MoeShared::take() {
@@ -87,8 +116,35 @@ MoeMlp::MoeMlp(std::string name, const MoeSpec& s, ExpertGroup g)
            " must be in [1, model.experts = ", s.experts, "]");
   RT_CHECK(group_.size >= 1 && s.experts % group_.size == 0, "MoE layer '", name_, "': model.experts = ", s.experts,
            " is not divisible by parallel.expert = ", group_.size);
-  RT_CHECK(s.capacity_factor >= 0 && s.aux_loss_coeff >= 0, "MoE layer '", name_,
-           "': model.capacity_factor and model.aux_loss_coeff must be >= 0");
+  RT_CHECK(s.capacity_factor >= 0 && s.aux_loss_coeff >= 0 && s.bias_update_rate >= 0, "MoE layer '", name_,
+           "': model.capacity_factor, model.aux_loss_coeff and model.moe_bias_update_rate must be >= 0");
+  if (s.bias_update_rate > 0) bias_ = Tensor::zeros({s.experts}, DType::f32, Device::cpu());
+}
+
+std::vector<NamedBuffer> MoeMlp::buffers() const {
+  if (!bias_.defined()) return {};
+  return {{(full_name_.empty() ? name_ : full_name_) + ".expert_bias", bias_, {}}};
+}
+
+std::vector<double> MoeMlp::take_load() {
+  std::lock_guard<std::mutex> lock(load_mu_);
+  std::vector<double> out = load_;
+  out.resize(static_cast<std::size_t>(spec_.experts), 0.0);
+  load_.assign(static_cast<std::size_t>(spec_.experts), 0.0);
+  return out;
+}
+
+void MoeMlp::update_bias(const std::vector<double>& load) {
+  RT_CHECK(bias_.defined() && load.size() == static_cast<std::size_t>(spec_.experts), "MoE layer '", name_,
+           "': update_bias needs model.moe_bias_update_rate > 0 and ", spec_.experts, " loads, got ", load.size());
+  const double mean = std::accumulate(load.begin(), load.end(), 0.0) / double(load.size());
+  float* b = bias_.data<float>();
+  for (std::size_t e = 0; e < load.size(); ++e)
+    b[e] += static_cast<float>(spec_.bias_update_rate * double((load[e] < mean) - (load[e] > mean)));
+}
+
+MoeMlp::~MoeMlp() {
+  if (bias_.defined()) group_.shared->remove_balanced(this);
 }
 
 CtxPtr MoeMlp::make_ctx() const { return ctx_of<Saved>(); }
@@ -121,6 +177,7 @@ void MoeMlp::bind(const BindContext& ctx) {
   RT_CHECK(ctx.device.is_cpu(), "MoE layer '", name_, "': model.experts > 0 runs on the CPU only (train.device = cpu)");
   be_ = &ctx.backend;
   arena_ = &ctx.arena;
+  if (bias_.defined()) group_.shared->add_balanced(this);
   gelu_ = ctx.backend.eltwise(spec_.gelu, DType::f32);
 }
 
@@ -133,6 +190,7 @@ void MoeMlp::init(const ParamArena& arena, std::uint64_t seed) {
     detail::init_weight(arena, w2_[l], Init::xavier_uniform, H, D, seed);
     detail::fill_param(arena, b2_[l], 0.0);
   }
+  if (bias_.defined()) detail::fill_tensor(bias_, 0.0);
 }
 
 Shape MoeMlp::output_shape(const Shape& in) const {
@@ -183,6 +241,9 @@ Tensor MoeMlp::do_forward(const Tensor& x, Ctx& c, const Call& call) const {
   std::vector<std::size_t> count(static_cast<std::size_t>(E), 0);
   std::vector<double> mean_p(static_cast<std::size_t>(E), 0.0);
   std::vector<int> order(static_cast<std::size_t>(E));
+  // Selection scores: p + b (aux-loss-free balancing); the gates use p alone.
+  const float* bias = bias_.defined() ? bias_.data<float>() : nullptr;
+  std::vector<float> score(static_cast<std::size_t>(E));
   for (std::int64_t t = 0; t < n; ++t) {
     float* pr = &s.probs[static_cast<std::size_t>(t * E)];
     const float mx = *std::max_element(pr, pr + E);
@@ -192,9 +253,10 @@ Tensor MoeMlp::do_forward(const Tensor& x, Ctx& c, const Call& call) const {
       pr[e] = static_cast<float>(std::exp(double(pr[e]) - mx) / z);
       mean_p[e] += pr[e];
     }
+    for (int e = 0; e < E; ++e) score[e] = bias ? pr[e] + bias[e] : pr[e];
     std::iota(order.begin(), order.end(), 0);  // ties: the lower expert index first
     std::partial_sort(order.begin(), order.begin() + k, order.end(),
-                      [&](int a, int b) { return pr[a] > pr[b] || (pr[a] == pr[b] && a < b); });
+                      [&](int a, int b) { return score[a] > score[b] || (score[a] == score[b] && a < b); });
     double sum = 0;
     for (int j = 0; j < k; ++j) sum += pr[order[j]];
     for (int j = 0; j < k; ++j) {
@@ -230,6 +292,11 @@ Tensor MoeMlp::do_forward(const Tensor& x, Ctx& c, const Call& call) const {
     const std::size_t mx = *std::max_element(count.begin(), count.end());
     group_.shared->record(full_name_.empty() ? name_ : full_name_, s.aux, double(mx) * E / double(n * k),
                           double(dropped), double(n * k));
+    if (bias_.defined()) {
+      std::lock_guard<std::mutex> lock(load_mu_);
+      load_.resize(static_cast<std::size_t>(E), 0.0);
+      for (int e = 0; e < E; ++e) load_[e] += double(count[e]);
+    }
   }
   // Dispatch: rows grouped by global expert (= by owner rank, then local expert).
   std::vector<std::size_t> offset(static_cast<std::size_t>(E), 0);

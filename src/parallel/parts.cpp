@@ -123,6 +123,10 @@ StepResult train_step(const ProcessGrid& grid, ModelParts& parts, const StepInpu
     const trace::Scope span("compute", "optimizer");
     out.stats.skipped = !parts.updater->apply(in.lr);
   }
+  // Aux-loss-free balancing (nn/moe.hpp): the step's loads over every rank that
+  // split its tokens; a skipped step leaves the bias as it leaves the weights.
+  if (parts.moe && parts.moe->balanced())
+    parts.moe->update_bias(&grid.reduce_group(kDenseReduce), !out.stats.skipped);
   out.timing.busy_s += std::chrono::duration<double>(Clock::now() - t_update).count();
   out.timing.wall_s += std::chrono::duration<double>(Clock::now() - t_sync).count();
   out.stats.stop = flags.stop;

@@ -48,6 +48,7 @@ const std::vector<Field>& fields() {
       RT_FIELD(model, moe_every, "gpt, model.experts > 0: blocks n-1, 2n-1, ... have experts, the others a dense MLP (1 = every block)"),
       RT_FIELD(model, aux_loss_coeff, "gpt, model.experts > 0: weight of the load-balancing loss E x sum_i f_i P_i (Switch Transformer) added to the training objective of each MoE block (0 = off); its value is logged per layer (moe.*)"),
       RT_FIELD(model, capacity_factor, "gpt, model.experts > 0: each expert takes at most ceil(factor x tokens x top_k / experts) of a micro-batch's assignments, later tokens are dropped (their residual passes); 0 = dropless"),
+      RT_FIELD(model, moe_bias_update_rate, "gpt, model.experts > 0: auxiliary-loss-free load balancing (DeepSeek-V3): a per-expert bias added to the router's probabilities to choose the top-k experts only (the gates stay unbiased), moved by this much toward the mean load after each optimizer step (b_e += rate x sign(mean load - load_e), loads summed over the step's tokens on every data/expert-parallel rank); the bias is kept in checkpoints (0 = off; DeepSeek used 0.001; docs/moe.md)"),
       RT_FIELD(model, init_from, "start from these weights instead of a random initialisation: a safetensors file, a directory holding model.safetensors or shards listed by model.safetensors.index.json (Hugging Face names), or an llm.c GPT-2 model file (docs/interop.md); each rank reads only the byte ranges of the parameters it holds, and every shape is checked against the model. A --resume checkpoint takes precedence"),
       RT_FIELD(data, train, "training set: HDF5 file, or shard directory/pattern"),
       RT_FIELD(data, test, "test set: HDF5 file, or shard directory/pattern"),
@@ -354,6 +355,7 @@ void TrainConfig::validate() const {
   range("model.moe_every", model.moe_every, 1, 1 << 16);
   range("model.aux_loss_coeff", model.aux_loss_coeff, 0, kHuge);
   range("model.capacity_factor", model.capacity_factor, 0, kHuge);
+  range("model.moe_bias_update_rate", model.moe_bias_update_rate, 0, kHuge);
   range("parallel.expert", parallel.expert, 1, 1 << 16);
   if (model.experts > 0) {
     RT_CHECK(model.name == "gpt", "configuration key 'model.experts' = ", model.experts, " is for model.name = gpt "

@@ -60,6 +60,7 @@ ModelConfig model_config(const TrainConfig& cfg, const data::FileInfo& info) {
   mc.moe_every = cfg.model.moe_every;
   mc.aux_loss_coeff = cfg.model.aux_loss_coeff;
   mc.capacity_factor = cfg.model.capacity_factor;
+  mc.moe_bias_update_rate = cfg.model.moe_bias_update_rate;
   mc.layers = cfg.model.layers;
   mc.sequence = cfg.parallel.sequence;
   mc.context.mode = parse_context_mode(cfg.parallel.context_mode);

@@ -51,6 +51,7 @@ struct ModelConfig {
   // gpt: mixture of experts (nn/moe.hpp) in every moe_every-th block's MLP; 0 experts: dense.
   int experts = 0, top_k = 2, moe_every = 1;
   double aux_loss_coeff = 0.01, capacity_factor = 0;
+  double moe_bias_update_rate = 0;  // aux-loss-free balancing (nn/moe.hpp); 0: off
   ExpertGroup expert;  // parallel.expert: the ranks splitting the experts
 };
 

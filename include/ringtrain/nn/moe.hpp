@@ -27,6 +27,13 @@
 // ceil(cf * n * k / E) of a micro-batch's assignments, in token order; the rest
 // are dropped (their gate contributes nothing; the residual carries the token).
 // 0: dropless. Host (CPU) tensors in float32 only.
+//
+// Auxiliary-loss-free balancing (bias_update_rate u > 0; DeepSeek-V3, Wang et
+// al. 2024): the top-k are chosen by p_e + b_e, the gates stay p[topk] renormalised
+// (b takes no gradient). After each optimizer step every layer's loads (the
+// step's train forwards, before capacity drops) are summed over the ranks that
+// split the tokens, and b_e += u * sign(mean load - load_e): every such rank
+// holds the same b. b is a buffer ("<name>.expert_bias"): checkpoints keep it.
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -50,6 +57,7 @@ struct MoeLayerStats {
   double dropped = 0;          // assignments dropped by the capacity
   double assignments = 0;      // n * k
 };
+class MoeMlp;
 class MoeShared {
  public:
   double grad_scale = 1.0;
@@ -59,7 +67,16 @@ class MoeShared {
   double alltoall_s = 0, alltoall_bytes = 0;
   void record(const std::string& layer, double aux, double max_over_mean, double dropped, double assignments);
   std::vector<MoeLayerStats> take();  // and reset
+  // Layers with a bias update register here (bind); after each optimizer step
+  // update_bias sums their loads since the last call over `group` (the ranks that
+  // split the step's tokens: data x expert x context; none: this rank alone) in
+  // one all-reduce, and moves each bias unless `apply` is false (a skipped step).
+  void add_balanced(MoeMlp* layer);
+  void remove_balanced(MoeMlp* layer);  // a layer going away (e.g. one built to plan a pipeline)
+  bool balanced() const { return !balanced_.empty(); }
+  void update_bias(const Communicator* group, bool apply = true);
  private:
+  std::vector<MoeMlp*> balanced_;
   std::mutex mu_;
   std::vector<MoeLayerStats> stats_;
 };
@@ -76,12 +93,14 @@ struct MoeSpec {
   int experts = 0, top_k = 2;
   double aux_loss_coeff = 0.01;
   double capacity_factor = 0;  // 0: dropless
+  double bias_update_rate = 0;  // aux-loss-free balancing step u; 0: off (no bias)
   Eltwise gelu = Eltwise::gelu;
 };
 
 class MoeMlp : public Layer {
  public:
   MoeMlp(std::string name, const MoeSpec& s, ExpertGroup g = {});
+  ~MoeMlp() override;
   const char* type() const override { return "MoeMlp"; }
   CtxPtr make_ctx() const override;
   void register_params(ParamArena& arena, int layer_index, const std::string& prefix) override;
@@ -93,6 +112,13 @@ class MoeMlp : public Layer {
   int local_experts() const { return spec_.experts / group_.size; }
   int first_expert() const { return group_.rank * local_experts(); }
   const MoeSpec& spec() const { return spec_; }
+  std::vector<NamedBuffer> buffers() const override;  // "<name>.expert_bias" when bias_update_rate > 0
+  // The selection bias b [E] (float32, host; empty when bias_update_rate = 0).
+  const Tensor& expert_bias() const { return bias_; }
+  // Tokens routed to each expert (before capacity) by the train forwards since the last call; resets.
+  std::vector<double> take_load();
+  // b_e += u * sign(mean(load) - load_e), load summed over every rank splitting the tokens.
+  void update_bias(const std::vector<double>& load);
 
  protected:
   Tensor do_forward(const Tensor& x, Ctx& c, const Call& call) const override;
@@ -130,6 +156,9 @@ class MoeMlp : public Layer {
   Backend* be_ = nullptr;
   std::unique_ptr<EltwiseKernel> gelu_;
   const ParamArena* arena_ = nullptr;
+  Tensor bias_;
+  mutable std::mutex load_mu_;  // forwards of different micro-batches may run on different threads
+  mutable std::vector<double> load_;
 };
 
 // The MLP branch of a transformer block with experts: MoeMlp "moe".

@@ -28,6 +28,7 @@ struct TrainConfig {
     int moe_every = 1;             // gpt: every n-th block's MLP has experts
     double aux_loss_coeff = 0.01;  // gpt: load-balancing loss coefficient
     double capacity_factor = 0;    // gpt: expert capacity (0 = dropless)
+    double moe_bias_update_rate = 0;  // gpt: aux-loss-free balancing bias step (0 = off)
     std::string init_from;         // weights to start from: safetensors file/directory or llm.c model file (docs/interop.md)
     std::vector<LayerDesc> layers; // name = layers: the [[model.layers]] list (TOML file only)
   } model;

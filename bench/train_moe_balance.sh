@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Load balance of gpt's top-2 mixture of 8 experts (docs/moe.md) under four routers:
+# no balancing, the aux loss (0.01), the aux-loss-free bias (model.moe_bias_update_rate:
+# DeepSeek-V3's 0.001, and 0.01 for a run this short) and both. The corpus and model are bench/train_moe_vs_dense.sh's
+# (the first BYTES of the fortune files, bytes, 10% held out; width 128, depth 4).
+# The first epoch is the warm-up; the last epoch's max/mean tokens per expert (mean over
+# its micro-batches, per MoE layer; 1 = uniform) is printed beside the goal of <= 1.10.
+#   bench/train_moe_balance.sh [BUILD_DIR] [EPOCHS] [BYTES] [ONLY]   (raw output: docs/data/moe_balance.txt)
+# ONLY: a regex of the run names to do (none aux bias aux+bias bias0.01 aux+bias0.01; default all).
+set -euo pipefail
+BIN=${1:-build}/ringtrain
+EPOCHS=${2:-2}
+BYTES=${3:-300000}
+GOAL=1.10
+ONLY=${4:-}
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+cat $(ls -d /usr/share/games/fortunes/* | grep -v -e '\.dat$' -e '\.u8$' | sort) > "$WORK/all.txt"
+head -c "$BYTES" "$WORK/all.txt" > "$WORK/fortunes.txt"
+"$BIN" prepare --dataset text --input "$WORK/fortunes.txt" --out "$WORK/bytes"
+COMMON=(--set model.name=gpt --set model.width=128 --set model.heads=4 --set model.depth=4 --set data.seq_len=128
+        --set train.threads=1 --set data.train="$WORK/bytes" --set data.test="$WORK/bytes" --batch-size 16
+        --epochs "$EPOCHS" --lr 3e-3 --set schedule.name=constant --set schedule.warmup_epochs=0 --log-format plain
+        --set model.mlp_ratio=2 --set model.experts=8 --set model.top_k=2)
+run() {
+  local name=$1; shift
+  if [ -n "$ONLY" ] && ! [[ $name =~ ^($ONLY)$ ]]; then return 0; fi
+  echo "== $name: $*"
+  "$BIN" train "${COMMON[@]}" "$@" 2>&1 | grep -E "^ringtrain:|^epoch [0-9]+/[0-9]+:" | tee "$WORK/log" || true
+  # The last epoch's per-layer max/mean, their worst, and the goal beside it.
+  tail -n 1 "$WORK/log" | grep -oE "max/mean [0-9.]+" | awk -v n="$name" -v g="$GOAL" -v e="$EPOCHS" '
+    { v[NR] = $2; if ($2 > w) w = $2; s = s " " $2 }
+    END { printf "balance %-10s epoch %d of %d (after warm-up): max/mean per layer%s | worst %.2f (goal <= %.2f: %s)\n",
+                 n, e, e, s, w, g, (w <= g ? "met" : "not met") }'
+}
+run none --set model.aux_loss_coeff=0 --set model.moe_bias_update_rate=0
+run aux --set model.aux_loss_coeff=0.01 --set model.moe_bias_update_rate=0
+run bias --set model.aux_loss_coeff=0 --set model.moe_bias_update_rate=0.001
+run aux+bias --set model.aux_loss_coeff=0.01 --set model.moe_bias_update_rate=0.001
+run bias0.01 --set model.aux_loss_coeff=0 --set model.moe_bias_update_rate=0.01
+run aux+bias0.01 --set model.aux_loss_coeff=0.01 --set model.moe_bias_update_rate=0.01
