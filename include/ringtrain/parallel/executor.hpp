@@ -127,8 +127,8 @@ class ScheduleExecutor {
   // Buffers reused by every step (workspace, not step state), per chunk and
   // micro-batch: receive buffers where the neighbour chunk is remote.
   std::vector<std::vector<Tensor>> act_in_, grad_in_;
-  std::vector<Tensor> dlogits_;
-  std::vector<double> out_bytes_;  // per chunk: one micro-batch's output activation, bytes  // per slot of the last chunk (the last layer keeps it for its W)
+  std::vector<Tensor> dlogits_;  // per slot of the last chunk (the last layer keeps it for its W)
+  std::vector<double> out_bytes_;  // per chunk: one micro-batch's output activation, bytes
 };
 
 }  // namespace ringtrain
