@@ -2,8 +2,10 @@
 // (idle / step span per stage, the span running from a common start to the
 // last stage's end; median over steps, mean over stages) next to the
 // analytic one, the step time against 1F1B's and against the schedule
-// simulator's prediction (parallel/simulator.hpp: the table played with the
-// per-chunk F, I, W times the executor measured in this run, free messages),
+// simulator's two predictions (parallel/simulator.hpp: the table played with
+// the per-chunk F, I, W times the executor measured in this run; messages
+// free, and messages at the link measured by the executor's ping-pong before
+// the point: ScheduleExecutor::measure_link), with the error of each,
 // and the peak activation memory per rank (in micro-batches of a
 // whole stage: a chunk of an interleaved or V layout counts 1/v, counted as
 // the executor ran).
@@ -139,9 +141,11 @@ int main(int argc, char** argv) {
   mc.classes = 64;
   if (world.rank() == 0) {
     std::printf("pipeline bubble, p = %d ranks, F = B = W = %.1f ms sleeps per stage (unit/v per chunk); bubble = idle / "
-                "step time per rank; pred = the simulator's step from the measured per-chunk costs\n", p, unit_ms);
-    std::printf("%-11s %4s %8s %8s %8s %7s %9s %9s %9s %8s %9s\n", "sched", "m", "wall", "replay", "analytic", "repl/an",
-                "step ms", "pred ms", "meas/pred", "x 1f1b", "peak act");
+                "step time per rank; pred = the simulator's step from the measured per-chunk costs, messages free "
+                "(free) or at the measured link (p2p, one way = latency + bytes/bandwidth); err = meas/pred - 1\n",
+                p, unit_ms);
+    std::printf("%-11s %4s %8s %8s %8s %7s %9s %9s %9s %8s %8s %9s %8s %9s\n", "sched", "m", "wall", "replay", "analytic",
+                "repl/an", "step ms", "free ms", "p2p ms", "err free", "err p2p", "p2p us", "x 1f1b", "peak act");
   }
   std::ofstream out;
   if (world.rank() == 0 && !csv.empty()) {
@@ -149,7 +153,7 @@ int main(int argc, char** argv) {
     out.open(csv, std::ios::app);
     if (fresh)
       out << "schedule,p,m,unit_ms,wall_bubble,virtual_bubble,analytic_bubble,peak_act_stage0,peak_act_max,step_ms,"
-             "predicted_ms,vs_1f1b\n";
+             "predicted_ms,vs_1f1b,predicted_p2p_ms,p2p_latency_us,p2p_bytes_per_s\n";
   }
   for (int m : ms) {
     double base_ms = 0;
@@ -169,6 +173,7 @@ int main(int argc, char** argv) {
       in.labels = {Tensor::zeros({m}, DType::i32)};
       *g_state = SleepState{unit_ms * 1e-3 / L.chunks};
       g_state->step = 1.0 / L.chunks;
+      const LinkCost link = parts.executor->measure_link();
       std::vector<double> bub, wall, vbub;
       std::vector<ChunkTime> cost(static_cast<std::size_t>(L.chunks));  // measured, mean over the steps
       for (int s = 0; s <= steps; ++s) {
@@ -200,18 +205,23 @@ int main(int argc, char** argv) {
       allreduce(v, v, 3, DType::f64, ReduceOp::sum, world);
       allreduce(&peakmax, &peakmax, 1, DType::f64, ReduceOp::max, world);
       broadcast(&peak0, 1, DType::f64, 0, world);
-      // The prediction plays the table with the per-chunk costs this run measured (a sleep
-      // lasts longer than asked on a loaded machine), messages free.
-      const double pred = 1e3 * simulate(parts.executor->table(), parts.executor->gather_costs(cost, 0)).makespan;
+      // The predictions play the table with the per-chunk costs this run measured (a sleep
+      // lasts longer than asked on a loaded machine), messages free and at the measured link.
+      const double pred = 1e3 * simulate(parts.executor->table(), parts.executor->gather_costs(cost)).makespan;
+      const SimCosts with_link = parts.executor->gather_costs(cost, link);
+      const double pred_p2p = 1e3 * simulate(parts.executor->table(), with_link).makespan;
+      const double msg_us = 1e6 * with_link.message_s(0);
       const double meas = v[0] / p, virt = v[2] / p, step_ms = 1e3 * v[1] / p;
       const double an = analytic_bubble(k, p, m, 1, 1, 1, L.chunks);
       if (k == ScheduleKind::one_f_one_b) base_ms = step_ms;
       if (world.rank() == 0) {
-        std::printf("%-11s %4d %8.3f %8.3f %8.3f %7.2f %9.1f %9.1f %9.3f %8.3f %9.1f\n", schedule_name(k), m, meas, virt,
-                    an, an > 0 ? virt / an : 0.0, step_ms, pred, step_ms / pred, base_ms / step_ms, peakmax);
+        std::printf("%-11s %4d %8.3f %8.3f %8.3f %7.2f %9.1f %9.1f %9.1f %+8.3f %+8.3f %9.0f %8.3f %9.1f\n",
+                    schedule_name(k), m, meas, virt, an, an > 0 ? virt / an : 0.0, step_ms, pred, pred_p2p,
+                    step_ms / pred - 1, step_ms / pred_p2p - 1, msg_us, base_ms / step_ms, peakmax);
         if (out) out << schedule_name(k) << "," << p << "," << m << "," << unit_ms << "," << meas << "," << virt << ","
                      << an << "," << peak0 << "," << peakmax << "," << step_ms << "," << pred << ","
-                     << base_ms / step_ms << "\n";
+                     << base_ms / step_ms << "," << pred_p2p << "," << 1e6 * link.latency_s << ","
+                     << link.bytes_per_s << "\n";
       }
     }
   }

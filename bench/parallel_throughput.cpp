@@ -79,7 +79,7 @@ Result measure(const Communicator& world, int p, int m, std::int64_t global, int
   allreduce(&bubble, &bubble, 1, DType::f64, ReduceOp::sum, world);
   allreduce(&sched, &sched, 1, DType::f64, ReduceOp::max, world);
   Result r{static_cast<double>(global) * steps / dt, bubble / steps / world.size(), 1e3 * sched, 0, {}};
-  const SimCosts c = pm.executor->gather_costs(cost, 0);
+  const SimCosts c = pm.executor->gather_costs(cost);
   r.predicted_ms = 1e3 * simulate(pm.executor->table(), c).makespan;
   for (const StageCost& sc : c.stage) r.costs.push_back({1e3 * sc.f, 1e3 * sc.i, 1e3 * sc.w});
   return r;

@@ -3,7 +3,8 @@
 # gpt (fortunes) at pipeline 2 (2 ranks on the 2 cores), m = 4, every schedule,
 # next to data 2 on the same ranks. Prints, per run, the epoch's images/s (or
 # tokens/s), the pipeline schedule's measured ms/step and the simulator's
-# prediction from the same epoch's per-chunk costs (the trainer's epoch line),
+# prediction from the same epoch's per-chunk costs and measured link, the
+# message time, and the prediction with free messages (the trainer's epoch line),
 # and the bound of 1F1B: m/(m+p-1) x data 2's throughput.
 #   bench/pipeline_schedules.sh [build-dir] [rounds]   (data: make prepare prepare-text)
 set -euo pipefail
@@ -15,10 +16,10 @@ run() {  # model-config extra-sets...
   local cfg=$1; shift
   mpirun -np 2 --oversubscribe --bind-to none "$B/ringtrain" train --config "$cfg" --no-eval \
     --set train.epochs=1 --set schedule.warmup_epochs=0.1 --set checkpoint.dir= --set log.format=plain "$@" 2>&1 | grep "epoch 1/1:" |
-    sed -E 's/.*\| ([0-9]+ (img|tokens)\/s)[^|]*(\| pipeline schedule ([0-9.]+) ms\/step, simulator ([0-9.]+) ms)?.*/\1 \4 \5/'
+    sed -E 's/.*\| ([0-9]+ (img|tokens)\/s)[^|]*(\| pipeline schedule ([0-9.]+) ms\/step, simulator ([0-9.]+) ms \(bubble [0-9]+%; messages ([0-9]+) us; ([0-9.]+) ms with free messages\))?.*/\1 \4 \5 \6 \7/'
 }
 echo "# $(date -u +%FT%TZ) $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2) ($(nproc) cores), load $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "# model layout rate unit schedule_ms predicted_ms"
+echo "# model layout rate unit schedule_ms predicted_ms message_us predicted_free_ms"
 for r in $(seq "$ROUNDS"); do
   for spec in "jobs/fashion_cnn.toml data.batch_size=512 parallel.partition=time" \
               "jobs/fashion_vit.toml data.batch_size=256 parallel.partition=time" \

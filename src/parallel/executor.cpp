@@ -1,7 +1,10 @@
 #include "ringtrain/comm/bounded_wait.hpp"
 #include "ringtrain/parallel/executor.hpp"
 
+#include <algorithm>
 #include <chrono>
+#include <cstring>
+#include <thread>
 
 #include "ringtrain/comm/agree.hpp"
 #include "ringtrain/comm/collectives.hpp"
@@ -147,6 +150,7 @@ ScheduleExecutor::ScheduleExecutor(const ProcessGrid& grid, const Schedule& tabl
     }
   }
   dlogits_.resize(static_cast<std::size_t>(slots_));
+  for (int k = 0; k < v; ++k) out_bytes_.push_back(4.0 * static_cast<double>(shape_numel(chunk_shapes[k].second)));
 }
 
 ScheduleExecutor::~ScheduleExecutor() = default;
@@ -330,25 +334,80 @@ StepOutput ScheduleExecutor::run(Stage& stage, const Loss& loss_fn, const StepIn
   return out;
 }
 
-SimCosts ScheduleExecutor::gather_costs(const std::vector<ChunkTime>& mine, double p2p) const {
+SimCosts ScheduleExecutor::gather_costs(const std::vector<ChunkTime>& mine, const LinkCost& link) const {
   const PipelineLayout& L = grid_.pipeline_layout();
   const int v = L.chunks, p = L.ranks;
   RT_CHECK(static_cast<int>(mine.size()) == v, "pipeline costs: ", mine.size(), " chunks measured, the rank holds ", v);
-  std::vector<double> send(static_cast<std::size_t>(3 * v)), all(static_cast<std::size_t>(3 * v * p));
+  std::vector<double> send(static_cast<std::size_t>(4 * v)), all(static_cast<std::size_t>(4 * v * p));
   for (int k = 0; k < v; ++k) {
-    send[3 * k] = mine[k].f;
-    send[3 * k + 1] = mine[k].i;
-    send[3 * k + 2] = mine[k].w;
+    send[4 * k] = mine[k].f;
+    send[4 * k + 1] = mine[k].i;
+    send[4 * k + 2] = mine[k].w;
+    send[4 * k + 3] = out_bytes_[static_cast<std::size_t>(k)];
   }
   allgather(send.data(), send.size(), all.data(), DType::f64, grid_.pp());
   SimCosts c;
-  c.p2p = p2p;
+  c.link = link;
   c.stage.resize(static_cast<std::size_t>(L.stages()));
+  c.boundary_bytes.resize(static_cast<std::size_t>(L.stages()));
   for (int r = 0; r < p; ++r)
     for (int k = 0; k < v; ++k) {
-      const double* x = &all[static_cast<std::size_t>(3 * (r * v + k))];
-      c.stage[static_cast<std::size_t>(L.stage_of(r, k))] = StageCost{x[0], x[1], x[2]};
+      const double* x = &all[static_cast<std::size_t>(4 * (r * v + k))];
+      const auto g = static_cast<std::size_t>(L.stage_of(r, k));
+      c.stage[g] = StageCost{x[0], x[1], x[2]};
+      c.boundary_bytes[g] = x[3];
     }
+  return c;
+}
+
+LinkCost ScheduleExecutor::measure_link(int reps) const {
+  using Clock = std::chrono::steady_clock;
+  const auto since = [](Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); };
+  const int p = grid_.pp_size(), r = grid_.pp_rank();
+  double big = 16;
+  for (double b : out_bytes_) big = std::max(big, b);
+  allreduce(&big, &big, 1, DType::f64, ReduceOp::max, grid_.pp());
+  const std::size_t sizes[2] = {16, static_cast<std::size_t>(big)};
+  std::vector<char> buf(sizes[1]);
+  double one_way[2] = {0, 0};  // the slowest pair's, per size
+  PeerLink link(grid_);
+  for (int b = 0; b + 1 < p; ++b) {  // the pair (b, b + 1), one at a time: the others do not load the link
+    if (r != b && r != b + 1) continue;
+    const int peer = r == b ? b + 1 : b;
+    for (int z = 0; z < 2; ++z) {
+      std::vector<double> trip;
+      for (int i = 0; i <= reps; ++i) {  // round trip 0 warms up
+        // Each side computes (sleeps kGap) before it sends, so each receiver has
+        // waited a while, napping, as a stage waits for its neighbour's compute;
+        // the sleeps actually slept ride in the message and come off the trip.
+        constexpr double kGap = 1e-3;
+        double slept[2] = {0, 0};  // here: mine, the peer's
+        const auto t0 = Clock::now();
+        for (int leg = 0; leg < 2; ++leg) {
+          if ((leg == 0) == (r == b)) {
+            const auto s0 = Clock::now();
+            std::this_thread::sleep_for(std::chrono::duration<double>(kGap));
+            slept[0] += since(s0);
+            std::memcpy(buf.data(), &slept[0], sizeof(double));
+            PeerRequest q = link.isend(buf.data(), sizes[z], peer, kTagLinkProbe);
+            link.wait(q, "the link probe");
+          } else {
+            PeerRequest q = link.irecv(buf.data(), sizes[z], peer, kTagLinkProbe);
+            link.wait(q, "the link probe");
+            std::memcpy(&slept[1], buf.data(), sizeof(double));
+          }
+        }
+        if (i > 0 && r == b) trip.push_back(since(t0) - slept[0] - slept[1]);
+      }
+      if (trip.empty()) continue;
+      std::nth_element(trip.begin(), trip.begin() + static_cast<std::ptrdiff_t>(trip.size() / 2), trip.end());
+      one_way[z] = std::max(one_way[z], trip[trip.size() / 2] / 2);
+    }
+  }
+  allreduce(one_way, one_way, 2, DType::f64, ReduceOp::max, grid_.pp());
+  LinkCost c{one_way[0], 0};
+  if (sizes[1] > sizes[0] && one_way[1] > one_way[0])
+    c.bytes_per_s = static_cast<double>(sizes[1] - sizes[0]) / (one_way[1] - one_way[0]);
   return c;
 }
 

@@ -16,6 +16,7 @@ inline constexpr int kMaxTransferTag = 32000;
 inline constexpr int kTagEvalSize = 32001;
 inline constexpr int kTagEvalActivation = 32002;
 inline constexpr int kTagShapeHandshake = 32003;
+inline constexpr int kTagLinkProbe = 32004;  // ScheduleExecutor::measure_link
 
 struct PeerRequest {
   std::uint64_t handle = 0;  // an MPI_Request (the header stays MPI-free)

@@ -15,6 +15,11 @@ const StageCost& SimCosts::of(int g) const {
   return stage.empty() ? unit : stage.at(static_cast<std::size_t>(g));
 }
 
+double SimCosts::message_s(int g) const {
+  const auto i = static_cast<std::size_t>(g);
+  return link.time(i < boundary_bytes.size() ? boundary_bytes[i] : 0.0);
+}
+
 double SimResult::mean_bubble() const {
   if (busy.empty()) return 0;
   double s = 0;
@@ -50,8 +55,8 @@ SimResult simulate(const Schedule& in, const SimCosts& costs) {
             c = std::max(c, it->second);
             break;
           }
-          case Op::send_act: arrives[{a.stage + 1, 0, a.mb}] = c + costs.p2p; break;
-          case Op::send_grad: arrives[{a.stage - 1, 1, a.mb}] = c + costs.p2p; break;
+          case Op::send_act: arrives[{a.stage + 1, 0, a.mb}] = c + costs.message_s(a.stage); break;
+          case Op::send_grad: arrives[{a.stage - 1, 1, a.mb}] = c + costs.message_s(a.stage - 1); break;
           case Op::forward: dur = costs.of(a.stage).f; break;
           case Op::backward: dur = costs.of(a.stage).b(); break;
           case Op::backward_input: dur = costs.of(a.stage).i; break;

@@ -104,7 +104,9 @@ void Reporter::epoch_end(const EpochMetrics& m) {
                 fixed(m.matmul_peak_flops / 1e9, 1), " GFLOP/s");
   if (m.schedule_s > 0)
     rate += cat(" | pipeline schedule ", fixed(1e3 * m.schedule_s, 1), " ms/step, simulator ",
-                fixed(1e3 * m.schedule_predicted_s, 1), " ms (bubble ", fixed(100 * m.schedule_bubble_predicted, 0), "%)");
+                fixed(1e3 * m.schedule_predicted_s, 1), " ms (bubble ", fixed(100 * m.schedule_bubble_predicted, 0),
+                "%; messages ", fixed(1e6 * m.pipeline_message_s, 0), " us; ", fixed(1e3 * m.schedule_predicted_free_s, 1),
+                " ms with free messages)");
   std::string moe;
   for (const MoeEpochStats& s : m.moe)
     moe += cat(" | ", s.layer, " aux ", fixed(s.aux, 3), " max/mean ", fixed(s.max_over_mean, 2), " dropped ",
@@ -156,6 +158,8 @@ void Reporter::epoch_end(const EpochMetrics& m) {
       j["schedule_s"] = m.schedule_s;
       j["schedule_predicted_s"] = m.schedule_predicted_s;
       j["schedule_bubble_predicted"] = m.schedule_bubble_predicted;
+      j["schedule_predicted_free_s"] = m.schedule_predicted_free_s;
+      j["pipeline_message_s"] = m.pipeline_message_s;
     }
     if (m.moe_alltoall_s > 0) j["moe_alltoall_s"] = m.moe_alltoall_s;
     for (const MoeEpochStats& s : m.moe)

@@ -249,9 +249,13 @@ void Trainer::Impl::predict_schedule(const EpochStats& st, EpochMetrics& m) {
   for (ChunkTime& c : mean) c = {c.f / n, c.i / n, c.w / n};
   double step = st.schedule_s / n;
   allreduce(&step, &step, 1, DType::f64, ReduceOp::max, grid->pp());  // the step ends with its slowest stage
-  const SimResult sim = simulate(parts.executor->table(), parts.executor->gather_costs(mean, 0));
+  if (pipeline_link.latency_s < 0) pipeline_link = parts.executor->measure_link();
+  const SimCosts costs = parts.executor->gather_costs(mean, pipeline_link);
+  const SimResult sim = simulate(parts.executor->table(), costs);
   m.schedule_s = step;
   m.schedule_predicted_s = sim.makespan;
+  m.schedule_predicted_free_s = simulate(parts.executor->table(), parts.executor->gather_costs(mean)).makespan;
+  m.pipeline_message_s = costs.message_s(0);
   m.schedule_bubble_predicted = sim.mean_bubble();
 }
 

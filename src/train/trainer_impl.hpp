@@ -38,6 +38,9 @@ struct Trainer::Impl {
   // Language models: model FLOPs per sample (3 x the forward's matmuls, attention
   // included) and the measured matmul peak summed over the ranks (MFU); 0: not reported.
   double flops_per_sample = 0, matmul_peak = 0;
+  // The pipeline link (ScheduleExecutor::measure_link), measured at the first
+  // epoch's prediction; latency < 0: not yet.
+  LinkCost pipeline_link{-1, 0};
   std::unique_ptr<LrSchedule> schedule;
   std::unique_ptr<Reporter> reporter;
   RunPosition pos;                // where the run stands (checkpointed)

@@ -324,5 +324,58 @@ TEST(Schedule, BadArgumentsAreErrors) {
   EXPECT_EQ(parse_schedule("my/table.csv"), ScheduleKind::file);
 }
 
+
+// Messages cost latency + bytes / bandwidth, each boundary its own bytes;
+// the makespans below are worked out by hand on the lowered tables (F = I =
+// W = 1 per stage, B = 2; d = one message).
+TEST(Schedule, SimulatorChargesEachMessageItsBoundarysTime) {
+  // 1F1B, p = 2, m = 2 with d = 0.25 + 125 B / (100 B/s) = 1.5:
+  //   rank 0: F0 [0,1] F1 [1,2]; its G0 arrives 4 + 2d, B0 to 6 + 2d; G1 arrives 7 + 2d, B1 to 9 + 2d
+  //   rank 1: A0 arrives 1 + d, F0 B0 to 4 + d; F1 B1 to 7 + d.
+  SimCosts c;
+  c.link = {0.25, 100};
+  c.boundary_bytes = {125, 0};
+  const SimResult r = simulate(make_schedule(ScheduleKind::one_f_one_b, 2, 2), c);
+  ASSERT_FALSE(r.deadlock);
+  EXPECT_DOUBLE_EQ(r.makespan, 9 + 2 * 1.5);
+  EXPECT_DOUBLE_EQ(r.busy[0], 6);
+  EXPECT_DOUBLE_EQ(r.busy[1], 6);
+  EXPECT_DOUBLE_EQ(simulate(make_schedule(ScheduleKind::one_f_one_b, 2, 2)).makespan, 9);  // free messages
+
+  // AFAB, p = 3, m = 1: the one micro-batch crosses boundary 0 and 1 twice
+  // each: 9 + 2 (d0 + d1), d0 = 0.5 + 100/100, d1 = 0.5 + 300/100; the last
+  // stage's entry (no boundary after it) is never charged.
+  SimCosts three;
+  three.link = {0.5, 100};
+  three.boundary_bytes = {100, 300, 1e9};
+  EXPECT_DOUBLE_EQ(simulate(make_schedule(ScheduleKind::afab, 3, 1), three).makespan, 9 + 2 * (1.5 + 3.5));
+  three.link.bytes_per_s = 0;  // bandwidth 0 = the bytes cost nothing: latency only
+  EXPECT_DOUBLE_EQ(simulate(make_schedule(ScheduleKind::afab, 3, 1), three).makespan, 9 + 4 * 0.5);
+}
+
+// ZB-V, p = 2, m = 1, every chunk F = I = W = 0.5: the turn (stage 1 -> 2 on
+// rank 1) is in memory, so 4 of the 6 hand-overs are messages, all on the
+// critical path: 4.5 + 4d (by hand, on the rows asserted first).
+TEST(Schedule, SimulatorChargesNoMessageAtTheVsTurn) {
+  const Schedule v = make_schedule(ScheduleKind::zb_v, 2, 1);
+  auto row = [](const Schedule& s, int r) {
+    std::string out;
+    for (const Action& a : s.ranks[r]) out += (out.empty() ? "" : " ") + action_str(a);
+    return out;
+  };
+  ASSERT_EQ(row(lower(v), 0),
+            "LoadMicroBatch(0,0) 0F0 SendAct(0,0) RecvAct(3,0) 3F0 3I0 SendGrad(3,0) 3W0 RecvGrad(0,0) 0I0 0W0");
+  ASSERT_EQ(row(lower(v), 1), "RecvAct(1,0) 1F0 2F0 SendAct(2,0) RecvGrad(2,0) 2I0 1I0 SendGrad(1,0) 2W0 1W0");
+  SimCosts c;
+  c.stage.assign(4, StageCost{0.5, 0.5, 0.5});
+  c.link = {1.5, 0};
+  //   rank 0: 0F0 [0, .5]; 3F0 [1.5 + 2d, 2 + 2d], 3I0 to 2.5 + 2d, 3W0 to 3 + 2d; 0I0 [3.5 + 4d, 4 + 4d], 0W0 to 4.5 + 4d
+  //   rank 1: 1F0 2F0 [.5 + d, 1.5 + d]; 2I0 1I0 [2.5 + 3d, 3.5 + 3d]; 2W0 1W0 to 4.5 + 3d
+  const SimResult r = simulate(v, c);
+  ASSERT_FALSE(r.deadlock);
+  EXPECT_DOUBLE_EQ(r.makespan, 4.5 + 4 * 1.5);
+  EXPECT_DOUBLE_EQ(simulate(v, {c.stage, {}, {}}).makespan, 4.5);
+}
+
 }  // namespace
 }  // namespace ringtrain

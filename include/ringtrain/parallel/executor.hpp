@@ -93,9 +93,20 @@ class ScheduleExecutor {
   StepOutput run(Stage& stage, const Loss& loss, const StepInput& in, GradSync& sync);
 
   // Every stage's measured per-micro-batch costs (each rank's StepTiming::chunks)
-  // as the simulator takes them, with `p2p` seconds per message. Collective
-  // over the pipeline group.
-  SimCosts gather_costs(const std::vector<ChunkTime>& mine, double p2p) const;
+  // as the simulator takes them, each stage boundary's message bytes (one
+  // micro-batch's f32 activation), and `link` per message. Collective over
+  // the pipeline group.
+  SimCosts gather_costs(const std::vector<ChunkTime>& mine, const LinkCost& link = {}) const;
+  // The pipeline link, measured: a ping-pong between each pair of
+  // neighbouring pipeline ranks in turn, through the transfers' own wait
+  // (its naps included), `reps` round trips of 16 bytes and of the largest
+  // boundary message, each side sleeping 1 ms before it sends (a stage
+  // receives after waiting for its neighbour's compute: the wake-up delay of
+  // a napping wait is part of a message's time); one way = (the median trip
+  // less the sleeps as slept) / 2, the slowest pair. latency = the 16-byte
+  // time, bandwidth from the difference (0 = free when the sizes do not
+  // differ). Collective over the pipeline group.
+  LinkCost measure_link(int reps = 20) const;
 
   // Forward only, in eval mode, along the pipeline; returns {loss sum,
   // correct} over the first `valid` samples on the last stage's tensor rank 0,
@@ -117,6 +128,7 @@ class ScheduleExecutor {
   // micro-batch: receive buffers where the neighbour chunk is remote.
   std::vector<std::vector<Tensor>> act_in_, grad_in_;
   std::vector<Tensor> dlogits_;  // per slot of the last chunk (the last layer keeps it for its W)
+  std::vector<double> out_bytes_;  // per chunk: one micro-batch's output activation, bytes
 };
 
 }  // namespace ringtrain

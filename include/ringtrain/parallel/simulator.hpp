@@ -2,7 +2,8 @@
 // A timed play of a schedule (schedule.hpp): every pipeline rank runs its
 // lowered list in order; a compute action takes its stage's cost, a send
 // costs its sender nothing (the executor sends without blocking) and arrives
-// p2p seconds later; a receive waits for that arrival. It predicts the step
+// one message time later (SimCosts::message_s: a latency plus the boundary's
+// bytes over a bandwidth); a receive waits for that arrival. It predicts the step
 // time, each rank's busy time and bubble, and each rank's peak count of
 // activations held (F done, W not), which is what validate() and
 // --print-plan report, and what parallel.schedule = auto compares.
@@ -21,10 +22,24 @@ struct StageCost {
   double b() const { return i + w; }
 };
 
+// One pipeline message, send to arrival: latency_s + bytes / bytes_per_s
+// (bytes_per_s = 0: the bytes cost nothing). Measured by a ping-pong between
+// neighbouring stages (ScheduleExecutor::measure_link) or given.
+struct LinkCost {
+  double latency_s = 0;
+  double bytes_per_s = 0;
+  double time(double bytes) const { return latency_s + (bytes_per_s > 0 ? bytes / bytes_per_s : 0); }
+};
+
 struct SimCosts {
   std::vector<StageCost> stage;  // per global stage; empty = unit costs (F = I = W = 1)
-  double p2p = 0;                // one activation or gradient message, send to arrival
+  LinkCost link;                 // default: messages free
+  // Per global stage g: bytes of one micro-batch's activation g -> g + 1 (its
+  // gradient back is the same size); empty = 0 bytes (latency only).
+  std::vector<double> boundary_bytes;
   const StageCost& of(int g) const;
+  // The message across the boundary between stages g and g + 1.
+  double message_s(int g) const;
 };
 
 struct SimResult {
