@@ -153,11 +153,6 @@ std::vector<DimSet> ParamArena::reduce_sets() const {
   return out;
 }
 
-const char* dim_name(Dim d) {
-  static const char* const names[kMeshDims] = {"pipeline", "data", "expert", "context", "tensor"};
-  return names[dim_index(d)];
-}
-
 std::string DimSet::str() const {
   std::string s;
   for (int i = 0; i < kMeshDims; ++i)

@@ -7,14 +7,14 @@
 namespace ringtrain {
 
 int ProcessGrid::data_parallel_size(int world_size, GridShape s) {
-  const auto n = Mesh::sizes_for(world_size, {s.pipeline, s.context, s.tensor, s.expert});
+  const auto n = Mesh::sizes_for(world_size, s.dims);
   return n[dim_index(Dim::data)] * n[dim_index(Dim::expert)];
 }
 
 ProcessGrid ProcessGrid::make(const Communicator& world_in, GridShape s, double timeout_s) {
   // Every group is the mesh's; only the pipeline's ends are a split of their own.
   ProcessGrid g;
-  g.mesh_ = Mesh::make(world_in, {s.pipeline, s.context, s.tensor, s.expert}, timeout_s);
+  g.mesh_ = Mesh::make(world_in, s.dims, timeout_s);
   const Mesh& m = g.mesh_;
   g.tp_size_ = m.size(Dim::tensor);
   g.pp_size_ = m.size(Dim::pipeline);
@@ -65,9 +65,13 @@ std::string ProcessGrid::tensor_span_warning(int tensor, int nodes) {
 }
 
 std::string ProcessGrid::tag() const {
+  // dp (data x expert) and pp always, then every other dimension of size > 1, outermost first.
   std::string t = cat("[dp ", dp_, " pp ", pp_);
-  if (cp_size() > 1) t += cat(" cp ", cp_rank());
-  if (tp_size_ > 1) t += cat(" tp ", tp_);
+  for (int i = 0; i < kMeshDims; ++i) {
+    const Dim d = dim_at(i);
+    if (d != Dim::pipeline && d != Dim::data && !kDims[i].carved_from_data && mesh_.size(d) > 1)
+      t += cat(" ", kDims[i].short_name, " ", mesh_.coord(d));
+  }
   return t + "]";
 }
 

@@ -5,24 +5,24 @@
 namespace ringtrain {
 
 std::array<int, kMeshDims> Mesh::sizes_for(int world_size, MeshShape s) {
-  RT_CHECK(s.tensor >= 1, "configuration key 'parallel.tensor' must be >= 1, got ", s.tensor);
-  RT_CHECK(s.pipeline >= 1, "configuration key 'parallel.pipeline' must be >= 1, got ", s.pipeline);
-  RT_CHECK(s.context >= 1, "configuration key 'parallel.context' must be >= 1, got ", s.context);
-  const int model = s.pipeline * s.context * s.tensor;
-  if (s.context == 1)  // the message every release before the mesh gave
-    RT_CHECK(world_size % model == 0, "parallel.pipeline = ", s.pipeline, " x parallel.tensor = ", s.tensor,
-             " does not divide the ", world_size, " ranks of the job");
-  RT_CHECK(world_size % model == 0, "parallel.pipeline = ", s.pipeline, " x parallel.context = ", s.context,
-           " x parallel.tensor = ", s.tensor, " does not divide the ", world_size, " ranks of the job");
-  RT_CHECK(s.expert >= 1 && (world_size / model) % s.expert == 0, "parallel.expert = ", s.expert,
-           " does not divide the data-parallel size ", world_size / model, " (the ", world_size,
-           " ranks / parallel.pipeline x parallel.context x parallel.tensor = ", model, ")");
-  std::array<int, kMeshDims> n{};
-  n[dim_index(Dim::pipeline)] = s.pipeline;
-  n[dim_index(Dim::data)] = world_size / model / s.expert;
-  n[dim_index(Dim::expert)] = s.expert;
-  n[dim_index(Dim::context)] = s.context;
-  n[dim_index(Dim::tensor)] = s.tensor;
+  // Every dimension but data is given; data is what they leave. A dimension carved from
+  // the data ranks (expert) must divide what the others leave.
+  std::string model_keys, carved_keys;
+  int model = 1, carved = 1;
+  for (int i = 0; i < kMeshDims; ++i) {
+    const DimInfo& d = kDims[i];
+    if (dim_at(i) == Dim::data) continue;
+    RT_CHECK(s[dim_at(i)] >= 1, "configuration key '", d.key, "' must be >= 1, got ", s[dim_at(i)]);
+    if (s[dim_at(i)] == 1 && (dim_at(i) != Dim::pipeline && dim_at(i) != Dim::tensor)) continue;
+    std::string& keys = d.carved_from_data ? carved_keys : model_keys;
+    keys += cat(keys.empty() ? "" : " x ", d.key, " = ", s[dim_at(i)]);
+    (d.carved_from_data ? carved : model) *= s[dim_at(i)];
+  }
+  RT_CHECK(world_size % model == 0, model_keys, " does not divide the ", world_size, " ranks of the job");
+  RT_CHECK((world_size / model) % carved == 0, carved_keys, " does not divide the data-parallel size ",
+           world_size / model, " (the ", world_size, " ranks / ", model_keys, ")");
+  std::array<int, kMeshDims> n = s.size;
+  n[dim_index(Dim::data)] = world_size / model / carved;
   return n;
 }
 
@@ -52,10 +52,9 @@ namespace {
 
 // How errors name a group's ranks ("rank 1 of 'pp'"): the short names of earlier releases.
 std::string group_name(DimSet s) {
-  static const char* const short_names[kMeshDims] = {"pp", "dp", "ep", "cp", "tp"};
   std::string n;
   for (int i = 0; i < kMeshDims; ++i)
-    if (s.has(static_cast<Dim>(i))) n += std::string(n.empty() ? "" : "+") + short_names[i];
+    if (s.has(dim_at(i))) n += std::string(n.empty() ? "" : "+") + kDims[i].short_name;
   return n.empty() ? "self" : n;
 }
 

@@ -78,17 +78,7 @@ Stage::Stage(const ModelConfig& mc, Device dev, std::vector<LayerRange> ranges, 
   BindContext ctx{backend_for(dev), dev, arena_, mc.seed, mc.math};
   for (auto& l : layers_) l->bind(ctx);
   for (auto& l : layers_) l->init(arena_, mc.seed);  // the initial parameters and buffers, once
-  // 16-bit storage: bf16, or fp16 (loss-scaled) where the backend takes it; not fp16 with token ids (CPU only).
-  const Backend& be = backend_for(dev);
-  const DType half = !mc.storage16                                        ? DType::f32
-                     : mc.math == MathMode::bf16 && be.bf16_activations() ? DType::bf16
-                     : mc.math == MathMode::fp16 && be.fp16_activations() ? DType::f16
-                                                                          : DType::f32;
-  bool all16 = half != DType::f32;
-  for (auto& l : layers_) all16 = all16 && l->takes_bf16() && !(half == DType::f16 && l->takes_token_ids());
-  act_ = all16 ? half : DType::f32;
-  for (auto& l : layers_)
-    if (l->takes_token_ids()) l->set_output_dtype(act_);
+  cast_ = ActivationCast::choose(mc, dev, layers_);
   make_contexts();
 }
 
@@ -162,14 +152,6 @@ std::vector<NamedBuffer> Stage::buffers() const {
   return b;
 }
 
-Tensor Stage::cast_to(Tensor& b, const Tensor& t, DType dt) {
-  if (t.dtype() == dt) return t;
-  if (!b.defined() || b.shape() != t.shape() || b.dtype() != dt || b.device() != t.device())
-    b = Tensor::empty(t.shape(), dt, t.device());
-  backend_for(device_).cast(t, b);
-  return b;
-}
-
 void Stage::zero_grads() {
   if (!fused_) return arena_.zero_grads();
   for (Chunk& ch : chunks_) ch.overwrite_next = true;
@@ -180,16 +162,14 @@ Tensor Stage::forward(int chunk, int slot, const Tensor& x, Mode mode, const Sam
   const Chunk& ch = chunks_[static_cast<std::size_t>(chunk)];
   const Call call(mode, pos);
   const int a = ch.local0;
-  Tensor h = act_ != DType::f32 && !layers_[static_cast<std::size_t>(a)]->takes_token_ids()
-                 ? cast_to(sl.in16, x, act_)
-                 : x;
+  Tensor h = cast_.input(sl.cast, x, *layers_[static_cast<std::size_t>(a)]);
   for (std::size_t k = 0; k < sl.ctx.size(); ++k) {
     const int i = a + static_cast<int>(k);
     use(i, ParamAccess::Pass::forward);
     h = layers_[static_cast<std::size_t>(i)]->forward(h, *sl.ctx[k], call);
   }
   end_pass();
-  return act_ != DType::f32 ? cast_to(sl.out32, h, DType::f32) : h;
+  return cast_.output(sl.cast, h);
 }
 
 int Stage::set_deferred_batch_stats(bool on) {
@@ -217,8 +197,7 @@ Tensor Stage::backward_input(int chunk, int slot, const Tensor& dy, bool need_dx
   Slot& sl = slot_of(chunk, slot);
   Chunk& ch = chunks_[static_cast<std::size_t>(chunk)];
   const int a = ch.local0, stop = need_dx ? a : ch.first_param_layer;
-  // fp16: dy arrives loss-scaled (executor.cpp), so the scale is applied before this rounding (GradScaler's order).
-  Tensor g = act_ != DType::f32 ? cast_to(sl.dy16, dy, act_) : dy;
+  Tensor g = cast_.grad_output(sl.cast, dy);
   const bool accumulate = !(fused_ && ch.overwrite_next);
   if (fused_) ch.overwrite_next = false;
   for (int i = a + static_cast<int>(sl.ctx.size()); i-- > stop;) {
@@ -232,7 +211,7 @@ Tensor Stage::backward_input(int chunk, int slot, const Tensor& dy, bool need_dx
   }
   end_pass();
   if (!need_dx || !g.defined()) return Tensor();  // token ids have no gradient
-  return act_ != DType::f32 ? cast_to(sl.dx32, g, DType::f32) : g;  // float32 at the boundary
+  return cast_.grad_input(sl.cast, g);  // float32 at the boundary
 }
 
 void Stage::backward_weight(int chunk, int slot, const GradReady& ready) {

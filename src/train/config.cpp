@@ -314,6 +314,15 @@ void TrainConfig::set(const std::string& assignment) {
   assign_text(find_field(assignment.substr(0, eq)), *this, assignment.substr(eq + 1));
 }
 
+MeshShape TrainConfig::mesh_shape() const {
+  MeshShape s;
+  s[Dim::pipeline] = parallel.pipeline;
+  s[Dim::expert] = parallel.expert;
+  s[Dim::context] = parallel.context;
+  s[Dim::tensor] = parallel.tensor;
+  return s;
+}
+
 void TrainConfig::validate() const {
   auto one_of = [](const std::string& key, const std::string& v, std::initializer_list<const char*> ok) {
     std::string list;

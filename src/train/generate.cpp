@@ -64,9 +64,8 @@ std::vector<std::int32_t> sample_tokens(Stage& model, std::int64_t seq_len, cons
 GeneratedText generate_from_checkpoint(TrainConfig cfg, const std::string& checkpoint, const std::string& prompt,
                                        const GenerateOptions& o, const Communicator& self) {
   // The 1-rank layout: a checkpoint of any layout reshards into it.
-  cfg.set("parallel.pipeline=1");
-  cfg.set("parallel.tensor=1");
-  cfg.set("parallel.context=1");
+  for (const DimInfo& d : kDims)
+    if (*d.key) cfg.set(cat(d.key, "=1"));
   cfg.set("parallel.zero=0");
   cfg.set("parallel.micro_batches=0");
   cfg.set("data.global_batch=0");

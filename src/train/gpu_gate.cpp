@@ -67,10 +67,12 @@ std::vector<GpuNeed> gpu_needs(const TrainConfig& cfg) {
   const std::string& o = cfg.optimizer.name;
   const bool tested_opt = o == "sgd" || o == "adam" || o == "adamw" || o == "lamb";
   n.push_back({tested_opt ? "optimizers sgd, adam, adamw, lamb" : "optimizer " + o, "optimizer.name = " + o});
-  if (cfg.parallel.pipeline > 1)
-    n.push_back({"pipeline parallelism", cat("parallel.pipeline = ", cfg.parallel.pipeline)});
+  // Every mesh dimension in use is a feature of its own (kDims); tensor parallelism brings two more.
+  const MeshShape dims = cfg.mesh_shape();
+  for (int i = 0; i < kMeshDims; ++i)
+    if (dim_at(i) != Dim::data && dims[dim_at(i)] > 1)
+      n.push_back({kDims[i].feature, cat(kDims[i].key, " = ", dims[dim_at(i)])});
   if (cfg.parallel.tensor > 1) {
-    n.push_back({"tensor parallelism", cat("parallel.tensor = ", cfg.parallel.tensor)});
     if (cfg.parallel.sequence && cfg.model.name != "mlp" && cfg.model.name != "cnn" && cfg.model.name != "resnet")
       n.push_back({"sequence parallelism", cat("parallel.sequence = true with parallel.tensor = ", cfg.parallel.tensor)});
     if (cfg.model.name == "gpt")  // the split vocabulary's embedding sums and loss are CPU code (nn/lm_loss.cpp)
@@ -78,10 +80,6 @@ std::vector<GpuNeed> gpu_needs(const TrainConfig& cfg) {
   }
   if (cfg.model.experts > 0)  // the MoE layer is CPU code (nn/moe.cpp): train.device = auto stays on the CPU
     n.push_back({"mixture of experts", cat("model.experts = ", cfg.model.experts)});
-  if (cfg.parallel.expert > 1)
-    n.push_back({"expert parallelism", cat("parallel.expert = ", cfg.parallel.expert)});
-  if (cfg.parallel.context > 1)  // ring attention is CPU code: train.device = auto stays on the CPU
-    n.push_back({"context parallelism", cat("parallel.context = ", cfg.parallel.context)});
   if (cfg.parallel.zero > 0) n.push_back({cat("ZeRO-", cfg.parallel.zero), cat("parallel.zero = ", cfg.parallel.zero)});
   if (cfg.train.recompute != "none")
     n.push_back({"activation recomputation (" + cfg.train.recompute + ")", "train.recompute = " + cfg.train.recompute});

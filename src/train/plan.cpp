@@ -49,7 +49,7 @@ RunPlan plan_run(TrainConfig cfg, int ranks) {
   p.sequence = cfg.parallel.sequence && p.tensor > 1 &&
                (cfg.model.name == "vit" || (cfg.model.name == "layers" && has_transformer(cfg.model.layers)));
   // The trainer's two rules, in its order: the grid, then the batch split.
-  p.data = ProcessGrid::data_parallel_size(ranks, {cfg.parallel.pipeline, cfg.parallel.tensor, cfg.parallel.context});
+  p.data = ProcessGrid::data_parallel_size(ranks, cfg.mesh_shape());
   derive_batch(cfg, p.data);
   p.schedule = cfg.parallel.schedule;
   p.zero = cfg.parallel.zero;

@@ -19,6 +19,7 @@
 #include "ringtrain/checkpoint/checkpoint.hpp"
 #include "ringtrain/checkpoint/read.hpp"
 #include "ringtrain/train/config.hpp"
+#include "ringtrain/train/gpu_gate.hpp"
 #include "support/error_of.hpp"
 #include "../../src/train/run_state.hpp"
 
@@ -186,6 +187,29 @@ TEST(Config, UnknownKeySuggestsTheNearestKeys) {
   EXPECT_EQ(closest_keys("c.alpha", keys), (std::vector<std::string>{"a.alpha", "b.alpha"}));
   EXPECT_EQ(closest_keys("b.gamme", keys), (std::vector<std::string>{"b.gamma"}));
   EXPECT_TRUE(closest_keys("q.omega", keys).empty());
+}
+
+// The mesh's dimensions are one table (nn/mesh_dims.hpp kDims): every row but
+// data names a key the configuration accepts, mesh_shape() reads that key into
+// that dimension (and no other), and the GPU gate names the dimension's feature.
+TEST(Config, EveryMeshDimensionIsOneKeyReadByMeshShape) {
+  for (int i = 0; i < kMeshDims; ++i) {
+    const DimInfo& d = kDims[i];
+    if (dim_at(i) == Dim::data) {
+      EXPECT_STREQ(d.key, "") << "data is what the other dimensions leave of the world";
+      continue;
+    }
+    TrainConfig c;
+    c.set(cat(d.key, "=3"));
+    const MeshShape s = c.mesh_shape();
+    for (int j = 0; j < kMeshDims; ++j)
+      if (dim_at(j) != Dim::data) EXPECT_EQ(s[dim_at(j)], i == j ? 3 : 1) << d.key << " read into " << kDims[j].name;
+    c.train.device = "cuda";
+    bool named = false;
+    for (const GpuNeed& n : gpu_needs(c)) named = named || (n.feature == d.feature && n.setting == cat(d.key, " = 3"));
+    EXPECT_TRUE(named) << "the GPU gate does not name " << d.feature;
+  }
+  EXPECT_EQ(DimSet::all().str(), "pipeline x data x expert x context x tensor");
 }
 
 // Every numeric key is range-checked with the key named: TOML integers that

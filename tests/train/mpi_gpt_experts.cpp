@@ -18,6 +18,7 @@
 
 #include "gpt_fixtures.hpp"
 #include "ringtrain/interop/safetensors.hpp"
+#include "ringtrain/train/generate.hpp"
 #include "ringtrain/train/interop.hpp"
 #include "ringtrain/train/trainer.hpp"
 
@@ -287,6 +288,19 @@ TEST(GptExperts, CheckpointsAtExpertTwoResumeAtAnyExpertSize) {
       EXPECT_EQ(std::memcmp(x.raw(), y.raw(), x.nbytes()), 0) << t.name;
     }
   }
+  // generate runs at 1 rank whatever layout wrote the checkpoint: under the expert-2 job's own
+  // configuration (parallel.expert = 2 included) it gives the 1-rank configuration's text.
+  if (world.rank() == 0) {
+    GenerateOptions gen;
+    gen.tokens = 24;
+    gen.seed = 3;
+    gen.top_k = 10;
+    const auto a = generate_from_checkpoint(run(data + "/one", 2, false), data + "/one", "the quick", gen, self);
+    const auto b = generate_from_checkpoint(run(data + "/one", 1, false), data + "/one", "the quick", gen, self);
+    EXPECT_EQ(a.tokens.size(), 24u);
+    EXPECT_EQ(a.text, b.text) << "the expert-2 configuration generates other text";
+  }
+  world.barrier();
   o.format = "llmc";
   try {
     export_checkpoint(data + "/one", data + "/m.bin", o, world);

@@ -2,6 +2,8 @@
 // The named dimensions of the process mesh (parallel/mesh.hpp), and sets of
 // them. Here rather than with the mesh because a parameter (nn/parameters.hpp)
 // says over which dimensions it is replicated, and layers know no communicators.
+#include <array>
+#include <cstddef>
 #include <cstdint>
 #include <initializer_list>
 #include <string>
@@ -14,7 +16,40 @@ namespace ringtrain {
 enum class Dim : std::uint8_t { pipeline, data, expert, context, tensor };
 constexpr int kMeshDims = 5;
 constexpr int dim_index(Dim d) { return static_cast<int>(d); }
-const char* dim_name(Dim d);  // "pipeline", "data", "expert", "context", "tensor"
+
+// Everything the rest of the code needs to know of a dimension, in one table:
+// the mesh, the configuration, the GPU gate, log tags and errors loop over it,
+// so a new dimension is a row here, its key, and its own parallel part.
+struct DimInfo {
+  const char* name;        // "context": DimSet::str, Mesh::describe
+  const char* short_name;  // "cp": communicator names in errors, the log tag "[dp 1 cp 0]"
+  const char* key;         // "parallel.context": its size ("" = data: what the others leave of the world)
+  const char* feature;     // "context parallelism": the GPU validation gate's name (train/gpu_gate.hpp)
+  bool carved_from_data;   // its ranks are data-parallel replicas for dense weights (expert: mesh.hpp)
+};
+inline constexpr DimInfo kDims[kMeshDims] = {
+    {"pipeline", "pp", "parallel.pipeline", "pipeline parallelism", false},
+    {"data", "dp", "", "data parallelism", false},
+    {"expert", "ep", "parallel.expert", "expert parallelism", true},
+    {"context", "cp", "parallel.context", "context parallelism", false},
+    {"tensor", "tp", "parallel.tensor", "tensor parallelism", false},
+};
+constexpr const DimInfo& dim_info(Dim d) { return kDims[dim_index(d)]; }
+inline const char* dim_name(Dim d) { return dim_info(d).name; }
+constexpr Dim dim_at(int i) { return static_cast<Dim>(i); }
+
+// The sizes of the dimensions (kDims' keys); data is what the others leave of the world.
+struct MeshShape {
+  std::array<int, kMeshDims> size{1, 1, 1, 1, 1};  // the data entry is ignored
+  MeshShape() = default;
+  // The positional form of earlier releases.
+  MeshShape(int pipeline, int context = 1, int tensor = 1, int expert = 1) {
+    (*this)[Dim::pipeline] = pipeline, (*this)[Dim::context] = context, (*this)[Dim::tensor] = tensor;
+    (*this)[Dim::expert] = expert;
+  }
+  int& operator[](Dim d) { return size[static_cast<std::size_t>(dim_index(d))]; }
+  int operator[](Dim d) const { return size[static_cast<std::size_t>(dim_index(d))]; }
+};
 
 class DimSet {
  public:

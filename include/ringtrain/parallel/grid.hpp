@@ -28,14 +28,18 @@
 namespace ringtrain {
 
 struct GridShape {
-  int pipeline = 1;  // stages
-  int tensor = 1;    // ranks per tensor-parallel group (innermost)
-  int context = 1;   // ranks per context-parallel group (between data and tensor; mesh.hpp)
+  MeshShape dims;  // the size of every dimension of the mesh (train: Config::mesh_shape)
   // Model chunks per pipeline rank and where they sit (pipeline_layout.hpp):
   // the schedule's (schedule.hpp layout_for); 1 chunk unless it interleaves.
   int chunks = 1;
   ChunkPlacement placement = ChunkPlacement::loop;
-  int expert = 1;    // parallel.expert: ranks splitting the experts, carved from the data-parallel ranks (mesh.hpp)
+  GridShape() = default;
+  GridShape(MeshShape d, int chunks_ = 1, ChunkPlacement p = ChunkPlacement::loop)
+      : dims(d), chunks(chunks_), placement(p) {}
+  // The positional form of earlier releases (tests, benches).
+  GridShape(int pipeline, int tensor = 1, int context = 1, int chunks_ = 1,
+            ChunkPlacement p = ChunkPlacement::loop, int expert = 1)
+      : dims(pipeline, context, tensor, expert), chunks(chunks_), placement(p) {}
 };
 
 class ProcessGrid {

@@ -32,8 +32,10 @@
 //    for expert weights): its gradient is averaged over group(reduce_over),
 //    whatever the layout. Gradient synchronisation, ZeRO, the initial
 //    broadcast and checkpoints ask the mesh, never a single data group.
-//  - Adding a dimension: a Dim value here and its size from the configuration
-//    (train/trainer.cpp); its parallel part takes group({that dim}).
+//  - Adding a dimension: a Dim value and its row in kDims (nn/mesh_dims.hpp),
+//    its key (train/config.cpp: the field and Config::mesh_shape); the mesh,
+//    the grid's tag, the GPU gate and the layout checks loop over kDims. Its
+//    parallel part takes group({that dim}) (parallel/parts.cpp binds it).
 #include <array>
 #include <cstdint>
 #include <initializer_list>
@@ -44,13 +46,6 @@
 #include "ringtrain/nn/mesh_dims.hpp"
 
 namespace ringtrain {
-
-// The sizes of the dimensions; data is what the others leave of the world.
-struct MeshShape {
-  int pipeline = 1, context = 1, tensor = 1;
-  // parallel.expert: splits the data-parallel ranks into expert x data; it must divide them.
-  int expert = 1;
-};
 
 class Mesh {
  public:

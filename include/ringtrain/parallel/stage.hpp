@@ -69,6 +69,7 @@
 #include <vector>
 
 #include "ringtrain/nn/model.hpp"
+#include "ringtrain/parallel/activation_cast.hpp"
 
 namespace ringtrain {
 
@@ -159,14 +160,14 @@ class Stage {
   // ZeRO-3: told before each layer uses its parameters (null: they are always there).
   void set_param_access(ParamAccess* a) { access_ = a; }
   // The type the layers' activations have: float32, or bfloat16 (see the rules above).
-  DType activation_dtype() const { return act_; }
+  DType activation_dtype() const { return cast_.dtype(); }
 
  private:
   // One micro-batch in flight on one chunk: its layers' contexts, and the
-  // 16-bit casts at the chunk's boundary (input, output and their gradients).
+  // 16-bit casts at the chunk's boundary (activation_cast.hpp).
   struct Slot {
     std::vector<CtxPtr> ctx;
-    Tensor in16, out32, dy16, dx32;
+    ActivationCast::Buffers cast;
   };
   struct Chunk {
     LayerRange range;
@@ -180,7 +181,7 @@ class Stage {
   ParamArena arena_;
   std::vector<LayerPtr> layers_;  // every chunk's, in chunk order
   std::vector<Chunk> chunks_;
-  DType act_ = DType::f32;
+  ActivationCast cast_;  // float32, or 16-bit activation storage (the rules above)
   bool deferred_bn_ = false, fused_ = false;
   Recompute recompute_ = Recompute::none;
   ParamAccess* access_ = nullptr;
@@ -193,7 +194,6 @@ class Stage {
   void end_pass() {
     if (access_) access_->end_pass();
   }
-  Tensor cast_to(Tensor& buf, const Tensor& t, DType dt);
 };
 
 }  // namespace ringtrain

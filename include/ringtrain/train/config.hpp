@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "ringtrain/nn/layers_model.hpp"
+#include "ringtrain/nn/mesh_dims.hpp"
 
 namespace ringtrain {
 
@@ -149,6 +150,8 @@ struct TrainConfig {
   void validate() const;
   void check_context() const;  // parallel.context and what it combines with (config_context.cpp)
   // Pipeline micro-batches per batch: parallel.micro_batches, else parallel.pipeline.
+  // The size of every mesh dimension, from its key (kDims): the one place keys become dimensions.
+  MeshShape mesh_shape() const;
   int pipeline_micro_batches() const { return parallel.micro_batches > 0 ? parallel.micro_batches : parallel.pipeline; }
   // The whole configuration as TOML text (stored in checkpoints, printed by --print-config).
   // Floats in their shortest round-trip form (0.05).
