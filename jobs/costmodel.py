@@ -22,6 +22,15 @@ Fitted links may carry per-algorithm (α, β) ("per_algo"): on TCP the ring's ma
 the tree's whole-vector exchanges do not reach the same effective bandwidth (e.g. 2x apart on
 tbf-shaped veth here), so each algorithm is predicted with the parameters fitted on its own 2-rank
 points; links given by hand (a target cluster) have one (α, β).
+Failures, restarts and checkpoints (issue 46; time in any one unit, e.g. seconds or steps):
+  a run checkpoints every τ of useful work at a cost δ each; failures arrive with exponential
+  inter-arrival of mean M during work (not during a restart), each costs a restart R and the work
+  since the newest complete checkpoint. Young: τ* = sqrt(2δM) (first order: waste δ/τ + τ/(2M) +
+  R/M); Daly: τ* = sqrt(2δM)·(1 + sqrt(δ/2M)/3 + δ/18M) − δ and the exact expected wall time
+  (M + R)(e^{(τ+δ)/M} − 1) per τ of work. run_with_failures() is the step-level form the injected-
+  failure benchmark measures: N steps of t seconds, a snapshot or checkpoint every k steps, complete
+  by the end of the next step, so a failure after step r loses r − (the newest complete one): k at
+  a snapshot's own step, else the steps since it, (k + 1)/2 on average.
 """
 import argparse
 import json
@@ -236,6 +245,55 @@ def fit_link(points, gamma):
     if per:
         link["per_algo"] = per
     return link
+
+
+# ---- Failures, restarts and checkpoints (issue 46) ----
+
+def young_interval(save, mttf):
+    """Young's checkpoint interval (same unit as save and mttf): minimises waste_first_order."""
+    return math.sqrt(2.0 * save * mttf)
+
+
+def daly_interval(save, mttf):
+    """Daly's higher-order optimum for exponential failures (save < 2 mttf), else mttf."""
+    if save >= 2.0 * mttf:
+        return mttf
+    r = save / (2.0 * mttf)
+    return math.sqrt(2.0 * save * mttf) * (1.0 + math.sqrt(r) / 3.0 + r / 9.0) - save
+
+
+def waste_first_order(interval, save, mttf, restart=0.0):
+    """Fraction of the time not spent on useful work, first order in 1/mttf: the saves, half an
+    interval of lost work and a restart per failure."""
+    return save / interval + (interval / 2.0 + restart) / mttf
+
+
+def daly_wall(work, interval, save, mttf, restart=0.0):
+    """Exact expected wall time of `work` useful time: every segment of `interval` work plus its
+    save is retried until no failure hits it; a failure costs the restart and the segment so far."""
+    return (mttf + restart) * math.expm1((interval + save) / mttf) * work / interval
+
+
+def lost_steps(every):
+    """Mean steps lost per failure with a snapshot every `every` steps, complete by the end of the
+    next step, a failure coming after a uniformly placed step: (every + 1) / 2."""
+    return (every + 1) / 2.0
+
+
+def run_with_failures(steps, step_s, mttf_steps, restart_s, every, save_s=0.0, failures=None):
+    """A run of `steps` useful steps of step_s seconds, failures per executed step with mean
+    mttf_steps, a checkpoint every `every` steps costing save_s (or a per-step overhead: every=1),
+    each failure restart_s and lost_steps(every) steps trained again. `failures`: the count that
+    came (otherwise the expected count, steps / (mttf_steps − lost)). Returns a dict: failures,
+    executed steps, wall_s, useful_s and ratio = useful / wall (the effective training time)."""
+    lost = lost_steps(every)
+    if failures is None:
+        failures = steps / (mttf_steps - lost) if mttf_steps > lost else float("inf")
+    executed = steps + failures * lost
+    wall = executed * step_s + executed / every * save_s + failures * restart_s
+    useful = steps * step_s
+    return {"failures": failures, "executed": executed, "wall_s": wall, "useful_s": useful,
+            "ratio": useful / wall if wall > 0 else 0.0, "lost_per_failure": lost}
 
 
 def gbit_to_beta(gbit):

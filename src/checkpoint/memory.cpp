@@ -188,6 +188,14 @@ void MemorySnapshots::exchange(const std::vector<char>& image, std::vector<std::
   wait_bounded(reqs.data(), static_cast<int>(reqs.size()), on, "memory snapshot bytes", OnStall::throw_error);
 }
 
+// A bounded barrier on the helper's communicator.
+void MemorySnapshots::written_everywhere() {
+  const WaitOn on(comm_, "memory snapshot: every holder's copy written");
+  MPI_Request req;
+  check_mpi(MPI_Ibarrier(comm_.handle("memory snapshot barrier"), &req), "memory snapshot barrier", "MPI_Ibarrier");
+  wait_bounded(&req, 1, on, "memory snapshot: every holder's copy written", OnStall::throw_error);
+}
+
 // Removes this rank's parts (its own, its senders') of run `run_id` older than `keep_from`.
 void MemorySnapshots::prune(const std::string& run_id, std::int64_t keep_from) const {
   std::error_code ec;
@@ -228,13 +236,14 @@ void MemorySnapshots::save(std::int64_t step, const std::string& run_id, Checkpo
     }
     last_bytes_ = image.size();
     std::vector<std::vector<char>> got;
+    bool exchanged = true;
     try {
       exchange(image, got);
     } catch (const std::exception& e) {
       log::warn("memory snapshot: the exchange with buddy rank ", buddy_, " failed: ", e.what());
-      return;
+      exchanged = false;
     }
-    for (std::size_t i = 0; i < got.size(); ++i) {
+    for (std::size_t i = 0; exchanged && i < got.size(); ++i) {
       if (got[i].empty()) continue;
       try {
         write_file_atomic(file(senders_[i]), got[i], false);
@@ -242,10 +251,18 @@ void MemorySnapshots::save(std::int64_t step, const std::string& run_id, Checkpo
         log::warn("memory snapshot: rank ", senders_[i], "'s copy not kept: ", e.what());
       }
     }
-    try {
+    if (exchanged) try {
       prune(run_id, keep_from);
     } catch (const std::exception& e) {
       log::warn("memory snapshot: removing old snapshots in ", node_dir_, " failed: ", e.what());
+    }
+    // Every rank reaches this once per snapshot, whatever failed above: when one
+    // rank's helper is done, every holder has written its files of this step
+    // (the trainer waits for it before reporting the next step: lost work <= k).
+    try {
+      written_everywhere();
+    } catch (const std::exception& e) {
+      log::warn("memory snapshot: waiting for every holder's copy failed: ", e.what());
     }
     helper_s_.push_back(since(t0));
   });

@@ -9,9 +9,12 @@
 //    that outlives the process, not the node);
 //  - sends the same bytes to its buddy: the rank at the same local index on
 //    the next node (wrapping), which writes them under ITS node's directory.
-// Each holder keeps the two newest snapshots of every part it holds: the
-// helper finishes a snapshot before the next is taken, so the previous step
-// is complete on every rank whatever the kill interrupts.
+// The helper ends each snapshot with a barrier of every rank's helper, and
+// the trainer waits for it at the end of the step after the snapshot (the
+// helper overlaps that one step): once step s + 1 is reported, the snapshot
+// of step s is complete on every holder, so a node lost at any step costs at
+// most k steps. Each holder keeps the two newest snapshots of every part it
+// holds (the newer may be in flight, the older is complete).
 //
 // Nodes are the hosts (an all-gather of host names; the same split as MPI's
 // shared-memory one), or, with checkpoint.memory_node_ranks = n, every n
@@ -52,9 +55,11 @@ class MemorySnapshots {
   // directory is removed (each host's lowest rank), as its contents are now in
   // a disk checkpoint or superseded.
   void clear();
-  // Waits for the previous snapshot (its memory may be reused); a failure
-  // there was logged as a warning and costs nothing else.
+  // Waits for the snapshot in flight: complete on every holder then (its
+  // memory may be reused); a failure there was logged as a warning and costs
+  // nothing else.
   void wait();
+  bool busy() const { return writer_.busy(); }
   // `part`: this rank's part at `step` (private tensors), with the position.
   // Returns at once; the write and the exchange run on the helper thread.
   void save(std::int64_t step, const std::string& run_id, CheckpointData part);
@@ -75,6 +80,7 @@ class MemorySnapshots {
  private:
   void exchange(const std::vector<char>& image, std::vector<std::vector<char>>& received);
   void prune(const std::string& run_id, std::int64_t keep_from) const;
+  void written_everywhere();  // the helper's bounded barrier: every holder wrote this snapshot
 
   const TrainConfig& cfg_;
   const Communicator& world_;

@@ -129,6 +129,9 @@ class CheckpointSession {
   // copies: the caller's snapshot) with the position go to memory and the
   // buddy in the background. No communication on this thread.
   void memory_save(const std::function<std::vector<StatePiece>()>& pieces);
+  // The snapshot in flight complete on every holder (memory.hpp): the trainer
+  // calls it at the end of the step after a snapshot, so lost work <= k.
+  void memory_settle() { memory_.wait(); }
   const MemorySnapshots& memory() const { return memory_; }
 
   // checkpoint.every_steps: a checkpoint is due after global step `step`.

@@ -82,6 +82,13 @@ void Trainer::Impl::save_checkpoint(bool force) {
 // The same share as a parallel checkpoint's part, copied at the step boundary;
 // the helper thread builds its file, keeps it and sends it to the buddy.
 void Trainer::Impl::memory_snapshot() {
+  // The previous step's snapshot complete on every holder before this step is
+  // reported (the helper had one step's time): a node lost later costs <= k steps.
+  if (memory_saved_at >= 0 && memory_saved_at == pos.step - 1) {
+    const auto t0 = Clock::now();
+    ckpt.memory_settle();
+    memory_stalls_s.back() += std::chrono::duration<double>(Clock::now() - t0).count();
+  }
   if (!ckpt.memory_due(pos.step) || memory_saved_at == pos.step) return;
   memory_saved_at = pos.step;
   const auto t0 = Clock::now();
