@@ -41,14 +41,14 @@ class AlltoallAttention final : public AttentionKernel {
  public:
   AlltoallAttention(const AttentionSpec& s, ContextGroup g, Backend& be) : s_(s), g_(std::move(g)) {
     RT_CHECK(s.causal, "all-to-all attention: only causal attention is split over parallel.context");
-    RT_CHECK(s.dtype == DType::f32 && s.math == MathMode::fp32, "all-to-all attention: float32 only "
-             "(parallel.context > 1 needs train.precision = fp32)");
+    RT_CHECK(s.dtype == DType::f32, "all-to-all attention: float32 activations only, got ", dtype_name(s.dtype));
     RT_CHECK(g_.size > 1 && g_.seq > 0, "all-to-all attention: needs a context group of 2 or more ranks");
     RT_CHECK(s.heads % g_.size == 0, "parallel.context_mode = alltoall: this rank's ", s.heads, " attention heads "
              "are not divisible by parallel.context = ", g_.size, " (each context rank takes heads / context of them)");
     RT_CHECK(!g_.contiguous, "all-to-all attention: the contiguous split is the ring benchmark's only");
     AttentionSpec in = s;
     in.heads = s.heads / g_.size;
+    in.math = MathMode::fp32;  // the core in float32 at any train.precision, as the ring's
     inner_ = be.attention(in);
   }
   KernelStatePtr make_state() const override { return std::make_unique<Saved>(); }

@@ -57,7 +57,8 @@ class TokenEmbedding : public Layer {
   // bf16 activations: float32 ids in, bfloat16 rows out (the Stage names the
   // type). A split vocabulary sums its float32 lookups over the group and
   // rounds once after adding the position: the tensor-1 rows, bitwise.
-  bool takes_bf16() const override { return true; }
+  // Context parallelism keeps float32 activations (context_layers.cpp).
+  bool takes_bf16() const override { return !cp_; }
   bool takes_token_ids() const override { return true; }
   void set_output_dtype(DType dt) override { out_dt_ = dt; }
   std::int64_t vocab() const { return vocab_; }  // the whole vocabulary

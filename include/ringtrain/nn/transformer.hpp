@@ -62,7 +62,9 @@ class MultiHeadSelfAttention : public Layer {
   MultiHeadSelfAttention(std::string name, std::int64_t heads, std::int64_t head_dim, LayerPtr qkv, LayerPtr proj,
                          bool causal = false);
   const char* type() const override { return "MultiHeadSelfAttention"; }
-  bool takes_bf16() const override { return qkv_->takes_bf16() && proj_->takes_bf16(); }
+  // Context parallelism: the ring and all-to-all kernels run float32 activations (bf16 math: the
+  // projections still multiply in bf16; the attention core in float32).
+  bool takes_bf16() const override { return !cp_ && qkv_->takes_bf16() && proj_->takes_bf16(); }
   std::int64_t heads() const { return heads_; }
   CtxPtr make_ctx() const override;
   // Selective recomputation (Korthikanti et al. 2022): the forward drops the
