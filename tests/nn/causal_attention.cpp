@@ -193,8 +193,8 @@ TEST(TiledCausalAttention, KeepsNoTByTMatrix) {
     k->backward(qkv, dout, dqkv, *st);
     kept.push_back(host_memory_stats().live - before);
     EXPECT_EQ(host_memory_stats().peak - before, kept.back()) << "nothing beyond what is kept, T " << T;
-    EXPECT_GE(kept.back(), std::size_t(n * H * T) * sizeof(float)) << "T " << T;
-    EXPECT_LT(kept.back(), std::size_t(n * H * T * T) * sizeof(float) / 4) << "T " << T;
+    // The row log-sum-exp only: the threads' tiles are the backend's, one buffer for every layer.
+    EXPECT_EQ(kept.back(), std::size_t(n * H * T) * sizeof(float)) << "T " << T;
     k->forward(qkv, out, *st);  // a steady step allocates nothing more
     k->backward(qkv, dout, dqkv, *st);
     EXPECT_EQ(host_memory_stats().peak - before, kept.back()) << "T " << T;
@@ -210,6 +210,6 @@ TEST(TiledCausalAttention, KeepsNoTByTMatrix) {
     EXPECT_GE(host_memory_stats().live - before, std::size_t(n * H * T * T) * sizeof(float)) << "T " << T;
   }
   std::printf("kept between forward and backward: T 512 %zu bytes, T 2048 %zu bytes\n", kept[0], kept[1]);
-  // 4x the tokens: less than 4x the memory (a T x T buffer would be 16x).
-  EXPECT_LT(kept[1], 4 * kept[0]);
+  // 4x the tokens: 4x the memory (a T x T buffer would be 16x).
+  EXPECT_EQ(kept[1], 4 * kept[0]);
 }

@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <map>
@@ -125,7 +126,8 @@ class TiledAttention final : public AttentionKernel {
 
   void forward(const Tensor& qkv, Tensor& out, KernelState& ks) override {
     Saved& sv = state_as<Saved>(ks, "cpu attention");
-    Tensor &lse_ = sv.lse, &out_ = sv.out, &scratch_ = sv.scratch;
+    Tensor &lse_ = sv.lse, &out_ = sv.out;
+    std::vector<float>& scratch_ = d_->attention_tiles;
     const Geom g = geom(qkv, "attention forward");
     RT_CHECK(dnnl_type(out, "attention output") == g.t && out.numel() == g.n * g.tok * g.d, "attention forward: out ",
              shape_str(out.shape()), " is not [", g.n, ", ", g.tok, ", ", g.d, "] of the input's type");
@@ -147,7 +149,8 @@ class TiledAttention final : public AttentionKernel {
 
   void backward(const Tensor& qkv, const Tensor& dout, Tensor& dqkv, KernelState& ks) override {
     Saved& sv = state_as<Saved>(ks, "cpu attention");
-    Tensor &lse_ = sv.lse, &out_ = sv.out, &scratch_ = sv.scratch;
+    Tensor &lse_ = sv.lse, &out_ = sv.out;
+    std::vector<float>& scratch_ = d_->attention_tiles;
     const Geom g = geom(qkv, "attention backward");
     RT_CHECK(dnnl_type(dout, "attention gradient") == g.t && dnnl_type(dqkv, "attention input gradient") == g.t,
              "attention backward: dout and dqkv must have qkv's type");
@@ -199,26 +202,28 @@ class TiledAttention final : public AttentionKernel {
     const std::int64_t hd = s_.head_dim;
     return {2 * kSpan * kRows, kSpan * kRows, 2 * kRows * hd + T * hd + T + 2 * hd, 2 * kRows};
   }
-  // The threads' slices of one float32 tensor (counted by the host
-  // allocator), kept by the kernel and grown when a call needs more: fresh
-  // pages every call cost more in page faults than the tiles' arithmetic.
+  // The threads' slices of one float32 buffer shared by every attention layer
+  // (Dnnl::attention_tiles), grown when a call needs more: fresh pages every
+  // call cost more in page faults than the tiles' arithmetic.
   struct Scratch {
-    Scratch(const Layout& l, int threads, std::size_t pad, Tensor& keep) : lay(l), nt(threads) {
+    Scratch(const Layout& l, int threads, std::size_t pad, std::vector<float>& keep) : lay(l), nt(threads) {
       per = align(l.f32_tiles) + align(l.act_tiles) + align(l.rest) + align(l.small) +
             align(static_cast<std::int64_t>((pad + 3) / 4));
-      if (keep.numel() < per * nt) keep = Tensor::empty({per * nt});
-      buf = keep;
+      if (static_cast<std::int64_t>(keep.size()) < per * nt + 16) keep.resize(static_cast<std::size_t>(per * nt + 16));
+      // 64-byte aligned, as the tiles' slices are
+      const auto addr = reinterpret_cast<std::uintptr_t>(keep.data());
+      buf = keep.data() + ((64 - addr % 64) % 64) / 4;
     }
     static std::int64_t align(std::int64_t n) { return (n + 15) / 16 * 16; }  // 64 bytes
     Layout lay;
     int nt;
     std::int64_t per = 0;
-    Tensor buf;
+    float* buf = nullptr;
   };
   // A thread's view of the scratch and its oneDNN stream.
   struct Worker {
     Worker(Scratch& s, const engine& eng) : strm(eng) {
-      float* base = s.buf.data<float>() + s.per * omp_get_thread_num();
+      float* base = s.buf + s.per * omp_get_thread_num();
       f = base;
       a = base + Scratch::align(s.lay.f32_tiles);
       rest = a + Scratch::align(s.lay.act_tiles);
@@ -422,11 +427,11 @@ class TiledAttention final : public AttentionKernel {
   DnnlPtr d_;
   float scale_ = 1;
   // Forward to backward: the row log-sum-exp [N * H * T] and the forward's
-  // output (the caller's tensor); the threads' tiles and per-sequence rows
-  // (O(threads * (kRows * kSpan + T * hd))) go with them, so that
-  // recomputation frees them too.
+  // output (the caller's tensor). The threads' tiles and per-sequence rows
+  // (O(threads * (kRows * kSpan + T * hd))) live within a call: one buffer
+  // for every layer (Dnnl::attention_tiles), not one per layer and slot.
   struct Saved final : KernelState {
-    Tensor lse, out, scratch;
+    Tensor lse, out;
   };
   std::map<Key, Prim> prims_;
   std::set<std::pair<std::int64_t, int>> prepared_;  // (T, type) whose primitives exist

@@ -26,6 +26,11 @@ struct Dnnl {
   // float32 scratch that kernels use only within one call (CPU kernels run one
   // at a time): bf16 attention's scores and probabilities, shared by every layer.
   std::vector<float> scratch[2];
+  // The tiled attention's per-thread tiles and rows (attention_tiled.cpp), one
+  // buffer for every layer and micro-batch: they live within one call, and
+  // keeping the pages saves each call their faults. Not a Tensor: the backend
+  // outlives the host allocator at exit.
+  std::vector<float> attention_tiles;
 };
 using DnnlPtr = std::shared_ptr<Dnnl>;
 
