@@ -361,20 +361,12 @@ void TrainConfig::validate() const {
     RT_CHECK(model.name == "gpt", "configuration key 'model.experts' = ", model.experts, " is for model.name = gpt "
              "(a [[model.layers]] transformer entry takes key 'experts'), not '", model.name, "'");
     range("model.top_k", model.top_k, 1, model.experts);
-    RT_CHECK(parallel.tensor == 1, "configuration key 'model.experts' = ", model.experts, " with parallel.tensor = ",
-             parallel.tensor, " is not supported yet (the experts are not split over tensor ranks)");
     RT_CHECK(model.experts % parallel.expert == 0, "configuration key 'model.experts' = ", model.experts,
              " is not divisible by parallel.expert = ", parallel.expert);
   }
   if (parallel.expert > 1) {  // what expert parallelism does not compose with yet: named, on every rank alike
     RT_CHECK(model.experts > 0 || model.name == "layers", "parallel.expert = ", parallel.expert,
              " needs experts to split: set model.experts");
-    RT_CHECK(parallel.pipeline == 1, "parallel.expert = ", parallel.expert, " with parallel.pipeline = ",
-             parallel.pipeline, " is not supported yet");
-    RT_CHECK(parallel.tensor == 1, "parallel.expert = ", parallel.expert, " with parallel.tensor = ", parallel.tensor,
-             " is not supported yet");
-    RT_CHECK(parallel.zero == 0, "parallel.expert = ", parallel.expert, " with parallel.zero = ", parallel.zero,
-             " is not supported yet (ZeRO shards over data x expert, the experts are not replicated there)");
     RT_CHECK(model.init_from.empty(), "parallel.expert = ", parallel.expert, " with model.init_from is not supported yet");
     RT_CHECK(train.verify_every == 0, "parallel.expert = ", parallel.expert, " with train.verify_every = ",
              train.verify_every, " is not supported (expert weights differ between the ranks of an expert group)");
