@@ -95,9 +95,6 @@ TEST(GptExperts, UnsupportedCombinationsAreRefusedByName) {
   TrainConfig v = c;  // (ZeRO, pipeline and tensor compose: mpi_gpt_experts_compose.cpp)
   v.train.verify_every = 1;
   refused(v, "parallel.expert = 2 with train.verify_every = 1");
-  TrainConfig i = c;
-  i.model.init_from = "/nonexistent.safetensors";
-  refused(i, "parallel.expert = 2 with model.init_from is not supported yet");
   TrainConfig odd = c;
   odd.model.experts = 3;
   odd.model.top_k = 1;
