@@ -92,9 +92,11 @@ struct ExpertGroup {
 };
 
 // How the local experts' GEMMs run (src/nn/moe_gemm.hpp): one oneDNN matmul
-// batched over the experts, their rows padded to the busiest expert's
-// (dnnl_grouped, the default: bench/nn_moe_layer.cpp measured it against the
-// others, docs/moe.md), or one OpenBLAS / oneDNN call per expert.
+// per expert on its rows (dnnl_loop, the default: the fastest of the three in
+// bench/nn_moe_layer.cpp, docs/moe.md), one OpenBLAS sgemm per expert, or one
+// oneDNN matmul batched over the experts with their rows padded to the busiest
+// expert's (oneDNN 2.6 has no grouped GEMM of unequal sizes; the padding costs
+// max/mean - 1 of the work).
 enum class ExpertGemmMode { dnnl_grouped, blas_loop, dnnl_loop };
 const char* expert_gemm_name(ExpertGemmMode m);
 
@@ -105,7 +107,7 @@ struct MoeSpec {
   double capacity_factor = 0;  // 0: dropless
   double bias_update_rate = 0;  // aux-loss-free balancing step u; 0: off (no bias)
   Eltwise gelu = Eltwise::gelu;
-  ExpertGemmMode gemm = ExpertGemmMode::dnnl_grouped;
+  ExpertGemmMode gemm = ExpertGemmMode::dnnl_loop;
 };
 
 class MoeMlp : public Layer {
