@@ -54,9 +54,9 @@ void Updater::average_dense_over_experts() {
     const ParamInfo& pi = a.info(i);
     if (pi.reduce_over != kDenseReduce) continue;
     const std::size_t lo = pi.offset, hi = lo + static_cast<std::size_t>(shape_numel(pi.shape));
-    if (!spans.empty() && spans.back().first == pi.dtype && spans.back().second.second <= lo &&
-        (i > 0 && a.info(i - 1).reduce_over == kDenseReduce && a.info(i - 1).dtype == pi.dtype))
-      spans.back().second.second = hi;  // the padding in between is zero on every rank
+    // Right after a dense parameter of its dtype: one span (the padding between is zero everywhere).
+    if (i > 0 && a.info(i - 1).reduce_over == kDenseReduce && a.info(i - 1).dtype == pi.dtype)
+      spans.back().second.second = hi;
     else
       spans.push_back({pi.dtype, {lo, hi}});
   }
