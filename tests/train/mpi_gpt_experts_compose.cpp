@@ -7,7 +7,8 @@
 //    slices are shared by 2);
 //  - expert 2 x pipeline 2 and expert 2 x tensor 2 (4 ranks; the experts are
 //    replicated over the tensor ranks; parallel.sequence with experts is
-//    refused by name on every rank).
+//    refused by name on every rank); expert 2 x context 2 (4 ranks, aux off:
+//    with it on, each context rank's aux loss is over its token shard).
 // SGD with momentum and global-norm clipping at 0.05 (every step clips: the
 // norm must sum the dense gradients once and every rank's experts; SGD's update
 // is proportional to the gradient, so a wrong norm or average shows), and
@@ -84,6 +85,16 @@ TEST(GptExpertsCompose, ZeroPipelineTensorFollowTheOneRankTrainer) {
       tp.parallel.sequence = false;  // with it each tensor rank's experts would see a token shard: refused
       tp.data.batch_size = 2;
       follows(tp, 2, "expert 2 x tensor 2");
+      // Context 2: each context rank routes its own tokens of the sequences, so
+      // the aux loss is per token shard (not the 1-rank value): compared with it off.
+      TrainConfig cx = ep, cx1 = moe_config(data, opt);
+      cx.parallel.context = 2;
+      cx.data.batch_size = 2;
+      cx.model.aux_loss_coeff = cx1.model.aux_loss_coeff = 0;
+      cx1.data.batch_size = 2;
+      cx1.train.accumulation = 2;
+      test_fixtures::expect_losses_follow(train_losses(cx, world), train_losses(cx1, self),
+                                          cat(opt, ": expert 2 x context 2, aux off"), tol);
       if (std::string(opt) == "sgd") {
         tp.parallel.sequence = true;
         try {
