@@ -80,6 +80,8 @@ TEST(GptExpertsCompose, ZeroPipelineTensorFollowTheOneRankTrainer) {
       pp.data.batch_size = 2;
       pp.parallel.micro_batches = 2;
       follows(pp, 1, "expert 2 x pipeline 2");
+      pp.parallel.schedule = "zb-v";  // the V layout: each stage rank holds a first and a last chunk
+      follows(pp, 1, "expert 2 x pipeline 2, zb-v");
       TrainConfig tp = ep;  // dp = expert 2: 2 samples per rank
       tp.parallel.tensor = 2;
       tp.parallel.sequence = false;  // with it each tensor rank's experts would see a token shard: refused
