@@ -11,6 +11,12 @@
 //    forward (dispatch + combine), from the layer's own counts, beside
 //    2 * T * k * h * b * (EP - 1) / EP (T tokens per rank, h = model width,
 //    b = 4 bytes): equal in expectation under uniform routing.
+//  - The experts' GEMMs three ways (MoeSpec::gemm, src/nn/moe_gemm.hpp): one
+//    oneDNN matmul batched over the experts (rows padded to the busiest
+//    expert's), one OpenBLAS sgemm per expert, one oneDNN matmul per expert;
+//    each against the same dense reference. --skew s adds s times one fixed
+//    random direction to every token, so the router prefers some experts
+//    (max/mean tokens per expert > 1: what the padding costs).
 //  - At EP > 1, the share of the layer's forward+backward spent in its
 //    all-to-alls (counts and rows, both directions; blocking, so exposed).
 //   mpirun -np 2 bench_nn_moe_layer --tokens 2048 --dim 256 --hidden 512 --experts 8 --top-k 2 --ep 2
@@ -18,6 +24,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <cstdio>
 #include <random>
@@ -59,6 +66,7 @@ int main(int argc, char** argv) {
   CLI::App app{"MoE layer vs the dense MLP of the same active FLOPs; all-to-all bytes per rank"};
   std::int64_t tokens = 2048, dim = 256, hidden = 512;
   int experts = 8, top_k = 2, ep = 1, iters = 10;
+  double skew = 0;
   app.add_option("--tokens", tokens, "tokens per rank (T)");
   app.add_option("--dim", dim, "model width (h)");
   app.add_option("--hidden", hidden, "expert hidden units (H)");
@@ -66,6 +74,7 @@ int main(int argc, char** argv) {
   app.add_option("--top-k", top_k, "experts per token (k)");
   app.add_option("--ep", ep, "expert-parallel ranks (the world)");
   app.add_option("--iters", iters, "timed iterations (median)");
+  app.add_option("--skew", skew, "add skew * a fixed random direction to every token (uneven routing)");
   CLI11_PARSE(app, argc, argv);
   Communicator world = Communicator::world();
   RT_CHECK(world.size() == ep, "run with mpirun -np ", ep, " (--ep)");
@@ -78,9 +87,14 @@ int main(int argc, char** argv) {
   s.hidden = hidden;
   s.experts = experts;
   s.top_k = top_k;
-  Bound moe, dense;
-  moe.layers.push_back(std::make_unique<MoeMlp>("moe", s, g));
-  moe.bind(7);
+  const ExpertGemmMode modes[] = {ExpertGemmMode::dnnl_grouped, ExpertGemmMode::blas_loop, ExpertGemmMode::dnnl_loop};
+  constexpr int kModes = 3;
+  Bound moes[kModes], dense;
+  for (int m = 0; m < kModes; ++m) {
+    s.gemm = modes[m];
+    moes[m].layers.push_back(std::make_unique<MoeMlp>("moe", s, g));
+    moes[m].bind(7);
+  }
   dense.layers.push_back(std::make_unique<Linear>("fc1", LinearSpec{dim, top_k * hidden, true, false}));
   dense.layers.push_back(std::make_unique<Activation>("gelu", Eltwise::gelu));
   dense.layers.push_back(std::make_unique<Linear>("fc2", LinearSpec{top_k * hidden, dim, true, false}));
@@ -88,24 +102,39 @@ int main(int argc, char** argv) {
   Tensor x = Tensor::empty({1, tokens, dim}), dy = Tensor::empty({1, tokens, dim});
   std::mt19937 rng(1 + world.rank());
   std::normal_distribution<float> nd(0.f, 1.f);
-  for (std::int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = nd(rng), dy.data<float>()[i] = nd(rng) * 1e-3f;
-  std::vector<double> tm, td, ta;
+  std::vector<float> dir(static_cast<std::size_t>(dim));
+  std::mt19937 shared_rng(99);  // the same direction on every rank
+  for (auto& v : dir) v = nd(shared_rng);
+  for (std::int64_t i = 0; i < x.numel(); ++i)
+    x.data<float>()[i] = nd(rng) + float(skew) * dir[i % dim], dy.data<float>()[i] = nd(rng) * 1e-3f;
+  std::vector<double> tm[kModes], td, ta;
+  MoeShared& sh = *g.shared;
   for (int i = 0; i < iters + 2; ++i) {  // interleaved, 2 warm-ups
-    for (int which = 0; which < 2; ++which) {
+    for (int which = 0; which <= kModes; ++which) {
       MPI_Barrier(MPI_COMM_WORLD);
-      const double a0 = g.shared->alltoall_s;
+      const double a0 = sh.alltoall_s;
       const auto t0 = std::chrono::steady_clock::now();
-      (which ? dense : moe).step(x, dy);
+      (which == kModes ? dense : moes[which]).step(x, dy);
       double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      double share = which ? 0 : (g.shared->alltoall_s - a0) / t;  // this rank's all-to-all share of the step
+      double share = which == 0 ? (sh.alltoall_s - a0) / t : 0;  // this rank's all-to-all share of the step
       MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
       MPI_Allreduce(MPI_IN_PLACE, &share, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-      if (i >= 2) (which ? td : tm).push_back(t);
-      if (i >= 2 && !which) ta.push_back(share);
+      if (i >= 2) (which == kModes ? td : tm[which]).push_back(t);
+      if (i >= 2 && which == 0) ta.push_back(share);
     }
   }
+  // The three modes compute the same function: their outputs agree to rounding.
+  auto out = [&](int m) { return dynamic_cast<SavedCtx<MoeMlp::Saved>&>(moes[m].layers[0]->own_ctx()).s.y; };
+  double diff = 0, norm = 0;
+  for (int m = 1; m < kModes; ++m)
+    for (std::int64_t i = 0; i < out(0).numel(); ++i) {
+      diff = std::max(diff, double(std::fabs(out(m).data<float>()[i] - out(0).data<float>()[i])));
+      norm = std::max(norm, double(std::fabs(out(0).data<float>()[i])));
+    }
   // Bytes to other ranks in one forward: dispatch rows + the combine's rows back.
-  auto& sv = dynamic_cast<SavedCtx<MoeMlp::Saved>&>(moe.layers[0]->own_ctx()).s;
+  auto& sv = dynamic_cast<SavedCtx<MoeMlp::Saved>&>(moes[0].layers[0]->own_ctx()).s;
+  double rows_max = 0, rows_sum = 0;  // this rank's experts' rows: max/mean (the padding of the grouped call)
+  for (auto r : sv.rows) rows_max = std::max(rows_max, double(r)), rows_sum += double(r);
   const int L = experts / ep;
   double rows_out = 0, rows_in = 0;
   for (int e = 0; e < experts; ++e)
@@ -116,14 +145,19 @@ int main(int argc, char** argv) {
   MPI_Allreduce(&bytes, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
   MPI_Allreduce(&bytes, &sum, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
   if (world.rank() == 0) {
-    const double fm = median(tm), fd = median(td);
+    const double fd = median(td);
     const double flops = 3 * 2.0 * double(tokens) * top_k * 2 * double(dim) * double(hidden);  // fwd + bwd, experts
-    std::printf("MoE layer: T=%lld tokens/rank, h=%lld, H=%lld, E=%d, k=%d, EP=%d, %d iterations (median, slowest rank)\n",
-                (long long)tokens, (long long)dim, (long long)hidden, experts, top_k, ep, iters);
+    std::printf("MoE layer: T=%lld tokens/rank, h=%lld, H=%lld, E=%d, k=%d, EP=%d, skew %.2f, %d iterations (median, slowest rank)\n",
+                (long long)tokens, (long long)dim, (long long)hidden, experts, top_k, ep, skew, iters);
     std::printf("  dense MLP (hidden k*H = %lld): %8.3f ms  %6.2f GFLOP/s  (reference)\n", (long long)(top_k * hidden),
                 1e3 * fd, flops / fd / 1e9);
-    std::printf("  MoE layer                 : %8.3f ms  %6.2f GFLOP/s  time ratio MoE/dense %.3f (goal <= 1.2)\n",
-                1e3 * fm, flops / fm / 1e9, fm / fd);
+    for (int m = 0; m < kModes; ++m) {
+      const double fm = median(tm[m]);
+      std::printf("  MoE, %-48s: %8.3f ms  %6.2f GFLOP/s  time ratio MoE/dense %.3f (goal <= 1.2)\n",
+                  expert_gemm_name(modes[m]), 1e3 * fm, flops / fm / 1e9, fm / fd);
+    }
+    std::printf("  rank 0's experts: max/mean rows %.3f (the grouped call pads to the max); outputs of the three "
+                "agree within %.2e of max |y| %.3f\n", rows_max * double(sv.rows.size()) / rows_sum, diff, norm);
     std::printf("  aux loss of the last forward %.4f (1 = balanced)\n", sv.aux);
     if (ep > 1)
       std::printf("  all-to-all bytes per rank per layer forward: mean %.0f, max %.0f; formula 2*T*k*h*b*(EP-1)/EP = %.0f;"

@@ -1,5 +1,5 @@
 // MoeMlp (nn/moe.hpp): routing, the token exchange with the experts' ranks,
-// the experts' GEMMs (OpenBLAS, one call per local expert and matrix) and the
+// the experts' GEMMs (moe_gemm.hpp: one grouped call per matrix) and the
 // combine, forward and backward. Row-major float32 on the host throughout.
 #include "ringtrain/nn/moe.hpp"
 
@@ -12,6 +12,7 @@
 #include <numeric>
 
 #include "init.hpp"
+#include "moe_gemm.hpp"
 #include "ringtrain/comm/alltoall.hpp"
 #include "ringtrain/comm/collectives.hpp"
 #include "ringtrain/nn/mesh_dims.hpp"
@@ -179,6 +180,18 @@ void MoeMlp::bind(const BindContext& ctx) {
   arena_ = &ctx.arena;
   if (bias_.defined()) group_.shared->add_balanced(this);
   gelu_ = ctx.backend.eltwise(spec_.gelu, DType::f32);
+  // The grouped GEMM reads every local expert's fc1 (fc2) weight from the first's
+  // pointer: the arena lays each expert's four tensors out alike, so they sit
+  // at one stride, in the parameters and in the gradients.
+  wstride_ = 0;
+  for (const auto* w : {&w1_, &w2_})
+    for (std::size_t l = 1; l < w->size(); ++l) {
+      const std::int64_t d = ctx.arena.param((*w)[l]).data<float>() - ctx.arena.param((*w)[0]).data<float>();
+      const std::int64_t g = ctx.arena.grad((*w)[l]).data<float>() - ctx.arena.grad((*w)[0]).data<float>();
+      if (l == 1 && w == &w1_) wstride_ = d;
+      RT_CHECK(d == std::int64_t(l) * wstride_ && g == d, "MoE layer '", name_,
+               "': the experts' weights are not evenly spaced in the parameter arena");
+    }
 }
 
 void MoeMlp::init(const ParamArena& arena, std::uint64_t seed) {
@@ -336,35 +349,40 @@ Tensor MoeMlp::do_forward(const Tensor& x, Ctx& c, const Call& call) const {
       for (std::size_t r = 0; r < s.recv_counts[i * L + l]; ++r) s.perm.push_back(static_cast<std::int64_t>(o + r));
       s.rows[l] += static_cast<std::int64_t>(s.recv_counts[i * L + l]);
     }
+  // Padded blocks: the grouped GEMM's batch takes the busiest expert's rows
+  // (rounded up to 8, so that fewer shapes need a primitive of their own).
   const auto R = static_cast<std::int64_t>(s.perm.size());
+  const std::int64_t M = (*std::max_element(s.rows.begin(), s.rows.end()) + 7) / 8 * 8;
+  s.stride = M;
+  s.slot.resize(s.perm.size());
+  for (std::int64_t l = 0, i = 0; l < L; ++l)
+    for (std::int64_t j = 0; j < s.rows[l]; ++j) s.slot[i++] = l * M + j;
   std::vector<float>& oe = s.oe;
-  oe.resize(static_cast<std::size_t>(R * D));
+  oe.resize(static_cast<std::size_t>(L * M * D));
   if (R > 0) {
-    ensure(s.xe, {R, D}, DType::f32, Device::cpu());
-    ensure(s.h, {R, H}, DType::f32, Device::cpu());
-    ensure(s.a, {R, H}, DType::f32, Device::cpu());
+    ensure(s.xe, {L * M, D}, DType::f32, Device::cpu());
+    ensure(s.h, {L * M, H}, DType::f32, Device::cpu());
+    ensure(s.a, {L * M, H}, DType::f32, Device::cpu());
     float* xe = s.xe.data<float>();
-    for (std::int64_t i = 0; i < R; ++i) std::memcpy(xe + i * D, &s.recv[s.perm[i] * D], sizeof(float) * D);
-    std::int64_t o = 0;
-    for (int l = 0; l < L; ++l) {
-      const std::int64_t m = s.rows[l];
-      gemm(false, true, m, H, D, 1.f, xe + o * D, D, arena_->param(w1_[l]).data<float>(), D, 0.f,
-           s.h.data<float>() + o * H, H);
-      add_bias(s.h.data<float>() + o * H, arena_->param(b1_[l]).data<float>(), m, H);
-      o += m;
+    float* h = s.h.data<float>();
+    for (int l = 0; l < L; ++l) {  // pad rows: zero input, and so (bias left out) zero fc1 output
+      std::fill(xe + (l * M + s.rows[l]) * D, xe + (l + 1) * M * D, 0.f);
+      std::fill(h + (l * M + s.rows[l]) * H, h + (l + 1) * M * H, 0.f);
     }
+    for (std::int64_t i = 0; i < R; ++i) std::memcpy(xe + s.slot[i] * D, &s.recv[s.perm[i] * D], sizeof(float) * D);
+    if (!s.gemm) s.gemm = std::make_shared<detail::ExpertGemm>(spec_.gemm);
+    const float* w1 = arena_->param(w1_[0]).data<float>();
+    const float* w2 = arena_->param(w2_[0]).data<float>();
+    s.gemm->run({false, true, M, H, D, xe, D, M * D, w1, D, wstride_, h, H, M * H}, s.rows, false);
+    for (int l = 0; l < L; ++l) add_bias(h + l * M * H, arena_->param(b1_[l]).data<float>(), s.rows[l], H);
     gelu_->forward(s.h, s.a);  // one call for every local expert's rows
-    o = 0;
-    for (int l = 0; l < L; ++l) {
-      const std::int64_t m = s.rows[l];
-      gemm(false, true, m, D, H, 1.f, s.a.data<float>() + o * H, H, arena_->param(w2_[l]).data<float>(), H, 0.f,
-           oe.data() + o * D, D);
-      add_bias(oe.data() + o * D, arena_->param(b2_[l]).data<float>(), m, D);
-      o += m;
-    }
+    s.gemm->run({false, true, M, D, H, s.a.data<float>(), H, M * H, w2, H, wstride_, oe.data(), D, M * D}, s.rows,
+                false);
+    for (int l = 0; l < L; ++l) add_bias(oe.data() + l * M * D, arena_->param(b2_[l]).data<float>(), s.rows[l], D);
   }
   s.out_recv.resize(s.recv.size());
-  for (std::int64_t i = 0; i < R; ++i) std::memcpy(&s.out_recv[s.perm[i] * D], oe.data() + i * D, sizeof(float) * D);
+  for (std::int64_t i = 0; i < R; ++i)
+    std::memcpy(&s.out_recv[s.perm[i] * D], oe.data() + s.slot[i] * D, sizeof(float) * D);
   exchange(s, s.out_recv, s.out_send, false);
   // Combine: y[t] = sum_j gate_j * expert output.
   ensure(s.y, x.shape(), DType::f32, Device::cpu());
@@ -406,43 +424,47 @@ Tensor MoeMlp::do_backward(const Tensor& dy, Ctx& c, bool need_dx, bool accumula
   // Expert side. Weight gradients are sums over every rank's tokens: 1/EP makes
   // the expert-data group's average the mean over all data-parallel ranks.
   const auto R = static_cast<std::int64_t>(s.perm.size());
+  const std::int64_t M = s.stride;
   const float alpha = 1.f / float(group_.size);
   std::vector<float>& dx_recv = s.dx_recv;
   dx_recv.resize(s.recv.size());
   std::vector<float>&doe = s.doe, &dxe = s.dxe;
-  doe.resize(static_cast<std::size_t>(R * D));
-  dxe.resize(static_cast<std::size_t>(R * D));
-  for (std::int64_t i = 0; i < R; ++i) std::memcpy(doe.data() + i * D, &dout_recv[s.perm[i] * D], sizeof(float) * D);
-  Tensor da, dh;
+  doe.assign(static_cast<std::size_t>(L * M * D), 0.f);  // pad rows zero: they add nothing to the weight gradients
+  dxe.resize(static_cast<std::size_t>(L * M * D));
+  for (std::int64_t i = 0; i < R; ++i)
+    std::memcpy(doe.data() + s.slot[i] * D, &dout_recv[s.perm[i] * D], sizeof(float) * D);
   if (R > 0) {
-    da = ensure(s.da, {R, H}, DType::f32, Device::cpu());
-    dh = ensure(s.dh, {R, H}, DType::f32, Device::cpu());
+    Tensor da = ensure(s.da, {L * M, H}, DType::f32, Device::cpu());
+    Tensor dh = ensure(s.dh, {L * M, H}, DType::f32, Device::cpu());
+    const float* w1 = arena_->param(w1_[0]).data<float>();
+    const float* w2 = arena_->param(w2_[0]).data<float>();
+    float* dw1 = arena_->grad(w1_[0]).data<float>();
+    float* dw2 = arena_->grad(w2_[0]).data<float>();
+    detail::ExpertGemm& g = *s.gemm;
+    // dW2 = alpha doe^T a, da = doe W2, (GELU), dW1 = alpha dh^T xe, dxe = dh W1: per expert.
+    g.run({true, false, D, H, M, doe.data(), D, M * D, s.a.data<float>(), H, M * H, dw2, H, wstride_, alpha, accumulate},
+          s.rows, true);
+    g.run({false, false, M, H, D, doe.data(), D, M * D, w2, H, wstride_, da.data<float>(), H, M * H}, s.rows, false);
+    if (M > 0) {  // pad rows of da and dh stay zero in the grouped mode (doe's are); the loop never reads them
+      for (int l = 0; l < L; ++l)
+        std::fill(da.data<float>() + (l * M + s.rows[l]) * H, da.data<float>() + (l + 1) * M * H, 0.f);
+      gelu_->backward(s.h, s.a, da, dh);
+    }
+    g.run({true, false, H, D, M, dh.data<float>(), H, M * H, s.xe.data<float>(), D, M * D, dw1, D, wstride_, alpha,
+           accumulate},
+          s.rows, true);
+    g.run({false, false, M, D, H, dh.data<float>(), H, M * H, w1, D, wstride_, dxe.data(), D, M * D}, s.rows, false);
+    for (int l = 0; l < L; ++l) {
+      sum_rows(doe.data() + l * M * D, s.rows[l], D, alpha, arena_->grad(b2_[l]).data<float>(), accumulate);
+      sum_rows(dh.data<float>() + l * M * H, s.rows[l], H, alpha, arena_->grad(b1_[l]).data<float>(), accumulate);
+    }
+  } else {
+    for (int l = 0; l < L; ++l)
+      for (std::size_t p : {w1_[l], b1_[l], w2_[l], b2_[l]})
+        if (!accumulate) std::fill_n(arena_->grad(p).data<float>(), arena_->grad(p).numel(), 0.f);
   }
-  std::int64_t o = 0;
-  const float beta = accumulate ? 1.f : 0.f;
-  for (int l = 0; l < L; ++l) {
-    const std::int64_t m = s.rows[l];
-    const float* a = m > 0 ? s.a.data<float>() + o * H : nullptr;
-    gemm(true, false, D, H, m, alpha, doe.data() + o * D, D, a, H, beta, arena_->grad(w2_[l]).data<float>(), H);
-    sum_rows(doe.data() + o * D, m, D, alpha, arena_->grad(b2_[l]).data<float>(), accumulate);
-    if (m > 0)
-      gemm(false, false, m, H, D, 1.f, doe.data() + o * D, D, arena_->param(w2_[l]).data<float>(), H, 0.f,
-           da.data<float>() + o * H, H);
-    o += m;
-  }
-  if (R > 0) gelu_->backward(s.h, s.a, da, dh);
-  o = 0;
-  for (int l = 0; l < L; ++l) {
-    const std::int64_t m = s.rows[l];
-    const float* dhp = m > 0 ? dh.data<float>() + o * H : nullptr;
-    const float* xe = m > 0 ? s.xe.data<float>() + o * D : nullptr;
-    gemm(true, false, H, D, m, alpha, dhp, H, xe, D, beta, arena_->grad(w1_[l]).data<float>(), D);
-    sum_rows(dhp, m, H, alpha, arena_->grad(b1_[l]).data<float>(), accumulate);
-    if (m > 0)
-      gemm(false, false, m, D, H, 1.f, dhp, H, arena_->param(w1_[l]).data<float>(), D, 0.f, dxe.data() + o * D, D);
-    o += m;
-  }
-  for (std::int64_t i = 0; i < R; ++i) std::memcpy(&dx_recv[s.perm[i] * D], dxe.data() + i * D, sizeof(float) * D);
+  for (std::int64_t i = 0; i < R; ++i)
+    std::memcpy(&dx_recv[s.perm[i] * D], dxe.data() + s.slot[i] * D, sizeof(float) * D);
   std::vector<float>& dx_send = s.dx_send;
   exchange(s, dx_recv, dx_send, false);
   // Router: gates -> probabilities (+ the aux loss) -> softmax -> logits.
@@ -469,7 +491,7 @@ Tensor MoeMlp::do_backward(const Tensor& dy, Ctx& c, bool need_dx, bool accumula
     for (int e = 0; e < E; ++e) dlogit[static_cast<std::size_t>(t * E + e)] = static_cast<float>(pr[e] * (dp[e] - pdp));
   }
   const float* xp = s.x.data<float>();
-  gemm(true, false, E, D, n, 1.f, dlogit.data(), E, xp, D, beta, arena_->grad(router_).data<float>(), D);
+  gemm(true, false, E, D, n, 1.f, dlogit.data(), E, xp, D, accumulate ? 1.f : 0.f, arena_->grad(router_).data<float>(), D);
   if (!need_dx) return {};
   ensure(s.dx, s.x.shape(), DType::f32, Device::cpu());
   float* dx = s.dx.data<float>();
@@ -481,6 +503,15 @@ Tensor MoeMlp::do_backward(const Tensor& dy, Ctx& c, bool need_dx, bool accumula
     for (std::int64_t j = 0; j < D; ++j) d[j] += g[j];
   }
   return s.dx;
+}
+
+const char* expert_gemm_name(ExpertGemmMode m) {
+  switch (m) {
+    case ExpertGemmMode::dnnl_grouped: return "oneDNN batched matmul over the experts (padded)";
+    case ExpertGemmMode::blas_loop: return "OpenBLAS sgemm per expert";
+    case ExpertGemmMode::dnnl_loop: return "oneDNN matmul per expert";
+  }
+  return "?";
 }
 
 LayerPtr moe_mlp(const MoeSpec& s, const ExpertGroup& g) { return std::make_unique<MoeMlp>("moe", s, g); }

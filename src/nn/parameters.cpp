@@ -64,6 +64,13 @@ std::size_t ParamArena::model_index(std::size_t i) const {
   return run->second + (i - run->first) - copies;
 }
 
+std::size_t ParamArena::next_model_index() const {
+  const auto& run = bases_.back();
+  std::size_t copies = 0;
+  for (std::size_t k = run.first; k < infos_.size(); ++k) copies += infos_[k].copy_of >= 0;
+  return run.second + (infos_.size() - run.first) - copies;
+}
+
 void ParamArena::set_index_base(std::size_t base) {
   RT_CHECK(!finalized_, "the parameter arena's index base is set after finalize()");
   if (bases_.back().first == infos_.size()) bases_.back().second = base;

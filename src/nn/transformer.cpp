@@ -309,8 +309,11 @@ LayerPtr transformer_block(const std::string& name, const TransformerBlockSpec& 
   if (s.dropout > 0) attn.push_back(dropout(".drop1"));
   mlp.push_back(norm("norm2"));
   if (s.moe.experts > 0) {
-    RT_CHECK(g.size == 1, "transformer block '", name, "': experts (model.experts) with parallel.tensor = ", g.size,
-             " > 1 are not supported yet");
+    // With tensor parallelism the experts are replicated over the tensor ranks
+    // (each runs the whole layer on the same tokens; only the dense parts are
+    // split). Sequence parallelism would hand each a different token shard.
+    RT_CHECK(!gs.sequence, "transformer block '", name, "': experts with parallel.sequence at parallel.tensor = ",
+             g.size, " are not supported (the experts would see a shard of the tokens): set parallel.sequence = false");
     MoeSpec m = s.moe;
     m.dim = s.dim;
     m.hidden = hidden;

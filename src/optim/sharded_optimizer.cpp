@@ -173,6 +173,7 @@ void ShardedOptimizer::reduce_scatter_grads() {
 }
 
 void ShardedOptimizer::reduce_scatter_range(DType dt, std::size_t lo, std::size_t hi) {
+  if (pre_reduce_) pre_reduce_(dt, lo, hi);
   const Slice& s = slice(dt);
   const std::size_t me = static_cast<std::size_t>(group_.rank()), es = dtype_size(dt);
   std::vector<std::size_t> counts(s.counts.size());  // each rank's part of [lo, hi)

@@ -253,10 +253,12 @@ std::unique_ptr<GradSync> make_grad_sync(const ProcessGrid& grid, Stage& stage, 
                                          DeviceRuntime& rt, ShardedOptimizer* zero) {
   // ZeRO-1 reduce-scatters even at one rank: that is how its slice gets its gradients.
   // ZeRO-3 gathers the parameters the layers use even in compute-only benchmarks.
+  // With experts split, ZeRO's group is the expert-data ranks and the dense
+  // gradients are first averaged over the expert group (parallel/updater.cpp).
   for (DimSet s : stage.arena().reduce_sets())
-    RT_CHECK(!zero || s == kDenseReduce, "parallel.zero = ", cfg.update.zero, ": ZeRO shards over the data-parallel "
-             "group, but parameters of this model are averaged over ", s.str(), " (ZeRO needs every parameter "
-             "replicated over ", kDenseReduce.str(), ")");
+    RT_CHECK(!zero || s == kDenseReduce || (s == kExpertReduce && grid.ep_size() > 1), "parallel.zero = ",
+             cfg.update.zero, ": ZeRO shards over the data-parallel group, but parameters of this model are averaged "
+             "over ", s.str(), " (ZeRO needs every parameter replicated over ", kDenseReduce.str(), ")");
   if (zero && cfg.update.zero == 3) return make_zero3_sync(grid, stage, *zero, cfg);
   if (zero && !cfg.skip_allreduce && cfg.update.zero == 2) return std::make_unique<Zero2Sync>(grid, stage, *zero, cfg);
   if (zero && !cfg.skip_allreduce) return std::make_unique<ShardedSync>(*zero);

@@ -30,7 +30,9 @@ ProcessGrid ProcessGrid::make(const Communicator& world_in, GridShape s, double 
   g.pp_comm_ = m.group({Dim::pipeline});
   g.tp_comm_ = m.group({Dim::tensor});
   g.replica_comm_ = m.group({Dim::pipeline, Dim::tensor});
-  g.zero_comm_ = m.group(kDenseReduce).dup("zero");
+  // ZeRO shards over the ranks whose arenas hold the same parameters: with
+  // experts split (parallel.expert > 1) the expert-data ranks (parallel/updater.cpp).
+  g.zero_comm_ = m.group(m.size(Dim::expert) > 1 ? kExpertReduce : kDenseReduce).dup("zero");
   g.split_ends();
   // Tensor groups all-reduce on the critical path of every layer pair: across
   // nodes that costs far more. The widest group decides (nodes may be uneven).

@@ -240,6 +240,9 @@ std::vector<StatePiece> ModelState::pieces() {
     for (auto& sl : slices) {
       const ParamInfo& pi = a.info(sl.param);
       if ((!pi.shard.sharded() && grid_.tp_rank() != 0) || pi.copy_of >= 0) continue;
+      // Expert parallelism: ZeRO shards over data x context, so the dense slices
+      // are alike on every expert rank; expert rank 0's are written.
+      if (pi.reduce_over == kDenseReduce && grid_.mesh().coord(Dim::expert) != 0) continue;
       PiecePlace p = pi.shard.sharded() ? PiecePlace{pi.shard.global, pi.shard, sl.begin} : PiecePlace{pi.shape, {}, sl.begin};
       out.push_back({slice_name(sl, pi), sl.data, p});
     }

@@ -115,7 +115,7 @@ std::vector<double> layer_time_costs(const ModelConfig& mc, Device dev, std::int
     Layer& l = *layers[i];
     split_tied_layers(layers, static_cast<int>(i), static_cast<int>(i) + 1, before);
     ParamArena a;
-    a.set_index_base(before.size());  // model index of the layer's first parameter
+    a.set_index_base(before.next_model_index());  // model index of the layer's first parameter
     l.register_params(a, static_cast<int>(i), "");
     shadow[i]->register_params(before, static_cast<int>(i), "");
     a.finalize(dev);

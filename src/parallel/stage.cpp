@@ -48,7 +48,7 @@ Stage::Stage(const ModelConfig& mc, Device dev, std::vector<LayerRange> ranges, 
     Shape s = model_input_shape(mc, 1);
     for (int i = 0; i < n; ++i) {
       in[static_cast<std::size_t>(i)] = s;
-      first_param[static_cast<std::size_t>(i)] = model.size();
+      first_param[static_cast<std::size_t>(i)] = model.next_model_index();  // an expert rank skips others' experts
       scratch[static_cast<std::size_t>(i)]->register_params(model, i, "");
       if (i + 1 < n) s = scratch[static_cast<std::size_t>(i)]->output_shape(s);
     }

@@ -1,5 +1,6 @@
 #include "ringtrain/parallel/updater.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #include "ringtrain/comm/agree.hpp"
@@ -36,6 +37,45 @@ Updater::Updater(const ProcessGrid& grid, Stage& stage, const UpdateConfig& cfg,
                                                return rt.make_optimizer(a, c);
                                              },
                                              [&rt](ParamArena& a, double f) { rt.unscale_grads(a, f); });
+  if (grid.ep_size() > 1) average_dense_over_experts();
+}
+
+// Expert parallelism with ZeRO: ZeRO's group is then the expert-data ranks
+// (grid.zero(): data x context, whose arenas hold the same experts), so the
+// dense gradients, averaged over data x expert x context, are first averaged
+// over the expert group, span by span of dense parameters, just before each
+// range is reduce-scattered. Afterwards every expert rank holds the same dense
+// slice and takes the same update: dense weights stay alike over the group
+// (their optimizer state is sharded over data x context, not over experts).
+void Updater::average_dense_over_experts() {
+  const ParamArena& a = stage_.arena();
+  std::vector<std::pair<DType, std::pair<std::size_t, std::size_t>>> spans;  // dense parameters, merged
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const ParamInfo& pi = a.info(i);
+    if (pi.reduce_over != kDenseReduce) continue;
+    const std::size_t lo = pi.offset, hi = lo + static_cast<std::size_t>(shape_numel(pi.shape));
+    // Right after a dense parameter of its dtype: one span (the padding between is zero everywhere).
+    if (i > 0 && a.info(i - 1).reduce_over == kDenseReduce && a.info(i - 1).dtype == pi.dtype)
+      spans.back().second.second = hi;
+    else
+      spans.push_back({pi.dtype, {lo, hi}});
+  }
+  // Its own communicator: ZeRO-2 reduces on a worker thread while the backward's
+  // all-to-alls use grid.ep().
+  ep_dense_ = grid_.ep().dup("zero.expert");
+  const ParamArena* arena = &a;
+  const Communicator* ep = &ep_dense_;
+  zero_->set_pre_reduce([spans, arena, ep](DType dt, std::size_t lo, std::size_t hi) {
+    Tensor g = arena->grads_flat(dt);
+    for (const auto& [t, r] : spans) {
+      const std::size_t b = std::max(lo, r.first), e = std::min(hi, r.second);
+      if (t != dt || b >= e) continue;
+      char* p = static_cast<char*>(g.raw()) + b * dtype_size(dt);
+      CollectiveOptions o;
+      o.device = g.device();
+      allreduce(p, p, e - b, dt, ReduceOp::avg, *ep, o);
+    }
+  });
 }
 
 Updater::~Updater() = default;
@@ -49,11 +89,15 @@ std::vector<char> Updater::counted_once(const ParamArena& a) const {
   const ParamArena& whole = stage_.arena();
   bool copies = false;
   for (const ParamInfo& pi : whole.infos()) copies = copies || pi.copy_of >= 0;
-  if (grid_.tp_size() == 1 && !copies) return {};  // all of them
+  // Expert parallelism: the dense weights are alike on the expert group (and,
+  // with ZeRO, so are their slices): expert rank 0 counts them.
+  const bool dense_here = grid_.mesh().coord(Dim::expert) == 0;
+  if (grid_.tp_size() == 1 && !copies && dense_here) return {};  // all of them
   std::vector<char> keep(a.size());
   for (std::size_t i = 0; i < a.size(); ++i) {
     const ParamInfo& pi = whole.info(zero_ ? zero_->full_index()[i] : i);
-    keep[i] = (pi.shard.sharded() || grid_.tp_rank() == 0) && pi.copy_of < 0;
+    keep[i] = (pi.shard.sharded() || grid_.tp_rank() == 0) && pi.copy_of < 0 &&
+              (dense_here || pi.reduce_over != kDenseReduce);
   }
   return keep;
 }
@@ -61,23 +105,15 @@ std::vector<char> Updater::counted_once(const ParamArena& a) const {
 bool Updater::apply(double lr) {
   ParamArena& a = zero_ ? zero_->shard() : stage_.arena();
   const bool clip = cfg_.clip_norm > 0;
-  const Communicator& owners = zero_ ? grid_.world() : grid_.replica();
+  // Expert parallelism: each rank's experts are its own, so the sums run over
+  // the expert group too (with ZeRO the world already holds it).
+  const Communicator& owners = zero_ ? grid_.world()
+                               : grid_.ep_size() > 1 ? grid_.mesh().group({Dim::pipeline, Dim::expert, Dim::tensor})
+                                                     : grid_.replica();
   double v[2] = {0, 0};  // sum of squares, non-finite count
   if (scaler_) v[1] = rt_.unscale_grads(a, scaler_->inv_scale()) ? 0 : 1;
   if (clip) v[0] = rt_.grad_sq_norm(a, counted_once(a));
   if (owners.size() > 1 && (scaler_ || clip)) allreduce(v, v, 2, DType::f64, ReduceOp::sum, owners);
-  if (grid_.ep_size() > 1 && (scaler_ || clip)) {
-    // Experts split over the expert group (nn/moe.hpp): the norm is the dense
-    // weights' (alike on its ranks) plus every rank's own experts'.
-    std::vector<char> experts(a.size(), 0);
-    for (std::size_t i = 0; i < a.size(); ++i) experts[i] = a.info(i).reduce_over != kDenseReduce;
-    double e[2] = {clip ? rt_.grad_sq_norm(a, experts) : 0.0, v[1]};
-    allreduce(e, e, 2, DType::f64, ReduceOp::sum, grid_.ep());
-    std::vector<char> dense(a.size());
-    for (std::size_t i = 0; i < a.size(); ++i) dense[i] = !experts[i];
-    if (clip) v[0] = rt_.grad_sq_norm(a, dense) + e[0];
-    v[1] = e[1];
-  }
   if (scaler_ && !scaler_->update(v[1] == 0)) return false;
   if (clip) {
     const double coef = clip_coefficient(std::sqrt(v[0]), cfg_.clip_norm);

@@ -110,7 +110,7 @@ const std::vector<Field>& fields() {
       RT_FIELD(parallel, tensor, "tensor-parallel size: the model splits its layers over this many neighbouring ranks"),
       RT_FIELD(parallel, context, "context parallelism (model 'gpt'): each sequence's tokens are split over this many ranks, rank r holding chunks r and 2P-1-r of 2P (head-tail: the causal mask's work balances); the attention crosses the split as parallel.context_mode says; a sequence not divisible by 2P is padded and the padding masked. Data-parallel size = ranks / (pipeline x tensor x context). CPU; float32 activations (train.precision = bf16: the projections multiply in bf16, the attention core stays float32; not fp16); with parallel.tensor > 1 and parallel.sequence, each tensor rank takes 1/tensor of its context rank's tokens (docs/context_parallel.md)"),
       RT_FIELD(parallel, context_mode, "parallel.context > 1: ring = ring attention, K/V blocks travel the ring with bounded point-to-point transfers overlapped with the attention (any head count); alltoall = DeepSpeed-Ulysses, q/k/v exchanged by an all-to-all so each rank attends over the whole sequence for heads / context of the heads, the output exchanged back (4 all-to-alls per layer and pass, 2/P of the ring's bytes; parallel.context must divide model.heads / parallel.tensor) (docs/context_parallel.md)"),
-      RT_FIELD(parallel, expert, "expert parallelism: the experts of model.experts are split over this many data-parallel ranks (it divides the data-parallel size and model.experts); tokens reach their experts by all-to-all, expert gradients are averaged over the ranks holding the same experts (docs/moe.md). Checkpoints store each expert under its global index, so any expert size (1 included) resumes them. CPU only; not with parallel.pipeline, parallel.tensor, parallel.zero or model.init_from yet"),
+      RT_FIELD(parallel, expert, "expert parallelism: the experts of model.experts are split over this many data-parallel ranks (it divides the data-parallel size and model.experts); tokens reach their experts by all-to-all, expert gradients are averaged over the ranks holding the same experts (docs/moe.md). Checkpoints store each expert under its global index, so any expert size (1 included) resumes them. Composes with parallel.pipeline, parallel.tensor (the experts replicated over the tensor ranks; parallel.sequence = false) and parallel.zero (ZeRO then shards over the ranks holding the same experts). CPU only; not with model.init_from yet"),
       RT_FIELD(parallel, micro_batches, "micro-batches per step and replica (0 = pipeline); divides data.batch_size"),
       RT_FIELD(parallel, schedule, "afab | 1f1b | zb-h1 | interleaved | zb-v | auto | FILE.csv: the pipeline schedule (docs/parallel_layouts.md); auto picks, at start, the one the schedule simulator predicts fastest for the model's measured layer times among those holding no more activations than 1f1b; interleaved cuts the model into parallel.pipeline x parallel.virtual_stages chunks, chunk c on rank c mod pipeline (Megatron's virtual stages); zb-v into 2 x pipeline chunks in a V (rank 0 holds the first and the last); FILE.csv runs a table of actions per rank (`ringtrain train --print-schedule` writes one) after validating it"),
       RT_FIELD(parallel, virtual_stages, "parallel.schedule = interleaved: model chunks per pipeline rank (>= 2)"),
@@ -370,20 +370,12 @@ void TrainConfig::validate() const {
     RT_CHECK(model.name == "gpt", "configuration key 'model.experts' = ", model.experts, " is for model.name = gpt "
              "(a [[model.layers]] transformer entry takes key 'experts'), not '", model.name, "'");
     range("model.top_k", model.top_k, 1, model.experts);
-    RT_CHECK(parallel.tensor == 1, "configuration key 'model.experts' = ", model.experts, " with parallel.tensor = ",
-             parallel.tensor, " is not supported yet (the experts are not split over tensor ranks)");
     RT_CHECK(model.experts % parallel.expert == 0, "configuration key 'model.experts' = ", model.experts,
              " is not divisible by parallel.expert = ", parallel.expert);
   }
   if (parallel.expert > 1) {  // what expert parallelism does not compose with yet: named, on every rank alike
     RT_CHECK(model.experts > 0 || model.name == "layers", "parallel.expert = ", parallel.expert,
              " needs experts to split: set model.experts");
-    RT_CHECK(parallel.pipeline == 1, "parallel.expert = ", parallel.expert, " with parallel.pipeline = ",
-             parallel.pipeline, " is not supported yet");
-    RT_CHECK(parallel.tensor == 1, "parallel.expert = ", parallel.expert, " with parallel.tensor = ", parallel.tensor,
-             " is not supported yet");
-    RT_CHECK(parallel.zero == 0, "parallel.expert = ", parallel.expert, " with parallel.zero = ", parallel.zero,
-             " is not supported yet (ZeRO shards over data x expert, the experts are not replicated there)");
     RT_CHECK(model.init_from.empty(), "parallel.expert = ", parallel.expert, " with model.init_from is not supported yet");
     RT_CHECK(train.verify_every == 0, "parallel.expert = ", parallel.expert, " with train.verify_every = ",
              train.verify_every, " is not supported (expert weights differ between the ranks of an expert group)");

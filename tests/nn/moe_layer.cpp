@@ -107,6 +107,62 @@ TEST(MoeLayer, GradientsWithCapacityDrops) {
   check_layer(s, 41);
 }
 
+// The experts' GEMMs as OpenBLAS calls or one batched oneDNN call instead of
+// the default oneDNN call per expert: the same finite-difference check.
+TEST(MoeLayer, GradientsWithOtherExpertGemms) {
+  for (ExpertGemmMode m : {ExpertGemmMode::blas_loop, ExpertGemmMode::dnnl_grouped}) {
+    MoeSpec s = spec(4, 2, 0.5);
+    s.gemm = m;
+    check_layer(s, 51);
+  }
+}
+
+// The three GEMM modes compute the same layer: output and every gradient, with
+// accumulation over two micro-batches and an expert that gets no token (the
+// selection bias keeps expert 3 of 4 out), within float32 rounding of
+// sums in another order (measured 0 at this width; bench/nn_moe_layer.cpp at
+// width 256: 2.3e-6 of max 2.5; bound 1e-5 of the largest).
+TEST(MoeLayer, GemmModesAgree) {
+  MoeSpec s = spec(4, 2, 0.3);
+  s.dim = 16, s.hidden = 24;
+  s.bias_update_rate = 0.01;  // a selection bias (no update runs here)
+  std::vector<std::vector<float>> outs, grads;
+  int empty_expert_rows = -1;
+  for (ExpertGemmMode m : {ExpertGemmMode::dnnl_grouped, ExpertGemmMode::blas_loop, ExpertGemmMode::dnnl_loop}) {
+    s.gemm = m;
+    Harness h(std::make_unique<MoeMlp>("moe", s), 61);
+    h.randomize_params(61, 0.05, 0.5);
+    dynamic_cast<MoeMlp&>(*h.layer).expert_bias().data<float>()[3] = -10.f;  // expert 3: never chosen
+    std::vector<float> o;
+    for (int mb = 0; mb < 2; ++mb) {
+      Tensor x = random_tensor({3, 7, s.dim}, 62 + mb);
+      Tensor y = h.layer->forward(x, Mode::train);
+      o.insert(o.end(), y.data<float>(), y.data<float>() + y.numel());
+      Tensor dx = h.layer->backward(random_tensor(y.shape(), 64 + mb), true, mb > 0);
+      o.insert(o.end(), dx.data<float>(), dx.data<float>() + dx.numel());
+      empty_expert_rows = int(saved_of(*h.layer).rows[3]);
+    }
+    outs.push_back(o);
+    std::vector<float> g;
+    for (std::size_t i = 0; i < h.arena.size(); ++i)
+      g.insert(g.end(), h.arena.grad(i).data<float>(), h.arena.grad(i).data<float>() + h.arena.grad(i).numel());
+    grads.push_back(g);
+  }
+  EXPECT_EQ(empty_expert_rows, 0);
+  for (auto* v : {&outs, &grads}) {
+    double amax = 0;
+    for (float a : (*v)[0]) amax = std::max(amax, double(std::fabs(a)));
+    ASSERT_GT(amax, 0);
+    for (std::size_t m = 1; m < v->size(); ++m) {
+      double worst = 0;
+      for (std::size_t i = 0; i < (*v)[0].size(); ++i) worst = std::max(worst, double(std::fabs((*v)[m][i] - (*v)[0][i])));
+      EXPECT_LT(worst, 1e-5 * amax) << "mode " << m << (v == &outs ? " outputs" : " gradients");
+      std::printf("[moe gemm modes] mode %zu vs grouped: %s max diff %.2e of %.2e\n", m,
+                  v == &outs ? "outputs" : "gradients", worst, amax);
+    }
+  }
+}
+
 // One expert, top-1: gates are 1, so the layer is the dense MLP fc2(gelu(fc1(x))).
 TEST(MoeLayer, OneExpertIsTheDenseMlp) {
   MoeSpec s = spec(1, 1, 0.0);

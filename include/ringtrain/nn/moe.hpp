@@ -44,6 +44,9 @@
 #include "ringtrain/nn/layer.hpp"
 
 namespace ringtrain {
+namespace detail {
+class ExpertGemm;
+}
 
 // What the MoE layers of one model record for the logs, per layer, summed over
 // the forwards (not replays) since the last take(); and the scale of the aux
@@ -88,6 +91,15 @@ struct ExpertGroup {
   std::shared_ptr<MoeShared> shared = std::make_shared<MoeShared>();
 };
 
+// How the local experts' GEMMs run (src/nn/moe_gemm.hpp): one oneDNN matmul
+// per expert on its rows (dnnl_loop, the default: the fastest of the three in
+// bench/nn_moe_layer.cpp, docs/moe.md), one OpenBLAS sgemm per expert, or one
+// oneDNN matmul batched over the experts with their rows padded to the busiest
+// expert's (oneDNN 2.6 has no grouped GEMM of unequal sizes; the padding costs
+// max/mean - 1 of the work).
+enum class ExpertGemmMode { dnnl_grouped, blas_loop, dnnl_loop };
+const char* expert_gemm_name(ExpertGemmMode m);
+
 struct MoeSpec {
   std::int64_t dim = 0, hidden = 0;
   int experts = 0, top_k = 2;
@@ -95,6 +107,7 @@ struct MoeSpec {
   double capacity_factor = 0;  // 0: dropless
   double bias_update_rate = 0;  // aux-loss-free balancing step u; 0: off (no bias)
   Eltwise gelu = Eltwise::gelu;
+  ExpertGemmMode gemm = ExpertGemmMode::dnnl_loop;
 };
 
 class MoeMlp : public Layer {
@@ -137,10 +150,15 @@ class MoeMlp : public Layer {
     // Dispatch: counts[j * L + l] rows for rank j's local expert l, sent / received.
     std::vector<std::size_t> send_counts, recv_counts;
     std::vector<float> send, recv, out_recv, out_send;  // rows of D: dispatched in, results back
-    // Expert side, rows grouped by local expert: input, fc1 output, GELU output, fc2 output.
-    std::vector<std::int64_t> perm;   // expert-side row i = received row perm[i]
+    // Expert side: local expert l's rows are [l * stride, l * stride + rows[l]) of
+    // xe (input), h (fc1 output), a (GELU output) and oe (fc2 output); the rest
+    // of each block is padding (zero in xe and, in the backward, in doe).
+    std::vector<std::int64_t> perm;   // expert-side row slot[i] = received row perm[i]
+    std::vector<std::int64_t> slot;
     std::vector<std::int64_t> rows;   // rows per local expert
+    std::int64_t stride = 0;
     Tensor xe, h, a;
+    std::shared_ptr<detail::ExpertGemm> gemm;  // src/nn/moe_gemm.hpp: its oneDNN primitives
     // Scratch of the forward and backward, kept so that a step allocates nothing once shapes settle.
     std::vector<float> oe, dgate, dout_send, dout_recv, doe, dxe, dx_recv, dx_send, dlogit;
     Tensor da, dh;
@@ -153,6 +171,7 @@ class MoeMlp : public Layer {
   std::string full_name_;  // "blocks.0.moe": how the metrics name the layer
   std::size_t router_ = 0;
   std::vector<std::size_t> w1_, b1_, w2_, b2_;  // local experts
+  std::int64_t wstride_ = 0;  // elements from one local expert's fc1 (fc2) weight to the next's
   Backend* be_ = nullptr;
   std::unique_ptr<EltwiseKernel> gelu_;
   const ParamArena* arena_ = nullptr;

@@ -104,6 +104,10 @@ class ParamArena {
   // parameters after it are not shifted by it.
   void set_index_base(std::size_t base);
   std::size_t model_index(std::size_t i) const;
+  // The model index the next parameter added would get: size() unless an index
+  // base was set (a layer holding part of its parameters, as an expert rank's
+  // MoE layer does, skips the indices of the others).
+  std::size_t next_model_index() const;
 
   Tensor param(std::size_t i) const;
   Tensor grad(std::size_t i) const;

@@ -71,6 +71,11 @@ class ShardedOptimizer {
   // ranges tiling every buffer are reduced, average_grads() divides by the group size.
   void reduce_scatter_range(DType dt, std::size_t lo, std::size_t hi);
   void average_grads();
+  // Runs on elements [lo, hi) of dtype dt's full gradient buffer before they are
+  // reduce-scattered (expert parallelism: the dense gradients are first averaged
+  // over the expert group, the group here being the expert-data ranks; parallel/updater.cpp).
+  using PreReduce = std::function<void(DType, std::size_t lo, std::size_t hi)>;
+  void set_pre_reduce(PreReduce f) { pre_reduce_ = std::move(f); }
   // Updates this rank's slice from its averaged gradients, then all-gathers the
   // parameters into the full arena. The slice's parameters are first refreshed
   // from the full arena (so a broadcast or load of the full arena is seen).
@@ -154,6 +159,7 @@ class ShardedOptimizer {
   CollectiveOptions host_copt_;  // the same on host scalars (norm pieces, byte counts)
   Factory make_;
   GradScale scale_;
+  PreReduce pre_reduce_;
   std::vector<Slice> slices_;
   ParamArena shard_;
   std::vector<std::size_t> full_index_;  // shard parameter -> full parameter

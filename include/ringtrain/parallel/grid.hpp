@@ -85,7 +85,9 @@ class ProcessGrid {
   const Communicator& tp() const { return tp_comm_; }
   const Communicator& cp() const { return mesh_.group({Dim::context}); }
   const Communicator& replica() const { return replica_comm_; }  // same dp: pp x tp ranks
-  const Communicator& zero() const { return zero_comm_; }        // a duplicate of dp() for ZeRO's collectives
+  // ZeRO's collectives: a duplicate of dp() (with parallel.expert > 1, of the
+  // expert-data group: data x context, whose arenas hold the same experts).
+  const Communicator& zero() const { return zero_comm_; }
   // The ranks holding the first and the last chunk of this rank's dp and tp
   // coordinates, ranked by stage (2 ranks; this rank alone at pipeline 1, on
   // the stages between, and where one rank holds both: the V layout).

@@ -9,7 +9,9 @@
 // Partial results (a sum of squares, a non-finite count) are combined in one
 // all-reduce over the ranks that together hold each gradient once: the
 // replica (grid.replica(): its stages and tensor shards), or with ZeRO-1/2 the
-// world (each rank holds a slice of its replica's part). Pure data parallelism
+// world (each rank holds a slice of its replica's part); with expert
+// parallelism the replica's expert group too (every rank holds its own experts:
+// pipeline x expert x tensor). Pure data parallelism
 // without ZeRO needs none: every rank holds the whole averaged gradients.
 #include <memory>
 #include <vector>
@@ -51,7 +53,8 @@ class Updater {
 
  private:
   std::vector<char> counted_once(const ParamArena& a) const;
-  void resync_tied();  // a tied weight's copy takes its owner's values (see updater.cpp)
+  void resync_tied();
+  void average_dense_over_experts();  // ZeRO with parallel.expert > 1 (see updater.cpp)  // a tied weight's copy takes its owner's values (see updater.cpp)
 
   const ProcessGrid& grid_;
   Stage& stage_;
@@ -60,7 +63,8 @@ class Updater {
   std::unique_ptr<Optimizer> opt_;
   std::unique_ptr<ShardedOptimizer> zero_;
   std::unique_ptr<LossScaler> scaler_;
-  bool resync_tied_ = false;  // ZeRO: a tied weight's copy takes its owner's values after each update
+  bool resync_tied_ = false;
+  Communicator ep_dense_;  // ZeRO with parallel.expert > 1: the dense gradients' average over the expert group  // ZeRO: a tied weight's copy takes its owner's values after each update
 };
 
 }  // namespace ringtrain
