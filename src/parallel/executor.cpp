@@ -361,11 +361,16 @@ SimCosts ScheduleExecutor::gather_costs(const std::vector<ChunkTime>& mine, cons
 }
 
 LinkCost ScheduleExecutor::measure_link(int reps) const {
+  double big = 16;
+  for (double b : out_bytes_) big = std::max(big, b);
+  return measure_pipeline_link(grid_, big, reps);
+}
+
+LinkCost measure_pipeline_link(const ProcessGrid& grid_, double big, int reps) {
   using Clock = std::chrono::steady_clock;
   const auto since = [](Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); };
   const int p = grid_.pp_size(), r = grid_.pp_rank();
-  double big = 16;
-  for (double b : out_bytes_) big = std::max(big, b);
+  big = std::max(big, 16.0);
   allreduce(&big, &big, 1, DType::f64, ReduceOp::max, grid_.pp());
   const std::size_t sizes[2] = {16, static_cast<std::size_t>(big)};
   std::vector<char> buf(sizes[1]);
