@@ -52,8 +52,9 @@ SimResult simulate(const Schedule& in, const SimCosts& costs) {
     }
     return t;
   };
-  // The executor's slots (executor.cpp): per chunk a stack, a forward takes
-  // the top one once the slot's earlier sends completed, a B or W gives it back.
+  // The executor's slots (executor.cpp): per chunk a list in the order freed;
+  // a forward takes the first whose sends have completed (else the first,
+  // once they have), a B or W gives it back.
   const std::vector<std::vector<int>> peaks = peak_in_flight_per_chunk(s);
   std::vector<int> slots(P, 1);
   std::vector<std::vector<std::vector<int>>> free_slots(P), slot_of(P);
@@ -62,7 +63,7 @@ SimResult simulate(const Schedule& in, const SimCosts& costs) {
     for (int x : peaks[k]) slots[k] = std::max(slots[k], x);
     free_slots[k].resize(static_cast<std::size_t>(v));
     for (auto& f : free_slots[k])
-      for (int j = slots[k]; j-- > 0;) f.push_back(j);
+      for (int j = 0; j < slots[k]; ++j) f.push_back(j);
     slot_of[k].assign(static_cast<std::size_t>(v), std::vector<int>(static_cast<std::size_t>(s.micro_batches), 0));
     sent[k].assign(static_cast<std::size_t>(v * slots[k]), 0.0);
   }
@@ -120,11 +121,15 @@ SimResult simulate(const Schedule& in, const SimCosts& costs) {
           r.where = cat("rank ", k, " has no free slot for ", action_str(a));
           return r;
         }
-        auto& slot_sent = sent[K][static_cast<std::size_t>(ch * slots[K] + fs.back())];
-        c = std::max(c, slot_sent);  // the executor's finish_sends
-        slot_sent = 0;
-        slot_of[K][CH][static_cast<std::size_t>(a.mb)] = fs.back();
-        fs.pop_back();
+        // The longest-free slot whose sends completed, else the longest-free one, after its sends.
+        auto sent_of = [&](int slot) -> double& { return sent[K][static_cast<std::size_t>(ch * slots[K] + slot)]; };
+        std::size_t pick = 0;
+        while (pick < fs.size() && sent_of(fs[pick]) > c) ++pick;
+        if (pick == fs.size()) pick = 0;
+        c = std::max(c, sent_of(fs[pick]));  // the executor's finish_sends
+        sent_of(fs[pick]) = 0;
+        slot_of[K][CH][static_cast<std::size_t>(a.mb)] = fs[pick];
+        fs.erase(fs.begin() + static_cast<std::ptrdiff_t>(pick));
         dur = costs.of(a.stage).f;
         break;
       }
