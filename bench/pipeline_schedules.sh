@@ -6,6 +6,8 @@
 # prediction from the same epoch's per-chunk costs and measured link, the
 # message time, and the prediction with free messages (the trainer's epoch line),
 # and the bound of 1F1B: m/(m+p-1) x data 2's throughput.
+# Rounds are interleaved (every row once per round); each row prints the 1-minute load average
+# at its start; the end prints each row's median over the rounds (MODELS="cnn vit gpt" selects).
 #   bench/pipeline_schedules.sh [build-dir] [rounds]   (data: make prepare prepare-text)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,19 +21,43 @@ run() {  # model-config extra-sets...
     sed -E 's/.*\| ([0-9]+ (img|tokens)\/s)[^|]*(\| pipeline schedule ([0-9.]+) ms\/step, simulator ([0-9.]+) ms \(bubble [0-9]+%; messages ([0-9]+) us; ([0-9.]+) ms with free messages\))?.*/\1 \4 \5 \6 \7/'
 }
 echo "# $(date -u +%FT%TZ) $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2) ($(nproc) cores), load $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "# model layout rate unit schedule_ms predicted_ms message_us predicted_free_ms"
+MODELS=${MODELS:-cnn vit gpt}
+load() { cut -d' ' -f1 /proc/loadavg; }
+echo "# round model layout load rate unit schedule_ms predicted_ms message_us predicted_free_ms"
+out=$(mktemp)
 for r in $(seq "$ROUNDS"); do
-  for spec in "jobs/fashion_cnn.toml data.batch_size=512 parallel.partition=time" \
-              "jobs/fashion_vit.toml data.batch_size=256 parallel.partition=time" \
-              "jobs/text_gpt.toml data.batch_size=32 parallel.partition=time"; do
-    read -r cfg b part <<<"$spec"
+  for spec in "cnn jobs/fashion_cnn.toml data.batch_size=512 parallel.partition=time" \
+              "vit jobs/fashion_vit.toml data.batch_size=256 parallel.partition=time" \
+              "gpt jobs/text_gpt.toml data.batch_size=32 parallel.partition=time"; do
+    read -r name cfg b part <<<"$spec"
+    [[ " $MODELS " == *" $name "* ]] || continue
     m=$(basename "$cfg" .toml)
     # data 2: each rank half the global batch
     half=$(( ${b#*=} / 2 ))
-    echo "$m data2 $(run "$cfg" --set data.batch_size=$half)"
+    l=$(load)
+    echo "$r $m data2 $l $(run "$cfg" --set data.batch_size=$half)" | tee -a "$out"
     for s in 1f1b zb-h1 interleaved zb-v; do
-      echo "$m $s $(run "$cfg" --set "$b" --set "$part" --set parallel.pipeline=2 --set parallel.micro_batches=4 \
-        --set parallel.schedule=$s)"
+      l=$(load)
+      echo "$r $m $s $l $(run "$cfg" --set "$b" --set "$part" --set parallel.pipeline=2 --set parallel.micro_batches=4 \
+        --set parallel.schedule=$s)" | tee -a "$out"
     done
   done
 done
+echo "# medians over $ROUNDS round(s): model layout load rate unit schedule_ms predicted_ms err(measured/predicted-1)"
+python3 - "$out" <<'PY'
+import sys, statistics as st, collections
+rows = collections.OrderedDict()
+for line in open(sys.argv[1]):
+    f = line.split()
+    if len(f) >= 6: rows.setdefault((f[1], f[2]), []).append(f)
+for (m, lay), fs in rows.items():
+    med = lambda i: st.median(float(f[i]) for f in fs) if all(len(f) > i for f in fs) else None
+    rate, load = med(4), med(3)
+    s = f"{m} {lay} {load:.1f} {rate:.0f} {fs[0][5]}"
+    sm, pm = med(6), med(7)
+    if sm is not None and pm is not None:
+        errs = [float(f[6]) / float(f[7]) - 1 for f in fs]
+        s += f" {sm:.1f} {pm:.1f} {st.median(errs):+.3f}"
+    print(s)
+PY
+rm -f "$out"

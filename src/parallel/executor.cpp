@@ -173,6 +173,12 @@ struct ScheduleExecutor::Transfers {
     for (auto& c : grad)
       for (auto& r : c) link.cancel(r);
   }
+  // Whether the slot's sends have all completed (polled, no wait).
+  bool sends_done(int chunk, int slot) {
+    for (auto& r : sends[static_cast<std::size_t>(chunk * slots + slot)])
+      if (!link.test(r)) return false;
+    return true;
+  }
   void finish_sends(int chunk, int slot) {
     const std::size_t k = static_cast<std::size_t>(chunk * slots + slot);
     for (auto& r : sends[k]) link.wait(r, "an activation or gradient");
@@ -236,8 +242,8 @@ StepOutput ScheduleExecutor::run(Stage& stage, const Loss& loss_fn, const StepIn
   // gradient of its input (to send, or the previous local chunk's dy).
   using PerMb = std::vector<std::vector<Tensor>>;
   std::vector<std::vector<int>> slot_of(v, std::vector<int>(m, -1)), free_slots(v);
-  for (int k = 0; k < v; ++k)
-    for (int j = slots_; j-- > 0;) free_slots[k].push_back(j);
+  for (int k = 0; k < v; ++k)  // in the order they were freed: oldest first
+    for (int j = 0; j < slots_; ++j) free_slots[k].push_back(j);
   PerMb input(v, std::vector<Tensor>(m)), output = input, dinput = input;
   std::vector<int> b_done(v, 0), w_done(v, 0);
   auto timed = [&](auto&& f, double* per_chunk = nullptr) {
@@ -268,8 +274,14 @@ StepOutput ScheduleExecutor::run(Stage& stage, const Loss& loss_fn, const StepIn
       case Op::forward: {
         if (g > 0 && L.rank_of(g - 1) == r) input[k][i] = turn(act_in_[k][i], output[L.chunk_of(g - 1)][i]);
         RT_ASSERT(!free_slots[k].empty() && input[k][i].defined());
-        slot_of[k][i] = free_slots[k].back();
-        free_slots[k].pop_back();
+        {  // the longest-free slot whose sends have completed, else wait for the longest-free one's
+          auto& fs = free_slots[k];
+          std::size_t pick = 0;
+          while (pick < fs.size() && !tr.sends_done(k, fs[pick])) ++pick;
+          if (pick == fs.size()) pick = 0;
+          slot_of[k][i] = fs[pick];
+          fs.erase(fs.begin() + static_cast<std::ptrdiff_t>(pick));
+        }
         tr.finish_sends(k, slot_of[k][i]);  // the slot's outputs may be rewritten now
         timed([&] {
           const SamplePosition pos{static_cast<std::uint64_t>(in.step), first_sample(i)};
@@ -361,11 +373,16 @@ SimCosts ScheduleExecutor::gather_costs(const std::vector<ChunkTime>& mine, cons
 }
 
 LinkCost ScheduleExecutor::measure_link(int reps) const {
+  double big = 16;
+  for (double b : out_bytes_) big = std::max(big, b);
+  return measure_pipeline_link(grid_, big, reps);
+}
+
+LinkCost measure_pipeline_link(const ProcessGrid& grid_, double big, int reps) {
   using Clock = std::chrono::steady_clock;
   const auto since = [](Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); };
   const int p = grid_.pp_size(), r = grid_.pp_rank();
-  double big = 16;
-  for (double b : out_bytes_) big = std::max(big, b);
+  big = std::max(big, 16.0);
   allreduce(&big, &big, 1, DType::f64, ReduceOp::max, grid_.pp());
   const std::size_t sizes[2] = {16, static_cast<std::size_t>(big)};
   std::vector<char> buf(sizes[1]);

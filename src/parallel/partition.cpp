@@ -102,7 +102,8 @@ std::vector<double> layer_param_costs(const std::vector<LayerPlan>& plan) {
 
 // One layer at a time, each in an arena of its own that is freed before the
 // next: the probe never holds more than one layer's parameters and activations.
-std::vector<double> layer_time_costs(const ModelConfig& mc, Device dev, std::int64_t batch, int reps) {
+std::vector<double> layer_time_costs(const ModelConfig& mc, Device dev, std::int64_t batch, int reps,
+                                     std::vector<double>* out_bytes) {
   using Clock = std::chrono::steady_clock;
   std::vector<LayerPtr> layers = build_model_layers(mc, dev);
   // The earlier layers' parameters, registered (never allocated) by a second
@@ -140,6 +141,7 @@ std::vector<double> layer_time_costs(const ModelConfig& mc, Device dev, std::int
       if (r > 0) t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
     }
     s = l.output_shape(s);
+    if (out_bytes) out_bytes->push_back(4.0 * static_cast<double>(shape_numel(s)));
     layers[i].reset();  // frees its activations; the arena goes with this scope
     std::sort(t.begin(), t.end());
     out.push_back(t[t.size() / 2]);

@@ -79,6 +79,16 @@ void PeerLink::wait(PeerRequest& r, const std::string& what) const {
   r.stage = -1;
 }
 
+bool PeerLink::test(PeerRequest& r) const {
+  if (!r.active()) return true;
+  MPI_Request q = get(r);
+  int done = 0;
+  check_mpi(MPI_Test(&q, &done, MPI_STATUS_IGNORE), "a pipeline transfer", "MPI_Test");
+  set(r, q);
+  if (done) r.stage = -1;
+  return done != 0;
+}
+
 void PeerLink::cancel(PeerRequest& r) const {
   if (!r.active()) return;
   MPI_Request q = get(r);

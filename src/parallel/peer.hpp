@@ -33,6 +33,8 @@ class PeerLink {
   PeerRequest irecv(void* buf, std::size_t bytes, int stage, int tag) const;
   // Waits for r; past the timeout the job ends naming the peer and `what`.
   void wait(PeerRequest& r, const std::string& what) const;
+  // Whether r has completed (or is no request), without waiting; drives MPI's progress.
+  bool test(PeerRequest& r) const;
   // Cancels a receive nobody will match (teardown).
   void cancel(PeerRequest& r) const;
 

@@ -29,64 +29,135 @@ double SimResult::mean_bubble() const {
 
 SimResult simulate(const Schedule& in, const SimCosts& costs) {
   const Schedule s = lower(in);
-  const int p = s.layout.ranks;
+  const PipelineLayout& L = s.layout;
+  const int p = L.ranks, v = L.chunks;
+  const auto P = static_cast<std::size_t>(p);
   SimResult r;
-  r.busy.assign(static_cast<std::size_t>(p), 0);
-  r.peak.assign(static_cast<std::size_t>(p), 0);
-  r.started.resize(static_cast<std::size_t>(p));
-  std::vector<std::size_t> pc(static_cast<std::size_t>(p), 0);
-  std::vector<double> clock(static_cast<std::size_t>(p), 0);
-  std::vector<int> live(static_cast<std::size_t>(p), 0);
-  // (receiving stage, 0 = activation | 1 = gradient, micro-batch) -> arrival time
+  r.busy.assign(P, 0);
+  r.peak.assign(P, 0);
+  r.started.resize(P);
+  std::vector<std::size_t> pc(P, 0);
+  std::vector<double> clock(P, 0);
+  std::vector<int> live(P, 0);
+  std::vector<bool> done(P, false);
+  // A message: (receiving stage, 0 = activation | 1 = gradient, micro-batch) -> when the receiver has it.
   std::map<std::tuple<int, int, int>, double> arrives;
-  for (;;) {
-    bool moved = false, all = true;
-    for (int k = 0; k < p; ++k) {
-      const auto& list = s.ranks[static_cast<std::size_t>(k)];
-      auto& c = clock[static_cast<std::size_t>(k)];
-      while (pc[static_cast<std::size_t>(k)] < list.size()) {
-        const Action& a = list[pc[static_cast<std::size_t>(k)]];
-        double dur = 0;
-        switch (a.op) {
-          case Op::recv_act:
-          case Op::recv_grad: {
-            auto it = arrives.find({a.stage, a.op == Op::recv_act ? 0 : 1, a.mb});
-            if (it == arrives.end()) goto blocked;
-            c = std::max(c, it->second);
-            break;
-          }
-          case Op::send_act: arrives[{a.stage + 1, 0, a.mb}] = c + costs.message_s(a.stage); break;
-          case Op::send_grad: arrives[{a.stage - 1, 1, a.mb}] = c + costs.message_s(a.stage - 1); break;
-          case Op::forward: dur = costs.of(a.stage).f; break;
-          case Op::backward: dur = costs.of(a.stage).b(); break;
-          case Op::backward_input: dur = costs.of(a.stage).i; break;
-          case Op::backward_weight: dur = costs.of(a.stage).w; break;
-          case Op::load_micro_batch: break;
-        }
-        if (is_compute(a.op)) {
-          r.started[static_cast<std::size_t>(k)].push_back({c, a});
-          auto& l = live[static_cast<std::size_t>(k)];
-          if (a.op == Op::forward) r.peak[static_cast<std::size_t>(k)] = std::max(r.peak[static_cast<std::size_t>(k)], ++l);
-          if (a.op == Op::backward || a.op == Op::backward_weight) --l;
-        }
-        c += dur;
-        r.busy[static_cast<std::size_t>(k)] += dur;
-        ++pc[static_cast<std::size_t>(k)];
-        moved = true;
-      }
-    blocked:
-      all &= pc[static_cast<std::size_t>(k)] == list.size();
+  // Per rank, its compute intervals so far: it drives MPI (takes a rendezvous
+  // message) only outside them.
+  std::vector<std::vector<std::pair<double, double>>> computing(P);
+  auto progresses_at = [&](int j, double t) {
+    for (auto it = computing[static_cast<std::size_t>(j)].rbegin(); it != computing[static_cast<std::size_t>(j)].rend(); ++it) {
+      if (it->second <= t) break;
+      if (it->first <= t) return it->second;
     }
-    if (all) break;
-    if (!moved) {
-      r.deadlock = true;
-      for (int k = 0; k < p; ++k)
-        if (pc[static_cast<std::size_t>(k)] < s.ranks[static_cast<std::size_t>(k)].size())
-          r.where += cat(r.where.empty() ? "" : "; ", "rank ", k, " waits in ",
-                         action_str(s.ranks[static_cast<std::size_t>(k)][pc[static_cast<std::size_t>(k)]]));
-      return r;
-    }
+    return t;
+  };
+  // The executor's slots (executor.cpp): per chunk a list in the order freed;
+  // a forward takes the first whose sends have completed (else the first,
+  // once they have), a B or W gives it back.
+  const std::vector<std::vector<int>> peaks = peak_in_flight_per_chunk(s);
+  std::vector<int> slots(P, 1);
+  std::vector<std::vector<std::vector<int>>> free_slots(P), slot_of(P);
+  std::vector<std::vector<double>> sent(P);  // per rank, chunk x slot: when the slot's sends complete
+  for (std::size_t k = 0; k < P; ++k) {
+    for (int x : peaks[k]) slots[k] = std::max(slots[k], x);
+    free_slots[k].resize(static_cast<std::size_t>(v));
+    for (auto& f : free_slots[k])
+      for (int j = 0; j < slots[k]; ++j) f.push_back(j);
+    slot_of[k].assign(static_cast<std::size_t>(v), std::vector<int>(static_cast<std::size_t>(s.micro_batches), 0));
+    sent[k].assign(static_cast<std::size_t>(v * slots[k]), 0.0);
   }
+  // Rank k posts a message at c across `boundary` to the rank of stage `to`.
+  // Eager: the receiver has it one message time later, the send is complete.
+  // Rendezvous: the receiver takes it (and the send completes) once it is in
+  // MPI, at or after one message time (its receives are posted up front).
+  auto post = [&](std::size_t k, int chunk, int mb, std::tuple<int, int, int> msg, int boundary, int to, double c) {
+    double at = c + costs.message_s(boundary);
+    const auto b = static_cast<std::size_t>(boundary);
+    if ((b < costs.boundary_bytes.size() ? costs.boundary_bytes[b] : 0.0) > costs.eager_bytes) {
+      at = std::max(at, progresses_at(L.rank_of(to), c));
+      auto& done_at = sent[k][static_cast<std::size_t>(chunk * slots[k] + slot_of[k][static_cast<std::size_t>(chunk)][static_cast<std::size_t>(mb)])];
+      done_at = std::max(done_at, at);
+    }
+    arrives[msg] = at;
+  };
+  // Ranks move in time order, one action at a time (a rank waiting in a
+  // receive whose message is not yet posted stands aside), so that when a
+  // message is posted at c every other rank's history up to c is known.
+  for (;;) {
+    int k = -1;
+    for (int j = 0; j < p; ++j) {
+      const auto J = static_cast<std::size_t>(j);
+      if (done[J]) continue;
+      if (pc[J] < s.ranks[J].size()) {
+        const Action& a = s.ranks[J][pc[J]];
+        if ((a.op == Op::recv_act || a.op == Op::recv_grad) &&
+            !arrives.count({a.stage, a.op == Op::recv_act ? 0 : 1, a.mb}))
+          continue;
+      }
+      if (k < 0 || clock[J] < clock[static_cast<std::size_t>(k)]) k = j;
+    }
+    if (k < 0) break;
+    const auto K = static_cast<std::size_t>(k);
+    auto& c = clock[K];
+    if (pc[K] == s.ranks[K].size()) {  // the step's end: every send completed
+      for (double t : sent[K]) c = std::max(c, t);
+      done[K] = true;
+      continue;
+    }
+    const Action& a = s.ranks[K][pc[K]++];
+    const int ch = L.chunk_of(a.stage);
+    const auto CH = static_cast<std::size_t>(ch);
+    double dur = 0;
+    switch (a.op) {
+      case Op::recv_act:
+      case Op::recv_grad: c = std::max(c, arrives.at({a.stage, a.op == Op::recv_act ? 0 : 1, a.mb})); break;
+      case Op::send_act: post(K, ch, a.mb, {a.stage + 1, 0, a.mb}, a.stage, a.stage + 1, c); break;
+      case Op::send_grad: post(K, ch, a.mb, {a.stage - 1, 1, a.mb}, a.stage - 1, a.stage - 1, c); break;
+      case Op::forward: {
+        auto& fs = free_slots[K][CH];
+        if (fs.empty()) {  // more in flight than slots: not a table validate() accepts
+          r.deadlock = true;
+          r.where = cat("rank ", k, " has no free slot for ", action_str(a));
+          return r;
+        }
+        // The longest-free slot whose sends completed, else the longest-free one, after its sends.
+        auto sent_of = [&](int slot) -> double& { return sent[K][static_cast<std::size_t>(ch * slots[K] + slot)]; };
+        std::size_t pick = 0;
+        while (pick < fs.size() && sent_of(fs[pick]) > c) ++pick;
+        if (pick == fs.size()) pick = 0;
+        c = std::max(c, sent_of(fs[pick]));  // the executor's finish_sends
+        sent_of(fs[pick]) = 0;
+        slot_of[K][CH][static_cast<std::size_t>(a.mb)] = fs[pick];
+        fs.erase(fs.begin() + static_cast<std::ptrdiff_t>(pick));
+        dur = costs.of(a.stage).f;
+        break;
+      }
+      case Op::backward: dur = costs.of(a.stage).b(); break;
+      case Op::backward_input: dur = costs.of(a.stage).i; break;
+      case Op::backward_weight: dur = costs.of(a.stage).w; break;
+      case Op::load_micro_batch: break;
+    }
+    if (is_compute(a.op)) {
+      r.started[K].push_back({c, a});
+      if (dur > 0) computing[K].push_back({c, c + dur});
+      auto& l = live[K];
+      if (a.op == Op::forward) r.peak[K] = std::max(r.peak[K], ++l);
+      if (a.op == Op::backward || a.op == Op::backward_weight) {
+        --l;
+        free_slots[K][CH].push_back(slot_of[K][CH][static_cast<std::size_t>(a.mb)]);
+      }
+    }
+    c += dur;
+    r.busy[K] += dur;
+  }
+  for (int k = 0; k < p; ++k) {
+    const auto K = static_cast<std::size_t>(k);
+    if (done[K]) continue;
+    r.deadlock = true;
+    r.where += cat(r.where.empty() ? "" : "; ", "rank ", k, " waits in ", action_str(s.ranks[K][pc[K]]));
+  }
+  if (r.deadlock) return r;
   r.makespan = clock.empty() ? 0 : *std::max_element(clock.begin(), clock.end());
   return r;
 }
@@ -95,32 +166,68 @@ SimResult simulate(const Schedule& in, const SimCosts& costs) {
 
 namespace ringtrain {
 
-ScheduleKind pick_schedule(const std::vector<double>& layer_costs, int p, int m, int virtual_stages, bool uniform_cut,
-                           std::string* why) {
-  const int n = static_cast<int>(layer_costs.size());
-  ScheduleKind best = ScheduleKind::one_f_one_b;
-  double best_step = 0, base_peak = 0;
-  for (ScheduleKind k : {ScheduleKind::one_f_one_b, ScheduleKind::zb_h1, ScheduleKind::interleaved, ScheduleKind::zb_v}) {
-    const PipelineLayout L = layout_for(k, p, virtual_stages);
-    if (L.stages() > n || (k == ScheduleKind::interleaved && (m % p != 0 || virtual_stages < 2))) continue;
-    const std::vector<int> cut = uniform_cut ? balance_uniform(n, L.stages()) : balance_by_cost(layer_costs, L.stages());
-    SimCosts c;
-    for (int g = 0, l = 0; g < L.stages(); ++g) {
-      double f = 0;
-      for (int j = 0; j < cut[static_cast<std::size_t>(g)]; ++j) f += layer_costs[static_cast<std::size_t>(l++)];
-      c.stage.push_back({f, f, f});
+std::vector<SchedulePrediction> predict_schedules(const PlanInput& in) {
+  const int p = in.ranks, m = in.micro_batches, v = in.virtual_stages;
+  const bool unit = in.layer_costs.empty();
+  const int n = static_cast<int>(in.layer_costs.size());
+  std::vector<SchedulePrediction> out;
+  double base_peak = -1;
+  for (ScheduleKind k : in.kinds) {
+    SchedulePrediction x;
+    x.kind = k;
+    const PipelineLayout L = layout_for(k, p, v);
+    x.chunks = L.chunks;
+    if (!unit && L.stages() > n) x.skipped = cat(L.stages(), " chunks, the model has ", n, " layers");
+    if (k == ScheduleKind::interleaved && m % p != 0) x.skipped = cat("m = ", m, " is not a multiple of p = ", p);
+    if (!x.skipped.empty()) {
+      out.push_back(x);
+      continue;
     }
-    const SimResult r = simulate(make_schedule(k, p, m, virtual_stages), c);
-    double peak = 0;
-    for (int x : r.peak) peak = std::max(peak, double(x) / L.chunks);
-    if (k == ScheduleKind::one_f_one_b) base_peak = peak, best_step = r.makespan;
-    const bool fits = peak <= base_peak + 1e-9;
+    SimCosts c;
+    c.link = in.link;
+    c.eager_bytes = in.eager_bytes;
+    if (unit) {  // every chunk 1/chunks of a stage, F = I = W
+      const double u = 1.0 / L.chunks;
+      c.stage.assign(static_cast<std::size_t>(L.stages()), StageCost{u, u, u});
+    } else {  // a layer's forward + backward split F = I = W (a backward costs about two forwards)
+      const std::vector<int> cut = in.uniform_cut ? balance_uniform(n, L.stages()) : balance_by_cost(in.layer_costs, L.stages());
+      for (int g = 0, l = 0; g < L.stages(); ++g) {
+        double t = 0;
+        for (int j = 0; j < cut[static_cast<std::size_t>(g)]; ++j) t += in.layer_costs[static_cast<std::size_t>(l++)];
+        c.stage.push_back({t / 3, t / 3, t / 3});
+        const auto last = static_cast<std::size_t>(l - 1);
+        c.boundary_bytes.push_back(last < in.layer_out_bytes.size() ? in.layer_out_bytes[last] : 0.0);
+      }
+    }
+    const SimResult r = simulate(make_schedule(k, p, m, v), c);
+    RT_CHECK(!r.deadlock, "schedule ", schedule_name(k), " deadlocks in the simulator: ", r.where);
+    x.step = r.makespan;
+    x.bubble = r.mean_bubble();
+    for (int a : r.peak) x.peak = std::max(x.peak, double(a) / L.chunks);
+    if (k == ScheduleKind::one_f_one_b) base_peak = x.peak;
+    x.fits = base_peak < 0 || x.peak <= base_peak + 1e-9;
+    out.push_back(x);
+  }
+  return out;
+}
+
+ScheduleKind pick_schedule(const PlanInput& in, std::string* why) {
+  PlanInput q = in;
+  q.kinds = {ScheduleKind::one_f_one_b, ScheduleKind::zb_h1, ScheduleKind::interleaved, ScheduleKind::zb_v};
+  if (q.virtual_stages < 2) q.kinds.erase(q.kinds.begin() + 2);
+  ScheduleKind best = ScheduleKind::one_f_one_b;
+  double best_step = 0;
+  for (const SchedulePrediction& x : predict_schedules(q)) {
     if (why) {
       char ms[32];
-      std::snprintf(ms, sizeof ms, "%.1f", 1e3 * r.makespan);
-      *why += cat(why->empty() ? "" : "; ", schedule_name(k), " ", ms, " ms", fits ? "" : " (more activations than 1f1b)");
+      std::snprintf(ms, sizeof ms, "%.1f", 1e3 * x.step);
+      *why += cat(why->empty() ? "" : "; ", schedule_name(x.kind), " ",
+                  !x.skipped.empty() ? cat("left out: ", x.skipped)
+                                     : cat(ms, " ms", x.fits ? "" : " (more activations than 1f1b)"));
     }
-    if (fits && r.makespan < best_step * (1 - 1e-9)) best = k, best_step = r.makespan;
+    if (!x.skipped.empty()) continue;
+    if (x.kind == ScheduleKind::one_f_one_b) best_step = x.step;
+    else if (x.fits && x.step < best_step * (1 - 1e-9)) best = x.kind, best_step = x.step;
   }
   return best;
 }

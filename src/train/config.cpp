@@ -114,6 +114,8 @@ const std::vector<Field>& fields() {
       RT_FIELD(parallel, micro_batches, "micro-batches per step and replica (0 = pipeline); divides data.batch_size"),
       RT_FIELD(parallel, schedule, "afab | 1f1b | zb-h1 | interleaved | zb-v | auto | FILE.csv: the pipeline schedule (docs/parallel_layouts.md); auto picks, at start, the one the schedule simulator predicts fastest for the model's measured layer times among those holding no more activations than 1f1b; interleaved cuts the model into parallel.pipeline x parallel.virtual_stages chunks, chunk c on rank c mod pipeline (Megatron's virtual stages); zb-v into 2 x pipeline chunks in a V (rank 0 holds the first and the last); FILE.csv runs a table of actions per rank (`ringtrain train --print-schedule` writes one) after validating it"),
       RT_FIELD(parallel, virtual_stages, "parallel.schedule = interleaved: model chunks per pipeline rank (>= 2)"),
+      RT_FIELD(parallel, link_latency_us, "the pipeline message time the schedule simulator charges (parallel.schedule = auto, --print-plan, the epoch line's prediction): latency in microseconds, plus bytes / parallel.link_gbytes_per_s; < 0 = measured by a ping-pong between neighbouring stages at start (--print-plan, one process: messages free)"),
+      RT_FIELD(parallel, link_gbytes_per_s, "with parallel.link_latency_us >= 0: the pipeline link's bandwidth in GB/s (0 = a message's bytes cost nothing)"),
       RT_FIELD(parallel, partition, "uniform | params | time | list: how layers are cut into stages"),
       RT_FIELD(parallel, balance, "partition = list: layers per stage, e.g. [3, 2, 2]"),
       RT_FIELD(parallel, zero, "ZeRO stage over the data-parallel ranks: 0 = off, 1 = optimizer state sharded (reduce-scatter after the backward, slice update, all-gather), 2 = gradients sharded too (bucket reduce-scatters overlap the backward; the full gradient is released as they finish), 3 = parameters sharded too (each bucket of layers is all-gathered before its forward and again before its backward, the next one prefetched, and released after use)"),
@@ -445,6 +447,9 @@ void TrainConfig::validate() const {
            "parallel.micro_batches = ", m);
   parse_schedule(parallel.schedule);  // names the key and the choices
   range("parallel.virtual_stages", parallel.virtual_stages, 2, 64);
+  range("parallel.link_gbytes_per_s", parallel.link_gbytes_per_s, 0, kHuge);
+  RT_CHECK(parallel.link_latency_us < 1e9, "configuration key 'parallel.link_latency_us' must be < 1e9, got ",
+           parallel.link_latency_us);
   one_of("parallel.partition", parallel.partition, {"uniform", "params", "time", "list"});
   RT_CHECK(parallel.partition != "list" || !parallel.balance.empty(),
            "configuration key 'parallel.partition' = list needs parallel.balance (layers per stage, e.g. [3, 2, 2])");

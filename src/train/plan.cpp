@@ -3,6 +3,8 @@
 #include <nlohmann/json.hpp>
 
 #include "ringtrain/core/error.hpp"
+#include "ringtrain/data/schema.hpp"
+#include "ringtrain/parallel/partition.hpp"
 #include "ringtrain/parallel/grid.hpp"
 #include "ringtrain/parallel/simulator.hpp"
 #include "ringtrain/train/gpu_gate.hpp"
@@ -17,22 +19,45 @@ bool has_transformer(const std::vector<LayerDesc>& list) {
   return false;
 }
 
-std::vector<RunPlan::SchedulePrediction> predict_schedules(int p, int m, int v) {
+// The simulator's comparison (predict_schedules, the one parallel.schedule =
+// auto uses), on unit stages; messages free (no time scale to charge them in).
+std::vector<RunPlan::SchedulePrediction> unit_predictions(int p, int m, int v) {
+  PlanInput in;
+  in.ranks = p;
+  in.micro_batches = m;
+  in.virtual_stages = v;
   std::vector<RunPlan::SchedulePrediction> out;
-  double base = 0;
-  for (ScheduleKind k : {ScheduleKind::one_f_one_b, ScheduleKind::afab, ScheduleKind::zb_h1, ScheduleKind::interleaved,
-                         ScheduleKind::zb_v}) {
-    if (k == ScheduleKind::interleaved && m % p != 0) continue;
-    const Schedule s = make_schedule(k, p, m, v);
-    const int c = s.layout.chunks;
-    SimCosts costs;
-    costs.stage.assign(static_cast<std::size_t>(s.layout.stages()), StageCost{1.0 / c, 1.0 / c, 1.0 / c});
-    const SimResult r = simulate(s, costs);
-    if (k == ScheduleKind::one_f_one_b) base = r.makespan;
-    int peak = 0;
-    for (int x : r.peak) peak = std::max(peak, x);
-    out.push_back({schedule_name(k), c, r.makespan / base, r.mean_bubble(), double(peak) / c});
+  const std::vector<SchedulePrediction> all = predict_schedules(in);
+  const double base = all.front().step;  // 1f1b, listed first
+  for (const SchedulePrediction& x : all)
+    if (x.skipped.empty()) out.push_back({schedule_name(x.kind), x.chunks, x.step / base, x.bubble, x.peak});
+  return out;
+}
+
+// parallel.schedule = auto: what the start would compare, from the layers
+// timed here (one process, the CPU) and the given link (parallel.link_*; a
+// measured one needs the job's ranks: free here). Empty when the training
+// data cannot be read (the start reports that).
+std::vector<RunPlan::TimedPrediction> auto_predictions(const TrainConfig& cfg, int p, int m, std::string* pick) {
+  std::vector<RunPlan::TimedPrediction> out;
+  PlanInput in;
+  try {
+    const data::FileInfo info = data::read_file_info(data::find_split_files(cfg.data.train, "train").front());
+    in.layer_costs = layer_time_costs(model_config(cfg, info), Device::cpu(),
+                                      std::max(1, cfg.data.batch_size / cfg.pipeline_micro_batches()), 3,
+                                      &in.layer_out_bytes);
+  } catch (const Error&) {
+    return out;
   }
+  if (cfg.parallel.link_latency_us >= 0)
+    in.link = {1e-6 * cfg.parallel.link_latency_us, 1e9 * cfg.parallel.link_gbytes_per_s};
+  in.ranks = p;
+  in.micro_batches = m;
+  in.virtual_stages = cfg.parallel.virtual_stages;
+  in.uniform_cut = cfg.parallel.partition == "uniform";
+  *pick = schedule_name(pick_schedule(in));
+  for (const SchedulePrediction& x : predict_schedules(in))
+    out.push_back({schedule_name(x.kind), x.skipped, 1e3 * x.step, x.bubble, x.peak, x.fits});
   return out;
 }
 
@@ -64,7 +89,8 @@ RunPlan plan_run(TrainConfig cfg, int ranks) {
     const ScheduleKind kind = parse_schedule(cfg.parallel.schedule);
     if (kind != ScheduleKind::automatic)  // auto: chosen at start from the model's layer times
       step_schedule(kind, cfg.parallel.schedule, p.pipeline, m, cfg.parallel.virtual_stages);
-    p.schedules = predict_schedules(p.pipeline, m, cfg.parallel.virtual_stages);
+    p.schedules = unit_predictions(p.pipeline, m, cfg.parallel.virtual_stages);
+    if (kind == ScheduleKind::automatic) p.auto_schedules = auto_predictions(cfg, p.pipeline, m, &p.auto_pick);
   }
   if (cfg.train.device == "cuda") check_gpu_gate(cfg);
   for (const GpuNeed& n : gpu_unverified(cfg)) p.gpu_refused.emplace_back(n.feature, n.setting);
@@ -88,6 +114,16 @@ std::string RunPlan::json() const {
       s.push_back({{"schedule", x.name}, {"chunks_per_rank", x.chunks}, {"step_vs_1f1b", x.step_vs_1f1b},
                    {"bubble", x.bubble}, {"peak_activations", x.peak_activations}});
     j["schedules_unit_time"] = s;
+  }
+  if (!auto_pick.empty()) {
+    nlohmann::ordered_json s = nlohmann::ordered_json::array();
+    for (const auto& x : auto_schedules) {
+      nlohmann::ordered_json e = {{"schedule", x.name}};
+      if (!x.skipped.empty()) e["left_out"] = x.skipped;
+      else e.update({{"step_ms", x.step_ms}, {"bubble", x.bubble}, {"peak_activations", x.peak_activations}, {"fits", x.fits}});
+      s.push_back(e);
+    }
+    j["schedule_auto"] = {{"pick", auto_pick}, {"predicted", s}};
   }
   // The gate's whole list, then what it says about this job on CUDA.
   nlohmann::ordered_json gate, verified = nlohmann::ordered_json::array(), refused = nlohmann::ordered_json::array();

@@ -196,6 +196,8 @@ void Trainer::Impl::build_model() {
   pc.update.zero_collectives = collective_options(cfg);
   pc.skip_allreduce = hooks.skip_allreduce;
   pc.recompute = parse_recompute(cfg.train.recompute);
+  if (cfg.parallel.link_latency_us >= 0)  // given: neither auto nor the epoch's prediction measures it
+    pipeline_link = {1e-6 * cfg.parallel.link_latency_us, 1e9 * cfg.parallel.link_gbytes_per_s};
   if (pc.schedule == ScheduleKind::automatic) choose_schedule(mc, pc);
   parts = build_parts(*grid, mc, pc, optimizer_config(cfg), device, rt);
   if (parts.updater->scaler()) scaler_state = Tensor::zeros({4}, DType::f64);
@@ -218,25 +220,43 @@ std::int64_t Trainer::Impl::steps_per_epoch() const { return loader->steps_per_e
 std::int64_t Trainer::Impl::total_steps() const { return steps_per_epoch() * cfg.train.epochs; }
 
 // parallel.schedule = auto: the simulator's pick for this model's layer
-// forward times, measured on rank 0 (as partition = time) and shared.
+// times (forward + backward, measured on rank 0 as partition = time, and
+// shared), each cut's message bytes and the pipeline link (given, or measured
+// now by a ping-pong between neighbouring stages).
 void Trainer::Impl::choose_schedule(const ModelConfig& mc, GridConfig& pc) {
   const int p = grid->pp_size(), m = pc.micro_batches * pc.accumulation;
   pc.schedule = ScheduleKind::one_f_one_b;
   if (p == 1) return;
-  std::vector<double> costs;
+  PlanInput in;
   run_agreed(world, "timing the layers (parallel.schedule = auto)", [&] {
-    if (world.rank() == 0) costs = layer_time_costs(mc, device, std::max<std::int64_t>(1, pc.batch / pc.micro_batches));
+    if (world.rank() == 0)
+      in.layer_costs = layer_time_costs(mc, device, std::max<std::int64_t>(1, pc.batch / pc.micro_batches), 3,
+                                        &in.layer_out_bytes);
   });
-  std::int64_t n = static_cast<std::int64_t>(costs.size());
+  std::int64_t n = static_cast<std::int64_t>(in.layer_costs.size());
   broadcast(&n, 1, DType::i64, 0, world);
-  costs.resize(static_cast<std::size_t>(n));
-  broadcast(costs.data(), costs.size(), DType::f64, 0, world);
+  in.layer_costs.resize(static_cast<std::size_t>(n));
+  in.layer_out_bytes.resize(static_cast<std::size_t>(n));
+  broadcast(in.layer_costs.data(), in.layer_costs.size(), DType::f64, 0, world);
+  broadcast(in.layer_out_bytes.data(), in.layer_out_bytes.size(), DType::f64, 0, world);
+  if (pipeline_link.latency_s < 0) {
+    double big = 16;
+    for (double b : in.layer_out_bytes) big = std::max(big, b);
+    pipeline_link = measure_pipeline_link(*grid, big);
+  }
+  in.link = pipeline_link;
+  in.ranks = p;
+  in.micro_batches = m;
+  in.virtual_stages = pc.virtual_stages;
+  in.uniform_cut = pc.partition == PartitionKind::uniform;
   std::string why;
-  pc.schedule = pick_schedule(costs, p, m, pc.virtual_stages, pc.partition == PartitionKind::uniform, &why);
+  pc.schedule = pick_schedule(in, &why);
   grid->set_pipeline_layout(layout_for(pc.schedule, p, pc.virtual_stages));
   if (world.rank() == 0)
     log::info("parallel.schedule = auto: ", schedule_name(pc.schedule), " (the simulator's steps from the layers' "
-              "measured forward times: ", why, ")");
+              "measured times, messages at ", 1e6 * pipeline_link.latency_s, " us + ",
+              pipeline_link.bytes_per_s > 0 ? cat(pipeline_link.bytes_per_s / 1e9, " GB/s") : std::string("bytes free"),
+              ": ", why, ")");
 }
 
 void Trainer::Impl::predict_schedule(const EpochStats& st, EpochMetrics& m) {

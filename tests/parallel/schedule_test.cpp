@@ -285,26 +285,124 @@ TEST(Schedule, TablesRoundTripThroughTheFileFormat) {
   std::remove(path.c_str());
 }
 
+PlanInput plan(std::vector<double> costs, int p, int m, bool uniform = true) {
+  PlanInput in;
+  in.layer_costs = std::move(costs);
+  in.ranks = p;
+  in.micro_batches = m;
+  in.uniform_cut = uniform;
+  return in;
+}
+
 // parallel.schedule = auto: the fastest predicted of those holding no more
 // activations than 1F1B (interleaved holds more: never picked).
 TEST(Schedule, AutoPicksTheFastestThatFitsTheMemory) {
   std::string why;
-  EXPECT_EQ(pick_schedule(std::vector<double>(8, 1.0), 2, 8, 2, true, &why), ScheduleKind::zb_v) << why;
+  EXPECT_EQ(pick_schedule(plan(std::vector<double>(8, 1.0), 2, 8), &why), ScheduleKind::zb_v) << why;
   EXPECT_NE(why.find("interleaved"), std::string::npos) << why;
   EXPECT_NE(why.find("(more activations than 1f1b)"), std::string::npos) << why;
   // 3 layers cannot make 4 chunks: of the rest, ZB-H1's bubble is smaller.
-  EXPECT_EQ(pick_schedule(std::vector<double>(3, 1.0), 2, 8, 2, true), ScheduleKind::zb_h1);
+  why.clear();
+  EXPECT_EQ(pick_schedule(plan(std::vector<double>(3, 1.0), 2, 8), &why), ScheduleKind::zb_h1);
+  EXPECT_NE(why.find("zb-v left out: 4 chunks, the model has 3 layers"), std::string::npos) << why;
   // One rank: every schedule takes 3m, and a tie keeps 1F1B.
-  EXPECT_EQ(pick_schedule(std::vector<double>(4, 1.0), 1, 4, 2, true), ScheduleKind::one_f_one_b);
+  EXPECT_EQ(pick_schedule(plan(std::vector<double>(4, 1.0), 1, 4)), ScheduleKind::one_f_one_b);
   // The cut decides: a uniform cut of one heavy layer and three light ones leaves
   // the heavy stage the bottleneck for every schedule; a cost cut lets the V balance.
   const std::vector<double> skew = {1, 1, 1, 3};
   std::string u, c;
-  pick_schedule(skew, 2, 8, 2, true, &u);
-  pick_schedule(skew, 2, 8, 2, false, &c);
+  pick_schedule(plan(skew, 2, 8, true), &u);
+  pick_schedule(plan(skew, 2, 8, false), &c);
   EXPECT_NE(u, c);
   EXPECT_THROW(make_schedule(ScheduleKind::automatic, 2, 4), Error);
   EXPECT_EQ(parse_schedule("auto"), ScheduleKind::automatic);
+}
+
+// A synthetic cost table with messages: auto's pick is, among the schedules
+// that fit 1F1B's memory, the one the simulator (played here on stages cut by
+// hand) predicts fastest; a schedule that is faster but holds more (here
+// interleaved at m = 2p) is left out; and expensive messages change the pick.
+TEST(Schedule, AutoPicksWhatTheSimulatorSaysWithMessagesAndMemory) {
+  // 8 layers (forward + backward seconds of one micro-batch), their outputs'
+  // bytes (all rendezvous-sized), p = 2, m = 4.
+  PlanInput in = plan({0.03, 0.03, 0.03, 0.03, 0.03, 0.03, 0.03, 0.03}, 2, 4);
+  in.layer_out_bytes.assign(8, 1e6);
+  auto by_hand = [&](ScheduleKind k) {  // the simulator on the stages the plan cuts: 8 / S layers each
+    const PipelineLayout L = layout_for(k, 2, 2);
+    const double t = 0.03 * (8 / L.stages());
+    SimCosts c;
+    c.stage.assign(static_cast<std::size_t>(L.stages()), StageCost{t / 3, t / 3, t / 3});
+    c.boundary_bytes.assign(static_cast<std::size_t>(L.stages()), 1e6);
+    c.link = in.link;
+    return simulate(make_schedule(k, 2, 4, 2), c);
+  };
+  const ScheduleKind fitting[] = {ScheduleKind::one_f_one_b, ScheduleKind::zb_h1, ScheduleKind::zb_v};
+  for (const LinkCost link : {LinkCost{0, 0}, LinkCost{2e-3, 1e9}, LinkCost{20e-3, 1e9}}) {
+    in.link = link;
+    ScheduleKind best = ScheduleKind::one_f_one_b;
+    for (ScheduleKind k : fitting)
+      if (by_hand(k).makespan < by_hand(best).makespan * (1 - 1e-9)) best = k;
+    std::string why;
+    EXPECT_EQ(pick_schedule(in, &why), best) << "link " << link.latency_s << " s: " << why;
+    // The plan's figures are the simulator's.
+    for (const SchedulePrediction& x : predict_schedules(in)) {
+      if (x.skipped.empty() && x.kind != ScheduleKind::afab) {
+        EXPECT_DOUBLE_EQ(x.step, by_hand(x.kind).makespan) << schedule_name(x.kind);
+      }
+    }
+    // Interleaved holds 2.5 stage micro-batches against 1F1B's 2: never picked,
+    // even where it is predicted fastest.
+    const std::vector<SchedulePrediction> all = predict_schedules(in);
+    const auto il = std::find_if(all.begin(), all.end(), [](auto& x) { return x.kind == ScheduleKind::interleaved; });
+    ASSERT_NE(il, all.end());
+    EXPECT_FALSE(il->fits);
+    EXPECT_NE(pick_schedule(in), ScheduleKind::interleaved);
+  }
+  // Free messages: ZB-V wins; at 20 ms a message (ZB-V's 4 crossings per
+  // micro-batch against ZB-H1's 2), ZB-V no longer does.
+  in.link = {};
+  EXPECT_EQ(pick_schedule(in), ScheduleKind::zb_v);
+  in.link = {20e-3, 1e9};
+  EXPECT_NE(pick_schedule(in), ScheduleKind::zb_v);
+  // Interleaved predicted fastest but over the memory: with a table where it
+  // is, the pick is still one that fits.
+  PlanInput il = plan(std::vector<double>(8, 0.03), 2, 4);
+  il.kinds = {ScheduleKind::one_f_one_b, ScheduleKind::interleaved};
+  const std::vector<SchedulePrediction> two = predict_schedules(il);
+  ASSERT_LT(two[1].step, two[0].step);  // faster...
+  EXPECT_FALSE(two[1].fits);           // ...but holds more
+}
+
+// The sender's side (simulator.hpp): a rendezvous send completes when the
+// receiver has taken the message, and the executor waits for it before the
+// slot's next forward and at the step's end. 1F1B, p = 2, m = 2, F = I = W = 1 per
+// stage, one message d = 0.5 + 1000 B / (1000 B/s) = 1.5, by hand:
+//   rank 0: F0 [0,1] F1 [1,2]; waits in RecvGrad0 from 2
+//   rank 1: A0 arrives 1 + d; F0 B0 [1+d, 4+d]; sends G0 at 4 + d (rank 0
+//           waits in MPI: it has G0 at 4 + 2d)
+//           A1 arrived 2 + d; F1 needs the one slot, whose send G0 completes
+//           when rank 0 has taken it: 4 + 2d (eager: F1 at 4 + d)
+//           F1 B1 [4+2d, 7+2d]; G1 arrives 7 + 3d; rank 1 ends when rank 0 takes it, 7 + 3d
+//   rank 0: B0 [4+2d, 6+2d]; B1 [7+3d, 9+3d]: step 9 + 3d (eager: 9 + 2d).
+TEST(Schedule, SimulatorWaitsForRendezvousSendsAsTheExecutorDoes) {
+  SimCosts c;
+  c.link = {0.5, 1000};
+  c.boundary_bytes = {1000, 0};
+  c.eager_bytes = 100;  // 1000-byte messages go by rendezvous
+  const Schedule s = make_schedule(ScheduleKind::one_f_one_b, 2, 2);
+  const double d = 1.5;
+  const SimResult r = simulate(s, c);
+  ASSERT_FALSE(r.deadlock) << r.where;
+  EXPECT_DOUBLE_EQ(r.makespan, 9 + 3 * d);
+  ASSERT_EQ(r.started[1].size(), 4u);
+  EXPECT_DOUBLE_EQ(r.started[1][2].first, 4 + 2 * d);  // rank 1's F1, after its send of G0 completed
+  EXPECT_EQ(r.started[1][2].second, (Action{Op::forward, 1, 1}));
+  EXPECT_DOUBLE_EQ(r.started[0][3].first, 7 + 3 * d);  // rank 0's B1
+  EXPECT_DOUBLE_EQ(r.busy[0], 6);
+  c.eager_bytes = 4096;  // the same messages eager: no sender wait
+  const SimResult e = simulate(s, c);
+  EXPECT_DOUBLE_EQ(e.makespan, 9 + 2 * d);
+  EXPECT_DOUBLE_EQ(e.started[1][2].first, 4 + d);
 }
 
 TEST(Schedule, BadArgumentsAreErrors) {

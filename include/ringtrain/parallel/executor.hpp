@@ -131,4 +131,9 @@ class ScheduleExecutor {
   std::vector<double> out_bytes_;  // per chunk: one micro-batch's output activation, bytes
 };
 
+// ScheduleExecutor::measure_link without an executor (parallel.schedule =
+// auto measures before the layout is chosen): messages of 16 and `bytes`
+// bytes (the largest the job sends) between neighbouring ranks of grid.pp().
+LinkCost measure_pipeline_link(const ProcessGrid& grid, double bytes, int reps = 20);
+
 }  // namespace ringtrain

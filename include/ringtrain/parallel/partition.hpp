@@ -31,6 +31,9 @@ std::vector<int> parse_balance(const std::string& s);
 // of each layer alone on a random micro-batch of `batch` samples (median of
 // `reps`; the layers are built one at a time, never the whole model at once).
 std::vector<double> layer_param_costs(const std::vector<LayerPlan>& plan);
-std::vector<double> layer_time_costs(const ModelConfig& mc, Device dev, std::int64_t batch, int reps = 3);
+// out_bytes (optional): each layer's output bytes at this batch (f32), the
+// message a stage cut after it sends.
+std::vector<double> layer_time_costs(const ModelConfig& mc, Device dev, std::int64_t batch, int reps = 3,
+                                     std::vector<double>* out_bytes = nullptr);
 
 }  // namespace ringtrain

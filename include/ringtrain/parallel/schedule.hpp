@@ -110,16 +110,7 @@ Schedule make_schedule(ScheduleKind kind, int p, int m, int virtual_stages = 1);
 Schedule step_schedule(ScheduleKind kind, const std::string& file, int p, int m, int virtual_stages);
 // Its layout alone (the grid is made before the micro-batch count is known).
 PipelineLayout schedule_layout(ScheduleKind kind, const std::string& file, int p, int virtual_stages);
-// parallel.schedule = auto: of 1f1b, zb-h1, interleaved (v chunks, where m is
-// a multiple of p) and zb-v, the one the simulator predicts fastest for layers
-// of the given forward costs (each model's top-level layer; a chunk's I and W
-// each cost its F, a whole backward 2F; messages free), among those whose
-// peak activations per rank, in whole-stage micro-batches, are at most
-// 1F1B's; a schedule needing more chunks than layers is left out. Stages are
-// cut as the job cuts them: equal layer counts (uniform), else by these costs.
-// `why` gets one line per candidate.
-ScheduleKind pick_schedule(const std::vector<double>& layer_costs, int p, int m, int virtual_stages, bool uniform_cut,
-                           std::string* why = nullptr);
+// parallel.schedule = auto: pick_schedule (simulator.hpp).
 // Adds loads, sends and receives (see above). Idempotent on lowered tables.
 Schedule lower(const Schedule& compute);
 // Throws Error naming the rank, the action and the rule (see above); accepts

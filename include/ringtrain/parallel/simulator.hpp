@@ -1,9 +1,16 @@
 #pragma once
 // A timed play of a schedule (schedule.hpp): every pipeline rank runs its
 // lowered list in order; a compute action takes its stage's cost, a send
-// costs its sender nothing (the executor sends without blocking) and arrives
-// one message time later (SimCosts::message_s: a latency plus the boundary's
-// bytes over a bandwidth); a receive waits for that arrival. It predicts the step
+// costs its sender nothing when posted (the executor sends without blocking)
+// and arrives one message time later (SimCosts::message_s: a latency plus the
+// boundary's bytes over a bandwidth); a receive waits for that arrival.
+// The sender's side, as the executor (executor.cpp) and MPI behave: a message
+// over SimCosts::eager_bytes goes by rendezvous: the receiver (whose receives
+// are all posted at the step's start) takes it only while it is inside MPI,
+// i.e. not computing, and only then does the send complete; the executor
+// waits for a slot's sends before a forward reuses the slot, and for all of
+// them at the step's end. The play moves the ranks in time order and models
+// both waits with the executor's slots. It predicts the step
 // time, each rank's busy time and bubble, and each rank's peak count of
 // activations held (F done, W not), which is what validate() and
 // --print-plan report, and what parallel.schedule = auto compares.
@@ -37,6 +44,10 @@ struct SimCosts {
   // Per global stage g: bytes of one micro-batch's activation g -> g + 1 (its
   // gradient back is the same size); empty = 0 bytes (latency only).
   std::vector<double> boundary_bytes;
+  // Messages of at most this many bytes complete at the sender when posted
+  // (copied into the receiver's queue); larger ones wait for the receiver.
+  // Open MPI's shared-memory transport default (btl_vader_eager_limit).
+  double eager_bytes = 4096;
   const StageCost& of(int g) const;
   // The message across the boundary between stages g and g + 1.
   double message_s(int g) const;
@@ -56,5 +67,41 @@ struct SimResult {
 
 // Plays s (lowered first when it is a compute table).
 SimResult simulate(const Schedule& s, const SimCosts& costs = {});
+
+// What parallel.schedule = auto and --print-plan compare: each schedule
+// played on stages cut from the model's layers (or unit stages), with the
+// messages and the sender's waits charged.
+struct PlanInput {
+  // Per top-level layer: one micro-batch's forward + backward seconds
+  // (layer_time_costs), split F = I = W; empty: unit stages (F = I = W =
+  // 1/chunks per chunk; give `link` in the same units).
+  std::vector<double> layer_costs;
+  std::vector<double> layer_out_bytes;  // per layer: one micro-batch's output (the message a cut after it sends)
+  LinkCost link;                        // default: messages free
+  double eager_bytes = 4096;            // SimCosts::eager_bytes
+  int ranks = 2, micro_batches = 4, virtual_stages = 2;
+  bool uniform_cut = true;  // stages of equal layer counts, else cut by the costs (partition = time)
+  std::vector<ScheduleKind> kinds = {ScheduleKind::one_f_one_b, ScheduleKind::afab, ScheduleKind::zb_h1,
+                                     ScheduleKind::interleaved, ScheduleKind::zb_v};
+};
+
+struct SchedulePrediction {
+  ScheduleKind kind = ScheduleKind::one_f_one_b;
+  int chunks = 1;        // per rank
+  double step = 0;       // predicted step (seconds, or units)
+  double bubble = 0;     // mean over the ranks
+  double peak = 0;       // most activations held by a rank, in whole-stage micro-batches
+  bool fits = true;      // peak at most 1f1b's (kinds must list 1f1b first)
+  std::string skipped;   // why it cannot run here (then nothing else is set)
+};
+
+// One entry per in.kinds, in order. Throws Error should a built-in table deadlock.
+std::vector<SchedulePrediction> predict_schedules(const PlanInput& in);
+
+// parallel.schedule = auto: of 1f1b, zb-h1, interleaved (v >= 2, m a
+// multiple of p) and zb-v, the fastest predicted among those that fit (peak
+// activations at most 1f1b's) and can run (no more chunks than layers); a tie
+// keeps 1f1b. `why` gets one line per candidate.
+ScheduleKind pick_schedule(const PlanInput& in, std::string* why = nullptr);
 
 }  // namespace ringtrain

@@ -116,6 +116,8 @@ struct TrainConfig {
     int micro_batches = 0;         // per step and replica (0 = pipeline); must divide data.batch_size
     std::string schedule = "1f1b"; // afab | 1f1b | zb-h1 | interleaved | zb-v | FILE.csv
     int virtual_stages = 2;        // interleaved: model chunks per pipeline rank
+    double link_latency_us = -1;   // pipeline message latency for the simulator (< 0: measured at start)
+    double link_gbytes_per_s = 0;  // with a given latency: its bandwidth (0 = bytes free)
     std::string partition = "uniform";  // uniform | params | time | list
     std::string balance;           // partition = list: layers per stage, "[3, 2, 2]"
     int zero = 0;                  // ZeRO stage over the data-parallel group: 0 off, 1 optimizer state, 2 + gradients

@@ -39,6 +39,17 @@ struct RunPlan {
     double step_vs_1f1b = 1, bubble = 0, peak_activations = 0;
   };
   std::vector<SchedulePrediction> schedules;
+  // parallel.schedule = auto: the simulator's comparison as the start makes it
+  // (predict_schedules: the layers' times measured here on the CPU, messages
+  // at the given link, parallel.link_latency_us, else free; the sender's
+  // waits), and its pick. Empty when the data cannot be read.
+  struct TimedPrediction {
+    std::string name, skipped;
+    double step_ms = 0, bubble = 0, peak_activations = 0;
+    bool fits = true;
+  };
+  std::vector<TimedPrediction> auto_schedules;
+  std::string auto_pick;
   std::string gpu_storage_fallback;
 
   // Pretty-printed JSON, one key per line (docs/parallel_layouts.md, "Print the plan").

@@ -39,8 +39,10 @@ struct EpochMetrics {
   double pipeline_wait_s = 0;     // time waiting for other pipeline stages (the bubble; 0 without a pipeline)
   // Pipeline: the schedule's mean step (executor only: no gradient sync or
   // update), and the simulator's prediction from this epoch's per-chunk costs
-  // and the measured link (ScheduleExecutor::measure_link), and with free
-  // messages; the first boundary's message time; 0 without a pipeline.
+  // and the link (measured by ScheduleExecutor::measure_link, or given by
+  // parallel.link_latency_us), and with a free link (the rendezvous sends'
+  // waits for a computing receiver still charged: simulator.hpp); the first
+  // boundary's message time; 0 without a pipeline.
   double schedule_s = 0, schedule_predicted_s = 0, schedule_bubble_predicted = 0;
   double schedule_predicted_free_s = 0, pipeline_message_s = 0;
   double data_wait_s = 0;         // time blocked on the loader
