@@ -5,10 +5,12 @@
 #   bench/train_injected_failures.sh [RINGTRAIN_BIN]        (root, Slurm and munge: as tests/slurm)
 # Environment: MTTFS (default "50 200 1000": mean executed steps between failures), STEPS (useful
 # steps of each measured run, one per MTTF, default "300 1000 2000"), SEED (default 46), CAL_STEPS
-# (default 300), OUT (where the runs' JSON timelines go; default a temporary directory).
+# (default 300), OUT (where the runs' JSON timelines go; default a temporary directory), MODEL
+# (default mlp) and BATCH (data.global_batch, default 48): the step time t the failures are
+# measured against; KILL_GRACE_S (jobs/sbatch_elastic.sh's, default 0).
 #
-# Every job is jobs/sbatch_elastic.sh training `mlp` + AdamW on Fashion-MNIST (global batch 48, 16
-# per rank), MIN_NODES=3: a failure kills one node's ranks (bench/injected_failures.py monitor: its
+# Every job is jobs/sbatch_elastic.sh training MODEL + AdamW on Fashion-MNIST (global batch BATCH,
+# a third per rank), MIN_NODES=3: a failure kills one node's ranks (bench/injected_failures.py monitor: its
 # `ringtrain` processes, kill -9, and its in-memory snapshots), slurmd stays, and the script relaunches
 # on the same 3 nodes with --resume auto. Failures come after an exponentially distributed number of
 # executed steps (mean MTTF, seeded; restarts do not count). Runs, in order:
@@ -37,13 +39,14 @@ mkdir -p "$OUT"
 MTTFS=(${MTTFS-50 200 1000})
 STEPS=(${STEPS:-300 1000 2000})
 SEED=${SEED:-46} CAL_STEPS=${CAL_STEPS:-300} CAL_EVERY=5
+MODEL=${MODEL:-mlp} BATCH=${BATCH:-48} KILL_GRACE_S=${KILL_GRACE_S:-0}
 PY=/usr/bin/python3
 NODES=${RT_SLURM_NAME}1,${RT_SLURM_NAME}2,${RT_SLURM_NAME}3
 [ -f "$SRC/data/fashion-mnist/fashion-mnist-train.h5" ] ||
     "$BIN" prepare --dataset fashion-mnist --out "$SRC/data/fashion-mnist" >/dev/null || exit 1
 echo "# $(date -u +%FT%TZ) $(hostname): $(nproc) cores, $(uptime | sed 's/.*load/load/')"
-echo "# bench/train_injected_failures.sh: MTTFS=${MTTFS[*]} STEPS=${STEPS[*]} SEED=$SEED CAL_STEPS=$CAL_STEPS"
-common=(--set model.name=mlp --set optimizer.name=adamw --set optimizer.nesterov=false --set optimizer.lr=0.001 --set data.global_batch=48
+echo "# bench/train_injected_failures.sh: MTTFS=${MTTFS[*]} STEPS=${STEPS[*]} SEED=$SEED CAL_STEPS=$CAL_STEPS MODEL=$MODEL BATCH=$BATCH KILL_GRACE_S=$KILL_GRACE_S"
+common=(--set model.name="$MODEL" --set optimizer.name=adamw --set optimizer.nesterov=false --set optimizer.lr=0.001 --set data.global_batch="$BATCH"
         --set train.epochs=100 --set log.interval=1 --set checkpoint.keep=3 --no-eval)
 
 # run NAME SOURCE(none|mem|disk) EVERY STEPS [monitor args]: one job, followed by the monitor.
@@ -56,7 +59,7 @@ run() {
         disk) ck=(--set checkpoint.every_steps="$every") ;;
     esac
     local id
-    id=$(CKPT_DIR=$WORK/$name BIN=$BIN MAX_RELAUNCHES=1000 MIN_NODES=3 PROBE_S=10 \
+    id=$(CKPT_DIR=$WORK/$name BIN=$BIN MAX_RELAUNCHES=1000 MIN_NODES=3 PROBE_S=10 KILL_GRACE_S=$KILL_GRACE_S \
          submit -N 3 --ntasks-per-node=1 --cpus-per-task=1 --time=00:30:00 --output="$WORK/$name.out" \
          jobs/sbatch_elastic.sh "${common[@]}" --set train.max_steps="$steps" "${ck[@]}") || { echo "sbatch failed"; return 1; }
     "$PY" "$ROOT/bench/injected_failures.py" monitor --out "$WORK/$name.out" --json "$OUT/$name.json" --name "$name" \

@@ -7,6 +7,10 @@
 #   MAX_RELAUNCHES (default 3)  relaunches after failed steps before giving up
 #   MIN_NODES (default 1)       fewer nodes alive than this ends the job
 #   PROBE_S (default 20)        seconds a node has to run `true` to count as alive
+#   KILL_GRACE_S (default 0)    seconds mpirun gives the other ranks between SIGTERM and SIGKILL
+#                               when one fails (Open MPI's odls_base_sigkill_timeout, 1 s by
+#                               default): ranks blocked on a dead peer cannot use them, and every
+#                               checkpoint is durable before a rank exits (docs/checkpoints.md)
 #
 # How: the allocation is kept when a node fails (--no-kill). Each step trains with
 # `--resume auto` and a fixed data.global_batch (from the configuration, else the first launch's, as
@@ -39,10 +43,11 @@ LAUNCHER=${LAUNCHER:-mpirun}
 MAX_RELAUNCHES=${MAX_RELAUNCHES:-3}
 MIN_NODES=${MIN_NODES:-1}
 PROBE_S=${PROBE_S:-20}
+KILL_GRACE_S=${KILL_GRACE_S:-0}
 TPN=${SLURM_NTASKS_PER_NODE:-1}; TPN=${TPN%%(*}
 [ -x "$BIN" ] || fail "ringtrain binary '$BIN' not found or not executable (set BIN=...)"
 [ -f "$CONFIG" ] || fail "configuration '$CONFIG' not found (set CONFIG=...)"
-for v in MAX_RELAUNCHES MIN_NODES PROBE_S TPN; do
+for v in MAX_RELAUNCHES MIN_NODES PROBE_S KILL_GRACE_S TPN; do
     [[ "${!v}" =~ ^[0-9]+$ ]] || fail "$v must be a non-negative integer, not '${!v}'"
 done
 case $LAUNCHER in mpirun|srun) ;; *) fail "LAUNCHER must be mpirun or srun, not '$LAUNCHER'" ;; esac
@@ -115,14 +120,16 @@ while :; do
            --resume auto "$@" --set data.global_batch="$G")
     hosts=$(printf "%s:$TPN," "${run[@]}")
     case $LAUNCHER in
-        mpirun) step=(mpirun -np "$ranks" --host "${hosts%,}" -x OMP_NUM_THREADS "${train[@]}") ;;
+        mpirun) step=(mpirun --mca odls_base_sigkill_timeout "$KILL_GRACE_S" -np "$ranks" --host "${hosts%,}"
+                      -x OMP_NUM_THREADS "${train[@]}") ;;
         srun) step=(srun --mpi=pmix --kill-on-bad-exit=1 --nodes="$k" --ntasks="$ranks" --nodelist="$(IFS=,; echo "${run[*]}")" "${train[@]}") ;;
     esac
     say "launch $launches: $ranks rank(s) on $k node(s) (${run[*]}) via $LAUNCHER: data $(json_int data <<< "$fit") x pipeline $(json_int pipeline <<< "$fit") x tensor $(json_int tensor <<< "$fit"), $(json_int batch_per_rank <<< "$fit") sample(s) per rank x $(json_int accumulation <<< "$fit") accumulation"
     # Output to the job's file and to a log of this launch (the lost-work accounting reads it).
-    "${step[@]}" > >(tee "$log") 2>&1
+    # (A group, so that this shell makes the process substitution and $! is tee's pid.)
+    { "${step[@]}"; } > >(tee "$log") 2>&1
     rc=$?
-    sleep 0.5  # tee's last lines
+    wait $!  # tee's last lines
     if [ -n "$prev_log" ]; then
         at=$(resumed_at "$log"); reached=$(last_step "$prev_log")
         if [ -n "$at" ]; then
