@@ -9,9 +9,10 @@
 //    = false: the experts are replicated over the tensor ranks); expert 2 x
 //    context 2 (4 ranks, aux off: with it on, each context rank's aux loss is
 //    over its token shard);
-//  - sequence parallelism (the default) at tensor 2 (2 ranks) and expert 2 x
-//    tensor 2 (4 ranks): each tensor rank routes its token shard; aux loss,
-//    bias update and capacity drops as 1 rank's (SequenceParallel... below).
+//  - sequence parallelism (the default) at tensor 2 (2 ranks), expert 2 x
+//    tensor 2 and tensor 2 x pipeline 2 (4 ranks): each tensor rank routes its
+//    token shard; aux loss, bias update and capacity drops as 1 rank's
+//    (SequenceParallelFollowsTheOneRankTrainer below).
 // SGD with momentum and global-norm clipping at 0.05 (every step clips: the
 // norm must sum the dense gradients once and every rank's experts; SGD's update
 // is proportional to the gradient, so a wrong norm or average shows), and
@@ -146,6 +147,16 @@ TEST(GptExpertsCompose, SequenceParallelFollowsTheOneRankTrainer) {
     test_fixtures::expect_losses_follow(train_losses(tp, world), ref,
                                         cat(w == 4 ? "expert 2 x " : "", "tensor 2, parallel.sequence, capacity ",
                                             capacity), 4e-7);
+    if (w == 4) {  // tensor 2 x pipeline 2 (dp 1): 4 samples per step in pipeline micro-batches of 2
+      TrainConfig pp = one;
+      pp.parallel.tensor = 2;
+      pp.parallel.pipeline = 2;
+      pp.parallel.micro_batches = 2;
+      pp.data.batch_size = 4;
+      pp.train.accumulation = 1;
+      test_fixtures::expect_losses_follow(train_losses(pp, world), ref,
+                                          cat("tensor 2 x pipeline 2, parallel.sequence, capacity ", capacity), 4e-7);
+    }
   }
 }
 
