@@ -147,7 +147,17 @@ TEST(GptExpertsCompose, SequenceParallelFollowsTheOneRankTrainer) {
     test_fixtures::expect_losses_follow(train_losses(tp, world), ref,
                                         cat(w == 4 ? "expert 2 x " : "", "tensor 2, parallel.sequence, capacity ",
                                             capacity), 4e-7);
-    if (w == 4) {  // tensor 2 x pipeline 2 (dp 1): 4 samples per step in pipeline micro-batches of 2
+    if (w == 2) {  // block recomputation: the replayed forward sums the routing totals again
+      tp.train.recompute = "block";
+      test_fixtures::expect_losses_follow(train_losses(tp, world), ref,
+                                          cat("tensor 2, block recomputation, parallel.sequence, capacity ", capacity),
+                                          4e-7);
+    } else {  // the same with ZeRO-3 (sharded over the expert-data ranks: one here; the dense average first)
+      tp.parallel.zero = 3;
+      test_fixtures::expect_losses_follow(train_losses(tp, world), ref,
+                                          cat("expert 2 x tensor 2, ZeRO-3, parallel.sequence, capacity ", capacity),
+                                          4e-7);
+      // tensor 2 x pipeline 2 (dp 1): 4 samples per step in pipeline micro-batches of 2
       TrainConfig pp = one;
       pp.parallel.tensor = 2;
       pp.parallel.pipeline = 2;
