@@ -26,6 +26,8 @@
 // Capacity (capacity_factor > 0): each expert takes at most
 // ceil(cf * n * k / E) of a micro-batch's assignments, in token order; the rest
 // are dropped (their gate contributes nothing; the residual carries the token).
+// Under sequence parallelism n, the order and the aux loss are the whole
+// micro-batch's, not the tensor rank's shard's (sum_grads_over below).
 // 0: dropless. Host (CPU) tensors in float32 only.
 //
 // Auxiliary-loss-free balancing (bias_update_rate u > 0; DeepSeek-V3, Wang et
