@@ -6,7 +6,8 @@
 # The first epoch is the warm-up; the last epoch's max/mean tokens per expert (mean over
 # its micro-batches, per MoE layer; 1 = uniform) is printed beside the goal of <= 1.10.
 #   bench/train_moe_balance.sh [BUILD_DIR] [EPOCHS] [BYTES] [ONLY]   (raw output: docs/data/moe_balance.txt)
-# ONLY: a regex of the run names to do (none aux bias aux+bias bias0.01 aux+bias0.01 aux0.1 aux1; default all).
+# ONLY: a regex of the run names to do (none aux bias aux+bias bias0.01 aux+bias0.01 aux0.1 aux1
+# bias0.003 aux+bias0.003; default all).
 # aux0.1 and aux1: the aux loss at 10x and 100x the usual coefficient (can the router reach 1.10 at all?).
 set -euo pipefail
 BIN=${1:-build}/ringtrain
@@ -40,5 +41,7 @@ run bias --set model.aux_loss_coeff=0 --set model.moe_bias_update_rate=0.001
 run aux+bias --set model.aux_loss_coeff=0.01 --set model.moe_bias_update_rate=0.001
 run bias0.01 --set model.aux_loss_coeff=0 --set model.moe_bias_update_rate=0.01
 run aux+bias0.01 --set model.aux_loss_coeff=0.01 --set model.moe_bias_update_rate=0.01
+run bias0.003 --set model.aux_loss_coeff=0 --set model.moe_bias_update_rate=0.003
+run aux+bias0.003 --set model.aux_loss_coeff=0.01 --set model.moe_bias_update_rate=0.003
 run aux0.1 --set model.aux_loss_coeff=0.1 --set model.moe_bias_update_rate=0
 run aux1 --set model.aux_loss_coeff=1 --set model.moe_bias_update_rate=0

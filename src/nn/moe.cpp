@@ -9,65 +9,17 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <numeric>
 
 #include "init.hpp"
 #include "moe_gemm.hpp"
+#include "moe_stats.hpp"
 #include "ringtrain/comm/alltoall.hpp"
-#include "ringtrain/comm/collectives.hpp"
 #include "ringtrain/nn/mesh_dims.hpp"
+#include "ringtrain/nn/tensor_parallel.hpp"
 
 namespace ringtrain {
-
-void MoeShared::record(const std::string& layer, double aux, double max_over_mean, double dropped,
-                       double assignments) {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = std::find_if(stats_.begin(), stats_.end(), [&](const MoeLayerStats& s) { return s.name == layer; });
-  if (it == stats_.end()) {
-    stats_.push_back(MoeLayerStats{layer});
-    it = stats_.end() - 1;
-  }
-  it->forwards += 1;
-  it->aux += aux;
-  it->max_over_mean += max_over_mean;
-  it->dropped += dropped;
-  it->assignments += assignments;
-}
-
-void MoeShared::add_balanced(MoeMlp* layer) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (std::find(balanced_.begin(), balanced_.end(), layer) == balanced_.end()) balanced_.push_back(layer);
-}
-
-void MoeShared::remove_balanced(MoeMlp* layer) {
-  std::lock_guard<std::mutex> lock(mu_);
-  balanced_.erase(std::remove(balanced_.begin(), balanced_.end(), layer), balanced_.end());
-}
-
-void MoeShared::update_bias(const Communicator* group, bool apply) {
-  std::vector<double> all;  // every layer's loads, in registration order (the same on every rank of the group)
-  for (MoeMlp* l : balanced_) {
-    const auto load = l->take_load();
-    all.insert(all.end(), load.begin(), load.end());
-  }
-  if (all.empty()) return;
-  if (group && group->size() > 1)  // counts are integers: the f64 sum is exact, so every rank gets the same bias
-    allreduce(all.data(), all.data(), all.size(), DType::f64, ReduceOp::sum, *group);
-  if (!apply) return;
-  std::size_t o = 0;
-  for (MoeMlp* l : balanced_) {
-    const auto E = static_cast<std::size_t>(l->spec().experts);
-    l->update_bias(std::vector<double>(all.begin() + o, all.begin() + o + E));
-    o += E;
-  }
-}
-
-std::vector<MoeLayerStats> MoeShared::take() {
-  std::lock_guard<std::mutex> lock(mu_);
-  std::vector<MoeLayerStats> out = stats_;
-  for (auto& s : stats_) s = MoeLayerStats{s.name};
-  return out;
-}
 
 namespace {
 
@@ -192,6 +144,33 @@ void MoeMlp::bind(const BindContext& ctx) {
       RT_CHECK(d == std::int64_t(l) * wstride_ && g == d, "MoE layer '", name_,
                "': the experts' weights are not evenly spaced in the parameter arena");
     }
+  // Sequence parallelism: one buffer spanning every gradient of the layer (the
+  // padding between them stays zero), so that one all-reduce sums them all.
+  partial_ = Tensor();
+  if (seq_.size > 1) {
+    const float* flat = ctx.arena.grads_flat(DType::f32).data<float>();
+    std::int64_t lo = std::numeric_limits<std::int64_t>::max(), hi = 0;
+    for (std::size_t p : layer_params()) {
+      const Tensor g = ctx.arena.grad(p);
+      RT_CHECK(g.dtype() == DType::f32, "MoE layer '", name_, "': float32 gradients only");
+      lo = std::min<std::int64_t>(lo, g.data<float>() - flat);
+      hi = std::max<std::int64_t>(hi, g.data<float>() - flat + g.numel());
+    }
+    grad_lo_ = lo;
+    partial_ = Tensor::zeros({hi - lo}, DType::f32, Device::cpu());
+  }
+}
+
+std::vector<std::size_t> MoeMlp::layer_params() const {
+  std::vector<std::size_t> out{router_};
+  for (std::size_t l = 0; l < w1_.size(); ++l) out.insert(out.end(), {w1_[l], b1_[l], w2_[l], b2_[l]});
+  return out;
+}
+
+float* MoeMlp::grad_ptr(std::size_t p) const {
+  float* g = arena_->grad(p).data<float>();
+  if (seq_.size == 1) return g;
+  return partial_.data<float>() + (g - arena_->grads_flat(DType::f32).data<float>() - grad_lo_);
 }
 
 void MoeMlp::init(const ParamArena& arena, std::uint64_t seed) {
@@ -251,8 +230,12 @@ Tensor MoeMlp::do_forward(const Tensor& x, Ctx& c, const Call& call) const {
   gemm(false, true, n, E, D, 1.f, xp, D, wr, D, 0.f, s.probs.data(), E);
   s.expert.assign(static_cast<std::size_t>(n * k), -1);
   s.gate.assign(static_cast<std::size_t>(n * k), 0.f);
-  std::vector<std::size_t> count(static_cast<std::size_t>(E), 0);
-  std::vector<double> mean_p(static_cast<std::size_t>(E), 0.0);
+  // This rank's counts per row (a sample's tokens; one row unless the capacity
+  // needs the token order), then its probability sums: the routing totals.
+  const bool capped = spec_.capacity_factor > 0;
+  const std::int64_t rows = capped && x.ndim() >= 3 ? x.dim(0) : 1, per_row = std::max<std::int64_t>(1, n / rows);
+  std::vector<double> local(static_cast<std::size_t>(rows * E + E), 0.0);
+  double* mean_p = &local[static_cast<std::size_t>(rows * E)];
   std::vector<int> order(static_cast<std::size_t>(E));
   // Selection scores: p + b (aux-loss-free balancing); the gates use p alone.
   const float* bias = bias_.defined() ? bias_.data<float>() : nullptr;
@@ -275,40 +258,45 @@ Tensor MoeMlp::do_forward(const Tensor& x, Ctx& c, const Call& call) const {
     for (int j = 0; j < k; ++j) {
       s.expert[static_cast<std::size_t>(t * k + j)] = order[j];
       s.gate[static_cast<std::size_t>(t * k + j)] = static_cast<float>(pr[order[j]] / sum);
-      ++count[order[j]];
+      local[static_cast<std::size_t>((t / per_row) * E + order[j])] += 1;
     }
   }
+  // The whole micro-batch's totals: this rank's, or (sequence parallelism) the
+  // tensor group's, so that the aux loss, its gradient, the drops, the loads
+  // and the metrics are those of one rank routing every token.
+  const detail::RoutingTotals tot = detail::routing_totals(local, int(rows), E, n, seq_);
+  const std::vector<double>& count = tot.count;
+  const double nk = tot.tokens * k;
+  s.tokens = tot.tokens;
   // The auxiliary load-balancing loss (before any drop: what the router asked for).
   s.f.assign(static_cast<std::size_t>(E), 0.f);
   s.aux = 0;
   for (int e = 0; e < E; ++e) {
-    s.f[e] = static_cast<float>(double(count[e]) / double(n * k));
-    s.aux += double(E) * s.f[e] * (mean_p[e] / double(n));
+    s.f[e] = static_cast<float>(count[e] / nk);
+    s.aux += double(E) * s.f[e] * (tot.prob[e] / tot.tokens);
   }
-  // Capacity: assignments beyond it, in token order, are dropped.
+  // Capacity: assignments beyond it, in the whole micro-batch's token order, are dropped.
+  const double cap = capped ? std::ceil(spec_.capacity_factor * nk / double(E)) : HUGE_VAL;
   std::vector<std::size_t> kept(static_cast<std::size_t>(E), 0);
-  std::size_t dropped = 0;
-  const auto cap = spec_.capacity_factor > 0
-                       ? static_cast<std::size_t>(std::ceil(spec_.capacity_factor * double(n * k) / double(E)))
-                       : std::size_t(-1);
+  std::vector<double> seen(static_cast<std::size_t>(E), 0.0);  // assignments to e before this one
   s.row.assign(s.expert.size(), 0);  // 0: kept (a row is assigned below), -1: dropped
   for (std::size_t a = 0; a < s.expert.size(); ++a) {
+    const std::int64_t t = static_cast<std::int64_t>(a) / k;
+    if (a % k == 0 && t % per_row == 0)
+      std::copy_n(tot.before.begin() + (t / per_row) * E, E, seen.begin());
     const int e = s.expert[a];
-    if (kept[e] >= cap) {
-      s.row[a] = -1;
-      ++dropped;
-    } else {
-      ++kept[e];
-    }
+    if (seen[e]++ >= cap) s.row[a] = -1;
+    else ++kept[e];
   }
   if (call.train() && !call.replay()) {
-    const std::size_t mx = *std::max_element(count.begin(), count.end());
-    group_.shared->record(full_name_.empty() ? name_ : full_name_, s.aux, double(mx) * E / double(n * k),
-                          double(dropped), double(n * k));
+    double dropped = 0;
+    for (int e = 0; e < E; ++e) dropped += std::max(0.0, count[e] - cap);
+    const double mx = *std::max_element(count.begin(), count.end());
+    group_.shared->record(full_name_.empty() ? name_ : full_name_, s.aux, mx * E / nk, dropped, nk);
     if (bias_.defined()) {
       std::lock_guard<std::mutex> lock(load_mu_);
       load_.resize(static_cast<std::size_t>(E), 0.0);
-      for (int e = 0; e < E; ++e) load_[e] += double(count[e]);
+      for (int e = 0; e < E; ++e) load_[e] += count[e];
     }
   }
   // Dispatch: rows grouped by global expert (= by owner rank, then local expert).
@@ -403,6 +391,8 @@ Tensor MoeMlp::do_backward(const Tensor& dy, Ctx& c, bool need_dx, bool accumula
   const std::int64_t D = spec_.dim, H = spec_.hidden, n = s.x.numel() / D;
   const int E = spec_.experts, k = spec_.top_k, L = local_experts();
   const float* dyp = dy.data<float>();
+  // Sequence parallelism: this shard's gradients go to partial_, then summed over seq_ into the arena.
+  const bool acc = seq_.size == 1 && accumulate;
   // Combine backward: d gate and d expert output.
   std::vector<float>&dgate = s.dgate, &dout_send = s.dout_send;
   dgate.assign(s.gate.size(), 0.f);
@@ -438,11 +428,11 @@ Tensor MoeMlp::do_backward(const Tensor& dy, Ctx& c, bool need_dx, bool accumula
     Tensor dh = ensure(s.dh, {L * M, H}, DType::f32, Device::cpu());
     const float* w1 = arena_->param(w1_[0]).data<float>();
     const float* w2 = arena_->param(w2_[0]).data<float>();
-    float* dw1 = arena_->grad(w1_[0]).data<float>();
-    float* dw2 = arena_->grad(w2_[0]).data<float>();
+    float* dw1 = grad_ptr(w1_[0]);
+    float* dw2 = grad_ptr(w2_[0]);
     detail::ExpertGemm& g = *s.gemm;
     // dW2 = alpha doe^T a, da = doe W2, (GELU), dW1 = alpha dh^T xe, dxe = dh W1: per expert.
-    g.run({true, false, D, H, M, doe.data(), D, M * D, s.a.data<float>(), H, M * H, dw2, H, wstride_, alpha, accumulate},
+    g.run({true, false, D, H, M, doe.data(), D, M * D, s.a.data<float>(), H, M * H, dw2, H, wstride_, alpha, acc},
           s.rows, true);
     g.run({false, false, M, H, D, doe.data(), D, M * D, w2, H, wstride_, da.data<float>(), H, M * H}, s.rows, false);
     if (M > 0) {  // pad rows of da and dh stay zero in the grouped mode (doe's are); the loop never reads them
@@ -450,25 +440,24 @@ Tensor MoeMlp::do_backward(const Tensor& dy, Ctx& c, bool need_dx, bool accumula
         std::fill(da.data<float>() + (l * M + s.rows[l]) * H, da.data<float>() + (l + 1) * M * H, 0.f);
       gelu_->backward(s.h, s.a, da, dh);
     }
-    g.run({true, false, H, D, M, dh.data<float>(), H, M * H, s.xe.data<float>(), D, M * D, dw1, D, wstride_, alpha,
-           accumulate},
+    g.run({true, false, H, D, M, dh.data<float>(), H, M * H, s.xe.data<float>(), D, M * D, dw1, D, wstride_, alpha, acc},
           s.rows, true);
     g.run({false, false, M, D, H, dh.data<float>(), H, M * H, w1, D, wstride_, dxe.data(), D, M * D}, s.rows, false);
     for (int l = 0; l < L; ++l) {
-      sum_rows(doe.data() + l * M * D, s.rows[l], D, alpha, arena_->grad(b2_[l]).data<float>(), accumulate);
-      sum_rows(dh.data<float>() + l * M * H, s.rows[l], H, alpha, arena_->grad(b1_[l]).data<float>(), accumulate);
+      sum_rows(doe.data() + l * M * D, s.rows[l], D, alpha, grad_ptr(b2_[l]), acc);
+      sum_rows(dh.data<float>() + l * M * H, s.rows[l], H, alpha, grad_ptr(b1_[l]), acc);
     }
   } else {
     for (int l = 0; l < L; ++l)
       for (std::size_t p : {w1_[l], b1_[l], w2_[l], b2_[l]})
-        if (!accumulate) std::fill_n(arena_->grad(p).data<float>(), arena_->grad(p).numel(), 0.f);
+        if (!acc) std::fill_n(grad_ptr(p), arena_->grad(p).numel(), 0.f);
   }
   for (std::int64_t i = 0; i < R; ++i)
     std::memcpy(&dx_recv[s.perm[i] * D], dxe.data() + s.slot[i] * D, sizeof(float) * D);
   std::vector<float>& dx_send = s.dx_send;
   exchange(s, dx_recv, dx_send, false);
   // Router: gates -> probabilities (+ the aux loss) -> softmax -> logits.
-  const double aux_g = spec_.aux_loss_coeff * group_.shared->grad_scale * double(E) / double(n);
+  const double aux_g = spec_.aux_loss_coeff * group_.shared->grad_scale * double(E) / s.tokens;
   std::vector<float>& dlogit = s.dlogit;
   dlogit.resize(static_cast<std::size_t>(n * E));
   std::vector<double> dp(static_cast<std::size_t>(E));
@@ -491,7 +480,11 @@ Tensor MoeMlp::do_backward(const Tensor& dy, Ctx& c, bool need_dx, bool accumula
     for (int e = 0; e < E; ++e) dlogit[static_cast<std::size_t>(t * E + e)] = static_cast<float>(pr[e] * (dp[e] - pdp));
   }
   const float* xp = s.x.data<float>();
-  gemm(true, false, E, D, n, 1.f, dlogit.data(), E, xp, D, accumulate ? 1.f : 0.f, arena_->grad(router_).data<float>(), D);
+  gemm(true, false, E, D, n, 1.f, dlogit.data(), E, xp, D, acc ? 1.f : 0.f, grad_ptr(router_), D);
+  if (seq_.size > 1) {
+    const Tensor span = arena_->grads_flat(DType::f32).flat_view(grad_lo_, partial_.numel());
+    tp_sum_partial(partial_, {span}, accumulate, seq_, *be_);
+  }
   if (!need_dx) return {};
   ensure(s.dx, s.x.shape(), DType::f32, Device::cpu());
   float* dx = s.dx.data<float>();

@@ -310,15 +310,16 @@ LayerPtr transformer_block(const std::string& name, const TransformerBlockSpec& 
   mlp.push_back(norm("norm2"));
   if (s.moe.experts > 0) {
     // With tensor parallelism the experts are replicated over the tensor ranks
-    // (each runs the whole layer on the same tokens; only the dense parts are
-    // split). Sequence parallelism would hand each a different token shard.
-    RT_CHECK(!gs.sequence, "transformer block '", name, "': experts with parallel.sequence at parallel.tensor = ",
-             g.size, " are not supported (the experts would see a shard of the tokens): set parallel.sequence = false");
+    // (only the dense parts are split). Under sequence parallelism each tensor
+    // rank routes its own token shard (as Megatron-Core's MoE does): the layer
+    // sums its routing totals and gradients over the group (MoeMlp::sum_grads_over).
     MoeSpec m = s.moe;
     m.dim = s.dim;
     m.hidden = hidden;
     m.gelu = s.gelu;
-    mlp.push_back(moe_mlp(m, s.expert));
+    auto moe = std::make_unique<MoeMlp>("moe", m, s.expert);
+    if (gs.sequence) moe->sum_grads_over(gs);
+    mlp.push_back(std::move(moe));
   } else {
     const LinearSpec fc1{s.dim, hidden, true, false}, fc2{hidden, s.dim, true, false};
     mlp.push_back(split_layer("fc1", fc1, Init::xavier_uniform, TensorSplit::column, gs));

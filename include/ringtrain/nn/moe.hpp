@@ -26,6 +26,8 @@
 // Capacity (capacity_factor > 0): each expert takes at most
 // ceil(cf * n * k / E) of a micro-batch's assignments, in token order; the rest
 // are dropped (their gate contributes nothing; the residual carries the token).
+// Under sequence parallelism n, the order and the aux loss are the whole
+// micro-batch's, not the tensor rank's shard's (sum_grads_over below).
 // 0: dropless. Host (CPU) tensors in float32 only.
 //
 // Auxiliary-loss-free balancing (bias_update_rate u > 0; DeepSeek-V3, Wang et
@@ -42,6 +44,7 @@
 
 #include "ringtrain/comm/communicator.hpp"
 #include "ringtrain/nn/layer.hpp"
+#include "ringtrain/nn/tensor_group.hpp"
 
 namespace ringtrain {
 namespace detail {
@@ -125,6 +128,14 @@ class MoeMlp : public Layer {
   int local_experts() const { return spec_.experts / group_.size; }
   int first_expert() const { return group_.rank * local_experts(); }
   const MoeSpec& spec() const { return spec_; }
+  // Sequence parallelism (before bind): this rank routes its token shard only
+  // (tokens [r T/g.size, (r+1) T/g.size) of every sample). The routing totals
+  // (counts, probability sums, the capacity's token order) are summed over g in
+  // the forward, so the aux loss, its gradient, drops, loads and metrics are
+  // the whole micro-batch's; the router's and experts' weight gradients are
+  // partial sums, summed over g in the backward (tp_sum_partial, as
+  // LayerNorm::sum_grads_over).
+  void sum_grads_over(const TensorGroup& g) { seq_ = g; }
   std::vector<NamedBuffer> buffers() const override;  // "<name>.expert_bias" when bias_update_rate > 0
   // The selection bias b [E] (float32, host; empty when bias_update_rate = 0).
   const Tensor& expert_bias() const { return bias_; }
@@ -147,6 +158,7 @@ class MoeMlp : public Layer {
     std::vector<std::int64_t> row;   // [n, k] the assignment's row in the send buffer, -1: dropped
     std::vector<float> f;            // [E] routed share (aux)
     double aux = 0;
+    double tokens = 0;               // the micro-batch's (every tensor rank's under sequence parallelism)
     // Dispatch: counts[j * L + l] rows for rank j's local expert l, sent / received.
     std::vector<std::size_t> send_counts, recv_counts;
     std::vector<float> send, recv, out_recv, out_send;  // rows of D: dispatched in, results back
@@ -165,6 +177,8 @@ class MoeMlp : public Layer {
   };
 
  private:
+  std::vector<std::size_t> layer_params() const;  // router, then each local expert's four
+  float* grad_ptr(std::size_t p) const;           // p's gradient, or its place in partial_ (sequence parallelism)
   void exchange(const Saved& s, const std::vector<float>& in, std::vector<float>& out, bool forward_dir) const;
   MoeSpec spec_;
   ExpertGroup group_;
@@ -176,6 +190,11 @@ class MoeMlp : public Layer {
   std::unique_ptr<EltwiseKernel> gelu_;
   const ParamArena* arena_ = nullptr;
   Tensor bias_;
+  TensorGroup seq_;  // size 1: this rank's tokens are the whole micro-batch
+  // Sequence parallelism: the layer's gradients [grad_lo_, grad_lo_ + partial_.numel()) of the
+  // arena's float32 gradients, computed into partial_ and summed over seq_ (used within a call).
+  std::int64_t grad_lo_ = 0;
+  mutable Tensor partial_;
   mutable std::mutex load_mu_;  // forwards of different micro-batches may run on different threads
   mutable std::vector<double> load_;
 };
