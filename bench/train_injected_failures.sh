@@ -7,7 +7,8 @@
 # steps of each measured run, one per MTTF, default "300 1000 2000"), SEED (default 46), CAL_STEPS
 # (default 300), OUT (where the runs' JSON timelines go; default a temporary directory), MODEL
 # (default mlp) and BATCH (data.global_batch, default 48): the step time t the failures are
-# measured against; KILL_GRACE_S (jobs/sbatch_elastic.sh's, default 0).
+# measured against; KILL_GRACE_S (jobs/sbatch_elastic.sh's, default 0); SOURCES (the measured rows'
+# snapshot sources, default "mem disk").
 #
 # Every job is jobs/sbatch_elastic.sh training MODEL + AdamW on Fashion-MNIST (global batch BATCH,
 # a third per rank), MIN_NODES=3: a failure kills one node's ranks (bench/injected_failures.py monitor: its
@@ -40,6 +41,7 @@ MTTFS=(${MTTFS-50 200 1000})
 STEPS=(${STEPS:-300 1000 2000})
 SEED=${SEED:-46} CAL_STEPS=${CAL_STEPS:-300} CAL_EVERY=5
 MODEL=${MODEL:-mlp} BATCH=${BATCH:-48} KILL_GRACE_S=${KILL_GRACE_S:-0}
+SOURCES=(${SOURCES:-mem disk})
 PY=/usr/bin/python3
 NODES=${RT_SLURM_NAME}1,${RT_SLURM_NAME}2,${RT_SLURM_NAME}3
 [ -f "$SRC/data/fashion-mnist/fashion-mnist-train.h5" ] ||
@@ -83,8 +85,10 @@ for i in "${!MTTFS[@]}"; do
     m=${MTTFS[$i]} n=${STEPS[$i]:-${STEPS[-1]}}
     km=$(every mem "$m") kd=$(every disk "$m")
     echo "MTTF $m steps: memory snapshot every $km steps, disk checkpoint every $kd (Young/Daly), $n steps per run"
-    run "mem_M$m" mem "$km" "$n" --mttf "$m" --seed $((SEED + i)) || exit 1
-    run "disk_M$m" disk "$kd" "$n" --mttf "$m" --seed $((SEED + i)) || exit 1
+    for src in "${SOURCES[@]}"; do
+        k=$km; [ "$src" = disk ] && k=$kd
+        run "${src}_M$m" "$src" "$k" "$n" --mttf "$m" --seed $((SEED + i)) || exit 1
+    done
 done
 echo
 "$PY" "$ROOT/bench/injected_failures.py" report "$OUT"

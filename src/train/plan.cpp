@@ -72,7 +72,8 @@ RunPlan plan_run(TrainConfig cfg, int ranks) {
   p.tensor = cfg.parallel.tensor;
   // What the model builder does (layers_model.cpp): only transformer blocks split their tokens.
   p.sequence = cfg.parallel.sequence && p.tensor > 1 &&
-               (cfg.model.name == "vit" || (cfg.model.name == "layers" && has_transformer(cfg.model.layers)));
+               (cfg.model.name == "vit" || cfg.model.name == "gpt" ||
+               (cfg.model.name == "layers" && has_transformer(cfg.model.layers)));
   // The trainer's two rules, in its order: the grid, then the batch split.
   p.data = ProcessGrid::data_parallel_size(ranks, cfg.mesh_shape());
   derive_batch(cfg, p.data);

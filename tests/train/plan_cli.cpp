@@ -125,6 +125,7 @@ TEST(Plan, SaysWhetherSequenceParallelismIsOn) {
   EXPECT_FALSE(on({"model.name=vit", "parallel.tensor=2", "parallel.sequence=false"}, 2));
   EXPECT_FALSE(on({"model.name=vit"}, 2));                         // tensor 1
   EXPECT_FALSE(on({"model.name=cnn", "parallel.tensor=2"}, 2));    // no transformer blocks
+  EXPECT_TRUE(on({"model.name=gpt", "parallel.tensor=2"}, 2));     // gpt's blocks (MoE ones too)
   const auto j = nlohmann::json::parse(plan_run(config({"model.name=vit", "parallel.tensor=2"}), 4).json());
   EXPECT_EQ(j.at("layout").at("sequence"), true);
 }
