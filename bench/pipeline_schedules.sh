@@ -9,6 +9,9 @@
 # Rounds are interleaved (every row once per round); each row prints the 1-minute load average
 # at its start; the end prints each row's median over the rounds (MODELS="cnn vit gpt" selects).
 #   bench/pipeline_schedules.sh [build-dir] [rounds]   (data: make prepare prepare-text)
+# CUT=fixed: every row of a model runs one fixed cut (parallel.partition = list: the cuts that
+# partition = time chose in one run, below) instead of timing its layers at start, so that the
+# ratios between schedules do not follow a cut taken under changing load.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${1:-build}
@@ -20,16 +23,17 @@ run() {  # model-config extra-sets...
     --set train.epochs=1 --set schedule.warmup_epochs=0.1 --set checkpoint.dir= --set log.format=plain "$@" 2>&1 | grep "epoch 1/1:" |
     sed -E 's/.*\| ([0-9]+ (img|tokens)\/s)[^|]*(\| pipeline schedule ([0-9.]+) ms\/step, simulator ([0-9.]+) ms \(bubble [0-9]+%; messages ([0-9]+) us; ([0-9.]+) ms with free messages\))?.*/\1 \4 \5 \6 \7/'
 }
-echo "# $(date -u +%FT%TZ) $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2) ($(nproc) cores), load $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "# $(date -u +%FT%TZ) $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2) ($(nproc) cores), load $(cut -d' ' -f1-3 /proc/loadavg), CUT=${CUT:-time}"
 MODELS=${MODELS:-cnn vit gpt}
 load() { cut -d' ' -f1 /proc/loadavg; }
 echo "# round model layout load rate unit schedule_ms predicted_ms message_us predicted_free_ms"
 out=$(mktemp)
 for r in $(seq "$ROUNDS"); do
-  for spec in "cnn jobs/fashion_cnn.toml data.batch_size=512 parallel.partition=time" \
-              "vit jobs/fashion_vit.toml data.batch_size=256 parallel.partition=time" \
-              "gpt jobs/text_gpt.toml data.batch_size=32 parallel.partition=time"; do
-    read -r name cfg b part <<<"$spec"
+  # model config batch cut-of-2-stages cut-of-4-chunks (layers per stage/chunk; CUT=fixed)
+  for spec in "cnn jobs/fashion_cnn.toml data.batch_size=512 [1,4] [1,1,1,2]" \
+              "vit jobs/fashion_vit.toml data.batch_size=256 [3,5] [2,1,1,4]" \
+              "gpt jobs/text_gpt.toml data.batch_size=32 [3,4] [2,1,1,3]"; do
+    read -r name cfg b cut2 cut4 <<<"$spec"
     [[ " $MODELS " == *" $name "* ]] || continue
     m=$(basename "$cfg" .toml)
     # data 2: each rank half the global batch
@@ -38,7 +42,12 @@ for r in $(seq "$ROUNDS"); do
     echo "$r $m data2 $l $(run "$cfg" --set data.batch_size=$half)" | tee -a "$out"
     for s in 1f1b zb-h1 interleaved zb-v; do
       l=$(load)
-      echo "$r $m $s $l $(run "$cfg" --set "$b" --set "$part" --set parallel.pipeline=2 --set parallel.micro_batches=4 \
+      part=(--set parallel.partition=time)
+      if [ "${CUT:-time}" = fixed ]; then
+        cut=$cut2; case $s in interleaved|zb-v) cut=$cut4 ;; esac
+        part=(--set parallel.partition=list --set "parallel.balance=$cut")
+      fi
+      echo "$r $m $s $l $(run "$cfg" --set "$b" "${part[@]}" --set parallel.pipeline=2 --set parallel.micro_batches=4 \
         --set parallel.schedule=$s)" | tee -a "$out"
     done
   done
