@@ -114,22 +114,24 @@ int main(int argc, char** argv) {
   for (auto& v : dir) v = nd(shared_rng);
   for (std::int64_t i = 0; i < x.numel(); ++i)
     x.data<float>()[i] = nd(rng) + float(skew) * dir[i % dim], dy.data<float>()[i] = nd(rng) * 1e-3f;
-  std::vector<double> tm[kModes], td, exposed[kModes], span[kModes];
+  std::vector<double> tm[kModes], td, exposed[kModes], span[kModes], counts[kModes];
   MoeShared& sh = *g.shared;
   for (int i = 0; i < iters + 2; ++i) {  // interleaved, 2 warm-ups
     for (int which = 0; which <= kModes; ++which) {
       MPI_Barrier(MPI_COMM_WORLD);
-      const double w0 = sh.alltoall_wait_s, s0 = sh.alltoall_span_s;
+      const double w0 = sh.alltoall_wait_s, s0 = sh.alltoall_span_s, c0 = sh.alltoall_counts_s;
       const auto t0 = std::chrono::steady_clock::now();
       (which == kModes ? dense : moes[which]).step(x, dy);
       double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       // This rank's shares of the step: blocked in the exchanges, and in flight.
-      double share[2] = {(sh.alltoall_wait_s - w0) / t, (sh.alltoall_span_s - s0) / t};
+      double share[3] = {(sh.alltoall_wait_s - w0) / t, (sh.alltoall_span_s - s0) / t,
+                         (sh.alltoall_counts_s - c0) / t};
       MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-      MPI_Allreduce(MPI_IN_PLACE, share, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+      MPI_Allreduce(MPI_IN_PLACE, share, 3, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
       if (i < 2) continue;
       (which == kModes ? td : tm[which]).push_back(t);
-      if (which < kModes) exposed[which].push_back(share[0]), span[which].push_back(share[1]);
+      if (which < kModes)
+        exposed[which].push_back(share[0]), span[which].push_back(share[1]), counts[which].push_back(share[2]);
     }
   }
   // The three modes compute the same function: their outputs agree to rounding.
@@ -184,11 +186,12 @@ int main(int argc, char** argv) {
                   sum / ep, worst, formula, sum / ep / formula);
     if (ep > 1) {
       std::printf("  all-to-alls, share of the MoE layer's forward+backward (median; the busiest rank per iteration):"
-                  " exposed (blocked in the exchanges' calls) / in flight (start to wait's end); goal exposed <= 0.15\n");
+                  " exposed (blocked in the exchanges' calls; of it, in the counts' all-to-all) / in flight (start"
+                  " until the rows received are here); goal exposed <= 0.15\n");
       for (int m = 0; m < kModes; ++m)
-        std::printf("    %-56s exposed %.3f  in flight %.3f\n",
+        std::printf("    %-56s exposed %.3f (counts %.3f)  in flight %.3f\n",
                     cat(expert_gemm_name(modes[m]), m == kBlocking ? ", blocking" : ", overlapped").c_str(),
-                    median(exposed[m]), median(span[m]));
+                    median(exposed[m]), median(counts[m]), median(span[m]));
       const double fo = median(tm[kDefault]), fb = median(tm[kBlocking]);
       std::printf("  overlapped / blocking (oneDNN per expert): step time %.3f, exposed share %.3f; outputs differ by "
                   "%.2e, input gradients by %.2e at most (the GEMMs' row split)\n",

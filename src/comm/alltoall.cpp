@@ -281,7 +281,15 @@ struct AlltoallvRequest::State {
   MPI_Request coll = MPI_REQUEST_NULL;  // algorithm mpi
   std::vector<int> keep[4];
   std::string mismatch;
+  bool received = false;
   std::unique_ptr<flight_recorder::Op> rec;
+  // The bounded waits of one call (built per call: the handle may be closed meanwhile).
+  void wait_receives(const A2a& c, const WaitOn& on) {
+    if (received) return;
+    received = true;
+    if (coll != MPI_REQUEST_NULL) wait_bounded(&coll, 1, on, c.what);
+    for (std::size_t i = 0; i < rq.size(); ++i) finish_recv(c, rq[i], from[i], rc[from[i]], on, mismatch);
+  }
 };
 
 AlltoallvRequest::AlltoallvRequest() = default;
@@ -315,6 +323,16 @@ void AlltoallvRequest::progress() {
   MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, st_->comm.handle("alltoallv_start"), &flag, MPI_STATUS_IGNORE);
 }
 
+double AlltoallvRequest::wait_received() {
+  if (!st_ || st_->received) return 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  A2a c("alltoallv_start", st_->comm, st_->dtype, {});
+  WaitOn on(st_->comm, c.what);
+  on.spin_s = host_context(c.h, st_->comm.local_size()).spin_s;
+  st_->wait_receives(c, on);
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 double AlltoallvRequest::wait() {
   if (!st_) return 0;
   std::unique_ptr<State> st = std::move(st_);
@@ -322,8 +340,7 @@ double AlltoallvRequest::wait() {
   A2a c("alltoallv_start", st->comm, st->dtype, {});
   WaitOn on(st->comm, c.what);
   on.spin_s = host_context(c.h, st->comm.local_size()).spin_s;
-  if (st->coll != MPI_REQUEST_NULL) wait_bounded(&st->coll, 1, on, c.what);
-  for (std::size_t i = 0; i < st->rq.size(); ++i) finish_recv(c, st->rq[i], st->from[i], st->rc[st->from[i]], on, st->mismatch);
+  st->wait_receives(c, on);
   for (std::size_t i = 0; i < st->sq.size(); ++i) finish_send(c, st->sq[i], st->to[i], on);
   st->rec->done();
   if (!st->mismatch.empty()) throw Error(st->mismatch);

@@ -315,7 +315,7 @@ Tensor MoeMlp::do_forward(const Tensor& x, Ctx& c, const Call& call) const {
   if (split) {
     gather(0);
     expert_forward(s, rs.zero, s.own, &ex);
-    ex.wait();
+    ex.wait_received();  // our rows' sends complete at the combine's start
     gather(1);
     expert_forward(s, s.own, rs.remote, nullptr);
   } else {
@@ -366,11 +366,38 @@ void MoeMlp::expert_forward(Saved& s, const std::vector<std::int64_t>& first, co
   };
   gemm({false, true, M, H, D, xe, D, M * D, w1, D, wstride_, h, H, M * H});
   for (int l = 0; l < L; ++l) add_bias(h + (l * M + first[l]) * H, arena_->param(b1_[l]).data<float>(), count[l], H);
-  // One call over every block (eltwise plans are per size): rows not yet
-  // computed get values the next pass overwrites.
-  gelu_->forward(s.h, s.a);
+  gelu_rows(s, first, count, whole, true);
   gemm({false, true, M, D, H, s.a.data<float>(), H, M * H, w2, H, wstride_, oe, D, M * D});
   for (int l = 0; l < L; ++l) add_bias(oe + (l * M + first[l]) * D, arena_->param(b2_[l]).data<float>(), count[l], D);
+}
+
+// GELU (forward: a = gelu(h); backward: dh from da) on the rows a pass
+// computes. Whole: one call over every block. Else per expert, in spans of at
+// most 64 rows aligned to 8 within the block (oneDNN's eltwise plans are per
+// size: a handful of sizes, not one per row count); the few rows a span takes
+// beyond the pass's are recomputed from the same values, or overwritten by the
+// other pass, or padding (zero in h).
+void MoeMlp::gelu_rows(Saved& s, const std::vector<std::int64_t>& first, const std::vector<std::int64_t>& count,
+                       bool whole, bool forward) const {
+  if (whole) {
+    forward ? gelu_->forward(s.h, s.a) : gelu_->backward(s.h, s.a, s.da, s.dh);
+    return;
+  }
+  const std::int64_t H = spec_.hidden, M = s.stride;
+  for (std::size_t l = 0; l < count.size(); ++l) {
+    if (count[l] == 0) continue;
+    const std::int64_t lo = first[l] / 8 * 8, hi = std::min(M, (first[l] + count[l] + 7) / 8 * 8);
+    for (std::int64_t r = lo; r < hi; r += 64) {
+      const std::int64_t off = (std::int64_t(l) * M + r) * H, n = std::min<std::int64_t>(64, hi - r) * H;
+      Tensor h = s.h.flat_view(off, n), a = s.a.flat_view(off, n);
+      if (forward) {
+        gelu_->forward(h, a);
+      } else {
+        Tensor da = s.da.flat_view(off, n), dh = s.dh.flat_view(off, n);
+        gelu_->backward(h, a, da, dh);
+      }
+    }
+  }
 }
 
 void MoeMlp::expert_backward_rows(Saved& s, const std::vector<std::int64_t>& first,
@@ -390,7 +417,7 @@ void MoeMlp::expert_backward_rows(Saved& s, const std::vector<std::int64_t>& fir
   gemm({false, false, M, H, D, s.doe.data(), D, M * D, w2, H, wstride_, da, H, M * H});
   // Pad rows of da (and so dh) stay zero for the grouped mode's weight gradients (doe's are).
   for (int l = 0; l < L; ++l) std::fill(da + (l * M + s.rows[l]) * H, da + (l + 1) * M * H, 0.f);
-  gelu_->backward(s.h, s.a, s.da, s.dh);  // every block, as in expert_forward
+  gelu_rows(s, first, count, whole, false);
   gemm({false, false, M, D, H, s.dh.data<float>(), H, M * H, w1, D, wstride_, s.dxe.data(), D, M * D});
 }
 
@@ -440,7 +467,7 @@ Tensor MoeMlp::do_backward(const Tensor& dy, Ctx& c, bool need_dx, bool accumula
   if (split) {
     gather(0);
     expert_backward_rows(s, rs.zero, s.own, &ex);
-    ex.wait();
+    ex.wait_received();
     gather(1);
     expert_backward_rows(s, s.own, rs.remote, nullptr);
   } else {

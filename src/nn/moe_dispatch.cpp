@@ -30,6 +30,7 @@ std::vector<std::size_t> exchange_expert_counts(const ExpertGroup& g, const std:
   const double t = since(t0);
   g.shared->alltoall_wait_s += t;  // blocking: all of it exposed
   g.shared->alltoall_span_s += t;
+  g.shared->alltoall_counts_s += t;
   return std::vector<std::size_t>(rc.begin(), rc.end());
 }
 
@@ -100,6 +101,7 @@ void RowExchange::start(const MoeMlp::Saved& s, const std::vector<float>& in, st
     g_.shared->alltoall_span_s += t;
     return;
   }
+  received_ = false;
   req_ = alltoallv_start(in.data(), sc, packed_displs(sc), out.data(), rc, packed_displs(rc), DType::f32, g_.comm);
   g_.shared->alltoall_wait_s += since(t0_);
   open_ = true;
@@ -112,13 +114,23 @@ void RowExchange::progress() {
   g_.shared->alltoall_wait_s += since(t0);
 }
 
-void RowExchange::wait() {
-  if (!open_) return;
-  open_ = false;
+void RowExchange::wait_received() {
+  if (!open_ || received_) return;
   const auto t0 = Clock::now();
-  req_.wait();
+  req_.wait_received();
   g_.shared->alltoall_wait_s += since(t0);
   g_.shared->alltoall_span_s += since(t0_);
+  received_ = true;
+}
+
+void RowExchange::wait() {
+  if (!open_) return;
+  const auto t0 = Clock::now();
+  const bool received = received_;
+  req_.wait();
+  g_.shared->alltoall_wait_s += since(t0);
+  if (!received) g_.shared->alltoall_span_s += since(t0_);
+  open_ = received_ = false;
 }
 
 }  // namespace ringtrain::detail

@@ -5,7 +5,8 @@
 // (comm/alltoall.hpp: alltoallv_start) so that the layer computes while they
 // travel. Each exchange is timed into MoeShared: `wait` the seconds this rank
 // spent inside the exchange's calls (start, progress, wait: blocked, the
-// exposed part), `span` from its start to its wait's return.
+// exposed part), `span` from its start until the rows received are here
+// (wait_received, or wait: what the exchange took, hidden or not).
 #include <chrono>
 #include <cstdint>
 #include <vector>
@@ -53,7 +54,8 @@ class RowExchange {
   void start(const MoeMlp::Saved& s, const std::vector<float>& in, std::vector<float>& out, bool forward_dir,
              bool overlap);
   void progress();  // between GEMMs: lets MPI move the rows on
-  void wait();      // completes (a no-op when nothing is in flight)
+  void wait_received();  // the rows received are here (this rank's sends may still be in flight)
+  void wait();           // completes (a no-op when nothing is in flight); start() calls it first
 
  private:
   const ExpertGroup& g_;
@@ -61,7 +63,7 @@ class RowExchange {
   std::int64_t D_;
   AlltoallvRequest req_;
   std::chrono::steady_clock::time_point t0_;
-  bool open_ = false;
+  bool open_ = false, received_ = false;
 };
 
 }  // namespace ringtrain::detail

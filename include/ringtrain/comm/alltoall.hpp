@@ -66,6 +66,10 @@ class AlltoallvRequest {
   // Lets MPI move the transfers on (one MPI_Iprobe: Open MPI progresses its
   // transports there) without completing anything; cheap enough between GEMMs.
   void progress();
+  // Completes the receives only (recv holds every block; send must still stay
+  // untouched): a rank need not wait for its peers to take its data before
+  // using theirs. Returns the seconds it blocked.
+  double wait_received();
   // Completes the exchange; returns the seconds it blocked. Nothing pending: returns 0.
   double wait();
   struct State;

@@ -71,11 +71,13 @@ class MoeShared {
   // This rank's layers' all-to-alls (counts and rows, forward and backward)
   // since construction (the trainer and benchmarks read and reset them):
   // alltoall_wait_s, the seconds spent inside the exchanges' calls (the counts'
-  // blocking all-to-all; the rows' start, progress and wait): the exposed time,
-  // what the layer could not hide behind its own compute; alltoall_span_s, from
-  // each exchange's start to its wait's return (equal to the wait when
+  // blocking all-to-all; the rows' start, progress and waits): the exposed
+  // time, what the layer could not hide behind its own compute (waiting for a
+  // slower peer included); alltoall_counts_s, the counts' part of it (where
+  // the ranks' skew entering the layer lands); alltoall_span_s, from each
+  // exchange's start until its received rows are here (equal to the wait when
   // blocking); alltoall_bytes, the bytes sent to other ranks.
-  double alltoall_wait_s = 0, alltoall_span_s = 0, alltoall_bytes = 0;
+  double alltoall_wait_s = 0, alltoall_counts_s = 0, alltoall_span_s = 0, alltoall_bytes = 0;
   void record(const std::string& layer, double aux, double max_over_mean, double dropped, double assignments);
   std::vector<MoeLayerStats> take();  // and reset
   // Layers with a bias update register here (bind); after each optimizer step
@@ -199,6 +201,8 @@ class MoeMlp : public Layer {
   // GEMMs, ex (if any) is given MPI progress (moe.cpp).
   void expert_forward(Saved& s, const std::vector<std::int64_t>& first, const std::vector<std::int64_t>& count,
                       detail::RowExchange* ex) const;
+  void gelu_rows(Saved& s, const std::vector<std::int64_t>& first, const std::vector<std::int64_t>& count, bool whole,
+                 bool forward) const;
   void expert_backward_rows(Saved& s, const std::vector<std::int64_t>& first, const std::vector<std::int64_t>& count,
                             detail::RowExchange* ex) const;
   MoeSpec spec_;
