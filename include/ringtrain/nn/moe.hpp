@@ -17,7 +17,9 @@
 // all-to-all-v of comm/alltoall.hpp: per-expert counts first, then the rows
 // grouped by destination rank and, within it, by local expert; the expert
 // outputs come back the same way (the combine). The backward runs the same two
-// exchanges with gradients. Each rank's tokens and losses are its own; the
+// exchanges with gradients. The row exchanges travel while the layer computes
+// what needs none of them (this rank's own tokens' rows first; MoeSpec::overlap,
+// src/nn/moe_dispatch.hpp, docs/moe.md). Each rank's tokens and losses are its own; the
 // expert weight gradients are sums over every rank's tokens, so they are
 // scaled by 1/EP and averaged over the expert-data group (the data ranks
 // holding the same experts): the mean over all data-parallel ranks, as for
