@@ -6,13 +6,13 @@
 #include <cblas.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <numeric>
 
 #include "init.hpp"
+#include "moe_dispatch.hpp"
 #include "moe_gemm.hpp"
 #include "moe_stats.hpp"
 #include "ringtrain/comm/alltoall.hpp"
@@ -49,13 +49,6 @@ void sum_rows(const float* x, std::int64_t m, std::int64_t n, float alpha, float
 void add_bias(float* y, const float* b, std::int64_t m, std::int64_t n) {
   for (std::int64_t i = 0; i < m; ++i)
     for (std::int64_t j = 0; j < n; ++j) y[i * n + j] += b[j];
-}
-
-std::vector<std::size_t> rank_totals(const std::vector<std::size_t>& per_expert, int ranks, int local, std::int64_t d) {
-  std::vector<std::size_t> out(static_cast<std::size_t>(ranks), 0);
-  for (int j = 0; j < ranks; ++j)
-    for (int l = 0; l < local; ++l) out[j] += per_expert[static_cast<std::size_t>(j * local + l)] * std::size_t(d);
-  return out;
 }
 
 }  // namespace
@@ -196,26 +189,6 @@ double MoeMlp::forward_flops(const Shape& in) const {
   return 2 * n * D * spec_.experts + 2 * n * spec_.top_k * 2 * D * H;
 }
 
-// Rows of D floats between the token side (send, grouped by destination rank
-// and local expert) and the expert side (recv, grouped by source rank and local
-// expert). forward_dir: token side -> expert side; else back.
-void MoeMlp::exchange(const Saved& s, const std::vector<float>& in, std::vector<float>& out, bool forward_dir) const {
-  const int L = local_experts(), p = group_.size;
-  const std::int64_t D = spec_.dim;
-  auto sc = rank_totals(forward_dir ? s.send_counts : s.recv_counts, p, L, D);
-  auto rc = rank_totals(forward_dir ? s.recv_counts : s.send_counts, p, L, D);
-  out.resize(std::accumulate(rc.begin(), rc.end(), std::size_t(0)));
-  if (p == 1) {
-    std::copy(in.begin(), in.end(), out.begin());
-    return;
-  }
-  const auto t0 = std::chrono::steady_clock::now();
-  alltoallv(in.data(), sc, packed_displs(sc), out.data(), rc, packed_displs(rc), DType::f32, group_.comm);
-  group_.shared->alltoall_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  for (int j = 0; j < p; ++j)
-    if (j != group_.rank) group_.shared->alltoall_bytes += double(sc[j]) * sizeof(float);
-}
-
 Tensor MoeMlp::do_forward(const Tensor& x, Ctx& c, const Call& call) const {
   Saved& s = saved<Saved>(c);
   RT_CHECK(x.device().is_cpu() && x.dtype() == DType::f32, "MoE layer '", name_, "': needs float32 host tensors, got ",
@@ -312,41 +285,11 @@ Tensor MoeMlp::do_forward(const Tensor& x, Ctx& c, const Call& call) const {
     std::memcpy(&s.send[r * D], xp + (a / k) * D, sizeof(float) * D);
   }
   s.send_counts = kept;
-  if (p > 1) {  // the counts first: what each rank sends for each of our local experts
-    std::vector<std::int64_t> sc(kept.begin(), kept.end()), rc(static_cast<std::size_t>(E));
-    const auto t0 = std::chrono::steady_clock::now();
-    alltoall(sc.data(), rc.data(), static_cast<std::size_t>(L), DType::i64, group_.comm);
-    group_.shared->alltoall_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    s.recv_counts.assign(rc.begin(), rc.end());
-  } else {
-    s.recv_counts = kept;
-  }
-  exchange(s, s.send, s.recv, true);
-  // Expert side: received rows regrouped by local expert.
-  s.rows.assign(static_cast<std::size_t>(L), 0);
-  s.perm.clear();
-  std::vector<std::size_t> src_off(static_cast<std::size_t>(p), 0);
-  for (int i = 1; i < p; ++i) {
-    src_off[i] = src_off[i - 1];
-    for (int l = 0; l < L; ++l) src_off[i] += s.recv_counts[(i - 1) * L + l];
-  }
-  for (int l = 0; l < L; ++l)
-    for (int i = 0; i < p; ++i) {
-      std::size_t o = src_off[i];
-      for (int m = 0; m < l; ++m) o += s.recv_counts[i * L + m];
-      for (std::size_t r = 0; r < s.recv_counts[i * L + l]; ++r) s.perm.push_back(static_cast<std::int64_t>(o + r));
-      s.rows[l] += static_cast<std::int64_t>(s.recv_counts[i * L + l]);
-    }
-  // Padded blocks: the grouped GEMM's batch takes the busiest expert's rows
-  // (rounded up to 8, so that fewer shapes need a primitive of their own).
+  s.recv_counts = detail::exchange_expert_counts(group_, kept, L);  // the counts first: one small all-to-all
+  detail::expert_layout(s, p, L, group_.rank);
   const auto R = static_cast<std::int64_t>(s.perm.size());
-  const std::int64_t M = (*std::max_element(s.rows.begin(), s.rows.end()) + 7) / 8 * 8;
-  s.stride = M;
-  s.slot.resize(s.perm.size());
-  for (std::int64_t l = 0, i = 0; l < L; ++l)
-    for (std::int64_t j = 0; j < s.rows[l]; ++j) s.slot[i++] = l * M + j;
-  std::vector<float>& oe = s.oe;
-  oe.resize(static_cast<std::size_t>(L * M * D));
+  const std::int64_t M = s.stride;
+  s.oe.resize(static_cast<std::size_t>(L * M * D));
   if (R > 0) {
     ensure(s.xe, {L * M, D}, DType::f32, Device::cpu());
     ensure(s.h, {L * M, H}, DType::f32, Device::cpu());
@@ -357,33 +300,125 @@ Tensor MoeMlp::do_forward(const Tensor& x, Ctx& c, const Call& call) const {
       std::fill(xe + (l * M + s.rows[l]) * D, xe + (l + 1) * M * D, 0.f);
       std::fill(h + (l * M + s.rows[l]) * H, h + (l + 1) * M * H, 0.f);
     }
-    for (std::int64_t i = 0; i < R; ++i) std::memcpy(xe + s.slot[i] * D, &s.recv[s.perm[i] * D], sizeof(float) * D);
     if (!s.gemm) s.gemm = std::make_shared<detail::ExpertGemm>(spec_.gemm);
-    const float* w1 = arena_->param(w1_[0]).data<float>();
-    const float* w2 = arena_->param(w2_[0]).data<float>();
-    s.gemm->run({false, true, M, H, D, xe, D, M * D, w1, D, wstride_, h, H, M * H}, s.rows, false);
-    for (int l = 0; l < L; ++l) add_bias(h + l * M * H, arena_->param(b1_[l]).data<float>(), s.rows[l], H);
-    gelu_->forward(s.h, s.a);  // one call for every local expert's rows
-    s.gemm->run({false, true, M, D, H, s.a.data<float>(), H, M * H, w2, H, wstride_, oe.data(), D, M * D}, s.rows,
-                false);
-    for (int l = 0; l < L; ++l) add_bias(oe.data() + l * M * D, arena_->param(b2_[l]).data<float>(), s.rows[l], D);
+  }
+  // Overlap: this rank's own rows go through the experts while the others' travel.
+  const bool overlap = spec_.overlap && p > 1, split = overlap && spec_.gemm != ExpertGemmMode::dnnl_grouped;
+  detail::RowExchange ex(group_, L, D);
+  ex.start(s, s.send, s.recv, true, overlap);
+  const detail::RowSplit rs = detail::row_split(s, p, L, group_.rank);
+  auto gather = [&](int which) {  // received rows -> expert blocks (0: own, 1: the others', 2: all)
+    for (std::int64_t i = 0; i < R; ++i)
+      if (which == 2 || rs.is_own(s.perm[i]) == (which == 0))
+        std::memcpy(s.xe.data<float>() + s.slot[i] * D, &s.recv[s.perm[i] * D], sizeof(float) * D);
+  };
+  if (split) {
+    gather(0);
+    expert_forward(s, rs.zero, s.own, &ex);
+    ex.wait_received();  // our rows' sends complete at the combine's start
+    gather(1);
+    expert_forward(s, s.own, rs.remote, nullptr);
+  } else {
+    ex.wait();
+    gather(2);
+    expert_forward(s, rs.zero, s.rows, nullptr);
   }
   s.out_recv.resize(s.recv.size());
   for (std::int64_t i = 0; i < R; ++i)
-    std::memcpy(&s.out_recv[s.perm[i] * D], oe.data() + s.slot[i] * D, sizeof(float) * D);
-  exchange(s, s.out_recv, s.out_send, false);
-  // Combine: y[t] = sum_j gate_j * expert output.
+    std::memcpy(&s.out_recv[s.perm[i] * D], s.oe.data() + s.slot[i] * D, sizeof(float) * D);
+  ex.start(s, s.out_recv, s.out_send, false, overlap);
+  // Combine: y[t] = sum_j gate_j * expert output, in j order. Tokens whose kept
+  // assignments all went to this rank's experts need nothing of the exchange:
+  // combined while it travels (the sum's order is the same).
   ensure(s.y, x.shape(), DType::f32, Device::cpu());
   float* y = s.y.data<float>();
   std::fill(y, y + n * D, 0.f);
-  for (std::size_t a = 0; a < s.row.size(); ++a) {
-    if (s.row[a] < 0) continue;
-    const float g = s.gate[a];
-    const float* o = &s.out_send[s.row[a] * D];
-    float* yt = y + (a / k) * D;
-    for (std::int64_t d = 0; d < D; ++d) yt[d] += g * o[d];
-  }
+  auto combine = [&](int which) {  // 0: local tokens, 1: the others, 2: all
+    for (std::int64_t t = 0; t < n; ++t) {
+      if (which != 2 && detail::token_is_local(s, t, k, L, group_.rank) != (which == 0)) continue;
+      for (std::int64_t a = t * k; a < (t + 1) * k; ++a) {
+        if (s.row[a] < 0) continue;
+        const float g = s.gate[a];
+        const float* o = &s.out_send[s.row[a] * D];
+        float* yt = y + t * D;
+        for (std::int64_t d = 0; d < D; ++d) yt[d] += g * o[d];
+      }
+    }
+  };
+  if (overlap) combine(0);
+  ex.wait();
+  combine(overlap ? 1 : 2);
   return s.y;
+}
+
+void MoeMlp::expert_forward(Saved& s, const std::vector<std::int64_t>& first, const std::vector<std::int64_t>& count,
+                            detail::RowExchange* ex) const {
+  if (s.perm.empty()) return;
+  const std::int64_t D = spec_.dim, H = spec_.hidden, M = s.stride;
+  const int L = local_experts();
+  float *xe = s.xe.data<float>(), *h = s.h.data<float>(), *oe = s.oe.data();
+  const float* w1 = arena_->param(w1_[0]).data<float>();
+  const float* w2 = arena_->param(w2_[0]).data<float>();
+  const bool whole = count == s.rows;  // first is zero then: one call over the blocks
+  auto gemm = [&](const detail::GroupedGemm& g) {
+    whole ? s.gemm->run(g, s.rows, false) : s.gemm->run_rows(g, first, count);
+    if (ex) ex->progress();
+  };
+  gemm({false, true, M, H, D, xe, D, M * D, w1, D, wstride_, h, H, M * H});
+  for (int l = 0; l < L; ++l) add_bias(h + (l * M + first[l]) * H, arena_->param(b1_[l]).data<float>(), count[l], H);
+  gelu_rows(s, first, count, whole, true);
+  gemm({false, true, M, D, H, s.a.data<float>(), H, M * H, w2, H, wstride_, oe, D, M * D});
+  for (int l = 0; l < L; ++l) add_bias(oe + (l * M + first[l]) * D, arena_->param(b2_[l]).data<float>(), count[l], D);
+}
+
+// GELU (forward: a = gelu(h); backward: dh from da) on the rows a pass
+// computes. Whole: one call over every block. Else per expert, in spans of at
+// most 64 rows aligned to 8 within the block (oneDNN's eltwise plans are per
+// size: a handful of sizes, not one per row count); the few rows a span takes
+// beyond the pass's are recomputed from the same values, or overwritten by the
+// other pass, or padding (zero in h).
+void MoeMlp::gelu_rows(Saved& s, const std::vector<std::int64_t>& first, const std::vector<std::int64_t>& count,
+                       bool whole, bool forward) const {
+  if (whole) {
+    forward ? gelu_->forward(s.h, s.a) : gelu_->backward(s.h, s.a, s.da, s.dh);
+    return;
+  }
+  const std::int64_t H = spec_.hidden, M = s.stride;
+  for (std::size_t l = 0; l < count.size(); ++l) {
+    if (count[l] == 0) continue;
+    const std::int64_t lo = first[l] / 8 * 8, hi = std::min(M, (first[l] + count[l] + 7) / 8 * 8);
+    for (std::int64_t r = lo; r < hi; r += 64) {
+      const std::int64_t off = (std::int64_t(l) * M + r) * H, n = std::min<std::int64_t>(64, hi - r) * H;
+      Tensor h = s.h.flat_view(off, n), a = s.a.flat_view(off, n);
+      if (forward) {
+        gelu_->forward(h, a);
+      } else {
+        Tensor da = s.da.flat_view(off, n), dh = s.dh.flat_view(off, n);
+        gelu_->backward(h, a, da, dh);
+      }
+    }
+  }
+}
+
+void MoeMlp::expert_backward_rows(Saved& s, const std::vector<std::int64_t>& first,
+                                  const std::vector<std::int64_t>& count, detail::RowExchange* ex) const {
+  if (s.perm.empty()) return;
+  const std::int64_t D = spec_.dim, H = spec_.hidden, M = s.stride;
+  const int L = local_experts();
+  float* da = s.da.data<float>();
+  const float* w1 = arena_->param(w1_[0]).data<float>();
+  const float* w2 = arena_->param(w2_[0]).data<float>();
+  const bool whole = count == s.rows;
+  auto gemm = [&](const detail::GroupedGemm& g) {
+    whole ? s.gemm->run(g, s.rows, false) : s.gemm->run_rows(g, first, count);
+    if (ex) ex->progress();
+  };
+  // da = doe W2, (GELU), dxe = dh W1: per row.
+  gemm({false, false, M, H, D, s.doe.data(), D, M * D, w2, H, wstride_, da, H, M * H});
+  // Pad rows of da (and so dh) stay zero for the grouped mode's weight gradients (doe's are).
+  for (int l = 0; l < L; ++l) std::fill(da + (l * M + s.rows[l]) * H, da + (l + 1) * M * H, 0.f);
+  gelu_rows(s, first, count, whole, false);
+  gemm({false, false, M, D, H, s.dh.data<float>(), H, M * H, w1, D, wstride_, s.dxe.data(), D, M * D});
 }
 
 Tensor MoeMlp::do_backward(const Tensor& dy, Ctx& c, bool need_dx, bool accumulate) const {
@@ -409,53 +444,65 @@ Tensor MoeMlp::do_backward(const Tensor& dy, Ctx& c, bool need_dx, bool accumula
     }
     dgate[a] = static_cast<float>(dot);
   }
-  std::vector<float>& dout_recv = s.dout_recv;
-  exchange(s, dout_send, dout_recv, true);
-  // Expert side. Weight gradients are sums over every rank's tokens: 1/EP makes
-  // the expert-data group's average the mean over all data-parallel ranks.
+  // Expert side: the own rows' per-row backward while the others' gradients travel.
+  const int p = group_.size;
+  const bool overlap = spec_.overlap && p > 1, split = overlap && spec_.gemm != ExpertGemmMode::dnnl_grouped;
+  detail::RowExchange ex(group_, L, D);
+  ex.start(s, dout_send, s.dout_recv, true, overlap);
   const auto R = static_cast<std::int64_t>(s.perm.size());
   const std::int64_t M = s.stride;
-  const float alpha = 1.f / float(group_.size);
-  std::vector<float>& dx_recv = s.dx_recv;
-  dx_recv.resize(s.recv.size());
   std::vector<float>&doe = s.doe, &dxe = s.dxe;
   doe.assign(static_cast<std::size_t>(L * M * D), 0.f);  // pad rows zero: they add nothing to the weight gradients
   dxe.resize(static_cast<std::size_t>(L * M * D));
-  for (std::int64_t i = 0; i < R; ++i)
-    std::memcpy(doe.data() + s.slot[i] * D, &dout_recv[s.perm[i] * D], sizeof(float) * D);
   if (R > 0) {
-    Tensor da = ensure(s.da, {L * M, H}, DType::f32, Device::cpu());
-    Tensor dh = ensure(s.dh, {L * M, H}, DType::f32, Device::cpu());
-    const float* w1 = arena_->param(w1_[0]).data<float>();
-    const float* w2 = arena_->param(w2_[0]).data<float>();
+    ensure(s.da, {L * M, H}, DType::f32, Device::cpu());
+    ensure(s.dh, {L * M, H}, DType::f32, Device::cpu());
+  }
+  const detail::RowSplit rs = detail::row_split(s, p, L, group_.rank);
+  auto gather = [&](int which) {  // 0: own rows, 1: the others', 2: all
+    for (std::int64_t i = 0; i < R; ++i)
+      if (which == 2 || rs.is_own(s.perm[i]) == (which == 0))
+        std::memcpy(doe.data() + s.slot[i] * D, &s.dout_recv[s.perm[i] * D], sizeof(float) * D);
+  };
+  if (split) {
+    gather(0);
+    expert_backward_rows(s, rs.zero, s.own, &ex);
+    ex.wait_received();
+    gather(1);
+    expert_backward_rows(s, s.own, rs.remote, nullptr);
+  } else {
+    ex.wait();
+    gather(2);
+    expert_backward_rows(s, rs.zero, s.rows, nullptr);
+  }
+  s.dx_recv.resize(s.recv.size());
+  for (std::int64_t i = 0; i < R; ++i)
+    std::memcpy(&s.dx_recv[s.perm[i] * D], dxe.data() + s.slot[i] * D, sizeof(float) * D);
+  // The input gradients go back while the weight gradients and the router's backward run.
+  std::vector<float>& dx_send = s.dx_send;
+  ex.start(s, s.dx_recv, dx_send, false, overlap);
+  // Weight gradients are sums over every rank's tokens: 1/EP makes the
+  // expert-data group's average the mean over all data-parallel ranks.
+  const float alpha = 1.f / float(p);
+  if (R > 0) {
     float* dw1 = grad_ptr(w1_[0]);
     float* dw2 = grad_ptr(w2_[0]);
+    float* dh = s.dh.data<float>();
     detail::ExpertGemm& g = *s.gemm;
-    // dW2 = alpha doe^T a, da = doe W2, (GELU), dW1 = alpha dh^T xe, dxe = dh W1: per expert.
+    // dW2 = alpha doe^T a, dW1 = alpha dh^T xe: per expert, over all its rows in one call.
     g.run({true, false, D, H, M, doe.data(), D, M * D, s.a.data<float>(), H, M * H, dw2, H, wstride_, alpha, acc},
           s.rows, true);
-    g.run({false, false, M, H, D, doe.data(), D, M * D, w2, H, wstride_, da.data<float>(), H, M * H}, s.rows, false);
-    if (M > 0) {  // pad rows of da and dh stay zero in the grouped mode (doe's are); the loop never reads them
-      for (int l = 0; l < L; ++l)
-        std::fill(da.data<float>() + (l * M + s.rows[l]) * H, da.data<float>() + (l + 1) * M * H, 0.f);
-      gelu_->backward(s.h, s.a, da, dh);
-    }
-    g.run({true, false, H, D, M, dh.data<float>(), H, M * H, s.xe.data<float>(), D, M * D, dw1, D, wstride_, alpha, acc},
-          s.rows, true);
-    g.run({false, false, M, D, H, dh.data<float>(), H, M * H, w1, D, wstride_, dxe.data(), D, M * D}, s.rows, false);
+    g.run({true, false, H, D, M, dh, H, M * H, s.xe.data<float>(), D, M * D, dw1, D, wstride_, alpha, acc}, s.rows,
+          true);
     for (int l = 0; l < L; ++l) {
       sum_rows(doe.data() + l * M * D, s.rows[l], D, alpha, grad_ptr(b2_[l]), acc);
-      sum_rows(dh.data<float>() + l * M * H, s.rows[l], H, alpha, grad_ptr(b1_[l]), acc);
+      sum_rows(dh + l * M * H, s.rows[l], H, alpha, grad_ptr(b1_[l]), acc);
     }
   } else {
     for (int l = 0; l < L; ++l)
-      for (std::size_t p : {w1_[l], b1_[l], w2_[l], b2_[l]})
-        if (!acc) std::fill_n(grad_ptr(p), arena_->grad(p).numel(), 0.f);
+      for (std::size_t q : {w1_[l], b1_[l], w2_[l], b2_[l]})
+        if (!acc) std::fill_n(grad_ptr(q), arena_->grad(q).numel(), 0.f);
   }
-  for (std::int64_t i = 0; i < R; ++i)
-    std::memcpy(&dx_recv[s.perm[i] * D], dxe.data() + s.slot[i] * D, sizeof(float) * D);
-  std::vector<float>& dx_send = s.dx_send;
-  exchange(s, dx_recv, dx_send, false);
   // Router: gates -> probabilities (+ the aux loss) -> softmax -> logits.
   const double aux_g = spec_.aux_loss_coeff * group_.shared->grad_scale * double(E) / s.tokens;
   std::vector<float>& dlogit = s.dlogit;
@@ -485,10 +532,14 @@ Tensor MoeMlp::do_backward(const Tensor& dy, Ctx& c, bool need_dx, bool accumula
     const Tensor span = arena_->grads_flat(DType::f32).flat_view(grad_lo_, partial_.numel());
     tp_sum_partial(partial_, {span}, accumulate, seq_, *be_);
   }
+  if (need_dx) {
+    ensure(s.dx, s.x.shape(), DType::f32, Device::cpu());
+    gemm(false, false, n, D, E, 1.f, dlogit.data(), E, arena_->param(router_).data<float>(), D, 0.f,
+         s.dx.data<float>(), D);
+  }
+  ex.wait();
   if (!need_dx) return {};
-  ensure(s.dx, s.x.shape(), DType::f32, Device::cpu());
   float* dx = s.dx.data<float>();
-  gemm(false, false, n, D, E, 1.f, dlogit.data(), E, arena_->param(router_).data<float>(), D, 0.f, dx, D);
   for (std::size_t a = 0; a < s.row.size(); ++a) {
     if (s.row[a] < 0) continue;
     const float* g = &dx_send[s.row[a] * D];

@@ -82,4 +82,18 @@ void ExpertGemm::run(const GroupedGemm& g, const std::vector<std::int64_t>& rows
   }
 }
 
+void ExpertGemm::run_rows(const GroupedGemm& g, const std::vector<std::int64_t>& first,
+                          const std::vector<std::int64_t>& rows) {
+  RT_CHECK(mode_ != ExpertGemmMode::dnnl_grouped && !g.ta && first.size() == rows.size(),
+           "ExpertGemm::run_rows: the loop modes, untransposed A and one first row per group only");
+  GroupedGemm at = g;
+  for (std::size_t l = 0; l < rows.size(); ++l) {
+    if (rows[l] == 0) continue;
+    at.a = g.a + l * g.sa + first[l] * g.lda;
+    at.c = g.c + l * g.sc + first[l] * g.ldc;
+    at.b = g.b + l * g.sb;
+    run(at, {rows[l]}, false);
+  }
+}
+
 }  // namespace ringtrain::detail

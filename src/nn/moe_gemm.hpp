@@ -44,6 +44,10 @@ class ExpertGemm {
   ~ExpertGemm();
   ExpertGemmMode mode() const { return mode_; }
   void run(const GroupedGemm& g, const std::vector<std::int64_t>& rows, bool rows_are_k);
+  // Group l's rows [first[l], first[l] + rows[l]) of its block only (the rows
+  // are m, op(A) untransposed: the overlap's own-rank and remote rows in turn,
+  // src/nn/moe_dispatch.hpp). The loop modes only: dnnl_grouped computes whole blocks.
+  void run_rows(const GroupedGemm& g, const std::vector<std::int64_t>& first, const std::vector<std::int64_t>& rows);
 
  private:
   struct Impl;

@@ -111,7 +111,9 @@ void Reporter::epoch_end(const EpochMetrics& m) {
   for (const MoeEpochStats& s : m.moe)
     moe += cat(" | ", s.layer, " aux ", fixed(s.aux, 3), " max/mean ", fixed(s.max_over_mean, 2), " dropped ",
                fixed(100 * s.dropped_fraction, 1), "%");
-  if (m.moe_alltoall_s > 0) moe += cat(" | expert all-to-all ", fixed(m.moe_alltoall_s, 2), "s");
+  if (m.moe_alltoall_s > 0)
+    moe += cat(" | expert all-to-all ", fixed(m.moe_alltoall_s, 2), "s exposed of ", fixed(m.moe_alltoall_span_s, 2),
+               "s in flight");
   std::string amp = m.loss_scale > 0 ? cat(" | loss scale ", m.loss_scale, ", ", m.skipped_steps, " skipped") : "";
   std::string slow = m.slowest_rank < 0 ? ""
                      : cat(" | ", m.straggler ? "straggler" : "slowest", " rank ", m.slowest_rank, ": compute ",
@@ -161,7 +163,10 @@ void Reporter::epoch_end(const EpochMetrics& m) {
       j["schedule_predicted_free_s"] = m.schedule_predicted_free_s;
       j["pipeline_message_s"] = m.pipeline_message_s;
     }
-    if (m.moe_alltoall_s > 0) j["moe_alltoall_s"] = m.moe_alltoall_s;
+    if (m.moe_alltoall_s > 0) {
+      j["moe_alltoall_s"] = m.moe_alltoall_s;
+      j["moe_alltoall_span_s"] = m.moe_alltoall_span_s;
+    }
     for (const MoeEpochStats& s : m.moe)
       j["moe"][s.layer] = {{"aux", s.aux}, {"max_over_mean", s.max_over_mean}, {"dropped_fraction", s.dropped_fraction}};
     if (m.loss_scale > 0) {

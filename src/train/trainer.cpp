@@ -505,11 +505,12 @@ EpochMetrics Trainer::Impl::train_epoch(int epoch, bool& finished) {
   m.model_flops_per_s = m.images_per_s * flops_per_sample;
   m.matmul_peak_flops = matmul_peak;
   m.moe = moe_epoch_stats();
-  if (parts.moe && grid->ep_size() > 1) {  // blocking exchanges: all of it is exposed
-    double a = parts.moe->alltoall_s;
-    parts.moe->alltoall_s = 0;
-    allreduce(&a, &a, 1, DType::f64, ReduceOp::max, world);
-    m.moe_alltoall_s = a;
+  if (parts.moe && grid->ep_size() > 1) {  // exposed (time inside the exchanges' calls) and span, busiest rank each
+    double a[2] = {parts.moe->alltoall_wait_s, parts.moe->alltoall_span_s};
+    parts.moe->alltoall_wait_s = parts.moe->alltoall_span_s = 0;
+    allreduce(a, a, 2, DType::f64, ReduceOp::max, world);
+    m.moe_alltoall_s = a[0];
+    m.moe_alltoall_span_s = a[1];
   }
   return m;
 }

@@ -22,6 +22,7 @@
 // counts and agree on dtype and algorithm, so a mismatch raises an Error on
 // every rank before any data moves. send and recv must not overlap.
 #include <cstddef>
+#include <memory>
 #include <vector>
 
 #include "ringtrain/comm/collectives.hpp"
@@ -44,6 +45,48 @@ void alltoallv(const void* send, const std::vector<std::size_t>& send_counts,
                const std::vector<std::size_t>& send_displs, void* recv, const std::vector<std::size_t>& recv_counts,
                const std::vector<std::size_t>& recv_displs, DType dtype, const Communicator& comm,
                const CollectiveOptions& opt = {});
+
+// The started form (issue 43's overlap of the token exchange with expert
+// compute): alltoallv_start checks its arguments as alltoallv does (validate
+// included, which blocks for the agreement), copies this rank's own block, posts
+// every receive and send at once (all p-1 steps: no window) and returns; the
+// caller computes, may call progress() now and then, and must call wait()
+// before it touches recv or send again. wait() waits through wait_bounded
+// (comm.collective_timeout_s), receive by receive, so a stall names the peer
+// as the blocking form does, and raises a length mismatch the same way.
+// Algorithm `mpi` posts MPI_Ialltoallv. One started exchange per communicator
+// at a time, and no other all-to-all on it until its wait().
+class AlltoallvRequest {
+ public:
+  AlltoallvRequest();
+  AlltoallvRequest(AlltoallvRequest&&) noexcept;
+  AlltoallvRequest& operator=(AlltoallvRequest&&) noexcept;
+  ~AlltoallvRequest();  // one never waited for is waited for here (bounded); errors are logged
+  bool pending() const { return st_ != nullptr; }
+  // Lets MPI move the transfers on (one MPI_Iprobe: Open MPI progresses its
+  // transports there) without completing anything; cheap enough between GEMMs.
+  void progress();
+  // Completes the receives only (recv holds every block; send must still stay
+  // untouched): a rank need not wait for its peers to take its data before
+  // using theirs. Returns the seconds it blocked.
+  double wait_received();
+  // Completes the exchange; returns the seconds it blocked. Nothing pending: returns 0.
+  double wait();
+  struct State;
+
+ private:
+  friend AlltoallvRequest alltoallv_start(const void*, const std::vector<std::size_t>&,
+                                          const std::vector<std::size_t>&, void*, const std::vector<std::size_t>&,
+                                          const std::vector<std::size_t>&, DType, const Communicator&,
+                                          const CollectiveOptions&);
+  std::unique_ptr<State> st_;
+};
+
+AlltoallvRequest alltoallv_start(const void* send, const std::vector<std::size_t>& send_counts,
+                                 const std::vector<std::size_t>& send_displs, void* recv,
+                                 const std::vector<std::size_t>& recv_counts,
+                                 const std::vector<std::size_t>& recv_displs, DType dtype, const Communicator& comm,
+                                 const CollectiveOptions& opt = {});
 
 // The counts each rank will receive, given what every rank sends: returns
 // recv_counts with recv_counts[i] = rank i's send_counts[this rank] (one

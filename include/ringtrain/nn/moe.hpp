@@ -17,7 +17,9 @@
 // all-to-all-v of comm/alltoall.hpp: per-expert counts first, then the rows
 // grouped by destination rank and, within it, by local expert; the expert
 // outputs come back the same way (the combine). The backward runs the same two
-// exchanges with gradients. Each rank's tokens and losses are its own; the
+// exchanges with gradients. The row exchanges travel while the layer computes
+// what needs none of them (this rank's own tokens' rows first; MoeSpec::overlap,
+// src/nn/moe_dispatch.hpp, docs/moe.md). Each rank's tokens and losses are its own; the
 // expert weight gradients are sums over every rank's tokens, so they are
 // scaled by 1/EP and averaged over the expert-data group (the data ranks
 // holding the same experts): the mean over all data-parallel ranks, as for
@@ -49,6 +51,7 @@
 namespace ringtrain {
 namespace detail {
 class ExpertGemm;
+class RowExchange;
 }
 
 // What the MoE layers of one model record for the logs, per layer, summed over
@@ -67,10 +70,16 @@ class MoeMlp;
 class MoeShared {
  public:
   double grad_scale = 1.0;
-  // Seconds this rank spent in the layers' all-to-alls (counts and rows, forward
-  // and backward; blocking, so all of it is exposed) and the bytes it sent to
-  // other ranks in them, since construction (benchmarks read and reset them).
-  double alltoall_s = 0, alltoall_bytes = 0;
+  // This rank's layers' all-to-alls (counts and rows, forward and backward)
+  // since construction (the trainer and benchmarks read and reset them):
+  // alltoall_wait_s, the seconds spent inside the exchanges' calls (the counts'
+  // blocking all-to-all; the rows' start, progress and waits): the exposed
+  // time, what the layer could not hide behind its own compute (waiting for a
+  // slower peer included); alltoall_counts_s, the counts' part of it (where
+  // the ranks' skew entering the layer lands); alltoall_span_s, from each
+  // exchange's start until its received rows are here (equal to the wait when
+  // blocking); alltoall_bytes, the bytes sent to other ranks.
+  double alltoall_wait_s = 0, alltoall_counts_s = 0, alltoall_span_s = 0, alltoall_bytes = 0;
   void record(const std::string& layer, double aux, double max_over_mean, double dropped, double assignments);
   std::vector<MoeLayerStats> take();  // and reset
   // Layers with a bias update register here (bind); after each optimizer step
@@ -111,6 +120,15 @@ struct MoeSpec {
   double bias_update_rate = 0;  // aux-loss-free balancing step u; 0: off (no bias)
   Eltwise gelu = Eltwise::gelu;
   ExpertGemmMode gemm = ExpertGemmMode::dnnl_loop;
+  // At parallel.expert > 1, overlap the row exchanges with expert compute
+  // (src/nn/moe_dispatch.hpp, docs/moe.md): the rows of this rank's own tokens
+  // go through the experts while the other ranks' travel, the combine's and the
+  // backward's second exchange travel behind the local combine, the weight
+  // gradients and the router's backward. false: blocking exchanges, then the
+  // compute (the reference bench/nn_moe_layer.cpp measures against). The
+  // results are the same either way up to the GEMMs' row split (docs/moe.md).
+  // dnnl_grouped computes whole padded blocks, so only its exchanges overlap.
+  bool overlap = true;
 };
 
 class MoeMlp : public Layer {
@@ -168,6 +186,7 @@ class MoeMlp : public Layer {
     std::vector<std::int64_t> perm;   // expert-side row slot[i] = received row perm[i]
     std::vector<std::int64_t> slot;
     std::vector<std::int64_t> rows;   // rows per local expert
+    std::vector<std::int64_t> own;    // of them, this rank's own tokens' (the first of each block)
     std::int64_t stride = 0;
     Tensor xe, h, a;
     std::shared_ptr<detail::ExpertGemm> gemm;  // src/nn/moe_gemm.hpp: its oneDNN primitives
@@ -179,7 +198,15 @@ class MoeMlp : public Layer {
  private:
   std::vector<std::size_t> layer_params() const;  // router, then each local expert's four
   float* grad_ptr(std::size_t p) const;           // p's gradient, or its place in partial_ (sequence parallelism)
-  void exchange(const Saved& s, const std::vector<float>& in, std::vector<float>& out, bool forward_dir) const;
+  // The expert MLP's forward (backward: its per-row part, da, dh, dxe) on rows
+  // [first[l], first[l] + count[l]) of each local expert's block; between its
+  // GEMMs, ex (if any) is given MPI progress (moe.cpp).
+  void expert_forward(Saved& s, const std::vector<std::int64_t>& first, const std::vector<std::int64_t>& count,
+                      detail::RowExchange* ex) const;
+  void gelu_rows(Saved& s, const std::vector<std::int64_t>& first, const std::vector<std::int64_t>& count, bool whole,
+                 bool forward) const;
+  void expert_backward_rows(Saved& s, const std::vector<std::int64_t>& first, const std::vector<std::int64_t>& count,
+                            detail::RowExchange* ex) const;
   MoeSpec spec_;
   ExpertGroup group_;
   std::string full_name_;  // "blocks.0.moe": how the metrics name the layer

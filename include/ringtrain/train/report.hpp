@@ -55,7 +55,10 @@ struct EpochMetrics {
   double slowest_wait_fraction = 0; // of its peers' step time, spent waiting on it
   bool straggler = false;           // slowest_slowdown > comm.straggler_factor
   std::vector<MoeEpochStats> moe;   // model.experts > 0: per MoE layer
-  double moe_alltoall_s = 0;        // parallel.expert > 1: the epoch's seconds in the experts' all-to-alls (busiest rank)
+  // parallel.expert > 1: the epoch's seconds this rank was blocked in the experts'
+  // all-to-alls (exposed: not hidden behind expert compute), and from each
+  // exchange's start to its completion (span); the busiest rank's each.
+  double moe_alltoall_s = 0, moe_alltoall_span_s = 0;
 };
 
 struct SlowestRank;
