@@ -37,11 +37,14 @@ Result run(AttentionKernel& k, const Tensor& qkv, const Tensor& dout) {
   return r;
 }
 
-// max |a - b| / max |b|, and whether b's padding rows (and a's) are zero.
+// max |a - b| / max |b| (the max-norm relative error of test_gpu_attention).
 double rel(const Tensor& a, const Tensor& b) {
   const std::vector<float> x = host_f32(a), y = host_f32(b);
   double e = 0, m = 1e-30;
-  for (std::size_t i = 0; i < x.size(); ++i) e = std::max(e, double(std::fabs(x[i] - y[i]))), m = std::max(m, double(std::fabs(y[i])));
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    e = std::max(e, double(std::fabs(x[i] - y[i])));
+    m = std::max(m, double(std::fabs(y[i])));
+  }
   return e / m;
 }
 
@@ -70,10 +73,12 @@ TEST(GpuContextAttention, AlltoallMatchesTheHostRun) {
     for (std::int64_t n = 0; n < N; ++n)
       for (std::int64_t i = 0; i < host_g.local(); ++i)
         if (host_g.position(host_g.rank, i) >= T)
-          for (std::int64_t k = 0; k < 3 * d; ++k) pad_nonzero += dg[std::size_t((n * host_g.local() + i) * 3 * d + k)] != 0.f;
+          for (std::int64_t k = 0; k < 3 * d; ++k)
+            pad_nonzero += dg[std::size_t((n * host_g.local() + i) * 3 * d + k)] != 0.f;
     EXPECT_EQ(pad_nonzero, 0) << "padding rows of the device gradient, T " << T;
     if (world.rank() == 0)
-      std::printf("[gpu context attention] alltoall, %d ranks, T %lld: output %.2e, dqkv %.2e relative to the host run\n",
+      std::printf("[gpu context attention] alltoall, %d ranks, T %lld: output %.2e, dqkv %.2e relative to the host "
+                  "run\n",
                   P, static_cast<long long>(T), eo, ed);
   }
 }

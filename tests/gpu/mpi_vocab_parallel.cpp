@@ -173,7 +173,8 @@ TEST(GpuVocabParallel, LossOverTheWorldMatchesTheHostRun) {
   EXPECT_EQ(hits, vocab_parallel_count_correct(x, y, g));
   EXPECT_EQ(hits, cpu().count_correct(whole, y)) << "the unsplit argmax";
   if (world.rank() == 0)
-    std::printf("[vocab loss] %d ranks: device %.12f, host %.12f, dlogit diff %.1e, hits %lld\n", g.size, dev, host, grad,
+    std::printf("[vocab loss] %d ranks: device %.12f, host %.12f, dlogit diff %.1e, hits %lld\n", g.size, dev, host,
+                grad,
                 static_cast<long long>(hits));
 }
 
@@ -212,7 +213,8 @@ TEST(GpuVocabParallel, GptTensorTwoTrialFollowsTheCpuRun) {
     const double bound = std::string(precision) == "fp32" ? 1e-5 : 2e-3;  // relative (the header says why)
     double worst = 0;
     for (int s = 0; s < kSteps; ++s) {
-      EXPECT_NEAR(got[s], ref[s], bound * std::abs(ref[s])) << precision << " tensor 2 at " << w << " ranks, step " << s + 1;
+      EXPECT_NEAR(got[s], ref[s], bound * std::abs(ref[s]))
+          << precision << " tensor 2 at " << w << " ranks, step " << s + 1;
       worst = std::max(worst, std::abs(got[s] - ref[s]) / std::abs(ref[s]));
     }
     EXPECT_LT(test_fixtures::mean5(got, kSteps - 5), test_fixtures::mean5(got, 0)) << precision << ": no learning";
