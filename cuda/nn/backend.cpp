@@ -152,6 +152,71 @@ class CudaBackend final : public Backend {
     return run_xent(logits, labels, 0.0, nullptr).correct;
   }
 
+  // The vocabulary-parallel loss's local steps (kernels/vocab_parallel.cu); nn/lm_loss.cpp sums between them.
+  void vocab_row_max(const Tensor& logits, const Tensor& labels, int part, Tensor& maxes, Tensor& best) override {
+    const char* what = "vocab-parallel cross-entropy";
+    VocabSlice a = vocab_slice(logits, labels.defined() ? &labels : nullptr, part, maxes, what);
+    if (best.defined()) {
+      expect_cuda(best, DType::i64, what, "best");
+      RT_CHECK(best.numel() == a.rows, what, ": best ", shape_str(best.shape()), " is not [", a.rows, "]");
+    }
+    CudaContext& c = sh_->ctx(logits);
+    auto* bad = static_cast<unsigned long long*>(scratch_.get(64, logits.device()));
+    if (a.labels) RT_CUDA(cudaMemsetAsync(bad, 0xff, sizeof *bad, c.compute()));
+    cuda::vocab_row_max(a, maxes.device_data<float>(), best.defined() ? best.device_data<std::int64_t>() : nullptr,
+                        a.labels ? bad : nullptr, c.compute());
+    if (!a.labels) return;
+    // A bad label is an error naming it on every rank before the group's all-reduce: one read-back.
+    const unsigned long long row = read_back<unsigned long long>(bad, c);
+    if (row == ~0ull) return;
+    std::int64_t y = 0;
+    RT_CUDA(cudaMemcpy(&y, a.labels + row, sizeof y, cudaMemcpyDeviceToHost));
+    RT_FAIL(what, ": label ", y, " of row ", row, " is not in [0, ", a.parts * a.local, ")");
+  }
+  void vocab_xent_sums(const Tensor& logits, const Tensor& labels, int part, const Tensor& maxes,
+                       Tensor& sums) override {
+    const char* what = "vocab-parallel cross-entropy";
+    const VocabSlice a = vocab_slice(logits, &labels, part, maxes, what);
+    expect_cuda(sums, DType::f64, what, "sums");
+    RT_CHECK(sums.numel() == 2 * a.rows, what, ": sums ", shape_str(sums.shape()), " is not [2, ", a.rows, "]");
+    cuda::vocab_xent_sums(a, maxes.device_data<float>(), sums.device_data<double>(), sh_->ctx(logits).compute());
+  }
+  double vocab_xent_finish(const Tensor& logits, const Tensor& labels, int part, const Tensor& maxes,
+                           const Tensor& sums, Tensor& dlogits) override {
+    const char* what = "vocab-parallel cross-entropy";
+    const VocabSlice a = vocab_slice(logits, &labels, part, maxes, what);
+    expect_cuda(sums, DType::f64, what, "sums");
+    RT_CHECK(sums.numel() == 2 * a.rows, what, ": sums ", shape_str(sums.shape()), " is not [2, ", a.rows, "]");
+    if (dlogits.defined()) {
+      expect_cuda(dlogits, DType::f32, what, "dlogits");
+      RT_CHECK(dlogits.shape() == logits.shape(), what, ": dlogits must match the logits ", shape_str(logits.shape()));
+    }
+    CudaContext& c = sh_->ctx(logits);
+    auto* loss = static_cast<double*>(scratch_.get(64 + std::size_t(a.rows) * sizeof(double), logits.device()));
+    cuda::vocab_xent_finish(a, maxes.device_data<float>(), sums.device_data<double>(),
+                            dlogits.defined() ? dlogits.device_data<float>() : nullptr, loss + 8, loss, c.compute());
+    return read_back<double>(loss, c);
+  }
+  void vocab_count_hits(const Tensor& maxes, const Tensor& best, const Tensor& labels, int part, std::int64_t first,
+                        Tensor& hits) override {
+    const char* what = "vocab-parallel accuracy";
+    expect_cuda(maxes, DType::f32, what, "maxes");
+    expect_cuda(best, DType::i64, what, "best");
+    expect_cuda(labels, DType::i64, what, "labels");
+    expect_cuda(hits, DType::f64, what, "hits");
+    RT_CHECK(maxes.ndim() == 2 && best.numel() == maxes.dim(0) && labels.numel() == maxes.dim(0) && hits.numel() == 1,
+             what, ": maxes ", shape_str(maxes.shape()), ", best ", shape_str(best.shape()), ", labels ",
+             shape_str(labels.shape()), " and hits ", shape_str(hits.shape()), " do not fit");
+    VocabSlice a;
+    a.labels = labels.device_data<std::int64_t>();
+    a.rows = maxes.dim(0);
+    a.first = first;
+    a.part = part;
+    a.parts = static_cast<int>(maxes.dim(1));
+    cuda::vocab_count_hits(a, maxes.device_data<float>(), best.device_data<std::int64_t>(),
+                           hits.device_data<double>(), sh_->ctx(maxes).compute());
+  }
+
   void embedding_forward(const Tensor& ids, std::int64_t vocab, std::int64_t first, const Tensor& weight,
                          const Tensor& pos, Tensor& rows, Tensor& y) override {
     expect_cuda(ids, DType::f32, "embedding forward", "ids");
@@ -275,6 +340,38 @@ class CudaBackend final : public Backend {
     LossSlots r = *host_.as<LossSlots>();
     RT_CHECK(!r.bad_label, what, ": a label is outside [0, ", a.classes, ")");
     return r;
+  }
+
+  // The logits' slice for the vocabulary-parallel kernels, checked.
+  static VocabSlice vocab_slice(const Tensor& logits, const Tensor* labels, int part, const Tensor& maxes,
+                                const char* what) {
+    expect_cuda(logits, DType::f32, what, "logits");
+    expect_cuda(maxes, DType::f32, what, "maxes");
+    RT_CHECK(logits.ndim() == 2 && maxes.ndim() == 2 && maxes.dim(0) == logits.dim(0) && part >= 0 &&
+                 part < maxes.dim(1),
+             what, ": logits ", shape_str(logits.shape()), " and maxes ", shape_str(maxes.shape()),
+             " are not [rows, vocab / parts] and [rows, parts] with part ", part, " among them");
+    VocabSlice a;
+    a.logits = logits.device_data<float>();
+    a.rows = logits.dim(0);
+    a.local = logits.dim(1);
+    a.part = part;
+    a.parts = static_cast<int>(maxes.dim(1));
+    a.first = std::int64_t(part) * a.local;
+    if (labels) {
+      expect_cuda(*labels, DType::i64, what, "labels");
+      RT_CHECK(labels->numel() == a.rows, what, ": labels ", shape_str(labels->shape()), " are not [", a.rows, "]");
+      a.labels = labels->device_data<std::int64_t>();
+    }
+    return a;
+  }
+  // One device value, after the compute stream's work: through pinned memory.
+  template <typename T>
+  T read_back(const void* dev, CudaContext& c) {
+    host_.reserve(sizeof(T));
+    RT_CUDA(cudaMemcpyAsync(host_.data(), dev, sizeof(T), cudaMemcpyDeviceToHost, c.compute()));
+    c.sync_compute();
+    return *host_.as<T>();
   }
 
   // img [N, C, H, W] <-> tokens [N, T, C*p*p]

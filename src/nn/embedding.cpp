@@ -16,9 +16,6 @@ std::int64_t rows_of(const char* type, const std::string& name, std::int64_t voc
            " tokens is not divisible by the ", g.size, " tensor ranks it is split over");
   return vocab / g.size;
 }
-
-float store_as(float, float v) { return v; }
-bfloat16 store_as(bfloat16, float v) { return to_bf16(v); }
 }  // namespace
 
 // ---- TokenEmbedding ---------------------------------------------------------
@@ -85,9 +82,8 @@ void TokenEmbedding::register_params(ParamArena& arena, int li, const std::strin
 }
 
 void TokenEmbedding::bind(const BindContext& ctx) {
-  // The lookup and its adjoint are Backend ops; a split vocabulary's sums still run in host memory.
-  RT_CHECK(ctx.device.is_cpu() || g_.size == 1, "TokenEmbedding '", name_, "': a vocabulary split over ", g_.size,
-           " tensor ranks runs on the CPU only, not ", ctx.device.str());
+  // The lookup, its adjoint and the positions are Backend ops; a split vocabulary's sums are the
+  // tensor group's collectives on the same device.
   be_ = &ctx.backend;
   weight = ctx.arena.param(w_);
   pos = ctx.arena.param(p_);
@@ -155,17 +151,10 @@ Tensor TokenEmbedding::do_forward(const Tensor& x, Ctx& c, const Call&) const {
   } else {
     tp_all_reduce(part, g_);
   }
-  if (!f32) ensure(y_, sum.shape(), DType::bf16, x.device());
-  const float* s = sum.data<float>();  // float32: y_ itself
-  const float* p = pos.data<float>();
-  auto add_positions = [&](auto* y) {
-    for (std::int64_t i = 0; i < n * ts; ++i) {
-      const float* pr = p + (t0 + i % ts) * d;
-      for (std::int64_t k = 0; k < d; ++k) y[i * d + k] = store_as(y[i * d + k], s[i * d + k] + pr[k]);
-    }
-  };
-  if (f32) add_positions(y_.data<float>());
-  else add_positions(y_.data<bfloat16>());
+  // The positions of the output's tokens added in float32 (in place), then one rounding to 16 bits.
+  const Tensor p = pos.slice_rows(t0, t0 + ts);
+  be_->add_broadcast(sum, p, 1, sum);
+  if (!f32) be_->cast(sum, ensure(y_, sum.shape(), out_dt_, x.device()));
   return y_;
 }
 

@@ -359,8 +359,8 @@ ContextGroup ContextGroup::of(const Communicator& c, std::int64_t seq, std::shar
 
 std::size_t RingWorkspace::bytes() const {
   return kv[0].nbytes() + kv[1].nbytes() + part.nbytes() + dsend.nbytes() + drecv.nbytes() + scratch.nbytes() +
-         a2a[0].nbytes() + a2a[1].nbytes() + a2a_qkv.nbytes() + a2a_out.nbytes() + a2a_dout.nbytes() +
-         a2a_dqkv.nbytes();
+         a2a[0].nbytes() + a2a[1].nbytes() + a2a[2].nbytes() + a2a[3].nbytes() + a2a_qkv.nbytes() +
+         a2a_out.nbytes() + a2a_dout.nbytes() + a2a_dqkv.nbytes();
 }
 
 std::int64_t ContextGroup::real(int r) const {

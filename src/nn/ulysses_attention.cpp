@@ -6,6 +6,10 @@
 // backend's ordinary causal kernel applies (the padding, positions >= T, sits
 // at the end, where no real query sees it). The exchanges are our own
 // all-to-all (comm/alltoall.cpp: every wait bounded, a missing peer named).
+// On a device (CUDA) the packing is Backend::copy_rows on the device's stream,
+// the inner kernel the backend's causal attention, and the exchange is staged
+// through host copies (Open MPI here is not CUDA-aware; the device all-reduce
+// stages likewise); the arithmetic and the gathered buffers stay on the device.
 //
 // Per rank per layer, with n samples of L = 2c local tokens of width d:
 //   forward : qkv (3·n·L·d floats) and the output (n·L·d) cross, each rank
@@ -23,6 +27,7 @@
 #include <ctime>
 
 #include "ringtrain/comm/alltoall.hpp"
+#include "ringtrain/core/allocator.hpp"
 #include "ringtrain/core/error.hpp"
 #include "ringtrain/nn/context_parallel.hpp"
 
@@ -56,16 +61,16 @@ class AlltoallAttention final : public AttentionKernel {
   void forward(const Tensor& qkv, Tensor& out, KernelState& ks) override {
     Saved& sv = state_as<Saved>(ks, "all-to-all attention");
     const Geom G = geom(qkv, "all-to-all attention forward");
-    RT_CHECK(out.dtype() == DType::f32 && out.device().is_cpu() && out.numel() == G.n * G.L * G.d,
+    RT_CHECK(out.dtype() == DType::f32 && out.device() == G.dev && out.numel() == G.n * G.L * G.d,
              "all-to-all attention forward: out ", shape_str(out.shape()), " is not float32 [", G.n, ", ", G.L, ", ",
              G.d, "]");
     RingWorkspace& w = *g_.work;
-    ensure(w.a2a_qkv, {G.n, G.T, 3 * G.dp});
-    ensure(w.a2a_out, {G.n, G.T, G.dp});
+    ensure(w.a2a_qkv, {G.n, G.T, 3 * G.dp}, G.dev);
+    ensure(w.a2a_out, {G.n, G.T, G.dp}, G.dev);
     // Tokens of all heads -> all tokens of this rank's heads: q, k and v in one exchange.
-    exchange_to_heads(G, qkv.data<float>(), 3, w.a2a_qkv.data<float>(), true, "all-to-all attention forward (q, k, v)");
+    exchange_to_heads(G, qkv, 3, w.a2a_qkv, true, "all-to-all attention forward (q, k, v)");
     compute([&] { inner_->forward(w.a2a_qkv, w.a2a_out, state_in(sv.inner, *inner_)); });
-    exchange_to_tokens(G, w.a2a_out.data<float>(), 1, out.data<float>(), true, "all-to-all attention forward (output)");
+    exchange_to_tokens(G, w.a2a_out, 1, out, true, "all-to-all attention forward (output)");
     sv.out = out;  // the caller's: it holds these values until the backward (AttentionKernel's contract)
     sv.fill = ++w.a2a_fill;
     if (g_.stats) ++g_.stats->forwards;
@@ -75,35 +80,34 @@ class AlltoallAttention final : public AttentionKernel {
     Saved& sv = state_as<Saved>(ks, "all-to-all attention");
     const Geom G = geom(qkv, "all-to-all attention backward");
     RT_CHECK(sv.inner && sv.out.defined() && sv.out.numel() == G.n * G.L * G.d && dout.numel() == G.n * G.L * G.d &&
-                 dout.dtype() == DType::f32 && dqkv.numel() == qkv.numel() && dqkv.dtype() == DType::f32,
+                 dout.dtype() == DType::f32 && dqkv.numel() == qkv.numel() && dqkv.dtype() == DType::f32 &&
+                 dout.device() == G.dev && dqkv.device() == G.dev,
              "all-to-all attention backward: no forward of these shapes before it");
     RingWorkspace& w = *g_.work;
     if (w.a2a_fill != sv.fill) {
       // Another layer (or micro-batch) gathered since: this one's q/k/v and output again, not kept per layer.
-      ensure(w.a2a_qkv, {G.n, G.T, 3 * G.dp});
-      ensure(w.a2a_out, {G.n, G.T, G.dp});
-      exchange_to_heads(G, qkv.data<float>(), 3, w.a2a_qkv.data<float>(), false,
-                        "all-to-all attention backward (q, k, v again)");
-      exchange_to_heads(G, sv.out.data<float>(), 1, w.a2a_out.data<float>(), false,
-                        "all-to-all attention backward (output again)");
+      ensure(w.a2a_qkv, {G.n, G.T, 3 * G.dp}, G.dev);
+      ensure(w.a2a_out, {G.n, G.T, G.dp}, G.dev);
+      exchange_to_heads(G, qkv, 3, w.a2a_qkv, false, "all-to-all attention backward (q, k, v again)");
+      exchange_to_heads(G, sv.out, 1, w.a2a_out, false, "all-to-all attention backward (output again)");
       sv.fill = ++w.a2a_fill;
       // The inner kernel's state reads the output buffer its forward wrote:
       // this one, or, where another shape reallocated it since, the old
       // buffer, which that state alone still holds and nothing wrote since.
     }
     // The gradients of the gathered sequence live within this call: the group's buffers too.
-    ensure(w.a2a_dout, {G.n, G.T, G.dp});
-    ensure(w.a2a_dqkv, {G.n, G.T, 3 * G.dp});
-    exchange_to_heads(G, dout.data<float>(), 1, w.a2a_dout.data<float>(), false, "all-to-all attention backward (dO)");
+    ensure(w.a2a_dout, {G.n, G.T, G.dp}, G.dev);
+    ensure(w.a2a_dqkv, {G.n, G.T, 3 * G.dp}, G.dev);
+    exchange_to_heads(G, dout, 1, w.a2a_dout, false, "all-to-all attention backward (dO)");
     compute([&] { inner_->backward(w.a2a_qkv, w.a2a_dout, w.a2a_dqkv, state_in(sv.inner, *inner_)); });
-    exchange_to_tokens(G, w.a2a_dqkv.data<float>(), 3, dqkv.data<float>(), false,
-                       "all-to-all attention backward (dq, dk, dv)");
+    exchange_to_tokens(G, w.a2a_dqkv, 3, dqkv, false, "all-to-all attention backward (dq, dk, dv)");
     if (g_.stats) ++g_.stats->backwards;
   }
 
  private:
   struct Geom {
     std::int64_t n, L, T, d, dp;  // samples, local tokens, P·L gathered tokens, H·hd, (H/P)·hd
+    Device dev;                   // qkv's: every buffer of the call is there
   };
   // Per micro-batch: the inner kernel's state (the row log-sum-exp of this
   // rank's heads; it reads the group's gathered output buffer), the caller's
@@ -119,21 +123,29 @@ class AlltoallAttention final : public AttentionKernel {
 
   Geom geom(const Tensor& qkv, const char* what) const {
     const std::int64_t d = s_.heads * s_.head_dim;
-    RT_CHECK(qkv.device().is_cpu() && qkv.dtype() == DType::f32, what, ": runs on float32 CPU tensors "
-             "(parallel.context > 1 needs train.device = cpu and train.precision = fp32), got ",
-             dtype_name(qkv.dtype()), " on ", qkv.device().str());
+    RT_CHECK(qkv.dtype() == DType::f32, what, ": runs on float32 tensors (parallel.context > 1 needs "
+             "train.precision = fp32), got ", dtype_name(qkv.dtype()), " on ", qkv.device().str());
     RT_CHECK(qkv.ndim() == 3 && qkv.dim(2) == 3 * d && qkv.dim(1) == g_.local(), what, ": qkv ",
              shape_str(qkv.shape()), " is not [N, ", g_.local(), " local tokens of ", g_.seq, " over ", g_.size,
              " context ranks, ", 3 * d, "]");
-    return {qkv.dim(0), g_.local(), g_.size * g_.local(), d, d / g_.size};
+    return {qkv.dim(0), g_.local(), g_.size * g_.local(), d, d / g_.size, qkv.device()};
   }
-  static void ensure(Tensor& t, const Shape& s) {
-    if (t.shape() != s) t = Tensor::empty(s);
+  static void ensure(Tensor& t, const Shape& s, Device dev) {
+    if (t.shape() != s || t.device() != dev) t = Tensor::empty(s, DType::f32, dev);
   }
-  float* buffer(int i, std::int64_t n) {  // the group's send and receive buffers, live within a call
+  // The group's send and receive buffers (i = 0, 1) on dev, and host copies
+  // (2, 3) that stage a device's exchange: live within a call.
+  char* buffer(int i, std::int64_t n, Device dev) {
     Tensor& t = g_.work->a2a[i];
-    if (t.numel() < n) t = Tensor::empty({n});
-    return t.data<float>();
+    if (t.numel() < n || t.device() != dev) t = Tensor::empty({n}, DType::f32, dev);
+    return static_cast<char*>(t.raw());
+  }
+  // `rows` runs of `width` floats between pitched buffers on dev (the device's strided copy, or memcpy).
+  void copy(Device dev, char* dst, std::int64_t dst_pitch, const char* src, std::int64_t src_pitch,
+            std::int64_t width, std::int64_t rows) {
+    const std::size_t w = std::size_t(width) * 4, dp = std::size_t(dst_pitch) * 4, sp = std::size_t(src_pitch) * 4;
+    if (!dev.is_cpu()) return backend_for(dev).copy_rows(dev, dst, dp, src, sp, w, std::size_t(rows));
+    for (std::int64_t r = 0; r < rows; ++r) std::memcpy(dst + std::size_t(r) * dp, src + std::size_t(r) * sp, w);
   }
   template <class F>
   void compute(F&& f) {
@@ -142,11 +154,21 @@ class AlltoallAttention final : public AttentionKernel {
     f();
     if (g_.stats) g_.stats->compute_s += since(t0), g_.stats->compute_cpu_s += thread_cpu_s() - c0;
   }
-  void exchange(const float* send, float* recv, std::int64_t count, bool fwd, const char* what) {
+  void exchange(Device dev, char* send, char* recv, std::int64_t count, bool fwd, const char* what) {
     RT_CHECK(count * 4 <= std::int64_t(INT_MAX), what, ": a block of ", count, " floats exceeds MPI's int count of "
              "bytes (use a smaller data.batch_size or more parallel.micro_batches)");
     const auto t0 = Clock::now();
-    alltoall(send, recv, std::size_t(count), DType::f32, g_.comm);  // bounded: a missing peer ends the job, named
+    if (dev.is_cpu()) {
+      alltoall(send, recv, std::size_t(count), DType::f32, g_.comm);  // bounded: a missing peer ends the job, named
+    } else {  // staged: the packing's kernels finish, the blocks cross on the host, come back
+      const std::int64_t n = g_.size * count;
+      const std::size_t bytes = std::size_t(n) * 4;
+      backend_for(dev).synchronize();
+      char *hs = buffer(2, n, Device::cpu()), *hr = buffer(3, n, Device::cpu());
+      copy_bytes(hs, Device::cpu(), send, dev, bytes);
+      alltoall(hs, hr, std::size_t(count), DType::f32, g_.comm);
+      copy_bytes(recv, dev, hr, Device::cpu(), bytes);
+    }
     if (g_.stats) {
       const double b = 4.0 * double(count) * double(g_.size - 1);
       g_.stats->wait_s += since(t0), g_.stats->bytes_sent += b;
@@ -156,38 +178,39 @@ class AlltoallAttention final : public AttentionKernel {
 
   // x [n, L, parts·d] (parts: 3 for q/k/v, 1 for dO) -> y [n, T, parts·dp]:
   // block j of the send buffer is this rank's tokens of head group j; rank i's
-  // block received holds its tokens, placed at their global positions.
-  void exchange_to_heads(const Geom& G, const float* x, int parts, float* y, bool fwd, const char* what) {
-    const std::int64_t row = parts * G.dp, count = G.n * G.L * row, P = g_.size;
-    float *send = buffer(0, P * count), *recv = buffer(1, P * count);
+  // block received holds its tokens, placed at their global positions (its two
+  // chunks of c tokens, each a run per sample).
+  void exchange_to_heads(const Geom& G, const Tensor& xt, int parts, Tensor& yt, bool fwd, const char* what) {
+    const std::int64_t row = parts * G.dp, count = G.n * G.L * row, P = g_.size, c = g_.chunk();
+    const char* x = static_cast<const char*>(xt.raw());
+    char* y = static_cast<char*>(yt.raw());
+    char *send = buffer(0, P * count, G.dev), *recv = buffer(1, P * count, G.dev);
     for (std::int64_t j = 0; j < P; ++j)
-      for (std::int64_t t = 0; t < G.n * G.L; ++t)
-        for (int c = 0; c < parts; ++c)
-          std::memcpy(send + j * count + t * row + c * G.dp, x + t * parts * G.d + c * G.d + j * G.dp,
-                      std::size_t(G.dp) * 4);
-    exchange(send, recv, count, fwd, what);
+      for (int k = 0; k < parts; ++k)
+        copy(G.dev, send + 4 * (j * count + k * G.dp), row, x + 4 * (k * G.d + j * G.dp), parts * G.d, G.dp,
+             G.n * G.L);
+    exchange(G.dev, send, recv, count, fwd, what);
     for (int i = 0; i < P; ++i)
-      for (std::int64_t s = 0; s < G.n; ++s)
-        for (std::int64_t t = 0; t < G.L; ++t)
-          std::memcpy(y + (s * G.T + g_.position(i, t)) * row, recv + i * count + (s * G.L + t) * row,
-                      std::size_t(row) * 4);
+      for (int h = 0; h < 2; ++h)
+        copy(G.dev, y + 4 * (g_.position(i, h * c) * row), G.T * row, recv + 4 * (i * count + h * c * row), G.L * row,
+             c * row, G.n);
   }
   // The inverse: y [n, T, parts·dp] of this rank's heads -> x [n, L, parts·d]
   // of this rank's tokens (block i sent: rank i's tokens of these heads).
-  void exchange_to_tokens(const Geom& G, const float* y, int parts, float* x, bool fwd, const char* what) {
-    const std::int64_t row = parts * G.dp, count = G.n * G.L * row, P = g_.size;
-    float *send = buffer(0, P * count), *recv = buffer(1, P * count);
+  void exchange_to_tokens(const Geom& G, const Tensor& yt, int parts, Tensor& xt, bool fwd, const char* what) {
+    const std::int64_t row = parts * G.dp, count = G.n * G.L * row, P = g_.size, c = g_.chunk();
+    const char* y = static_cast<const char*>(yt.raw());
+    char* x = static_cast<char*>(xt.raw());
+    char *send = buffer(0, P * count, G.dev), *recv = buffer(1, P * count, G.dev);
     for (int i = 0; i < P; ++i)
-      for (std::int64_t s = 0; s < G.n; ++s)
-        for (std::int64_t t = 0; t < G.L; ++t)
-          std::memcpy(send + i * count + (s * G.L + t) * row, y + (s * G.T + g_.position(i, t)) * row,
-                      std::size_t(row) * 4);
-    exchange(send, recv, count, fwd, what);
+      for (int h = 0; h < 2; ++h)
+        copy(G.dev, send + 4 * (i * count + h * c * row), G.L * row, y + 4 * (g_.position(i, h * c) * row), G.T * row,
+             c * row, G.n);
+    exchange(G.dev, send, recv, count, fwd, what);
     for (std::int64_t j = 0; j < P; ++j)
-      for (std::int64_t t = 0; t < G.n * G.L; ++t)
-        for (int c = 0; c < parts; ++c)
-          std::memcpy(x + t * parts * G.d + c * G.d + j * G.dp, recv + j * count + t * row + c * G.dp,
-                      std::size_t(G.dp) * 4);
+      for (int k = 0; k < parts; ++k)
+        copy(G.dev, x + 4 * (k * G.d + j * G.dp), parts * G.d, recv + 4 * (j * count + k * G.dp), row, G.dp,
+             G.n * G.L);
   }
 
   AttentionSpec s_;

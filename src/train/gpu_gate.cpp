@@ -75,7 +75,7 @@ std::vector<GpuNeed> gpu_needs(const TrainConfig& cfg) {
   if (cfg.parallel.tensor > 1) {
     if (cfg.parallel.sequence && cfg.model.name != "mlp" && cfg.model.name != "cnn" && cfg.model.name != "resnet")
       n.push_back({"sequence parallelism", cat("parallel.sequence = true with parallel.tensor = ", cfg.parallel.tensor)});
-    if (cfg.model.name == "gpt")  // the split vocabulary's embedding sums and loss are CPU code (nn/lm_loss.cpp)
+    if (cfg.model.name == "gpt")  // the split vocabulary's embedding and loss: written for CUDA, not yet run on a GPU
       n.push_back({"vocabulary parallelism", cat("model.name = gpt with parallel.tensor = ", cfg.parallel.tensor)});
   }
   if (cfg.model.experts > 0)  // the MoE layer is CPU code (nn/moe.cpp): train.device = auto stays on the CPU

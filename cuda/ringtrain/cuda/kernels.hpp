@@ -157,6 +157,32 @@ struct XentArgs {
 std::size_t xent_scratch_bytes(int rows);
 void softmax_xent(const XentArgs& a, void* scratch, cudaStream_t stream);
 
+// ---- vocabulary-parallel cross-entropy and accuracy (kernels/vocab_parallel.cu) ----
+// Backend::vocab_row_max / vocab_xent_sums / vocab_xent_finish /
+// vocab_count_hits on the device: one block per row (maxima, sums, the
+// gradient), one block for the loss and the hits, sums in double in a fixed
+// order (no atomics but the first bad label's): the same bits on every run.
+struct VocabSlice {
+  const float* logits = nullptr;         // [rows, local]: columns [first, first + local)
+  const std::int64_t* labels = nullptr;  // [rows] (may be null for vocab_row_max: not checked)
+  std::int64_t rows = 0, local = 0, first = 0;
+  int part = 0, parts = 1;  // first = part * local; the vocabulary is parts * local
+};
+// maxes [rows, parts] := 0, column part := the row's max; best (may be null)
+// := its first maximum's index; *bad := the smallest row whose label is not in
+// [0, parts * local) (untouched when none: set it to ULLONG_MAX first).
+void vocab_row_max(const VocabSlice& a, float* maxes, std::int64_t* best, unsigned long long* bad,
+                   cudaStream_t stream);
+// sums [2, rows] := sum_j exp(double(x) - m_r), and x at the label where it is local (else 0).
+void vocab_xent_sums(const VocabSlice& a, const float* maxes, double* sums, cudaStream_t stream);
+// *loss := mean_r (log z_r + m_r - target_r) (row_loss: rows doubles of
+// scratch); dlogits (may be null) := (softmax - onehot) / rows.
+void vocab_xent_finish(const VocabSlice& a, const float* maxes, const double* sums, float* dlogits,
+                       double* row_loss, double* loss, cudaStream_t stream);
+// *hits := rows whose first whole-row maximum is this part's best[r] and the label.
+void vocab_count_hits(const VocabSlice& a, const float* maxes, const std::int64_t* best, double* hits,
+                      cudaStream_t stream);
+
 // ---- fusion buffer pack / unpack --------------------------------------------
 struct CopyEntry {
   const void* src;

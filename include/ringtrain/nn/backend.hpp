@@ -308,6 +308,39 @@ class Backend {
   virtual double softmax_xent(const Tensor& logits, const Tensor& labels, double smoothing, Tensor& dlogits) = 0;
   // Number of rows whose argmax (first maximum) equals the label.
   virtual std::int64_t count_correct(const Tensor& logits, const Tensor& labels) = 0;
+
+  // ---- vocabulary-parallel cross-entropy and accuracy (nn/lm_loss.cpp) ----
+  // logits f32 [rows, L] are the columns [part L, (part + 1) L) of a
+  // vocabulary of parts L split over a tensor group; labels i64 [rows]. The
+  // caller sums maxes, sums and hits over the group between the calls.
+  // maxes f32 [rows, parts] := 0, column `part` := the row's maximum of these
+  // logits; best (i64 [rows], when defined) := the index of its first maximum;
+  // labels (when defined) are checked: the first outside [0, parts L) is an
+  // Error "label y of row r is not in [0, V)".
+  virtual void vocab_row_max(const Tensor& logits, const Tensor& labels, int part, Tensor& maxes, Tensor& best) {
+    RT_FAIL("the ", name(), " backend has no vocabulary-parallel cross-entropy");
+  }
+  // With maxes summed (m_r: the largest of row r): sums f64 [2, rows] := per
+  // row the sum of exp(x - m_r) over these columns (in double), and the
+  // label's logit where it is one of them (else 0).
+  virtual void vocab_xent_sums(const Tensor& logits, const Tensor& labels, int part, const Tensor& maxes,
+                               Tensor& sums) {
+    RT_FAIL("the ", name(), " backend has no vocabulary-parallel cross-entropy");
+  }
+  // With sums summed (z_r, target_r): returns the mean over the rows of
+  // log z_r + m_r - target_r; dlogits (f32, the logits' shape, when defined)
+  // := (softmax - onehot) / rows on these columns.
+  virtual double vocab_xent_finish(const Tensor& logits, const Tensor& labels, int part, const Tensor& maxes,
+                                   const Tensor& sums, Tensor& dlogits) {
+    RT_FAIL("the ", name(), " backend has no vocabulary-parallel cross-entropy");
+  }
+  // With maxes summed: hits f64 [1] := the number of rows whose whole-row
+  // first maximum (in the lowest part holding the largest of maxes' row) is
+  // in this part, at best[r], and is the label (first = part * L).
+  virtual void vocab_count_hits(const Tensor& maxes, const Tensor& best, const Tensor& labels, int part,
+                                std::int64_t first, Tensor& hits) {
+    RT_FAIL("the ", name(), " backend has no vocabulary-parallel accuracy");
+  }
   // ---- bfloat16 activations (train.precision = bf16) ----
   // Whether every kernel above takes bfloat16 activations: x, y, dx, dy (and
   // attention's qkv, out) bfloat16, a Linear's weight a bfloat16 copy of its

@@ -79,7 +79,7 @@ struct RingStats {
 // a2a_fill counts the fills of a2a_qkv/a2a_out (which layer's they hold).
 struct RingWorkspace {
   Tensor kv[2], part, dsend, drecv, scratch;
-  Tensor a2a[2], a2a_qkv, a2a_out, a2a_dout, a2a_dqkv;
+  Tensor a2a[4], a2a_qkv, a2a_out, a2a_dout, a2a_dqkv;  // a2a: send, receive (and their host copies on a device)
   std::uint64_t a2a_fill = 0;
   std::size_t bytes() const;
 };

@@ -173,9 +173,8 @@ class Layer {
   // then have the input's type, parameter gradients stay float32. A Stage
   // runs its layers in bf16 only when all of them do (composites ask their children).
   // It means 16-bit float activations: float16 too (train.precision = fp16 on
-  // a backend with Backend::fp16_activations, i.e. CUDA). Layers that run on
-  // the CPU only (TokenEmbedding, tensor-parallel host paths) write bf16 but
-  // not fp16; a Stage never picks fp16 there (CPU, or token ids: float32).
+  // a backend with Backend::fp16_activations, i.e. CUDA). The CPU backend
+  // does not say fp16_activations, so a Stage never picks fp16 there.
   virtual bool takes_bf16() const { return false; }
   // A layer whose input is token ids (TokenEmbedding): a Stage passes its
   // float32 input uncast (ids above 256 are not bfloat16 numbers) and names

@@ -236,6 +236,21 @@ class CpuBackend final : public Backend {
   void embedding_backward(const Tensor& dy, const Tensor& rows, Tensor& dweight, Tensor& dpos) override {
     cpu::embedding_backward(dy, rows, dweight, dpos);
   }
+  void vocab_row_max(const Tensor& logits, const Tensor& labels, int part, Tensor& maxes, Tensor& best) override {
+    cpu::vocab_row_max(logits, labels, part, maxes, best);
+  }
+  void vocab_xent_sums(const Tensor& logits, const Tensor& labels, int part, const Tensor& maxes,
+                       Tensor& sums) override {
+    cpu::vocab_xent_sums(logits, labels, part, maxes, sums);
+  }
+  double vocab_xent_finish(const Tensor& logits, const Tensor& labels, int part, const Tensor& maxes,
+                           const Tensor& sums, Tensor& dlogits) override {
+    return cpu::vocab_xent_finish(logits, labels, part, maxes, sums, dlogits);
+  }
+  void vocab_count_hits(const Tensor& maxes, const Tensor& best, const Tensor& labels, int part, std::int64_t first,
+                        Tensor& hits) override {
+    cpu::vocab_count_hits(maxes, best, labels, part, first, hits);
+  }
   void token_mean(const Tensor& x, Tensor& y) override { cpu::token_mean(x, y); }
   void token_mean_backward(const Tensor& dy, Tensor& dx) override { cpu::token_mean_backward(dy, dx); }
 

@@ -143,6 +143,13 @@ void token_mean_backward(const Tensor& dy, Tensor& dx);
 void embedding_forward(const Tensor& ids, std::int64_t vocab, std::int64_t first, const Tensor& weight,
                        const Tensor& pos, Tensor& rows, Tensor& y);
 void embedding_backward(const Tensor& dy, const Tensor& rows, Tensor& dweight, Tensor& dpos);
+// vocab_parallel.cpp
+void vocab_row_max(const Tensor& logits, const Tensor& labels, int part, Tensor& maxes, Tensor& best);
+void vocab_xent_sums(const Tensor& logits, const Tensor& labels, int part, const Tensor& maxes, Tensor& sums);
+double vocab_xent_finish(const Tensor& logits, const Tensor& labels, int part, const Tensor& maxes,
+                         const Tensor& sums, Tensor& dlogits);
+void vocab_count_hits(const Tensor& maxes, const Tensor& best, const Tensor& labels, int part, std::int64_t first,
+                      Tensor& hits);
 
 }  // namespace cpu
 }  // namespace ringtrain

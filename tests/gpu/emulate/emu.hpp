@@ -1,5 +1,5 @@
 // A minimal SIMT emulator for tests/gpu/emulate/run.sh (not part of the build):
-// just what cuda/kernels/attention.cu's kernels use.
+// just what cuda/kernels/attention.cu's and vocab_parallel.cu's kernels use.
 #pragma once
 #include <barrier>
 #include <cmath>
@@ -8,6 +8,7 @@
 #include <vector>
 #include <functional>
 #include <algorithm>
+#include <atomic>
 #define __global__
 #define __host__
 struct alignas(16) float4 {  // CUDA's: a misaligned load shows under -fsanitize=alignment (run.sh)
@@ -37,6 +38,13 @@ inline float __shfl_xor_sync(unsigned, float v, int o) {
   return r;
 }
 template <class A, class B> auto min(A a, B b) { return a < b ? a : b; }
+inline unsigned long long atomicMin(unsigned long long* p, unsigned long long v) {
+  std::atomic_ref<unsigned long long> a(*p);
+  unsigned long long old = a.load();
+  while (v < old && !a.compare_exchange_weak(old, v)) {
+  }
+  return old;
+}
 // Runs f on every block of grid (gx, gy), 128 threads each, blocks one after another.
 inline void launch(unsigned gx, unsigned gy, std::size_t smem_bytes, const std::function<void()>& f) {
   std::vector<float> smem(smem_bytes / 4 + 1);

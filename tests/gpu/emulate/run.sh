@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The tiled attention kernels of cuda/kernels/attention.cu run on the CPU, no
+# The tiled attention kernels of cuda/kernels/attention.cu and the
+# vocabulary-parallel loss's (vocab_parallel.cu) run on the CPU, no
 # GPU needed: a development check of their indexing, masking, barriers and
 # online softmax against a double-precision reference (attention_emu.cpp).
 # emu.hpp runs each block's 128 threads as std::threads with a block barrier
@@ -7,7 +8,7 @@
 # shared array; shared memory starts as NaN, so a read before a write shows,
 # and UBSan stops at a misaligned float4 load.
 # It checks the algorithm, not nvcc or the hardware (tests/gpu/attention.cpp
-# does that on a GPU).  Usage: tests/gpu/emulate/run.sh   (about 10 s)
+# and mpi_vocab_parallel.cpp do that on a GPU).  Usage: tests/gpu/emulate/run.sh   (about 10 s)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../../.." && pwd)
@@ -25,3 +26,19 @@ open(sys.argv[2], 'w').write(body + '}  // namespace\n}  // namespace ringtrain:
 PY
 g++ -std=c++20 -O2 -pthread -fsanitize=alignment,bounds -fno-sanitize-recover=all -I"$root/include" -I"$work" -I"$here" "$here/attention_emu.cpp" -o "$work/attention_emu"
 "$work/attention_emu"
+# The vocabulary-parallel loss's kernels (cuda/kernels/vocab_parallel.cu) and
+# their argument struct (ringtrain/cuda/kernels.hpp), against the CPU
+# backend's loops and the unsplit loss (vocab_emu.cpp).
+python3 - "$root/cuda/kernels/vocab_parallel.cu" "$root/cuda/ringtrain/cuda/kernels.hpp" "$work/vocab_kernels.inc" <<'PY'
+import sys
+src, hdr = open(sys.argv[1]).read(), open(sys.argv[2]).read()
+struct = hdr[hdr.index('struct VocabSlice {'):]
+struct = struct[:struct.index('};') + 2]
+body = src[src.index('namespace ringtrain::cuda {'):src.index('// ---- launchers (not emulated) ----')]
+body = body.replace('namespace ringtrain::cuda {', 'namespace ringtrain::cuda {\n' + struct, 1)
+body = body.replace('namespace {', 'namespace {\nusing emu::threadIdx; using emu::blockIdx; using emu::__syncthreads; '
+                    'using emu::atomicMin;', 1)
+open(sys.argv[3], 'w').write(body + '}  // namespace ringtrain::cuda\n')
+PY
+g++ -std=c++20 -O2 -pthread -fsanitize=alignment,bounds -fno-sanitize-recover=all -I"$work" -I"$here" "$here/vocab_emu.cpp" -o "$work/vocab_emu"
+"$work/vocab_emu"
