@@ -4,7 +4,8 @@
 # DeepSeek-V3's 0.001, and 0.01 for a run this short) and both. The corpus and model are bench/train_moe_vs_dense.sh's
 # (the first BYTES of the fortune files, bytes, 10% held out; width 128, depth 4).
 # The first epoch is the warm-up; the last epoch's max/mean tokens per expert (mean over
-# its micro-batches, per MoE layer; 1 = uniform) is printed beside the goal of <= 1.10.
+# its micro-batches, per MoE layer; 1 = uniform) is printed beside the goal of <= 1.10, and the same
+# ratio of the epoch's tokens per expert summed over its micro-batches (DeepSeek-V3's global view).
 #   bench/train_moe_balance.sh [BUILD_DIR] [EPOCHS] [BYTES] [ONLY]   (raw output: docs/data/moe_balance.txt)
 # ONLY: a regex of the run names to do (none aux bias aux+bias bias0.01 aux+bias0.01 aux0.1 aux1
 # bias0.003 aux+bias0.003; default all).
@@ -29,11 +30,13 @@ run() {
   if [ -n "$ONLY" ] && ! [[ $name =~ ^($ONLY)$ ]]; then return 0; fi
   echo "== $name: $*"
   "$BIN" train "${COMMON[@]}" "$@" 2>&1 | grep -E "^ringtrain:|^epoch [0-9]+/[0-9]+:" | tee "$WORK/log" || true
-  # The last epoch's per-layer max/mean, their worst, and the goal beside it.
-  tail -n 1 "$WORK/log" | grep -oE "max/mean [0-9.]+" | awk -v n="$name" -v g="$GOAL" -v e="$EPOCHS" '
-    { v[NR] = $2; if ($2 > w) w = $2; s = s " " $2 }
+  # The last epoch's per-layer max/mean (per micro-batch, and of the epoch's summed loads), their worst, the goal beside.
+  tail -n 1 "$WORK/log" | grep -oE "max/mean [0-9.]+ \(epoch [0-9.]+\)" | tr -d '()' | awk -v n="$name" -v g="$GOAL" -v e="$EPOCHS" '
+    { v = $2; x = $4; if (v > w) w = v; if (x > wx) wx = x; s = s " " v; sx = sx " " x }
     END { printf "balance %-10s epoch %d of %d (after warm-up): max/mean per layer%s | worst %.2f (goal <= %.2f: %s)\n",
-                 n, e, e, s, w, g, (w <= g ? "met" : "not met") }'
+                 n, e, e, s, w, g, (w <= g ? "met" : "not met")
+          printf "balance %-10s epoch %d of %d, the epoch'"'"'s summed loads: max/mean per layer%s | worst %.2f (goal <= %.2f: %s)\n",
+                 n, e, e, sx, wx, g, (wx <= g ? "met" : "not met") }'
 }
 run none --set model.aux_loss_coeff=0 --set model.moe_bias_update_rate=0
 run aux --set model.aux_loss_coeff=0.01 --set model.moe_bias_update_rate=0

@@ -265,7 +265,7 @@ Tensor MoeMlp::do_forward(const Tensor& x, Ctx& c, const Call& call) const {
     double dropped = 0;
     for (int e = 0; e < E; ++e) dropped += std::max(0.0, count[e] - cap);
     const double mx = *std::max_element(count.begin(), count.end());
-    group_.shared->record(full_name_.empty() ? name_ : full_name_, s.aux, mx * E / nk, dropped, nk);
+    group_.shared->record(full_name_.empty() ? name_ : full_name_, s.aux, mx * E / nk, dropped, nk, count);
     if (bias_.defined()) {
       std::lock_guard<std::mutex> lock(load_mu_);
       load_.resize(static_cast<std::size_t>(E), 0.0);

@@ -10,7 +10,7 @@
 namespace ringtrain {
 
 void MoeShared::record(const std::string& layer, double aux, double max_over_mean, double dropped,
-                       double assignments) {
+                       double assignments, const std::vector<double>& load) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = std::find_if(stats_.begin(), stats_.end(), [&](const MoeLayerStats& s) { return s.name == layer; });
   if (it == stats_.end()) {
@@ -22,6 +22,8 @@ void MoeShared::record(const std::string& layer, double aux, double max_over_mea
   it->max_over_mean += max_over_mean;
   it->dropped += dropped;
   it->assignments += assignments;
+  it->load.resize(std::max(it->load.size(), load.size()), 0.0);
+  for (std::size_t e = 0; e < load.size(); ++e) it->load[e] += load[e];
 }
 
 void MoeShared::add_balanced(MoeMlp* layer) {

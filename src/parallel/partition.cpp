@@ -75,6 +75,13 @@ std::vector<int> check_balance_list(const std::vector<int>& counts, int layers, 
   return counts;
 }
 
+void check_chunk_cut(int layers, int pipeline, int chunks, const std::string& schedule) {
+  // One chunk per rank: the partition names parallel.pipeline itself.
+  RT_CHECK(chunks == 1 || layers >= pipeline * chunks, "parallel.schedule = ", schedule, " cuts the model into ",
+           pipeline * chunks, " chunks (parallel.pipeline = ", pipeline, " x ", chunks, " per rank), but the model has "
+           "only ", layers, " top-level layers");
+}
+
 std::vector<int> parse_balance(const std::string& s) {
   std::vector<int> out;
   std::string t;

@@ -43,10 +43,8 @@ ModelParts build_parts(const ProcessGrid& grid, const ModelConfig& mc, const Gri
   });
   run_agreed(grid.world(), "partitioning the model into stages", [&] {
     const int n = static_cast<int>(plan.size()), p = L.stages();
-    // One chunk per rank: the partition names parallel.pipeline itself.
-    RT_CHECK(L.chunks == 1 || n >= p, "parallel.schedule = ", schedule_name(gc.schedule), " cuts the model into ", p,
-             " chunks (parallel.pipeline = ", grid.pp_size(), " x ", L.chunks, " per rank), but the model has only ", n,
-             " top-level layers");
+    check_chunk_cut(n, grid.pp_size(), L.chunks,
+                    gc.schedule == ScheduleKind::file ? gc.schedule_file : schedule_name(gc.schedule));
     switch (gc.partition) {
       case PartitionKind::uniform: parts.balance = balance_uniform(n, p); break;
       case PartitionKind::params: parts.balance = balance_by_cost(layer_param_costs(plan), p); break;

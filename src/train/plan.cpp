@@ -61,6 +61,17 @@ std::vector<RunPlan::TimedPrediction> auto_predictions(const TrainConfig& cfg, i
   return out;
 }
 
+// The model's top-level layers for this job's data, or -1 when the training
+// data cannot be read (the start reports that).
+int top_level_layers(const TrainConfig& cfg) {
+  try {
+    const data::FileInfo info = data::read_file_info(data::find_split_files(cfg.data.train, "train").front());
+    return static_cast<int>(plan_model_layers(model_config(cfg, info)).size());
+  } catch (const Error&) {
+    return -1;
+  }
+}
+
 }  // namespace
 
 RunPlan plan_run(TrainConfig cfg, int ranks) {
@@ -88,8 +99,16 @@ RunPlan plan_run(TrainConfig cfg, int ranks) {
     // The chosen schedule must run this m (its refusal names the keys), then all are compared.
     const int m = p.micro_batches * p.accumulation;
     const ScheduleKind kind = parse_schedule(cfg.parallel.schedule);
-    if (kind != ScheduleKind::automatic)  // auto: chosen at start from the model's layer times
-      step_schedule(kind, cfg.parallel.schedule, p.pipeline, m, cfg.parallel.virtual_stages);
+    if (kind != ScheduleKind::automatic) {  // auto: chosen at start from the model's layer times
+      const Schedule table = step_schedule(kind, cfg.parallel.schedule, p.pipeline, m, cfg.parallel.virtual_stages);
+      // The cut the start would refuse (parallel/parts.cpp), refused here too.
+      if (const int n = top_level_layers(cfg); n >= 0) {
+        const int chunks = table.layout.chunks;
+        check_chunk_cut(n, p.pipeline, chunks, cfg.parallel.schedule);
+        if (cfg.parallel.partition == "list")
+          check_balance_list(parse_balance(cfg.parallel.balance), n, p.pipeline * chunks);
+      }
+    }
     p.schedules = unit_predictions(p.pipeline, m, cfg.parallel.virtual_stages);
     if (kind == ScheduleKind::automatic) p.auto_schedules = auto_predictions(cfg, p.pipeline, m, &p.auto_pick);
   }

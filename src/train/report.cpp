@@ -109,7 +109,8 @@ void Reporter::epoch_end(const EpochMetrics& m) {
                 " ms with free messages)");
   std::string moe;
   for (const MoeEpochStats& s : m.moe)
-    moe += cat(" | ", s.layer, " aux ", fixed(s.aux, 3), " max/mean ", fixed(s.max_over_mean, 2), " dropped ",
+    moe += cat(" | ", s.layer, " aux ", fixed(s.aux, 3), " max/mean ", fixed(s.max_over_mean, 2), " (epoch ",
+               fixed(s.epoch_max_over_mean, 2), ") dropped ",
                fixed(100 * s.dropped_fraction, 1), "%");
   if (m.moe_alltoall_s > 0)
     moe += cat(" | expert all-to-all ", fixed(m.moe_alltoall_s, 2), "s exposed of ", fixed(m.moe_alltoall_span_s, 2),
@@ -168,7 +169,8 @@ void Reporter::epoch_end(const EpochMetrics& m) {
       j["moe_alltoall_span_s"] = m.moe_alltoall_span_s;
     }
     for (const MoeEpochStats& s : m.moe)
-      j["moe"][s.layer] = {{"aux", s.aux}, {"max_over_mean", s.max_over_mean}, {"dropped_fraction", s.dropped_fraction}};
+      j["moe"][s.layer] = {{"aux", s.aux}, {"max_over_mean", s.max_over_mean},
+                            {"epoch_max_over_mean", s.epoch_max_over_mean}, {"dropped_fraction", s.dropped_fraction}};
     if (m.loss_scale > 0) {
       j["loss_scale"] = m.loss_scale;
       j["skipped_steps"] = m.skipped_steps;

@@ -523,19 +523,26 @@ std::vector<MoeEpochStats> Trainer::Impl::moe_epoch_stats() {
   std::vector<std::string> names;
   for (int i = 0; i < cfg.model.depth; ++i)
     if ((i + 1) % cfg.model.moe_every == 0) names.push_back(cat("blocks.", i, ".moe"));
-  std::vector<double> v(5 * names.size(), 0.0);
+  // Per layer: forwards, aux, max/mean, dropped, assignments, then E loads.
+  const std::size_t E = static_cast<std::size_t>(cfg.model.experts), W = 5 + E;
+  std::vector<double> v(W * names.size(), 0.0);
   for (const MoeLayerStats& s : parts.moe ? parts.moe->take() : std::vector<MoeLayerStats>{})
     for (std::size_t i = 0; i < names.size(); ++i)
       if (names[i] == s.name) {
         const double x[5] = {s.forwards, s.aux, s.max_over_mean, s.dropped, s.assignments};
-        for (int k = 0; k < 5; ++k) v[5 * i + k] += x[k];
+        for (int k = 0; k < 5; ++k) v[W * i + k] += x[k];
+        for (std::size_t e = 0; e < std::min(E, s.load.size()); ++e) v[W * i + 5 + e] += s.load[e];
       }
   sum_over_ranks(v, world);
   std::vector<MoeEpochStats> out;
   for (std::size_t i = 0; i < names.size(); ++i) {
-    const double* x = &v[5 * i];
+    const double* x = &v[W * i];
     if (x[0] == 0) continue;
-    out.push_back({names[i], x[1] / x[0], x[2] / x[0], x[4] > 0 ? x[3] / x[4] : 0});
+    // Ranks that see the same tokens (a tensor group) add the same loads: the ratio is unchanged.
+    double mx = 0, sum = 0;
+    for (std::size_t e = 0; e < E; ++e) mx = std::max(mx, x[5 + e]), sum += x[5 + e];
+    out.push_back({names[i], x[1] / x[0], x[2] / x[0], sum > 0 ? mx * double(E) / sum : 0,
+                   x[4] > 0 ? x[3] / x[4] : 0});
   }
   return out;
 }

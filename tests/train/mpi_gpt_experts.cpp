@@ -106,7 +106,8 @@ TEST(GptExperts, UnsupportedCombinationsAreRefusedByName) {
 }
 
 // The epoch record names each MoE layer (model.moe_every = 2 of 2 blocks: blocks.1 only)
-// with its aux loss, the max/mean tokens per expert (in [1, E/k] by construction) and the
+// with its aux loss, the max/mean tokens per expert (in [1, E/k] by construction), per
+// micro-batch and over the epoch's summed loads, and the
 // dropped share, which a capacity factor of 1 makes positive on this corpus.
 TEST(GptExperts, EpochRecordHasPerLayerMoeMetrics) {
   Communicator world = Communicator::world();
@@ -135,6 +136,10 @@ TEST(GptExperts, EpochRecordHasPerLayerMoeMetrics) {
   const auto& m = moe["blocks.1.moe"];
   EXPECT_GE(m["max_over_mean"].get<double>(), 1.0);
   EXPECT_LE(m["max_over_mean"].get<double>(), 4.0 / 2.0);
+  // The epoch's summed loads: the max of sums is at most the sum of maxima (every
+  // micro-batch routes the same number of tokens), so never above the per-micro-batch mean.
+  EXPECT_GE(m["epoch_max_over_mean"].get<double>(), 1.0);
+  EXPECT_LE(m["epoch_max_over_mean"].get<double>(), m["max_over_mean"].get<double>() + 1e-12);
   EXPECT_GT(m["aux"].get<double>(), 0.0);
   EXPECT_GT(m["dropped_fraction"].get<double>(), 0.0);
   EXPECT_LT(m["dropped_fraction"].get<double>(), 0.5);

@@ -190,6 +190,31 @@ TEST_F(PlanCli, ALayoutThatCannotRunExitsTwoNamingTheKey) {
   EXPECT_EQ(r.status, exit_code::bad_input) << "--ranks needs --print-plan\n" << r.out;
 }
 
+// A cut the start refuses is refused by the plan too, when it can read the data:
+// cnn has 5 top-level layers (conv1, conv2, flatten, fc1, fc2), so zb-v at
+// pipeline 2 (4 chunks) plans, at pipeline 4 (8 chunks) does not; a balance
+// list is checked against the chunks the schedule cuts.
+TEST_F(PlanCli, ACutWithMoreChunksThanLayersIsRefusedByName) {
+  const std::string data = (dir_ / "data").string();
+  JobResult r = run_job(ringtrain_exe() + " prepare --dataset synthetic --samples 64 --test-samples 16 --channels 1 "
+                        "--height 28 --width 28 --out " + data);
+  ASSERT_EQ(r.status, 0) << r.out;
+  const std::string job = train() + "--set model.name=cnn --set data.train=" + data + " --set data.test=" + data +
+                          " --set data.global_batch=0 --set parallel.schedule=zb-v --set parallel.micro_batches=4 ";
+  r = run_job(job + "--print-plan --ranks 2");
+  ASSERT_EQ(r.status, 0) << r.out;
+  r = run_job(job + "--set parallel.pipeline=4 --print-plan --ranks 4");
+  EXPECT_EQ(r.status, exit_code::bad_input) << r.out;
+  EXPECT_NE(r.out.find("parallel.schedule = zb-v cuts the model into 8 chunks"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("only 5 top-level layers"), std::string::npos) << r.out;
+  r = run_job(job + "--set parallel.partition=list --set parallel.balance=[1,4] --print-plan --ranks 2");
+  EXPECT_EQ(r.status, exit_code::bad_input) << r.out;
+  EXPECT_NE(r.out.find("parallel.balance = [1, 4] has 2 entries for parallel.pipeline = 4 stages"),
+            std::string::npos) << r.out;
+  r = run_job(job + "--set parallel.partition=list --set parallel.balance=[1,1,1,2] --print-plan --ranks 2");
+  EXPECT_EQ(r.status, 0) << r.out;
+}
+
 // The GPU validation gate (train/gpu_gate.hpp) in the printed plan: the job's
 // ZeRO-1 is refused on CUDA by name (its pipeline 2 is on the list since the
 // H200 run); with --device cuda the plan itself is.

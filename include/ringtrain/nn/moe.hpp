@@ -65,6 +65,7 @@ struct MoeLayerStats {
   double max_over_mean = 0;    // sum of per-forward max/mean tokens per expert (this rank's tokens)
   double dropped = 0;          // assignments dropped by the capacity
   double assignments = 0;      // n * k
+  std::vector<double> load;    // tokens per expert, summed over the forwards (the epoch's balance)
 };
 class MoeMlp;
 class MoeShared {
@@ -80,7 +81,8 @@ class MoeShared {
   // exchange's start until its received rows are here (equal to the wait when
   // blocking); alltoall_bytes, the bytes sent to other ranks.
   double alltoall_wait_s = 0, alltoall_counts_s = 0, alltoall_span_s = 0, alltoall_bytes = 0;
-  void record(const std::string& layer, double aux, double max_over_mean, double dropped, double assignments);
+  void record(const std::string& layer, double aux, double max_over_mean, double dropped, double assignments,
+              const std::vector<double>& load);
   std::vector<MoeLayerStats> take();  // and reset
   // Layers with a bias update register here (bind); after each optimizer step
   // update_bias sums their loads since the last call over `group` (the ranks that

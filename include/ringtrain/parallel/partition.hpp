@@ -23,6 +23,10 @@ PartitionKind parse_partition(const std::string& s);  // Error names parallel.pa
 std::vector<int> balance_uniform(int layers, int stages);
 std::vector<int> balance_by_cost(const std::vector<double>& cost, int stages);
 std::vector<int> check_balance_list(const std::vector<int>& counts, int layers, int stages);
+// A schedule of `chunks` model chunks per rank over `pipeline` ranks needs at
+// least pipeline x chunks top-level layers; the Error names the schedule and
+// the keys (the start and --print-plan both check it).
+void check_chunk_cut(int layers, int pipeline, int chunks, const std::string& schedule);
 // "[3, 2, 2]" or "3,2,2" -> {3, 2, 2}; Error naming parallel.balance otherwise.
 std::vector<int> parse_balance(const std::string& s);
 

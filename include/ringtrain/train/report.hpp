@@ -19,6 +19,7 @@ struct MoeEpochStats {
   std::string layer;            // "blocks.0.moe"
   double aux = 0;               // mean load-balancing loss E sum f_i P_i (1 = balanced)
   double max_over_mean = 0;     // mean over micro-batches of max / mean tokens per expert
+  double epoch_max_over_mean = 0;  // max / mean of the epoch's tokens per expert (summed over micro-batches and ranks)
   double dropped_fraction = 0;  // of the top-k assignments, dropped by model.capacity_factor
 };
 
