@@ -81,15 +81,36 @@ Tensor MultiHeadSelfAttention::do_forward(const Tensor& x, Ctx& c, const Call& c
 }
 
 Tensor MultiHeadSelfAttention::do_backward(const Tensor& dy, Ctx& c, bool need_dx, bool accumulate) const {
+  return backward_impl(dy, c, need_dx, accumulate, false);
+}
+
+Tensor MultiHeadSelfAttention::do_backward_input(const Tensor& dy, Ctx& c, bool need_dx, bool accumulate) const {
+  return backward_impl(dy, c, need_dx, accumulate, true);
+}
+
+// proj's deferred gradient reads core and dy, qkv's its input and dcore: all
+// kept in the contexts until the context's next forward.
+void MultiHeadSelfAttention::do_backward_weight(Ctx& c) const {
   Saved& s = saved<Saved>(c);
-  Tensor dcore = proj_->backward(dy, *s.proj, true, accumulate);
+  qkv_->backward_weight(*s.qkv);
+  proj_->backward_weight(*s.proj);
+}
+
+bool MultiHeadSelfAttention::splits_backward() const { return qkv_->splits_backward() || proj_->splits_backward(); }
+
+Tensor MultiHeadSelfAttention::backward_impl(const Tensor& dy, Ctx& c, bool need_dx, bool accumulate,
+                                             bool split) const {
+  Saved& s = saved<Saved>(c);
+  Tensor dcore = split ? proj_->backward_input(dy, *s.proj, true, accumulate)
+                       : proj_->backward(dy, *s.proj, true, accumulate);
   ensure(s.dcore, s.qkv_out.shape(), s.qkv_out.dtype(), s.qkv_out.device());  // d qkv
   // The kernel is deterministic: core is rewritten with the bits it holds
   // (proj's deferred weight gradient may still read it).
   if (recompute_core_) k_->forward(s.qkv_out, s.core, state_in(s.ks, *k_));
   k_->backward(s.qkv_out, dcore, s.dcore, state_in(s.ks, *k_));
   if (recompute_core_) s.ks.reset();
-  return qkv_->backward(s.dcore, *s.qkv, need_dx, accumulate);
+  return split ? qkv_->backward_input(s.dcore, *s.qkv, need_dx, accumulate)
+               : qkv_->backward(s.dcore, *s.qkv, need_dx, accumulate);
 }
 
 LayerPtr multi_head_attention(const std::string& name, std::int64_t dim, std::int64_t heads, const TensorGroup& g,

@@ -260,6 +260,27 @@ Tensor ResidualStack::do_forward(const Tensor& x, Ctx& c, const Call& call) cons
 }
 
 Tensor ResidualStack::do_backward(const Tensor& dy, Ctx& c, bool need_dx, bool accumulate) const {
+  return backward_impl(dy, c, need_dx, accumulate, false);
+}
+
+Tensor ResidualStack::do_backward_input(const Tensor& dy, Ctx& c, bool need_dx, bool accumulate) const {
+  return backward_impl(dy, c, need_dx, accumulate, true);
+}
+
+void ResidualStack::do_backward_weight(Ctx& c) const {
+  Saved& s = saved<Saved>(c);
+  for (std::size_t i = branches_.size(); i-- > 0;)
+    for (std::size_t j = branches_[i].size(); j-- > 0;) branches_[i][j]->backward_weight(*s.branches[i][j]);
+}
+
+bool ResidualStack::splits_backward() const {
+  for (auto& b : branches_)
+    for (auto& l : b)
+      if (l->splits_backward()) return true;
+  return false;
+}
+
+Tensor ResidualStack::backward_impl(const Tensor& dy, Ctx& c, bool need_dx, bool accumulate, bool split) const {
   Saved& s = saved<Saved>(c);
   Tensor g = dy;
   if (seq_.gather_out) {  // dy is replicated (what follows runs on every rank alike): take our tokens
@@ -271,12 +292,20 @@ Tensor ResidualStack::do_backward(const Tensor& dy, Ctx& c, bool need_dx, bool a
     const bool more = i > 0 || need_dx;
     Tensor d = g;
     auto& br = branches_[i];
-    for (std::size_t j = br.size(); j-- > 0;) d = br[j]->backward(d, *s.branches[i][j], j > 0 || more, accumulate);
+    for (std::size_t j = br.size(); j-- > 0;) {
+      Layer& l = *br[j];
+      d = split ? l.backward_input(d, *s.branches[i][j], j > 0 || more, accumulate)
+                : l.backward(d, *s.branches[i][j], j > 0 || more, accumulate);
+    }
     if (!more) return {};
-    // g + d into our buffer; in place once g is that buffer (add allows aliasing).
-    ensure(s.dx, g.shape(), g.dtype(), g.device());
-    be_->add(g, d, s.dx);
-    g = s.dx;
+    // g + d into our buffer; in place once g is that buffer (add allows
+    // aliasing). Split, each branch's sum has its own: a branch that deferred
+    // its weight gradient keeps its g as dy until backward_weight.
+    if (split) s.dxs.resize(branches_.size());
+    Tensor& out = split ? s.dxs[i] : s.dx;
+    ensure(out, g.shape(), g.dtype(), g.device());
+    be_->add(g, d, out);
+    g = out;
   }
   if (!seq_.scatter_in) return g;
   ensure(s.dxw, c.in_shape, g.dtype(), g.device());

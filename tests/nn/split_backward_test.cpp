@@ -1,6 +1,7 @@
 // Split backward (zero-bubble pipelines): backward_input then backward_weight
 // must give exactly the gradients of the plain backward, for layers that split
-// (Linear, Conv2d incl. fused ReLU+pool, composites) and those that do not (BatchNorm).
+// (Linear, Conv2d incl. fused ReLU+pool, composites, transformer blocks) and those
+// that do not (BatchNorm).
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -24,14 +25,14 @@ std::vector<float> grads_of(Stage& m) {
   return std::vector<float>(g.data<float>(), g.data<float>() + g.numel());
 }
 
-void check_model(const char* name, const Shape& sample) {
+void check_model(const char* name, const Shape& sample, int depth = 8, std::int64_t base_width = 4) {
   ModelConfig mc;
   mc.name = name;
   mc.in_channels = sample[0];
   mc.height = sample[1];
   mc.width = sample[2];
-  mc.depth = 8;
-  mc.base_width = 4;
+  mc.depth = depth;
+  mc.base_width = base_width;
   // The reference: each layer's whole backward in turn (the fused stage).
   Stage m(mc, Device::cpu());
   m.set_fused_backward(true);
@@ -50,10 +51,13 @@ void check_model(const char* name, const Shape& sample) {
   m.arena().zero_grads();
   bool any_split = false;
   Tensor g = dy;
+  bool blocks_split = true;  // every transformer block (ResidualStack) defers its projections' and MLP's dW
   for (int i = m.num_layers(); i-- > 0;) {
     g = m.layer(i).backward_input(g, i > 0, true);
     any_split |= m.layer(i).splits_backward();
+    if (std::string(m.layer(i).type()) == "ResidualStack") blocks_split &= m.layer(i).splits_backward();
   }
+  EXPECT_TRUE(blocks_split) << name;
   for (int i = m.num_layers(); i-- > 0;) m.layer(i).backward_weight();
   std::vector<float> got = grads_of(m);
   EXPECT_TRUE(any_split) << name << ": the CPU backend should split Linear/Conv2d";
@@ -64,6 +68,9 @@ void check_model(const char* name, const Shape& sample) {
 
 TEST(SplitBackward, CnnHalvesEqualTheWholeBackward) { check_model("cnn", {1, 12, 12}); }
 TEST(SplitBackward, ResnetHalvesEqualTheWholeBackward) { check_model("resnet", {3, 8, 8}); }
+// vit's blocks: attention's qkv and proj and the MLP's fc1 and fc2 defer their
+// weight gradients; each branch's sum keeps its own buffer (the deferred dy).
+TEST(SplitBackward, VitHalvesEqualTheWholeBackward) { check_model("vit", {1, 8, 8}, 3, 8); }
 
 TEST(SplitBackward, WeightHalfIsReallyDeferred) {
   LinearSpec s;

@@ -82,8 +82,15 @@ class MultiHeadSelfAttention : public Layer {
  protected:
   Tensor do_forward(const Tensor& x, Ctx& c, const Call& call) const override;
   Tensor do_backward(const Tensor& dy, Ctx& c, bool need_dx, bool accumulate) const override;
+  // Split backward (zero-bubble schedules): the projections' weight gradients wait for backward_weight.
+  Tensor do_backward_input(const Tensor& dy, Ctx& c, bool need_dx, bool accumulate) const override;
+  void do_backward_weight(Ctx& c) const override;
+
+ public:
+  bool splits_backward() const override;
 
  private:
+  Tensor backward_impl(const Tensor& dy, Ctx& c, bool need_dx, bool accumulate, bool split) const;
   struct Saved {
     CtxPtr qkv, proj;
     Tensor qkv_out, core, dcore;
@@ -189,12 +196,20 @@ class ResidualStack : public Layer {
  protected:
   Tensor do_forward(const Tensor& x, Ctx& c, const Call& call) const override;
   Tensor do_backward(const Tensor& dy, Ctx& c, bool need_dx, bool accumulate) const override;
+  // Split backward (zero-bubble schedules): the branches' deferred weight gradients wait for backward_weight.
+  Tensor do_backward_input(const Tensor& dy, Ctx& c, bool need_dx, bool accumulate) const override;
+  void do_backward_weight(Ctx& c) const override;
+
+ public:
+  bool splits_backward() const override;
 
  private:
+  Tensor backward_impl(const Tensor& dy, Ctx& c, bool need_dx, bool accumulate, bool split) const;
   struct Saved {
     std::vector<std::vector<CtxPtr>> branches;
     std::vector<Tensor> sums;  // x_1 .. x_k (branch i+1 keeps x_i as its input)
     Tensor dx;
+    std::vector<Tensor> dxs;  // split backward: each branch's sum (a branch that defers keeps its dy)
     Tensor xs, y, dys, dxw;  // sequence: input shard, whole output, dy shard, whole dx
   };
   std::vector<std::vector<LayerPtr>> branches_;
