@@ -12,6 +12,7 @@
 # CUT=fixed: every row of a model runs one fixed cut (parallel.partition = list: the cuts that
 # partition = time chose in one run, below) instead of timing its layers at start, so that the
 # ratios between schedules do not follow a cut taken under changing load.
+# SCHEDULES="1f1b zb-h1" selects schedules; ALSO_DATA2=0 leaves out the data 2 row.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${1:-build}
@@ -25,6 +26,7 @@ run() {  # model-config extra-sets...
 }
 echo "# $(date -u +%FT%TZ) $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2) ($(nproc) cores), load $(cut -d' ' -f1-3 /proc/loadavg), CUT=${CUT:-time}"
 MODELS=${MODELS:-cnn vit gpt}
+SCHEDULES=${SCHEDULES:-1f1b zb-h1 interleaved zb-v}  # and data2 (ALSO_DATA2=0 leaves it out)
 load() { cut -d' ' -f1 /proc/loadavg; }
 echo "# round model layout load rate unit schedule_ms predicted_ms message_us predicted_free_ms"
 out=$(mktemp)
@@ -39,8 +41,8 @@ for r in $(seq "$ROUNDS"); do
     # data 2: each rank half the global batch
     half=$(( ${b#*=} / 2 ))
     l=$(load)
-    echo "$r $m data2 $l $(run "$cfg" --set data.batch_size=$half)" | tee -a "$out"
-    for s in 1f1b zb-h1 interleaved zb-v; do
+    [ "${ALSO_DATA2:-1}" = 0 ] || echo "$r $m data2 $l $(run "$cfg" --set data.batch_size=$half)" | tee -a "$out"
+    for s in $SCHEDULES; do
       l=$(load)
       part=(--set parallel.partition=time)
       if [ "${CUT:-time}" = fixed ]; then
