@@ -236,7 +236,9 @@ class CudaBackend final : public Backend {
     const std::int64_t n = acc.dim(0), L = acc.dim(1), hd = acc.dim(2) / heads;
     ring_expect(acc, acc.numel(), what, "acc");
     ring_expect(out, acc.numel(), what, "out");
-    for (const Tensor* t : {&m, &l, &lse}) ring_expect(*t, n * heads * L, what, "m, l and lse");
+    ring_expect(m, n * heads * L, what, "m");
+    ring_expect(l, n * heads * L, what, "l");
+    ring_expect(lse, n * heads * L, what, "lse");
     cuda::ring_block_finish(acc.device_data<float>(), m.device_data<float>(), l.device_data<float>(), n, L, heads, hd,
                             out.device_data<float>(), lse.device_data<float>(), sh_->ctx(acc).compute());
   }
