@@ -217,6 +217,56 @@ class CudaBackend final : public Backend {
                            hits.device_data<double>(), sh_->ctx(maxes).compute());
   }
 
+  // Ring attention's blocks (context parallelism, kernels/ring_attention.cu); nn/ring_attention.cpp runs the ring.
+  void ring_block_forward(const Tensor& qkv, const Tensor& kv, const RingBlockSpec& b, bool first, Tensor& acc,
+                          Tensor& m, Tensor& l, Tensor&, const std::function<void()>&) override {
+    const char* what = "ring attention block forward";
+    const RingBlockArgs a = ring_args(qkv, kv, b, what);
+    ring_expect(acc, a.n * a.L * a.heads * a.hd, what, "acc");
+    ring_expect(m, a.n * a.heads * a.L, what, "m");
+    ring_expect(l, a.n * a.heads * a.L, what, "l");
+    cuda::ring_block_forward(a, first, acc.device_data<float>(), m.device_data<float>(), l.device_data<float>(),
+                             sh_->ctx(qkv).compute());
+  }
+  void ring_block_finish(const Tensor& acc, const Tensor& m, const Tensor& l, std::int64_t heads, Tensor& out,
+                         Tensor& lse) override {
+    const char* what = "ring attention finish";
+    RT_CHECK(acc.ndim() == 3 && heads > 0 && acc.dim(2) % heads == 0, what, ": acc ", shape_str(acc.shape()),
+             " is not [N, L, ", heads, " heads x head width]");
+    const std::int64_t n = acc.dim(0), L = acc.dim(1), hd = acc.dim(2) / heads;
+    ring_expect(acc, acc.numel(), what, "acc");
+    ring_expect(out, acc.numel(), what, "out");
+    ring_expect(m, n * heads * L, what, "m");
+    ring_expect(l, n * heads * L, what, "l");
+    ring_expect(lse, n * heads * L, what, "lse");
+    cuda::ring_block_finish(acc.device_data<float>(), m.device_data<float>(), l.device_data<float>(), n, L, heads, hd,
+                            out.device_data<float>(), lse.device_data<float>(), sh_->ctx(acc).compute());
+  }
+  void attention_rowdot(const Tensor& out, const Tensor& dout, std::int64_t heads, Tensor& D) override {
+    const char* what = "attention row dot";
+    RT_CHECK(out.ndim() == 3 && heads > 0 && out.dim(2) % heads == 0, what, ": out ", shape_str(out.shape()),
+             " is not [N, L, ", heads, " heads x head width]");
+    const std::int64_t n = out.dim(0), L = out.dim(1), hd = out.dim(2) / heads;
+    ring_expect(out, out.numel(), what, "out");
+    ring_expect(dout, out.numel(), what, "dout");
+    ring_expect(D, n * heads * L, what, "D");
+    cuda::attention_rowdot(out.device_data<float>(), dout.device_data<float>(), n, L, heads, hd,
+                           D.device_data<float>(), sh_->ctx(out).compute());
+  }
+  void ring_block_backward(const Tensor& qkv, const Tensor& kv, const Tensor& dout, const Tensor& lse,
+                           const Tensor& D, const RingBlockSpec& b, Tensor& dqkv, Tensor& dkv, Tensor&,
+                           const std::function<void()>&) override {
+    const char* what = "ring attention block backward";
+    const RingBlockArgs a = ring_args(qkv, kv, b, what);
+    ring_expect(dout, a.n * a.L * a.heads * a.hd, what, "dout");
+    ring_expect(lse, a.n * a.heads * a.L, what, "lse");
+    ring_expect(D, a.n * a.heads * a.L, what, "D");
+    ring_expect(dqkv, qkv.numel(), what, "dqkv");
+    ring_expect(dkv, kv.numel(), what, "dkv");
+    cuda::ring_block_backward(a, dout.device_data<float>(), lse.device_data<float>(), D.device_data<float>(),
+                              dqkv.device_data<float>(), dkv.device_data<float>(), sh_->ctx(qkv).compute());
+  }
+
   void embedding_forward(const Tensor& ids, std::int64_t vocab, std::int64_t first, const Tensor& weight,
                          const Tensor& pos, Tensor& rows, Tensor& y) override {
     expect_cuda(ids, DType::f32, "embedding forward", "ids");
@@ -342,6 +392,25 @@ class CudaBackend final : public Backend {
     return r;
   }
 
+  // Ring attention's arguments, checked (float32 device tensors of the block's shapes).
+  static void ring_expect(const Tensor& t, std::int64_t numel, const char* what, const char* arg) {
+    expect_cuda(t, DType::f32, what, arg);
+    RT_CHECK(t.numel() == numel, what, ": ", arg, " ", shape_str(t.shape()), " has ", t.numel(), " elements, expected ",
+             numel);
+  }
+  static RingBlockArgs ring_args(const Tensor& qkv, const Tensor& kv, const RingBlockSpec& b, const char* what) {
+    const std::int64_t d = b.heads * b.head_dim;
+    expect_cuda(qkv, DType::f32, what, "qkv");
+    RT_CHECK(qkv.ndim() == 3 && qkv.dim(1) == 2 * b.chunk && qkv.dim(2) == 3 * d, what, ": qkv ",
+             shape_str(qkv.shape()), " is not [N, ", 2 * b.chunk, ", ", 3 * d, "]");
+    ring_expect(kv, qkv.dim(0) * qkv.dim(1) * 2 * d, what, "kv");
+    RingBlockArgs a;
+    a.qkv = qkv.device_data<float>();
+    a.kv = kv.device_data<float>();
+    a.n = qkv.dim(0), a.L = qkv.dim(1), a.heads = b.heads, a.hd = b.head_dim, a.chunk = b.chunk, a.scale = b.scale;
+    for (int k = 0; k < 2; ++k) a.qc[k] = b.q_chunks[k], a.kc[k] = b.k_chunks[k];
+    return a;
+  }
   // The logits' slice for the vocabulary-parallel kernels, checked.
   static VocabSlice vocab_slice(const Tensor& logits, const Tensor* labels, int part, const Tensor& maxes,
                                 const char* what) {

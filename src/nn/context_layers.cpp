@@ -2,7 +2,7 @@
 // TokenEmbedding and Dropout keep their whole-sequence code; these members
 // (declared in their headers) run instead when a context group is set.
 #include <algorithm>
-#include <cstring>
+#include <vector>
 
 #include "ringtrain/comm/bounded_wait.hpp"
 #include "ringtrain/core/error.hpp"
@@ -23,18 +23,40 @@ Shape context_shape(const Shape& whole, const ContextGroup& g) {
   return s;
 }
 
+namespace {
+
+// The runs of real tokens among local tokens [i0, i0 + n) of rank r: each
+// within one chunk (positions consecutive), the padding left out.
+struct Run {
+  std::int64_t local, pos, len;  // first local index, its global position, tokens
+};
+std::vector<Run> real_runs(const ContextGroup& g, int r, std::int64_t i0, std::int64_t n) {
+  std::vector<Run> out;
+  const std::int64_t c = g.chunk();
+  for (std::int64_t i = i0; i < i0 + n;) {
+    const std::int64_t end = std::min(i0 + n, (i / c + 1) * c), p = g.position(r, i);  // [i, end): one chunk
+    const std::int64_t len = std::min(end - i, g.seq - p);
+    if (len > 0) out.push_back({i, p, len});
+    i = end;
+  }
+  return out;
+}
+
+}  // namespace
+
+// Per sample, a run of real tokens as one strided copy on the tensors' device
+// (the backend's copy_rows: memcpy per row on the CPU).
 Tensor context_slice(const Tensor& whole, const ContextGroup& g) {
-  RT_CHECK(whole.device().is_cpu(), "context_slice: a CPU tensor, got one on ", whole.device().str());
-  Tensor out = Tensor::zeros(context_shape(whole.shape(), g), whole.dtype());
+  const Device dev = whole.device();
+  Tensor out = Tensor::zeros(context_shape(whole.shape(), g), whole.dtype(), dev);
   const std::int64_t n = whole.dim(0), T = g.seq, L = g.local();
   const std::size_t row = whole.nbytes() / std::size_t(std::max<std::int64_t>(1, n * T));  // bytes per token
   const char* src = static_cast<const char*>(whole.raw());
   char* dst = static_cast<char*>(out.raw());
-  for (std::int64_t s = 0; s < n; ++s)
-    for (std::int64_t i = 0; i < L; ++i) {
-      const std::int64_t p = g.position(g.rank, i);
-      if (p < T) std::memcpy(dst + std::size_t(s * L + i) * row, src + std::size_t(s * T + p) * row, row);
-    }
+  for (const Run& r : real_runs(g, g.rank, 0, L))
+    backend_for(dev).copy_rows(dev, dst + std::size_t(r.local) * row, std::size_t(L) * row,
+                               src + std::size_t(r.pos) * row, std::size_t(T) * row, std::size_t(r.len) * row,
+                               std::size_t(n));
   return out;
 }
 
@@ -52,8 +74,7 @@ void TokenEmbedding::shard_context(std::shared_ptr<const ContextGroup> g) {
 // of their global positions added (padding gets none). Float32 sums in the
 // 1-rank order: the same values, bitwise.
 Tensor TokenEmbedding::forward_context(const Tensor& x, Saved& sv) const {
-  RT_CHECK(out_dt_ == DType::f32 && x.device().is_cpu(), "TokenEmbedding '", name_,
-           "': parallel.context > 1 runs float32 activations on the CPU");
+  RT_CHECK(out_dt_ == DType::f32, "TokenEmbedding '", name_, "': parallel.context > 1 runs float32 activations");
   const ContextGroup& g = *cp_;
   const Tensor ids = context_slice(x, g);
   const std::int64_t n = x.dim(0), L = g.local(), d = dim_;
@@ -71,15 +92,11 @@ Tensor TokenEmbedding::forward_context(const Tensor& x, Saved& sv) const {
     lookup(ids, Tensor{}, sv.rows, sv.y);
     if (g_.size > 1) tp_all_reduce(sv.y, g_);
   }
-  float* y = sv.y.data<float>();
-  const float* p = pos.data<float>();
-  for (std::int64_t s = 0; s < n; ++s)
-    for (std::int64_t i = 0; i < ls; ++i) {
-      const std::int64_t t = g.position(g.rank, i0 + i);
-      if (t >= g.seq) continue;
-      float* yr = y + (s * ls + i) * d;
-      const float* pr = p + t * d;
-      for (std::int64_t k = 0; k < d; ++k) yr[k] += pr[k];
+  // y += pos per run of real tokens and sample (axpy with alpha 1: y + pos in float32, as the 1-rank lookup sums).
+  for (const Run& r : real_runs(g, g.rank, i0, ls))
+    for (std::int64_t s = 0; s < n; ++s) {
+      Tensor yv = sv.y.flat_view((s * ls + r.local - i0) * d, r.len * d);
+      be_->axpy(1.0, pos.flat_view(r.pos * d, r.len * d), yv);
     }
   return sv.y;
 }
@@ -95,14 +112,13 @@ void TokenEmbedding::backward_context(const Tensor& dy_in, Saved& sv) const {
   }
   Tensor dw = dweight, none;
   be_->embedding_backward(dy, sv.rows, dw, none);
+  // dpos[t] += dy[s, i] in sample order (the 1-rank adjoint's token order): per sample, a run at a time.
   const std::int64_t n = dy.dim(0), L = g.local(), d = dim_;
-  const float* pd = dy.data<float>();
-  float* dp = Tensor(dpos).data<float>();
+  Tensor dp = dpos;
   for (std::int64_t s = 0; s < n; ++s)
-    for (std::int64_t i = 0; i < L; ++i) {
-      const std::int64_t t = g.position(g.rank, i);
-      if (t >= g.seq) continue;
-      for (std::int64_t k = 0; k < d; ++k) dp[t * d + k] += pd[(s * L + i) * d + k];
+    for (const Run& r : real_runs(g, g.rank, 0, L)) {
+      Tensor pv = dp.flat_view(r.pos * d, r.len * d);
+      be_->axpy(1.0, dy.flat_view((s * L + r.local) * d, r.len * d), pv);
     }
 }
 
@@ -151,21 +167,6 @@ void shard_one(Layer& l, const std::shared_ptr<const ContextGroup>& g) {
   l.for_each_child([&](Layer& c) { shard_one(c, g); });
 }
 
-// The rows of this rank's real tokens: local index -> (sample row in the
-// whole [N, T] labels, row in the local [N, L] output).
-struct Rows {
-  std::vector<std::int64_t> whole, local;
-};
-Rows real_rows(const ContextGroup& g, std::int64_t n) {
-  Rows r;
-  for (std::int64_t s = 0; s < n; ++s)
-    for (std::int64_t i = 0; i < g.local(); ++i) {
-      const std::int64_t p = g.position(g.rank, i);
-      if (p < g.seq) r.whole.push_back(s * g.seq + p), r.local.push_back(s * g.local() + i);
-    }
-  return r;
-}
-
 class ContextLoss final : public Loss {
  public:
   ContextLoss(LossPtr inner, ContextGroup g) : inner_(std::move(inner)), g_(std::move(g)) {}
@@ -175,20 +176,24 @@ class ContextLoss final : public Loss {
 
   double value_and_grad(const Tensor& out, const Tensor& y, Tensor& grad) const override {
     Picked p = pick(out, y);
-    Tensor gr = grad.defined() ? Tensor::empty(p.logits.shape()) : Tensor{};
+    Tensor gr = grad.defined() ? Tensor::empty(p.logits.shape(), DType::f32, out.device()) : Tensor{};
     const double mean = p.count ? inner_->value_and_grad(p.logits, p.labels, gr) : 0.0;
     double v[2] = {mean * double(p.count), double(p.count)};
     bounded::allreduce(v, 2, MPI_DOUBLE, MPI_SUM, WaitOn(g_.comm, "context loss"),
                        "the context-parallel loss: the sum over the context ranks");
     if (grad.defined()) {
       // d(sequence mean)/d logits = d(local mean)·count/total, times P: the gradient sync averages over context.
+      // Placed per run as axpy into zeros: a * g in float32, the padding rows zero.
       grad.zero_();
-      const float a = float(double(p.count) / v[1] * double(g_.size));
-      const std::int64_t V = out.dim(-1);
-      const float* s = p.count ? gr.data<float>() : nullptr;
-      float* d = grad.data<float>();
-      for (std::size_t k = 0; k < p.rows.local.size(); ++k)
-        for (std::int64_t j = 0; j < V; ++j) d[p.rows.local[k] * V + j] = a * s[std::int64_t(k) * V + j];
+      const double a = double(float(double(p.count) / v[1] * double(g_.size)));
+      const std::int64_t V = out.dim(-1), L = g_.local();
+      std::int64_t k = 0;
+      for (std::int64_t s = 0; s < out.dim(0); ++s)
+        for (const Run& r : p.runs) {
+          Tensor gv = grad.flat_view((s * L + r.local) * V, r.len * V);
+          backend_for(out.device()).axpy(a, gr.flat_view(k * V, r.len * V), gv);
+          k += r.len;
+        }
     }
     return v[0] / v[1];
   }
@@ -203,27 +208,38 @@ class ContextLoss final : public Loss {
 
  private:
   struct Picked {
-    Rows rows;
-    Tensor logits, labels;  // [count, V], [count]
+    std::vector<Run> runs;  // this rank's real tokens, the same in every sample
+    Tensor logits, labels;  // [count, V], [count]: per sample, its runs in order
     std::int64_t count = 0;
   };
+  // The logits of this rank's real tokens and their labels: a strided copy per
+  // run (all samples at once) on the tensors' devices.
   Picked pick(const Tensor& out, const Tensor& y) const {
-    RT_CHECK(out.device().is_cpu() && out.dtype() == DType::f32 && out.ndim() == 3 && out.dim(1) == g_.local(),
-             "context loss: expected float32 logits [N, ", g_.local(), ", V] on the CPU, got ", shape_str(out.shape()));
+    RT_CHECK(out.dtype() == DType::f32 && out.ndim() == 3 && out.dim(1) == g_.local(), "context loss: expected "
+             "float32 logits [N, ", g_.local(), ", V], got ", dtype_name(out.dtype()), " ", shape_str(out.shape()));
     RT_CHECK(y.ndim() == 2 && y.dim(0) == out.dim(0) && y.dim(1) == g_.seq, "context loss: labels ",
              shape_str(y.shape()), " for logits ", shape_str(out.shape()), " (expected [N, ", g_.seq, "])");
     Picked p;
-    p.rows = real_rows(g_, out.dim(0));
-    p.count = std::int64_t(p.rows.local.size());
-    const std::int64_t V = out.dim(-1);
-    p.logits = Tensor::empty({p.count, V});
-    p.labels = Tensor::empty({p.count}, y.dtype());
-    const std::size_t ls = dtype_size(y.dtype());
-    for (std::int64_t k = 0; k < p.count; ++k) {
-      std::memcpy(p.logits.data<float>() + k * V, out.data<float>() + p.rows.local[std::size_t(k)] * V,
-                  std::size_t(V) * 4);
-      std::memcpy(static_cast<char*>(p.labels.raw()) + std::size_t(k) * ls,
-                  static_cast<const char*>(y.raw()) + std::size_t(p.rows.whole[std::size_t(k)]) * ls, ls);
+    const std::int64_t n = out.dim(0), L = g_.local(), T = g_.seq, V = out.dim(-1);
+    p.runs = real_runs(g_, g_.rank, 0, L);
+    std::int64_t per = 0;  // real tokens per sample
+    for (const Run& r : p.runs) per += r.len;
+    p.count = n * per;
+    p.logits = Tensor::empty({p.count, V}, DType::f32, out.device());
+    p.labels = Tensor::empty({p.count}, y.dtype(), y.device());
+    const std::size_t ls = dtype_size(y.dtype()), lv = std::size_t(V) * 4;
+    const char* src = static_cast<const char*>(out.raw());
+    const char* ys = static_cast<const char*>(y.raw());
+    char *dl = static_cast<char*>(p.logits.raw()), *dy = static_cast<char*>(p.labels.raw());
+    std::int64_t k = 0;  // the run's first row in a sample's share of the picked rows
+    for (const Run& r : p.runs) {
+      backend_for(out.device()).copy_rows(out.device(), dl + std::size_t(k) * lv, std::size_t(per) * lv,
+                                          src + std::size_t(r.local) * lv, std::size_t(L) * lv,
+                                          std::size_t(r.len) * lv, std::size_t(n));
+      backend_for(y.device()).copy_rows(y.device(), dy + std::size_t(k) * ls, std::size_t(per) * ls,
+                                        ys + std::size_t(r.pos) * ls, std::size_t(T) * ls, std::size_t(r.len) * ls,
+                                        std::size_t(n));
+      k += r.len;
     }
     return p;
   }

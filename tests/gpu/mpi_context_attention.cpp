@@ -6,9 +6,8 @@
 // same head-tail token shards: output and input gradient within
 // test_gpu_attention's fp32 bound (1e-5 relative: the tiled kernels sum in
 // another order), padding rows of the gradient exactly zero on both; T
-// divisible by 2P and not. Ring attention and the rest of a context-parallel
-// model (the embedding's slice, the loss) stay host-only: this is the
-// attention alone, not yet a trial of "context parallelism".
+// divisible by 2P and not. The attention alone: ring attention and the
+// trial of "context parallelism" are mpi_context_ring.cpp.
 #include <gtest/gtest.h>
 
 #include <cmath>

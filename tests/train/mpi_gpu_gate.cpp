@@ -114,6 +114,8 @@ TEST(GpuGate, RefusesUnverifiedFeaturesByNameOnEveryRank) {
       {cuda_job({"comm.algorithm=shm"}), "device all-reduce shm (comm.algorithm = shm)"},
       {cuda_job({"model.name=gpt", "parallel.tensor=2", "parallel.sequence=false"}),
        "vocabulary parallelism (model.name = gpt with parallel.tensor = 2)"},
+      // context parallelism: written for CUDA (ring and all-to-all on device tensors), not yet run on a GPU
+      {cuda_job({"model.name=gpt", "parallel.context=2"}), "context parallelism (parallel.context = 2)"},
   };
   for (const Case& k : cases) {
     const std::string msg = trainer_error(k.cfg, world);

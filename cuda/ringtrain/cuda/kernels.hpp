@@ -183,6 +183,31 @@ void vocab_xent_finish(const VocabSlice& a, const float* maxes, const double* su
 void vocab_count_hits(const VocabSlice& a, const float* maxes, const std::int64_t* best, double* hits,
                       cudaStream_t stream);
 
+// ---- ring attention blocks (kernels/ring_attention.cu; context parallelism) ----
+// Backend::ring_block_forward / ring_block_finish / attention_rowdot /
+// ring_block_backward on the device (float32): attention.cu's tiles and
+// online softmax, with the causal mask by the global positions of the two
+// chunks on each side (RingBlockSpec, nn/backend.hpp). No atomics: every
+// output element is written by one block.
+struct RingBlockArgs {
+  const float* qkv = nullptr;  // [n, L, 3d]: this rank's queries (d = heads * hd)
+  const float* kv = nullptr;   // [n, L, 2d]: one rank's keys, then values
+  std::int64_t n = 0, L = 0, heads = 1, hd = 0, chunk = 0;  // L = 2 chunk
+  float scale = 1;
+  int qc[2] = {0, 0}, kc[2] = {0, 0};  // the chunks of the queries' rank and of the keys' rank
+};
+// acc [n, L, d], m, l [n, heads, L]: the running state, reset first when `first`.
+void ring_block_forward(const RingBlockArgs& a, bool first, float* acc, float* m, float* l, cudaStream_t stream);
+// out = acc / l (out may be acc), lse = m + log l.
+void ring_block_finish(const float* acc, const float* m, const float* l, std::int64_t n, std::int64_t L,
+                       std::int64_t heads, std::int64_t hd, float* out, float* lse, cudaStream_t stream);
+// D [n, heads, L] = the rows' dot of out and dout ([n, L, heads * hd]).
+void attention_rowdot(const float* out, const float* dout, std::int64_t n, std::int64_t L, std::int64_t heads,
+                      std::int64_t hd, float* D, cudaStream_t stream);
+// dqkv's q columns += the block's dQ; dkv [n, L, 2d] := the block's dK, dV.
+void ring_block_backward(const RingBlockArgs& a, const float* dout, const float* lse, const float* D, float* dqkv,
+                         float* dkv, cudaStream_t stream);
+
 // ---- fusion buffer pack / unpack --------------------------------------------
 struct CopyEntry {
   const void* src;

@@ -124,6 +124,19 @@ struct AttentionSpec {
   bool causal = false;  // token i attends to tokens j <= i only (language models): scores j > i are -inf
 };
 
+// ---- ring attention blocks (context parallelism, nn/ring_attention.cpp) ----
+// One (query block, key block) pair of ring attention: the queries of this
+// rank from qkv [n, L, 3d] (d = heads * head_dim), the keys and values of one
+// rank's block from kv [n, L, 2d] (per token all heads' k, then v). Local
+// token i of a block sits at global position chunks[i / c] * c + i % c (two
+// chunks of c tokens, L = 2c, positions ascending); key j is visible to query
+// i when its position is not later (causal over the whole sequence).
+struct RingBlockSpec {
+  std::int64_t heads = 1, head_dim = 0, chunk = 0;  // chunk: c
+  float scale = 1;
+  int q_chunks[2] = {0, 0}, k_chunks[2] = {0, 0};  // the two chunks of the queries' and of the keys' rank
+};
+
 // gelu: the exact erf form (PyTorch's default); gelu_tanh: the tanh approximation
 // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), GPT-2's and llm.c's (approximate="tanh").
 enum class Eltwise { relu, gelu, gelu_tanh };
@@ -340,6 +353,37 @@ class Backend {
   virtual void vocab_count_hits(const Tensor& maxes, const Tensor& best, const Tensor& labels, int part,
                                 std::int64_t first, Tensor& hits) {
     RT_FAIL("the ", name(), " backend has no vocabulary-parallel accuracy");
+  }
+  // ---- ring attention blocks (context parallelism; RingBlockSpec above) ----
+  // All float32. `work` is the op's scratch (grown as needed; a device may not
+  // use it); `poll` (may be empty) is called now and then by the calling thread
+  // while the arithmetic runs: the CPU ring tests its transfers there.
+  // Merges one key block into this rank's running state, FlashAttention-2's
+  // online softmax: acc [n, L, d] (the unnormalised output), m and l
+  // [n * heads * L] (row maximum and sum of exp over the keys so far), all
+  // reset first (0, -inf, 0) when `first`. Rows that see no key of the block
+  // keep their state.
+  virtual void ring_block_forward(const Tensor& qkv, const Tensor& kv, const RingBlockSpec& b, bool first, Tensor& acc,
+                                  Tensor& m, Tensor& l, Tensor& work, const std::function<void()>& poll) {
+    RT_FAIL("the ", name(), " backend has no ring attention");
+  }
+  // After the last block: out = acc / l (out may be acc), lse = m + log l.
+  virtual void ring_block_finish(const Tensor& acc, const Tensor& m, const Tensor& l, std::int64_t heads, Tensor& out,
+                                 Tensor& lse) {
+    RT_FAIL("the ", name(), " backend has no ring attention");
+  }
+  // D [n * heads * L] = per (sample, head, token) the sum over the head's
+  // columns of out * dout (both [n, L, d]): the backward's row dot.
+  virtual void attention_rowdot(const Tensor& out, const Tensor& dout, std::int64_t heads, Tensor& D) {
+    RT_FAIL("the ", name(), " backend has no ring attention");
+  }
+  // One block's backward from the forward's lse and D: dQ added into dqkv's q
+  // columns ([n, L, 3d]; its k and v columns untouched), dkv [n, L, 2d] := the
+  // block's dK and dV.
+  virtual void ring_block_backward(const Tensor& qkv, const Tensor& kv, const Tensor& dout, const Tensor& lse,
+                                   const Tensor& D, const RingBlockSpec& b, Tensor& dqkv, Tensor& dkv, Tensor& work,
+                                   const std::function<void()>& poll) {
+    RT_FAIL("the ", name(), " backend has no ring attention");
   }
   // ---- bfloat16 activations (train.precision = bf16) ----
   // Whether every kernel above takes bfloat16 activations: x, y, dx, dy (and

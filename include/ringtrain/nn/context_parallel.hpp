@@ -80,6 +80,10 @@ struct RingStats {
 struct RingWorkspace {
   Tensor kv[2], part, dsend, drecv, scratch;
   Tensor a2a[4], a2a_qkv, a2a_out, a2a_dout, a2a_dqkv;  // a2a: send, receive (and their host copies on a device)
+  // Ring attention: the running row maximum and sum (forward), the rows' D
+  // (backward), and on a device the host copies that stage the transfers
+  // (K/V send, receive; dK/dV send, receive).
+  Tensor ring_m, ring_l, ring_d, ring_host[4];
   std::uint64_t a2a_fill = 0;
   std::size_t bytes() const;
 };
@@ -106,7 +110,9 @@ struct ContextGroup {
   std::int64_t real(int r) const;
 };
 
-// The attention core of a causal MultiHeadSelfAttention over g (float32, CPU).
+// The attention core of a causal MultiHeadSelfAttention over g (float32): the
+// block arithmetic is the Backend's ring_block_* ops on qkv's device (a
+// device's transfers staged through host copies).
 std::unique_ptr<AttentionKernel> ring_attention(const AttentionSpec& s, const ContextGroup& g);
 // The all-to-all (Ulysses) core: `inner` runs the causal attention of H/P
 // heads on the whole sequence (be.attention). An Error naming the head count

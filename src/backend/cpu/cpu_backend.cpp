@@ -251,6 +251,23 @@ class CpuBackend final : public Backend {
                         Tensor& hits) override {
     cpu::vocab_count_hits(maxes, best, labels, part, first, hits);
   }
+  // Ring attention's blocks (context parallelism): ring_blocks.cpp.
+  void ring_block_forward(const Tensor& qkv, const Tensor& kv, const RingBlockSpec& b, bool first, Tensor& acc,
+                          Tensor& m, Tensor& l, Tensor& work, const std::function<void()>& poll) override {
+    cpu::ring_block_forward(qkv, kv, b, first, acc, m, l, work, poll);
+  }
+  void ring_block_finish(const Tensor& acc, const Tensor& m, const Tensor& l, std::int64_t heads, Tensor& out,
+                         Tensor& lse) override {
+    cpu::ring_block_finish(acc, m, l, heads, out, lse);
+  }
+  void attention_rowdot(const Tensor& out, const Tensor& dout, std::int64_t heads, Tensor& D) override {
+    cpu::attention_rowdot(out, dout, heads, D);
+  }
+  void ring_block_backward(const Tensor& qkv, const Tensor& kv, const Tensor& dout, const Tensor& lse,
+                           const Tensor& D, const RingBlockSpec& b, Tensor& dqkv, Tensor& dkv, Tensor& work,
+                           const std::function<void()>& poll) override {
+    cpu::ring_block_backward(qkv, kv, dout, lse, D, b, dqkv, dkv, work, poll);
+  }
   void token_mean(const Tensor& x, Tensor& y) override { cpu::token_mean(x, y); }
   void token_mean_backward(const Tensor& dy, Tensor& dx) override { cpu::token_mean_backward(dy, dx); }
 

@@ -150,6 +150,15 @@ double vocab_xent_finish(const Tensor& logits, const Tensor& labels, int part, c
                          const Tensor& sums, Tensor& dlogits);
 void vocab_count_hits(const Tensor& maxes, const Tensor& best, const Tensor& labels, int part, std::int64_t first,
                       Tensor& hits);
+// ring_blocks.cpp (context parallelism's ring attention)
+void ring_block_forward(const Tensor& qkv, const Tensor& kv, const RingBlockSpec& b, bool first, Tensor& acc,
+                        Tensor& m, Tensor& l, Tensor& work, const std::function<void()>& poll);
+void ring_block_finish(const Tensor& acc, const Tensor& m, const Tensor& l, std::int64_t heads, Tensor& out,
+                       Tensor& lse);
+void attention_rowdot(const Tensor& out, const Tensor& dout, std::int64_t heads, Tensor& D);
+void ring_block_backward(const Tensor& qkv, const Tensor& kv, const Tensor& dout, const Tensor& lse, const Tensor& D,
+                         const RingBlockSpec& b, Tensor& dqkv, Tensor& dkv, Tensor& work,
+                         const std::function<void()>& poll);
 
 }  // namespace cpu
 }  // namespace ringtrain

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The tiled attention kernels of cuda/kernels/attention.cu and the
+# The tiled attention kernels of cuda/kernels/attention.cu, ring attention's (ring_attention.cu) and the
 # vocabulary-parallel loss's (vocab_parallel.cu) run on the CPU, no
 # GPU needed: a development check of their indexing, masking, barriers and
 # online softmax against a double-precision reference (attention_emu.cpp).
@@ -42,3 +42,20 @@ open(sys.argv[3], 'w').write(body + '}  // namespace ringtrain::cuda\n')
 PY
 g++ -std=c++20 -O2 -pthread -fsanitize=alignment,bounds -fno-sanitize-recover=all -I"$work" -I"$here" "$here/vocab_emu.cpp" -o "$work/vocab_emu"
 "$work/vocab_emu"
+# Ring attention's block kernels (cuda/kernels/ring_attention.cu, context
+# parallelism) and their argument struct, against the CPU backend's loops
+# (backend/cpu/ring_blocks.cpp, restated) and the whole softmax in double (ring_emu.cpp).
+python3 - "$root/cuda/kernels/ring_attention.cu" "$root/cuda/ringtrain/cuda/kernels.hpp" "$work/ring_kernels.inc" <<'PY'
+import sys
+src, hdr = open(sys.argv[1]).read(), open(sys.argv[2]).read()
+struct = hdr[hdr.index('struct RingBlockArgs {'):]
+struct = struct[:struct.index('\n};') + 3]
+body = src[src.index('namespace ringtrain::cuda {'):src.index('// ---- launchers (not emulated) ----')]
+body = body.replace('namespace ringtrain::cuda {', 'namespace ringtrain::cuda {\n' + struct, 1)
+body = body.replace('extern __shared__ float sm[];', 'float* sm = emu::ctx->smem;')
+body = body.replace('namespace {', 'namespace {\nusing emu::threadIdx; using emu::blockIdx; using emu::__syncthreads; '
+                    'using emu::__syncwarp; using emu::__shfl_xor_sync;', 1)
+open(sys.argv[3], 'w').write(body + '}  // namespace ringtrain::cuda\n')
+PY
+g++ -std=c++20 -O2 -pthread -fsanitize=alignment,bounds -fno-sanitize-recover=all -I"$work" -I"$here" "$here/ring_emu.cpp" -o "$work/ring_emu"
+"$work/ring_emu"
