@@ -111,7 +111,7 @@ void MoeMlp::register_params(ParamArena& arena, int li, const std::string& prefi
 }
 
 void MoeMlp::bind(const BindContext& ctx) {
-  RT_CHECK(ctx.device.is_cpu() || seq_.size == 1, "MoE layer '", name_,
+  RT_CHECK((ctx.device.is_cpu() && !spec_.device_path) || seq_.size == 1, "MoE layer '", name_,
            "': sequence parallelism (parallel.sequence) with model.experts > 0 runs on the CPU only");
   be_ = &ctx.backend;
   arena_ = &ctx.arena;
@@ -186,7 +186,7 @@ double MoeMlp::forward_flops(const Shape& in) const {
 Tensor MoeMlp::do_forward(const Tensor& x, Ctx& c, const Call& call) const {
   Saved& s = saved<Saved>(c);
   RT_CHECK(x.dtype() == DType::f32, "MoE layer '", name_, "': needs float32 tensors, got ", dtype_name(x.dtype()));
-  if (!x.device().is_cpu()) return device_forward(x, s, call);
+  if (!x.device().is_cpu() || spec_.device_path) return device_forward(x, s, call);
   const std::int64_t D = spec_.dim, H = spec_.hidden, n = x.numel() / D;
   const int E = spec_.experts, k = spec_.top_k, L = local_experts(), p = group_.size;
   s.x = x;
@@ -399,7 +399,7 @@ void MoeMlp::expert_backward_rows(Saved& s, const std::vector<std::int64_t>& fir
 
 Tensor MoeMlp::do_backward(const Tensor& dy, Ctx& c, bool need_dx, bool accumulate) const {
   Saved& s = saved<Saved>(c);
-  if (!dy.device().is_cpu()) return device_backward(dy, s, need_dx, accumulate);
+  if (!dy.device().is_cpu() || spec_.device_path) return device_backward(dy, s, need_dx, accumulate);
   const std::int64_t D = spec_.dim, H = spec_.hidden, n = s.x.numel() / D;
   const int E = spec_.experts, k = spec_.top_k, L = local_experts();
   // Sequence parallelism: this shard's gradients go to partial_, then summed over seq_ into the arena.

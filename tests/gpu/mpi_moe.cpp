@@ -92,7 +92,7 @@ TEST(GpuMoe, OpsMatchTheCpuBackend) {
     for (int e = 0; e < E; ++e) EXPECT_NEAR(a[e], b[e], 1e-6 * n) << "probability sum of expert " << e;
     // Rows in expert order and back (pads of -1), then the combine.
     const std::int64_t R = n * k;
-    std::vector<std::int64_t> idx(std::size_t(R) + 3), row(std::size_t(R)), tokens;
+    std::vector<std::int64_t> idx(std::size_t(R) + 3), row(static_cast<std::size_t>(R)), tokens;
     for (std::size_t i = 0; i < idx.size(); ++i) idx[i] = i % 9 == 4 ? -1 : std::int64_t((i * 7 + 2) % std::size_t(n));
     for (std::int64_t q = 0; q < R; ++q) row[std::size_t(q)] = q % 6 == 5 ? -1 : (q * 5) % R;
     for (std::int64_t t = 1; t < n; t += 3) tokens.push_back(t);
@@ -101,7 +101,8 @@ TEST(GpuMoe, OpsMatchTheCpuBackend) {
     cpu().moe_gather_rows(x, ti, rc);
     cuda_be().moe_gather_rows(x.to(gpu()), ti.to(gpu()), rg);
     EXPECT_EQ(host_f32(rg), host_f32(rc)) << "gathered rows";
-    const Tensor rows = randu({R, D}, 11), tr = host_tensor(row, {R}), tt = host_tensor(tokens, {std::int64_t(tokens.size())});
+    const Tensor rows = randu({R, D}, 11), tr = host_tensor(row, {R});
+    const Tensor tt = host_tensor(tokens, {std::int64_t(tokens.size())});
     Tensor yc = randu({n, D}, 12), yg = yc.to(gpu());
     cpu().moe_combine(rows, tr, gc, k, Tensor(), yc, false);
     cuda_be().moe_combine(rows.to(gpu()), tr.to(gpu()), gg, k, Tensor(), yg, false);

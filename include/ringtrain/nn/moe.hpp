@@ -131,6 +131,10 @@ struct MoeSpec {
   // results are the same either way up to the GEMMs' row split (docs/moe.md).
   // dnnl_grouped computes whole padded blocks, so only its exchanges overlap.
   bool overlap = true;
+  // Tests: run the device path (src/nn/moe_device.cpp: Backend ops, padded
+  // blocks, blocking exchanges) on host tensors too, to check it against the
+  // host path without a GPU (tests/nn/mpi_moe_device_path.cpp).
+  bool device_path = false;
 };
 
 class MoeMlp : public Layer {
