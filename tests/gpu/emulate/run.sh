@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The tiled attention kernels of cuda/kernels/attention.cu and the
-# vocabulary-parallel loss's (vocab_parallel.cu) run on the CPU, no
+# The tiled attention kernels of cuda/kernels/attention.cu, the
+# vocabulary-parallel loss's (vocab_parallel.cu) and the mixture of experts'
+# (moe.cu, last: linked against the build's CPU backend) run on the CPU, no
 # GPU needed: a development check of their indexing, masking, barriers and
 # online softmax against a double-precision reference (attention_emu.cpp).
 # emu.hpp runs each block's 128 threads as std::threads with a block barrier
