@@ -1,6 +1,8 @@
 // MoeMlp (nn/moe.hpp): routing, the token exchange with the experts' ranks,
 // the experts' GEMMs (moe_gemm.hpp: one grouped call per matrix) and the
-// combine, forward and backward. Row-major float32 on the host throughout.
+// combine, forward and backward. Row-major float32 on the host; the loops are
+// Backend ops (backend.hpp, "mixture of experts"), which the device path
+// (moe_device.cpp) calls on device tensors too.
 #include "ringtrain/nn/moe.hpp"
 
 #include <algorithm>
