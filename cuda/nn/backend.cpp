@@ -2,6 +2,7 @@
 // kernels come from conv.cpp, linear.cpp, bn_pool.cpp; the element-wise ops,
 // dropout and the loss use our kernels (kernels/*.cu) on the compute stream.
 #include "nn/common.hpp"
+#include "nn/moe_ops.hpp"
 #include "ringtrain/cuda/kernels.hpp"
 #include "ringtrain/cuda/memory.hpp"
 
@@ -331,6 +332,27 @@ class CudaBackend final : public Backend {
   // theirs asks yet: Layer::takes_bf16).
   // float16 the same way (train.precision = fp16, the loss scaled before the
   // stage's cast): every template above is instantiated for float16 too.
+  // ---- mixture of experts (nn/moe.cpp, kernels/moe.cu) ----
+  void moe_route(Tensor& probs, const Tensor& bias, int k, Tensor& expert, Tensor& gate, Tensor& psum) override {
+    nnimpl::moe_route(*sh_, probs, bias, k, expert, gate, psum);
+  }
+  void moe_gather_rows(const Tensor& src, const Tensor& idx, Tensor& dst) override {
+    nnimpl::moe_gather_rows(*sh_, src, idx, dst);
+  }
+  void moe_combine(const Tensor& rows, const Tensor& row, const Tensor& gate, int k, const Tensor& tokens, Tensor& y,
+                   bool accumulate) override {
+    nnimpl::moe_combine(*sh_, rows, row, gate, k, tokens, y, accumulate);
+  }
+  void moe_combine_backward(const Tensor& dy, const Tensor& rows, const Tensor& row, const Tensor& gate, int k,
+                            Tensor& dgate, Tensor& drows) override {
+    nnimpl::moe_combine_backward(*sh_, dy, rows, row, gate, k, dgate, drows);
+  }
+  void moe_router_backward(const Tensor& probs, const Tensor& expert, const Tensor& gate, const Tensor& dgate,
+                           const Tensor& f, double aux_g, Tensor& dlogit) override {
+    nnimpl::moe_router_backward(*sh_, probs, expert, gate, dgate, f, aux_g, dlogit);
+  }
+  void batched_gemm(Device dev, const BatchedGemm& g) override { nnimpl::batched_gemm(*sh_, dev, g); }
+  // ---- end mixture of experts ----
   bool bf16_activations() const override { return true; }
   bool fp16_activations() const override { return true; }
   std::string bf16_isa() const override { return "CUDA tensor cores (cuBLAS, float32 accumulation)"; }

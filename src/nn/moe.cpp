@@ -1,9 +1,9 @@
 // MoeMlp (nn/moe.hpp): routing, the token exchange with the experts' ranks,
 // the experts' GEMMs (moe_gemm.hpp: one grouped call per matrix) and the
-// combine, forward and backward. Row-major float32 on the host throughout.
+// combine, forward and backward. Row-major float32 on the host; the loops are
+// Backend ops (backend.hpp, "mixture of experts"), which the device path
+// (moe_device.cpp) calls on device tensors too.
 #include "ringtrain/nn/moe.hpp"
-
-#include <cblas.h>
 
 #include <algorithm>
 #include <cmath>
@@ -23,19 +23,6 @@ namespace ringtrain {
 
 namespace {
 
-// C[m, n] = alpha * op(A) op(B) + beta * C, row-major.
-void gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
-          std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc) {
-  if (m == 0 || n == 0) return;
-  if (k == 0) {  // BLAS leaves C * beta; be explicit
-    for (std::int64_t i = 0; i < m; ++i)
-      for (std::int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0 ? 0.f : c[i * ldc + j] * beta;
-    return;
-  }
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(m), int(n), int(k),
-              alpha, a, int(lda), b, int(ldb), beta, c, int(ldc));
-}
-
 // b[j] = alpha * sum over rows of x[m, n] (+ b when accumulating).
 // Row by row (the matrix is row-major: one pass over memory).
 void sum_rows(const float* x, std::int64_t m, std::int64_t n, float alpha, float* b, bool accumulate) {
@@ -43,6 +30,12 @@ void sum_rows(const float* x, std::int64_t m, std::int64_t n, float alpha, float
   for (std::int64_t i = 0; i < m; ++i)
     for (std::int64_t j = 0; j < n; ++j) s[j] += x[i * n + j];
   for (std::int64_t j = 0; j < n; ++j) b[j] = static_cast<float>(alpha * s[j] + (accumulate ? b[j] : 0.f));
+}
+
+// A host vector as a tensor (the Backend ops' operands on the CPU).
+template <class T>
+Tensor host(std::vector<T>& v, const Shape& shape) {
+  return Tensor::wrap(v.data(), shape, dtype_of<T>::value, Device::cpu());
 }
 
 // y[m, n] += bias broadcast over rows.
@@ -120,7 +113,8 @@ void MoeMlp::register_params(ParamArena& arena, int li, const std::string& prefi
 }
 
 void MoeMlp::bind(const BindContext& ctx) {
-  RT_CHECK(ctx.device.is_cpu(), "MoE layer '", name_, "': model.experts > 0 runs on the CPU only (train.device = cpu)");
+  RT_CHECK((ctx.device.is_cpu() && !spec_.device_path) || seq_.size == 1, "MoE layer '", name_,
+           "': sequence parallelism (parallel.sequence) with model.experts > 0 runs on the CPU only");
   be_ = &ctx.backend;
   arena_ = &ctx.arena;
   if (bias_.defined()) group_.shared->add_balanced(this);
@@ -131,8 +125,10 @@ void MoeMlp::bind(const BindContext& ctx) {
   wstride_ = 0;
   for (const auto* w : {&w1_, &w2_})
     for (std::size_t l = 1; l < w->size(); ++l) {
-      const std::int64_t d = ctx.arena.param((*w)[l]).data<float>() - ctx.arena.param((*w)[0]).data<float>();
-      const std::int64_t g = ctx.arena.grad((*w)[l]).data<float>() - ctx.arena.grad((*w)[0]).data<float>();
+      const std::int64_t d =
+          ctx.arena.param((*w)[l]).device_data<float>() - ctx.arena.param((*w)[0]).device_data<float>();
+      const std::int64_t g =
+          ctx.arena.grad((*w)[l]).device_data<float>() - ctx.arena.grad((*w)[0]).device_data<float>();
       if (l == 1 && w == &w1_) wstride_ = d;
       RT_CHECK(d == std::int64_t(l) * wstride_ && g == d, "MoE layer '", name_,
                "': the experts' weights are not evenly spaced in the parameter arena");
@@ -191,102 +187,27 @@ double MoeMlp::forward_flops(const Shape& in) const {
 
 Tensor MoeMlp::do_forward(const Tensor& x, Ctx& c, const Call& call) const {
   Saved& s = saved<Saved>(c);
-  RT_CHECK(x.device().is_cpu() && x.dtype() == DType::f32, "MoE layer '", name_, "': needs float32 host tensors, got ",
-           dtype_name(x.dtype()));
+  RT_CHECK(x.dtype() == DType::f32, "MoE layer '", name_, "': needs float32 tensors, got ", dtype_name(x.dtype()));
+  if (!x.device().is_cpu() || spec_.device_path) return device_forward(x, s, call);
   const std::int64_t D = spec_.dim, H = spec_.hidden, n = x.numel() / D;
   const int E = spec_.experts, k = spec_.top_k, L = local_experts(), p = group_.size;
   s.x = x;
   const float* xp = x.data<float>();
   const float* wr = arena_->param(router_).data<float>();
-  // Router: logits in fp32, softmax (in double), top-k, renormalised gates.
+  // Router: logits in fp32, softmax (in double), top-k, renormalised gates (Backend::moe_route).
   s.probs.assign(static_cast<std::size_t>(n * E), 0.f);
-  gemm(false, true, n, E, D, 1.f, xp, D, wr, D, 0.f, s.probs.data(), E);
+  be_->batched_gemm(Device::cpu(), {false, true, n, E, D, 1.f, xp, D, 0, wr, D, 0, 0.f, s.probs.data(), E, 0, 1});
   s.expert.assign(static_cast<std::size_t>(n * k), -1);
   s.gate.assign(static_cast<std::size_t>(n * k), 0.f);
-  // This rank's counts per row (a sample's tokens; one row unless the capacity
-  // needs the token order), then its probability sums: the routing totals.
-  const bool capped = spec_.capacity_factor > 0;
-  const std::int64_t rows = capped && x.ndim() >= 3 ? x.dim(0) : 1, per_row = std::max<std::int64_t>(1, n / rows);
-  std::vector<double> local(static_cast<std::size_t>(rows * E + E), 0.0);
-  double* mean_p = &local[static_cast<std::size_t>(rows * E)];
-  std::vector<int> order(static_cast<std::size_t>(E));
-  // Selection scores: p + b (aux-loss-free balancing); the gates use p alone.
-  const float* bias = bias_.defined() ? bias_.data<float>() : nullptr;
-  std::vector<float> score(static_cast<std::size_t>(E));
-  for (std::int64_t t = 0; t < n; ++t) {
-    float* pr = &s.probs[static_cast<std::size_t>(t * E)];
-    const float mx = *std::max_element(pr, pr + E);
-    double z = 0;
-    for (int e = 0; e < E; ++e) z += std::exp(double(pr[e]) - mx);
-    for (int e = 0; e < E; ++e) {
-      pr[e] = static_cast<float>(std::exp(double(pr[e]) - mx) / z);
-      mean_p[e] += pr[e];
-    }
-    for (int e = 0; e < E; ++e) score[e] = bias ? pr[e] + bias[e] : pr[e];
-    std::iota(order.begin(), order.end(), 0);  // ties: the lower expert index first
-    std::partial_sort(order.begin(), order.begin() + k, order.end(),
-                      [&](int a, int b) { return score[a] > score[b] || (score[a] == score[b] && a < b); });
-    double sum = 0;
-    for (int j = 0; j < k; ++j) sum += pr[order[j]];
-    for (int j = 0; j < k; ++j) {
-      s.expert[static_cast<std::size_t>(t * k + j)] = order[j];
-      s.gate[static_cast<std::size_t>(t * k + j)] = static_cast<float>(pr[order[j]] / sum);
-      local[static_cast<std::size_t>((t / per_row) * E + order[j])] += 1;
-    }
+  std::vector<double> psum(static_cast<std::size_t>(E));
+  {
+    Tensor probs = host(s.probs, {n, E}), expert = host(s.expert, {n, k}), gate = host(s.gate, {n, k});
+    Tensor ps = host(psum, {E});
+    be_->moe_route(probs, bias_, k, expert, gate, ps);
   }
-  // The whole micro-batch's totals: this rank's, or (sequence parallelism) the
-  // tensor group's, so that the aux loss, its gradient, the drops, the loads
-  // and the metrics are those of one rank routing every token.
-  const detail::RoutingTotals tot = detail::routing_totals(local, int(rows), E, n, seq_);
-  const std::vector<double>& count = tot.count;
-  const double nk = tot.tokens * k;
-  s.tokens = tot.tokens;
-  // The auxiliary load-balancing loss (before any drop: what the router asked for).
-  s.f.assign(static_cast<std::size_t>(E), 0.f);
-  s.aux = 0;
-  for (int e = 0; e < E; ++e) {
-    s.f[e] = static_cast<float>(count[e] / nk);
-    s.aux += double(E) * s.f[e] * (tot.prob[e] / tot.tokens);
-  }
-  // Capacity: assignments beyond it, in the whole micro-batch's token order, are dropped.
-  const double cap = capped ? std::ceil(spec_.capacity_factor * nk / double(E)) : HUGE_VAL;
-  std::vector<std::size_t> kept(static_cast<std::size_t>(E), 0);
-  std::vector<double> seen(static_cast<std::size_t>(E), 0.0);  // assignments to e before this one
-  s.row.assign(s.expert.size(), 0);  // 0: kept (a row is assigned below), -1: dropped
-  for (std::size_t a = 0; a < s.expert.size(); ++a) {
-    const std::int64_t t = static_cast<std::int64_t>(a) / k;
-    if (a % k == 0 && t % per_row == 0)
-      std::copy_n(tot.before.begin() + (t / per_row) * E, E, seen.begin());
-    const int e = s.expert[a];
-    if (seen[e]++ >= cap) s.row[a] = -1;
-    else ++kept[e];
-  }
-  if (call.train() && !call.replay()) {
-    double dropped = 0;
-    for (int e = 0; e < E; ++e) dropped += std::max(0.0, count[e] - cap);
-    const double mx = *std::max_element(count.begin(), count.end());
-    group_.shared->record(full_name_.empty() ? name_ : full_name_, s.aux, mx * E / nk, dropped, nk, count);
-    if (bias_.defined()) {
-      std::lock_guard<std::mutex> lock(load_mu_);
-      load_.resize(static_cast<std::size_t>(E), 0.0);
-      for (int e = 0; e < E; ++e) load_[e] += count[e];
-    }
-  }
-  // Dispatch: rows grouped by global expert (= by owner rank, then local expert).
-  std::vector<std::size_t> offset(static_cast<std::size_t>(E), 0);
-  for (int e = 1; e < E; ++e) offset[e] = offset[e - 1] + kept[e - 1];
-  const std::size_t rows_out = offset[E - 1] + kept[E - 1];
-  s.send.resize(rows_out * std::size_t(D));
-  for (std::size_t a = 0; a < s.expert.size(); ++a) {
-    const int e = s.expert[a];
-    if (s.row[a] < 0) continue;
-    const std::size_t r = offset[e]++;
-    s.row[a] = static_cast<std::int64_t>(r);
-    std::memcpy(&s.send[r * D], xp + (a / k) * D, sizeof(float) * D);
-  }
-  s.send_counts = kept;
-  s.recv_counts = detail::exchange_expert_counts(group_, kept, L);  // the counts first: one small all-to-all
-  detail::expert_layout(s, p, L, group_.rank);
+  plan_dispatch(s, x, psum.data(), call);
+  for (std::size_t a = 0; a < s.expert.size(); ++a)
+    if (s.row[a] >= 0) std::memcpy(&s.send[std::size_t(s.row[a]) * D], xp + (a / k) * D, sizeof(float) * D);
   const auto R = static_cast<std::int64_t>(s.perm.size());
   const std::int64_t M = s.stride;
   s.oe.resize(static_cast<std::size_t>(L * M * D));
@@ -331,24 +252,81 @@ Tensor MoeMlp::do_forward(const Tensor& x, Ctx& c, const Call& call) const {
   // assignments all went to this rank's experts need nothing of the exchange:
   // combined while it travels (the sum's order is the same).
   ensure(s.y, x.shape(), DType::f32, Device::cpu());
-  float* y = s.y.data<float>();
-  std::fill(y, y + n * D, 0.f);
+  Tensor row = host(s.row, {n * k}), gate = host(s.gate, {n * k});
+  std::vector<std::int64_t> tokens[2];  // the local tokens, the others (Backend::moe_combine)
+  if (overlap)
+    for (std::int64_t t = 0; t < n; ++t) tokens[detail::token_is_local(s, t, k, L, group_.rank) ? 0 : 1].push_back(t);
   auto combine = [&](int which) {  // 0: local tokens, 1: the others, 2: all
-    for (std::int64_t t = 0; t < n; ++t) {
-      if (which != 2 && detail::token_is_local(s, t, k, L, group_.rank) != (which == 0)) continue;
-      for (std::int64_t a = t * k; a < (t + 1) * k; ++a) {
-        if (s.row[a] < 0) continue;
-        const float g = s.gate[a];
-        const float* o = &s.out_send[s.row[a] * D];
-        float* yt = y + t * D;
-        for (std::int64_t d = 0; d < D; ++d) yt[d] += g * o[d];
-      }
-    }
+    const Tensor list = which == 2 ? Tensor() : host(tokens[which], {std::int64_t(tokens[which].size())});
+    const Tensor out = host(s.out_send, {std::int64_t(s.out_send.size()) / D, D});
+    be_->moe_combine(out, row, gate, k, list, s.y, false);
   };
   if (overlap) combine(0);
   ex.wait();
   combine(overlap ? 1 : 2);
   return s.y;
+}
+
+void MoeMlp::plan_dispatch(Saved& s, const Tensor& x, const double* psum, const Call& call) const {
+  const std::int64_t D = spec_.dim, n = x.numel() / D;
+  const int E = spec_.experts, k = spec_.top_k, L = local_experts(), p = group_.size;
+  // This rank's counts per row (a sample's tokens; one row unless the capacity
+  // needs the token order), then its probability sums: the routing totals.
+  const bool capped = spec_.capacity_factor > 0;
+  const std::int64_t rows = capped && x.ndim() >= 3 ? x.dim(0) : 1, per_row = std::max<std::int64_t>(1, n / rows);
+  std::vector<double> local(static_cast<std::size_t>(rows * E + E), 0.0);
+  double* mean_p = &local[static_cast<std::size_t>(rows * E)];
+  std::copy(psum, psum + E, mean_p);
+  for (std::size_t a = 0; a < s.expert.size(); ++a)
+    local[static_cast<std::size_t>((std::int64_t(a) / k / per_row) * E + s.expert[a])] += 1;
+  // The whole micro-batch's totals: this rank's, or (sequence parallelism) the
+  // tensor group's, so that the aux loss, its gradient, the drops, the loads
+  // and the metrics are those of one rank routing every token.
+  const detail::RoutingTotals tot = detail::routing_totals(local, int(rows), E, n, seq_);
+  const std::vector<double>& count = tot.count;
+  const double nk = tot.tokens * k;
+  s.tokens = tot.tokens;
+  // The auxiliary load-balancing loss (before any drop: what the router asked for).
+  s.f.assign(static_cast<std::size_t>(E), 0.f);
+  s.aux = 0;
+  for (int e = 0; e < E; ++e) {
+    s.f[e] = static_cast<float>(count[e] / nk);
+    s.aux += double(E) * s.f[e] * (tot.prob[e] / tot.tokens);
+  }
+  // Capacity: assignments beyond it, in the whole micro-batch's token order, are dropped.
+  const double cap = capped ? std::ceil(spec_.capacity_factor * nk / double(E)) : HUGE_VAL;
+  std::vector<std::size_t> kept(static_cast<std::size_t>(E), 0);
+  std::vector<double> seen(static_cast<std::size_t>(E), 0.0);  // assignments to e before this one
+  s.row.assign(s.expert.size(), 0);  // 0: kept (a row is assigned below), -1: dropped
+  for (std::size_t a = 0; a < s.expert.size(); ++a) {
+    const std::int64_t t = static_cast<std::int64_t>(a) / k;
+    if (a % k == 0 && t % per_row == 0)
+      std::copy_n(tot.before.begin() + (t / per_row) * E, E, seen.begin());
+    const int e = s.expert[a];
+    if (seen[e]++ >= cap) s.row[a] = -1;
+    else ++kept[e];
+  }
+  if (call.train() && !call.replay()) {
+    double dropped = 0;
+    for (int e = 0; e < E; ++e) dropped += std::max(0.0, count[e] - cap);
+    const double mx = *std::max_element(count.begin(), count.end());
+    group_.shared->record(full_name_.empty() ? name_ : full_name_, s.aux, mx * E / nk, dropped, nk, count);
+    if (bias_.defined()) {
+      std::lock_guard<std::mutex> lock(load_mu_);
+      load_.resize(static_cast<std::size_t>(E), 0.0);
+      for (int e = 0; e < E; ++e) load_[e] += count[e];
+    }
+  }
+  // Dispatch: rows grouped by global expert (= by owner rank, then local expert).
+  std::vector<std::size_t> offset(static_cast<std::size_t>(E), 0);
+  for (int e = 1; e < E; ++e) offset[e] = offset[e - 1] + kept[e - 1];
+  const std::size_t rows_out = offset[E - 1] + kept[E - 1];
+  s.send.resize(rows_out * std::size_t(D));
+  for (std::size_t a = 0; a < s.expert.size(); ++a)
+    if (s.row[a] >= 0) s.row[a] = static_cast<std::int64_t>(offset[s.expert[a]]++);
+  s.send_counts = kept;
+  s.recv_counts = detail::exchange_expert_counts(group_, kept, L);  // the counts first: one small all-to-all
+  detail::expert_layout(s, p, L, group_.rank);
 }
 
 void MoeMlp::expert_forward(Saved& s, const std::vector<std::int64_t>& first, const std::vector<std::int64_t>& count,
@@ -423,26 +401,20 @@ void MoeMlp::expert_backward_rows(Saved& s, const std::vector<std::int64_t>& fir
 
 Tensor MoeMlp::do_backward(const Tensor& dy, Ctx& c, bool need_dx, bool accumulate) const {
   Saved& s = saved<Saved>(c);
+  if (!dy.device().is_cpu() || spec_.device_path) return device_backward(dy, s, need_dx, accumulate);
   const std::int64_t D = spec_.dim, H = spec_.hidden, n = s.x.numel() / D;
   const int E = spec_.experts, k = spec_.top_k, L = local_experts();
-  const float* dyp = dy.data<float>();
   // Sequence parallelism: this shard's gradients go to partial_, then summed over seq_ into the arena.
   const bool acc = seq_.size == 1 && accumulate;
   // Combine backward: d gate and d expert output.
   std::vector<float>&dgate = s.dgate, &dout_send = s.dout_send;
   dgate.assign(s.gate.size(), 0.f);
   dout_send.resize(s.out_send.size());
-  for (std::size_t a = 0; a < s.row.size(); ++a) {
-    if (s.row[a] < 0) continue;
-    const float* o = &s.out_send[s.row[a] * D];
-    const float* d = dyp + (a / k) * D;
-    float* dd = &dout_send[s.row[a] * D];
-    double dot = 0;
-    for (std::int64_t j = 0; j < D; ++j) {
-      dot += double(d[j]) * o[j];
-      dd[j] = s.gate[a] * d[j];
-    }
-    dgate[a] = static_cast<float>(dot);
+  const Tensor row = host(s.row, {n * k}), gate = host(s.gate, {n * k});
+  {
+    const std::int64_t R = std::int64_t(s.out_send.size()) / D;
+    Tensor dg = host(dgate, {n * k}), drows = host(dout_send, {R, D});
+    be_->moe_combine_backward(dy, host(s.out_send, {R, D}), row, gate, k, dg, drows);
   }
   // Expert side: the own rows' per-row backward while the others' gradients travel.
   const int p = group_.size;
@@ -507,45 +479,27 @@ Tensor MoeMlp::do_backward(const Tensor& dy, Ctx& c, bool need_dx, bool accumula
   const double aux_g = spec_.aux_loss_coeff * group_.shared->grad_scale * double(E) / s.tokens;
   std::vector<float>& dlogit = s.dlogit;
   dlogit.resize(static_cast<std::size_t>(n * E));
-  std::vector<double> dp(static_cast<std::size_t>(E));
-  for (std::int64_t t = 0; t < n; ++t) {
-    const float* pr = &s.probs[static_cast<std::size_t>(t * E)];
-    for (int e = 0; e < E; ++e) dp[e] = aux_g * s.f[e];
-    // Gates are p_j / sum of the token's top-k p (dropped assignments included: their gates exist, with no use).
-    double sum = 0, gd = 0;
-    for (int j = 0; j < k; ++j) {
-      const std::size_t a = static_cast<std::size_t>(t * k + j);
-      sum += pr[s.expert[a]];
-      gd += double(s.gate[a]) * dgate[a];
-    }
-    for (int j = 0; j < k; ++j) {
-      const std::size_t a = static_cast<std::size_t>(t * k + j);
-      dp[s.expert[a]] += (dgate[a] - gd) / sum;
-    }
-    double pdp = 0;
-    for (int e = 0; e < E; ++e) pdp += double(pr[e]) * dp[e];
-    for (int e = 0; e < E; ++e) dlogit[static_cast<std::size_t>(t * E + e)] = static_cast<float>(pr[e] * (dp[e] - pdp));
+  {
+    Tensor dl = host(dlogit, {n, E});
+    be_->moe_router_backward(host(s.probs, {n, E}), host(s.expert, {n, k}), gate, host(dgate, {n * k}),
+                             host(s.f, {E}), aux_g, dl);
   }
   const float* xp = s.x.data<float>();
-  gemm(true, false, E, D, n, 1.f, dlogit.data(), E, xp, D, acc ? 1.f : 0.f, grad_ptr(router_), D);
+  be_->batched_gemm(Device::cpu(),
+                    {true, false, E, D, n, 1.f, dlogit.data(), E, 0, xp, D, 0, acc ? 1.f : 0.f, grad_ptr(router_), D, 0, 1});
   if (seq_.size > 1) {
     const Tensor span = arena_->grads_flat(DType::f32).flat_view(grad_lo_, partial_.numel());
     tp_sum_partial(partial_, {span}, accumulate, seq_, *be_);
   }
   if (need_dx) {
     ensure(s.dx, s.x.shape(), DType::f32, Device::cpu());
-    gemm(false, false, n, D, E, 1.f, dlogit.data(), E, arena_->param(router_).data<float>(), D, 0.f,
-         s.dx.data<float>(), D);
+    be_->batched_gemm(Device::cpu(), {false, false, n, D, E, 1.f, dlogit.data(), E, 0,
+                                      arena_->param(router_).data<float>(), D, 0, 0.f, s.dx.data<float>(), D, 0, 1});
   }
   ex.wait();
   if (!need_dx) return {};
-  float* dx = s.dx.data<float>();
-  for (std::size_t a = 0; a < s.row.size(); ++a) {
-    if (s.row[a] < 0) continue;
-    const float* g = &dx_send[s.row[a] * D];
-    float* d = dx + (a / k) * D;
-    for (std::int64_t j = 0; j < D; ++j) d[j] += g[j];
-  }
+  // dx[t] += the gradient of each kept assignment's row, in j order (a combine with gates of 1).
+  be_->moe_combine(host(dx_send, {std::int64_t(dx_send.size()) / D, D}), row, Tensor(), k, Tensor(), s.dx, true);
   return s.dx;
 }
 

@@ -381,7 +381,7 @@ void TrainConfig::validate() const {
     RT_CHECK(model.init_from.empty(), "parallel.expert = ", parallel.expert, " with model.init_from is not supported yet");
     RT_CHECK(train.verify_every == 0, "parallel.expert = ", parallel.expert, " with train.verify_every = ",
              train.verify_every, " is not supported (expert weights differ between the ranks of an expert group)");
-    RT_CHECK(train.device != "cuda", "parallel.expert = ", parallel.expert, " runs on the CPU only (train.device = cpu)");
+    // On CUDA the GPU validation gate decides (src/train/gpu_gate.cpp: "expert parallelism").
   }
   range("data.batch_size", data.batch_size, 1, 1 << 24);
   range("data.global_batch", static_cast<double>(data.global_batch), 0, 1LL << 40);

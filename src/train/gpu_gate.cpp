@@ -78,7 +78,10 @@ std::vector<GpuNeed> gpu_needs(const TrainConfig& cfg) {
     if (cfg.model.name == "gpt")  // the split vocabulary's embedding and loss: written for CUDA, not yet run on a GPU
       n.push_back({"vocabulary parallelism", cat("model.name = gpt with parallel.tensor = ", cfg.parallel.tensor)});
   }
-  if (cfg.model.experts > 0)  // the MoE layer is CPU code (nn/moe.cpp): train.device = auto stays on the CPU
+  // Mixture of experts: written for the device (nn/moe_device.cpp, kernels/moe.cu), not yet run on a GPU
+  // (test_gpu_mpi_moe's trial); off the list, so train.device = auto keeps it on the CPU. Its expert
+  // parallelism is the mesh dimension above ("expert parallelism").
+  if (cfg.model.experts > 0)
     n.push_back({"mixture of experts", cat("model.experts = ", cfg.model.experts)});
   if (cfg.parallel.zero > 0) n.push_back({cat("ZeRO-", cfg.parallel.zero), cat("parallel.zero = ", cfg.parallel.zero)});
   if (cfg.train.recompute != "none")

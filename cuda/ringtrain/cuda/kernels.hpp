@@ -207,6 +207,50 @@ void attention_rowdot(const float* out, const float* dout, std::int64_t n, std::
 // dqkv's q columns += the block's dQ; dkv [n, L, 2d] := the block's dK, dV.
 void ring_block_backward(const RingBlockArgs& a, const float* dout, const float* lse, const float* D, float* dqkv,
                          float* dkv, cudaStream_t stream);
+// ---- mixture of experts (kernels/moe.cu) ----
+// The MoE layer's loops (Backend::moe_route ...; src/backend/cpu/moe_ops.cpp
+// is the CPU's): float32, index lists int64 (-1: none), experts int32. Sums in
+// the CPU's order and type; no atomics.
+struct MoeRoute {
+  float* probs = nullptr;        // [n, E]: logits in, softmax out
+  const float* bias = nullptr;   // [E] selection bias, or null
+  int* expert = nullptr;         // [n, k] top-k of p + bias, best first, ties to the lower index
+  float* gate = nullptr;         // [n, k] p / sum of the token's top-k p
+  double* psum = nullptr;        // [E] column sums of p in token order
+  std::int64_t n = 0;
+  int E = 0, k = 0;
+};
+void moe_route(const MoeRoute& a, cudaStream_t stream);
+// dst row i := src row idx[i] (zeros where idx[i] < 0); rows of D floats.
+void moe_gather_rows(const float* src, const std::int64_t* idx, float* dst, std::int64_t rows, std::int64_t D,
+                     cudaStream_t stream);
+struct MoeCombine {
+  const float* rows = nullptr;          // [*, D] the experts' outputs (or gradients)
+  const std::int64_t* row = nullptr;    // [n, k] each assignment's row, -1: dropped
+  const float* gate = nullptr;          // [n, k], or null: gates of 1
+  const std::int64_t* tokens = nullptr; // the tokens to combine, or null: 0 .. count - 1
+  float* y = nullptr;                   // [n, D]
+  std::int64_t D = 0;
+  int k = 0;
+  bool accumulate = false;
+};
+// y[t] (+)= sum_j gate * rows[row] in j order, for `count` tokens.
+void moe_combine(const MoeCombine& a, std::int64_t count, cudaStream_t stream);
+// dgate [n k] := dy[t] . rows[row] (0 where dropped), drows[row] := gate dy[t].
+void moe_combine_backward(const MoeCombine& a, std::int64_t n, const float* dy, float* dgate, float* drows,
+                          cudaStream_t stream);
+struct MoeRouterBackward {
+  const float* probs = nullptr;   // [n, E]
+  const int* expert = nullptr;    // [n, k]
+  const float* gate = nullptr;    // [n, k]
+  const float* dgate = nullptr;   // [n, k]
+  const float* f = nullptr;       // [E] routed shares
+  double aux_g = 0;
+  float* dlogit = nullptr;        // [n, E]
+  std::int64_t n = 0;
+  int E = 0, k = 0;
+};
+void moe_router_backward(const MoeRouterBackward& a, cudaStream_t stream);
 
 // ---- fusion buffer pack / unpack --------------------------------------------
 struct CopyEntry {

@@ -385,6 +385,60 @@ class Backend {
                                    const std::function<void()>& poll) {
     RT_FAIL("the ", name(), " backend has no ring attention");
   }
+  // ---- mixture of experts (nn/moe.cpp; docs/moe.md) ----
+  // The MoE layer's loops, on the backend's device. Index tensors: expert i32
+  // [n, k]; row and idx i64 (-1: none). Float32 throughout.
+  // Router: probs [n, E] holds the logits and receives the softmax (in double,
+  // the row maximum subtracted); expert := the top-k of p + bias (bias [E]
+  // undefined: p alone), best first, ties to the lower index; gate := p of
+  // each / the sum of the token's top-k p (in double); psum f64 [E] := the
+  // column sums of p, in token order.
+  virtual void moe_route(Tensor& probs, const Tensor& bias, int k, Tensor& expert, Tensor& gate, Tensor& psum) {
+    RT_FAIL("the ", name(), " backend has no mixture-of-experts router");
+  }
+  // dst [m, D] row i := src [*, D] row idx[i] (zeros where idx[i] < 0).
+  virtual void moe_gather_rows(const Tensor& src, const Tensor& idx, Tensor& dst) {
+    RT_FAIL("the ", name(), " backend has no mixture-of-experts row gather");
+  }
+  // The gated combine: for each token t of `tokens` (i64 list; undefined: all
+  // of y [n, D]) y[t] := (y[t] when accumulate, else 0) + sum over j in order
+  // of gate[t k + j] * rows[row[t k + j]] (row < 0 skipped; gate undefined: 1).
+  virtual void moe_combine(const Tensor& rows, const Tensor& row, const Tensor& gate, int k, const Tensor& tokens,
+                           Tensor& y, bool accumulate) {
+    RT_FAIL("the ", name(), " backend has no mixture-of-experts combine");
+  }
+  // Its backward for assignment a = t k + j with row[a] >= 0: dgate[a] := dy[t] .
+  // rows[row[a]] (in double), drows[row[a]] := gate[a] dy[t]; dgate 0 elsewhere.
+  virtual void moe_combine_backward(const Tensor& dy, const Tensor& rows, const Tensor& row, const Tensor& gate, int k,
+                                    Tensor& dgate, Tensor& drows) {
+    RT_FAIL("the ", name(), " backend has no mixture-of-experts combine");
+  }
+  // The router's backward: dlogit [n, E] := p (dp - p . dp) with dp = aux_g f
+  // (f [E], the routed shares) plus, at each chosen expert, (dgate - sum_j
+  // gate_j dgate_j) / sum_j p_j over the token's top-k (in double).
+  virtual void moe_router_backward(const Tensor& probs, const Tensor& expert, const Tensor& gate, const Tensor& dgate,
+                                   const Tensor& f, double aux_g, Tensor& dlogit) {
+    RT_FAIL("the ", name(), " backend has no mixture-of-experts router");
+  }
+  // C_b = alpha op(A_b) op(B_b) + beta C_b for b < batch: row-major float32
+  // on the backend's device, X_b = x + b * sx (the experts' blocks at one stride).
+  struct BatchedGemm {
+    bool ta = false, tb = false;
+    std::int64_t m = 0, n = 0, k = 0;
+    float alpha = 1;
+    const float* a = nullptr;
+    std::int64_t lda = 0, sa = 0;
+    const float* b = nullptr;
+    std::int64_t ldb = 0, sb = 0;
+    float beta = 0;
+    float* c = nullptr;
+    std::int64_t ldc = 0, sc = 0;
+    std::int64_t batch = 1;
+  };
+  virtual void batched_gemm(Device dev, const BatchedGemm& g) {
+    RT_FAIL("the ", name(), " backend has no batched float32 GEMM");
+  }
+  // ---- end mixture of experts ----
   // ---- bfloat16 activations (train.precision = bf16) ----
   // Whether every kernel above takes bfloat16 activations: x, y, dx, dy (and
   // attention's qkv, out) bfloat16, a Linear's weight a bfloat16 copy of its

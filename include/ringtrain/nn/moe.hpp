@@ -30,7 +30,8 @@
 // are dropped (their gate contributes nothing; the residual carries the token).
 // Under sequence parallelism n, the order and the aux loss are the whole
 // micro-batch's, not the tensor rank's shard's (sum_grads_over below).
-// 0: dropless. Host (CPU) tensors in float32 only.
+// 0: dropless. Float32 only; host tensors, or device tensors (src/nn/moe_device.cpp: written
+// for CUDA, behind the GPU gate, without overlap or sequence parallelism).
 //
 // Auxiliary-loss-free balancing (bias_update_rate u > 0; DeepSeek-V3, Wang et
 // al. 2024): the top-k are chosen by p_e + b_e, the gates stay p[topk] renormalised
@@ -52,6 +53,7 @@ namespace ringtrain {
 namespace detail {
 class ExpertGemm;
 class RowExchange;
+struct MoeDeviceSaved;  // src/nn/moe_device.cpp
 }
 
 // What the MoE layers of one model record for the logs, per layer, summed over
@@ -131,6 +133,10 @@ struct MoeSpec {
   // results are the same either way up to the GEMMs' row split (docs/moe.md).
   // dnnl_grouped computes whole padded blocks, so only its exchanges overlap.
   bool overlap = true;
+  // Tests: run the device path (src/nn/moe_device.cpp: Backend ops, padded
+  // blocks, blocking exchanges) on host tensors too, to check it against the
+  // host path without a GPU (tests/nn/mpi_moe_device_path.cpp).
+  bool device_path = false;
 };
 
 class MoeMlp : public Layer {
@@ -195,6 +201,7 @@ class MoeMlp : public Layer {
     // Scratch of the forward and backward, kept so that a step allocates nothing once shapes settle.
     std::vector<float> oe, dgate, dout_send, dout_recv, doe, dxe, dx_recv, dx_send, dlogit;
     Tensor da, dh;
+    std::shared_ptr<detail::MoeDeviceSaved> dev;  // the device path's tensors (src/nn/moe_device.cpp)
   };
 
  private:
@@ -209,6 +216,17 @@ class MoeMlp : public Layer {
                  bool forward) const;
   void expert_backward_rows(Saved& s, const std::vector<std::int64_t>& first, const std::vector<std::int64_t>& count,
                             detail::RowExchange* ex) const;
+  // From s.expert and the probability sums psum [E]: the routing totals, the
+  // aux loss, the capacity's drops, the metrics and loads, s.row and the
+  // dispatch layout (send/recv counts, expert_layout). Host bookkeeping of
+  // n k indices, shared by the host and the device paths.
+  void plan_dispatch(Saved& s, const Tensor& x, const double* psum, const Call& call) const;
+  // The device path (src/nn/moe_device.cpp): the same steps through Backend
+  // ops on the device, exchanges blocking and staged through host copies.
+  Tensor device_forward(const Tensor& x, Saved& s, const Call& call) const;
+  Tensor device_backward(const Tensor& dy, Saved& s, bool need_dx, bool accumulate) const;
+  void device_exchange(Saved& s, const Tensor& in, Tensor& out, std::vector<float>& host_in,
+                       std::vector<float>& host_out, bool forward_dir) const;
   MoeSpec spec_;
   ExpertGroup group_;
   std::string full_name_;  // "blocks.0.moe": how the metrics name the layer

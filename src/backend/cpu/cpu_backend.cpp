@@ -268,6 +268,30 @@ class CpuBackend final : public Backend {
                            const std::function<void()>& poll) override {
     cpu::ring_block_backward(qkv, kv, dout, lse, D, b, dqkv, dkv, work, poll);
   }
+  // ---- mixture of experts (moe_ops.cpp) ----
+  void moe_route(Tensor& probs, const Tensor& bias, int k, Tensor& expert, Tensor& gate, Tensor& psum) override {
+    cpu::moe_route(probs, bias, k, expert, gate, psum);
+  }
+  void moe_gather_rows(const Tensor& src, const Tensor& idx, Tensor& dst) override {
+    cpu::moe_gather_rows(src, idx, dst);
+  }
+  void moe_combine(const Tensor& rows, const Tensor& row, const Tensor& gate, int k, const Tensor& tokens, Tensor& y,
+                   bool accumulate) override {
+    cpu::moe_combine(rows, row, gate, k, tokens, y, accumulate);
+  }
+  void moe_combine_backward(const Tensor& dy, const Tensor& rows, const Tensor& row, const Tensor& gate, int k,
+                            Tensor& dgate, Tensor& drows) override {
+    cpu::moe_combine_backward(dy, rows, row, gate, k, dgate, drows);
+  }
+  void moe_router_backward(const Tensor& probs, const Tensor& expert, const Tensor& gate, const Tensor& dgate,
+                           const Tensor& f, double aux_g, Tensor& dlogit) override {
+    cpu::moe_router_backward(probs, expert, gate, dgate, f, aux_g, dlogit);
+  }
+  void batched_gemm(Device dev, const BatchedGemm& g) override {
+    RT_CHECK(dev.is_cpu(), "batched_gemm: the CPU backend got ", dev.str());
+    cpu::batched_gemm(g);
+  }
+  // ---- end mixture of experts ----
   void token_mean(const Tensor& x, Tensor& y) override { cpu::token_mean(x, y); }
   void token_mean_backward(const Tensor& dy, Tensor& dx) override { cpu::token_mean_backward(dy, dx); }
 

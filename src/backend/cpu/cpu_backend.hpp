@@ -159,6 +159,16 @@ void attention_rowdot(const Tensor& out, const Tensor& dout, std::int64_t heads,
 void ring_block_backward(const Tensor& qkv, const Tensor& kv, const Tensor& dout, const Tensor& lse, const Tensor& D,
                          const RingBlockSpec& b, Tensor& dqkv, Tensor& dkv, Tensor& work,
                          const std::function<void()>& poll);
+// moe_ops.cpp: the mixture-of-experts layer's loops (Backend::moe_route ... batched_gemm)
+void moe_route(Tensor& probs, const Tensor& bias, int k, Tensor& expert, Tensor& gate, Tensor& psum);
+void moe_gather_rows(const Tensor& src, const Tensor& idx, Tensor& dst);
+void moe_combine(const Tensor& rows, const Tensor& row, const Tensor& gate, int k, const Tensor& tokens, Tensor& y,
+                 bool accumulate);
+void moe_combine_backward(const Tensor& dy, const Tensor& rows, const Tensor& row, const Tensor& gate, int k,
+                          Tensor& dgate, Tensor& drows);
+void moe_router_backward(const Tensor& probs, const Tensor& expert, const Tensor& gate, const Tensor& dgate,
+                         const Tensor& f, double aux_g, Tensor& dlogit);
+void batched_gemm(const Backend::BatchedGemm& g);
 
 }  // namespace cpu
 }  // namespace ringtrain

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The tiled attention kernels of cuda/kernels/attention.cu, ring attention's (ring_attention.cu) and the
-# vocabulary-parallel loss's (vocab_parallel.cu) run on the CPU, no
+# The tiled attention kernels of cuda/kernels/attention.cu, ring attention's (ring_attention.cu), the
+# vocabulary-parallel loss's (vocab_parallel.cu) and the mixture of experts'
+# (moe.cu, last: linked against the build's CPU backend) run on the CPU, no
 # GPU needed: a development check of their indexing, masking, barriers and
 # online softmax against a double-precision reference (attention_emu.cpp).
 # emu.hpp runs each block's 128 threads as std::threads with a block barrier
@@ -59,3 +60,28 @@ open(sys.argv[3], 'w').write(body + '}  // namespace ringtrain::cuda\n')
 PY
 g++ -std=c++20 -O2 -pthread -fsanitize=alignment,bounds -fno-sanitize-recover=all -I"$work" -I"$here" "$here/ring_emu.cpp" -o "$work/ring_emu"
 "$work/ring_emu"
+# The mixture-of-experts kernels (cuda/kernels/moe.cu) and their argument
+# structs (ringtrain/cuda/kernels.hpp) against the CPU backend itself
+# (src/backend/cpu/moe_ops.cpp), linked from the build in RINGTRAIN_BUILD
+# (default build/; skipped with a note when its libringtrain_nn.so is missing).
+build=${RINGTRAIN_BUILD:-$root/build}
+if [ -f "$build/libringtrain_nn.so" ]; then
+  python3 - "$root/cuda/kernels/moe.cu" "$root/cuda/ringtrain/cuda/kernels.hpp" "$work/moe_kernels.inc" <<'PY'
+import re, sys
+src, hdr = open(sys.argv[1]).read(), open(sys.argv[2]).read()
+sec = hdr[hdr.index('// ---- mixture of experts (kernels/moe.cu) ----'):]
+sec = sec[:sec.index('// ---- fusion buffer')]
+structs = '\n'.join(re.findall(r'struct Moe\w+ \{.*?\n\};', sec, re.S))
+body = src[src.index('namespace ringtrain::cuda {'):src.index('// ---- launchers (not emulated) ----')]
+body = body.replace('namespace ringtrain::cuda {', 'namespace ringtrain::cuda {\n' + structs, 1)
+body = body.replace('namespace {', 'namespace {\nusing emu::threadIdx; using emu::blockIdx; using emu::__syncthreads; '
+                    'using std::exp;', 1)
+open(sys.argv[3], 'w').write(body + '}  // namespace ringtrain::cuda\n')
+PY
+  libs=$(cd "$build" && ls libringtrain_*.so | sed 's/^lib\(.*\)\.so$/-l\1/' | grep -v cuda | tr '\n' ' ')
+  g++ -std=c++20 -O2 -pthread -fsanitize=alignment,bounds -fno-sanitize-recover=all -I"$root/include" -I"$work" \
+    -I"$here" "$here/moe_emu.cpp" -o "$work/moe_emu" -L"$build" -Wl,-rpath,"$build" $libs
+  "$work/moe_emu"
+else
+  echo "moe kernels: skipped (no $build/libringtrain_nn.so: build ringtrain_nn first)"
+fi
