@@ -116,7 +116,13 @@ PageLedger& BucketPages::of(DType dt) {
 }
 
 void BucketPages::hold(const ZeroBucket& k) {
-  if (!active_) return;
+  if (!active_) {
+    // Nothing is given back here, but ZeRO-3's release of the whole buffer
+    // (ShardedOptimizer::release_params) may have: on chunked memory a use
+    // needs it mapped again (on the host this is nothing).
+    for (const ZeroRange& r : k.ranges) of(r.dt).take_back_all();
+    return;
+  }
   for (const ZeroRange& r : k.ranges) of(r.dt).hold(r.lo, r.hi);
 }
 

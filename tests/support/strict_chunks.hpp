@@ -103,10 +103,16 @@ class StrictHostAllocator final : public Allocator {
   void copy(void* dst, Device, const void* src, Device, std::size_t bytes) override { std::memcpy(dst, src, bytes); }
   void zero(void* p, std::size_t bytes, Device) override { std::memset(p, 0, bytes); }
   std::shared_ptr<ChunkedMemory> allocate_chunked(std::size_t bytes, Device) override {
-    auto m = std::make_shared<StrictChunks>(bytes);
     std::lock_guard<std::mutex> lk(mu_);
+    auto m = std::make_shared<StrictChunks>(bytes, chunk_);
     handed_.push_back(m);
     return m;
+  }
+  // The chunk of what it hands out from now on (a multiple of the base page;
+  // a device's is 2 MiB, which a small model's buffers do not fill).
+  void set_chunk(std::size_t c) {
+    std::lock_guard<std::mutex> lk(mu_);
+    chunk_ = c;
   }
   std::vector<std::shared_ptr<StrictChunks>> alive() {
     std::lock_guard<std::mutex> lk(mu_);
@@ -118,6 +124,7 @@ class StrictHostAllocator final : public Allocator {
 
  private:
   std::mutex mu_;
+  std::size_t chunk_ = host_base_page();
   std::vector<std::weak_ptr<StrictChunks>> handed_;
 };
 
