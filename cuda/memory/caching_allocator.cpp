@@ -4,6 +4,7 @@
 #include <bit>
 
 #include "ringtrain/cuda/check.hpp"
+#include "ringtrain/cuda/chunked_memory.hpp"
 #include "ringtrain/cuda/memory.hpp"
 
 namespace ringtrain::cuda {
@@ -113,6 +114,11 @@ void CachingDeviceAllocator::zero(void* p, std::size_t bytes, Device dev) {
   if (prev != dev.index) RT_CUDA(cudaSetDevice(dev.index));
   RT_CUDA(cudaMemset(p, 0, bytes));
   if (prev != dev.index) RT_CUDA(cudaSetDevice(prev));
+}
+
+std::shared_ptr<ChunkedMemory> CachingDeviceAllocator::allocate_chunked(std::size_t bytes, Device dev) {
+  RT_CHECK(dev.is_cuda(), "CachingDeviceAllocator asked for chunked memory on ", dev.str());
+  return make_chunked_memory(bytes, dev.index);
 }
 
 // ---- pinned host memory -----------------------------------------------------

@@ -125,6 +125,8 @@ HostMemoryStats host_memory_stats() {
 void set_host_alloc_observer(HostAllocObserver f) { g_observer.store(f, std::memory_order_relaxed); }
 void reset_host_memory_peak() { g_peak.store(g_live.load(std::memory_order_relaxed), std::memory_order_relaxed); }
 
+std::shared_ptr<ChunkedMemory> Allocator::allocate_chunked(std::size_t, Device) { return nullptr; }
+
 void register_allocator(DeviceKind kind, std::unique_ptr<Allocator> a) {
   auto& r = registry();
   std::lock_guard lk(r.mu);

@@ -9,7 +9,9 @@
 namespace ringtrain {
 
 PageLedger::PageLedger(const Tensor& flat) {
-  RT_CHECK(flat.device().is_cpu(), "PageLedger: a host buffer is needed");
+  mem_ = flat.chunked_memory();
+  RT_CHECK(mem_ || flat.device().is_cpu(), "PageLedger: a host buffer or chunked memory is needed (",
+           flat.device().str(), ")");
   base_ = reinterpret_cast<std::uintptr_t>(flat.raw());
   elem_ = dtype_size(flat.dtype());
   chunk_ = flat.page_chunk() ? flat.page_chunk() : host_base_page();
@@ -21,6 +23,7 @@ PageLedger::PageLedger(const Tensor& flat) {
   first_ = (base_ + chunk_ - 1) / chunk_ * chunk_;
   end = end / chunk_ * chunk_;
   held_.assign(end > first_ ? (end - first_) / chunk_ : 0, 0);
+  if (mem_) mem_first_ = (first_ - reinterpret_cast<std::uintptr_t>(mem_->data())) / chunk_;
 }
 
 std::pair<std::size_t, std::size_t> PageLedger::chunks_of(std::size_t lo, std::size_t hi) const {
@@ -34,6 +37,9 @@ std::pair<std::size_t, std::size_t> PageLedger::chunks_of(std::size_t lo, std::s
 void PageLedger::hold(std::size_t lo, std::size_t hi) {
   auto [a, z] = chunks_of(lo, hi);
   for (std::size_t c = a; c < z; ++c) ++held_[c];
+  // Every time, not only for chunks no range held: a drop_all() of another
+  // ledger on the same buffer (ZeRO-3's release) may have given them back.
+  take_back(a, z);
 }
 
 void PageLedger::drop(std::size_t lo, std::size_t hi) {
@@ -52,12 +58,20 @@ void PageLedger::drop_all() {
   give_back(0, held_.size());
 }
 
+void PageLedger::take_back_all() { take_back(0, held_.size()); }
+
 std::size_t PageLedger::held_chunks() const {
   return static_cast<std::size_t>(std::count_if(held_.begin(), held_.end(), [](std::uint32_t n) { return n > 0; }));
 }
 
 void PageLedger::give_back(std::size_t a, std::size_t b) const {
-  if (b > a) madvise(reinterpret_cast<void*>(first_ + a * chunk_), (b - a) * chunk_, MADV_DONTNEED);
+  if (b <= a) return;
+  if (mem_) mem_->give_back(mem_first_ + a, mem_first_ + b);
+  else madvise(reinterpret_cast<void*>(first_ + a * chunk_), (b - a) * chunk_, MADV_DONTNEED);
+}
+
+void PageLedger::take_back(std::size_t a, std::size_t b) const {
+  if (mem_ && b > a) mem_->take_back(mem_first_ + a, mem_first_ + b);
 }
 
 }  // namespace ringtrain

@@ -1,5 +1,6 @@
 #include "ringtrain/core/tensor.hpp"
 
+#include <algorithm>
 #include <sstream>
 
 #include "ringtrain/core/allocator.hpp"
@@ -29,7 +30,10 @@ Storage::Storage(std::size_t bytes, Device dev) : bytes_(bytes), dev_(dev), owne
 Storage::Storage(void* data, std::size_t bytes, Device dev) : data_(data), bytes_(bytes), dev_(dev) {}
 Storage::Storage(const HostPages& pages)
     : data_(pages.data), bytes_(pages.bytes), dev_(Device::cpu()), pages_(pages) {}
+Storage::Storage(std::shared_ptr<ChunkedMemory> mem, Device dev)
+    : data_(mem->data()), bytes_(mem->bytes()), dev_(dev), chunked_(std::move(mem)) {}
 Storage::~Storage() {
+  if (chunked_) return;  // freed with the last reference to chunked_
   if (pages_.data) free_host_pages(pages_);
   else if (owned_ && data_) allocator_for(dev_.kind).deallocate(data_, bytes_, dev_);
 }
@@ -56,6 +60,20 @@ Tensor Tensor::paged(std::int64_t n, DType dt) {
   t.dtype_ = dt;
   if (t.nbytes() == 0) t.storage_ = std::make_shared<Storage>(0, Device::cpu());
   else t.storage_ = std::make_shared<Storage>(allocate_host_pages(t.nbytes()));
+  return t;
+}
+
+Tensor Tensor::paged(std::int64_t n, DType dt, Device dev) {
+  // The host's allocator has no chunked memory but in tests (a stricter
+  // stand-in for a device's: tests/train/mpi_zero_chunked.cpp).
+  const std::size_t bytes = static_cast<std::size_t>(std::max<std::int64_t>(n, 0)) * dtype_size(dt);
+  std::shared_ptr<ChunkedMemory> mem = bytes ? allocator_for(dev.kind).allocate_chunked(bytes, dev) : nullptr;
+  if (!mem) return dev.is_cpu() ? paged(n, dt) : zeros({n}, dt, dev);
+  Tensor t;
+  t.shape_ = {n};
+  t.numel_ = n;
+  t.dtype_ = dt;
+  t.storage_ = std::make_shared<Storage>(std::move(mem), dev);
   return t;
 }
 

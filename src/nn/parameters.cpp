@@ -78,7 +78,7 @@ void ParamArena::set_index_base(std::size_t base) {
 }
 
 
-void ParamArena::finalize(Device dev) {
+void ParamArena::finalize(Device dev, bool chunked) {
   RT_CHECK(!finalized_, "parameter arena finalised twice");
   device_ = dev;
   for (auto& f : flats_) {
@@ -86,8 +86,10 @@ void ParamArena::finalize(Device dev) {
     // (under ZeRO-3 most of the full-size buffers never are at once) and that
     // ZeRO-2/3 hand back piece by piece (PageLedger).
     const auto n = static_cast<std::int64_t>(f.elems);
-    f.params = dev.is_cpu() ? Tensor::paged(n, f.dtype) : Tensor::zeros({n}, f.dtype, dev);
-    f.grads = dev.is_cpu() ? Tensor::paged(n, f.dtype) : Tensor::zeros({n}, f.dtype, dev);
+    // On a device, chunked memory for ZeRO-2/3 (mapped only while held), else the allocator's.
+    const bool paged = dev.is_cpu() || chunked;
+    f.params = paged ? Tensor::paged(n, f.dtype, dev) : Tensor::zeros({n}, f.dtype, dev);
+    f.grads = paged ? Tensor::paged(n, f.dtype, dev) : Tensor::zeros({n}, f.dtype, dev);
   }
   finalized_ = true;
 }

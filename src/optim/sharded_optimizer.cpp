@@ -238,7 +238,10 @@ void ShardedOptimizer::gather_range(DType dt, std::size_t lo, std::size_t hi) {
 
 void ShardedOptimizer::materialize() {
   if (!shard_params_ || whole_) return;
-  for (const Slice& s : slices_) gather_range(s.dtype, 0, static_cast<std::size_t>(full_.params_flat(s.dtype).numel()));
+  for (const Slice& s : slices_) {
+    PageLedger(full_.params_flat(s.dtype)).take_back_all();  // device chunks given back: mapped again first
+    gather_range(s.dtype, 0, static_cast<std::size_t>(full_.params_flat(s.dtype).numel()));
+  }
   whole_ = true;
 }
 

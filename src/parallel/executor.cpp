@@ -225,8 +225,10 @@ StepOutput ScheduleExecutor::run(Stage& stage, const Loss& loss_fn, const StepIn
 
   StepOutput out;
   const auto t_step = Clock::now();
-  stage.zero_grads();
+  // ZeRO-2/3 first hold the gradient buffer's pages (on a device, map its
+  // chunks), which zero_grads may then write whole (split backward).
   sync.begin_step();
+  stage.zero_grads();
   Transfers tr(grid_, v, m, slots_);
   for (int k = 0; k < v; ++k) {
     const int g = L.stage_of(r, k);

@@ -178,7 +178,9 @@ class ShardedSync final : public GradSync {
 // during the backward. parallel.zero_release = false keeps the pages resident.
 // Buckets are reduced in a fixed order (the last layers' first), the same on
 // every rank of the data-parallel group.
-class Zero2Sync final : public ZeroSyncBase {
+// On chunked memory (a device's) the stage calls use() before each layer's
+// backward, and the bucket's gradient chunks are mapped then (ZeroSyncBase).
+class Zero2Sync final : public ZeroSyncBase, public ParamAccess {
  public:
   Zero2Sync(const ProcessGrid& grid, Stage& stage, ShardedOptimizer& zero, const GridConfig& cfg)
       : ZeroSyncBase(grid, stage, zero, cfg, "parallel.zero = 2") {
@@ -187,6 +189,11 @@ class Zero2Sync final : public ZeroSyncBase {
   }
   ~Zero2Sync() override { stop_worker(); }
   const char* kind() const override { return "zero2"; }
+  ParamAccess* param_access() override { return lazy_grads_ ? this : nullptr; }
+  void use(int l, Pass pass) override {
+    if (pass != Pass::forward) hold_layer_grads(l);
+  }
+  void end_pass() override {}
 
   void begin_step() override {
     std::lock_guard<std::mutex> lk(mu_);
@@ -234,7 +241,7 @@ class Zero2Sync final : public ZeroSyncBase {
     lk.unlock();
     group_ready(next);
     for (const ZeroRange& r : buckets_[next].ranges) zero_.reduce_scatter_range(r.dt, r.lo, r.hi);
-    drop_grad_pages(buckets_[next]);
+    drop_grad_pages(static_cast<int>(next));
     lk.lock();
     held_ -= std::min(held_, buckets_[next].bytes);
     done_ = next + 1;

@@ -69,7 +69,8 @@ ModelParts build_parts(const ProcessGrid& grid, const ModelConfig& mc, const Gri
   parts.executor = std::make_unique<ScheduleExecutor>(grid, table, mb, shapes, dev, rt);
   // Agreed: a stage's layers can refuse their range (a tied LM head on a middle stage).
   run_agreed(grid.world(), "building the pipeline stages", [&] {
-    parts.stage = std::make_unique<Stage>(mc_tp, dev, chunks, parts.executor->slots());
+    // ZeRO-2/3 give chunks of the full buffers back: on a device they need chunked memory.
+    parts.stage = std::make_unique<Stage>(mc_tp, dev, chunks, parts.executor->slots(), gc.update.zero >= 2);
     check_tied_stages(grid, *parts.stage);
     // The last stage's last layer may ask for its own loss (split logits); a registered model may bring one.
     Stage& st = *parts.stage;

@@ -23,7 +23,8 @@ Recompute parse_recompute(const std::string& s) {
   RT_FAIL("train.recompute must be none, attention or block, got '", s, "'");
 }
 
-Stage::Stage(const ModelConfig& mc, Device dev, std::vector<LayerRange> ranges, int slots) : device_(dev) {
+Stage::Stage(const ModelConfig& mc, Device dev, std::vector<LayerRange> ranges, int slots, bool chunked_buffers)
+    : device_(dev) {
   RT_CHECK(slots >= 1, "pipeline stage: needs at least one activation slot");
   RT_CHECK(!ranges.empty(), "pipeline stage: needs at least one chunk of layers");
   // Layer objects hold no parameters until registered and bound: building the
@@ -74,7 +75,7 @@ Stage::Stage(const ModelConfig& mc, Device dev, std::vector<LayerRange> ranges, 
     ch.slots.resize(static_cast<std::size_t>(slots));
     chunks_.push_back(std::move(ch));
   }
-  arena_.finalize(dev);
+  arena_.finalize(dev, chunked_buffers);
   BindContext ctx{backend_for(dev), dev, arena_, mc.seed, mc.math};
   for (auto& l : layers_) l->bind(ctx);
   for (auto& l : layers_) l->init(arena_, mc.seed);  // the initial parameters and buffers, once

@@ -20,9 +20,7 @@ Updater::Updater(const ProcessGrid& grid, Stage& stage, const UpdateConfig& cfg,
   }
   run_agreed(grid.world(), "setting up parallel.zero", [&] {
     RT_CHECK(cfg.zero >= 1 && cfg.zero <= 3, "parallel.zero = ", cfg.zero, " is not available (0 to 3 are)");
-    RT_CHECK(stage.device().is_cpu() || cfg.zero == 1, "parallel.zero = ", cfg.zero, " needs train.device = cpu: "
-             "ZeRO-2 and ZeRO-3 give the pages of the full buffers back to the host's system (this run chose ",
-             stage.device().str(), "; ZeRO-1 runs on the device)");
+    // ZeRO-2/3 on a device: the stage's full buffers are chunked memory (parts.cpp), mapped only while held.
   });
   // ZeRO-1/2 slice a tied weight's two copies differently on their stages
   // (pipeline > 1). From 3 replicas a ring reduce-scatter may sum an element in

@@ -42,7 +42,6 @@ class Zero3Sync final : public ZeroSyncBase, public ParamAccess {
  public:
   Zero3Sync(const ProcessGrid& grid, Stage& stage, ShardedOptimizer& zero, const GridConfig& cfg)
       : ZeroSyncBase(grid, stage, zero, cfg, kWhat), param_pages_(stage, false) {
-    uses_ = buckets_used(stage, bucket_of_layer_);
     state_.assign(buckets_.size(), State::released);
     zero_.shard_params();
     start_worker();
@@ -50,33 +49,6 @@ class Zero3Sync final : public ZeroSyncBase, public ParamAccess {
   ~Zero3Sync() override { stop_worker(); }
   const char* kind() const override { return "zero3"; }
 
-  // Per local layer, the buckets its passes need, ascending: its own, and
-  // for a tied LM head (itself or inside it) the bucket of the layer of the
-  // stage that registered the tied weight (none on the stage: the head's own
-  // parameters hold what it reads, in its own bucket).
-  static std::vector<std::vector<int>> buckets_used(Stage& stage, const std::vector<int>& bucket_of_layer) {
-    const ParamArena& a = stage.arena();
-    auto owner_bucket = [&](const std::string& param) {
-      for (int l = 0; l < stage.num_layers(); ++l)
-        for (std::size_t q : stage.layer(l).params())
-          if (a.info(q).name == param) return bucket_of_layer[static_cast<std::size_t>(l)];
-      return -1;
-    };
-    std::vector<std::vector<int>> uses(static_cast<std::size_t>(stage.num_layers()));
-    for (int l = 0; l < stage.num_layers(); ++l) {
-      std::vector<int>& u = uses[static_cast<std::size_t>(l)];
-      if (bucket_of_layer[static_cast<std::size_t>(l)] >= 0) u.push_back(bucket_of_layer[static_cast<std::size_t>(l)]);
-      std::function<void(Layer&)> ties = [&](Layer& x) {
-        if (auto* h = dynamic_cast<LmHead*>(&x))
-          if (const int b = owner_bucket(h->tie() + ".weight"); b >= 0) u.push_back(b);
-        x.for_each_child(ties);
-      };
-      ties(stage.layer(l));
-      std::sort(u.begin(), u.end());
-      u.erase(std::unique(u.begin(), u.end()), u.end());
-    }
-    return uses;
-  }
   ParamAccess* param_access() override { return this; }
 
   void begin_step() override {
@@ -122,6 +94,7 @@ class Zero3Sync final : public ZeroSyncBase, public ParamAccess {
   void use(int l, Pass pass) override {
     const std::vector<int>& want = uses_[static_cast<std::size_t>(l)];
     if (want.empty()) return;
+    if (pass != Pass::forward) hold_layer_grads(l);  // chunked memory: its gradient chunks mapped now
     zero_.ensure_sharded();  // evaluation after a checkpoint's materialize
     check_version();
     if (want == current_) return;
@@ -205,7 +178,7 @@ class Zero3Sync final : public ZeroSyncBase, public ParamAccess {
       if (job.op == Op::gather) zero_.gather_range(r.dt, r.lo, r.hi);
       else zero_.reduce_scatter_range(r.dt, r.lo, r.hi);
     }
-    if (job.op == Op::reduce) drop_grad_pages(k);
+    if (job.op == Op::reduce) drop_grad_pages(job.bucket);
     lk.lock();
     if (job.op == Op::gather) {
       state_[static_cast<std::size_t>(job.bucket)] = State::resident;
@@ -220,7 +193,6 @@ class Zero3Sync final : public ZeroSyncBase, public ParamAccess {
   }
 
   BucketPages param_pages_;             // requested and resident buckets hold theirs (main thread)
-  std::vector<std::vector<int>> uses_;  // per layer: the buckets it reads (buckets_used)
   std::vector<int> current_;            // the buckets the pass is in, or the last pass ended in (main thread)
   std::uint64_t version_ = 0;         // of the parameters gathered (ShardedOptimizer::params_version)
   std::deque<Job> queue_;

@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <thread>
 
 #include "ringtrain/comm/bounded_wait.hpp"
+#include "ringtrain/nn/language.hpp"
 #include "ringtrain/parallel/parts.hpp"
 #include "ringtrain/parallel/stage.hpp"
 
@@ -70,6 +72,30 @@ std::vector<ZeroBucket> zero_buckets(Stage& stage, std::int64_t bucket_bytes, st
   return buckets;
 }
 
+std::vector<std::vector<int>> zero_buckets_used(Stage& stage, const std::vector<int>& bucket_of_layer) {
+  const ParamArena& a = stage.arena();
+  auto owner_bucket = [&](const std::string& param) {
+    for (int l = 0; l < stage.num_layers(); ++l)
+      for (std::size_t q : stage.layer(l).params())
+        if (a.info(q).name == param) return bucket_of_layer[static_cast<std::size_t>(l)];
+    return -1;
+  };
+  std::vector<std::vector<int>> uses(static_cast<std::size_t>(stage.num_layers()));
+  for (int l = 0; l < stage.num_layers(); ++l) {
+    std::vector<int>& u = uses[static_cast<std::size_t>(l)];
+    if (bucket_of_layer[static_cast<std::size_t>(l)] >= 0) u.push_back(bucket_of_layer[static_cast<std::size_t>(l)]);
+    std::function<void(Layer&)> ties = [&](Layer& x) {
+      if (auto* h = dynamic_cast<LmHead*>(&x))
+        if (const int b = owner_bucket(h->tie() + ".weight"); b >= 0) u.push_back(b);
+      x.for_each_child(ties);
+    };
+    ties(stage.layer(l));
+    std::sort(u.begin(), u.end());
+    u.erase(std::unique(u.begin(), u.end()), u.end());
+  }
+  return uses;
+}
+
 BucketPages::BucketPages(Stage& stage, bool grads) {
   std::size_t bytes = 0;
   for (DType dt : stage.arena().dtypes()) {
@@ -90,7 +116,13 @@ PageLedger& BucketPages::of(DType dt) {
 }
 
 void BucketPages::hold(const ZeroBucket& k) {
-  if (!active_) return;
+  if (!active_) {
+    // Nothing is given back here, but ZeRO-3's release of the whole buffer
+    // (ShardedOptimizer::release_params) may have: on chunked memory a use
+    // needs it mapped again (on the host this is nothing).
+    for (const ZeroRange& r : k.ranges) of(r.dt).take_back_all();
+    return;
+  }
   for (const ZeroRange& r : k.ranges) of(r.dt).hold(r.lo, r.hi);
 }
 
@@ -122,7 +154,11 @@ ZeroSyncBase::ZeroSyncBase(const ProcessGrid& grid, Stage& stage, ShardedOptimiz
     : group_(grid.zero()), stage_(stage), zero_(zero), what_(what),
       accumulates_(cfg.micro_batches * cfg.accumulation > 1 || !cfg.zero_release), release_(cfg.zero_release) {
   buckets_ = zero_buckets(stage, cfg.bucket_bytes, bucket_of_layer_, what);
+  uses_ = zero_buckets_used(stage, bucket_of_layer_);
   if (release_) grad_pages_ = std::make_unique<BucketPages>(stage, true);
+  bool chunked = false;
+  for (DType dt : stage.arena().dtypes()) chunked = chunked || stage.arena().grads_flat(dt).chunked_memory();
+  lazy_grads_ = grad_pages_ && chunked && stage.fused_backward();
 }
 
 void ZeroSyncBase::start_worker() {
@@ -149,8 +185,30 @@ void ZeroSyncBase::stop_worker() {
 }
 
 void ZeroSyncBase::hold_grad_pages() {
-  if (grad_pages_)
+  if (!grad_pages_) return;
+  std::lock_guard<std::mutex> lk(pages_mu_);
+  grads_held_.assign(buckets_.size(), lazy_grads_ ? 0 : 1);
+  if (!lazy_grads_)
     for (const ZeroBucket& k : buckets_) grad_pages_->hold(k);
+}
+
+void ZeroSyncBase::hold_layer_grads(int l) {
+  if (!lazy_grads_) return;
+  std::lock_guard<std::mutex> lk(pages_mu_);
+  for (int b : uses_[static_cast<std::size_t>(l)])
+    if (!grads_held_[static_cast<std::size_t>(b)]) {
+      grad_pages_->hold(buckets_[static_cast<std::size_t>(b)]);
+      grads_held_[static_cast<std::size_t>(b)] = 1;
+    }
+}
+
+void ZeroSyncBase::drop_grad_pages(int b) {
+  if (!grad_pages_) return;
+  std::lock_guard<std::mutex> lk(pages_mu_);
+  // Only a bucket this step held: a drop of another would free chunks it shares with a held one.
+  if (!grads_held_[static_cast<std::size_t>(b)]) return;
+  grads_held_[static_cast<std::size_t>(b)] = 0;
+  grad_pages_->drop(buckets_[static_cast<std::size_t>(b)]);
 }
 
 std::size_t ZeroSyncBase::full_grad_bytes() const {

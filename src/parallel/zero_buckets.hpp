@@ -42,6 +42,12 @@ struct ZeroBucket {
 std::vector<ZeroBucket> zero_buckets(Stage& stage, std::int64_t bucket_bytes, std::vector<int>& bucket_of_layer,
                                      const char* what);
 
+// Per local layer, the buckets its passes read or write, ascending: its own,
+// and for a tied LM head (itself or inside it) the bucket of the layer of the
+// stage that registered the tied weight (none on the stage: the head's own
+// parameters hold what it reads, in its own bucket).
+std::vector<std::vector<int>> zero_buckets_used(Stage& stage, const std::vector<int>& bucket_of_layer);
+
 // The pages of one kind of the stage's full buffers (gradients, or ZeRO-3's
 // gathered parameters) that buckets in use hold; the rest go back to the system.
 class BucketPages {
@@ -100,10 +106,13 @@ class ZeroSyncBase : public GradSync {
   }
   // Waits for the group at bucket b (wait_group_ready), on the worker.
   void group_ready(std::size_t b) const { wait_group_ready(group_, b, what_, &hurry_); }
-  void hold_grad_pages();                       // begin_step: every bucket's gradients are to come
-  void drop_grad_pages(const ZeroBucket& k) {  // reduced
-    if (grad_pages_) grad_pages_->drop(k);
-  }
+  // begin_step: every bucket's gradients are to come. Host pages are held at
+  // once (they cost memory only once written); chunked memory (a device's) only
+  // as the backward reaches each bucket (hold_layer_grads), as it is mapped on
+  // hold, unless a split backward's zero_grads writes the whole buffer first.
+  void hold_grad_pages();
+  void hold_layer_grads(int l);  // before layer l's backward (the ParamAccess hook)
+  void drop_grad_pages(int b);   // bucket b reduced
   std::size_t full_grad_bytes() const;
   std::size_t two_largest() const;  // before a step: one bucket in use, one in flight
 
@@ -115,6 +124,8 @@ class ZeroSyncBase : public GradSync {
   const bool release_;      // parallel.zero_release
   std::vector<ZeroBucket> buckets_;
   std::vector<int> bucket_of_layer_;  // -1: a layer without parameters
+  std::vector<std::vector<int>> uses_;  // per layer: the buckets it reads and writes (zero_buckets_used)
+  bool lazy_grads_ = false;             // gradient chunks held per bucket as the backward reaches it
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;
@@ -122,6 +133,8 @@ class ZeroSyncBase : public GradSync {
 
  private:
   std::unique_ptr<BucketPages> grad_pages_;  // buckets not yet reduced hold theirs
+  std::vector<char> grads_held_;             // per bucket, this step (under pages_mu_)
+  std::mutex pages_mu_;                      // the main thread holds while the worker drops
   std::atomic<bool> hurry_{false};            // the main thread waits for the worker
   std::thread worker_;
 };

@@ -45,6 +45,8 @@ class CachingDeviceAllocator final : public Allocator {
   void deallocate(void* p, std::size_t bytes, Device dev) override;
   void copy(void* dst, Device dst_dev, const void* src, Device src_dev, std::size_t bytes) override;
   void zero(void* p, std::size_t bytes, Device dev) override;
+  // ZeRO-2/3's full buffers: not from the cache, a reserved range (chunked_memory.hpp).
+  std::shared_ptr<ChunkedMemory> allocate_chunked(std::size_t bytes, Device dev) override;
 
   MemoryStats stats() const;
   // Returns every cached (free) block to the driver; in-use blocks are kept.

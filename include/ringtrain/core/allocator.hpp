@@ -10,6 +10,8 @@
 
 namespace ringtrain {
 
+class ChunkedMemory;  // below
+
 class Allocator {
  public:
   virtual ~Allocator() = default;
@@ -18,7 +20,33 @@ class Allocator {
   // Copies between this kind's memory and host memory (either direction) or within it.
   virtual void copy(void* dst, Device dst_dev, const void* src, Device src_dev, std::size_t bytes) = 0;
   virtual void zero(void* p, std::size_t bytes, Device dev) = 0;
+  // ZeRO-2/3 on a device: memory whose whole chunks a PageLedger gives back
+  // and takes again (below). Null (the default): this kind has none.
+  virtual std::shared_ptr<ChunkedMemory> allocate_chunked(std::size_t bytes, Device dev);
 };
+
+// --- ZeRO-2/3 on device buffers (chunked memory) ---
+// A reserved address range whose physical chunks are backed only while held
+// (CUDA: virtual memory management, as PyTorch's expandable segments): the
+// device counterpart of host pages given back with madvise. Starts wholly
+// resident and zeroed. Chunk indices count from data(), which is chunk-aligned.
+class ChunkedMemory {
+ public:
+  virtual ~ChunkedMemory() = default;
+  virtual void* data() const = 0;
+  virtual std::size_t bytes() const = 0;  // a whole number of chunks
+  virtual std::size_t chunk() const = 0;
+  // Chunks [a, b): their memory goes back (contents lost); any use on the
+  // device must have finished (implementations wait for it).
+  virtual void give_back(std::size_t a, std::size_t b) = 0;
+  // Chunks [a, b) resident again before use: those that were given back read
+  // as zeros (as host pages after MADV_DONTNEED); resident ones keep their bytes.
+  virtual void take_back(std::size_t a, std::size_t b) = 0;
+  virtual std::size_t resident_bytes() const = 0;
+  virtual std::size_t peak_resident_bytes() const = 0;  // since creation or reset_peak()
+  virtual void reset_peak() = 0;
+};
+// --- end ZeRO-2/3 on device buffers ---
 
 void register_allocator(DeviceKind kind, std::unique_ptr<Allocator> a);
 bool has_allocator(DeviceKind kind);

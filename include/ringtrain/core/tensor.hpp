@@ -25,13 +25,16 @@ class Storage {
   Storage(std::size_t bytes, Device dev);                   // owning
   Storage(void* data, std::size_t bytes, Device dev);       // non-owning
   explicit Storage(const HostPages& pages);                 // owning host pages
+  Storage(std::shared_ptr<ChunkedMemory> mem, Device dev);  // owning chunked memory (ZeRO-2/3 on a device)
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
   void* data() const { return data_; }
   std::size_t bytes() const { return bytes_; }
   Device device() const { return dev_; }
-  std::size_t page_chunk() const { return pages_.chunk; }  // 0: not from allocate_host_pages
+  // 0: neither from allocate_host_pages nor chunked memory.
+  std::size_t page_chunk() const { return chunked_ ? chunked_->chunk() : pages_.chunk; }
+  ChunkedMemory* chunked() const { return chunked_.get(); }
 
  private:
   void* data_ = nullptr;
@@ -39,6 +42,7 @@ class Storage {
   Device dev_;
   bool owned_ = false;
   HostPages pages_;
+  std::shared_ptr<ChunkedMemory> chunked_;
 };
 
 class Tensor {
@@ -50,6 +54,9 @@ class Tensor {
   // n zeros of host memory in whole pages whose pages can be given back
   // (PageLedger): the arena's flat parameter and gradient buffers.
   static Tensor paged(std::int64_t n, DType dt);
+  // The same on `dev`: chunked memory where its allocator has it (ZeRO-2/3 on a
+  // device), else plain zeros (nothing can be given back).
+  static Tensor paged(std::int64_t n, DType dt, Device dev);
   // Non-owning view of external memory (must outlive every view of it).
   static Tensor wrap(void* data, const Shape& shape, DType dt, Device dev = Device::cpu());
 
@@ -64,6 +71,7 @@ class Tensor {
   // The storage's page chunk (Tensor::paged; 0 otherwise) and its bytes from raw() on.
   std::size_t page_chunk() const { return storage_ ? storage_->page_chunk() : 0; }
   std::size_t bytes_to_storage_end() const;
+  ChunkedMemory* chunked_memory() const { return storage_ ? storage_->chunked() : nullptr; }
 
   void* raw() const;
   // Typed host pointer: host code dereferences it, so a tensor on a device is

@@ -74,7 +74,9 @@ class ParamArena {
   // Registers a parameter; returns its index. Only before finalize().
   std::size_t add(std::string name, Shape shape, DType dt = DType::f32, bool decay = true, int layer = -1);
   // Allocates the flat parameter and gradient buffers (zeroed) on `dev`.
-  void finalize(Device dev = Device::cpu());
+  // Host buffers are always in pages a PageLedger can give back; on a device,
+  // `chunked` asks for chunked memory (ZeRO-2/3: Tensor::paged), else plain.
+  void finalize(Device dev = Device::cpu(), bool chunked = false);
   bool finalized() const { return finalized_; }
 
   std::size_t size() const { return infos_.size(); }

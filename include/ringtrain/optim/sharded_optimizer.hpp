@@ -33,7 +33,9 @@
 //   model, train.verify_every); the next sharded use (ensure_sharded) takes the
 //   slice from it again and releases it, so a broadcast or load of the full
 //   arena in between is seen.
-// - Host buffers only (our reduce_scatter/allgatherv are host-only).
+// - Host or device buffers: the collectives run where the full arena is. On a
+//   device, ZeRO-2/3's full buffers are chunked memory (core/allocator.hpp)
+//   whose chunks a PageLedger unmaps and maps again, as it gives host pages back.
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -55,7 +57,7 @@ class ShardedOptimizer {
 
   // `full`: the model's finalised arena (identical layout on every rank), on the
   // host or a device: the slice lives beside it and the step's collectives run
-  // on its buffers (ZeRO-1 only on a device: ZeRO-2/3 release host pages);
+  // on its buffers (ZeRO-2/3 on a device: its buffers in chunked memory, Stage);
   // `group`: the data-parallel group; `make` builds the optimizer (default
   // make_optimizer); `scale`: the gradient averaging's multiplication (default
   // grad_utils' unscale_grads, host arenas only).

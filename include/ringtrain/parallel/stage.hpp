@@ -100,7 +100,9 @@ class Stage {
   using GradReady = std::function<void(int local_layer)>;
 
   // Several chunks (ascending, disjoint), `slots` activation slots per chunk.
-  Stage(const ModelConfig& mc, Device dev, std::vector<LayerRange> chunks, int slots);
+  // chunked_buffers: the arena's flat buffers on a device in chunked memory
+  // (ZeRO-2/3 give their chunks back: ParamArena::finalize).
+  Stage(const ModelConfig& mc, Device dev, std::vector<LayerRange> chunks, int slots, bool chunked_buffers = false);
   // One chunk.
   Stage(const ModelConfig& mc, Device dev, int first, int end, int slots);
   // The whole model: every top-level layer, one activation slot.
@@ -150,6 +152,7 @@ class Stage {
   // gradients together, a layer's gradients ready at once), backward_weight
   // does nothing. Micro-batches must then be backwarded in order per chunk.
   void set_fused_backward(bool on) { fused_ = on; }
+  bool fused_backward() const { return fused_; }
   // Deferred BatchNorm running statistics (see the rules above); returns the
   // number of BatchNorm2d layers of the stage.
   int set_deferred_batch_stats(bool on);
