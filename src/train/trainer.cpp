@@ -276,6 +276,7 @@ void Trainer::Impl::predict_schedule(const EpochStats& st, EpochMetrics& m) {
   m.schedule_predicted_free_s = simulate(parts.executor->table(), parts.executor->gather_costs(mean)).makespan;
   m.pipeline_message_s = costs.message_s(0);
   m.schedule_bubble_predicted = sim.mean_bubble();
+  for (const StageCost& c : costs.stage) m.schedule_stage_fiw.push_back({c.f, c.i, c.w});
 }
 
 // One optimizer step on every layout: read train.accumulation batches, then

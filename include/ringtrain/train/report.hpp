@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <array>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,9 @@ struct EpochMetrics {
   // waits for a computing receiver still charged: simulator.hpp); the first
   // boundary's message time; 0 without a pipeline.
   double schedule_s = 0, schedule_predicted_s = 0, schedule_bubble_predicted = 0;
+  // Per global pipeline stage (chunk): the epoch's mean forward, input-gradient and
+  // weight-gradient seconds per micro-batch, the simulator's inputs (log.metrics only).
+  std::vector<std::array<double, 3>> schedule_stage_fiw;
   double schedule_predicted_free_s = 0, pipeline_message_s = 0;
   double data_wait_s = 0;         // time blocked on the loader
   double eval_s = 0;
