@@ -8,6 +8,7 @@
 // it within 4u relative per step (u = 2^-8 bf16, 2^-11 fp16: the bound the
 // vit storage tests hold; an estimate before a GPU run, the test prints the
 // worst difference) and is not bitwise equal to it (the storage really ran).
+// A small resnet (batch norm, residual adds, global average pooling) the same way.
 // Written and compiled without a GPU (cuDNN has no emulator); not yet run on one.
 #include <gtest/gtest.h>
 
@@ -26,8 +27,15 @@ namespace {
 
 constexpr int kSteps = 20;
 
-TrainConfig cnn_config(const std::string& data, const std::string& precision) {
+// cnn, or a small resnet (width 8, depth 8: every block kind, a projection shortcut, global average pooling).
+TrainConfig image_config(const std::string& data, const std::string& model, const std::string& precision) {
   TrainConfig c = test_fixtures::small_config(data);
+  c.model.name = model;
+  if (model == "resnet") {
+    c.model.width = 8;
+    c.model.depth = 8;
+    c.optimizer.lr = 0.01;
+  }
   c.train.device = "cuda";
   c.train.precision = precision;
   c.data.batch_size = 32;
@@ -41,11 +49,11 @@ class GpuHalfCnn : public test_fixtures::SyntheticDataTest {
  protected:
   GpuHalfCnn() : SyntheticDataTest("gpu-half-cnn", 2048, 64) {}
 
-  void follows(const std::string& precision, double u) {
+  void follows(const std::string& model, const std::string& precision, double u) {
     const std::string feature = precision + " activation storage of convolutions";
-    TrainConfig gated = cnn_config(data_, precision), trial = gated;
-    gated.checkpoint.dir = data_ + "/ck-" + precision + "-f32";
-    trial.checkpoint.dir = data_ + "/ck-" + precision + "-16";
+    TrainConfig gated = image_config(data_, model, precision), trial = gated;
+    gated.checkpoint.dir = data_ + "/ck-" + model + precision + "-f32";
+    trial.checkpoint.dir = data_ + "/ck-" + model + precision + "-16";
     ASSERT_EQ(gpu_storage16_feature(gated), feature);
     ASSERT_FALSE(gpu_storage16_allowed(gated)) << feature << " is on the list: the gated job is no longer float32";
     const std::vector<double> f32 = train_losses(gated, world_), h16 = trial_losses(trial, world_, {feature});
@@ -59,13 +67,15 @@ class GpuHalfCnn : public test_fixtures::SyntheticDataTest {
     }
     EXPECT_LE(worst, 4 * u) << feature << " strays from float32 storage";
     if (world_.rank() == 0)
-      std::printf("GPU cnn %s storage vs float32 storage: worst relative loss difference %.4g over %d steps "
+      std::printf("GPU %s %s storage vs float32 storage: worst relative loss difference %.4g over %d steps "
                   "(bound %.4g)\n",
-                  precision.c_str(), worst, kSteps, 4 * u);
+                  model.c_str(), precision.c_str(), worst, kSteps, 4 * u);
   }
 };
 
 }  // namespace
 
-TEST_F(GpuHalfCnn, Bf16StorageFollowsFloat32Storage) { follows("bf16", std::ldexp(1.0, -8)); }
-TEST_F(GpuHalfCnn, Fp16StorageFollowsFloat32Storage) { follows("fp16", std::ldexp(1.0, -11)); }
+TEST_F(GpuHalfCnn, Bf16StorageFollowsFloat32Storage) { follows("cnn", "bf16", std::ldexp(1.0, -8)); }
+TEST_F(GpuHalfCnn, Fp16StorageFollowsFloat32Storage) { follows("cnn", "fp16", std::ldexp(1.0, -11)); }
+TEST_F(GpuHalfCnn, ResnetBf16StorageFollowsFloat32Storage) { follows("resnet", "bf16", std::ldexp(1.0, -8)); }
+TEST_F(GpuHalfCnn, ResnetFp16StorageFollowsFloat32Storage) { follows("resnet", "fp16", std::ldexp(1.0, -11)); }
