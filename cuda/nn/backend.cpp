@@ -328,8 +328,10 @@ class CudaBackend final : public Backend {
   // bf16 x/y/dx/dy through its float32 kernel, with float32 parameters (a
   // Linear's weight a bf16 copy) and float32 parameter gradients; cuBLAS
   // multiplies bf16 with float32 accumulation, our kernels compute in float.
-  // The convolution, batch-norm and pooling kernels do not (no layer of
-  // theirs asks yet: Layer::takes_bf16).
+  // The convolution, batch-norm and pooling kernels too (bf16_images: conv.cpp,
+  // bn_pool.cpp; 16-bit data through cuDNN, float32 parameters, statistics
+  // and parameter gradients). The trainer's gate keeps them at float32 storage
+  // until the feature "16-bit storage of convolutions" is verified (docs/gpu.md).
   // float16 the same way (train.precision = fp16, the loss scaled before the
   // stage's cast): every template above is instantiated for float16 too.
   // ---- mixture of experts (nn/moe.cpp, kernels/moe.cu) ----
@@ -355,6 +357,7 @@ class CudaBackend final : public Backend {
   // ---- end mixture of experts ----
   bool bf16_activations() const override { return true; }
   bool fp16_activations() const override { return true; }
+  bool bf16_images() const override { return true; }
   std::string bf16_isa() const override { return "CUDA tensor cores (cuBLAS, float32 accumulation)"; }
   void cast(const Tensor& src, Tensor& dst) override {
     expect_cuda(src, src.dtype(), "cast", "src");

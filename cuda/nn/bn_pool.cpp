@@ -2,6 +2,10 @@
 // statistics are float32 (cuDNN's derived parameter type for f32/f16/bf16 data).
 // cuDNN updates the running variance with the unbiased batch variance, as
 // PyTorch does; its exponentialAverageFactor is PyTorch's momentum.
+// 16-bit activation storage (Backend::bf16_images): float32 kernels also take
+// bf16 or f16 data (x, y, dy, dx); batch-norm parameters, their gradients and
+// the statistics stay float32 (the derived descriptor's type), and cuDNN
+// normalises and pools in float32 arithmetic.
 #include <map>
 
 #include "nn/common.hpp"
@@ -24,15 +28,15 @@ class CudnnBatchNorm final : public BatchNormKernel {
     Tensor& saved_ = sv.saved;
     bool& train_ = sv.train;
     const char* what = "batchnorm forward";
-    expect_cuda(x, s_.dtype, what, "x");
-    expect_cuda(y, s_.dtype, what, "y");
+    const DType t = act_type(x, s_.dtype, what, "x");
+    expect_cuda(y, t, what, "y");
     DType pt = param_type();
     expect_cuda(gamma, pt, what, "gamma");
     expect_cuda(beta, pt, what, "beta");
     expect_cuda(running_mean, pt, what, "running_mean");
     expect_cuda(running_var, pt, what, "running_var");
     CudaContext& c = sh_->ctx(x);
-    set_shape(x);
+    set_shape(x, t);
     float one = 1.0f, zero = 0.0f;
     train_ = train;
     if (train) {
@@ -55,13 +59,14 @@ class CudnnBatchNorm final : public BatchNormKernel {
     const bool train_ = sv.train;
     const char* what = "batchnorm backward";
     RT_CHECK(train_, what, ": after an eval-mode forward is not implemented on CUDA (train-mode only)");
-    expect_cuda(dy, s_.dtype, what, "dy");
-    expect_cuda(dx, s_.dtype, what, "dx");
+    const DType t = act_type(x, s_.dtype, what, "x");
+    expect_cuda(dy, t, what, "dy");
+    expect_cuda(dx, t, what, "dx");
     DType pt = param_type();
     expect_cuda(dgamma, pt, what, "dgamma");
     expect_cuda(dbeta, pt, what, "dbeta");
     CudaContext& c = sh_->ctx(x);
-    set_shape(x);
+    set_shape(x, t);
     float one = 1.0f, zero = 0.0f;
     std::size_t cb = static_cast<std::size_t>(s_.channels) * dtype_size(pt);
     char* save = static_cast<char*>(kept_for_backward(saved_, 2 * cb, "cuda BatchNorm2d"));
@@ -73,20 +78,23 @@ class CudnnBatchNorm final : public BatchNormKernel {
 
  private:
   DType param_type() const { return s_.dtype == DType::f64 ? DType::f64 : DType::f32; }
-  void set_shape(const Tensor& x) {
+  // Descriptors for x's shape and data type t (the derived parameter descriptor stays float32).
+  void set_shape(const Tensor& x, DType t) {
     RT_CHECK(x.ndim() == 4 && x.dim(1) == s_.channels, "batchnorm: input ", shape_str(x.shape()), " is not [N, ",
              s_.channels, ", H, W]");
     auto k = shape4(x);
-    if (k == shape_) return;
-    xd_.set4(s_.dtype, k[0], k[1], k[2], k[3], "batchnorm");
+    if (k == shape_ && t == type_) return;
+    xd_.set4(t, k[0], k[1], k[2], k[3], "batchnorm");
     RT_CUDNN(cudnnDeriveBNTensorDescriptor(pd_.d, xd_.d, CUDNN_BATCHNORM_SPATIAL));
     shape_ = k;
+    type_ = t;
   }
 
   SharedPtr sh_;
   BatchNormSpec s_;
   TensorDesc xd_, pd_;
   std::array<std::int64_t, 4> shape_{};
+  DType type_ = DType::f32;
   // Forward to backward: the batch's mean and inverse std (training forward).
   struct Saved final : KernelState {
     Tensor saved;
@@ -112,37 +120,40 @@ class CudnnPool final : public Pool2dKernel {
   ~CudnnPool() override { cudnnDestroyPoolingDescriptor(pd_); }
 
   void forward(const Tensor& x, Tensor& y, bool, KernelState&) override {
-    expect_cuda(x, s_.dtype, "pool2d forward", "x");
-    expect_cuda(y, s_.dtype, "pool2d forward", "y");
+    const DType t = act_type(x, s_.dtype, "pool2d forward", "x");
+    expect_cuda(y, t, "pool2d forward", "y");
     CudaContext& c = sh_->ctx(x);
-    set_shape(x, y);
+    set_shape(x, y, t);
     float one = 1.0f, zero = 0.0f;
     RT_CUDNN(cudnnPoolingForward(c.cudnn(), pd_, &one, xd_.d, x.raw(), &zero, yd_.d, y.raw()));
   }
 
   void backward(const Tensor& x, const Tensor& y, const Tensor& dy, Tensor& dx, KernelState&) override {
-    expect_cuda(dy, s_.dtype, "pool2d backward", "dy");
-    expect_cuda(dx, s_.dtype, "pool2d backward", "dx");
+    const DType t = act_type(x, s_.dtype, "pool2d backward", "x");
+    expect_cuda(y, t, "pool2d backward", "y");
+    expect_cuda(dy, t, "pool2d backward", "dy");
+    expect_cuda(dx, t, "pool2d backward", "dx");
     CudaContext& c = sh_->ctx(x);
-    set_shape(x, y);
+    set_shape(x, y, t);
     float one = 1.0f, zero = 0.0f;
     RT_CUDNN(cudnnPoolingBackward(c.cudnn(), pd_, &one, yd_.d, y.raw(), yd_.d, dy.raw(), xd_.d, x.raw(), &zero,
                                   xd_.d, dx.raw()));
   }
 
  private:
-  void set_shape(const Tensor& x, const Tensor& y) {
+  void set_shape(const Tensor& x, const Tensor& y, DType t) {
     RT_CHECK(x.ndim() == 4 && y.ndim() == 4, "pool2d: x ", shape_str(x.shape()), " and y ", shape_str(y.shape()),
              " must be 4-D");
     auto k = shape4(x);
-    if (k == shape_) return;
-    xd_.set4(s_.dtype, k[0], k[1], k[2], k[3], "pool2d");
+    if (k == shape_ && t == type_) return;
+    xd_.set4(t, k[0], k[1], k[2], k[3], "pool2d");
     int n, ch, h, w;
     RT_CUDNN(cudnnGetPooling2dForwardOutputDim(pd_, xd_.d, &n, &ch, &h, &w));
     RT_CHECK(y.dim(0) == n && y.dim(1) == ch && y.dim(2) == h && y.dim(3) == w, "pool2d: output ",
              shape_str(y.shape()), " does not match [", n, ", ", ch, ", ", h, ", ", w, "]");
-    yd_.set4(s_.dtype, n, ch, h, w, "pool2d");
+    yd_.set4(t, n, ch, h, w, "pool2d");
     shape_ = k;
+    type_ = t;
   }
 
   SharedPtr sh_;
@@ -150,6 +161,7 @@ class CudnnPool final : public Pool2dKernel {
   cudnnPoolingDescriptor_t pd_ = nullptr;
   TensorDesc xd_, yd_;
   std::array<std::int64_t, 4> shape_{};
+  DType type_ = DType::f32;
 };
 
 }  // namespace

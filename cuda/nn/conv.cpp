@@ -1,6 +1,13 @@
 // Conv2d on cuDNN: descriptors and algorithms chosen once per input shape
 // (cudnnGet*_v7 heuristics, first algorithm whose workspace fits the limit),
 // bias (+ fused ReLU) and the bias gradient via our kernels.
+// 16-bit activation storage (Backend::bf16_images): a float32 kernel also
+// takes bf16 or f16 x, y, dy, dx with the layer's 16-bit weight copy and the
+// float32 bias: cuDNN's BFLOAT16/PSEUDO_HALF configurations (16-bit data,
+// float32 compute) on tensor cores. The weight gradient comes out of cuDNN in
+// the 16-bit type (its filter-gradient descriptor has the data's type) and is
+// then cast, or cast and added, into the float32 gradient, as PyTorch's
+// autocast does; the bias gradient is summed in float32 from the 16-bit dy.
 #include <map>
 
 #include "nn/common.hpp"
@@ -51,11 +58,12 @@ class CudnnConv final : public Conv2dKernel {
   }
 
   void forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y, KernelState&) override {
-    expect_cuda(x, s_.dtype, "conv2d forward", "x");
-    expect_cuda(w, s_.dtype, "conv2d forward", "w");
-    expect_cuda(y, s_.dtype, "conv2d forward", "y");
+    const char* what = "conv2d forward";
+    const DType t = act_type(x, s_.dtype, what, "x");
+    expect_weight(w, t, what);
+    expect_cuda(y, t, what, "y");
     CudaContext& c = sh_->ctx(x);
-    ConvPlan& p = plan(x, c);
+    ConvPlan& p = plan(x, t, c);
     float one = 1.0f, zero = 0.0f;
     double oned = 1.0, zerod = 0.0;
     const void* a1 = s_.dtype == DType::f64 ? static_cast<const void*>(&oned) : &one;
@@ -65,24 +73,25 @@ class CudnnConv final : public Conv2dKernel {
     // Bias (+ ReLU) in one pass of our kernel: cudnnAddTensor lacks bf16 and
     // would need a second pass for the ReLU.
     if (b.defined()) {
-      expect_cuda(b, s_.dtype, "conv2d forward", "b");
-      bias_add(y.raw(), b.raw(), y.dim(0), y.dim(1), y.dim(2) * y.dim(3), s_.fuse_relu, s_.dtype, s_.dtype,
-               c.compute());
+      expect_cuda(b, s_.dtype, what, "b");
+      bias_add(y.raw(), b.raw(), y.dim(0), y.dim(1), y.dim(2) * y.dim(3), s_.fuse_relu, t, s_.dtype, c.compute());
     } else if (s_.fuse_relu) {
-      relu_forward(y.raw(), y.raw(), y.numel(), s_.dtype, c.compute());
+      relu_forward(y.raw(), y.raw(), y.numel(), t, c.compute());
     }
   }
 
   void backward(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& dy, Tensor& dx, Tensor& dw,
                 Tensor& db, bool accumulate, KernelState&) override {
-    expect_cuda(dy, s_.dtype, "conv2d backward", "dy");
+    const char* what = "conv2d backward";
+    const DType t = act_type(x, s_.dtype, what, "x");
+    expect_cuda(dy, t, what, "dy");
     CudaContext& c = sh_->ctx(x);
-    ConvPlan& p = plan(x, c);
+    ConvPlan& p = plan(x, t, c);
     const void* g = dy.raw();
     if (s_.fuse_relu) {  // dy masked by the forward output, into cached scratch
-      expect_cuda(y, s_.dtype, "conv2d backward", "y");
+      expect_cuda(y, t, what, "y");
       void* m = masked_.get(dy.nbytes(), dy.device());
-      relu_backward(m, dy.raw(), y.raw(), dy.numel(), s_.dtype, c.compute());
+      relu_backward(m, dy.raw(), y.raw(), dy.numel(), t, c.compute());
       g = m;
     }
     float one = 1.0f, zero = 0.0f;
@@ -92,33 +101,55 @@ class CudnnConv final : public Conv2dKernel {
     const void* a0 = dbl ? static_cast<const void*>(&zerod) : &zero;
     const void* bacc = accumulate ? a1 : a0;
     if (dw.defined()) {
-      expect_cuda(dw, s_.dtype, "conv2d backward", "dw");
-      RT_CUDNN(cudnnConvolutionBackwardFilter(c.cudnn(), a1, p.x.d, x.raw(), p.y.d, g, p.conv, p.bwd_filter,
-                                              c.workspace(p.ws_filter), p.ws_filter, bacc, p.w, dw.raw()));
+      expect_cuda(dw, s_.dtype, what, "dw");
+      if (t == s_.dtype) {
+        RT_CUDNN(cudnnConvolutionBackwardFilter(c.cudnn(), a1, p.x.d, x.raw(), p.y.d, g, p.conv, p.bwd_filter,
+                                                c.workspace(p.ws_filter), p.ws_filter, bacc, p.w, dw.raw()));
+      } else {  // 16-bit data: the filter gradient in t, then into the float32 gradient
+        const auto n = static_cast<std::size_t>(dw.numel());
+        void* w16 = dw16_.get(n * dtype_size(t), dw.device());
+        RT_CUDNN(cudnnConvolutionBackwardFilter(c.cudnn(), a1, p.x.d, x.raw(), p.y.d, g, p.conv, p.bwd_filter,
+                                                c.workspace(p.ws_filter), p.ws_filter, a0, p.w, w16));
+        if (!accumulate) {
+          cast(dw.raw(), s_.dtype, w16, t, n, c.compute());
+        } else {
+          void* w32 = dw32_.get(n * dtype_size(s_.dtype), dw.device());
+          cast(w32, s_.dtype, w16, t, n, c.compute());
+          axpby(dw.raw(), dw.raw(), w32, 1.0f, 1.0f, n, s_.dtype, c.compute());
+        }
+      }
     }
-    if (db.defined()) {
-      expect_cuda(db, s_.dtype, "conv2d backward", "db");
-      bias_grad(db.raw(), g, dy.dim(0), dy.dim(1), dy.dim(2) * dy.dim(3), accumulate, s_.dtype, s_.dtype,
-                c.compute());
+    if (db.defined()) {  // summed in float from dy of type t
+      expect_cuda(db, s_.dtype, what, "db");
+      bias_grad(db.raw(), g, dy.dim(0), dy.dim(1), dy.dim(2) * dy.dim(3), accumulate, t, s_.dtype, c.compute());
     }
     if (dx.defined()) {
-      expect_cuda(dx, s_.dtype, "conv2d backward", "dx");
+      expect_weight(w, t, what);
+      expect_cuda(dx, t, what, "dx");
       RT_CUDNN(cudnnConvolutionBackwardData(c.cudnn(), a1, p.w, w.raw(), p.y.d, g, p.conv, p.bwd_data,
                                             c.workspace(p.ws_data), p.ws_data, a0, p.x.d, dx.raw()));
     }
   }
 
  private:
-  ConvPlan& plan(const Tensor& x, CudaContext& c) {
+  void expect_weight(const Tensor& w, DType t, const char* what) const {
+    RT_CHECK(!w.defined() || w.dtype() == t, what, ": the weight is ", dtype_name(w.dtype()), " but the input ",
+             dtype_name(t), " (16-bit activations take a weight copy of their type)");
+    expect_cuda(w, t, what, "w");
+  }
+
+  // One plan per input shape and data type t (s_.dtype, or 16-bit activations of a float32 kernel).
+  ConvPlan& plan(const Tensor& x, DType t, CudaContext& c) {
     RT_CHECK(x.ndim() == 4 && x.dim(1) == s_.in_channels, "conv2d: input ", shape_str(x.shape()),
              " is not [N, ", s_.in_channels, ", H, W]");
-    auto key = shape4(x);
+    const auto shape = shape4(x);
+    const std::array<std::int64_t, 5> key{shape[0], shape[1], shape[2], shape[3], static_cast<std::int64_t>(t)};
     auto it = plans_.find(key);
     if (it != plans_.end()) return *it->second;
     auto p = std::make_unique<ConvPlan>();
     const char* what = "conv2d";
-    cudnnDataType_t dt = cudnn_type(s_.dtype, what);
-    p->x.set4(s_.dtype, key[0], key[1], key[2], key[3], what);
+    cudnnDataType_t dt = cudnn_type(t, what);
+    p->x.set4(t, key[0], key[1], key[2], key[3], what);
     RT_CUDNN(cudnnCreateFilterDescriptor(&p->w));
     RT_CUDNN(cudnnSetFilter4dDescriptor(p->w, dt, CUDNN_TENSOR_NCHW, (int)s_.out_channels, (int)s_.in_channels,
                                         (int)s_.kernel_h, (int)s_.kernel_w));
@@ -131,13 +162,13 @@ class CudnnConv final : public Conv2dKernel {
     // cores (cuDNN has no f32->bf16 conversion; TF32 is at least as accurate);
     // fp16 -> tensor cores with f32->f16 conversion allowed.
     cudnnMathType_t math = CUDNN_FMA_MATH;
-    if (s_.dtype == DType::f16 || s_.dtype == DType::bf16) math = CUDNN_TENSOR_OP_MATH;
+    if (t == DType::f16 || t == DType::bf16) math = CUDNN_TENSOR_OP_MATH;
     else if (s_.dtype == DType::f32 && s_.math == MathMode::fp16) math = CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
     else if (s_.dtype == DType::f32 && s_.math != MathMode::fp32) math = CUDNN_DEFAULT_MATH;
     RT_CUDNN(cudnnSetConvolutionMathType(p->conv, math));
     int n, co, oh, ow;
     RT_CUDNN(cudnnGetConvolution2dForwardOutputDim(p->conv, p->x.d, p->w, &n, &co, &oh, &ow));
-    p->y.set4(s_.dtype, n, co, oh, ow, what);
+    p->y.set4(t, n, co, oh, ow, what);
     std::size_t lim = sh_->opt.conv_workspace_limit;
     cudnnHandle_t h = c.cudnn();
     // Heuristics or timed trials (cudnnFind*, BackendOptions::cudnn_find): both
@@ -175,8 +206,8 @@ class CudnnConv final : public Conv2dKernel {
 
   SharedPtr sh_;
   Conv2dSpec s_;
-  std::map<std::array<std::int64_t, 4>, std::unique_ptr<ConvPlan>> plans_;
-  Scratch masked_;
+  std::map<std::array<std::int64_t, 5>, std::unique_ptr<ConvPlan>> plans_;
+  Scratch masked_, dw16_, dw32_;  // dw16_/dw32_: the 16-bit weight gradient and its float32 cast
 };
 
 }  // namespace

@@ -111,11 +111,33 @@ void check_gpu_gate(const TrainConfig& cfg, const std::vector<std::string>& tria
   RT_CHECK(why.empty(), "train.device = cuda: ", why);
 }
 
+// ---- 16-bit storage of convolutions (cuda/nn/conv.cpp, bn_pool.cpp) ----
+// Whether a [[model.layers]] list (residual bodies and shortcuts included) has
+// a layer whose kernel is a convolution, batch norm or pooling.
+static bool has_image_layers(const std::vector<LayerDesc>& layers) {
+  for (const LayerDesc& d : layers)
+    if (d.type == "conv" || d.type == "batchnorm" || d.type == "maxpool" || d.type == "avgpool" ||
+        has_image_layers(d.layers) || has_image_layers(d.shortcut))
+      return true;
+  return false;
+}
+
+bool gpu_model_has_image_layers(const TrainConfig& cfg) {
+  const std::string& m = cfg.model.name;
+  if (m == "mlp" || m == "vit" || m == "gpt") return false;
+  if (m == "layers") return has_image_layers(cfg.model.layers);
+  return true;  // cnn, resnet, and a registered model (its layers are not known from the configuration)
+}
+
 std::string gpu_storage16_feature(const TrainConfig& cfg) {
-  if (cfg.train.precision == "bf16") return "bf16 activation storage";
-  if (cfg.train.precision == "fp16") return "fp16 activation storage";
+  // The convolution, batch-norm and pooling kernels took 16-bit data on CUDA
+  // after the rest did: a model with them needs that feature of its own.
+  const char* conv = gpu_model_has_image_layers(cfg) ? " of convolutions" : "";
+  if (cfg.train.precision == "bf16") return cat("bf16 activation storage", conv);
+  if (cfg.train.precision == "fp16") return cat("fp16 activation storage", conv);
   return "";
 }
+// ---- end 16-bit storage of convolutions ----
 
 bool gpu_storage16_allowed(const TrainConfig& cfg, const std::vector<std::string>& trial) {
   const std::string f = gpu_storage16_feature(cfg);

@@ -7,6 +7,7 @@
 // gradients, be found by unscale_grads and skip the step.
 // Written and compiled without a GPU; not yet run on one (docs/gpu.md).
 #include "half_kernels.hpp"
+#include "half_images.hpp"  // Conv2d, BatchNorm2d, pooling (16-bit storage of convolutions)
 #include "ringtrain/optim/loss_scale.hpp"
 
 namespace half_test {

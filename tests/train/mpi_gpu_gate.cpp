@@ -137,7 +137,7 @@ TEST(GpuGate, VerifiedJobsPassAndSixteenBitStorageIsVerified) {
   EXPECT_EQ(gpu_gate_refusal(cuda_job({"parallel.pipeline=2", "model.name=vit", "train.precision=bf16"})), "");
   // 16-bit activation storage ran on the H200: a vit in bf16 or fp16 keeps it on CUDA.
   EXPECT_TRUE(gpu_storage16_allowed(cuda_job({"model.name=vit", "train.precision=bf16"})));
-  EXPECT_EQ(gpu_storage16_feature(cuda_job({"train.precision=fp16"})), "fp16 activation storage");
+  EXPECT_EQ(gpu_storage16_feature(cuda_job({"model.name=vit", "train.precision=fp16"})), "fp16 activation storage");
   EXPECT_TRUE(gpu_storage16_allowed(cuda_job({"model.name=vit", "train.precision=fp16"})));
   EXPECT_TRUE(gpu_storage16_allowed(cuda_job({"train.precision=tf32"})));
   // A GPU test's trial lets exactly the named features through.
@@ -145,6 +145,43 @@ TEST(GpuGate, VerifiedJobsPassAndSixteenBitStorageIsVerified) {
   EXPECT_EQ(gpu_gate_refusal(tp, {"tensor parallelism", "ZeRO-1"}), "");
   EXPECT_NE(gpu_gate_refusal(tp, {"tensor parallelism"}).find("ZeRO-1"), std::string::npos);
 }
+
+// ---- 16-bit storage of convolutions ----
+// The convolution, batch-norm and pooling kernels' 16-bit storage on CUDA is a
+// feature of its own, off the list: a cnn or resnet job in bf16/fp16 keeps the
+// verified float32 storage (the trainer's ModelConfig::storage16 = false), and
+// a GPU test's trial of exactly that feature lets it through.
+TEST(GpuGate, SixteenBitStorageOfConvolutionsIsItsOwnFeature) {
+  for (const char* m : {"model.name=cnn", "model.name=resnet"}) {
+    const TrainConfig b = cuda_job({m, "train.precision=bf16"}), f = cuda_job({m, "train.precision=fp16"});
+    EXPECT_TRUE(gpu_model_has_image_layers(b)) << m;
+    EXPECT_EQ(gpu_storage16_feature(b), "bf16 activation storage of convolutions") << m;
+    EXPECT_EQ(gpu_storage16_feature(f), "fp16 activation storage of convolutions") << m;
+    EXPECT_FALSE(gpu_is_verified(gpu_storage16_feature(b))) << "not yet run on a GPU";
+    EXPECT_FALSE(gpu_storage16_allowed(b)) << m;
+    EXPECT_FALSE(gpu_storage16_allowed(f)) << m;
+    EXPECT_EQ(gpu_gate_refusal(b), "") << m << ": the job itself still runs (float32 storage)";
+    EXPECT_TRUE(gpu_storage16_allowed(b, {"bf16 activation storage of convolutions"})) << m;
+    EXPECT_FALSE(gpu_storage16_allowed(b, {"bf16 activation storage"})) << "the verified vit feature is not enough";
+    EXPECT_TRUE(gpu_storage16_allowed(f, {"fp16 activation storage of convolutions"})) << m;
+  }
+  for (const char* m : {"model.name=mlp", "model.name=vit", "model.name=gpt"})
+    EXPECT_FALSE(gpu_model_has_image_layers(cuda_job({m}))) << m;
+  EXPECT_EQ(gpu_storage16_feature(cuda_job({"model.name=mlp", "train.precision=bf16"})), "bf16 activation storage");
+  EXPECT_EQ(gpu_storage16_feature(cuda_job({"model.name=cnn", "train.precision=tf32"})), "");
+  // A [[model.layers]] list: by its entries, nested residual bodies included.
+  TrainConfig l = cuda_job({"model.name=layers", "train.precision=bf16"});
+  l.model.layers = {LayerDesc{"linear", {{"out", std::int64_t{10}}}, {}, {}}};
+  EXPECT_FALSE(gpu_model_has_image_layers(l));
+  l.model.layers.push_back(LayerDesc{"residual", {}, {LayerDesc{"batchnorm", {}, {}, {}}}, {}});
+  EXPECT_TRUE(gpu_model_has_image_layers(l));
+  // --print-plan names the fallback as the trainer applies it.
+  TrainConfig c = cuda_job({"model.name=cnn", "train.precision=bf16"});
+  const auto j = nlohmann::json::parse(plan_run(c, 2).json());
+  EXPECT_EQ(j.at("gpu_gate").at("on_cuda"), "allowed");
+  EXPECT_EQ(j.at("gpu_gate").at("storage_fallback"), "bf16 activation storage of convolutions");
+}
+// ---- end 16-bit storage of convolutions ----
 
 // ModelConfig::storage16 = false (what the trainer sets on CUDA) keeps float32
 // activations where the backend would store bf16: checked on the CPU backend,

@@ -4,7 +4,8 @@
 // job on CUDA that needs anything not on the list is refused by name, on every
 // rank, before any rank waits (the check reads only the configuration); with
 // train.device = auto such a job trains on the CPU instead. The one exception
-// is 16-bit activation storage: a bf16/fp16 vit or mlp job on CUDA keeps the
+// is 16-bit activation storage: a bf16/fp16 job on CUDA whose storage is not
+// on the list (a cnn or resnet: "... storage of convolutions") keeps the
 // verified float32 storage with 16-bit arithmetic (ModelConfig::storage16).
 //
 // A feature joins the list after its tests pass on a GPU (tests/gpu,
@@ -43,8 +44,13 @@ std::string gpu_gate_refusal(const TrainConfig& cfg, const std::vector<std::stri
 void check_gpu_gate(const TrainConfig& cfg, const std::vector<std::string>& trial = {});
 
 // 16-bit activation storage: the feature a bf16/fp16 job would use on CUDA
-// ("" for fp32/tf32), and whether the gate allows it there.
+// ("" for fp32/tf32), and whether the gate allows it there. A model with a
+// convolution, batch-norm or pooling layer (gpu_model_has_image_layers) needs
+// "bf16/fp16 activation storage of convolutions"; others "... storage".
 std::string gpu_storage16_feature(const TrainConfig& cfg);
+// cnn, resnet, a [[model.layers]] list with a conv, batchnorm, maxpool or
+// avgpool entry, or a registered model (not known: assumed to have one).
+bool gpu_model_has_image_layers(const TrainConfig& cfg);
 bool gpu_storage16_allowed(const TrainConfig& cfg, const std::vector<std::string>& trial = {});
 
 }  // namespace ringtrain
