@@ -35,6 +35,11 @@ Outcome run(Recompute mode) {
   Outcome r;
   Stage m(c, Device::cpu());
   m.set_recompute(mode);
+  // The trainer's path without a deferred W (1 stage, afab, 1f1b). Under a
+  // zero-bubble schedule a recomputed block keeps its replayed activations
+  // until its W (the blocks defer their weight gradients), so `block` then
+  // saves memory only between the micro-batches' I and their replays.
+  m.set_fused_backward(true);
   for (int s = 0; s < 3; ++s) {
     if (s == 2) reset_host_memory_peak();  // buffers of `none` exist by now: a steady step
     m.zero_grads();
