@@ -72,6 +72,10 @@ std::vector<GpuNeed> gpu_needs(const TrainConfig& cfg) {
   for (int i = 0; i < kMeshDims; ++i)
     if (dim_at(i) != Dim::data && dims[dim_at(i)] > 1)
       n.push_back({kDims[i].feature, cat(kDims[i].key, " = ", dims[dim_at(i)])});
+  // Pipeline parallelism ran on a GPU under 1F1B (its trial's default schedule); every other
+  // schedule (a deferred W, chunks per rank, a user's table) is a feature of its own.
+  if (cfg.parallel.pipeline > 1 && cfg.parallel.schedule != "1f1b")
+    n.push_back({"pipeline schedule " + cfg.parallel.schedule, "parallel.schedule = " + cfg.parallel.schedule});
   if (cfg.parallel.tensor > 1) {
     if (cfg.parallel.sequence && cfg.model.name != "mlp" && cfg.model.name != "cnn" && cfg.model.name != "resnet")
       n.push_back({"sequence parallelism", cat("parallel.sequence = true with parallel.tensor = ", cfg.parallel.tensor)});

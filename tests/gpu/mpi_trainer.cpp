@@ -186,6 +186,16 @@ TEST(GpuTrainer, PipelineTrialFollowsTheCpuRun) {
   for (std::size_t i = 0; i < got.size(); ++i)
     EXPECT_NEAR(got[i], ref[i], 1e-3 * (1 + std::abs(ref[i]))) << "pipeline 2, step " << i + 1;
   EXPECT_NEAR(acc, ref_acc, 0.02) << "pipeline 2";
+  // The other schedules (ZB-H1's deferred W, interleaved's and ZB-V's two chunks
+  // per rank) as trials of their gate features, against the same CPU run.
+  for (const char* s : {"zb-h1", "interleaved", "zb-v"}) {
+    TrainConfig z = g;
+    z.parallel.schedule = s;
+    const std::vector<double> zs = losses_of(z, world, nullptr, {std::string("pipeline schedule ") + s});
+    ASSERT_EQ(zs.size(), ref.size()) << s;
+    for (std::size_t i = 0; i < zs.size(); ++i)
+      EXPECT_NEAR(zs[i], ref[i], 1e-3 * (1 + std::abs(ref[i]))) << s << ", step " << i + 1;
+  }
   world.barrier();
   if (world.rank() == 0) std::filesystem::remove_all(data);
 }

@@ -140,6 +140,11 @@ TEST(GpuGate, VerifiedJobsPassAndSixteenBitStorageIsVerified) {
   EXPECT_EQ(gpu_storage16_feature(cuda_job({"model.name=vit", "train.precision=fp16"})), "fp16 activation storage");
   EXPECT_TRUE(gpu_storage16_allowed(cuda_job({"model.name=vit", "train.precision=fp16"})));
   EXPECT_TRUE(gpu_storage16_allowed(cuda_job({"train.precision=tf32"})));
+  // Pipeline parallelism ran under 1F1B; every other schedule is a feature of its own.
+  const TrainConfig zbv = cuda_job({"parallel.pipeline=2", "parallel.schedule=zb-v"});
+  EXPECT_NE(gpu_gate_refusal(zbv).find("pipeline schedule zb-v (parallel.schedule = zb-v)"), std::string::npos)
+      << gpu_gate_refusal(zbv);
+  EXPECT_EQ(gpu_gate_refusal(zbv, {"pipeline schedule zb-v"}), "");
   // A GPU test's trial lets exactly the named features through.
   const TrainConfig tp = cuda_job({"parallel.tensor=2", "model.name=mlp", "parallel.zero=1"});
   EXPECT_EQ(gpu_gate_refusal(tp, {"tensor parallelism", "ZeRO-1"}), "");
