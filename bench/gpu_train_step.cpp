@@ -150,6 +150,7 @@ json torch_step(const std::string& ref, const ModelConfig& mc, int batch, const 
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // each row reaches the log even when a time limit kills the run
   CLI::App app{"ringtrain vs PyTorch: GPU training-step time"};
   std::string models = "cnn,resnet,vit", precisions = "fp32,tf32,bf16,fp16", out, ref;
   int images_batch = 256, gpt_batch = 8, iters = 30, warmup = 5;

@@ -149,8 +149,9 @@ void ModelState::broadcast() {
     const ParamArena& a = stage_.arena();
     for (std::size_t i = 0; i < a.size(); ++i) {
       const Communicator& g = grid_.reduce_group(a.info(i).reduce_over);
-      Tensor p = a.param(i);
-      if (g.size() > 1) ringtrain::broadcast(p.raw(), static_cast<std::size_t>(p.numel()), p.dtype(), 0, g);
+      if (g.size() == 1) continue;
+      std::vector<Tensor> one{a.param(i)};  // broadcast_tensors stages device tensors; a raw pointer would not
+      broadcast_tensors(one, 0, g);
     }
     return;
   }

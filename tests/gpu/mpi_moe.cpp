@@ -95,7 +95,9 @@ TEST(GpuMoe, OpsMatchTheCpuBackend) {
     const std::int64_t R = n * k;
     std::vector<std::int64_t> idx(std::size_t(R) + 3), row(static_cast<std::size_t>(R)), tokens;
     for (std::size_t i = 0; i < idx.size(); ++i) idx[i] = i % 9 == 4 ? -1 : std::int64_t((i * 7 + 2) % std::size_t(n));
-    for (std::int64_t q = 0; q < R; ++q) row[std::size_t(q)] = q % 6 == 5 ? -1 : (q * 5) % R;
+    // Each (token, slot) owns its row, as the dispatch makes it (7 is prime to R = 300): the combine's
+    // backward writes d rows, which a shared row would make depend on the order of the writes.
+    for (std::int64_t q = 0; q < R; ++q) row[std::size_t(q)] = q % 6 == 5 ? -1 : (q * 7) % R;
     for (std::int64_t t = 1; t < n; t += 3) tokens.push_back(t);
     const Tensor x = randu({n, D}, 9), ti = host_tensor(idx, {std::int64_t(idx.size())});
     Tensor rc = Tensor::empty({std::int64_t(idx.size()), D}), rg = Tensor::empty(rc.shape(), DType::f32, gpu());
@@ -228,8 +230,12 @@ TEST(GpuMoe, GptExpertsTrialFollowsTheCpuRun) {
   c.data.seq_len = 40;
   c.train.max_steps = kSteps;
   Communicator self = world.split(world.rank(), 0, "self");
+  // The aux loss is computed per micro-batch, so the 1-rank run takes the micro-batches the ranks will
+  // take, one after the other (as tests/train/mpi_gpt_experts.cpp does on the CPU).
   TrainConfig ref_cfg = c;
   ref_cfg.train.device = "cpu";
+  ref_cfg.data.batch_size = 4 / w;
+  ref_cfg.train.accumulation = w;
   const std::vector<double> ref = test_fixtures::train_losses(ref_cfg, self);
   ASSERT_EQ(ref.size(), std::size_t(kSteps));
   ASSERT_LT(test_fixtures::mean5(ref, kSteps - 5), test_fixtures::mean5(ref, 0)) << "the CPU run does not learn";

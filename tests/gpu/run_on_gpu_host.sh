@@ -41,7 +41,7 @@
 #       (default build) at -j 2, bundles them and writes .gpu-carry/bundle.tar.xz
 #       (git-ignored, under the device tool's 64 MiB), then prints the call.
 #   tests/gpu/run_on_gpu_host.sh gpu-check [--budget 480] [--out DIR] [--tests-only] [--np 2] [--models cnn,resnet,vit]
-#                                         [--test-timeout 60] [--only REGEX]
+#                                         [--test-timeout 60] [--only REGEX] [--precisions fp32,tf32,bf16,fp16]
 #       (on the GPU host) unpacks .gpu-carry/bundle.tar.xz and runs every GPU
 #       test (mpi_* at 1..np ranks), then bench_gpu_attention and bench_gpu_train_step (unless --tests-only), within
 #       --budget seconds of wall time in all, each test within --test-timeout
@@ -350,7 +350,7 @@ cmd_carry() {
 }
 
 cmd_gpu_check() {
-  local budget=480 out="${OUT:-}" bench=1 np_max=2 models="cnn resnet vit" test_timeout=60 only=""
+  local budget=480 out="${OUT:-}" bench=1 np_max=2 models="cnn resnet vit" test_timeout=60 only="" precisions=""
   while [[ $# -gt 0 ]]; do
     case "$1" in
       --budget) budget="$2"; shift 2 ;;
@@ -360,6 +360,7 @@ cmd_gpu_check() {
       --out) out="$2"; shift 2 ;;
       --test-timeout) test_timeout="$2"; shift 2 ;;
       --only) only="$2"; shift 2 ;;
+      --precisions) precisions="$2"; shift 2 ;;
       *) echo "gpu-check: unknown option $1" >&2; exit 2 ;;
     esac
   done
@@ -420,7 +421,7 @@ cmd_gpu_check() {
     share=2; [[ "$m" == vit ]] && share=1
     RT_GPU_TIMEOUT=$(( (budget - (SECONDS - t0)) / share )) one "bench_gpu_train_step $m" \
       "$R/bench_gpu_train_step.$m.log" "$t" --models "$m" --reference "$B/reference" --iters 20 \
-      --out "$R/bench_gpu_train_step.$m.json"
+      --out "$R/bench_gpu_train_step.$m.json" ${precisions:+--precisions "$precisions"}
   done
   echo "gpu-check: $((SECONDS - t0)) s of ${budget}; raw outputs in $R (copy them to docs/data/gpu/)" | tee -a "$S"
   # One archive of the logs: the device tool brings back only a few files.
