@@ -31,10 +31,9 @@ class CudaRuntime final : public DeviceRuntime {
   }
 
   std::shared_ptr<FusionOps> fusion_ops(Device dev) override {
-    std::lock_guard lk(mu_);
-    auto& ops = ops_[dev.index];
-    if (!ops) ops = make_fusion_ops(backend_context(dev.index));
-    return ops;
+    // One per engine: an expert-parallel stage runs two engines (dense and expert gradients) on their own
+    // threads, and the ops' copy table and its pinned mirror are per-call state (shared, they raced).
+    return make_fusion_ops(backend_context(dev.index));
   }
 
   void scale(Tensor& t, double s) override {
@@ -118,7 +117,6 @@ class CudaRuntime final : public DeviceRuntime {
   }
 
   std::mutex mu_;
-  std::map<int, std::shared_ptr<FusionOps>> ops_;
   std::map<int, Scratch> scratch_;
 };
 
