@@ -47,11 +47,15 @@ class EngineSync final : public GradSync {
   // group(reduce_over): data x context for dense weights): each duplicates its group.
   EngineSync(const ProcessGrid& grid, Stage& stage, const GridConfig& cfg, DeviceRuntime& rt) : stage_(stage) {
     EngineOptions eo = cfg.engine;
-    eo.device_ops = rt.fusion_ops(stage.device());
     if (cfg.deterministic) eo.fusion_threshold = 0;  // each bucket is its own all-reduce: composition never varies
     const ParamArena& a = stage.arena();
     for (DimSet s : a.reduce_sets())
-      if (grid.mesh().size(s) > 1) engines_.push_back({s, std::make_unique<Engine>(grid.reduce_group(s), eo)});
+      if (grid.mesh().size(s) > 1) {
+        // Device byte movers of its own: each engine runs on its own thread, and the ops keep a copy
+        // table (an expert-parallel stage's two engines sharing one raced on an H200).
+        eo.device_ops = rt.fusion_ops(stage.device());
+        engines_.push_back({s, std::make_unique<Engine>(grid.reduce_group(s), eo)});
+      }
     engine_of_.resize(a.size());
     for (std::size_t p = 0; p < a.size(); ++p) engine_of_[p] = find(a.info(p).reduce_over);
     if (cfg.deterministic) make_buckets(cfg.bucket_bytes);

@@ -25,7 +25,7 @@ void TrainConfig::check_context() const {
            "parallel.context = ", P, " (each context rank attends over the whole sequence for heads / context of "
            "them); use parallel.context_mode = ring or a head count divisible by ", parallel.tensor * P);
   // train.device = cuda: the ring and the all-to-all run on device tensors (Backend::ring_block_*, copy_rows),
-  // behind the GPU validation gate ("context parallelism", train/gpu_gate.cpp) until a GPU has run them.
+  // on the GPU validation gate's list ("context parallelism", train/gpu_gate.cpp) since an H200 ran them.
 }
 
 }  // namespace ringtrain

@@ -8,7 +8,7 @@ namespace {
 // The first GPU session (docs/gpu.md, docs/data/gpu/): one H100, tests and jobs at 1-4 ranks.
 constexpr const char* kH100Date = "2026-11-24";
 constexpr const char* kH100 = "NVIDIA H100 80GB HBM3";
-// The second (docs/data/gpu/9-*, 10-*): one H200, every GPU test at 1-4 ranks.
+// The second (docs/data/gpu/9-*, 10-*) and later ones (18-*, 19-*): one H200, every GPU test at 1-4 ranks.
 constexpr const char* kH200Date = "2026-11-28";
 constexpr const char* kH200 = "NVIDIA H200";
 
@@ -45,6 +45,23 @@ const std::vector<GpuVerified>& gpu_verified() {
       {"fp16 activation storage", kH200Date, kH200, "test_gpu_mpi_fp16_vit np1-np4, bench_gpu_train_step (vit)"},
       {"model gpt", kH200Date, kH200,
        "test_gpu_mpi_gpt np1-np2 (fp32, tf32, bf16 against the 1-rank CPU run), test_gpu_attention, test_gpu_language"},
+      // The seventh session's check (docs/data/gpu/18-*, 19-*): each ran as a trial and passed at 1-4 ranks.
+      {"tensor parallelism", kH200Date, kH200, "test_gpu_mpi_model_parallel np1-np4 (vit against the CPU run)"},
+      {"sequence parallelism", kH200Date, kH200, "test_gpu_mpi_model_parallel, test_gpu_mpi_vocab_parallel np1-np4"},
+      {"vocabulary parallelism", kH200Date, kH200, "test_gpu_mpi_vocab_parallel np1-np4 (gpt against the 1-rank CPU run)"},
+      {"ZeRO-1", kH200Date, kH200, "test_gpu_mpi_model_parallel np2-np4 (vs data parallelism; resumed bitwise)"},
+      {"ZeRO-2", kH200Date, kH200, "test_gpu_mpi_zero np2-np4 (vs data parallelism, chunked device memory)"},
+      {"ZeRO-3", kH200Date, kH200, "test_gpu_mpi_zero np2-np4 (vs data parallelism, chunked device memory)"},
+      {"activation recomputation (block)", kH200Date, kH200, "test_gpu_mpi_model_parallel np1-np4 (bitwise)"},
+      {"context parallelism", kH200Date, kH200,
+       "test_gpu_mpi_context_ring, test_gpu_mpi_context_attention np2-np4 (gpt, ring and all-to-all, fp32 and bf16)"},
+      {"mixture of experts", kH200Date, kH200, "test_gpu_mpi_moe np1-np4 (ops, layer, gpt against the 1-rank CPU run)"},
+      {"expert parallelism", kH200Date, kH200, "test_gpu_mpi_moe np2, np4 (gpt at expert 2, and x data 2)"},
+      {"pipeline schedule zb-h1", kH200Date, kH200, "GpuTrainer.PipelineTrialFollowsTheCpuRun np2, np4"},
+      {"pipeline schedule interleaved", kH200Date, kH200, "GpuTrainer.PipelineTrialFollowsTheCpuRun np2, np4"},
+      {"pipeline schedule zb-v", kH200Date, kH200, "GpuTrainer.PipelineTrialFollowsTheCpuRun np2, np4"},
+      {"bf16 activation storage of convolutions", kH200Date, kH200, "test_gpu_mpi_half_cnn np1-np4 (cnn, resnet)"},
+      {"fp16 activation storage of convolutions", kH200Date, kH200, "test_gpu_mpi_half_cnn np1-np4 (cnn, resnet)"},
   };
   return list;
 }
@@ -79,12 +96,11 @@ std::vector<GpuNeed> gpu_needs(const TrainConfig& cfg) {
   if (cfg.parallel.tensor > 1) {
     if (cfg.parallel.sequence && cfg.model.name != "mlp" && cfg.model.name != "cnn" && cfg.model.name != "resnet")
       n.push_back({"sequence parallelism", cat("parallel.sequence = true with parallel.tensor = ", cfg.parallel.tensor)});
-    if (cfg.model.name == "gpt")  // the split vocabulary's embedding and loss: written for CUDA, not yet run on a GPU
+    if (cfg.model.name == "gpt")  // the split vocabulary's embedding and loss
       n.push_back({"vocabulary parallelism", cat("model.name = gpt with parallel.tensor = ", cfg.parallel.tensor)});
   }
-  // Mixture of experts: written for the device (nn/moe_device.cpp, kernels/moe.cu), not yet run on a GPU
-  // (test_gpu_mpi_moe's trial); off the list, so train.device = auto keeps it on the CPU. Its expert
-  // parallelism is the mesh dimension above ("expert parallelism").
+  // Mixture of experts (nn/moe_device.cpp, kernels/moe.cu); its expert parallelism is the mesh dimension
+  // above ("expert parallelism").
   if (cfg.model.experts > 0)
     n.push_back({"mixture of experts", cat("model.experts = ", cfg.model.experts)});
   if (cfg.parallel.zero > 0) n.push_back({cat("ZeRO-", cfg.parallel.zero), cat("parallel.zero = ", cfg.parallel.zero)});

@@ -169,7 +169,9 @@ void Trainer::Impl::build_model() {
     sum_over_ranks(peak, world);
     matmul_peak = peak[0];
   }
-  if (!device.is_cpu() && !gpu_storage16_allowed(cfg, hooks.gpu_trial)) {
+  if (!device.is_cpu() && hooks.gpu_float32_storage) {
+    mc.storage16 = false;
+  } else if (!device.is_cpu() && !gpu_storage16_allowed(cfg, hooks.gpu_trial)) {
     // A default never refuses a common job: 16-bit arithmetic on float32 activations has run on a GPU.
     mc.storage16 = false;
     if (world.rank() == 0)

@@ -18,12 +18,14 @@
 //    sum the GEMMs in other orders (the dense layers' GPU tests measure ~1e-6).
 //  - gpt with model.experts = 4, top_k = 2 as a trial past the gate ("mixture
 //    of experts"; at 2 ranks also parallel.expert = 2, "expert parallelism")
-//    against the 1-rank CPU fp32 run, as mpi_gpt.cpp does. Bound 1e-5
-//    relative, an estimate before a GPU run (the dense gpt measured 1.3e-7 on
-//    an H200; the experts add GEMMs in another order and, at expert 2, the
-//    expert gradients' average over the expert-data group). The test prints
-//    the worst difference; when it passes on a GPU, the features can join the
-//    gate's list (src/train/gpu_gate.cpp, docs/gpu.md).
+//    against the 1-rank CPU fp32 run, as mpi_gpt.cpp does. Bound 1e-6
+//    relative: ~10x the worst an H200 measured at 1-4 ranks, expert 1 and 2
+//    (1.1e-7, docs/data/gpu/19-*). The first runs there failed on the test's
+//    own reference at 2 ranks (the aux loss is per micro-batch: the 1-rank run
+//    now takes the ranks' micro-batches) and on two real bugs: a raw MPI
+//    broadcast of device parameters (expert 2 at start) and two engines
+//    sharing one set of device byte movers (expert 2 x data 2 drifted 1.6e-3).
+//    The features are on the gate's list since.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -249,12 +251,11 @@ TEST(GpuMoe, GptExpertsTrialFollowsTheCpuRun) {
     g.train.verify_every = ep > 1 ? 0 : 5;  // expert weights differ between the ranks of an expert group
     std::vector<std::string> trial = {"mixture of experts"};
     if (ep > 1) trial.push_back("expert parallelism");
-    // Without the trial the gate names the experts among what it refuses.
-    EXPECT_NE(gpu_gate_refusal(g, {}).find("mixture of experts"), std::string::npos);
-    if (ep > 1) EXPECT_NE(gpu_gate_refusal(g, {"mixture of experts"}).find("expert parallelism"), std::string::npos);
+    // It passed this trial on an H200 (docs/data/gpu/19-*) and is on the gate's list: the job passes without it.
+    EXPECT_EQ(gpu_gate_refusal(g, {}), "");
     const std::vector<double> got = trial_losses(g, world, trial);
     ASSERT_EQ(got.size(), ref.size()) << "expert " << ep;
-    const double bound = 1e-5;  // relative (the header says why)
+    const double bound = 1e-6;  // relative (the header says why)
     double worst = 0;
     for (int s = 0; s < kSteps; ++s) {
       EXPECT_NEAR(got[s], ref[s], bound * std::abs(ref[s])) << "expert " << ep << " at " << w << " ranks, step " << s + 1;

@@ -117,15 +117,15 @@ TEST(GpuTrainer, RepeatedRunsAreBitwiseIdentical) {
 
 // Layouts the GPU validation gate does not list (train/gpu_gate.hpp) are
 // refused on CUDA by name, on every rank, before the trainer opens the data or
-// any rank waits (tensor parallelism's layers still loop on the host).
+// any rank waits (LARS and the shared-memory all-reduce have not run on a GPU).
 TEST(GpuTrainer, LayoutsOffTheGateAreRefusedByName) {
   Communicator world = Communicator::world();
   struct Case {
     const char* set;
     const char* names;
   };
-  for (const Case k : {Case{"parallel.tensor=2", "tensor parallelism (parallel.tensor = 2)"},
-                       Case{"parallel.zero=1", "ZeRO-1 (parallel.zero = 1)"}}) {
+  for (const Case k : {Case{"optimizer.name=lars", "optimizer lars (optimizer.name = lars)"},
+                       Case{"comm.algorithm=shm", "device all-reduce shm (comm.algorithm = shm)"}}) {
     TrainConfig c;
     c.train.device = "cuda";
     c.data.train = c.data.test = "/nonexistent/gpu-gate";

@@ -203,9 +203,8 @@ TEST(GpuVocabParallel, GptTensorTwoTrialFollowsTheCpuRun) {
   g.data.batch_size = 4 / (w / 2);
   g.train.verify_every = 5;  // the data-parallel replicas hold bitwise-identical parameters
   const std::vector<std::string> trial = {"vocabulary parallelism", "tensor parallelism", "sequence parallelism"};
-  // Without the trial the gate names the vocabulary split among what it refuses.
-  EXPECT_NE(gpu_gate_refusal(g, {"tensor parallelism", "sequence parallelism"}).find("vocabulary parallelism"),
-            std::string::npos);
+  // It passed this trial on an H200 (docs/data/gpu/18-*) and is on the gate's list: the job passes without it.
+  EXPECT_EQ(gpu_gate_refusal(g, {}), "");
   for (const char* precision : {"fp32", "bf16"}) {
     g.train.precision = precision;
     const std::vector<double> got = trial_losses(g, world, trial);

@@ -4,7 +4,8 @@
 // waits (a rank that waited would hang this test, not fail it quietly); the
 // verified jobs pass; ModelConfig::storage16 = false keeps float32
 // activations (the fallback for a precision whose 16-bit storage is not on the
-// list; none today); --print-plan carries the list and its verdict.
+// list: none since the H200 ran the convolutions'); --print-plan carries the
+// list and its verdict.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -72,7 +73,12 @@ TEST(GpuGate, EveryEntryNamesItsDateCardAndEvidence) {
                         "bf16 arithmetic (float32 storage)", "pipeline parallelism", "bf16 activation storage",
                         "fp16 activation storage", "model gpt"})
     EXPECT_TRUE(gpu_is_verified(f)) << f;
-  for (const char* f : {"tensor parallelism", "ZeRO-1", "model layers"}) EXPECT_FALSE(gpu_is_verified(f)) << f;
+  for (const char* f : {"tensor parallelism", "ZeRO-1", "ZeRO-3", "context parallelism", "mixture of experts",
+                        "expert parallelism", "pipeline schedule zb-v", "bf16 activation storage of convolutions"})
+    EXPECT_TRUE(gpu_is_verified(f)) << f;
+  for (const char* f : {"model layers", "optimizer lars", "activation recomputation (attention)",
+                        "pipeline schedule afab"})
+    EXPECT_FALSE(gpu_is_verified(f)) << f;
 }
 
 // docs/gpu.md shows the same list, row for row.
@@ -104,18 +110,12 @@ TEST(GpuGate, RefusesUnverifiedFeaturesByNameOnEveryRank) {
     std::string names;
   };
   const Case cases[] = {
-      {cuda_job({"parallel.tensor=2", "model.name=mlp"}), "tensor parallelism (parallel.tensor = 2)"},
-      {cuda_job({"parallel.tensor=2", "model.name=vit"}),
-       "sequence parallelism (parallel.sequence = true with parallel.tensor = 2)"},
-      {cuda_job({"parallel.zero=3"}), "ZeRO-3 (parallel.zero = 3)"},
-      {cuda_job({"train.recompute=block", "model.name=vit"}), "activation recomputation (block) (train.recompute = block)"},
+      {cuda_job({"train.recompute=attention", "model.name=vit"}),
+       "activation recomputation (attention) (train.recompute = attention)"},
       {cuda_job({"optimizer.name=lars"}), "optimizer lars (optimizer.name = lars)"},
-      {cuda_job({"model.name=gpt", "model.experts=4"}), "mixture of experts (model.experts = 4)"},
       {cuda_job({"comm.algorithm=shm"}), "device all-reduce shm (comm.algorithm = shm)"},
-      {cuda_job({"model.name=gpt", "parallel.tensor=2", "parallel.sequence=false"}),
-       "vocabulary parallelism (model.name = gpt with parallel.tensor = 2)"},
-      // context parallelism: written for CUDA (ring and all-to-all on device tensors), not yet run on a GPU
-      {cuda_job({"model.name=gpt", "parallel.context=2"}), "context parallelism (parallel.context = 2)"},
+      {cuda_job({"comm.algorithm=hierarchical"}), "device all-reduce hierarchical (comm.algorithm = hierarchical)"},
+      {cuda_job({"parallel.pipeline=2", "parallel.schedule=afab"}), "pipeline schedule afab (parallel.schedule = afab)"},
   };
   for (const Case& k : cases) {
     const std::string msg = trainer_error(k.cfg, world);
@@ -124,9 +124,9 @@ TEST(GpuGate, RefusesUnverifiedFeaturesByNameOnEveryRank) {
     EXPECT_NE(msg.find("train.device = cuda"), std::string::npos) << msg;
   }
   // Two unverified features are both named in one refusal.
-  const std::string both = trainer_error(cuda_job({"parallel.tensor=2", "model.name=mlp", "parallel.zero=1"}), world);
-  EXPECT_NE(both.find("tensor parallelism"), std::string::npos) << both;
-  EXPECT_NE(both.find("ZeRO-1"), std::string::npos) << both;
+  const std::string both = trainer_error(cuda_job({"optimizer.name=lars", "comm.algorithm=shm"}), world);
+  EXPECT_NE(both.find("optimizer lars"), std::string::npos) << both;
+  EXPECT_NE(both.find("device all-reduce shm"), std::string::npos) << both;
 }
 
 TEST(GpuGate, VerifiedJobsPassAndSixteenBitStorageIsVerified) {
@@ -140,35 +140,40 @@ TEST(GpuGate, VerifiedJobsPassAndSixteenBitStorageIsVerified) {
   EXPECT_EQ(gpu_storage16_feature(cuda_job({"model.name=vit", "train.precision=fp16"})), "fp16 activation storage");
   EXPECT_TRUE(gpu_storage16_allowed(cuda_job({"model.name=vit", "train.precision=fp16"})));
   EXPECT_TRUE(gpu_storage16_allowed(cuda_job({"train.precision=tf32"})));
-  // Pipeline parallelism ran under 1F1B; every other schedule is a feature of its own.
-  const TrainConfig zbv = cuda_job({"parallel.pipeline=2", "parallel.schedule=zb-v"});
-  EXPECT_NE(gpu_gate_refusal(zbv).find("pipeline schedule zb-v (parallel.schedule = zb-v)"), std::string::npos)
-      << gpu_gate_refusal(zbv);
-  EXPECT_EQ(gpu_gate_refusal(zbv, {"pipeline schedule zb-v"}), "");
+  // Every schedule is a feature of its own: 1F1B, ZB-H1, interleaved and ZB-V ran on the H200, AFAB did not.
+  for (const char* s : {"zb-h1", "interleaved", "zb-v"})
+    EXPECT_EQ(gpu_gate_refusal(cuda_job({"parallel.pipeline=2", "model.name=vit", cat("parallel.schedule=", s).c_str()})), "")
+        << s;
+  const TrainConfig afab = cuda_job({"parallel.pipeline=2", "parallel.schedule=afab"});
+  EXPECT_NE(gpu_gate_refusal(afab).find("pipeline schedule afab (parallel.schedule = afab)"), std::string::npos)
+      << gpu_gate_refusal(afab);
+  EXPECT_EQ(gpu_gate_refusal(afab, {"pipeline schedule afab"}), "");
+  // Every parallelism of the mesh at once, with experts, ZeRO and recomputation, is on the list.
+  EXPECT_EQ(gpu_gate_refusal(cuda_job({"model.name=gpt", "model.experts=4", "parallel.tensor=2", "parallel.context=2",
+                                       "parallel.expert=2", "parallel.zero=1", "train.recompute=block"})),
+            "");
   // A GPU test's trial lets exactly the named features through.
-  const TrainConfig tp = cuda_job({"parallel.tensor=2", "model.name=mlp", "parallel.zero=1"});
-  EXPECT_EQ(gpu_gate_refusal(tp, {"tensor parallelism", "ZeRO-1"}), "");
-  EXPECT_NE(gpu_gate_refusal(tp, {"tensor parallelism"}).find("ZeRO-1"), std::string::npos);
+  const TrainConfig two = cuda_job({"optimizer.name=lars", "comm.algorithm=shm"});
+  EXPECT_EQ(gpu_gate_refusal(two, {"optimizer lars", "device all-reduce shm"}), "");
+  EXPECT_NE(gpu_gate_refusal(two, {"optimizer lars"}).find("device all-reduce shm"), std::string::npos);
 }
 
 // ---- 16-bit storage of convolutions ----
 // The convolution, batch-norm and pooling kernels' 16-bit storage on CUDA is a
-// feature of its own, off the list: a cnn or resnet job in bf16/fp16 keeps the
-// verified float32 storage (the trainer's ModelConfig::storage16 = false), and
-// a GPU test's trial of exactly that feature lets it through.
+// feature of its own (the vit's storage does not stand for it); it ran on the
+// H200 and is on the list, so a cnn or resnet job in bf16/fp16 stores 16-bit
+// activations on CUDA.
 TEST(GpuGate, SixteenBitStorageOfConvolutionsIsItsOwnFeature) {
   for (const char* m : {"model.name=cnn", "model.name=resnet"}) {
     const TrainConfig b = cuda_job({m, "train.precision=bf16"}), f = cuda_job({m, "train.precision=fp16"});
     EXPECT_TRUE(gpu_model_has_image_layers(b)) << m;
     EXPECT_EQ(gpu_storage16_feature(b), "bf16 activation storage of convolutions") << m;
     EXPECT_EQ(gpu_storage16_feature(f), "fp16 activation storage of convolutions") << m;
-    EXPECT_FALSE(gpu_is_verified(gpu_storage16_feature(b))) << "not yet run on a GPU";
-    EXPECT_FALSE(gpu_storage16_allowed(b)) << m;
-    EXPECT_FALSE(gpu_storage16_allowed(f)) << m;
-    EXPECT_EQ(gpu_gate_refusal(b), "") << m << ": the job itself still runs (float32 storage)";
-    EXPECT_TRUE(gpu_storage16_allowed(b, {"bf16 activation storage of convolutions"})) << m;
-    EXPECT_FALSE(gpu_storage16_allowed(b, {"bf16 activation storage"})) << "the verified vit feature is not enough";
-    EXPECT_TRUE(gpu_storage16_allowed(f, {"fp16 activation storage of convolutions"})) << m;
+    EXPECT_TRUE(gpu_is_verified(gpu_storage16_feature(b))) << "ran on the H200";
+    EXPECT_TRUE(gpu_is_verified(gpu_storage16_feature(f))) << "ran on the H200";
+    EXPECT_TRUE(gpu_storage16_allowed(b)) << m;
+    EXPECT_TRUE(gpu_storage16_allowed(f)) << m;
+    EXPECT_EQ(gpu_gate_refusal(b), "") << m;
   }
   for (const char* m : {"model.name=mlp", "model.name=vit", "model.name=gpt"})
     EXPECT_FALSE(gpu_model_has_image_layers(cuda_job({m}))) << m;
@@ -180,11 +185,11 @@ TEST(GpuGate, SixteenBitStorageOfConvolutionsIsItsOwnFeature) {
   EXPECT_FALSE(gpu_model_has_image_layers(l));
   l.model.layers.push_back(LayerDesc{"residual", {}, {LayerDesc{"batchnorm", {}, {}, {}}}, {}});
   EXPECT_TRUE(gpu_model_has_image_layers(l));
-  // --print-plan names the fallback as the trainer applies it.
+  // --print-plan names no fallback: the trainer keeps 16-bit storage.
   TrainConfig c = cuda_job({"model.name=cnn", "train.precision=bf16"});
   const auto j = nlohmann::json::parse(plan_run(c, 2).json());
   EXPECT_EQ(j.at("gpu_gate").at("on_cuda"), "allowed");
-  EXPECT_EQ(j.at("gpu_gate").at("storage_fallback"), "bf16 activation storage of convolutions");
+  EXPECT_EQ(j.at("gpu_gate").at("storage_fallback"), "");
 }
 // ---- end 16-bit storage of convolutions ----
 
@@ -201,7 +206,7 @@ TEST(GpuGate, StorageFallbackKeepsFloat32Activations) {
 }
 
 TEST(GpuGate, PlanPrintsTheListAndItsVerdict) {
-  TrainConfig c = cuda_job({"parallel.tensor=2", "model.name=mlp", "train.precision=bf16"});
+  TrainConfig c = cuda_job({"parallel.tensor=2", "model.name=mlp", "train.precision=bf16", "optimizer.name=lars"});
   c.train.device = "auto";
   const auto j = nlohmann::json::parse(plan_run(c, 4).json());
   const auto& gate = j.at("gpu_gate");
@@ -210,17 +215,18 @@ TEST(GpuGate, PlanPrintsTheListAndItsVerdict) {
   EXPECT_EQ(gate.at("verified")[0].at("date"), "2026-11-24");
   EXPECT_EQ(gate.at("on_cuda"), "refused");
   ASSERT_EQ(gate.at("refused").size(), 1u);
-  EXPECT_EQ(gate.at("refused")[0].at("feature"), "tensor parallelism");
-  EXPECT_EQ(gate.at("refused")[0].at("setting"), "parallel.tensor = 2");
+  EXPECT_EQ(gate.at("refused")[0].at("feature"), "optimizer lars");
+  EXPECT_EQ(gate.at("refused")[0].at("setting"), "optimizer.name = lars");
   EXPECT_EQ(gate.at("storage_fallback"), "") << "bf16 activation storage is on the list";
   // With train.device = cuda the plan is refused as the trainer refuses it.
   c.train.device = "cuda";
   try {
     plan_run(c, 4);
-    ADD_FAILURE() << "plan_run accepted tensor 2 on cuda";
+    ADD_FAILURE() << "plan_run accepted optimizer lars on cuda";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("tensor parallelism (parallel.tensor = 2)"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("optimizer lars (optimizer.name = lars)"), std::string::npos) << e.what();
   }
+  c.optimizer.name = "adamw";
   c.parallel.tensor = 1;
   c.parallel.pipeline = 2;
   const auto ok = nlohmann::json::parse(plan_run(c, 4).json());
@@ -229,12 +235,15 @@ TEST(GpuGate, PlanPrintsTheListAndItsVerdict) {
 }
 
 // A data-parallel gpt in fp32, tf32 and bf16 (what tests/gpu/mpi_gpt.cpp ran
-// on the H200) passes the gate; at tensor 2 only tensor parallelism is named.
+// on the H200) passes the gate, and so does tensor 2 (tensor, sequence and
+// vocabulary parallelism, tests/gpu/mpi_vocab_parallel.cpp); recomputing the
+// attention alone is named.
 TEST(GpuGate, GptAtDataParallelismPasses) {
   for (const char* p : {"train.precision=fp32", "train.precision=tf32", "train.precision=bf16"}) {
     EXPECT_EQ(gpu_gate_refusal(cuda_job({"model.name=gpt", "optimizer.name=adamw", p})), "") << p;
-    const std::string tp = gpu_gate_refusal(cuda_job({"model.name=gpt", "parallel.tensor=2", p}));
-    EXPECT_NE(tp.find("tensor parallelism"), std::string::npos) << tp;
-    EXPECT_EQ(tp.find("model gpt"), std::string::npos) << tp;
+    EXPECT_EQ(gpu_gate_refusal(cuda_job({"model.name=gpt", "parallel.tensor=2", p})), "") << p;
+    const std::string ra = gpu_gate_refusal(cuda_job({"model.name=gpt", "train.recompute=attention", p}));
+    EXPECT_NE(ra.find("activation recomputation (attention)"), std::string::npos) << ra;
+    EXPECT_EQ(ra.find("model gpt"), std::string::npos) << ra;
   }
 }

@@ -216,21 +216,22 @@ TEST_F(PlanCli, ACutWithMoreChunksThanLayersIsRefusedByName) {
 }
 
 // The GPU validation gate (train/gpu_gate.hpp) in the printed plan: the job's
-// ZeRO-1 is refused on CUDA by name (its pipeline 2 is on the list since the
-// H200 run); with --device cuda the plan itself is.
+// LARS optimizer is refused on CUDA by name (its pipeline 2 and ZeRO-1 are on
+// the list since the H200 runs); with --device cuda the plan itself is.
 TEST_F(PlanCli, PrintsTheGpuGateAndRefusesWhatItDoesNotList) {
-  JobResult r = run_job(train() + "--set parallel.zero=1 --print-plan --ranks 10");
+  JobResult r = run_job(train() + "--set optimizer.name=lars --set parallel.zero=1 --print-plan --ranks 10");
   ASSERT_EQ(r.status, 0) << r.out;
   const auto gate = nlohmann::json::parse(r.out).at("gpu_gate");
   EXPECT_GE(gate.at("verified").size(), 1u) << r.out;
   EXPECT_EQ(gate.at("verified")[0].at("card"), "NVIDIA H100 80GB HBM3") << r.out;
   EXPECT_EQ(gate.at("on_cuda"), "refused") << r.out;
   ASSERT_EQ(gate.at("refused").size(), 1u) << r.out;
-  EXPECT_EQ(gate.at("refused")[0].at("feature"), "ZeRO-1") << r.out;
-  r = run_job(train() + "--device cuda --set parallel.zero=1 --print-plan --ranks 10");
+  EXPECT_EQ(gate.at("refused")[0].at("feature"), "optimizer lars") << r.out;
+  r = run_job(train() + "--device cuda --set optimizer.name=lars --print-plan --ranks 10");
   EXPECT_EQ(r.status, exit_code::bad_input) << r.out;
-  EXPECT_NE(r.out.find("GPU validation gate refuses ZeRO-1 (parallel.zero = 1)"), std::string::npos) << r.out;
-  r = run_job(train() + "--device cuda --print-plan --ranks 10");
+  EXPECT_NE(r.out.find("GPU validation gate refuses optimizer lars (optimizer.name = lars)"), std::string::npos)
+      << r.out;
+  r = run_job(train() + "--device cuda --set parallel.zero=1 --print-plan --ranks 10");
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_EQ(nlohmann::json::parse(r.out).at("gpu_gate").at("on_cuda"), "allowed") << r.out;
 }

@@ -32,7 +32,8 @@ class DeviceRuntime {
   // The optimizer named by cfg.name over a finalised arena on this kind's device;
   // an Error names the optimizer when the device has no implementation of it.
   virtual std::unique_ptr<Optimizer> make_optimizer(ParamArena& arena, const OptimizerConfig& cfg) = 0;
-  // Byte movers for EngineOptions::device_ops (null: CPU tensors need none).
+  // Byte movers for EngineOptions::device_ops, a new set per call: one per engine, whose thread owns it
+  // (null: CPU tensors need none).
   virtual std::shared_ptr<FusionOps> fusion_ops(Device dev) = 0;
   // t *= s (floating t).
   virtual void scale(Tensor& t, double s) = 0;

@@ -74,6 +74,9 @@ struct TrainerHooks {
   // GPU tests only: features off the GPU validation gate's list (train/gpu_gate.hpp)
   // that this trainer runs on CUDA anyway, so that a GPU session can verify them.
   std::vector<std::string> gpu_trial;
+  // GPU tests only: keep float32 activations on CUDA with 16-bit arithmetic (the gate's fallback for 16-bit
+  // storage it does not list), as the reference a 16-bit storage test compares with.
+  bool gpu_float32_storage = false;
 };
 
 // Bytes one rank holds (Trainer::memory).
