@@ -321,8 +321,8 @@ StepOutput ScheduleExecutor::run(Stage& stage, const Loss& loss_fn, const StepIn
           } else {
             dy = on(grad_in_[k][i], dev_);
           }
-          const Stage::GradReady r = last ? ready : Stage::GradReady{};
-          dinput[k][i] = whole ? stage.backward(k, slot, dy, g > 0, r) : stage.backward_input(k, slot, dy, g > 0, r);
+          dinput[k][i] = stage.backward_input(k, slot, dy, g > 0, last ? ready : Stage::GradReady{});
+          if (whole) stage.backward_weight(k, slot, last ? ready : Stage::GradReady{});
         }, &ct[k].i);
         if (whole) {
           ++w_done[k];

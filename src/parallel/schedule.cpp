@@ -113,27 +113,6 @@ std::vector<Order> zero_bubble(const PipelineLayout& L, int m) {
   return order;
 }
 
-// The model's first stage sends no input gradient, so nothing waits on its I
-// alone: where its W follows its I directly, one B runs both, each layer's
-// halves together (bitwise the same; on the CPU the two passes apart cost
-// ~12% more than one: docs/data/pipeline_split_backward_fiw.txt).
-void fuse_first_stage(std::vector<Order>& ranks) {
-  for (Order& o : ranks) {
-    Order out;
-    for (std::size_t k = 0; k < o.size(); ++k) {
-      const Action& a = o[k];
-      if (a.op == Op::backward_input && a.stage == 0 && k + 1 < o.size() &&
-          o[k + 1] == Action{Op::backward_weight, 0, a.mb}) {
-        out.push_back(Action{Op::backward, 0, a.mb});
-        ++k;
-      } else {
-        out.push_back(a);
-      }
-    }
-    o = std::move(out);
-  }
-}
-
 }  // namespace
 
 ScheduleKind parse_schedule(const std::string& s) {
@@ -196,7 +175,6 @@ Schedule make_schedule(ScheduleKind kind, int p, int m, int virtual_stages) {
   s.ranks.resize(static_cast<std::size_t>(p));
   if (kind == ScheduleKind::zb_h1 || kind == ScheduleKind::zb_v) {
     s.ranks = zero_bubble(s.layout, m);
-    fuse_first_stage(s.ranks);
     return s;
   }
   for (int r = 0; r < p; ++r) {

@@ -195,16 +195,6 @@ void Stage::commit_batch_stats() {
 }
 
 Tensor Stage::backward_input(int chunk, int slot, const Tensor& dy, bool need_dx, const GradReady& ready) {
-  return backward_pass(chunk, slot, dy, need_dx, ready, fused_);
-}
-
-Tensor Stage::backward(int chunk, int slot, const Tensor& dy, bool need_dx, const GradReady& ready) {
-  return backward_pass(chunk, slot, dy, need_dx, ready, true);
-}
-
-// whole: each layer's whole backward now, its gradients ready at once. Split
-// stages zeroed their gradients at the step's start, so they accumulate.
-Tensor Stage::backward_pass(int chunk, int slot, const Tensor& dy, bool need_dx, const GradReady& ready, bool whole) {
   Slot& sl = slot_of(chunk, slot);
   Chunk& ch = chunks_[static_cast<std::size_t>(chunk)];
   const int a = ch.local0, stop = need_dx ? a : ch.first_param_layer;
@@ -216,8 +206,9 @@ Tensor Stage::backward_pass(int chunk, int slot, const Tensor& dy, bool need_dx,
     Ctx& c = *sl.ctx[static_cast<std::size_t>(i - a)];
     use(i, ParamAccess::Pass::backward);
     const bool dx = need_dx || i > stop;
-    g = whole ? l.backward(g, c, dx, accumulate) : l.backward_input(g, c, dx, true);
-    if (ready && !l.params().empty() && (whole || !l.splits_backward())) ready(i);
+    // Fused: the whole backward now, the layer's gradients ready at once.
+    g = fused_ ? l.backward(g, c, dx, accumulate) : l.backward_input(g, c, dx, true);
+    if (ready && !l.params().empty() && (fused_ || !l.splits_backward())) ready(i);
   }
   end_pass();
   if (!need_dx || !g.defined()) return Tensor();  // token ids have no gradient

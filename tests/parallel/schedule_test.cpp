@@ -462,12 +462,12 @@ TEST(Schedule, SimulatorChargesNoMessageAtTheVsTurn) {
     return out;
   };
   ASSERT_EQ(row(lower(v), 0),
-            "LoadMicroBatch(0,0) 0F0 SendAct(0,0) RecvAct(3,0) 3F0 3I0 SendGrad(3,0) 3W0 RecvGrad(0,0) 0B0");
+            "LoadMicroBatch(0,0) 0F0 SendAct(0,0) RecvAct(3,0) 3F0 3I0 SendGrad(3,0) 3W0 RecvGrad(0,0) 0I0 0W0");
   ASSERT_EQ(row(lower(v), 1), "RecvAct(1,0) 1F0 2F0 SendAct(2,0) RecvGrad(2,0) 2I0 1I0 SendGrad(1,0) 2W0 1W0");
   SimCosts c;
   c.stage.assign(4, StageCost{0.5, 0.5, 0.5});
   c.link = {1.5, 0};
-  //   rank 0: 0F0 [0, .5]; 3F0 [1.5 + 2d, 2 + 2d], 3I0 to 2.5 + 2d, 3W0 to 3 + 2d; 0B0 (I + W) [3.5 + 4d, 4.5 + 4d]
+  //   rank 0: 0F0 [0, .5]; 3F0 [1.5 + 2d, 2 + 2d], 3I0 to 2.5 + 2d, 3W0 to 3 + 2d; 0I0 [3.5 + 4d, 4 + 4d], 0W0 to 4.5 + 4d
   //   rank 1: 1F0 2F0 [.5 + d, 1.5 + d]; 2I0 1I0 [2.5 + 3d, 3.5 + 3d]; 2W0 1W0 to 4.5 + 3d
   const SimResult r = simulate(v, c);
   ASSERT_FALSE(r.deadlock);

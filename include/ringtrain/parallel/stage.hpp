@@ -135,9 +135,6 @@ class Stage {
   // need_dx: whether the chunk's input gradient is wanted (false on the model's first layers).
   Tensor backward_input(int chunk, int slot, const Tensor& dy, bool need_dx, const GradReady& ready = {});
   void backward_weight(int chunk, int slot, const GradReady& ready = {});
-  // One slot's whole backward (a table's B), each layer's input and weight gradients together: in a
-  // split table, bitwise the same as backward_input then backward_weight, without the second pass.
-  Tensor backward(int chunk, int slot, const Tensor& dy, bool need_dx, const GradReady& ready = {});
   // Chunk 0.
   Tensor forward(int slot, const Tensor& x, Mode mode, const SamplePosition& pos = {}) {
     return forward(0, slot, x, mode, pos);
@@ -169,7 +166,6 @@ class Stage {
   DType activation_dtype() const { return cast_.dtype(); }
 
  private:
-  Tensor backward_pass(int chunk, int slot, const Tensor& dy, bool need_dx, const GradReady& ready, bool whole);
   // One micro-batch in flight on one chunk: its layers' contexts, and the
   // 16-bit casts at the chunk's boundary (activation_cast.hpp).
   struct Slot {
