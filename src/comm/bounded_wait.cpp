@@ -39,7 +39,7 @@ constexpr unsigned kTightPolls = 256, kPacedPolls = 32, kCheckEvery = 16;
   const StallDiagnosis d = diagnose_stall(on.comm, stall_grace_s(on.timeout_s));
   const std::string head = cat(what, ": stalled for ", static_cast<long long>(waited), " s on communicator '", on.name,
                                "': ", d.describe());
-  flight_recorder::dump(head);  // again, with the diagnosis
+  flight_recorder::dump(head, /*diagnosis=*/true);  // again, with the diagnosis, kept in later records
   if (mode == OnStall::throw_error)
     throw StallError(cat(head, " (comm.collective_timeout_s = ", on.timeout_s, " s)"), d.describe(), d.first_live,
                      waited);

@@ -63,6 +63,7 @@ struct Recorder {
   std::string dir;
   char path[4096] = {}, tmp[4096] = {}, dir_path[4096] = {};
   int world_rank = 0, world_size = 1, keyval = MPI_KEYVAL_INVALID;
+  char kept[512] = {};  // a stall's diagnosis, first in every later record's reason (set under dump_mu)
 };
 
 // Lives until the process ends (the signal handler may read it at any time).
@@ -212,17 +213,33 @@ void write_dump(Recorder& r, const char* reason) {
   g_dumped = 1;
 }
 
+// `kept` (a stall's diagnosis) first, then "; later: " and `why`; async-signal-safe.
+void with_kept(char* out, std::size_t cap, const char* kept, const char* why) {
+  std::size_t n = 0;
+  auto put = [&](const char* s) {
+    for (; s && *s && n + 1 < cap; ++s) out[n++] = *s;
+  };
+  if (kept[0]) {
+    put(kept);
+    put("; later: ");
+  }
+  put(why);
+  out[n] = 0;
+}
+
 extern "C" void on_fatal(int signo) {
   Recorder* r = g_rec.load();
   // A stall's dump followed by MPI_Abort's abort(): keep the stall's reason.
   if (r && r->path[0] && !g_in_handler && !(signo == SIGABRT && g_dumped)) {
     g_in_handler = 1;
-    char reason[32] = "fatal signal ";
+    char sig[32] = "fatal signal ";
     const char* digits = "0123456789";
-    std::size_t n = std::strlen(reason);
-    if (signo >= 10) reason[n++] = digits[(signo / 10) % 10];
-    reason[n++] = digits[signo % 10];
-    reason[n] = 0;
+    std::size_t n = std::strlen(sig);
+    if (signo >= 10) sig[n++] = digits[(signo / 10) % 10];
+    sig[n++] = digits[signo % 10];
+    sig[n] = 0;
+    char reason[sizeof r->kept + 64];
+    with_kept(reason, sizeof reason, r->kept, sig);
     write_dump(*r, reason);
   }
   for (std::size_t i = 0; i < sizeof kSignals / sizeof kSignals[0]; ++i)
@@ -333,14 +350,19 @@ void Op::done() {
 
 Op::~Op() { done(); }
 
-void dump(const std::string& reason) {
+void dump(const std::string& reason, bool diagnosis) {
   Recorder* r = g_rec.load();
   if (!r || !r->path[0]) return;
-  std::unique_lock<std::mutex> lock(r->dump_mu, std::try_to_lock);
-  if (!lock.owns_lock()) return;  // another thread of this rank is writing it now
+  // A diagnosis waits for a concurrent dump (it must land); other reasons skip while one is written.
+  std::unique_lock<std::mutex> lock(r->dump_mu, std::defer_lock);
+  if (diagnosis) lock.lock();
+  else if (!lock.try_lock()) return;
   char why[256];
   copy_str(why, reason.c_str(), sizeof why);
-  write_dump(*r, why);
+  char full[sizeof r->kept + sizeof why + 16];
+  with_kept(full, sizeof full, diagnosis ? "" : r->kept, why);
+  write_dump(*r, full);
+  if (diagnosis && !r->kept[0]) copy_str(r->kept, why, sizeof r->kept);
 }
 
 }  // namespace ringtrain::flight_recorder

@@ -144,7 +144,8 @@ void ShmNode::wait_peers(const char* what) const {
                                     ? describe_unresponsive(liveness::unresponsive(stall_grace_s(timeout_s)))
                                     : "a rank is missing from the collective or passed a different count";
         flight_recorder::dump(cat(what, ": stalled for ", static_cast<long long>(waited), " s on communicator '",
-                                  comm_name, "' (shared memory): ", who));
+                                  comm_name, "' (shared memory): ", who),
+                              /*diagnosis=*/true);
         log::error(what, ": stalled for ", static_cast<long long>(waited), " s waiting for rank ", comm_rank[j],
                    " (world rank ", world_rank[j], ") of communicator '", comm_name,
                    "' in a shared-memory all-reduce (rank ", comm_rank[lrank], " of ", size, " is at step ", target,

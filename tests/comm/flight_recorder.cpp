@@ -61,6 +61,19 @@ TEST(FlightChild, DISABLED_RankOneCrashes) {
   allreduce(x.data(), x.data(), x.size(), DType::f32, ReduceOp::sum, comm, kRing);
 }
 
+// A stall's diagnosis, then another thread's record, then a fatal signal (what MPI_Abort from one thread did to
+// another thread still in MPI: stall_trials' verify_every once): the records keep the diagnosis.
+TEST(FlightChild, DISABLED_RankOneCrashesAfterADiagnosis) {
+  auto comm = start_child();
+  if (comm.rank() == 1) {
+    flight_recorder::dump("allreduce: stalled for 3 s on communicator 'world': world rank 2 does not respond", true);
+    flight_recorder::dump("liveness ping from world rank 0 (its wait timed out)");
+    std::raise(SIGSEGV);
+  }
+  std::vector<float> x(1000, 1.0f);
+  allreduce(x.data(), x.data(), x.size(), DType::f32, ReduceOp::sum, comm, kRing);
+}
+
 // Runs the child test `name` at 3 ranks with records into a fresh directory; returns the directory.
 std::string run_child(const std::string& name, std::string* out) {
   const std::string dir =
@@ -132,6 +145,20 @@ TEST(FlightRecorder, AFatalSignalWritesTheRecord) {
   ASSERT_NE(at, std::string::npos) << d << out;
   const std::string line = d.substr(at, d.find('\n', at) - at);
   EXPECT_NE(line.find(" s after the first, on: fatal signal 11"), std::string::npos) << line;
+  std::filesystem::remove_all(dir);
+}
+
+TEST(FlightRecorder, ALaterRecordKeepsTheStallsDiagnosis) {
+  std::string out;
+  const std::string dir = run_child("RankOneCrashesAfterADiagnosis", &out);
+  const std::string d = diagnosis(dir);
+  const std::size_t at = d.find("world rank 1 wrote it");
+  ASSERT_NE(at, std::string::npos) << d << out;
+  const std::string line = d.substr(at, d.find('\n', at) - at);
+  EXPECT_NE(line.find("on: allreduce: stalled for 3 s on communicator 'world': world rank 2 does not respond; "
+                      "later: fatal signal 11"),
+            std::string::npos)
+      << line;
   std::filesystem::remove_all(dir);
 }
 

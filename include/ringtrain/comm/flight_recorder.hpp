@@ -20,6 +20,8 @@
 //    too, before the first rank ends the job;
 //  - a fatal signal (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT), from the
 //    handler (async-signal-safe writes only), then the previous handler runs.
+// A stall's diagnosis (who does not respond) stays in the reason of every later
+// record of the process (dump's `diagnosis`).
 //
 // Cost on the hot path: one MPI attribute lookup, one atomic increment, two
 // clock reads and a few stores into a preallocated slot; no lock, no allocation
@@ -71,7 +73,10 @@ class Op {
 
 // Writes this rank's record now (reason: why, e.g. "stall in allreduce").
 // Thread-safe; a no-op when recording is off or no directory was given.
-void dump(const std::string& reason);
+// diagnosis: the reason names who does not respond; it is kept, and every later
+// record of this process (another thread's stall, a fatal signal while MPI_Abort
+// tears the job down) carries it first, its own reason after "; later: ".
+void dump(const std::string& reason, bool diagnosis = false);
 
 // Reads the records in `dir` and describes the first operation on which the
 // ranks disagree, per communicator (what `ringtrain diagnose DIR` prints).
