@@ -4,7 +4,8 @@
 # next to data 2 on the same ranks. Prints, per run, the epoch's images/s (or
 # tokens/s), the pipeline schedule's measured ms/step and the simulator's
 # prediction from the same epoch's per-chunk costs and measured link, the
-# message time, and the prediction with free messages (the trainer's epoch line),
+# message time, the prediction with free messages and the mean of each step played with its
+# own costs (the trainer's epoch line),
 # and the bound of 1F1B: m/(m+p-1) x data 2's throughput.
 # Rounds are interleaved (every row once per round); each row prints the 1-minute load average
 # at its start; the end prints each row's median over the rounds (MODELS="cnn vit gpt" selects).
@@ -22,13 +23,13 @@ run() {  # model-config extra-sets...
   local cfg=$1; shift
   mpirun -np 2 --oversubscribe --bind-to none "$B/ringtrain" train --config "$cfg" --no-eval \
     --set train.epochs=1 --set schedule.warmup_epochs=0.1 --set checkpoint.dir= --set log.format=plain "$@" 2>&1 | grep "epoch 1/1:" |
-    sed -E 's/.*\| ([0-9]+ (img|tokens)\/s)[^|]*(\| pipeline schedule ([0-9.]+) ms\/step, simulator ([0-9.]+) ms \(bubble [0-9]+%; messages ([0-9]+) us; ([0-9.]+) ms with free messages\))?.*/\1 \4 \5 \6 \7/'
+    sed -E 's/.*\| ([0-9]+ (img|tokens)\/s)[^|]*(\| pipeline schedule ([0-9.]+) ms\/step, simulator ([0-9.]+) ms \(bubble [0-9]+%; messages ([0-9]+) us; ([0-9.]+) ms with free messages; ([0-9.]+) ms from per-step costs\))?.*/\1 \4 \5 \6 \7 \8/'
 }
 echo "# $(date -u +%FT%TZ) $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2) ($(nproc) cores), load $(cut -d' ' -f1-3 /proc/loadavg), CUT=${CUT:-time}"
 MODELS=${MODELS:-cnn vit gpt}
 SCHEDULES=${SCHEDULES:-1f1b zb-h1 interleaved zb-v}  # and data2 (ALSO_DATA2=0 leaves it out)
 load() { cut -d' ' -f1 /proc/loadavg; }
-echo "# round model layout load rate unit schedule_ms predicted_ms message_us predicted_free_ms"
+echo "# round model layout load rate unit schedule_ms predicted_ms message_us predicted_free_ms predicted_steps_ms"
 out=$(mktemp)
 for r in $(seq "$ROUNDS"); do
   # model config batch cut-of-2-stages cut-of-4-chunks (layers per stage/chunk; CUT=fixed)
@@ -54,7 +55,7 @@ for r in $(seq "$ROUNDS"); do
     done
   done
 done
-echo "# medians over $ROUNDS round(s): model layout load rate unit schedule_ms predicted_ms err(measured/predicted-1)"
+echo "# medians over $ROUNDS round(s): model layout load rate unit schedule_ms predicted_ms err(measured/predicted-1) predicted_steps_ms err_steps"
 python3 - "$out" <<'PY'
 import sys, statistics as st, collections
 rows = collections.OrderedDict()
@@ -69,6 +70,9 @@ for (m, lay), fs in rows.items():
     if sm is not None and pm is not None:
         errs = [float(f[6]) / float(f[7]) - 1 for f in fs]
         s += f" {sm:.1f} {pm:.1f} {st.median(errs):+.3f}"
+        if all(len(f) > 10 for f in fs):  # the prediction from each step's own costs
+            es = [float(f[6]) / float(f[10]) - 1 for f in fs]
+            s += f" {med(10):.1f} {st.median(es):+.3f}"
     print(s)
 PY
 rm -f "$out"

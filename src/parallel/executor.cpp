@@ -349,29 +349,44 @@ StepOutput ScheduleExecutor::run(Stage& stage, const Loss& loss_fn, const StepIn
 }
 
 SimCosts ScheduleExecutor::gather_costs(const std::vector<ChunkTime>& mine, const LinkCost& link) const {
+  return gather_costs(std::vector<std::vector<ChunkTime>>{mine}, link).front();
+}
+
+std::vector<SimCosts> ScheduleExecutor::gather_costs(const std::vector<std::vector<ChunkTime>>& steps,
+                                                     const LinkCost& link) const {
   const PipelineLayout& L = grid_.pipeline_layout();
   const int v = L.chunks, p = L.ranks;
-  RT_CHECK(static_cast<int>(mine.size()) == v, "pipeline costs: ", mine.size(), " chunks measured, the rank holds ", v);
-  std::vector<double> send(static_cast<std::size_t>(4 * v)), all(static_cast<std::size_t>(4 * v * p));
-  for (int k = 0; k < v; ++k) {
-    send[4 * k] = mine[k].f;
-    send[4 * k + 1] = mine[k].i;
-    send[4 * k + 2] = mine[k].w;
-    send[4 * k + 3] = out_bytes_[static_cast<std::size_t>(k)];
+  const auto n = static_cast<int>(steps.size());
+  // Per rank: n steps x v chunks x (f, i, w, the chunk's output bytes).
+  const auto per_rank = static_cast<std::size_t>(4 * v * n);
+  std::vector<double> send(per_rank), all(per_rank * static_cast<std::size_t>(p));
+  for (int s = 0; s < n; ++s) {
+    const std::vector<ChunkTime>& mine = steps[static_cast<std::size_t>(s)];
+    RT_CHECK(static_cast<int>(mine.size()) == v, "pipeline costs: ", mine.size(), " chunks measured, the rank holds ", v);
+    for (int k = 0; k < v; ++k) {
+      double* x = &send[static_cast<std::size_t>(4 * (s * v + k))];
+      x[0] = mine[k].f;
+      x[1] = mine[k].i;
+      x[2] = mine[k].w;
+      x[3] = out_bytes_[static_cast<std::size_t>(k)];
+    }
   }
   allgather(send.data(), send.size(), all.data(), DType::f64, grid_.pp());
-  SimCosts c;
-  c.link = link;
-  c.stage.resize(static_cast<std::size_t>(L.stages()));
-  c.boundary_bytes.resize(static_cast<std::size_t>(L.stages()));
-  for (int r = 0; r < p; ++r)
-    for (int k = 0; k < v; ++k) {
-      const double* x = &all[static_cast<std::size_t>(4 * (r * v + k))];
-      const auto g = static_cast<std::size_t>(L.stage_of(r, k));
-      c.stage[g] = StageCost{x[0], x[1], x[2]};
-      c.boundary_bytes[g] = x[3];
-    }
-  return c;
+  std::vector<SimCosts> out(static_cast<std::size_t>(n));
+  for (int s = 0; s < n; ++s) {
+    SimCosts& c = out[static_cast<std::size_t>(s)];
+    c.link = link;
+    c.stage.resize(static_cast<std::size_t>(L.stages()));
+    c.boundary_bytes.resize(static_cast<std::size_t>(L.stages()));
+    for (int r = 0; r < p; ++r)
+      for (int k = 0; k < v; ++k) {
+        const double* x = &all[static_cast<std::size_t>(r) * per_rank + static_cast<std::size_t>(4 * (s * v + k))];
+        const auto g = static_cast<std::size_t>(L.stage_of(r, k));
+        c.stage[g] = StageCost{x[0], x[1], x[2]};
+        c.boundary_bytes[g] = x[3];
+      }
+  }
+  return out;
 }
 
 LinkCost ScheduleExecutor::measure_link(int reps) const {

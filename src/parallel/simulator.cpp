@@ -27,6 +27,14 @@ double SimResult::mean_bubble() const {
   return s / static_cast<double>(busy.size());
 }
 
+double mean_makespan(const Schedule& in, const std::vector<SimCosts>& steps) {
+  if (steps.empty()) return 0;
+  const Schedule s = lower(in);
+  double sum = 0;
+  for (const SimCosts& c : steps) sum += simulate(s, c).makespan;
+  return sum / static_cast<double>(steps.size());
+}
+
 SimResult simulate(const Schedule& in, const SimCosts& costs) {
   const Schedule s = lower(in);
   const PipelineLayout& L = s.layout;

@@ -106,7 +106,7 @@ void Reporter::epoch_end(const EpochMetrics& m) {
     rate += cat(" | pipeline schedule ", fixed(1e3 * m.schedule_s, 1), " ms/step, simulator ",
                 fixed(1e3 * m.schedule_predicted_s, 1), " ms (bubble ", fixed(100 * m.schedule_bubble_predicted, 0),
                 "%; messages ", fixed(1e6 * m.pipeline_message_s, 0), " us; ", fixed(1e3 * m.schedule_predicted_free_s, 1),
-                " ms with free messages)");
+                " ms with free messages; ", fixed(1e3 * m.schedule_predicted_steps_s, 1), " ms from per-step costs)");
   std::string moe;
   for (const MoeEpochStats& s : m.moe)
     moe += cat(" | ", s.layer, " aux ", fixed(s.aux, 3), " max/mean ", fixed(s.max_over_mean, 2), " (epoch ",
@@ -164,6 +164,7 @@ void Reporter::epoch_end(const EpochMetrics& m) {
       for (const auto& c : m.schedule_stage_fiw) j["schedule_stage_fiw"].push_back({c[0], c[1], c[2]});
       j["schedule_predicted_free_s"] = m.schedule_predicted_free_s;
       j["pipeline_message_s"] = m.pipeline_message_s;
+      j["schedule_predicted_steps_s"] = m.schedule_predicted_steps_s;
     }
     if (m.moe_alltoall_s > 0) {
       j["moe_alltoall_s"] = m.moe_alltoall_s;

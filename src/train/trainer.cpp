@@ -279,6 +279,13 @@ void Trainer::Impl::predict_schedule(const EpochStats& st, EpochMetrics& m) {
   m.pipeline_message_s = costs.message_s(0);
   m.schedule_bubble_predicted = sim.mean_bubble();
   for (const StageCost& c : costs.stage) m.schedule_stage_fiw.push_back({c.f, c.i, c.w});
+  // Each step played with its own costs: the stages' step-to-step variation
+  // lengthens the mean step beyond the play of the mean costs.
+  double kept = static_cast<double>(st.step_chunks.size());
+  allreduce(&kept, &kept, 1, DType::f64, ReduceOp::min, grid->pp());
+  const std::vector<std::vector<ChunkTime>> steps(st.step_chunks.end() - static_cast<std::ptrdiff_t>(kept),
+                                                  st.step_chunks.end());
+  m.schedule_predicted_steps_s = mean_makespan(parts.executor->table(), parts.executor->gather_costs(steps, pipeline_link));
 }
 
 // One optimizer step on every layout: read train.accumulation batches, then
@@ -313,6 +320,8 @@ double Trainer::Impl::train_step(EpochStats& st) {
       st.chunks[k].w += r.timing.chunks[k].w;
     }
     st.schedule_s += r.timing.schedule_s;
+    if (st.step_chunks.size() < EpochStats::kStepsKept) st.step_chunks.push_back(r.timing.chunks);
+    else st.step_chunks[static_cast<std::size_t>(st.timed) % EpochStats::kStepsKept] = r.timing.chunks;
     ++st.timed;
   }
   st.correct += r.stats.correct;

@@ -68,6 +68,9 @@ struct Trainer::Impl {
     double schedule_s = 0;
     std::int64_t timed = 0;
     std::vector<ChunkTime> chunks;
+    // Each timed step's chunk costs (the last kStepsKept steps): the prediction from per-step costs.
+    static constexpr std::size_t kStepsKept = 1024;
+    std::vector<std::vector<ChunkTime>> step_chunks;
   };
 
   Impl(TrainConfig c, Communicator w, TrainerHooks h);

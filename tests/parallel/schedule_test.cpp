@@ -475,5 +475,26 @@ TEST(Schedule, SimulatorChargesNoMessageAtTheVsTurn) {
   EXPECT_DOUBLE_EQ(simulate(v, {c.stage, {}, {}}).makespan, 4.5);
 }
 
+// Each step played with its own costs (the epoch line's per-step prediction).
+// 1F1B at p = 2, m = 2 (rank 0: F0 F1 B0 B1; rank 1: F0 B0 F1 B1), W = 0, free
+// messages: with F = 1 on both stages and f1 + b1 >= f0 the step is
+// max(f0 + f1 + b1 + 2 b0, f0 + 2 f1 + 2 b1 + b0), worked out by hand: 12 with
+// stage 0's backward slow (b0 = 4, b1 = 2), 13 with stage 1's (b0 = 2, b1 = 4),
+// and 12 for their mean costs (b0 = b1 = 3): the mean step, 12.5, is longer.
+TEST(Schedule, MeanOfPerStepPlaysSeesTheSlowStageMove) {
+  const Schedule s = make_schedule(ScheduleKind::one_f_one_b, 2, 2);
+  auto costs = [](double b0, double b1) {
+    SimCosts c;
+    c.stage = {StageCost{1, b0, 0}, StageCost{1, b1, 0}};
+    return c;
+  };
+  EXPECT_DOUBLE_EQ(simulate(s, costs(4, 2)).makespan, 12);
+  EXPECT_DOUBLE_EQ(simulate(s, costs(2, 4)).makespan, 13);
+  EXPECT_DOUBLE_EQ(simulate(s, costs(3, 3)).makespan, 12);
+  EXPECT_DOUBLE_EQ(mean_makespan(s, {costs(4, 2), costs(2, 4)}), 12.5);
+  EXPECT_DOUBLE_EQ(mean_makespan(s, {costs(3, 3)}), 12);
+  EXPECT_EQ(mean_makespan(s, {}), 0);
+}
+
 }  // namespace
 }  // namespace ringtrain

@@ -97,6 +97,9 @@ class ScheduleExecutor {
   // micro-batch's f32 activation), and `link` per message. Collective over
   // the pipeline group.
   SimCosts gather_costs(const std::vector<ChunkTime>& mine, const LinkCost& link = {}) const;
+  // The same for each of several steps (each rank passes the same number of
+  // steps, each its chunks' costs in that step): one gather for all.
+  std::vector<SimCosts> gather_costs(const std::vector<std::vector<ChunkTime>>& steps, const LinkCost& link) const;
   // The pipeline link, measured: a ping-pong between each pair of
   // neighbouring pipeline ranks in turn, through the transfers' own wait
   // (its naps included), `reps` round trips of 16 bytes and of the largest

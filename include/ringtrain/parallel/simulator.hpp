@@ -67,6 +67,11 @@ struct SimResult {
 
 // Plays s (lowered first when it is a compute table).
 SimResult simulate(const Schedule& s, const SimCosts& costs = {});
+// The mean step over `steps`, each played with its own costs (every stage's
+// costs measured in that step). Where the stages' times vary from step to step,
+// this is longer than the play of the mean costs: a step lasts as long as its
+// slowest path, and the slow stage differs between steps. 0 for no steps.
+double mean_makespan(const Schedule& s, const std::vector<SimCosts>& steps);
 
 // What parallel.schedule = auto and --print-plan compare: each schedule
 // played on stages cut from the model's layers (or unit stages), with the

@@ -50,6 +50,9 @@ struct EpochMetrics {
   // weight-gradient seconds per micro-batch, the simulator's inputs (log.metrics only).
   std::vector<std::array<double, 3>> schedule_stage_fiw;
   double schedule_predicted_free_s = 0, pipeline_message_s = 0;
+  // The mean over the epoch's steps (its last 1024) of each step played with
+  // that step's own chunk costs and the link: what the steps' variation adds.
+  double schedule_predicted_steps_s = 0;
   double data_wait_s = 0;         // time blocked on the loader
   double eval_s = 0;
   std::int64_t skipped_steps = 0;  // fp16: steps skipped for inf/NaN gradients
