@@ -189,9 +189,7 @@ int main(int argc, char** argv) {
         allreduce(&span, &span, 1, DType::f64, ReduceOp::max, world);
         if (s == 0) continue;
         for (int c = 0; c < L.chunks; ++c) {
-          cost[c].f += t.chunks[c].f / steps;
-          cost[c].i += t.chunks[c].i / steps;
-          cost[c].w += t.chunks[c].w / steps;
+          cost[c].add(t.chunks[c], 1.0 / steps);
         }
         bub.push_back(1.0 - t.busy_s / span);
         vbub.push_back(1.0 - g_state->busy / vspan);

@@ -69,9 +69,7 @@ Result measure(const Communicator& world, int p, int m, std::int64_t global, int
     bubble += t.bubble();
     sched += t.schedule_s / steps;
     for (int c = 0; c < L.chunks; ++c) {
-      cost[c].f += t.chunks[c].f / steps;
-      cost[c].i += t.chunks[c].i / steps;
-      cost[c].w += t.chunks[c].w / steps;
+      cost[c].add(t.chunks[c], 1.0 / steps);
     }
   }
   double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

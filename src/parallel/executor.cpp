@@ -155,6 +155,23 @@ ScheduleExecutor::ScheduleExecutor(const ProcessGrid& grid, const Schedule& tabl
 
 ScheduleExecutor::~ScheduleExecutor() = default;
 
+bool ScheduleExecutor::replace_table(const Schedule& compute) {
+  RT_CHECK(compute.layout == table_.layout && compute.micro_batches == table_.micro_batches,
+           "pipeline schedule: a new table must keep the layout and the micro-batches");
+  validate(compute);
+  RT_CHECK(compute.split_backward() == table_.split_backward(),
+           "pipeline schedule: a new table must split backwards as the old one (the stage keeps its gradients so)");
+  Schedule t = lower(compute);
+  int fits = 1;
+  const std::vector<std::vector<int>> peaks = peak_in_flight_per_chunk(t);
+  for (int c : peaks[static_cast<std::size_t>(grid_.pp_rank())]) fits &= c <= slots_;
+  allreduce(&fits, &fits, 1, DType::i32, ReduceOp::min, grid_.pp());  // all ranks change, or none
+  if (!fits) return false;
+  mine_ = t.ranks[static_cast<std::size_t>(grid_.pp_rank())];
+  table_ = std::move(t);
+  return true;
+}
+
 // The step's transfers: every receive posted up front, each slot's sends (and
 // the host copies they read) completed before the slot is reused.
 struct ScheduleExecutor::Transfers {
@@ -248,15 +265,18 @@ StepOutput ScheduleExecutor::run(Stage& stage, const Loss& loss_fn, const StepIn
     for (int j = 0; j < slots_; ++j) free_slots[k].push_back(j);
   PerMb input(v, std::vector<Tensor>(m)), output = input, dinput = input;
   std::vector<int> b_done(v, 0), w_done(v, 0);
-  auto timed = [&](auto&& f, double* per_chunk = nullptr) {
+  // Per chunk: each op's summed time and count, made means at the end.
+  out.timing.chunks.assign(static_cast<std::size_t>(v), ChunkTime{});
+  auto& ct = out.timing.chunks;
+  std::vector<ChunkTime> n(static_cast<std::size_t>(v));
+  auto timed = [&](auto&& f, double* per_chunk = nullptr, double* count = nullptr) {
     const auto t0 = Clock::now();
     f();
     const double dt = since(t0);
     out.timing.busy_s += dt;
-    if (per_chunk) *per_chunk += dt / m;
+    if (per_chunk) *per_chunk += dt;
+    if (count) *count += 1;
   };
-  out.timing.chunks.assign(static_cast<std::size_t>(v), ChunkTime{});
-  auto& ct = out.timing.chunks;
   const Stage::GradReady ready = [&sync](int l) { sync.layer_ready(l); };
   auto turn = [](Tensor& keep, const Tensor& src) -> const Tensor& {
     if (!keep.defined() || keep.shape() != src.shape() || keep.dtype() != src.dtype() || keep.device() != src.device())
@@ -288,7 +308,7 @@ StepOutput ScheduleExecutor::run(Stage& stage, const Loss& loss_fn, const StepIn
         timed([&] {
           const SamplePosition pos{static_cast<std::uint64_t>(in.step), first_sample(i)};
           output[k][i] = stage.forward(k, slot_of[k][i], input[k][i], Mode::train, pos);
-        }, &ct[k].f);
+        }, &ct[k].f, &n[k].f);
         break;
       }
       case Op::send_act: tr.send(k, slot_of[k][i], i, output[k][i], L.rank_of(g + 1), tag_of(g + 1, i, true)); break;
@@ -299,6 +319,7 @@ StepOutput ScheduleExecutor::run(Stage& stage, const Loss& loss_fn, const StepIn
       case Op::backward_input: {
         const bool last = ++b_done[k] == m;
         const bool whole = a.op == Op::backward;
+        const bool last_w = whole && ++w_done[k] == m;
         timed([&] {
           Tensor dy;
           const int slot = slot_of[k][i];
@@ -321,13 +342,11 @@ StepOutput ScheduleExecutor::run(Stage& stage, const Loss& loss_fn, const StepIn
           } else {
             dy = on(grad_in_[k][i], dev_);
           }
-          dinput[k][i] = stage.backward_input(k, slot, dy, g > 0, last ? ready : Stage::GradReady{});
-          if (whole) stage.backward_weight(k, slot, last ? ready : Stage::GradReady{});
-        }, &ct[k].i);
-        if (whole) {
-          ++w_done[k];
-          free_slots[k].push_back(slot_of[k][i]);
-        }
+          const Stage::GradReady none;
+          dinput[k][i] = whole ? stage.backward_whole(k, slot, dy, g > 0, last ? ready : none, last_w ? ready : none)
+                               : stage.backward_input(k, slot, dy, g > 0, last ? ready : none);
+        }, whole ? &ct[k].b : &ct[k].i, whole ? &n[k].b : &n[k].i);
+        if (whole) free_slots[k].push_back(slot_of[k][i]);
         break;
       }
       case Op::send_grad:
@@ -335,7 +354,7 @@ StepOutput ScheduleExecutor::run(Stage& stage, const Loss& loss_fn, const StepIn
         break;
       case Op::backward_weight: {
         const bool last = ++w_done[k] == m;
-        timed([&] { stage.backward_weight(k, slot_of[k][i], last ? ready : Stage::GradReady{}); }, &ct[k].w);
+        timed([&] { stage.backward_weight(k, slot_of[k][i], last ? ready : Stage::GradReady{}); }, &ct[k].w, &n[k].w);
         free_slots[k].push_back(slot_of[k][i]);
         break;
       }
@@ -343,9 +362,17 @@ StepOutput ScheduleExecutor::run(Stage& stage, const Loss& loss_fn, const StepIn
   }
   for (int k = 0; k < v; ++k)
     for (int j = 0; j < slots_; ++j) tr.finish_sends(k, j);
+  for (int k = 0; k < v; ++k) ct[k] = per_action(ct[k], n[k]);
   stage.commit_batch_stats();  // every forward of the step has run
   out.timing.wall_s = out.timing.schedule_s = since(t_step);
   return out;
+}
+
+ChunkTime per_action(const ChunkTime& sum, const ChunkTime& count) {
+  const auto mean = [](double s, double n) { return n > 0 ? s / n : 0.0; };
+  ChunkTime t{mean(sum.f, count.f), mean(sum.i, count.i), mean(sum.w, count.w), mean(sum.b, count.b)};
+  if (count.i == 0) t.i = t.b;  // whole backwards only
+  return t;
 }
 
 SimCosts ScheduleExecutor::gather_costs(const std::vector<ChunkTime>& mine, const LinkCost& link) const {
@@ -357,18 +384,20 @@ std::vector<SimCosts> ScheduleExecutor::gather_costs(const std::vector<std::vect
   const PipelineLayout& L = grid_.pipeline_layout();
   const int v = L.chunks, p = L.ranks;
   const auto n = static_cast<int>(steps.size());
-  // Per rank: n steps x v chunks x (f, i, w, the chunk's output bytes).
-  const auto per_rank = static_cast<std::size_t>(4 * v * n);
+  // Per rank: n steps x v chunks x (f, i, w, b, the chunk's output bytes).
+  constexpr int kFields = 5;
+  const auto per_rank = static_cast<std::size_t>(kFields * v * n);
   std::vector<double> send(per_rank), all(per_rank * static_cast<std::size_t>(p));
   for (int s = 0; s < n; ++s) {
     const std::vector<ChunkTime>& mine = steps[static_cast<std::size_t>(s)];
     RT_CHECK(static_cast<int>(mine.size()) == v, "pipeline costs: ", mine.size(), " chunks measured, the rank holds ", v);
     for (int k = 0; k < v; ++k) {
-      double* x = &send[static_cast<std::size_t>(4 * (s * v + k))];
+      double* x = &send[static_cast<std::size_t>(kFields * (s * v + k))];
       x[0] = mine[k].f;
       x[1] = mine[k].i;
       x[2] = mine[k].w;
-      x[3] = out_bytes_[static_cast<std::size_t>(k)];
+      x[3] = mine[k].b;
+      x[4] = out_bytes_[static_cast<std::size_t>(k)];
     }
   }
   allgather(send.data(), send.size(), all.data(), DType::f64, grid_.pp());
@@ -380,10 +409,11 @@ std::vector<SimCosts> ScheduleExecutor::gather_costs(const std::vector<std::vect
     c.boundary_bytes.resize(static_cast<std::size_t>(L.stages()));
     for (int r = 0; r < p; ++r)
       for (int k = 0; k < v; ++k) {
-        const double* x = &all[static_cast<std::size_t>(r) * per_rank + static_cast<std::size_t>(4 * (s * v + k))];
+        const double* x =
+            &all[static_cast<std::size_t>(r) * per_rank + static_cast<std::size_t>(kFields * (s * v + k))];
         const auto g = static_cast<std::size_t>(L.stage_of(r, k));
-        c.stage[g] = StageCost{x[0], x[1], x[2]};
-        c.boundary_bytes[g] = x[3];
+        c.stage[g] = StageCost{x[0], x[1], x[2], x[3]};
+        c.boundary_bytes[g] = x[4];
       }
   }
   return out;

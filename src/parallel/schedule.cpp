@@ -2,9 +2,11 @@
 #include "ringtrain/parallel/schedule.hpp"
 
 #include <algorithm>
+#include <limits>
 #include <optional>
 
 #include "ringtrain/core/error.hpp"
+#include "ringtrain/parallel/simulator.hpp"
 
 namespace ringtrain {
 namespace {
@@ -53,64 +55,115 @@ Order interleaved(const PipelineLayout& L, int m, int r) {
   return s;
 }
 
-// The zero-bubble greedy over unit-time F, I, W with free communication: all
-// ranks advance in lock-step slots; a result made in slot t is usable by
-// another rank from slot t+1 and by the same rank in its next slot. Each rank
-// runs, in this order of preference:
+// The zero-bubble greedy, played in time with the stages' F, I, W costs and
+// the messages between ranks (unit costs and free messages: lock-step slots,
+// a result made in slot t usable from slot t+1). Each rank, whenever it is
+// free, runs in this order of preference:
 //  - a ready F, while the rank holds fewer than `mem` chunk activations (F
 //    done, W not) and, on one chunk per rank, fewer than p-r micro-batches
 //    between F and I (1F1B's pacing, which keeps the I critical path short);
 //  - else a ready I (the oldest micro-batch, the later stage first);
-//  - else the oldest pending W.
-std::vector<Order> zero_bubble(const PipelineLayout& L, int m) {
+//  - else the oldest pending W;
+//  - else it waits for the next result that concerns it.
+// Ranks are served in the order they become free (the lower rank on a tie),
+// so whatever another rank finished by then is known.
+std::vector<Order> zero_bubble(const PipelineLayout& L, int m, const SimCosts& costs) {
   const int p = L.ranks, S = L.stages(), v = L.chunks;
   const int mem = p * v;
-  const int never = 1 << 30;
+  constexpr double never = std::numeric_limits<double>::infinity();
+  auto cost = [&](Op op, int g) {
+    const StageCost& c = costs.of(g);
+    return op == Op::forward ? c.f : op == Op::backward_input ? c.i : c.w;
+  };
+  // A result of stage g for stage h: free on the same rank, else the message across their boundary.
+  auto hand_over = [&](int g, int h) { return L.rank_of(g) == L.rank_of(h) ? 0.0 : costs.message_s(std::min(g, h)); };
   std::vector<Order> order(static_cast<std::size_t>(p));
-  std::vector<int> nf(S, 0), ni(S, 0), nw(S, 0);
-  std::vector<std::vector<int>> act_at(S, std::vector<int>(m, never)), grad_at(S, std::vector<int>(m, never));
+  std::vector<int> nf(S, 0), ni(S, 0), nw(S, 0), live(p, 0), left(p, 0);
+  std::vector<std::vector<double>> act_at(S, std::vector<double>(m, never)), grad_at(S, std::vector<double>(m, never));
   for (int i = 0; i < m; ++i) act_at[0][i] = 0;
-  std::vector<int> live(p, 0);
-  int done = 0;
-  for (int t = 0; done < S; ++t) {
-    RT_ASSERT(t < 16 * (m + S) * v + 64);  // the greedy always progresses
-    std::vector<std::pair<int, Action>> ran;
-    for (int r = 0; r < p; ++r) {
-      std::optional<Action> run;
-      // F: the oldest ready micro-batch over the rank's chunks (the later stage on a tie).
-      for (int k = v; k-- > 0 && live[r] < mem;) {
-        const int g = L.stage_of(r, k);
-        if (nf[g] >= m || act_at[g][nf[g]] > t) continue;
-        if (v == 1 && nf[g] - ni[g] >= p - r) continue;
-        if (!run || nf[g] < run->mb) run = Action{Op::forward, g, nf[g]};
-      }
-      for (int k = v; k-- > 0 && !run;) {
-        const int g = L.stage_of(r, k);
-        if (ni[g] < nf[g] && (g == S - 1 || grad_at[g][ni[g]] <= t)) run = Action{Op::backward_input, g, ni[g]};
-      }
-      for (int k = v; k-- > 0 && !run;) {
-        const int g = L.stage_of(r, k);
-        if (nw[g] < ni[g]) run = Action{Op::backward_weight, g, nw[g]};
-      }
-      if (run) ran.push_back({r, *run});
+  std::vector<double> free_at(p, 0);
+  std::vector<bool> waiting(p, false);
+  for (int g = 0; g < S; ++g) left[L.rank_of(g)] += 3 * m;
+  for (std::size_t steps = 0;; ++steps) {
+    RT_ASSERT(steps < static_cast<std::size_t>(64 * (m + S) * v * p + 64));  // the greedy always progresses
+    int r = -1;  // the first free, a rank that found nothing at that time after the others
+    for (int j = 0; j < p; ++j)
+      if (left[j] > 0 && (r < 0 || std::pair(free_at[j], waiting[j]) < std::pair(free_at[r], waiting[r]))) r = j;
+    if (r < 0) break;
+    const double t = free_at[r];
+    std::optional<Action> run;
+    double next = never;
+    // F: the oldest ready micro-batch (the later stage on a tie). A chunk
+    // before the rank's last leaves the last one activation: its forward is
+    // what frees the others (by their backwards).
+    for (int k = v; k-- > 0 && live[r] < mem;) {
+      const int g = L.stage_of(r, k);
+      if (nf[g] >= m || (v == 1 && nf[g] - ni[g] >= p - r) || (k + 1 < v && live[r] + 1 >= mem)) continue;
+      if (act_at[g][nf[g]] > t) continue;
+      if (!run || nf[g] < run->mb) run = Action{Op::forward, g, nf[g]};
     }
-    for (auto& [r, a] : ran) {
-      order[static_cast<std::size_t>(r)].push_back(a);
-      const int g = a.stage;
-      if (a.op == Op::forward) {
-        ++nf[g];
-        ++live[r];
-        if (g + 1 < S) act_at[g + 1][a.mb] = t + 1;
-      } else if (a.op == Op::backward_input) {
-        ++ni[g];
-        if (g > 0) grad_at[g - 1][a.mb] = t + 1;
-      } else {
-        --live[r];
-        if (++nw[g] == m) ++done;
+    for (int k = v; k-- > 0 && !run;) {
+      const int g = L.stage_of(r, k);
+      if (ni[g] >= nf[g]) continue;
+      if (g == S - 1 || grad_at[g][ni[g]] <= t) run = Action{Op::backward_input, g, ni[g]};
+    }
+    for (int k = v; k-- > 0 && !run;) {
+      const int g = L.stage_of(r, k);
+      if (nw[g] < ni[g]) run = Action{Op::backward_weight, g, nw[g]};
+    }
+    if (!run) {  // idle: after any other rank free now, else until the next result or free rank
+      bool other_now = false;
+      for (int j = 0; j < p; ++j) {
+        if (j == r || left[j] == 0) continue;
+        other_now |= free_at[j] == t && !waiting[j];
+        if (free_at[j] > t) next = std::min(next, free_at[j]);
       }
+      for (int g = 0; g < S; ++g)
+        for (int i = 0; i < m; ++i)
+          for (double x : {act_at[g][i], grad_at[g][i]})
+            if (x > t) next = std::min(next, x);
+      waiting[r] = other_now;
+      if (!other_now) {
+        RT_ASSERT(next < never);  // the rules above leave the last chunk room: some rank always moves on
+        free_at[r] = next;
+      }
+      continue;
+    }
+    std::fill(waiting.begin(), waiting.end(), false);  // what they wait for may be on its way now
+    const Action a = *run;
+    const int g = a.stage;
+    const double end = t + cost(a.op, g);
+    order[static_cast<std::size_t>(r)].push_back(a);
+    free_at[r] = end;
+    --left[r];
+    if (a.op == Op::forward) {
+      ++nf[g];
+      ++live[r];
+      if (g + 1 < S) act_at[g + 1][a.mb] = end + hand_over(g, g + 1);
+    } else if (a.op == Op::backward_input) {
+      ++ni[g];
+      if (g > 0) grad_at[g - 1][a.mb] = end + hand_over(g, g - 1);
+    } else {
+      --live[r];
+      ++nw[g];
     }
   }
   return order;
+}
+
+// A first stage's input gradient goes nowhere, so where the table runs its W
+// right after its I, a whole backward (B) does the same work at no cost to any
+// other rank, without the split's reading of the activations again.
+void fuse_first_stage(std::vector<Order>& order) {
+  for (Order& o : order)
+    for (std::size_t j = 0; j + 1 < o.size(); ++j) {
+      const Action& a = o[j];
+      const Action& n = o[j + 1];
+      if (a.op == Op::backward_input && a.stage == 0 && n.op == Op::backward_weight && n.stage == 0 && n.mb == a.mb) {
+        o[j].op = Op::backward;
+        o.erase(o.begin() + static_cast<std::ptrdiff_t>(j + 1));
+      }
+    }
 }
 
 }  // namespace
@@ -157,6 +210,10 @@ PipelineLayout layout_for(ScheduleKind kind, int ranks, int virtual_stages) {
 }
 
 Schedule make_schedule(ScheduleKind kind, int p, int m, int virtual_stages) {
+  return make_schedule(kind, p, m, virtual_stages, SimCosts{});
+}
+
+Schedule make_schedule(ScheduleKind kind, int p, int m, int virtual_stages, const SimCosts& costs) {
   RT_CHECK(p >= 1, "pipeline schedule: stages must be >= 1, got ", p);
   RT_CHECK(m >= 1, "pipeline schedule: micro-batches must be >= 1, got ", m);
   RT_CHECK(kind != ScheduleKind::file, "pipeline schedule: a table from a file is read, not made");
@@ -174,7 +231,10 @@ Schedule make_schedule(ScheduleKind kind, int p, int m, int virtual_stages) {
   s.micro_batches = m;
   s.ranks.resize(static_cast<std::size_t>(p));
   if (kind == ScheduleKind::zb_h1 || kind == ScheduleKind::zb_v) {
-    s.ranks = zero_bubble(s.layout, m);
+    RT_CHECK(costs.stage.empty() || static_cast<int>(costs.stage.size()) == s.layout.stages(),
+             "pipeline schedule: costs for ", costs.stage.size(), " stages, the table has ", s.layout.stages());
+    s.ranks = zero_bubble(s.layout, m, costs);
+    fuse_first_stage(s.ranks);
     return s;
   }
   for (int r = 0; r < p; ++r) {

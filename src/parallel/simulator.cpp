@@ -219,6 +219,17 @@ std::vector<SchedulePrediction> predict_schedules(const PlanInput& in) {
   return out;
 }
 
+Replan replan_zero_bubble(const Schedule& current, ScheduleKind kind, const SimCosts& costs, double gain) {
+  RT_CHECK(kind == ScheduleKind::zb_h1 || kind == ScheduleKind::zb_v, "replan_zero_bubble: ", schedule_name(kind),
+           " is not a zero-bubble kind");
+  Replan out;
+  Schedule t = make_schedule(kind, current.layout.ranks, current.micro_batches, current.layout.chunks, costs);
+  out.current_s = simulate(current, costs).makespan;
+  out.replanned_s = simulate(t, costs).makespan;
+  if (out.replanned_s < out.current_s * (1 - gain)) out.table = std::move(t);
+  return out;
+}
+
 ScheduleKind pick_schedule(const PlanInput& in, std::string* why) {
   PlanInput q = in;
   q.kinds = {ScheduleKind::one_f_one_b, ScheduleKind::zb_h1, ScheduleKind::interleaved, ScheduleKind::zb_v};

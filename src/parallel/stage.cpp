@@ -195,10 +195,24 @@ void Stage::commit_batch_stats() {
 }
 
 Tensor Stage::backward_input(int chunk, int slot, const Tensor& dy, bool need_dx, const GradReady& ready) {
+  return backward_pass(chunk, slot, dy, need_dx, fused_, ready, fused_ ? ready : GradReady{});
+}
+
+Tensor Stage::backward_whole(int chunk, int slot, const Tensor& dy, bool need_dx, const GradReady& ready_input,
+                             const GradReady& ready_weight) {
+  return backward_pass(chunk, slot, dy, need_dx, true, ready_input, ready_weight);
+}
+
+// whole: each layer's unsplit backward (input and weight gradients together).
+// A layer's gradients are announced by ready_input when it does not split its
+// backward, else by ready_weight (the caller's counts of I's and W's differ).
+Tensor Stage::backward_pass(int chunk, int slot, const Tensor& dy, bool need_dx, bool whole,
+                            const GradReady& ready_input, const GradReady& ready_weight) {
   Slot& sl = slot_of(chunk, slot);
   Chunk& ch = chunks_[static_cast<std::size_t>(chunk)];
   const int a = ch.local0, stop = need_dx ? a : ch.first_param_layer;
   Tensor g = cast_.grad_output(sl.cast, dy);
+  // A fused stage's first backward of the step overwrites the gradients; a split one zeroed them.
   const bool accumulate = !(fused_ && ch.overwrite_next);
   if (fused_) ch.overwrite_next = false;
   for (int i = a + static_cast<int>(sl.ctx.size()); i-- > stop;) {
@@ -206,9 +220,10 @@ Tensor Stage::backward_input(int chunk, int slot, const Tensor& dy, bool need_dx
     Ctx& c = *sl.ctx[static_cast<std::size_t>(i - a)];
     use(i, ParamAccess::Pass::backward);
     const bool dx = need_dx || i > stop;
-    // Fused: the whole backward now, the layer's gradients ready at once.
-    g = fused_ ? l.backward(g, c, dx, accumulate) : l.backward_input(g, c, dx, true);
-    if (ready && !l.params().empty() && (fused_ || !l.splits_backward())) ready(i);
+    g = whole ? l.backward(g, c, dx, accumulate) : l.backward_input(g, c, dx, true);
+    if (l.params().empty()) continue;
+    const GradReady& ready = l.splits_backward() ? ready_weight : ready_input;
+    if (ready && (whole || !l.splits_backward())) ready(i);
   }
   end_pass();
   if (!need_dx || !g.defined()) return Tensor();  // token ids have no gradient

@@ -114,6 +114,7 @@ const std::vector<Field>& fields() {
       RT_FIELD(parallel, micro_batches, "micro-batches per step and replica (0 = pipeline); divides data.batch_size"),
       RT_FIELD(parallel, schedule, "afab | 1f1b | zb-h1 | interleaved | zb-v | auto | FILE.csv: the pipeline schedule (docs/parallel_layouts.md); auto picks, at start, the one the schedule simulator predicts fastest for the model's measured layer times among those holding no more activations than 1f1b; interleaved cuts the model into parallel.pipeline x parallel.virtual_stages chunks, chunk c on rank c mod pipeline (Megatron's virtual stages); zb-v into 2 x pipeline chunks in a V (rank 0 holds the first and the last); FILE.csv runs a table of actions per rank (`ringtrain train --print-schedule` writes one) after validating it"),
       RT_FIELD(parallel, virtual_stages, "parallel.schedule = interleaved: model chunks per pipeline rank (>= 2)"),
+      RT_FIELD(parallel, replan_steps, "parallel.schedule = zb-h1 | zb-v: after the run's first N timed steps, rebuild the table by the zero-bubble greedy over the stages' measured F, I, W and message times, and run it where the schedule simulator plays it at least 1% faster (0 = keep the table of unit costs, as --print-schedule shows it)"),
       RT_FIELD(parallel, link_latency_us, "the pipeline message time the schedule simulator charges (parallel.schedule = auto, --print-plan, the epoch line's prediction): latency in microseconds, plus bytes / parallel.link_gbytes_per_s; < 0 = measured by a ping-pong between neighbouring stages at start (--print-plan, one process: messages free)"),
       RT_FIELD(parallel, link_gbytes_per_s, "with parallel.link_latency_us >= 0: the pipeline link's bandwidth in GB/s (0 = a message's bytes cost nothing)"),
       RT_FIELD(parallel, partition, "uniform | params | time | list: how layers are cut into stages"),
@@ -447,6 +448,7 @@ void TrainConfig::validate() const {
            "parallel.micro_batches = ", m);
   parse_schedule(parallel.schedule);  // names the key and the choices
   range("parallel.virtual_stages", parallel.virtual_stages, 2, 64);
+  range("parallel.replan_steps", parallel.replan_steps, 0, 1000000);
   range("parallel.link_gbytes_per_s", parallel.link_gbytes_per_s, 0, kHuge);
   RT_CHECK(parallel.link_latency_us < 1e9, "configuration key 'parallel.link_latency_us' must be < 1e9, got ",
            parallel.link_latency_us);

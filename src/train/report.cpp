@@ -161,7 +161,7 @@ void Reporter::epoch_end(const EpochMetrics& m) {
       j["schedule_s"] = m.schedule_s;
       j["schedule_predicted_s"] = m.schedule_predicted_s;
       j["schedule_bubble_predicted"] = m.schedule_bubble_predicted;
-      for (const auto& c : m.schedule_stage_fiw) j["schedule_stage_fiw"].push_back({c[0], c[1], c[2]});
+      for (const auto& c : m.schedule_stage_fiw) j["schedule_stage_fiw"].push_back({c[0], c[1], c[2], c[3]});
       j["schedule_predicted_free_s"] = m.schedule_predicted_free_s;
       j["pipeline_message_s"] = m.pipeline_message_s;
       j["schedule_predicted_steps_s"] = m.schedule_predicted_steps_s;

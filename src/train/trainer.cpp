@@ -201,6 +201,7 @@ void Trainer::Impl::build_model() {
   if (cfg.parallel.link_latency_us >= 0)  // given: neither auto nor the epoch's prediction measures it
     pipeline_link = {1e-6 * cfg.parallel.link_latency_us, 1e9 * cfg.parallel.link_gbytes_per_s};
   if (pc.schedule == ScheduleKind::automatic) choose_schedule(mc, pc);
+  schedule_kind = pc.schedule;
   parts = build_parts(*grid, mc, pc, optimizer_config(cfg), device, rt);
   if (parts.updater->scaler()) scaler_state = Tensor::zeros({4}, DType::f64);
   const ShardedOptimizer* zero = parts.updater->zero();
@@ -220,73 +221,6 @@ std::int64_t Trainer::Impl::steps_per_epoch() const { return loader->steps_per_e
 // The schedule spans the configured epochs; train.max_steps only stops early
 // (so a run cut short follows the same learning rates as the full one).
 std::int64_t Trainer::Impl::total_steps() const { return steps_per_epoch() * cfg.train.epochs; }
-
-// parallel.schedule = auto: the simulator's pick for this model's layer
-// times (forward + backward, measured on rank 0 as partition = time, and
-// shared), each cut's message bytes and the pipeline link (given, or measured
-// now by a ping-pong between neighbouring stages).
-void Trainer::Impl::choose_schedule(const ModelConfig& mc, GridConfig& pc) {
-  const int p = grid->pp_size(), m = pc.micro_batches * pc.accumulation;
-  pc.schedule = ScheduleKind::one_f_one_b;
-  if (p == 1) return;
-  PlanInput in;
-  run_agreed(world, "timing the layers (parallel.schedule = auto)", [&] {
-    if (world.rank() == 0)
-      in.layer_costs = layer_time_costs(mc, device, std::max<std::int64_t>(1, pc.batch / pc.micro_batches), 3,
-                                        &in.layer_out_bytes);
-  });
-  std::int64_t n = static_cast<std::int64_t>(in.layer_costs.size());
-  broadcast(&n, 1, DType::i64, 0, world);
-  in.layer_costs.resize(static_cast<std::size_t>(n));
-  in.layer_out_bytes.resize(static_cast<std::size_t>(n));
-  broadcast(in.layer_costs.data(), in.layer_costs.size(), DType::f64, 0, world);
-  broadcast(in.layer_out_bytes.data(), in.layer_out_bytes.size(), DType::f64, 0, world);
-  if (pipeline_link.latency_s < 0) {
-    double big = 16;
-    for (double b : in.layer_out_bytes) big = std::max(big, b);
-    pipeline_link = measure_pipeline_link(*grid, big);
-  }
-  in.link = pipeline_link;
-  in.ranks = p;
-  in.micro_batches = m;
-  in.virtual_stages = pc.virtual_stages;
-  in.uniform_cut = pc.partition == PartitionKind::uniform;
-  std::string why;
-  pc.schedule = pick_schedule(in, &why);
-  grid->set_pipeline_layout(layout_for(pc.schedule, p, pc.virtual_stages));
-  if (world.rank() == 0)
-    log::info("parallel.schedule = auto: ", schedule_name(pc.schedule), " (the simulator's steps from the layers' "
-              "measured times, messages at ", 1e6 * pipeline_link.latency_s, " us + ",
-              pipeline_link.bytes_per_s > 0 ? cat(pipeline_link.bytes_per_s / 1e9, " GB/s") : std::string("bytes free"),
-              ": ", why, ")");
-}
-
-void Trainer::Impl::predict_schedule(const EpochStats& st, EpochMetrics& m) {
-  if (grid->pp_size() == 1) return;
-  double n = static_cast<double>(st.timed), mine[2] = {st.schedule_s, n};
-  allreduce(mine, mine, 2, DType::f64, ReduceOp::min, grid->pp());  // every stage timed the same steps
-  if (mine[1] < 1) return;
-  std::vector<ChunkTime> mean = st.chunks;
-  for (ChunkTime& c : mean) c = {c.f / n, c.i / n, c.w / n};
-  double step = st.schedule_s / n;
-  allreduce(&step, &step, 1, DType::f64, ReduceOp::max, grid->pp());  // the step ends with its slowest stage
-  if (pipeline_link.latency_s < 0) pipeline_link = parts.executor->measure_link();
-  const SimCosts costs = parts.executor->gather_costs(mean, pipeline_link);
-  const SimResult sim = simulate(parts.executor->table(), costs);
-  m.schedule_s = step;
-  m.schedule_predicted_s = sim.makespan;
-  m.schedule_predicted_free_s = simulate(parts.executor->table(), parts.executor->gather_costs(mean)).makespan;
-  m.pipeline_message_s = costs.message_s(0);
-  m.schedule_bubble_predicted = sim.mean_bubble();
-  for (const StageCost& c : costs.stage) m.schedule_stage_fiw.push_back({c.f, c.i, c.w});
-  // Each step played with its own costs: the stages' step-to-step variation
-  // lengthens the mean step beyond the play of the mean costs.
-  double kept = static_cast<double>(st.step_chunks.size());
-  allreduce(&kept, &kept, 1, DType::f64, ReduceOp::min, grid->pp());
-  const std::vector<std::vector<ChunkTime>> steps(st.step_chunks.end() - static_cast<std::ptrdiff_t>(kept),
-                                                  st.step_chunks.end());
-  m.schedule_predicted_steps_s = mean_makespan(parts.executor->table(), parts.executor->gather_costs(steps, pipeline_link));
-}
 
 // One optimizer step on every layout: read train.accumulation batches, then
 // the step of parallel/parts.hpp (schedule, gradient synchronisation, update,
@@ -314,15 +248,12 @@ double Trainer::Impl::train_step(EpochStats& st) {
   st.pipeline_wait_s += r.timing.wait_s();
   if (pos.step > 0 && grid->pp_size() > 1) {
     st.chunks.resize(r.timing.chunks.size());
-    for (std::size_t k = 0; k < st.chunks.size(); ++k) {
-      st.chunks[k].f += r.timing.chunks[k].f;
-      st.chunks[k].i += r.timing.chunks[k].i;
-      st.chunks[k].w += r.timing.chunks[k].w;
-    }
+    for (std::size_t k = 0; k < st.chunks.size(); ++k) st.chunks[k].add(r.timing.chunks[k]);
     st.schedule_s += r.timing.schedule_s;
     if (st.step_chunks.size() < EpochStats::kStepsKept) st.step_chunks.push_back(r.timing.chunks);
     else st.step_chunks[static_cast<std::size_t>(st.timed) % EpochStats::kStepsKept] = r.timing.chunks;
     ++st.timed;
+    if (!replanned && st.timed == cfg.parallel.replan_steps) replan_schedule(st);
   }
   st.correct += r.stats.correct;
   st.seen += r.stats.samples;

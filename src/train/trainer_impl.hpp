@@ -41,6 +41,8 @@ struct Trainer::Impl {
   // The pipeline link (ScheduleExecutor::measure_link), measured at the first
   // epoch's prediction; latency < 0: not yet.
   LinkCost pipeline_link{-1, 0};
+  ScheduleKind schedule_kind = ScheduleKind::one_f_one_b;  // the pipeline's, auto resolved
+  bool replanned = false;         // parallel.replan_steps: done (once per process)
   std::unique_ptr<LrSchedule> schedule;
   std::unique_ptr<Reporter> reporter;
   RunPosition pos;                // where the run stands (checkpointed)
@@ -75,7 +77,7 @@ struct Trainer::Impl {
 
   Impl(TrainConfig c, Communicator w, TrainerHooks h);
 
-  // trainer.cpp
+  // trainer.cpp (the pipeline schedule's planning: trainer_pipeline.cpp)
   const Communicator& dp() const { return grid->dp(); }  // ranks holding the same part of the model
   void open_loader();
   void build_model();
@@ -88,6 +90,7 @@ struct Trainer::Impl {
   // from the same steps' per-chunk costs (collective).
   void predict_schedule(const EpochStats& st, EpochMetrics& m);
   void choose_schedule(const ModelConfig& mc, GridConfig& pc);  // parallel.schedule = auto
+  void replan_schedule(EpochStats& st);  // parallel.replan_steps (collective over the pipeline group)
   EvalResult evaluate(const std::string& path);
   TrainResult fit();
   EpochMetrics train_epoch(int epoch, bool& finished);

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <random>
 
 #include "ringtrain/core/error.hpp"
 #include "ringtrain/parallel/schedule.hpp"
@@ -196,6 +197,11 @@ TEST(Schedule, TablesLookLikeThePapers) {
             "0F0 0F1 0F2 0F3 0B0 0F4 0B1 0F5 0B2 0B3 0B4 0B5");
   // The last stage runs I ahead of W while upstream stages wait for it.
   EXPECT_EQ(row(make_schedule(ScheduleKind::zb_h1, 2, 3), 1), "1F0 1I0 1F1 1I1 1W0 1F2 1I2 1W1 1W2");
+  // The first stage sends no input gradient: where its W follows its I at once, one whole B runs instead.
+  EXPECT_EQ(row(make_schedule(ScheduleKind::zb_h1, 2, 4), 0), "0F0 0F1 0B0 0F2 0B1 0F3 0B2 0B3");
+  // ZB-V's rank 0 keeps its last free activation for stage 3 (0F3 waits until 0W0).
+  EXPECT_EQ(row(make_schedule(ScheduleKind::zb_v, 2, 4), 0), "0F0 0F1 0F2 3F0 3I0 3W0 3F1 3I1 0I0 3W1 0I1 0W0 0F3 "
+                                                             "3F2 3I2 3W2 0W1 3F3 3I3 0I2 3W3 0I3 0W2 0W3");
   EXPECT_EQ(row(make_schedule(ScheduleKind::afab, 2, 2), 1), "1F0 1F1 1B0 1B1");
   // Megatron's interleaved order at p = 2, v = 2, m = 4: rounds of p micro-batches per chunk.
   EXPECT_EQ(row(make_schedule(ScheduleKind::interleaved, 2, 4, 2), 0),
@@ -462,17 +468,66 @@ TEST(Schedule, SimulatorChargesNoMessageAtTheVsTurn) {
     return out;
   };
   ASSERT_EQ(row(lower(v), 0),
-            "LoadMicroBatch(0,0) 0F0 SendAct(0,0) RecvAct(3,0) 3F0 3I0 SendGrad(3,0) 3W0 RecvGrad(0,0) 0I0 0W0");
+            "LoadMicroBatch(0,0) 0F0 SendAct(0,0) RecvAct(3,0) 3F0 3I0 SendGrad(3,0) 3W0 RecvGrad(0,0) 0B0");
   ASSERT_EQ(row(lower(v), 1), "RecvAct(1,0) 1F0 2F0 SendAct(2,0) RecvGrad(2,0) 2I0 1I0 SendGrad(1,0) 2W0 1W0");
   SimCosts c;
   c.stage.assign(4, StageCost{0.5, 0.5, 0.5});
   c.link = {1.5, 0};
-  //   rank 0: 0F0 [0, .5]; 3F0 [1.5 + 2d, 2 + 2d], 3I0 to 2.5 + 2d, 3W0 to 3 + 2d; 0I0 [3.5 + 4d, 4 + 4d], 0W0 to 4.5 + 4d
+  //   rank 0: 0F0 [0, .5]; 3F0 [1.5 + 2d, 2 + 2d], 3I0 to 2.5 + 2d, 3W0 to 3 + 2d; 0B0 [3.5 + 4d, 4.5 + 4d]
   //   rank 1: 1F0 2F0 [.5 + d, 1.5 + d]; 2I0 1I0 [2.5 + 3d, 3.5 + 3d]; 2W0 1W0 to 4.5 + 3d
   const SimResult r = simulate(v, c);
   ASSERT_FALSE(r.deadlock);
   EXPECT_DOUBLE_EQ(r.makespan, 4.5 + 4 * 1.5);
   EXPECT_DOUBLE_EQ(simulate(v, {c.stage, {}, {}}).makespan, 4.5);
+  // A measured whole backward is played as measured: stage 0's B at 0.6 ends the step 0.4 earlier.
+  c.stage[0].whole = 0.6;
+  EXPECT_DOUBLE_EQ(simulate(v, c).makespan, 4.1 + 4 * 1.5);
+}
+
+// The zero-bubble greedy over any costs (zero W, slow stages, costly
+// messages) yields valid tables that never deadlock, with at most 1F1B's
+// activations per rank (p stage micro-batches).
+TEST(Schedule, ZeroBubbleGreedyOverAnyCostsIsValid) {
+  std::mt19937 gen(7);
+  std::uniform_real_distribution<double> u01(0, 1);
+  auto u = [&] { return u01(gen); };
+  for (ScheduleKind k : {ScheduleKind::zb_h1, ScheduleKind::zb_v})
+    for (int p = 2; p <= 6; ++p)
+      for (int m = 1; m <= 12; ++m)
+        for (int trial = 0; trial < 4; ++trial) {
+          const PipelineLayout L = layout_for(k, p, 2);
+          SimCosts c;
+          for (int g = 0; g < L.stages(); ++g)
+            c.stage.push_back(StageCost{0.1 + 3 * u(), 0.1 + 3 * u(), trial == 0 ? 0.0 : 2 * u()});
+          c.link = {trial == 3 ? 2.0 : 0.0, 0};
+          const std::string what = cat(schedule_name(k), " p=", p, " m=", m, " trial ", trial);
+          Schedule s;
+          ASSERT_NO_THROW(s = make_schedule(k, p, m, 2, c)) << what;
+          ASSERT_NO_THROW(validate(s)) << what;
+          const SimResult r = simulate(s, c);
+          ASSERT_FALSE(r.deadlock) << what << ": " << r.where;
+          for (int peak : r.peak) EXPECT_LE(peak, p * L.chunks) << what;
+        }
+}
+
+// vit's chunks as measured in one epoch of zb-v (ms per micro-batch, pipeline
+// 2, m = 4, cut [2, 1, 1, 4]; forwards cost about I, W half of that): the
+// table built over them plays 2.7% faster than the unit-cost one, and
+// replan_zero_bubble takes it.
+TEST(Schedule, TheGreedyOverMeasuredCostsBeatsTheUnitTable) {
+  SimCosts c;
+  c.stage = {{4.032, 4.392, 2.314}, {3.708, 4.277, 2.326}, {3.706, 4.157, 2.326}, {3.864, 4.403, 2.191}};
+  c.link = {0.46, 0};
+  const Schedule unit = make_schedule(ScheduleKind::zb_v, 2, 4);
+  const double t_unit = simulate(unit, c).makespan;
+  const double t_cost = simulate(make_schedule(ScheduleKind::zb_v, 2, 4, 2, c), c).makespan;
+  EXPECT_LT(t_cost, 0.98 * t_unit) << t_cost << " vs " << t_unit;
+  const Replan r = replan_zero_bubble(unit, ScheduleKind::zb_v, c);
+  ASSERT_TRUE(r.better());
+  EXPECT_DOUBLE_EQ(r.current_s, t_unit);
+  EXPECT_DOUBLE_EQ(r.replanned_s, t_cost);
+  // Where the rebuilt table is not 1% faster, nothing changes.
+  EXPECT_FALSE(replan_zero_bubble(unit, ScheduleKind::zb_v, SimCosts{}).better());
 }
 
 // Each step played with its own costs (the epoch line's per-step prediction).

@@ -89,6 +89,11 @@ class ScheduleExecutor {
   const Schedule& table() const { return table_; }           // lowered, every rank's
   const std::vector<Action>& actions() const { return mine_; }  // this rank's
   const MicroBatching& batching() const { return mb_; }
+  // Runs `compute` from the next step on: the same layout and micro-batches,
+  // validated, and needing no more activation slots than the stage has on
+  // any rank (else false, nothing changed). Collective over the pipeline
+  // group, between steps, every rank with the same table.
+  bool replace_table(const Schedule& compute);
 
   StepOutput run(Stage& stage, const Loss& loss, const StepInput& in, GradSync& sync);
 

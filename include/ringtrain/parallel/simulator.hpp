@@ -25,8 +25,9 @@
 namespace ringtrain {
 
 struct StageCost {
-  double f = 1, i = 1, w = 1;  // forward, input gradient, weight gradient; B = I + W
-  double b() const { return i + w; }
+  double f = 1, i = 1, w = 1;  // forward, input gradient, weight gradient
+  double whole = 0;            // a whole backward where measured (cheaper than I + W apart), else 0
+  double b() const { return whole > 0 ? whole : i + w; }
 };
 
 // One pipeline message, send to arrival: latency_s + bytes / bytes_per_s
@@ -64,6 +65,24 @@ struct SimResult {
   double bubble(int rank) const { return makespan > 0 ? 1 - busy[static_cast<std::size_t>(rank)] / makespan : 0; }
   double mean_bubble() const;
 };
+
+// A built-in kind's table with the zero-bubble kinds (zb-h1, zb-v) built by
+// their greedy over these costs (per stage F, I, W and the messages) instead
+// of unit ones; the other kinds do not depend on costs.
+Schedule make_schedule(ScheduleKind kind, int p, int m, int virtual_stages, const SimCosts& costs);
+
+// A zero-bubble table (zb-h1, zb-v) rebuilt by its greedy over measured
+// costs. The unit-cost greedy places W where unit times leave room; on real
+// layers F, I and W differ (a forward often costs more than I + W), and the
+// rebuilt order can keep the ranks busier. `table` is the rebuilt compute
+// table where the simulator plays it at least `gain` (a fraction) faster
+// than `current` with the same costs, else empty.
+struct Replan {
+  Schedule table;
+  double current_s = 0, replanned_s = 0;  // both played with the costs
+  bool better() const { return !table.ranks.empty(); }
+};
+Replan replan_zero_bubble(const Schedule& current, ScheduleKind kind, const SimCosts& costs, double gain = 0.01);
 
 // Plays s (lowered first when it is a compute table).
 SimResult simulate(const Schedule& s, const SimCosts& costs = {});

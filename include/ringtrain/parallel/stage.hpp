@@ -135,6 +135,13 @@ class Stage {
   // need_dx: whether the chunk's input gradient is wanted (false on the model's first layers).
   Tensor backward_input(int chunk, int slot, const Tensor& dy, bool need_dx, const GradReady& ready = {});
   void backward_weight(int chunk, int slot, const GradReady& ready = {});
+  // A B of a split stage (a table that splits other micro-batches): each
+  // layer's whole backward, as a fused stage runs it, without the split's cost
+  // of reading the activations again. ready_input announces the layers that do
+  // not split their backward (as backward_input does), ready_weight those that
+  // do (as backward_weight).
+  Tensor backward_whole(int chunk, int slot, const Tensor& dy, bool need_dx, const GradReady& ready_input,
+                        const GradReady& ready_weight);
   // Chunk 0.
   Tensor forward(int slot, const Tensor& x, Mode mode, const SamplePosition& pos = {}) {
     return forward(0, slot, x, mode, pos);
@@ -190,6 +197,8 @@ class Stage {
   ParamAccess* access_ = nullptr;
 
   Slot& slot_of(int chunk, int slot);
+  Tensor backward_pass(int chunk, int slot, const Tensor& dy, bool need_dx, bool whole, const GradReady& ready_input,
+                       const GradReady& ready_weight);
   void make_contexts();  // fresh contexts for every slot
   void use(int local, ParamAccess::Pass p) {
     if (access_) access_->use(local, p);

@@ -47,12 +47,22 @@ struct StepStats {
 // Sums every count over `comm` (one float64 all-reduce); `skipped` is kept.
 StepStats reduce(const StepStats& mine, const Communicator& comm);
 
-// Per micro-batch: mean seconds of a chunk's forward, input gradient and
-// weight gradient in one step (a whole backward counts as input gradient):
-// what the schedule simulator (parallel/simulator.hpp) plays.
+// Per action: mean seconds of a chunk's forward, input gradient, weight
+// gradient and whole backward in one step: what the schedule simulator
+// (parallel/simulator.hpp) plays. A chunk that ran whole backwards only also
+// counts them as input gradient (i = b, w = 0), so i + w is its backward on
+// every table; b is 0 where it ran none.
 struct ChunkTime {
-  double f = 0, i = 0, w = 0;
+  double f = 0, i = 0, w = 0, b = 0;
+  void add(const ChunkTime& o, double scale = 1) {
+    f += scale * o.f;
+    i += scale * o.i;
+    w += scale * o.w;
+    b += scale * o.b;
+  }
 };
+// The means from per-op sums and counts (executor).
+ChunkTime per_action(const ChunkTime& sum, const ChunkTime& count);
 
 // Where this rank's step time went.
 struct StepTiming {

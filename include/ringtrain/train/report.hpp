@@ -48,7 +48,7 @@ struct EpochMetrics {
   double schedule_s = 0, schedule_predicted_s = 0, schedule_bubble_predicted = 0;
   // Per global pipeline stage (chunk): the epoch's mean forward, input-gradient and
   // weight-gradient seconds per micro-batch, the simulator's inputs (log.metrics only).
-  std::vector<std::array<double, 3>> schedule_stage_fiw;
+  std::vector<std::array<double, 4>> schedule_stage_fiw;  // per stage: F, I, W and a whole B (0: none ran)
   double schedule_predicted_free_s = 0, pipeline_message_s = 0;
   // The mean over the epoch's steps (its last 1024) of each step played with
   // that step's own chunk costs and the link: what the steps' variation adds.
