@@ -21,15 +21,21 @@ ROUNDS=${2:-1}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 run() {  # model-config extra-sets...
   local cfg=$1; shift
-  mpirun -np 2 --oversubscribe --bind-to none "$B/ringtrain" train --config "$cfg" --no-eval \
-    --set train.epochs=1 --set schedule.warmup_epochs=0.1 --set checkpoint.dir= --set log.format=plain "$@" 2>&1 | grep "epoch 1/1:" |
-    sed -E 's/.*\| ([0-9]+ (img|tokens)\/s)[^|]*(\| pipeline schedule ([0-9.]+) ms\/step, simulator ([0-9.]+) ms \(bubble [0-9]+%; messages ([0-9]+) us; ([0-9.]+) ms with free messages; ([0-9.]+) ms from per-step costs\))?.*/\1 \4 \5 \6 \7 \8/'
+  local log
+  log=$(mpirun -np 2 --oversubscribe --bind-to none "$B/ringtrain" train --config "$cfg" --no-eval \
+    --set train.epochs=1 --set schedule.warmup_epochs=0.1 --set checkpoint.dir= --set log.format=plain "$@" 2>&1)
+  # the last column: whether parallel.replan_steps rebuilt the zero-bubble table (replanned / unit / -)
+  local re=-
+  grep -q "rebuilt over the first .*running it" <<<"$log" && re=replanned
+  grep -q "rebuilt over the first .*kept the unit-cost" <<<"$log" && re=unit
+  echo "$(grep "epoch 1/1:" <<<"$log" |
+    sed -E 's/.*\| ([0-9]+ (img|tokens)\/s)[^|]*(\| pipeline schedule ([0-9.]+) ms\/step, simulator ([0-9.]+) ms \(bubble [0-9]+%; messages ([0-9]+) us; ([0-9.]+) ms with free messages; ([0-9.]+) ms from per-step costs\))?.*/\1 \4 \5 \6 \7 \8/') $re"
 }
 echo "# $(date -u +%FT%TZ) $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2) ($(nproc) cores), load $(cut -d' ' -f1-3 /proc/loadavg), CUT=${CUT:-time}"
 MODELS=${MODELS:-cnn vit gpt}
 SCHEDULES=${SCHEDULES:-1f1b zb-h1 interleaved zb-v}  # and data2 (ALSO_DATA2=0 leaves it out)
 load() { cut -d' ' -f1 /proc/loadavg; }
-echo "# round model layout load rate unit schedule_ms predicted_ms message_us predicted_free_ms predicted_steps_ms"
+echo "# round model layout load rate unit schedule_ms predicted_ms message_us predicted_free_ms predicted_steps_ms table"
 out=$(mktemp)
 for r in $(seq "$ROUNDS"); do
   # model config batch cut-of-2-stages cut-of-4-chunks (layers per stage/chunk; CUT=fixed)
@@ -55,12 +61,14 @@ for r in $(seq "$ROUNDS"); do
     done
   done
 done
-echo "# medians over $ROUNDS round(s): model layout load rate unit schedule_ms predicted_ms err(measured/predicted-1) predicted_steps_ms err_steps"
+echo "# medians over $ROUNDS round(s): model layout load rate unit schedule_ms predicted_ms err(measured/predicted-1) predicted_steps_ms err_steps [table per round]"
 python3 - "$out" <<'PY'
 import sys, statistics as st, collections
 rows = collections.OrderedDict()
+tables = collections.defaultdict(list)
 for line in open(sys.argv[1]):
     f = line.split()
+    if len(f) >= 7 and f[-1] in ("-", "replanned", "unit"): tables[(f[1], f[2])].append(f.pop())
     if len(f) >= 6: rows.setdefault((f[1], f[2]), []).append(f)
 for (m, lay), fs in rows.items():
     med = lambda i: st.median(float(f[i]) for f in fs) if all(len(f) > i for f in fs) else None
@@ -73,6 +81,7 @@ for (m, lay), fs in rows.items():
         if all(len(f) > 10 for f in fs):  # the prediction from each step's own costs
             es = [float(f[6]) / float(f[10]) - 1 for f in fs]
             s += f" {med(10):.1f} {st.median(es):+.3f}"
+    if any(t != "-" for t in tables[(m, lay)]): s += " " + ",".join(tables[(m, lay)])
     print(s)
 PY
 rm -f "$out"

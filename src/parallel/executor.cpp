@@ -91,6 +91,7 @@ ScheduleExecutor::ScheduleExecutor(const ProcessGrid& grid, const Schedule& tabl
     validate(table);
   });
   table_ = lower(table);
+  splits_ = table.split_backward();
   mine_ = table_.ranks[static_cast<std::size_t>(r)];
   slots_ = 1;
   const std::vector<std::vector<int>> peaks = peak_in_flight_per_chunk(table_);
@@ -159,8 +160,9 @@ bool ScheduleExecutor::replace_table(const Schedule& compute) {
   RT_CHECK(compute.layout == table_.layout && compute.micro_batches == table_.micro_batches,
            "pipeline schedule: a new table must keep the layout and the micro-batches");
   validate(compute);
-  RT_CHECK(compute.split_backward() == table_.split_backward(),
-           "pipeline schedule: a new table must split backwards as the old one (the stage keeps its gradients so)");
+  // A stage built for a table without I/W runs backwards fused (Stage::set_fused_backward) and cannot defer a W.
+  RT_CHECK(!compute.split_backward() || splits_,
+           "pipeline schedule: a table that splits backwards cannot replace one built without I and W");
   Schedule t = lower(compute);
   int fits = 1;
   const std::vector<std::vector<int>> peaks = peak_in_flight_per_chunk(t);

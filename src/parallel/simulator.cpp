@@ -219,14 +219,72 @@ std::vector<SchedulePrediction> predict_schedules(const PlanInput& in) {
   return out;
 }
 
-Replan replan_zero_bubble(const Schedule& current, ScheduleKind kind, const SimCosts& costs, double gain) {
+namespace {
+
+// I(g, mb) at o[j] made a B, its W dropped.
+void fuse_at(std::vector<Action>& o, std::size_t j) {
+  const Action a = o[j];
+  o[j].op = Op::backward;
+  for (std::size_t q = j + 1; q < o.size(); ++q)
+    if (o[q].op == Op::backward_weight && o[q].stage == a.stage && o[q].mb == a.mb) {
+      o.erase(o.begin() + static_cast<std::ptrdiff_t>(q));
+      return;
+    }
+}
+
+// Only compute actions: a lowered table's are stripped of what lower() added.
+Schedule compute_only(const Schedule& s) {
+  Schedule c = s;
+  for (auto& o : c.ranks) o.erase(std::remove_if(o.begin(), o.end(), [](const Action& a) { return !is_compute(a.op); }), o.end());
+  return c;
+}
+
+}  // namespace
+
+Schedule fuse_all(const Schedule& compute) {
+  Schedule s = compute_only(compute);
+  for (auto& o : s.ranks)
+    for (std::size_t j = 0; j < o.size(); ++j)
+      if (o[j].op == Op::backward_input) fuse_at(o, j);
+  return s;
+}
+
+Schedule fuse_where_faster(const Schedule& compute, const SimCosts& costs, int passes) {
+  Schedule s = compute_only(compute);
+  double best = simulate(s, costs).makespan;
+  for (int pass = 0; pass < passes; ++pass) {
+    bool improved = false;
+    for (std::size_t r = 0; r < s.ranks.size(); ++r)
+      for (std::size_t j = 0; j < s.ranks[r].size(); ++j) {
+        if (s.ranks[r][j].op != Op::backward_input) continue;
+        Schedule t = s;
+        fuse_at(t.ranks[r], j);
+        const SimResult x = simulate(t, costs);
+        if (!x.deadlock && x.makespan < best * (1 - 1e-9)) {
+          best = x.makespan;
+          s = std::move(t);
+          improved = true;
+        }
+      }
+    if (!improved) break;
+  }
+  return s;
+}
+
+Replan replan_zero_bubble(const Schedule& unit, ScheduleKind kind, const SimCosts& costs, double gain) {
   RT_CHECK(kind == ScheduleKind::zb_h1 || kind == ScheduleKind::zb_v, "replan_zero_bubble: ", schedule_name(kind),
            " is not a zero-bubble kind");
   Replan out;
-  Schedule t = make_schedule(kind, current.layout.ranks, current.micro_batches, current.layout.chunks, costs);
-  out.current_s = simulate(current, costs).makespan;
-  out.replanned_s = simulate(t, costs).makespan;
-  if (out.replanned_s < out.current_s * (1 - gain)) out.table = std::move(t);
+  out.unit_s = out.replanned_s = simulate(unit, costs).makespan;
+  const Schedule greedy = make_schedule(kind, unit.layout.ranks, unit.micro_batches, unit.layout.chunks, costs);
+  for (const Schedule* base : {&greedy, &unit})
+    for (Schedule t : {compute_only(*base), fuse_where_faster(*base, costs)}) {
+      const double x = simulate(t, costs).makespan;
+      if (x < out.replanned_s && x < out.unit_s * (1 - gain)) {
+        out.replanned_s = x;
+        out.table = std::move(t);
+      }
+    }
   return out;
 }
 

@@ -42,7 +42,11 @@ struct Trainer::Impl {
   // epoch's prediction; latency < 0: not yet.
   LinkCost pipeline_link{-1, 0};
   ScheduleKind schedule_kind = ScheduleKind::one_f_one_b;  // the pipeline's, auto resolved
-  bool replanned = false;         // parallel.replan_steps: done (once per process)
+  // parallel.replan_steps (once per process): 0 = timing the unit-cost table's
+  // split backwards, 1 = timing them whole, 2 = done.
+  int replan_phase = 0;
+  std::vector<ChunkTime> replan_split;  // phase 0's per-chunk costs
+  Schedule unit_table;                  // the table the run started with
   std::unique_ptr<LrSchedule> schedule;
   std::unique_ptr<Reporter> reporter;
   RunPosition pos;                // where the run stands (checkpointed)

@@ -89,30 +89,55 @@ void Trainer::Impl::predict_schedule(const EpochStats& st, EpochMetrics& m) {
   m.schedule_predicted_steps_s = mean_makespan(parts.executor->table(), parts.executor->gather_costs(steps, pipeline_link));
 }
 
-// parallel.replan_steps: the zero-bubble table rebuilt over the first steps'
-// measured costs, where the simulator plays it faster. Every pipeline rank
-// gathers the same costs, so all build the same table and change together;
-// the epoch's counters restart, as its steps ran another table.
+// parallel.replan_steps: the zero-bubble table rebuilt over measured costs.
+// Phase 0 timed the unit-cost table (F, I, W); phase 1 runs the same order
+// with every backward whole, to time B; then the simulator picks (simulator.hpp
+// replan_zero_bubble). Every pipeline rank gathers the same costs, so all
+// build the same tables and change together; the epoch's counters restart
+// at each change, as its steps ran another table.
 void Trainer::Impl::replan_schedule(EpochStats& st) {
-  replanned = true;
   const ScheduleKind kind = schedule_kind;
-  if (grid->pp_size() == 1 || (kind != ScheduleKind::zb_h1 && kind != ScheduleKind::zb_v)) return;
+  if (grid->pp_size() == 1 || (kind != ScheduleKind::zb_h1 && kind != ScheduleKind::zb_v)) {
+    replan_phase = 2;
+    return;
+  }
+  auto restart = [&] {
+    st.chunks.clear();
+    st.step_chunks.clear();
+    st.schedule_s = 0;
+    st.timed = 0;
+  };
+  const std::vector<ChunkTime> mean = mean_chunks(st.chunks, static_cast<double>(st.timed));
+  const int steps = cfg.parallel.replan_steps;
+  if (replan_phase == 0) {
+    replan_split = mean;
+    unit_table = parts.executor->table();
+    if (parts.executor->replace_table(fuse_all(unit_table))) {
+      replan_phase = 1;
+      restart();
+    } else {
+      replan_phase = 2;
+    }
+    return;
+  }
+  replan_phase = 2;
+  std::vector<ChunkTime> both = replan_split;
+  for (std::size_t k = 0; k < both.size(); ++k) {
+    both[k].f = (both[k].f + mean[k].f) / 2;
+    both[k].b = mean[k].b;  // phase 1 ran only whole backwards
+  }
   if (pipeline_link.latency_s < 0) pipeline_link = parts.executor->measure_link();
-  const SimCosts costs =
-      parts.executor->gather_costs(mean_chunks(st.chunks, static_cast<double>(st.timed)), pipeline_link);
-  const Replan plan = replan_zero_bubble(parts.executor->table(), kind, costs);
-  const bool changed = plan.better() && parts.executor->replace_table(plan.table);
+  const SimCosts costs = parts.executor->gather_costs(both, pipeline_link);
+  const Replan plan = replan_zero_bubble(unit_table, kind, costs);
+  const bool changed = parts.executor->replace_table(plan.better() ? plan.table : unit_table);
+  RT_CHECK(changed, "parallel.replan_steps: the unit-cost table no longer fits its own activation slots");
   if (world.rank() == 0)
-    log::info("parallel.schedule = ", schedule_name(kind), ": the table rebuilt over the first ",
-              cfg.parallel.replan_steps, " steps' costs plays in ", 1e3 * plan.replanned_s, " ms against ",
-              1e3 * plan.current_s, " ms for the unit-cost one (simulator): ",
-              changed ? "running it" : plan.better() ? "kept the unit-cost one (it needs more activation slots)"
-                                                     : "kept the unit-cost one");
-  if (!changed) return;
-  st.chunks.clear();
-  st.step_chunks.clear();
-  st.schedule_s = 0;
-  st.timed = 0;
+    log::info("parallel.schedule = ", schedule_name(kind), ": over ", steps, " steps split and ", steps,
+              " whole, the simulator plays the unit-cost table in ", 1e3 * plan.unit_s, " ms, ",
+              plan.better() ? cat("a rebuilt one in ", 1e3 * plan.replanned_s, " ms: running it (",
+                                  plan.table.split_backward() ? "" : "no backward split; ", "--print-schedule shows the unit-cost one)")
+                            : std::string("and none faster by 1%: keeping it"));
+  restart();
 }
 
 }  // namespace ringtrain

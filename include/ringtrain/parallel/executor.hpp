@@ -90,9 +90,10 @@ class ScheduleExecutor {
   const std::vector<Action>& actions() const { return mine_; }  // this rank's
   const MicroBatching& batching() const { return mb_; }
   // Runs `compute` from the next step on: the same layout and micro-batches,
-  // validated, and needing no more activation slots than the stage has on
-  // any rank (else false, nothing changed). Collective over the pipeline
-  // group, between steps, every rank with the same table.
+  // validated, needing no more activation slots than the stage has on any
+  // rank (else false, nothing changed), and with I and W only if the first
+  // table had them. Collective over the pipeline group, between steps, every
+  // rank with the same table.
   bool replace_table(const Schedule& compute);
 
   StepOutput run(Stage& stage, const Loss& loss, const StepInput& in, GradSync& sync);
@@ -128,6 +129,7 @@ class ScheduleExecutor {
   const ProcessGrid& grid_;
   MicroBatching mb_;
   Schedule table_;
+  bool splits_ = false;  // the table it was built for splits backwards (the stage is in split mode)
   std::vector<Action> mine_;
   int slots_ = 1;
   Device dev_;

@@ -71,18 +71,29 @@ struct SimResult {
 // of unit ones; the other kinds do not depend on costs.
 Schedule make_schedule(ScheduleKind kind, int p, int m, int virtual_stages, const SimCosts& costs);
 
-// A zero-bubble table (zb-h1, zb-v) rebuilt by its greedy over measured
-// costs. The unit-cost greedy places W where unit times leave room; on real
-// layers F, I and W differ (a forward often costs more than I + W), and the
-// rebuilt order can keep the ranks busier. `table` is the rebuilt compute
-// table where the simulator plays it at least `gain` (a fraction) faster
-// than `current` with the same costs, else empty.
+// Every I of the table made a whole B (its W dropped): the same order with
+// unsplit backwards (what parallel.replan_steps runs to measure them).
+Schedule fuse_all(const Schedule& compute);
+// A local search over which backwards stay split: each I in turn becomes a
+// whole B (its W dropped) where the simulator plays the table faster with
+// these costs (StageCost::whole: a B where measured, cheaper than I + W run
+// apart), repeated while a pass improves, at most `passes` passes.
+Schedule fuse_where_faster(const Schedule& compute, const SimCosts& costs, int passes = 4);
+
+// A zero-bubble table (zb-h1, zb-v) rebuilt over measured costs. The
+// unit-cost greedy places W where unit times leave room; on real layers F,
+// I and W differ (a forward often costs more than I + W), and a split
+// backward costs more than a whole one (W reads its operands again). The
+// candidates: the greedy's table over the costs and `unit` (the unit-cost
+// table), each with fuse_where_faster. `table` is the fastest where the
+// simulator plays it at least `gain` (a fraction) faster than `unit` with
+// the same costs, else empty.
 struct Replan {
   Schedule table;
-  double current_s = 0, replanned_s = 0;  // both played with the costs
+  double unit_s = 0, replanned_s = 0;  // played with the costs
   bool better() const { return !table.ranks.empty(); }
 };
-Replan replan_zero_bubble(const Schedule& current, ScheduleKind kind, const SimCosts& costs, double gain = 0.01);
+Replan replan_zero_bubble(const Schedule& unit, ScheduleKind kind, const SimCosts& costs, double gain = 0.01);
 
 // Plays s (lowered first when it is a compute table).
 SimResult simulate(const Schedule& s, const SimCosts& costs = {});
