@@ -26,8 +26,8 @@ run() {  # model-config extra-sets...
     --set train.epochs=1 --set schedule.warmup_epochs=0.1 --set checkpoint.dir= --set log.format=plain "$@" 2>&1)
   # the last column: whether parallel.replan_steps rebuilt the zero-bubble table (replanned / unit / -)
   local re=-
-  grep -q "rebuilt over the first .*running it" <<<"$log" && re=replanned
-  grep -q "rebuilt over the first .*kept the unit-cost" <<<"$log" && re=unit
+  grep -q "simulator plays the unit-cost table.*running it" <<<"$log" && re=replanned
+  grep -q "simulator plays the unit-cost table.*keeping it" <<<"$log" && re=unit
   echo "$(grep "epoch 1/1:" <<<"$log" |
     sed -E 's/.*\| ([0-9]+ (img|tokens)\/s)[^|]*(\| pipeline schedule ([0-9.]+) ms\/step, simulator ([0-9.]+) ms \(bubble [0-9]+%; messages ([0-9]+) us; ([0-9.]+) ms with free messages; ([0-9.]+) ms from per-step costs\))?.*/\1 \4 \5 \6 \7 \8/') $re"
 }
