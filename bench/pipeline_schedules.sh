@@ -24,10 +24,11 @@ run() {  # model-config extra-sets...
   local log
   log=$(mpirun -np 2 --oversubscribe --bind-to none "$B/ringtrain" train --config "$cfg" --no-eval \
     --set train.epochs=1 --set schedule.warmup_epochs=0.1 --set checkpoint.dir= --set log.format=plain "$@" 2>&1)
-  # the last column: whether parallel.replan_steps rebuilt the zero-bubble table (replanned / unit / -)
+  # the last column: the table parallel.replan_steps kept after timing each (rebuilt / whole / unit / -)
   local re=-
-  grep -q "simulator plays the unit-cost table.*running it" <<<"$log" && re=replanned
-  grep -q "simulator plays the unit-cost table.*keeping it" <<<"$log" && re=unit
+  grep -q "median step over.*; running the rebuilt table" <<<"$log" && re=rebuilt
+  grep -q "median step over.*; running every backward whole" <<<"$log" && re=whole
+  grep -q "median step over.*; running the unit-cost table" <<<"$log" && re=unit
   echo "$(grep "epoch 1/1:" <<<"$log" |
     sed -E 's/.*\| ([0-9]+ (img|tokens)\/s)[^|]*(\| pipeline schedule ([0-9.]+) ms\/step, simulator ([0-9.]+) ms \(bubble [0-9]+%; messages ([0-9]+) us; ([0-9.]+) ms with free messages; ([0-9.]+) ms from per-step costs\))?.*/\1 \4 \5 \6 \7 \8/') $re"
 }
@@ -68,7 +69,7 @@ rows = collections.OrderedDict()
 tables = collections.defaultdict(list)
 for line in open(sys.argv[1]):
     f = line.split()
-    if len(f) >= 7 and f[-1] in ("-", "replanned", "unit"): tables[(f[1], f[2])].append(f.pop())
+    if len(f) >= 7 and f[-1] in ("-", "rebuilt", "whole", "unit"): tables[(f[1], f[2])].append(f.pop())
     if len(f) >= 6: rows.setdefault((f[1], f[2]), []).append(f)
 for (m, lay), fs in rows.items():
     med = lambda i: st.median(float(f[i]) for f in fs) if all(len(f) > i for f in fs) else None

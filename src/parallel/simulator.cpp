@@ -48,11 +48,41 @@ SimResult simulate(const Schedule& in, const SimCosts& costs) {
   std::vector<double> clock(P, 0);
   std::vector<int> live(P, 0);
   std::vector<bool> done(P, false);
-  // A message: (receiving stage, 0 = activation | 1 = gradient, micro-batch) -> when the receiver has it.
-  std::map<std::tuple<int, int, int>, double> arrives;
-  // Per rank, its compute intervals so far: it drives MPI (takes a rendezvous
-  // message) only outside them.
-  std::vector<std::vector<std::pair<double, double>>> computing(P);
+  // A message: (receiving stage, 0 = activation | 1 = gradient, micro-batch)
+  // -> when the receiver may have it and, for a rendezvous, the copy it then
+  // makes inside MPI (bytes / bandwidth of the link's time).
+  struct Message {
+    double at = 0, copy = 0;
+  };
+  std::map<std::tuple<int, int, int>, Message> arrives;
+  // Per rank, its compute intervals and its waits in MPI so far: it drives
+  // MPI (takes a rendezvous message) only outside the first, copies in the second.
+  std::vector<std::vector<std::pair<double, double>>> computing(P), in_mpi(P);
+  std::vector<double> copied_until(P, 0);  // a rank copies one message at a time
+  auto wait_until = [&](std::size_t k, double t) {
+    if (t <= clock[k]) return;
+    in_mpi[k].push_back({clock[k], t});
+    clock[k] = t;
+  };
+  // When rank k, in its receive at its clock, has message m: a rendezvous
+  // copy runs in k's waits since m was offered (after its earlier copies),
+  // and what is left of it now (Open MPI's single-copy get: the receiver
+  // reads the sender's buffer when it is in MPI; measured on cnn's 12.8 MB
+  // activations, docs/parallel_layouts.md).
+  auto received_at = [&](std::size_t k, const Message& m) {
+    if (m.copy <= 0) return m.at;
+    double need = m.copy, from = std::max(m.at, copied_until[k]), got = 0;
+    for (const auto& [a, b] : in_mpi[k]) {
+      if (b <= from) continue;
+      const double s = std::max(a, from), take = std::min(b - s, need);
+      need -= take;
+      got = s + take;
+      if (need <= 0) break;
+    }
+    if (need > 0) got = std::max(clock[k], from) + need;
+    copied_until[k] = got;
+    return got;
+  };
   auto progresses_at = [&](int j, double t) {
     for (auto it = computing[static_cast<std::size_t>(j)].rbegin(); it != computing[static_cast<std::size_t>(j)].rend(); ++it) {
       if (it->second <= t) break;
@@ -77,17 +107,21 @@ SimResult simulate(const Schedule& in, const SimCosts& costs) {
   }
   // Rank k posts a message at c across `boundary` to the rank of stage `to`.
   // Eager: the receiver has it one message time later, the send is complete.
-  // Rendezvous: the receiver takes it (and the send completes) once it is in
-  // MPI, at or after one message time (its receives are posted up front).
+  // Rendezvous: one latency later the receiver may take it, copying the
+  // bytes itself inside MPI (received_at); the send completes then, taken
+  // here as once the receiver is out of the compute it is in (its receives
+  // are posted up front) and has copied.
   auto post = [&](std::size_t k, int chunk, int mb, std::tuple<int, int, int> msg, int boundary, int to, double c) {
-    double at = c + costs.message_s(boundary);
+    const double whole = costs.message_s(boundary);
     const auto b = static_cast<std::size_t>(boundary);
     if ((b < costs.boundary_bytes.size() ? costs.boundary_bytes[b] : 0.0) > costs.eager_bytes) {
-      at = std::max(at, progresses_at(L.rank_of(to), c));
+      const double copy = std::max(0.0, whole - costs.link.latency_s), at = c + whole - copy;
       auto& done_at = sent[k][static_cast<std::size_t>(chunk * slots[k] + slot_of[k][static_cast<std::size_t>(chunk)][static_cast<std::size_t>(mb)])];
-      done_at = std::max(done_at, at);
+      done_at = std::max(done_at, std::max(at, progresses_at(L.rank_of(to), c)) + copy);
+      arrives[msg] = {at, copy};
+    } else {
+      arrives[msg] = {c + whole, 0};
     }
-    arrives[msg] = at;
   };
   // Ranks move in time order, one action at a time (a rank waiting in a
   // receive whose message is not yet posted stands aside), so that when a
@@ -109,7 +143,7 @@ SimResult simulate(const Schedule& in, const SimCosts& costs) {
     const auto K = static_cast<std::size_t>(k);
     auto& c = clock[K];
     if (pc[K] == s.ranks[K].size()) {  // the step's end: every send completed
-      for (double t : sent[K]) c = std::max(c, t);
+      for (double t : sent[K]) wait_until(K, t);
       done[K] = true;
       continue;
     }
@@ -119,7 +153,7 @@ SimResult simulate(const Schedule& in, const SimCosts& costs) {
     double dur = 0;
     switch (a.op) {
       case Op::recv_act:
-      case Op::recv_grad: c = std::max(c, arrives.at({a.stage, a.op == Op::recv_act ? 0 : 1, a.mb})); break;
+      case Op::recv_grad: wait_until(K, received_at(K, arrives.at({a.stage, a.op == Op::recv_act ? 0 : 1, a.mb}))); break;
       case Op::send_act: post(K, ch, a.mb, {a.stage + 1, 0, a.mb}, a.stage, a.stage + 1, c); break;
       case Op::send_grad: post(K, ch, a.mb, {a.stage - 1, 1, a.mb}, a.stage - 1, a.stage - 1, c); break;
       case Op::forward: {
@@ -134,7 +168,7 @@ SimResult simulate(const Schedule& in, const SimCosts& costs) {
         std::size_t pick = 0;
         while (pick < fs.size() && sent_of(fs[pick]) > c) ++pick;
         if (pick == fs.size()) pick = 0;
-        c = std::max(c, sent_of(fs[pick]));  // the executor's finish_sends
+        wait_until(K, sent_of(fs[pick]));  // the executor's finish_sends
         sent_of(fs[pick]) = 0;
         slot_of[K][CH][static_cast<std::size_t>(a.mb)] = fs[pick];
         fs.erase(fs.begin() + static_cast<std::ptrdiff_t>(pick));

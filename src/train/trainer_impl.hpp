@@ -43,10 +43,15 @@ struct Trainer::Impl {
   LinkCost pipeline_link{-1, 0};
   ScheduleKind schedule_kind = ScheduleKind::one_f_one_b;  // the pipeline's, auto resolved
   // parallel.replan_steps (once per process): 0 = timing the unit-cost table's
-  // split backwards, 1 = timing them whole, 2 = done.
+  // split backwards, 1 = timing them whole, 2 = timing the rebuilt table, 3 = done.
   int replan_phase = 0;
   std::vector<ChunkTime> replan_split;  // phase 0's per-chunk costs
-  Schedule unit_table;                  // the table the run started with
+  std::vector<double> replan_step_s;    // this phase's schedule time per step
+  struct Timed {
+    Schedule table;
+    double step_s;
+  };
+  std::vector<Timed> replan_tried;  // the tables timed so far: unit-cost, whole backwards, rebuilt
   std::unique_ptr<LrSchedule> schedule;
   std::unique_ptr<Reporter> reporter;
   RunPosition pos;                // where the run stands (checkpointed)

@@ -21,6 +21,21 @@ std::vector<ChunkTime> mean_chunks(const std::vector<ChunkTime>& sums, double st
   return mean;
 }
 
+// Every pipeline's costs averaged over the world: each replica (data, tensor,
+// context) timed its own stages, and all must build the same tables to run
+// the same collectives in the same steps.
+SimCosts mean_over_replicas(SimCosts c, const Communicator& world, int pp) {
+  std::vector<double> v;
+  for (const StageCost& s : c.stage) v.insert(v.end(), {s.f, s.i, s.w, s.whole});
+  v.insert(v.end(), {c.link.latency_s, c.link.bytes_per_s});
+  allreduce(v.data(), v.data(), v.size(), DType::f64, ReduceOp::sum, world);
+  for (double& x : v) x /= static_cast<double>(world.size() / pp);
+  std::size_t k = 0;
+  for (StageCost& s : c.stage) s = {v[k], v[k + 1], v[k + 2], v[k + 3]}, k += 4;
+  c.link = {v[k], v[k + 1]};
+  return c;
+}
+
 }  // namespace
 
 // parallel.schedule = auto: the simulator's pick for this model's layer
@@ -89,16 +104,20 @@ void Trainer::Impl::predict_schedule(const EpochStats& st, EpochMetrics& m) {
   m.schedule_predicted_steps_s = mean_makespan(parts.executor->table(), parts.executor->gather_costs(steps, pipeline_link));
 }
 
-// parallel.replan_steps: the zero-bubble table rebuilt over measured costs.
-// Phase 0 timed the unit-cost table (F, I, W); phase 1 runs the same order
-// with every backward whole, to time B; then the simulator picks (simulator.hpp
-// replan_zero_bubble). Every pipeline rank gathers the same costs, so all
-// build the same tables and change together; the epoch's counters restart
-// at each change, as its steps ran another table.
+// parallel.replan_steps: the zero-bubble table rebuilt over measured costs,
+// kept only where it runs faster. Phase 0 times the unit-cost table (F, I, W);
+// phase 1 the same order with every backward whole (to time B); the
+// simulator then builds its pick (simulator.hpp replan_zero_bubble), and
+// phase 2 times that. The run goes on with whichever of the two or three
+// tables ran the fastest median step: a pick from a few noisy steps' costs
+// never stays slower than the table it replaced. Every pipeline rank gathers
+// the same costs, so all build the same tables; the step times are the
+// slowest rank's (over the world), so all ranks choose alike. The epoch's
+// counters restart at each change, as its steps ran another table.
 void Trainer::Impl::replan_schedule(EpochStats& st) {
   const ScheduleKind kind = schedule_kind;
   if (grid->pp_size() == 1 || (kind != ScheduleKind::zb_h1 && kind != ScheduleKind::zb_v)) {
-    replan_phase = 2;
+    replan_phase = 3;
     return;
   }
   auto restart = [&] {
@@ -106,37 +125,64 @@ void Trainer::Impl::replan_schedule(EpochStats& st) {
     st.step_chunks.clear();
     st.schedule_s = 0;
     st.timed = 0;
+    replan_step_s.clear();
   };
+  // The phase's median step: each rank's median, the slowest rank's over the world.
+  std::vector<double> mine = replan_step_s;
+  std::nth_element(mine.begin(), mine.begin() + static_cast<std::ptrdiff_t>(mine.size() / 2), mine.end());
+  double median = mine.empty() ? 0 : mine[mine.size() / 2];
+  allreduce(&median, &median, 1, DType::f64, ReduceOp::max, world);
+  replan_tried.push_back({parts.executor->table(), median});
   const std::vector<ChunkTime> mean = mean_chunks(st.chunks, static_cast<double>(st.timed));
   const int steps = cfg.parallel.replan_steps;
+  const std::string name = schedule_name(kind);
   if (replan_phase == 0) {
     replan_split = mean;
-    unit_table = parts.executor->table();
-    if (parts.executor->replace_table(fuse_all(unit_table))) {
-      replan_phase = 1;
-      restart();
-    } else {
-      replan_phase = 2;
-    }
+    const Schedule whole = fuse_all(replan_tried[0].table);
+    replan_phase = parts.executor->replace_table(whole) ? 1 : 3;
+    if (replan_phase == 3) replan_tried.clear();
+    restart();
     return;
   }
-  replan_phase = 2;
-  std::vector<ChunkTime> both = replan_split;
-  for (std::size_t k = 0; k < both.size(); ++k) {
-    both[k].f = (both[k].f + mean[k].f) / 2;
-    both[k].b = mean[k].b;  // phase 1 ran only whole backwards
+  if (replan_phase == 1) {
+    std::vector<ChunkTime> both = replan_split;
+    for (std::size_t k = 0; k < both.size(); ++k) {
+      both[k].f = (both[k].f + mean[k].f) / 2;
+      both[k].b = mean[k].b;  // phase 1 ran only whole backwards
+    }
+    if (pipeline_link.latency_s < 0) pipeline_link = parts.executor->measure_link();
+    const SimCosts costs = mean_over_replicas(parts.executor->gather_costs(both, pipeline_link), world, grid->pp_size());
+    const Replan plan = replan_zero_bubble(replan_tried[0].table, kind, costs);
+    const bool fresh = plan.better() && lower(plan.table).ranks != replan_tried[0].table.ranks &&
+                       lower(plan.table).ranks != replan_tried[1].table.ranks;
+    if (world.rank() == 0)
+      log::info("parallel.schedule = ", name, ": over ", steps, " steps split and ", steps,
+                " whole, the simulator plays the unit-cost table in ", 1e3 * plan.unit_s, " ms, ",
+                fresh ? cat("a rebuilt one in ", 1e3 * plan.replanned_s, " ms (",
+                            plan.table.split_backward() ? "" : "no backward split; ", "timing it)")
+                      : std::string("none other faster by 1%"));
+    if (fresh && parts.executor->replace_table(plan.table)) {
+      replan_phase = 2;
+      restart();
+      return;
+    }
   }
-  if (pipeline_link.latency_s < 0) pipeline_link = parts.executor->measure_link();
-  const SimCosts costs = parts.executor->gather_costs(both, pipeline_link);
-  const Replan plan = replan_zero_bubble(unit_table, kind, costs);
-  const bool changed = parts.executor->replace_table(plan.better() ? plan.table : unit_table);
-  RT_CHECK(changed, "parallel.replan_steps: the unit-cost table no longer fits its own activation slots");
-  if (world.rank() == 0)
-    log::info("parallel.schedule = ", schedule_name(kind), ": over ", steps, " steps split and ", steps,
-              " whole, the simulator plays the unit-cost table in ", 1e3 * plan.unit_s, " ms, ",
-              plan.better() ? cat("a rebuilt one in ", 1e3 * plan.replanned_s, " ms: running it (",
-                                  plan.table.split_backward() ? "" : "no backward split; ", "--print-schedule shows the unit-cost one)")
-                            : std::string("and none faster by 1%: keeping it"));
+  // Every table timed: run the fastest.
+  replan_phase = 3;
+  const char* what[] = {"the unit-cost table", "every backward whole", "the rebuilt table"};
+  std::size_t best = 0;
+  for (std::size_t k = 1; k < replan_tried.size(); ++k)
+    if (replan_tried[k].step_s < replan_tried[best].step_s) best = k;
+  const bool changed = parts.executor->replace_table(replan_tried[best].table);
+  RT_CHECK(changed, "parallel.replan_steps: a table timed in this run no longer fits its activation slots");
+  if (world.rank() == 0) {
+    std::string timed;
+    for (std::size_t k = 0; k < replan_tried.size(); ++k)
+      timed += cat(k ? ", " : "", what[k], " ", 1e3 * replan_tried[k].step_s, " ms");
+    log::info("parallel.schedule = ", name, ": median step over ", steps, " steps each: ", timed, "; running ",
+              what[best], best == 0 ? " (as --print-schedule shows it)" : "");
+  }
+  replan_tried.clear();
   restart();
 }
 
