@@ -24,12 +24,12 @@ std::vector<ChunkTime> mean_chunks(const std::vector<ChunkTime>& sums, double st
 // Every pipeline's costs averaged over the world: each replica (data, tensor,
 // context) timed its own stages, and all must build the same tables to run
 // the same collectives in the same steps.
-SimCosts mean_over_replicas(SimCosts c, const Communicator& world, int pp) {
+SimCosts mean_over_replicas(SimCosts c, const Communicator& world) {
   std::vector<double> v;
   for (const StageCost& s : c.stage) v.insert(v.end(), {s.f, s.i, s.w, s.whole});
   v.insert(v.end(), {c.link.latency_s, c.link.bytes_per_s});
   allreduce(v.data(), v.data(), v.size(), DType::f64, ReduceOp::sum, world);
-  for (double& x : v) x /= static_cast<double>(world.size() / pp);
+  for (double& x : v) x /= static_cast<double>(world.size());  // each of a replica's ranks holds all its stages
   std::size_t k = 0;
   for (StageCost& s : c.stage) s = {v[k], v[k + 1], v[k + 2], v[k + 3]}, k += 4;
   c.link = {v[k], v[k + 1]};
@@ -151,7 +151,7 @@ void Trainer::Impl::replan_schedule(EpochStats& st) {
       both[k].b = mean[k].b;  // phase 1 ran only whole backwards
     }
     if (pipeline_link.latency_s < 0) pipeline_link = parts.executor->measure_link();
-    const SimCosts costs = mean_over_replicas(parts.executor->gather_costs(both, pipeline_link), world, grid->pp_size());
+    const SimCosts costs = mean_over_replicas(parts.executor->gather_costs(both, pipeline_link), world);
     const Replan plan = replan_zero_bubble(replan_tried[0].table, kind, costs);
     const bool fresh = plan.better() && lower(plan.table).ranks != replan_tried[0].table.ranks &&
                        lower(plan.table).ranks != replan_tried[1].table.ranks;
@@ -159,7 +159,8 @@ void Trainer::Impl::replan_schedule(EpochStats& st) {
       log::info("parallel.schedule = ", name, ": over ", steps, " steps split and ", steps,
                 " whole, the simulator plays the unit-cost table in ", 1e3 * plan.unit_s, " ms, ",
                 fresh ? cat("a rebuilt one in ", 1e3 * plan.replanned_s, " ms (",
-                            plan.table.split_backward() ? "" : "no backward split; ", "timing it)")
+                            plan.table.split_backward() ? "" : "no backward split; ",
+                            "timing it; as a parallel.schedule file:\n", schedule_csv(plan.table), ")")
                       : std::string("none other faster by 1%"));
     if (fresh && parts.executor->replace_table(plan.table)) {
       replan_phase = 2;
