@@ -4,6 +4,8 @@
   bench/pipeline_trace.py waits  TRACE.json LABEL   per rank and step: compute, receive waits, send waits
   bench/pipeline_trace.py replay TRACE.json MSG_MS  each step replayed with its own / the mean action times
   bench/pipeline_trace.py delays TRACE.json         how long after its send a waiting receive returned
+  bench/pipeline_trace.py messages TRACE.json       per message kind: from its send to its receive's end, and the
+                                                    receive's wait, split by whether the receiver was already waiting
 The window's first step is left out (it starts mid-way through the trace's set-up)."""
 import sys
 def waits(argv):
@@ -90,7 +92,36 @@ def delays(argv):
     print("%s: %d waiting receives, delay after the send (ms): median %.2f, mean %.2f, p90 %.2f, max %.2f" % (
         argv[0].split("/")[-1], len(delays), stt.median(delays), stt.mean(delays), sorted(delays)[int(0.9 * len(delays))], max(delays)))
 
+def messages(argv):
+    # Absolute times: the ranks' steps start up to a few ms apart.
+    d = json.load(open(argv[0]))
+    ev = [e for e in d["traceEvents"] if e.get("ph") == "X"]
+    steps = {pid: sorted([e for e in ev if e["pid"] == pid and e["cat"] == "step"], key=lambda e: e["ts"])[1:] for pid in (0, 1)}
+    rows = collections.defaultdict(list)
+    for k in range(min(len(v) for v in steps.values())):
+        sends, recvs = {}, {}
+        for pid in (0, 1):
+            s = steps[pid][k]
+            for e in ev:
+                if e["pid"] != pid or not s["ts"] <= e["ts"] <= s["ts"] + s["dur"]: continue
+                m = re.match(r"^(send|recv) (activation|gradient) (\d+)\.(\d+)$", e["name"])
+                if not m: continue
+                st, mb = int(m.group(3)), int(m.group(4))
+                if m.group(1) == "send":
+                    sends[(m.group(2), st + 1 if m.group(2) == "activation" else st - 1, mb)] = e["ts"] + e["dur"]
+                elif e["cat"] == "wait":
+                    recvs[(m.group(2), st, mb)] = e
+        for key, r in recvs.items():
+            if key not in sends: continue
+            waiting = r["ts"] <= sends[key]
+            cls = "%s %s" % (key[0], "receiver waiting" if waiting else "receiver computing when sent")
+            rows[cls].append(((r["ts"] + r["dur"] - sends[key]) / 1e3, r["dur"] / 1e3))
+    print("# %s: kind  n  median send->received ms  median receive wait ms  p90 wait ms" % argv[0].split("/")[-1])
+    for cls, v in sorted(rows.items()):
+        w = sorted(x[1] for x in v)
+        print("%-45s %4d %7.2f %7.2f %7.2f" % (cls, len(v), stt.median(x[0] for x in v), stt.median(w), w[int(0.9 * len(w))]))
+
 if __name__ == "__main__":
     import json, re, statistics as stt, collections  # noqa: F401 (used by the functions above)
     globals().update(json=json, re=re, stt=stt, collections=collections)
-    {"waits": waits, "replay": replay, "delays": delays}[sys.argv[1]](sys.argv[2:])
+    {"waits": waits, "replay": replay, "delays": delays, "messages": messages}[sys.argv[1]](sys.argv[2:])
