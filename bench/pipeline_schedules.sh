@@ -26,11 +26,11 @@ run() {  # model-config extra-sets...
     --set train.epochs=1 --set schedule.warmup_epochs=0.1 --set checkpoint.dir= --set log.format=plain "$@" 2>&1)
   # the last column: the table parallel.replan_steps kept after timing each (rebuilt / whole / unit / -)
   local re=-
-  grep -q "median step over.*; running the rebuilt table" <<<"$log" && re=rebuilt
-  grep -q "median step over.*; running every backward whole" <<<"$log" && re=whole
-  grep -q "median step over.*; running the unit-cost table" <<<"$log" && re=unit
+  grep -q "parallel.schedule = .*: running the rebuilt table" <<<"$log" && re=rebuilt
+  grep -q "parallel.schedule = .*: running every backward whole" <<<"$log" && re=whole
+  grep -q "parallel.schedule = .*: running the unit-cost table" <<<"$log" && re=unit
   grep -A3 "parallel.schedule = .*timing it" <<<"$log" | grep -v "^--" | sed 's/^\[[^]]*\] //; s/^/#   /' >&2 || true  # the replan's lines (and its table), before the row
-  grep "median step over" <<<"$log" | sed 's/^\[[^]]*\] /#   /' >&2 || true
+  grep -E "median step over|: running " <<<"$log" | sed 's/^\[[^]]*\] /#   /' >&2 || true
   echo "$(grep "epoch 1/1:" <<<"$log" |
     sed -E 's/.*\| ([0-9]+ (img|tokens)\/s)[^|]*(\| pipeline schedule ([0-9.]+) ms\/step, simulator ([0-9.]+) ms \(bubble [0-9]+%; messages ([0-9]+) us; ([0-9.]+) ms with free messages; ([0-9.]+) ms from per-step costs\))?.*/\1 \4 \5 \6 \7 \8/') $re"
 }

@@ -253,10 +253,7 @@ double Trainer::Impl::train_step(EpochStats& st) {
     if (st.step_chunks.size() < EpochStats::kStepsKept) st.step_chunks.push_back(r.timing.chunks);
     else st.step_chunks[static_cast<std::size_t>(st.timed) % EpochStats::kStepsKept] = r.timing.chunks;
     ++st.timed;
-    if (replan_phase < 3 && cfg.parallel.replan_steps > 0) {
-      replan_step_s.push_back(r.timing.schedule_s);
-      if (st.timed == cfg.parallel.replan_steps) replan_schedule(st);
-    }
+    if (replan_phase < 2 && cfg.parallel.replan_steps > 0) replan_step(st, r.timing.schedule_s, r.timing.chunks);
   }
   st.correct += r.stats.correct;
   st.seen += r.stats.samples;

@@ -42,16 +42,18 @@ struct Trainer::Impl {
   // epoch's prediction; latency < 0: not yet.
   LinkCost pipeline_link{-1, 0};
   ScheduleKind schedule_kind = ScheduleKind::one_f_one_b;  // the pipeline's, auto resolved
-  // parallel.replan_steps (once per process): 0 = timing the unit-cost table's
-  // split backwards, 1 = timing them whole, 2 = timing the rebuilt table, 3 = done.
+  // parallel.replan_steps (once per process): 0 = alternating the unit-cost
+  // table and every backward whole, 1 = the rebuilt table and the faster of
+  // those, 2 = done.
   int replan_phase = 0;
-  std::vector<ChunkTime> replan_split;  // phase 0's per-chunk costs
-  std::vector<double> replan_step_s;    // this phase's schedule time per step
   struct Timed {
-    Schedule table;
-    double step_s;
+    Schedule table;  // lowered
+    std::string what;
+    std::vector<double> step_s;     // its steps' schedule times
+    std::vector<ChunkTime> chunks;  // per chunk: summed per-step mean costs
   };
-  std::vector<Timed> replan_tried;  // the tables timed so far: unit-cost, whole backwards, rebuilt
+  std::vector<Timed> replan_tables;  // the tables this phase alternates
+  std::size_t replan_turn = 0;       // steps of this phase so far
   std::unique_ptr<LrSchedule> schedule;
   std::unique_ptr<Reporter> reporter;
   RunPosition pos;                // where the run stands (checkpointed)
@@ -99,7 +101,8 @@ struct Trainer::Impl {
   // from the same steps' per-chunk costs (collective).
   void predict_schedule(const EpochStats& st, EpochMetrics& m);
   void choose_schedule(const ModelConfig& mc, GridConfig& pc);  // parallel.schedule = auto
-  void replan_schedule(EpochStats& st);  // parallel.replan_steps (collective over the pipeline group)
+  // parallel.replan_steps, after each timed step (collective over the world)
+  void replan_step(EpochStats& st, double schedule_s, const std::vector<ChunkTime>& chunks);
   EvalResult evaluate(const std::string& path);
   TrainResult fit();
   EpochMetrics train_epoch(int epoch, bool& finished);

@@ -105,86 +105,95 @@ void Trainer::Impl::predict_schedule(const EpochStats& st, EpochMetrics& m) {
 }
 
 // parallel.replan_steps: the zero-bubble table rebuilt over measured costs,
-// kept only where it runs faster. Phase 0 times the unit-cost table (F, I, W);
-// phase 1 the same order with every backward whole (to time B); the
-// simulator then builds its pick (simulator.hpp replan_zero_bubble), and
-// phase 2 times that. The run goes on with whichever of the two or three
-// tables ran the fastest median step: a pick from a few noisy steps' costs
-// never stays slower than the table it replaced. Every pipeline rank gathers
-// the same costs, so all build the same tables; the step times are the
-// slowest rank's (over the world), so all ranks choose alike. The epoch's
-// counters restart at each change, as its steps ran another table.
-void Trainer::Impl::replan_schedule(EpochStats& st) {
+// kept only where it runs faster. Tables are compared in alternate steps, so
+// that the machine's drift (this 2-vCPU host's steps move 10-20% over a
+// minute) falls on all of them alike. Phase 0 alternates the unit-cost table
+// (F, I, W) with the same order with every backward whole (B), N steps each;
+// the simulator then builds its pick over those costs (simulator.hpp
+// replan_zero_bubble), and phase 1 alternates it with the faster of the two,
+// N steps each. The run goes on with the fastest median step. Every pipeline
+// rank gathers the same costs (averaged over the replicas), so all build the
+// same tables; a median is the slowest rank's over the world, so all choose
+// alike. The epoch's counters restart after every step of the comparison.
+void Trainer::Impl::replan_step(EpochStats& st, double schedule_s, const std::vector<ChunkTime>& chunks) {
   const ScheduleKind kind = schedule_kind;
-  if (grid->pp_size() == 1 || (kind != ScheduleKind::zb_h1 && kind != ScheduleKind::zb_v)) {
-    replan_phase = 3;
-    return;
+  const auto N = static_cast<std::size_t>(cfg.parallel.replan_steps);
+  if (replan_tables.empty()) {
+    if (grid->pp_size() == 1 || (kind != ScheduleKind::zb_h1 && kind != ScheduleKind::zb_v)) {
+      replan_phase = 2;
+      return;
+    }
+    const Schedule& unit = parts.executor->table();
+    replan_tables = {{unit, "the unit-cost table"}, {fuse_all(unit), "every backward whole"}};
   }
-  auto restart = [&] {
-    st.chunks.clear();
-    st.step_chunks.clear();
-    st.schedule_s = 0;
-    st.timed = 0;
-    replan_step_s.clear();
+  Timed& ran = replan_tables[replan_turn % replan_tables.size()];
+  ran.step_s.push_back(schedule_s);
+  ran.chunks.resize(chunks.size());
+  for (std::size_t k = 0; k < chunks.size(); ++k) ran.chunks[k].add(chunks[k]);
+  ++replan_turn;
+  st.chunks.clear();
+  st.step_chunks.clear();
+  st.schedule_s = 0;
+  st.timed = 0;
+  auto finish = [&](const Timed& keep) {
+    RT_CHECK(parts.executor->replace_table(keep.table),
+             "parallel.replan_steps: a table timed in this run no longer fits its activation slots");
+    replan_phase = 2;
+    replan_tables.clear();
   };
-  // The phase's median step: each rank's median, the slowest rank's over the world.
-  std::vector<double> mine = replan_step_s;
-  std::nth_element(mine.begin(), mine.begin() + static_cast<std::ptrdiff_t>(mine.size() / 2), mine.end());
-  double median = mine.empty() ? 0 : mine[mine.size() / 2];
-  allreduce(&median, &median, 1, DType::f64, ReduceOp::max, world);
-  replan_tried.push_back({parts.executor->table(), median});
-  const std::vector<ChunkTime> mean = mean_chunks(st.chunks, static_cast<double>(st.timed));
-  const int steps = cfg.parallel.replan_steps;
-  const std::string name = schedule_name(kind);
-  if (replan_phase == 0) {
-    replan_split = mean;
-    const Schedule whole = fuse_all(replan_tried[0].table);
-    replan_phase = parts.executor->replace_table(whole) ? 1 : 3;
-    if (replan_phase == 3) replan_tried.clear();
-    restart();
+  if (replan_turn < N * replan_tables.size()) {
+    if (!parts.executor->replace_table(replan_tables[replan_turn % replan_tables.size()].table))
+      finish(replan_tables[0]);  // every backward whole needs more slots than the stage has: no comparison
     return;
   }
-  if (replan_phase == 1) {
-    std::vector<ChunkTime> both = replan_split;
+  // The phase is over: each table's median step, the slowest rank's.
+  std::vector<double> median;
+  for (Timed& t : replan_tables) {
+    std::vector<double> v = t.step_s;
+    std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+    median.push_back(v[v.size() / 2]);
+  }
+  allreduce(median.data(), median.data(), median.size(), DType::f64, ReduceOp::max, world);
+  const std::size_t best = median[1] < median[0] ? 1 : 0;
+  std::string timed;
+  for (std::size_t k = 0; k < median.size(); ++k)
+    timed += cat(k ? ", " : "", replan_tables[k].what, " ", 1e3 * median[k], " ms");
+  const std::string name = schedule_name(kind);
+  const auto steps = static_cast<double>(N);
+  if (replan_phase == 0) {
+    std::vector<ChunkTime> both = mean_chunks(replan_tables[0].chunks, steps);
+    const std::vector<ChunkTime> whole = mean_chunks(replan_tables[1].chunks, steps);
     for (std::size_t k = 0; k < both.size(); ++k) {
-      both[k].f = (both[k].f + mean[k].f) / 2;
-      both[k].b = mean[k].b;  // phase 1 ran only whole backwards
+      both[k].f = (both[k].f + whole[k].f) / 2;
+      both[k].b = whole[k].b;  // those steps ran only whole backwards
     }
     if (pipeline_link.latency_s < 0) pipeline_link = parts.executor->measure_link();
     const SimCosts costs = mean_over_replicas(parts.executor->gather_costs(both, pipeline_link), world);
-    const Replan plan = replan_zero_bubble(replan_tried[0].table, kind, costs);
-    const bool fresh = plan.better() && lower(plan.table).ranks != replan_tried[0].table.ranks &&
-                       lower(plan.table).ranks != replan_tried[1].table.ranks;
+    const Replan plan = replan_zero_bubble(replan_tables[0].table, kind, costs);
+    const bool fresh = plan.better() && lower(plan.table).ranks != replan_tables[0].table.ranks &&
+                       lower(plan.table).ranks != replan_tables[1].table.ranks &&
+                       parts.executor->replace_table(plan.table);  // it fits the stage's slots
     if (world.rank() == 0)
-      log::info("parallel.schedule = ", name, ": over ", steps, " steps split and ", steps,
-                " whole, the simulator plays the unit-cost table in ", 1e3 * plan.unit_s, " ms, ",
+      log::info("parallel.schedule = ", name, ": median step over ", N, " alternate steps each: ", timed,
+                "; the simulator plays the unit-cost table in ", 1e3 * plan.unit_s, " ms, ",
                 fresh ? cat("a rebuilt one in ", 1e3 * plan.replanned_s, " ms (",
-                            plan.table.split_backward() ? "" : "no backward split; ",
-                            "timing it; as a parallel.schedule file:\n", schedule_csv(plan.table), ")")
+                            plan.table.split_backward() ? "" : "no backward split; ", "timing it against ",
+                            replan_tables[best].what, "; as a parallel.schedule file:\n", schedule_csv(plan.table), ")")
                       : std::string("none other faster by 1%"));
-    if (fresh && parts.executor->replace_table(plan.table)) {
-      replan_phase = 2;
-      restart();
+    if (fresh) {
+      replan_tables = {{replan_tables[best].table, replan_tables[best].what}, {lower(plan.table), "the rebuilt table"}};
+      replan_turn = 0;
+      replan_phase = 1;
+      RT_CHECK(parts.executor->replace_table(replan_tables[0].table), "parallel.replan_steps: a timed table no longer fits");
       return;
     }
+  } else if (world.rank() == 0) {
+    log::info("parallel.schedule = ", name, ": median step over ", N, " alternate steps each: ", timed);
   }
-  // Every table timed: run the fastest.
-  replan_phase = 3;
-  const char* what[] = {"the unit-cost table", "every backward whole", "the rebuilt table"};
-  std::size_t best = 0;
-  for (std::size_t k = 1; k < replan_tried.size(); ++k)
-    if (replan_tried[k].step_s < replan_tried[best].step_s) best = k;
-  const bool changed = parts.executor->replace_table(replan_tried[best].table);
-  RT_CHECK(changed, "parallel.replan_steps: a table timed in this run no longer fits its activation slots");
-  if (world.rank() == 0) {
-    std::string timed;
-    for (std::size_t k = 0; k < replan_tried.size(); ++k)
-      timed += cat(k ? ", " : "", what[k], " ", 1e3 * replan_tried[k].step_s, " ms");
-    log::info("parallel.schedule = ", name, ": median step over ", steps, " steps each: ", timed, "; running ",
-              what[best], best == 0 ? " (as --print-schedule shows it)" : "");
-  }
-  replan_tried.clear();
-  restart();
+  if (world.rank() == 0)
+    log::info("parallel.schedule = ", name, ": running ", replan_tables[best].what,
+              replan_tables[best].what == "the unit-cost table" ? " (as --print-schedule shows it)" : "");
+  finish(replan_tables[best]);
 }
 
 }  // namespace ringtrain

@@ -49,7 +49,7 @@ TrainConfig pipelined(TrainConfig c, int pipeline, const std::string& schedule, 
   c.parallel.micro_batches = pipeline;
   c.parallel.schedule = schedule;
   c.parallel.zero = zero;
-  c.parallel.replan_steps = 1;  // zb-h1, zb-v: the table changes at steps 2, 3 and 4
+  c.parallel.replan_steps = 1;  // zb-h1, zb-v: the table changes at steps 2-5 (alternate steps, then the fastest)
   c.train.verify_every = 1;  // the tied weight's copies bitwise equal after every step
   return c;
 }

@@ -39,7 +39,7 @@ TEST(PipelineTrainer, FollowsTheOneRankTrainerAndResumes) {
   p.parallel.pipeline = world.size();
   p.parallel.micro_batches = 4;
   p.parallel.schedule = "zb-h1";
-  p.parallel.replan_steps = 1;  // the table changes up to 3 times in epoch 1 (whole, the simulator's pick, the fastest timed)
+  p.parallel.replan_steps = 1;  // the table changes at steps 2-5 (the replan's alternate steps, then the fastest)
   p.checkpoint.dir = data + "/pipe-full";
   TrainResult pr;
   std::vector<double> got = train_losses(p, world, "", &pr);

@@ -116,7 +116,7 @@ struct TrainConfig {
     int micro_batches = 0;         // per step and replica (0 = pipeline); must divide data.batch_size
     std::string schedule = "1f1b"; // afab | 1f1b | zb-h1 | interleaved | zb-v | FILE.csv
     int virtual_stages = 2;        // interleaved: model chunks per pipeline rank
-    int replan_steps = 10;         // zb-h1 / zb-v: time N steps split, N whole, N rebuilt; run the fastest (0 = unit-cost table)
+    int replan_steps = 10;         // zb-h1 / zb-v: compare tables in alternate steps, N each; run the fastest (0 = unit-cost table)
     double link_latency_us = -1;   // pipeline message latency for the simulator (< 0: measured at start)
     double link_gbytes_per_s = 0;  // with a given latency: its bandwidth (0 = bytes free)
     std::string partition = "uniform";  // uniform | params | time | list
