@@ -30,7 +30,7 @@ run() {  # model-config extra-sets...
   grep -q "parallel.schedule = .*: running every backward whole" <<<"$log" && re=whole
   grep -q "parallel.schedule = .*: running the unit-cost table" <<<"$log" && re=unit
   grep -A3 "parallel.schedule = .*timing it" <<<"$log" | grep -v "^--" | sed 's/^\[[^]]*\] //; s/^/#   /' >&2 || true  # the replan's lines (and its table), before the row
-  grep -E "median step over|: running " <<<"$log" | sed 's/^\[[^]]*\] /#   /' >&2 || true
+  grep -E "median step over|: running " <<<"$log" | grep -v "timing it" | sed 's/^\[[^]]*\] /#   /' >&2 || true
   echo "$(grep "epoch 1/1:" <<<"$log" |
     sed -E 's/.*\| ([0-9]+ (img|tokens)\/s)[^|]*(\| pipeline schedule ([0-9.]+) ms\/step, simulator ([0-9.]+) ms \(bubble [0-9]+%; messages ([0-9]+) us; ([0-9.]+) ms with free messages; ([0-9.]+) ms from per-step costs\))?.*/\1 \4 \5 \6 \7 \8/') $re"
 }
