@@ -2,6 +2,10 @@
 // reusable batch slots. See loader.hpp for the rules.
 #include "ringtrain/data/loader.hpp"
 
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -258,7 +262,15 @@ void Loader::Impl::start() {
   std::lock_guard lk(mu);
   stop_flag = false;
   producing = true;
-  thread = std::thread([this, at = pos] { produce(at); });
+  thread = std::thread([this, at = pos] {
+    // The lowest priority: preparing the next batch must not take the core from
+    // the rank's compute. On a shared core the woken thread delayed a first
+    // pipeline stage's step by 0.7 ms (median, up to 5 ms) while later stages
+    // waited for it; at nice 19 it runs in the stage's waits (0.02 ms).
+    // Linux sets one thread's nice through its thread id.
+    setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 19);
+    produce(at);
+  });
 }
 
 void Loader::Impl::halt() {

@@ -3,6 +3,7 @@
 // check, determinism, the sampler's rank arithmetic for 1-4 ranks, prefetch
 // with slow/fast consumers, stop/seek mid-epoch, and every bad-file error.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
@@ -10,7 +11,9 @@
 #include <set>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "fixtures.hpp"
@@ -253,6 +256,40 @@ TEST(Loader, PrefetchKeepsUpWithASlowConsumerAndAFastOneGetsEverything) {
   }
   EXPECT_EQ(ids.size(), 3u * 256);
   EXPECT_GE(fast.wait_seconds(), fast.epoch_wait_seconds());
+}
+
+// The nice value of every thread of this process, from /proc/self/task/*/stat.
+std::vector<int> thread_nices() {
+  std::vector<int> out;
+  for (const auto& t : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream f(t.path() / "stat");
+    std::string line((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    const auto close = line.rfind(')');
+    if (close == std::string::npos) continue;  // the thread ended meanwhile
+    std::istringstream rest(line.substr(close + 2));
+    std::string field;
+    for (int i = 3; i <= 19 && rest >> field; ++i)  // field 19 of proc(5)'s stat: nice
+      if (i == 19) out.push_back(std::stoi(field));
+  }
+  return out;
+}
+
+TEST(Loader, ThePrefetchThreadRunsAtTheLowestPriority) {
+  TempDir dir("nice");
+  auto ds = index_fixture(dir.path.string(), 64, 1);
+  LoaderOptions o;
+  o.files = ds.train_files;
+  o.batch_size = 8;
+  const auto before = thread_nices();
+  const auto lowest = [](const std::vector<int>& v) { return std::count(v.begin(), v.end(), 19); };
+  Loader l(o, Communicator::world());
+  ASSERT_TRUE(l.next().has_value());  // the thread has started and delivered
+  const auto during = thread_nices();
+  EXPECT_EQ(lowest(during), lowest(before) + 1) << "one thread more at nice 19: the loader's";
+  EXPECT_EQ(getpriority(PRIO_PROCESS, 0), 0) << "the calling thread keeps its priority";
+  std::int64_t n = 1;
+  while (l.next()) ++n;
+  EXPECT_EQ(n, 8) << "every batch of the epoch still arrives";
 }
 
 TEST(Loader, StopsCleanlyMidEpochAndResumesAtTheSameStep) {
