@@ -7,6 +7,7 @@
 #include "ringtrain/comm/collectives.hpp"
 #include "ringtrain/core/trace.hpp"
 #include "ringtrain/nn/model_registry.hpp"
+#include "ringtrain/parallel/simulator.hpp"
 
 namespace ringtrain {
 
@@ -47,9 +48,9 @@ ModelParts build_parts(const ProcessGrid& grid, const ModelConfig& mc, const Gri
                     gc.schedule == ScheduleKind::file ? gc.schedule_file : schedule_name(gc.schedule));
     switch (gc.partition) {
       case PartitionKind::uniform: parts.balance = balance_uniform(n, p); break;
-      case PartitionKind::params: parts.balance = balance_by_cost(layer_param_costs(plan), p); break;
+      case PartitionKind::params: parts.balance = balance_by_play(layer_param_costs(plan), table); break;
       case PartitionKind::list: parts.balance = check_balance_list(gc.balance, n, p); break;
-      case PartitionKind::time: parts.balance = balance_by_cost(layer_time_costs(mc_tp, dev, mb.size()), p); break;
+      case PartitionKind::time: parts.balance = balance_by_play(layer_time_costs(mc_tp, dev, mb.size()), table); break;
     }
   });
   // Timings differ per rank: every rank takes world rank 0's cut.

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <functional>
+#include <limits>
 #include <map>
 #include <tuple>
 
@@ -208,6 +210,74 @@ SimResult simulate(const Schedule& in, const SimCosts& costs) {
 
 namespace ringtrain {
 
+SimCosts chunk_costs(const std::vector<int>& counts, const std::vector<double>& layer_costs,
+                     const std::vector<double>& layer_out_bytes, const LinkCost& link) {
+  SimCosts c;
+  c.link = link;
+  std::size_t l = 0;
+  for (int k : counts) {
+    double t = 0;
+    for (int j = 0; j < k; ++j) t += layer_costs.at(l++);
+    c.stage.push_back({t / 3, t / 3, t / 3});  // a backward costs about two forwards
+    c.boundary_bytes.push_back(l - 1 < layer_out_bytes.size() ? layer_out_bytes[l - 1] : 0.0);
+  }
+  return c;
+}
+
+namespace {
+// The cuts of n layers into c non-empty chunks, C(n - 1, c - 1), or cap + 1 if more.
+long count_cuts(int n, int c, long cap) {
+  long r = 1;
+  for (int i = 1; i < c; ++i) {
+    r = r * (n - i) / i;  // C(n - 1, i) from C(n - 1, i - 1)
+    if (r > cap) return cap + 1;
+  }
+  return r;
+}
+}  // namespace
+
+std::vector<int> balance_by_play(const std::vector<double>& layer_costs, const Schedule& table, long every_cut) {
+  const int chunks = table.layout.stages(), n = static_cast<int>(layer_costs.size());
+  std::vector<int> best = balance_by_cost(layer_costs, chunks);
+  if (table.layout.chunks == 1) return best;
+  const Schedule lowered = lower(table);
+  auto play = [&](const std::vector<int>& cut) {
+    const SimResult r = simulate(lowered, chunk_costs(cut, layer_costs));
+    return r.deadlock ? std::numeric_limits<double>::infinity() : r.makespan;
+  };
+  double best_s = play(best);
+  auto consider = [&](const std::vector<int>& cut) {
+    const double t = play(cut);
+    if (t >= best_s * (1 - 1e-9)) return false;
+    best_s = t, best = cut;
+    return true;
+  };
+  if (count_cuts(n, chunks, every_cut) <= every_cut) {
+    std::vector<int> cut(static_cast<std::size_t>(chunks));
+    std::function<void(int, int)> each = [&](int k, int left) {  // chunks k.. share `left` layers
+      const auto K = static_cast<std::size_t>(k);
+      if (k == chunks - 1) {
+        cut[K] = left;
+        consider(cut);
+        return;
+      }
+      for (cut[K] = 1; cut[K] <= left - (chunks - 1 - k); ++cut[K]) each(k + 1, left - cut[K]);
+    };
+    each(0, n);
+    return best;
+  }
+  for (bool moved = true; moved;) {
+    moved = false;
+    for (std::size_t b = 0; b + 1 < best.size(); ++b)
+      for (int d : {-1, 1}) {  // the boundary after chunk b, one layer either way
+        std::vector<int> t = best;
+        t[b] += d, t[b + 1] -= d;
+        if (t[b] >= 1 && t[b + 1] >= 1 && consider(t)) moved = true;
+      }
+  }
+  return best;
+}
+
 std::vector<SchedulePrediction> predict_schedules(const PlanInput& in) {
   const int p = in.ranks, m = in.micro_batches, v = in.virtual_stages;
   const bool unit = in.layer_costs.empty();
@@ -225,23 +295,19 @@ std::vector<SchedulePrediction> predict_schedules(const PlanInput& in) {
       out.push_back(x);
       continue;
     }
+    const Schedule table = make_schedule(k, p, m, v);
     SimCosts c;
-    c.link = in.link;
-    c.eager_bytes = in.eager_bytes;
     if (unit) {  // every chunk 1/chunks of a stage, F = I = W
       const double u = 1.0 / L.chunks;
       c.stage.assign(static_cast<std::size_t>(L.stages()), StageCost{u, u, u});
-    } else {  // a layer's forward + backward split F = I = W (a backward costs about two forwards)
-      const std::vector<int> cut = in.uniform_cut ? balance_uniform(n, L.stages()) : balance_by_cost(in.layer_costs, L.stages());
-      for (int g = 0, l = 0; g < L.stages(); ++g) {
-        double t = 0;
-        for (int j = 0; j < cut[static_cast<std::size_t>(g)]; ++j) t += in.layer_costs[static_cast<std::size_t>(l++)];
-        c.stage.push_back({t / 3, t / 3, t / 3});
-        const auto last = static_cast<std::size_t>(l - 1);
-        c.boundary_bytes.push_back(last < in.layer_out_bytes.size() ? in.layer_out_bytes[last] : 0.0);
-      }
+      c.link = in.link;
+    } else {  // the cut the run makes (parts.cpp)
+      const std::vector<int> cut = in.uniform_cut ? balance_uniform(n, L.stages())
+                                                  : balance_by_play(in.layer_costs, table);
+      c = chunk_costs(cut, in.layer_costs, in.layer_out_bytes, in.link);
     }
-    const SimResult r = simulate(make_schedule(k, p, m, v), c);
+    c.eager_bytes = in.eager_bytes;
+    const SimResult r = simulate(table, c);
     RT_CHECK(!r.deadlock, "schedule ", schedule_name(k), " deadlocks in the simulator: ", r.where);
     x.step = r.makespan;
     x.bubble = r.mean_bubble();

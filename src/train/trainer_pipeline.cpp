@@ -124,7 +124,7 @@ void Trainer::Impl::replan_step(EpochStats& st, double schedule_s, const std::ve
       return;
     }
     const Schedule& unit = parts.executor->table();
-    replan_tables = {{unit, "the unit-cost table"}, {fuse_all(unit), "every backward whole"}};
+    replan_tables = {{unit, "the unit-cost table", {}, {}}, {fuse_all(unit), "every backward whole", {}, {}}};
   }
   Timed& ran = replan_tables[replan_turn % replan_tables.size()];
   ran.step_s.push_back(schedule_s);
@@ -181,7 +181,7 @@ void Trainer::Impl::replan_step(EpochStats& st, double schedule_s, const std::ve
                             replan_tables[best].what, "; as a parallel.schedule file:\n", schedule_csv(plan.table), ")")
                       : std::string("none other faster by 1%"));
     if (fresh) {
-      replan_tables = {{replan_tables[best].table, replan_tables[best].what}, {lower(plan.table), "the rebuilt table"}};
+      replan_tables = {{replan_tables[best].table, replan_tables[best].what, {}, {}}, {lower(plan.table), "the rebuilt table", {}, {}}};
       replan_turn = 0;
       replan_phase = 1;
       RT_CHECK(parts.executor->replace_table(replan_tables[0].table), "parallel.replan_steps: a timed table no longer fits");

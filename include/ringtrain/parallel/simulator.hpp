@@ -103,6 +103,25 @@ SimResult simulate(const Schedule& s, const SimCosts& costs = {});
 // slowest path, and the slow stage differs between steps. 0 for no steps.
 double mean_makespan(const Schedule& s, const std::vector<SimCosts>& steps);
 
+// The costs of `table`'s chunks when the layers are cut by `counts` (layer
+// counts per chunk): each chunk's forward + backward (the sum of its layers'
+// `layer_costs`) split F = I = W, its message the last layer's output bytes
+// (`layer_out_bytes`, may be empty) over `link`.
+SimCosts chunk_costs(const std::vector<int>& counts, const std::vector<double>& layer_costs,
+                     const std::vector<double>& layer_out_bytes = {}, const LinkCost& link = {});
+
+// parallel.partition = time or params where a rank holds several chunks
+// (interleaved, zb-v): the cut of the layers into table.layout.stages()
+// chunks whose play of `table` (chunk_costs, messages free: the cut balances
+// compute) is fastest. The chunk-balanced
+// cut (balance_by_cost) minimises the largest chunk, but a rank runs all of
+// its chunks, so which chunks share a rank sets the step. Every cut is played
+// where there are at most `every_cut` of them, else the search starts from the
+// chunk-balanced cut and moves one boundary by one layer while the play
+// improves. Ties keep the chunk-balanced cut. One chunk per rank: that cut.
+std::vector<int> balance_by_play(const std::vector<double>& layer_costs, const Schedule& table,
+                                 long every_cut = 20000);
+
 // What parallel.schedule = auto and --print-plan compare: each schedule
 // played on stages cut from the model's layers (or unit stages), with the
 // messages and the sender's waits charged.
