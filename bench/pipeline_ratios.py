@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """Per-run ratios of bench/pipeline_schedules.sh output: 1F1B against its bound (m/(m+p-1) x data 2, m = 4, p = 2),
-each schedule against 1F1B by the epoch's rate and by the steady step, and each row's error against the per-step prediction.
+each schedule against 1F1B by the epoch's rate and by the steady step, and each row's error against the per-step prediction;
+from session 11's columns on also the median step against 1F1B's, its error against the median per-step play, and the
+mean step against the busiest rank's compute (no table of that cut runs faster).
   bench/pipeline_ratios.py OUTPUT.txt"""
 import sys, collections
 rows = collections.defaultdict(dict)
@@ -10,7 +12,9 @@ for line in open(sys.argv[1]):
     r, m, lay = f[0], f[1], f[2]
     rate = float(f[4]); ms = float(f[6]) if len(f) > 7 and f[6] != '-' else None
     pred = float(f[10]) if len(f) > 11 else None
-    rows[(r, m)][lay] = (rate, ms, pred, f[-1])
+    # median step, median per-step play, busiest rank (runs from session 11 on)
+    med = (float(f[11]), float(f[12]), float(f[13])) if len(f) > 14 else None
+    rows[(r, m)][lay] = (rate, ms, pred, f[-1], med)
 for (r, m), d in rows.items():
     s = f"run {r} {m:12}"
     if 'data2' in d and '1f1b' in d:
@@ -28,4 +32,9 @@ for (r, m), d in rows.items():
         s += f" | best/1f1b step {best:.2f} rate {bestr:.2f}"
     errs = [f"{l} {d[l][1]/d[l][2]-1:+.3f}" for l in d if d[l][2]]
     s += " | err_steps " + " ".join(errs)
+    if '1f1b' in d and d['1f1b'][4]:
+        b = d['1f1b'][4][0]
+        s += " | median step x 1f1b " + " ".join(f"{l} {b/d[l][4][0]:.2f}" for l in d if l not in ('data2', '1f1b') and d[l][4])
+        s += " | err_median " + " ".join(f"{l} {d[l][4][0]/d[l][4][1]-1:+.3f}" for l in d if d[l][4])
+        s += " | step / busiest rank " + " ".join(f"{l} {d[l][1]/d[l][4][2]:.2f}" for l in d if d[l][4])
     print(s)

@@ -5,7 +5,8 @@
 # tokens/s), the pipeline schedule's measured ms/step and the simulator's
 # prediction from the same epoch's per-chunk costs and measured link, the
 # message time, the prediction with free messages and the mean of each step played with its
-# own costs (the trainer's epoch line),
+# own costs (the trainer's epoch line), the median measured step, the median of the per-step plays and the
+# busiest rank's compute at the mean costs (no table of the cut runs faster),
 # and the bound of 1F1B: m/(m+p-1) x data 2's throughput.
 # Rounds are interleaved (every row once per round); each row prints the 1-minute load average
 # at its start; the end prints each row's median over the rounds (MODELS="cnn vit gpt" selects).
@@ -32,13 +33,13 @@ run() {  # model-config extra-sets...
   grep -A3 "parallel.schedule = .*timing it" <<<"$log" | grep -v "^--" | sed 's/^\[[^]]*\] //; s/^/#   /' >&2 || true  # the replan's lines (and its table), before the row
   grep -E "median step over|: running " <<<"$log" | grep -v "timing it" | sed 's/^\[[^]]*\] /#   /' >&2 || true
   echo "$(grep "epoch 1/1:" <<<"$log" |
-    sed -E 's/.*\| ([0-9]+ (img|tokens)\/s)[^|]*(\| pipeline schedule ([0-9.]+) ms\/step, simulator ([0-9.]+) ms \(bubble [0-9]+%; messages ([0-9]+) us; ([0-9.]+) ms with free messages; ([0-9.]+) ms from per-step costs\))?.*/\1 \4 \5 \6 \7 \8/') $re"
+    perl -pe 's/.*\| ([0-9]+ (img|tokens)\/s)[^|]*(\| pipeline schedule ([0-9.]+) ms\/step \(median ([0-9.]+)\), simulator ([0-9.]+) ms \(bubble [0-9]+%; messages ([0-9]+) us; ([0-9.]+) ms with free messages; ([0-9.]+) ms from per-step costs, median ([0-9.]+); the busiest rank computes ([0-9.]+) ms\))?.*/$1 $4 $6 $7 $8 $9 $5 $10 $11/') $re"
 }
 echo "# $(date -u +%FT%TZ) $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2) ($(nproc) cores), load $(cut -d' ' -f1-3 /proc/loadavg), CUT=${CUT:-time}"
 MODELS=${MODELS:-cnn vit gpt}
 SCHEDULES=${SCHEDULES:-1f1b zb-h1 interleaved zb-v}  # and data2 (ALSO_DATA2=0 leaves it out)
 load() { cut -d' ' -f1 /proc/loadavg; }
-echo "# round model layout load rate unit schedule_ms predicted_ms message_us predicted_free_ms predicted_steps_ms table"
+echo "# round model layout load rate unit schedule_ms predicted_ms message_us predicted_free_ms predicted_steps_ms median_ms predicted_steps_median_ms busiest_ms table"
 out=$(mktemp)
 for r in $(seq "$ROUNDS"); do
   # model config batch cut-of-2-stages cut-of-4-chunks (layers per stage/chunk; CUT=fixed)
@@ -64,7 +65,7 @@ for r in $(seq "$ROUNDS"); do
     done
   done
 done
-echo "# medians over $ROUNDS round(s): model layout load rate unit schedule_ms predicted_ms err(measured/predicted-1) predicted_steps_ms err_steps [table per round]"
+echo "# medians over $ROUNDS round(s): model layout load rate unit schedule_ms predicted_ms err(measured/predicted-1) predicted_steps_ms err_steps median_ms err_median busiest_ms [table per round]"
 python3 - "$out" <<'PY'
 import sys, statistics as st, collections
 rows = collections.OrderedDict()
@@ -84,6 +85,9 @@ for (m, lay), fs in rows.items():
         if all(len(f) > 10 for f in fs):  # the prediction from each step's own costs
             es = [float(f[6]) / float(f[10]) - 1 for f in fs]
             s += f" {med(10):.1f} {st.median(es):+.3f}"
+        if all(len(f) > 13 for f in fs):  # median step against the median per-step play; the busiest rank
+            em = [float(f[11]) / float(f[12]) - 1 for f in fs]
+            s += f" {med(11):.1f} {st.median(em):+.3f} {med(13):.1f}"
     if any(t != "-" for t in tables[(m, lay)]): s += " " + ",".join(tables[(m, lay)])
     print(s)
 PY

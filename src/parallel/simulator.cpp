@@ -29,12 +29,33 @@ double SimResult::mean_bubble() const {
   return s / static_cast<double>(busy.size());
 }
 
-double mean_makespan(const Schedule& in, const std::vector<SimCosts>& steps) {
-  if (steps.empty()) return 0;
+std::vector<double> step_makespans(const Schedule& in, const std::vector<SimCosts>& steps) {
+  std::vector<double> out;
+  if (steps.empty()) return out;
   const Schedule s = lower(in);
+  for (const SimCosts& c : steps) out.push_back(simulate(s, c).makespan);
+  return out;
+}
+
+double mean_makespan(const Schedule& in, const std::vector<SimCosts>& steps) {
+  const std::vector<double> t = step_makespans(in, steps);
   double sum = 0;
-  for (const SimCosts& c : steps) sum += simulate(s, c).makespan;
-  return sum / static_cast<double>(steps.size());
+  for (double x : t) sum += x;
+  return t.empty() ? 0 : sum / static_cast<double>(t.size());
+}
+
+double busiest_rank_s(const Schedule& s, const SimCosts& costs) {
+  double most = 0;
+  for (const auto& list : s.ranks) {
+    double busy = 0;
+    for (const Action& a : list) {
+      const StageCost& c = costs.of(a.stage);
+      if (a.op == Op::forward) busy += c.f;
+      if (a.op == Op::backward || a.op == Op::backward_input) busy += std::min(c.b(), c.i + c.w);
+    }
+    most = std::max(most, busy);
+  }
+  return most;
 }
 
 SimResult simulate(const Schedule& in, const SimCosts& costs) {

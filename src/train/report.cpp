@@ -103,10 +103,13 @@ void Reporter::epoch_end(const EpochMetrics& m) {
                 fixed(100 * m.model_flops_per_s / m.matmul_peak_flops, 1), "% of the measured matmul peak ",
                 fixed(m.matmul_peak_flops / 1e9, 1), " GFLOP/s");
   if (m.schedule_s > 0)
-    rate += cat(" | pipeline schedule ", fixed(1e3 * m.schedule_s, 1), " ms/step, simulator ",
-                fixed(1e3 * m.schedule_predicted_s, 1), " ms (bubble ", fixed(100 * m.schedule_bubble_predicted, 0),
-                "%; messages ", fixed(1e6 * m.pipeline_message_s, 0), " us; ", fixed(1e3 * m.schedule_predicted_free_s, 1),
-                " ms with free messages; ", fixed(1e3 * m.schedule_predicted_steps_s, 1), " ms from per-step costs)");
+    rate += cat(" | pipeline schedule ", fixed(1e3 * m.schedule_s, 1), " ms/step (median ", fixed(1e3 * m.schedule_median_s, 1),
+                "), simulator ", fixed(1e3 * m.schedule_predicted_s, 1), " ms (bubble ",
+                fixed(100 * m.schedule_bubble_predicted, 0), "%; messages ", fixed(1e6 * m.pipeline_message_s, 0), " us; ",
+                fixed(1e3 * m.schedule_predicted_free_s, 1), " ms with free messages; ",
+                fixed(1e3 * m.schedule_predicted_steps_s, 1), " ms from per-step costs, median ",
+                fixed(1e3 * m.schedule_predicted_steps_median_s, 1), "; the busiest rank computes ",
+                fixed(1e3 * m.schedule_busiest_s, 1), " ms)");
   std::string moe;
   for (const MoeEpochStats& s : m.moe)
     moe += cat(" | ", s.layer, " aux ", fixed(s.aux, 3), " max/mean ", fixed(s.max_over_mean, 2), " (epoch ",
@@ -165,6 +168,9 @@ void Reporter::epoch_end(const EpochMetrics& m) {
       j["schedule_predicted_free_s"] = m.schedule_predicted_free_s;
       j["pipeline_message_s"] = m.pipeline_message_s;
       j["schedule_predicted_steps_s"] = m.schedule_predicted_steps_s;
+      j["schedule_median_s"] = m.schedule_median_s;
+      j["schedule_predicted_steps_median_s"] = m.schedule_predicted_steps_median_s;
+      j["schedule_busiest_s"] = m.schedule_busiest_s;
     }
     if (m.moe_alltoall_s > 0) {
       j["moe_alltoall_s"] = m.moe_alltoall_s;

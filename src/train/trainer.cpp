@@ -250,8 +250,14 @@ double Trainer::Impl::train_step(EpochStats& st) {
     st.chunks.resize(r.timing.chunks.size());
     for (std::size_t k = 0; k < st.chunks.size(); ++k) st.chunks[k].add(r.timing.chunks[k]);
     st.schedule_s += r.timing.schedule_s;
-    if (st.step_chunks.size() < EpochStats::kStepsKept) st.step_chunks.push_back(r.timing.chunks);
-    else st.step_chunks[static_cast<std::size_t>(st.timed) % EpochStats::kStepsKept] = r.timing.chunks;
+    if (st.step_chunks.size() < EpochStats::kStepsKept) {
+      st.step_chunks.push_back(r.timing.chunks);
+      st.step_s.push_back(r.timing.schedule_s);
+    } else {
+      const auto k = static_cast<std::size_t>(st.timed) % EpochStats::kStepsKept;
+      st.step_chunks[k] = r.timing.chunks;
+      st.step_s[k] = r.timing.schedule_s;
+    }
     ++st.timed;
     if (replan_phase < 2 && cfg.parallel.replan_steps > 0) replan_step(st, r.timing.schedule_s, r.timing.chunks);
   }

@@ -84,6 +84,7 @@ struct Trainer::Impl {
     // Each timed step's chunk costs (the last kStepsKept steps): the prediction from per-step costs.
     static constexpr std::size_t kStepsKept = 1024;
     std::vector<std::vector<ChunkTime>> step_chunks;
+    std::vector<double> step_s;  // the same steps' schedule times (this rank's)
   };
 
   Impl(TrainConfig c, Communicator w, TrainerHooks h);

@@ -101,7 +101,22 @@ void Trainer::Impl::predict_schedule(const EpochStats& st, EpochMetrics& m) {
   allreduce(&kept, &kept, 1, DType::f64, ReduceOp::min, grid->pp());
   const std::vector<std::vector<ChunkTime>> steps(st.step_chunks.end() - static_cast<std::ptrdiff_t>(kept),
                                                   st.step_chunks.end());
-  m.schedule_predicted_steps_s = mean_makespan(parts.executor->table(), parts.executor->gather_costs(steps, pipeline_link));
+  const std::vector<double> plays = step_makespans(parts.executor->table(), parts.executor->gather_costs(steps, pipeline_link));
+  // Medians beside the means: a step lasts as long as its slowest stage, and a
+  // few slow steps (a stalled core) move the mean but not the median.
+  std::vector<double> step_s(st.step_s.end() - static_cast<std::ptrdiff_t>(kept), st.step_s.end());
+  allreduce(step_s.data(), step_s.data(), step_s.size(), DType::f64, ReduceOp::max, grid->pp());
+  auto median = [](std::vector<double> v) {
+    if (v.empty()) return 0.0;
+    std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+    return v[v.size() / 2];
+  };
+  double sum = 0;
+  for (double x : plays) sum += x;
+  m.schedule_predicted_steps_s = plays.empty() ? 0 : sum / static_cast<double>(plays.size());
+  m.schedule_median_s = median(step_s);
+  m.schedule_predicted_steps_median_s = median(plays);
+  m.schedule_busiest_s = busiest_rank_s(parts.executor->table(), costs);
 }
 
 // parallel.replan_steps: the zero-bubble table rebuilt over measured costs,
@@ -133,6 +148,7 @@ void Trainer::Impl::replan_step(EpochStats& st, double schedule_s, const std::ve
   ++replan_turn;
   st.chunks.clear();
   st.step_chunks.clear();
+  st.step_s.clear();
   st.schedule_s = 0;
   st.timed = 0;
   auto finish = [&](const Timed& keep) {

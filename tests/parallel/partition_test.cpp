@@ -117,6 +117,32 @@ TEST(Partition, SeveralChunksPerRankTakeTheCutTheSimulatorPlaysFastest) {
   EXPECT_EQ(balance_by_play(cnn, make_schedule(ScheduleKind::one_f_one_b, 2, 4, 1)), balance_by_cost(cnn, 2));
 }
 
+// busiest_rank_s: by hand, 1F1B at p = 2, m = 4 with stage 0 at F 2, I 0.5, W 0.5 and stage 1 at
+// F 1, I 1, W 1 and a whole B of 1.5: rank 0 computes 4 x (2 + 1) = 12, rank 1 4 x (1 + 1.5) = 10.
+// No table of the cut plays faster: every built-in one, split or whole, over random costs.
+TEST(Partition, TheBusiestRankBoundsEveryTableOfTheCut) {
+  SimCosts c;
+  c.stage = {{2, 0.5, 0.5, 0}, {1, 1, 1, 1.5}};
+  EXPECT_DOUBLE_EQ(busiest_rank_s(make_schedule(ScheduleKind::one_f_one_b, 2, 4), c), 12);
+  c.stage[0].f = 1;  // rank 1 the busier: a split table counts the whole B where it is cheaper
+  EXPECT_DOUBLE_EQ(busiest_rank_s(make_schedule(ScheduleKind::zb_h1, 2, 4), c), 10);
+  for (int trial = 0; trial < 40; ++trial) {
+    const int p = 2 + trial % 3, m = 2 * p;
+    for (ScheduleKind kind : {ScheduleKind::one_f_one_b, ScheduleKind::zb_h1, ScheduleKind::interleaved, ScheduleKind::zb_v}) {
+      const Schedule t = make_schedule(kind, p, m, 2);
+      SimCosts r;
+      for (int g = 0; g < t.layout.stages(); ++g) {
+        const double f = 1 + (trial * 31 + g * 17) % 7, i = 1 + (trial * 13 + g * 5) % 5, w = 0.5 + (trial + g) % 3;
+        r.stage.push_back({f, i, w, (trial + g) % 2 ? 0.9 * (i + w) : 0});
+      }
+      const double bound = busiest_rank_s(t, r);
+      EXPECT_GT(bound, 0);
+      for (const Schedule& x : {t, fuse_all(t), fuse_where_faster(t, r)})
+        EXPECT_LE(bound, simulate(x, r).makespan * (1 + 1e-12)) << schedule_name(kind) << " p=" << p;
+    }
+  }
+}
+
 TEST(Partition, UniformListAndErrors) {
   EXPECT_EQ(balance_uniform(5, 2), (std::vector<int>{3, 2}));
   EXPECT_EQ(balance_uniform(8, 4), (std::vector<int>{2, 2, 2, 2}));

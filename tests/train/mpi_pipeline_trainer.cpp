@@ -56,6 +56,12 @@ TEST(PipelineTrainer, FollowsTheOneRankTrainerAndResumes) {
   // predictions, hence the same accuracy.
   EXPECT_EQ(pr.last.test_accuracy, ref_r.last.test_accuracy);
   EXPECT_NEAR(pr.last.test_loss, ref_r.last.test_loss, 3e-5 * ref_r.last.test_loss);
+  // The epoch's schedule figures: a rank's step holds all its compute, so the mean step is at
+  // least the busiest rank's compute at the epoch's mean costs (with each backward at its cheaper form).
+  EXPECT_GT(pr.last.schedule_busiest_s, 0);
+  EXPECT_GE(pr.last.schedule_s, pr.last.schedule_busiest_s);
+  EXPECT_GT(pr.last.schedule_median_s, 0);
+  EXPECT_GT(pr.last.schedule_predicted_steps_median_s, 0);
 
   // Stop after epoch 1, resume (same pipeline), finish: the same losses as the uninterrupted run.
   TrainConfig cut = p;

@@ -102,6 +102,14 @@ SimResult simulate(const Schedule& s, const SimCosts& costs = {});
 // this is longer than the play of the mean costs: a step lasts as long as its
 // slowest path, and the slow stage differs between steps. 0 for no steps.
 double mean_makespan(const Schedule& s, const std::vector<SimCosts>& steps);
+// Each step's play (the list mean_makespan averages), in the order given.
+std::vector<double> step_makespans(const Schedule& s, const std::vector<SimCosts>& steps);
+// The most compute any rank of this layout and cut has in a step: its
+// forwards and, for each backward, the cheaper of a whole one and I + W. No
+// table of these chunks runs faster (nor, with these costs, any schedule that
+// keeps the cut): how far a table is from it is what a better order could
+// gain, the rest only a better cut.
+double busiest_rank_s(const Schedule& s, const SimCosts& costs);
 
 // The costs of `table`'s chunks when the layers are cut by `counts` (layer
 // counts per chunk): each chunk's forward + backward (the sum of its layers'

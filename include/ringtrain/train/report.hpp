@@ -53,6 +53,10 @@ struct EpochMetrics {
   // The mean over the epoch's steps (its last 1024) of each step played with
   // that step's own chunk costs and the link: what the steps' variation adds.
   double schedule_predicted_steps_s = 0;
+  // Medians over the same steps: the measured step (its slowest stage) and
+  // the per-step plays; and the busiest rank's compute at the epoch's mean
+  // costs (simulator.hpp busiest_rank_s: no table of this cut runs faster).
+  double schedule_median_s = 0, schedule_predicted_steps_median_s = 0, schedule_busiest_s = 0;
   double data_wait_s = 0;         // time blocked on the loader
   double eval_s = 0;
   std::int64_t skipped_steps = 0;  // fp16: steps skipped for inf/NaN gradients
