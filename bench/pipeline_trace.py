@@ -6,6 +6,8 @@
   bench/pipeline_trace.py delays TRACE.json         how long after its send a waiting receive returned
   bench/pipeline_trace.py messages TRACE.json       per message kind: from its send to its receive's end, and the
                                                     receive's wait, split by whether the receiver was already waiting
+  bench/pipeline_trace.py slow     TRACE.json       per rank and action kind: the actions over twice their median,
+                                                    the time they added, and when
 The window's first step is left out (it starts mid-way through the trace's set-up)."""
 import sys
 def waits(argv):
@@ -121,7 +123,24 @@ def messages(argv):
         w = sorted(x[1] for x in v)
         print("%-45s %4d %7.2f %7.2f %7.2f" % (cls, len(v), stt.median(x[0] for x in v), stt.median(w), w[int(0.9 * len(w))]))
 
+def slow(argv):
+    # Per rank and action kind (F/B/I/W of a chunk): how many took over twice the kind's median,
+    # the time they added over it, and when (seconds from the trace's first action).
+    d = json.load(open(argv[0]))
+    ev = [e for e in d["traceEvents"] if e.get("ph") == "X" and e["cat"] == "compute" and re.match(r"^[FBIW] \d+\.\d+$", e["name"])]
+    steps = len([e for e in d["traceEvents"] if e.get("ph") == "X" and e["cat"] == "step" and e["pid"] == 0])
+    by = collections.defaultdict(list)
+    for e in ev: by[(e["pid"], e["name"].split(".")[0])].append(e)
+    t0 = min(e["ts"] for e in ev)
+    print("# %s (%d steps): rank kind  n  median_ms  over_2x  added_ms  at_s" % (argv[0].split("/")[-1], steps))
+    for (pid, kind), v in sorted(by.items()):
+        m = stt.median(e["dur"] for e in v)
+        if m < 300: continue  # under 0.3 ms: timer noise
+        over = [e for e in v if e["dur"] > 2 * m]
+        print("%d %-4s %4d %7.2f %4d %8.1f  %s" % (pid, kind, len(v), m / 1e3, len(over), sum(e["dur"] - m for e in over) / 1e3,
+              " ".join("%.2f" % ((e["ts"] - t0) / 1e6) for e in over[:12])))
+
 if __name__ == "__main__":
     import json, re, statistics as stt, collections  # noqa: F401 (used by the functions above)
     globals().update(json=json, re=re, stt=stt, collections=collections)
-    {"waits": waits, "replay": replay, "delays": delays, "messages": messages}[sys.argv[1]](sys.argv[2:])
+    {"waits": waits, "replay": replay, "delays": delays, "messages": messages, "slow": slow}[sys.argv[1]](sys.argv[2:])
