@@ -103,10 +103,10 @@ void Reporter::epoch_end(const EpochMetrics& m) {
                 fixed(100 * m.model_flops_per_s / m.matmul_peak_flops, 1), "% of the measured matmul peak ",
                 fixed(m.matmul_peak_flops / 1e9, 1), " GFLOP/s");
   if (m.schedule_s > 0)
-    rate += cat(" | pipeline schedule ", fixed(1e3 * m.schedule_s, 1), " ms/step (median ", fixed(1e3 * m.schedule_median_s, 1),
-                "), simulator ", fixed(1e3 * m.schedule_predicted_s, 1), " ms (bubble ",
-                fixed(100 * m.schedule_bubble_predicted, 0), "%; messages ", fixed(1e6 * m.pipeline_message_s, 0), " us; ",
-                fixed(1e3 * m.schedule_predicted_free_s, 1), " ms with free messages; ",
+    rate += cat(" | pipeline schedule ", fixed(1e3 * m.schedule_s, 1), " ms/step (median ",
+                fixed(1e3 * m.schedule_median_s, 1), "), simulator ", fixed(1e3 * m.schedule_predicted_s, 1), " ms (bubble ",
+                fixed(100 * m.schedule_bubble_predicted, 0), "%; messages ", fixed(1e6 * m.pipeline_message_s, 0),
+                " us; ", fixed(1e3 * m.schedule_predicted_free_s, 1), " ms with free messages; ",
                 fixed(1e3 * m.schedule_predicted_steps_s, 1), " ms from per-step costs, median ",
                 fixed(1e3 * m.schedule_predicted_steps_median_s, 1), "; the busiest rank computes ",
                 fixed(1e3 * m.schedule_busiest_s, 1), " ms)");

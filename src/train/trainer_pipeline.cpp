@@ -101,7 +101,8 @@ void Trainer::Impl::predict_schedule(const EpochStats& st, EpochMetrics& m) {
   allreduce(&kept, &kept, 1, DType::f64, ReduceOp::min, grid->pp());
   const std::vector<std::vector<ChunkTime>> steps(st.step_chunks.end() - static_cast<std::ptrdiff_t>(kept),
                                                   st.step_chunks.end());
-  const std::vector<double> plays = step_makespans(parts.executor->table(), parts.executor->gather_costs(steps, pipeline_link));
+  const std::vector<double> plays =
+      step_makespans(parts.executor->table(), parts.executor->gather_costs(steps, pipeline_link));
   // Medians beside the means: a step lasts as long as its slowest stage, and a
   // few slow steps (a stalled core) move the mean but not the median.
   std::vector<double> step_s(st.step_s.end() - static_cast<std::ptrdiff_t>(kept), st.step_s.end());
@@ -197,7 +198,8 @@ void Trainer::Impl::replan_step(EpochStats& st, double schedule_s, const std::ve
                             replan_tables[best].what, "; as a parallel.schedule file:\n", schedule_csv(plan.table), ")")
                       : std::string("none other faster by 1%"));
     if (fresh) {
-      replan_tables = {{replan_tables[best].table, replan_tables[best].what, {}, {}}, {lower(plan.table), "the rebuilt table", {}, {}}};
+      replan_tables = {{replan_tables[best].table, replan_tables[best].what, {}, {}},
+                       {lower(plan.table), "the rebuilt table", {}, {}}};
       replan_turn = 0;
       replan_phase = 1;
       RT_CHECK(parts.executor->replace_table(replan_tables[0].table), "parallel.replan_steps: a timed table no longer fits");

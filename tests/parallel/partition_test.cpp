@@ -28,15 +28,13 @@ double max_stage(const std::vector<double>& c, const std::vector<int>& counts) {
   return best;
 }
 
-// Every way to cut n layers into p non-empty contiguous stages.
-double brute_force(const std::vector<double>& c, int p) {
-  const int n = static_cast<int>(c.size());
-  double best = 1e300;
+// Calls f with every way to cut n layers into p non-empty contiguous stages.
+void for_each_cut(int n, int p, const std::function<void(const std::vector<int>&)>& f) {
   std::vector<int> counts;
   std::function<void(int, int)> rec = [&](int left, int stages) {
     if (stages == 1) {
       counts.push_back(left);
-      best = std::min(best, max_stage(c, counts));
+      f(counts);
       counts.pop_back();
       return;
     }
@@ -47,6 +45,12 @@ double brute_force(const std::vector<double>& c, int p) {
     }
   };
   rec(n, p);
+}
+
+double brute_force(const std::vector<double>& c, int p) {
+  double best = 1e300;
+  for_each_cut(static_cast<int>(c.size()), p,
+               [&](const std::vector<int>& counts) { best = std::min(best, max_stage(c, counts)); });
   return best;
 }
 
@@ -67,23 +71,10 @@ TEST(Partition, CostBalanceIsTheBestContiguousCut) {
 
 // The fastest play of `table` over every cut of the layers (chunk_costs), by brute force.
 double fastest_play(const std::vector<double>& c, const Schedule& table) {
-  const int n = static_cast<int>(c.size()), chunks = table.layout.stages();
   double best = 1e300;
-  std::vector<int> counts;
-  std::function<void(int, int)> rec = [&](int left, int k) {
-    if (k == 1) {
-      counts.push_back(left);
-      best = std::min(best, simulate(table, chunk_costs(counts, c)).makespan);
-      counts.pop_back();
-      return;
-    }
-    for (int x = 1; x <= left - (k - 1); ++x) {
-      counts.push_back(x);
-      rec(left - x, k - 1);
-      counts.pop_back();
-    }
-  };
-  rec(n, chunks);
+  for_each_cut(static_cast<int>(c.size()), table.layout.stages(), [&](const std::vector<int>& counts) {
+    best = std::min(best, simulate(table, chunk_costs(counts, c)).makespan);
+  });
   return best;
 }
 
@@ -98,7 +89,8 @@ TEST(Partition, SeveralChunksPerRankTakeTheCutTheSimulatorPlaysFastest) {
       ASSERT_EQ(static_cast<int>(every.size()), 4);
       EXPECT_EQ(std::accumulate(every.begin(), every.end(), 0), n);
       for (int x : every) EXPECT_GE(x, 1);
-      const double best = fastest_play(c, table), chunk_balanced = simulate(table, chunk_costs(balance_by_cost(c, 4), c)).makespan;
+      const double best = fastest_play(c, table);
+      const double chunk_balanced = simulate(table, chunk_costs(balance_by_cost(c, 4), c)).makespan;
       EXPECT_DOUBLE_EQ(simulate(table, chunk_costs(every, c)).makespan, best) << schedule_name(kind) << " n=" << n;
       // The local search (every_cut = 0) never loses to where it starts.
       EXPECT_LE(simulate(table, chunk_costs(local, c)).makespan, chunk_balanced) << schedule_name(kind) << " n=" << n;
@@ -128,7 +120,8 @@ TEST(Partition, TheBusiestRankBoundsEveryTableOfTheCut) {
   EXPECT_DOUBLE_EQ(busiest_rank_s(make_schedule(ScheduleKind::zb_h1, 2, 4), c), 10);
   for (int trial = 0; trial < 40; ++trial) {
     const int p = 2 + trial % 3, m = 2 * p;
-    for (ScheduleKind kind : {ScheduleKind::one_f_one_b, ScheduleKind::zb_h1, ScheduleKind::interleaved, ScheduleKind::zb_v}) {
+    for (ScheduleKind kind :
+         {ScheduleKind::one_f_one_b, ScheduleKind::zb_h1, ScheduleKind::interleaved, ScheduleKind::zb_v}) {
       const Schedule t = make_schedule(kind, p, m, 2);
       SimCosts r;
       for (int g = 0; g < t.layout.stages(); ++g) {
