@@ -332,6 +332,7 @@ std::vector<SchedulePrediction> predict_schedules(const PlanInput& in) {
     RT_CHECK(!r.deadlock, "schedule ", schedule_name(k), " deadlocks in the simulator: ", r.where);
     x.step = r.makespan;
     x.bubble = r.mean_bubble();
+    x.busiest = busiest_rank_s(table, c);
     for (int a : r.peak) x.peak = std::max(x.peak, double(a) / L.chunks);
     if (k == ScheduleKind::one_f_one_b) base_peak = x.peak;
     x.fits = base_peak < 0 || x.peak <= base_peak + 1e-9;
@@ -417,11 +418,11 @@ ScheduleKind pick_schedule(const PlanInput& in, std::string* why) {
   double best_step = 0;
   for (const SchedulePrediction& x : predict_schedules(q)) {
     if (why) {
-      char ms[32];
-      std::snprintf(ms, sizeof ms, "%.1f", 1e3 * x.step);
+      char ms[64];
+      std::snprintf(ms, sizeof ms, "%.1f ms (busiest rank %.1f)", 1e3 * x.step, 1e3 * x.busiest);
       *why += cat(why->empty() ? "" : "; ", schedule_name(x.kind), " ",
                   !x.skipped.empty() ? cat("left out: ", x.skipped)
-                                     : cat(ms, " ms", x.fits ? "" : " (more activations than 1f1b)"));
+                                     : cat(ms, x.fits ? "" : " (more activations than 1f1b)"));
     }
     if (!x.skipped.empty()) continue;
     if (x.kind == ScheduleKind::one_f_one_b) best_step = x.step;

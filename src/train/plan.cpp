@@ -30,7 +30,7 @@ std::vector<RunPlan::SchedulePrediction> unit_predictions(int p, int m, int v) {
   const std::vector<SchedulePrediction> all = predict_schedules(in);
   const double base = all.front().step;  // 1f1b, listed first
   for (const SchedulePrediction& x : all)
-    if (x.skipped.empty()) out.push_back({schedule_name(x.kind), x.chunks, x.step / base, x.bubble, x.peak});
+    if (x.skipped.empty()) out.push_back({schedule_name(x.kind), x.chunks, x.step / base, x.bubble, x.peak, x.busiest / base});
   return out;
 }
 
@@ -57,7 +57,7 @@ std::vector<RunPlan::TimedPrediction> auto_predictions(const TrainConfig& cfg, i
   in.uniform_cut = cfg.parallel.partition == "uniform";
   *pick = schedule_name(pick_schedule(in));
   for (const SchedulePrediction& x : predict_schedules(in))
-    out.push_back({schedule_name(x.kind), x.skipped, 1e3 * x.step, x.bubble, x.peak, x.fits});
+    out.push_back({schedule_name(x.kind), x.skipped, 1e3 * x.step, x.bubble, x.peak, 1e3 * x.busiest, x.fits});
   return out;
 }
 
@@ -132,7 +132,8 @@ std::string RunPlan::json() const {
     nlohmann::ordered_json s = nlohmann::ordered_json::array();
     for (const auto& x : schedules)
       s.push_back({{"schedule", x.name}, {"chunks_per_rank", x.chunks}, {"step_vs_1f1b", x.step_vs_1f1b},
-                   {"bubble", x.bubble}, {"peak_activations", x.peak_activations}});
+                   {"bubble", x.bubble}, {"peak_activations", x.peak_activations},
+                   {"busiest_rank_vs_1f1b", x.busiest_vs_1f1b}});
     j["schedules_unit_time"] = s;
   }
   if (!auto_pick.empty()) {
@@ -140,7 +141,8 @@ std::string RunPlan::json() const {
     for (const auto& x : auto_schedules) {
       nlohmann::ordered_json e = {{"schedule", x.name}};
       if (!x.skipped.empty()) e["left_out"] = x.skipped;
-      else e.update({{"step_ms", x.step_ms}, {"bubble", x.bubble}, {"peak_activations", x.peak_activations}, {"fits", x.fits}});
+      else e.update({{"step_ms", x.step_ms}, {"bubble", x.bubble}, {"peak_activations", x.peak_activations},
+                     {"busiest_rank_ms", x.busiest_rank_ms}, {"fits", x.fits}});
       s.push_back(e);
     }
     j["schedule_auto"] = {{"pick", auto_pick}, {"predicted", s}};

@@ -110,6 +110,8 @@ TEST(Plan, PipelineSchedulesArePredictedOrRefusedByName) {
   EXPECT_DOUBLE_EQ(by["interleaved"].step_vs_1f1b, 27.0 / 30);  // 3vm + 3(p-1) over 3(m+p-1), in chunk units
   EXPECT_LT(by["zb-v"].step_vs_1f1b, by["zb-h1"].step_vs_1f1b);
   EXPECT_LE(by["zb-v"].peak_activations, by["1f1b"].peak_activations);
+  // Every rank computes 3m units of its stage (F = I = W): 12 of 1f1b's 3(m + p - 1) = 15, any table.
+  for (const auto& [name, s] : by) EXPECT_DOUBLE_EQ(s.busiest_vs_1f1b, 12.0 / 15) << name;
   EXPECT_EQ(by["zb-v"].chunks, 2);
   EXPECT_NE(p.json().find("schedules_unit_time"), std::string::npos);
   // auto is chosen at start from measured layer times: the plan lists the candidates.

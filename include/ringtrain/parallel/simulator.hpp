@@ -153,6 +153,7 @@ struct SchedulePrediction {
   double step = 0;       // predicted step (seconds, or units)
   double bubble = 0;     // mean over the ranks
   double peak = 0;       // most activations held by a rank, in whole-stage micro-batches
+  double busiest = 0;    // the busiest rank's compute (busiest_rank_s): no table of this cut is faster
   bool fits = true;      // peak at most 1f1b's (kinds must list 1f1b first)
   std::string skipped;   // why it cannot run here (then nothing else is set)
 };

@@ -37,6 +37,7 @@ struct RunPlan {
     std::string name;
     int chunks = 1;
     double step_vs_1f1b = 1, bubble = 0, peak_activations = 0;
+    double busiest_vs_1f1b = 0;  // the busiest rank's compute over 1f1b's step: the table's ideal
   };
   std::vector<SchedulePrediction> schedules;
   // parallel.schedule = auto: the simulator's comparison as the start makes it
@@ -46,6 +47,7 @@ struct RunPlan {
   struct TimedPrediction {
     std::string name, skipped;
     double step_ms = 0, bubble = 0, peak_activations = 0;
+    double busiest_rank_ms = 0;  // no table of this cut runs faster (simulator.hpp busiest_rank_s)
     bool fits = true;
   };
   std::vector<TimedPrediction> auto_schedules;
