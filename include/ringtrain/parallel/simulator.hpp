@@ -85,7 +85,8 @@ Schedule fuse_where_faster(const Schedule& compute, const SimCosts& costs, int p
 // I and W differ (a forward often costs more than I + W), and a split
 // backward costs more than a whole one (W reads its operands again). The
 // candidates: the greedy's table over the costs and `unit` (the unit-cost
-// table), each with fuse_where_faster. `table` is the fastest where the
+// table), each with fuse_where_faster, and the fastest of them with its
+// order searched (improve_order). `table` is the fastest where the
 // simulator plays it at least `gain` (a fraction) faster than `unit` with
 // the same costs, else empty.
 struct Replan {
@@ -94,6 +95,23 @@ struct Replan {
   bool better() const { return !table.ranks.empty(); }
 };
 Replan replan_zero_bubble(const Schedule& unit, ScheduleKind kind, const SimCosts& costs, double gain = 0.01);
+
+// improve_order: how far a move goes, how many passes, and how many actions
+// it plays in all (a count, not a time, so that every rank builds the same
+// table; 2e7 is about 3 s here, p = 8 and m = 32 with two chunks per rank).
+struct SearchLimits {
+  int window = 8;
+  int passes = 8;
+  long budget = 20'000'000;
+};
+// A local search over the order of each rank's compute actions: one action
+// moves to another place on its rank, at most `window` places away, keeping
+// each stage's forwards and its backwards in micro-batch order, each backward
+// after its forward and each W after its I, and no chunk holding more
+// activations than the starting table's fullest chunk (the executor's slots).
+// A move is kept where the simulator plays the table faster with `costs`;
+// deadlocking orders are refused by the play. Passes repeat while one improves.
+Schedule improve_order(const Schedule& compute, const SimCosts& costs, const SearchLimits& limits = {});
 
 // Plays s (lowered first when it is a compute table).
 SimResult simulate(const Schedule& s, const SimCosts& costs = {});
