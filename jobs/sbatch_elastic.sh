@@ -35,7 +35,8 @@ fail() { echo "sbatch_elastic: error: $*" >&2; exit 2; }
 
 [ -n "${SLURM_JOB_ID:-}" ] || fail "not inside a Slurm job (SLURM_JOB_ID is unset). Submit it: sbatch -N 3 jobs/sbatch_elastic.sh [ringtrain args]"
 cd "${SLURM_SUBMIT_DIR:?}" || fail "cannot enter the submit directory '$SLURM_SUBMIT_DIR'"
-export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}
+# Each rank computes with the CPUs Slurm gives its task; the key decides, before "$@" (sbatch_fashion.sh).
+THREADS=${SLURM_CPUS_PER_TASK:-1}
 BIN=${BIN:-build/ringtrain}
 CONFIG=${CONFIG:-jobs/fashion_cnn.toml}
 CKPT_DIR=${CKPT_DIR:-runs/elastic-$SLURM_JOB_ID}
@@ -117,12 +118,14 @@ while :; do
     run=("${use[@]:0:k}"); ranks=$((k * TPN))
     log=$CKPT_DIR/step-$launches.log
     train=("$BIN" train --config "$CONFIG" --set checkpoint.dir="$CKPT_DIR" --set log.format=plain
-           --resume auto "$@" --set data.global_batch="$G")
+           --set train.threads="$THREADS" --resume auto "$@" --set data.global_batch="$G")
     hosts=$(printf "%s:$TPN," "${run[@]}")
     case $LAUNCHER in
-        mpirun) step=(mpirun --mca odls_base_sigkill_timeout "$KILL_GRACE_S" -np "$ranks" --host "${hosts%,}"
-                      -x OMP_NUM_THREADS "${train[@]}") ;;
-        srun) step=(srun --mpi=pmix --kill-on-bad-exit=1 --nodes="$k" --ntasks="$ranks" --nodelist="$(IFS=,; echo "${run[*]}")" "${train[@]}") ;;
+        mpirun) step=(mpirun --mca odls_base_sigkill_timeout "$KILL_GRACE_S" -np "$ranks" --host "${hosts%,}")
+                [ "$THREADS" -gt 1 ] && step+=(--map-by "slot:PE=$THREADS")
+                step+=("${train[@]}") ;;
+        srun) step=(srun --mpi=pmix --kill-on-bad-exit=1 --nodes="$k" --ntasks="$ranks" --cpus-per-task="$THREADS"
+                    --nodelist="$(IFS=,; echo "${run[*]}")" "${train[@]}") ;;
     esac
     say "launch $launches: $ranks rank(s) on $k node(s) (${run[*]}) via $LAUNCHER: data $(json_int data <<< "$fit") x pipeline $(json_int pipeline <<< "$fit") x tensor $(json_int tensor <<< "$fit"), $(json_int batch_per_rank <<< "$fit") sample(s) per rank x $(json_int accumulation <<< "$fit") accumulation"
     # Output to the job's file and to a log of this launch (the lost-work accounting reads it).

@@ -30,7 +30,9 @@ if [ -z "${SLURM_JOB_ID:-}" ]; then
     fail "not inside a Slurm job (SLURM_JOB_ID is unset). Submit it: sbatch jobs/sbatch_fashion.sh [ringtrain args]; on one machine use jobs/mpirun_fashion.sh"
 fi
 cd "${SLURM_SUBMIT_DIR:?}" || fail "cannot enter the submit directory '$SLURM_SUBMIT_DIR'"
-export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}
+# Each rank computes with the CPUs Slurm gives its task. The key decides (a job configuration's
+# own train.threads would override OMP_NUM_THREADS); it comes before "$@", so --set train.threads=N wins.
+THREADS=${SLURM_CPUS_PER_TASK:-1}
 BIN=${BIN:-build/ringtrain}
 CONFIG=${CONFIG:-jobs/fashion_cnn.toml}
 CKPT_DIR=${CKPT_DIR:-runs/fashion-$SLURM_JOB_ID}
@@ -60,10 +62,15 @@ if ! "$BIN" train --help 2>/dev/null | grep -q -- '--resume.*auto'; then
     say "warning: $BIN has no '--resume auto'; a requeued run restarts from the beginning"
     resume=()
 fi
-train=("$BIN" train --config "$CONFIG" --set checkpoint.dir="$CKPT_DIR" --set log.format=plain "${resume[@]}" "$@")
+train=("$BIN" train --config "$CONFIG" --set checkpoint.dir="$CKPT_DIR" --set log.format=plain --set train.threads="$THREADS"
+       "${resume[@]}" "$@")
 case $LAUNCHER in
-    mpirun) step=(mpirun -np "$RANKS" -x OMP_NUM_THREADS "${train[@]}") ;;
-    srun) step=(srun --mpi=pmix --kill-on-bad-exit=1 "${train[@]}") ;;
+    # Each rank bound to its own THREADS cores (Open MPI binds a rank to one core by default).
+    mpirun) step=(mpirun -np "$RANKS")
+            [ "$THREADS" -gt 1 ] && step+=(--map-by "slot:PE=$THREADS")
+            step+=("${train[@]}") ;;
+    # srun takes no CPUs per task from the allocation (Slurm 22.05 on): say it.
+    srun) step=(srun --mpi=pmix --kill-on-bad-exit=1 --cpus-per-task="$THREADS" "${train[@]}") ;;
     *) fail "LAUNCHER must be mpirun or srun, not '$LAUNCHER'" ;;
 esac
 

@@ -61,7 +61,7 @@ const std::vector<Field>& fields() {
       RT_FIELD(data, seq_len, "token data (prepare --dataset text|tokens): tokens per sample, the model's context length; a sample is a window of seq_len + 1 tokens (inputs and next-token targets)"),
       RT_FIELD(train, epochs, "epochs to train"),
       RT_FIELD(train, seed, "seed for initialisation, shuffling, dropout"),
-      RT_FIELD(train, threads, "compute threads per rank (0 = OMP_NUM_THREADS or 1)"),
+      RT_FIELD(train, threads, "compute threads per rank (0 = OMP_NUM_THREADS or 1); more than the node's CPUs over its ranks, or than a rank's binding, is warned at start (OpenMP regions would wait for cores)"),
       RT_FIELD(train, accumulation, "micro-batches per optimizer step"),
       RT_FIELD(train, device, "auto | cpu | cuda"),
       RT_FIELD(train, precision, "fp32 | tf32 | bf16 | fp16: down-conversion allowed in conv/linear (fp32 master weights); fp16 adds dynamic loss scaling"),

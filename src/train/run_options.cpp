@@ -1,5 +1,8 @@
 #include "run_options.hpp"
 
+#include <sched.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -172,6 +175,31 @@ void derive_batch(TrainConfig& cfg, int data_parallel) {
           cfg.parallel.micro_batches > 0 ? "parallel.micro_batches = " : "parallel.pipeline = ", m,
           ") must equal it; choose a data.global_batch that is a multiple of ", dp * m * cfg.train.accumulation,
           ", or another layout");
+}
+
+std::string thread_oversubscription(int threads, int local_ranks, int allowed_cpus, int online_cpus) {
+  if (threads <= 1) return "";
+  const std::string fix = "; OpenMP's threads would wait for cores (a parallel region can take milliseconds): ";
+  if (allowed_cpus > 0 && threads > allowed_cpus)
+    return cat("train.threads = ", threads, " on a rank bound to ", allowed_cpus, " CPU(s)", fix,
+               "bind each rank to ", threads, " cores (mpirun --map-by slot:PE=", threads,
+               ") or lower train.threads to ", allowed_cpus);
+  if (online_cpus > 0 && static_cast<long>(threads) * local_ranks > online_cpus)
+    return cat("train.threads = ", threads, " x ", local_ranks, " ranks on this node = ",
+               static_cast<long>(threads) * local_ranks, " compute threads on ", online_cpus, " CPUs", fix,
+               "lower train.threads to ", std::max(1, online_cpus / std::max(1, local_ranks)),
+               " or run fewer ranks per node");
+  return "";
+}
+
+void warn_thread_oversubscription(int threads, const Communicator& world) {
+  if (world.local_rank() != 0) return;
+  cpu_set_t mask;
+  CPU_ZERO(&mask);
+  const int allowed = sched_getaffinity(0, sizeof mask, &mask) == 0 ? CPU_COUNT(&mask) : 0;
+  const std::string why =
+      thread_oversubscription(threads, world.local_size(), allowed, static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)));
+  if (!why.empty()) log::warn(why);
 }
 
 int compute_threads(const TrainConfig& cfg) {

@@ -122,6 +122,7 @@ Trainer::Impl::Impl(TrainConfig c, Communicator w, TrainerHooks h)
   device = choose_device(cfg, world, hooks.gpu_trial);
   rt = &device_runtime(device.kind);
   omp_set_num_threads(compute_threads(cfg));
+  warn_thread_oversubscription(compute_threads(cfg), world);
   flush_denormals();
   open_loader();
   // The test split is checked now, not after an epoch of training.
