@@ -4,7 +4,7 @@
 #   --bind-to none        ranks float over the cores (Open MPI otherwise pins them to one core each)
 #   --oversubscribe       more ranks than cores is allowed (8 ranks on 2 cores run, slowly)
 #   --allow-run-as-root   only when run as root
-#   -x OMP_NUM_THREADS=1  one compute thread per rank unless OMP_NUM_THREADS says otherwise
+#   -x OMP_NUM_THREADS=1  one OpenMP thread per rank for programs that set none (ringtrain train: train.threads decides)
 # HOSTFILE=FILE adds --hostfile FILE. MPIRUN_ARGS="..." adds further mpirun options.
 # RT_MAX_STEPS=N appends `--set train.max_steps=N` to a `ringtrain train` command (the command-block
 # test, tests/docs/command_blocks.sh, runs every documented command this way, briefly).
